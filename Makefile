@@ -1,0 +1,34 @@
+# kvxfer — build, test and run the main job. `make help` lists the targets.
+GO        ?= go
+BIN       := bin
+FUZZTIME  ?= 20s
+export CGO_ENABLED := 1
+
+.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean
+
+help: ## list targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+deps: ## install the Debian packages the build needs (idempotent)
+	@bash scripts/install-deps.sh
+
+build: deps ## build bin/kvxfer
+	$(GO) build -o $(BIN)/kvxfer ./cmd/kvxfer
+
+test: deps ## run every test (race detector on)
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) test -race -timeout 15m ./...
+
+test-short: deps ## quick tests, no race detector
+	$(GO) test -short ./...
+
+fuzz: deps ## run each fuzz target for $(FUZZTIME)
+	@bash scripts/fuzz-all.sh $(FUZZTIME)
+
+demo: build ## the main job: bootstrap + prefill + decode on loopback, verified
+	$(BIN)/kvxfer demo
+
+clean: ## remove build outputs
+	rm -rf $(BIN) build

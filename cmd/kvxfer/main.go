@@ -1,0 +1,54 @@
+// Command kvxfer is the KV-cache transfer engine's command line: the bootstrap
+// directory server, prefill and decode roles, the end-to-end demo, the
+// benchmark, topology and doctor commands.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// rootCmd is the top-level command; each subcommand adds itself from its own
+// file's init so that commands stay independent.
+var rootCmd = &cobra.Command{
+	Use:           "kvxfer",
+	Short:         "KV-cache transfer engine for prefill/decode disaggregated LLM serving",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+	PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+		return setupLogging()
+	},
+}
+
+var logLevel string
+
+func init() {
+	rootCmd.PersistentFlags().StringVar(&logLevel, "log-level", envOr("KVXFER_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env KVXFER_LOG_LEVEL)")
+}
+
+func setupLogging() error {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})))
+	return nil
+}
+
+// envOr returns the environment variable's value, or def when it is unset or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	if err := rootCmd.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvxfer:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Options configure a transport instance. Fields a transport does not use are
+// ignored.
+type Options struct {
+	// ListenHost is the address the receiving side binds ("127.0.0.1" by
+	// default). Port 0 picks a free port.
+	ListenHost string
+	// ListenPort is the data port (0 = any free port).
+	ListenPort int
+	// Streams is the number of parallel connections (or QPs) per peer; 0 means
+	// the transport's default.
+	Streams int
+	// Devices restricts a hardware transport to these device names (for RDMA:
+	// "mlx5_0,mlx5_1"); empty means all usable.
+	Devices []string
+	// GIDIndex forces an RDMA GID index; -1 (or unset via NewOptions) = auto.
+	GIDIndex int
+	// Extra carries transport-specific settings as key=value.
+	Extra map[string]string
+}
+
+// DefaultOptions returns options with auto-selected values.
+func DefaultOptions() Options {
+	return Options{ListenHost: "127.0.0.1", GIDIndex: -1}
+}
+
+// Factory creates a transport instance.
+type Factory func(Options) (Transport, error)
+
+// Probe reports whether a transport can run here: nil when it can; an error
+// wrapping ErrUnavailable that says why when it cannot.
+type Probe func() error
+
+type driver struct {
+	name     string
+	priority int
+	factory  Factory
+	probe    Probe
+}
+
+var (
+	driversMu sync.RWMutex
+	drivers   = map[string]driver{}
+)
+
+// RegisterTransport makes a transport available by name (the database/sql
+// driver pattern: transports call it from init). Higher priority wins in
+// automatic selection (rdma 300 > shm 200 > tcp 100). It panics on a
+// duplicate name, as database/sql does.
+func RegisterTransport(name string, priority int, probe Probe, f Factory) {
+	driversMu.Lock()
+	defer driversMu.Unlock()
+	if _, dup := drivers[name]; dup {
+		panic("engine: transport registered twice: " + name)
+	}
+	if probe == nil {
+		probe = func() error { return nil }
+	}
+	drivers[name] = driver{name: name, priority: priority, factory: f, probe: probe}
+}
+
+// Transports lists registered transport names, highest priority first.
+func Transports() []string {
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	ds := make([]driver, 0, len(drivers))
+	for _, d := range drivers {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].priority > ds[j].priority })
+	names := make([]string, len(ds))
+	for i, d := range ds {
+		names[i] = d.name
+	}
+	return names
+}
+
+// ProbeTransport runs the named transport's availability probe.
+func ProbeTransport(name string) error {
+	driversMu.RLock()
+	d, ok := drivers[name]
+	driversMu.RUnlock()
+	if !ok {
+		return fmt.Errorf("engine: unknown transport %q (registered: %s; import its package, e.g. _ \"github.com/kvxfer/kvxfer/engine/tcp\")", name, strings.Join(Transports(), ", "))
+	}
+	return d.probe()
+}
+
+// OpenTransport creates the named transport. name "auto" (or "") picks the
+// highest-priority transport in allowed (all registered when allowed is
+// empty) whose probe passes.
+func OpenTransport(name string, opts Options, allowed ...string) (Transport, error) {
+	if name == "" || name == "auto" {
+		var reasons []string
+		cands := allowed
+		if len(cands) == 0 {
+			cands = Transports()
+		}
+		for _, n := range orderByPriority(cands) {
+			if err := ProbeTransport(n); err != nil {
+				reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
+				continue
+			}
+			return OpenTransport(n, opts)
+		}
+		return nil, fmt.Errorf("engine: no usable transport among [%s]: %s", strings.Join(cands, ","), strings.Join(reasons, "; "))
+	}
+	driversMu.RLock()
+	d, ok := drivers[name]
+	driversMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("engine: unknown transport %q (registered: %s)", name, strings.Join(Transports(), ", "))
+	}
+	if err := d.probe(); err != nil {
+		return nil, fmt.Errorf("engine: transport %s unavailable: %w", name, err)
+	}
+	t, err := d.factory(opts)
+	if err != nil {
+		return nil, fmt.Errorf("engine: open transport %s: %w", name, err)
+	}
+	return t, nil
+}
+
+func orderByPriority(names []string) []string {
+	driversMu.RLock()
+	defer driversMu.RUnlock()
+	out := append([]string(nil), names...)
+	sort.SliceStable(out, func(i, j int) bool {
+		return drivers[out[i]].priority > drivers[out[j]].priority
+	})
+	return out
+}

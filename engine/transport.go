@@ -1,0 +1,273 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// MemoryKind says where a memory range lives.
+type MemoryKind uint8
+
+const (
+	// MemoryHost is CPU memory (mmap, memfd, malloc or CUDA pinned host memory).
+	MemoryHost MemoryKind = 0
+	// MemoryCUDA is device memory on the GPU named by Memory.Device.
+	MemoryCUDA MemoryKind = 1
+)
+
+// String returns "host" or "cuda".
+func (k MemoryKind) String() string {
+	switch k {
+	case MemoryHost:
+		return "host"
+	case MemoryCUDA:
+		return "cuda"
+	}
+	return fmt.Sprintf("memorykind(%d)", uint8(k))
+}
+
+// Memory describes a range of memory a transport may register.
+//
+// The memory must not be Go heap: use AllocHost (memfd + mmap), C memory or
+// CUDA memory. The caller keeps ownership and must keep the range mapped until
+// it is deregistered from every transport it was registered with.
+type Memory struct {
+	// Addr is the first byte of the range in this process's address space
+	// (a device pointer for MemoryCUDA).
+	Addr uintptr
+	// Length is the size of the range in bytes (> 0).
+	Length uint64
+	// Kind says whether Addr is host or device memory.
+	Kind MemoryKind
+	// Device is the CUDA device ordinal for MemoryCUDA; ignored for host memory.
+	Device int
+	// FD is a file descriptor backing the range from offset FDOffset (a memfd from
+	// AllocHost), or -1 if the range has no backing file. The same-host shm
+	// transport needs it to share the range with another process.
+	FD int
+	// FDOffset is the offset of Addr inside FD, in bytes.
+	FDOffset uint64
+}
+
+// RegionID names a region registered with one transport on one node. IDs are
+// assigned by the registering transport and are unique for its lifetime.
+type RegionID uint32
+
+// RegionDesc is what a receiver tells a sender about one of its registered
+// regions: it travels in the REGISTER control frame. Writes name the region by
+// ID and an offset inside it; the receiving side (or its NIC, for RDMA) refuses
+// anything outside [0, Length).
+type RegionDesc struct {
+	// ID is the owner's region ID.
+	ID RegionID
+	// Addr is the region's first byte in the owner's address space (used by
+	// RDMA as the remote address base; informational for TCP and shm).
+	Addr uint64
+	// Length is the region size in bytes.
+	Length uint64
+	// Kind is host or device memory on the owner.
+	Kind MemoryKind
+	// Key is transport-specific and opaque to the engine: RDMA rkeys, the shm
+	// object name, nothing for TCP.
+	Key []byte
+}
+
+// WriteRequest is one one-sided WRITE in a transfer batch: Length bytes from
+// local address Local (inside a region the sender registered with the same
+// transport) to byte RemoteOffset of remote region Remote.
+//
+// When Count > 1 the request is strided: Count blocks of Length bytes each,
+// block i read from Local+i*LocalStride and written at
+// RemoteOffset+i*RemoteStride. This carries TP-mismatch head slicing as one
+// descriptor per page run instead of one request per token slot.
+type WriteRequest struct {
+	Local        uintptr
+	Remote       RegionID
+	RemoteOffset uint64
+	Length       uint64
+	Count        uint32
+	LocalStride  uint64
+	RemoteStride uint64
+}
+
+// Blocks returns the number of Length-byte blocks the request moves (Count, or
+// 1 when Count is 0).
+func (r WriteRequest) Blocks() uint64 {
+	if r.Count == 0 {
+		return 1
+	}
+	return uint64(r.Count)
+}
+
+// Bytes returns the total payload of the request in bytes.
+func (r WriteRequest) Bytes() uint64 { return r.Blocks() * r.Length }
+
+// TransferBatch is an ordered list of WRITEs submitted together to one segment.
+// Requests inside a batch may complete in any order; the batch completes when
+// all of them have landed in the receiver's memory.
+type TransferBatch struct {
+	Requests []WriteRequest
+}
+
+// Bytes returns the total payload of the batch in bytes.
+func (b *TransferBatch) Bytes() uint64 {
+	var n uint64
+	for _, r := range b.Requests {
+		n += r.Bytes()
+	}
+	return n
+}
+
+// BatchID is an opaque key into a segment's batch table (never a pointer).
+type BatchID uint64
+
+// BatchState is the life of a submitted batch.
+type BatchState uint8
+
+const (
+	// BatchPending: submitted, not all requests have completed.
+	BatchPending BatchState = iota
+	// BatchCompleted: every byte landed in the receiver's memory (terminal).
+	BatchCompleted
+	// BatchFailed: at least one request failed; Err says why (terminal).
+	BatchFailed
+	// BatchCanceled: Cancel took effect before completion (terminal).
+	BatchCanceled
+)
+
+// String returns the state's name.
+func (s BatchState) String() string {
+	switch s {
+	case BatchPending:
+		return "pending"
+	case BatchCompleted:
+		return "completed"
+	case BatchFailed:
+		return "failed"
+	case BatchCanceled:
+		return "canceled"
+	}
+	return fmt.Sprintf("batchstate(%d)", uint8(s))
+}
+
+// Terminal reports whether the state never changes again.
+func (s BatchState) Terminal() bool { return s != BatchPending }
+
+// BatchStatus is a snapshot of a batch.
+type BatchStatus struct {
+	State BatchState
+	// BytesDone is the payload known to have landed, in bytes.
+	BytesDone uint64
+	// Err is set when State is BatchFailed or BatchCanceled.
+	Err error
+}
+
+// Caps are a transport's capability flags.
+type Caps uint32
+
+const (
+	// CapHostMemory: can register and move host memory.
+	CapHostMemory Caps = 1 << iota
+	// CapDeviceMemory: can register CUDA device memory (natively or by bounce).
+	CapDeviceMemory
+	// CapCrossHost: can reach a peer on another host.
+	CapCrossHost
+	// CapZeroCopy: moves bytes with no staging copy on the host.
+	CapZeroCopy
+	// CapStrided: executes strided WriteRequests natively (no expansion).
+	CapStrided
+	// CapHandshake: OpenSegment returns a reply that the receiver must Accept
+	// (the transport implements Acceptor), e.g. RDMA QP exchange.
+	CapHandshake
+)
+
+// Has reports whether all flags in want are set.
+func (c Caps) Has(want Caps) bool { return c&want == want }
+
+// SegmentInfo is what a sender needs to open a segment on a receiver: the
+// receiver's endpoint blob from Transport.Endpoint and its region table.
+type SegmentInfo struct {
+	// Endpoint is the receiver's opaque endpoint blob for this transport.
+	Endpoint []byte
+	// Regions are the receiver's registered regions this segment may write.
+	Regions []RegionDesc
+}
+
+// Transport moves bytes by one-sided WRITEs from registered local memory into a
+// remote node's registered regions. A Transport is one node's instance: it
+// both receives (listener, registered regions) and sends (segments).
+//
+// Implementations are safe for concurrent use.
+type Transport interface {
+	// Name is the registry name ("tcp", "shm", "rdma").
+	Name() string
+	// Capabilities returns the transport's flags.
+	Capabilities() Caps
+	// RegisterMemory registers m for local reads (sending) and remote writes
+	// (receiving) and returns its descriptor. Errors name the range and cause.
+	RegisterMemory(m Memory) (RegionDesc, error)
+	// DeregisterMemory removes a region; later writes to it are refused.
+	DeregisterMemory(id RegionID) error
+	// Endpoint returns the blob a sender needs to reach this node, prepared
+	// for the named peer (a transport with per-peer state, such as an RDMA QP,
+	// creates it here; others return the same blob every time).
+	Endpoint(ctx context.Context, peer string) ([]byte, error)
+	// OpenSegment connects the sending side to a receiver.
+	OpenSegment(ctx context.Context, info SegmentInfo) (Segment, error)
+	// Close releases everything; idempotent. Pending batches fail.
+	Close() error
+}
+
+// Acceptor is implemented by transports with CapHandshake: the receiver feeds
+// the sender's Segment.HandshakeReply for the peer it prepared in Endpoint.
+type Acceptor interface {
+	Accept(ctx context.Context, peer string, reply []byte) error
+}
+
+// Segment is a sender's connection to one receiver's regions.
+//
+// Cancel is best effort: after Cancel, keep polling until the batch reaches a
+// terminal state; bytes already written stay written.
+type Segment interface {
+	// HandshakeReply returns the blob the receiver must Accept (nil if the
+	// transport needs no second handshake step).
+	HandshakeReply() []byte
+	// Submit starts a batch. The local memory must stay valid and unchanged
+	// until the batch is terminal. Validation errors (unknown region, out of
+	// bounds) are returned at once and nothing is sent.
+	Submit(ctx context.Context, b *TransferBatch) (BatchID, error)
+	// Poll returns the batch's state without blocking. A terminal status is
+	// returned until Release.
+	Poll(id BatchID) (BatchStatus, error)
+	// Wait blocks until the batch is terminal or ctx ends.
+	Wait(ctx context.Context, id BatchID) (BatchStatus, error)
+	// Cancel asks for the batch to stop.
+	Cancel(id BatchID) error
+	// Release forgets a terminal batch.
+	Release(id BatchID)
+	// Close tears down the connection; idempotent. Pending batches fail.
+	Close() error
+}
+
+// Errors shared by every transport. Transports wrap them with context
+// ("tcp: write to region 3 at offset 4096+8192: ...").
+var (
+	// ErrOutOfBounds: a write falls outside its remote region, or a local
+	// address is not inside a registered local region.
+	ErrOutOfBounds = errors.New("out of bounds of the registered region")
+	// ErrUnknownRegion: the region ID is not registered (or was deregistered).
+	ErrUnknownRegion = errors.New("unknown region")
+	// ErrClosed: the transport or segment is closed.
+	ErrClosed = errors.New("closed")
+	// ErrPeerLost: the peer closed the connection or vanished mid-batch.
+	ErrPeerLost = errors.New("peer lost")
+	// ErrCanceled: the batch was canceled.
+	ErrCanceled = errors.New("canceled")
+	// ErrUnknownBatch: the batch ID is unknown or already released.
+	ErrUnknownBatch = errors.New("unknown batch")
+	// ErrUnsupportedMemory: the transport cannot register this kind of memory.
+	ErrUnsupportedMemory = errors.New("memory kind not supported by this transport")
+	// ErrUnavailable: the transport cannot run on this host (no device, ...).
+	ErrUnavailable = errors.New("transport unavailable on this host")
+)

@@ -1,0 +1,394 @@
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// HeaderDistInitAddr is the response header in which a server started with
+// Options.DistInitAddr reports it (a kvxfer extension; SGLang sends none).
+const HeaderDistInitAddr = "X-Kvxfer-Dist-Init-Addr"
+
+// Client talks to one bootstrap server (SGLang's or kvxfer's). It is safe for
+// concurrent use. Every call honours its context; each HTTP request is also
+// bounded by the request timeout (5 s by default, SGLang's).
+type Client struct {
+	addr            string // host:port, IPv6 bracketed
+	base            string // http://host:port
+	hc              *http.Client
+	token           string
+	requestTimeout  time.Duration
+	registerTimeout time.Duration
+	backoffInitial  time.Duration
+	backoffMax      time.Duration
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithHTTPClient uses hc instead of a private client with keep-alive.
+func WithHTTPClient(hc *http.Client) ClientOption { return func(c *Client) { c.hc = hc } }
+
+// WithAuthToken sends "Authorization: Bearer <token>" on the mutating calls
+// (Register, Deregister, RegisterDPRank), as SGLang's newest server requires.
+func WithAuthToken(token string) ClientOption { return func(c *Client) { c.token = token } }
+
+// WithRequestTimeout bounds each HTTP request (default 5 s, SGLang's timeout).
+func WithRequestTimeout(d time.Duration) ClientOption {
+	return func(c *Client) { c.requestTimeout = d }
+}
+
+// WithRegisterTimeout bounds Register's whole retry loop (default 30 s); at
+// the end Register returns an error wrapping ErrRegisterDeadline.
+func WithRegisterTimeout(d time.Duration) ClientOption {
+	return func(c *Client) { c.registerTimeout = d }
+}
+
+// WithBackoff sets Register's retry delays: the delay before retry a is
+// min(initial·2^a, max) times a jitter factor in [0.75, 1) — SGLang's shape
+// (spec §3), defaults 250 ms and 5 s.
+func WithBackoff(initial, max time.Duration) ClientOption {
+	return func(c *Client) { c.backoffInitial, c.backoffMax = initial, max }
+}
+
+// NewClient returns a client for the bootstrap server at addr: "host:port",
+// with an IPv6 host bracketed ("[::1]:8998") or not ("::1:8998", split at the
+// last colon); an "http://" prefix is accepted. It fails on an unparsable
+// address or a port outside 1–65535.
+func NewClient(addr string, opts ...ClientOption) (*Client, error) {
+	hp, err := normalizeAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		addr:            hp,
+		base:            "http://" + hp,
+		requestTimeout:  5 * time.Second,
+		registerTimeout: 30 * time.Second,
+		backoffInitial:  250 * time.Millisecond,
+		backoffMax:      5 * time.Second,
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.hc == nil {
+		c.hc = &http.Client{Transport: &http.Transport{
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: c.requestTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	return c, nil
+}
+
+// normalizeAddr turns the accepted address forms into a bracketed host:port.
+func normalizeAddr(addr string) (string, error) {
+	a := strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
+	a = strings.TrimSuffix(a, "/")
+	host, port, err := net.SplitHostPort(a)
+	if err != nil && strings.Count(a, ":") > 1 && !strings.Contains(a, "[") {
+		i := strings.LastIndexByte(a, ':')
+		host, port, err = a[:i], a[i+1:], nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("bootstrap: address %q: want host:port (IPv6 as [addr]:port): %v", addr, err)
+	}
+	if host == "" {
+		return "", fmt.Errorf("bootstrap: address %q has no host", addr)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 {
+		return "", fmt.Errorf("bootstrap: address %q: port %q is not in 1–65535", addr, port)
+	}
+	return joinHostPort(host, p), nil
+}
+
+// Addr returns the server address as "host:port" (IPv6 bracketed).
+func (c *Client) Addr() string { return c.addr }
+
+// StatusError is a non-2xx answer from the server. It matches ErrNotReady
+// (503), ErrNotFound (404), ErrUnauthorized (401), ErrConflict (409) and
+// ErrBadRequest (400) with errors.Is.
+type StatusError struct {
+	// Op is the request, e.g. "GET /route".
+	Op string
+	// Addr is the server's host:port.
+	Addr string
+	// Code is the HTTP status code.
+	Code int
+	// Body is the server's message (trimmed to 512 bytes).
+	Body string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("bootstrap: %s %s: HTTP %d: %s", e.Op, e.Addr, e.Code, e.Body)
+}
+
+// Is maps the status code to the package sentinels.
+func (e *StatusError) Is(target error) bool {
+	switch target {
+	case ErrNotReady:
+		return e.Code == http.StatusServiceUnavailable
+	case ErrNotFound:
+		return e.Code == http.StatusNotFound
+	case ErrUnauthorized:
+		return e.Code == http.StatusUnauthorized
+	case ErrConflict:
+		return e.Code == http.StatusConflict
+	case ErrBadRequest:
+		return e.Code == http.StatusBadRequest
+	}
+	return false
+}
+
+// do sends one request and returns the 2xx body or an error naming the op.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any, auth bool) ([]byte, http.Header, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.requestTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, nil, fmt.Errorf("bootstrap: encode %s %s body: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: %s %s: %w", method, u, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth && c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (is the prefill's bootstrap server running at this address?)", method, c.addr, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: read body: %w", method, c.addr, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		msg := strings.TrimSpace(string(data))
+		if len(msg) > 512 {
+			msg = msg[:512] + "…"
+		}
+		return nil, resp.Header, &StatusError{Op: method + " " + path, Addr: c.addr, Code: resp.StatusCode, Body: msg}
+	}
+	return data, resp.Header, nil
+}
+
+// Register sends PUT /route for one prefill rank, retrying transport errors
+// and 5xx answers (503 included) with capped, jittered exponential backoff
+// until it succeeds, ctx ends or the register timeout passes; then it returns
+// an error wrapping ErrRegisterDeadline that names the server, the number of
+// attempts and the last failure. 400, 401 and 409 are not retried: the
+// returned error wraps ErrBadRequest, ErrUnauthorized or ErrConflict.
+func (c *Client) Register(ctx context.Context, r RegisterRequest) error {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.registerTimeout)
+	defer cancel()
+	var last error
+	for attempt := 0; ; attempt++ {
+		_, _, err := c.do(ctx, http.MethodPut, "/route", nil, r, true)
+		if err == nil {
+			return nil
+		}
+		last = err
+		var se *StatusError
+		if errors.As(err, &se) && se.Code/100 == 4 && se.Code != http.StatusRequestTimeout && se.Code != http.StatusTooManyRequests {
+			return fmt.Errorf("bootstrap: register rank %s at %s: %w", r.coordString(), c.addr, err)
+		}
+		d := backoff(c.backoffInitial, c.backoffMax, attempt)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: rank %s at %s: %d attempts over %s; last error: %v",
+				ErrRegisterDeadline, r.coordString(), c.addr, attempt+1, time.Since(start).Round(time.Millisecond), last)
+		case <-t.C:
+		}
+	}
+}
+
+func (r RegisterRequest) coordString() string {
+	return fmt.Sprintf("(dp=%d cp=%d tp=%d pp=%d)", r.DPRank(), r.AttnCPRank, r.AttnTPRank, r.PPRank)
+}
+
+// backoff returns min(initial·2^attempt, max) × U[0.75, 1).
+func backoff(initial, max time.Duration, attempt int) time.Duration {
+	d := initial
+	for i := 0; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return time.Duration(float64(d) * (0.75 + 0.25*rand.Float64()))
+}
+
+func rankQuery(dp, cp, tp, pp int) url.Values {
+	return url.Values{
+		"prefill_dp_rank": {strconv.Itoa(dp)},
+		"prefill_cp_rank": {strconv.Itoa(cp)},
+		"target_tp_rank":  {strconv.Itoa(tp)},
+		"target_pp_rank":  {strconv.Itoa(pp)},
+	}
+}
+
+// Deregister removes the rank at (dp, cp, tp, pp) with DELETE /route (a
+// kvxfer extension; SGLang servers answer 405). Call it on clean shutdown.
+// The error wraps ErrNotFound when no such rank is registered.
+func (c *Client) Deregister(ctx context.Context, dp, cp, tp, pp int) error {
+	_, _, err := c.do(ctx, http.MethodDelete, "/route", rankQuery(dp, cp, tp, pp), nil, true)
+	return err
+}
+
+// ServerInfo fetches the prefill topology (GET /route with all four
+// parameters −1). The error wraps ErrNotReady on 503 (not every rank has
+// registered yet; retry later). Unknown keys in the answer are ignored.
+func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
+	data, _, err := c.do(ctx, http.MethodGet, "/route", rankQuery(-1, -1, -1, -1), nil, false)
+	if err != nil {
+		return nil, err
+	}
+	var info PrefillServerInfo
+	if err := json.Unmarshal(data, &info); err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/route topology: decode PrefillServerInfo: %w", c.addr, err)
+	}
+	if info.AttnTPSize < 1 || info.AttnCPSize < 1 || info.DPSize < 1 || info.PPSize < 1 {
+		return nil, fmt.Errorf("bootstrap: GET %s/route topology: sizes must be ≥ 1, got attn_tp_size=%d attn_cp_size=%d dp_size=%d pp_size=%d",
+			c.addr, info.AttnTPSize, info.AttnCPSize, info.DPSize, info.PPSize)
+	}
+	return &info, nil
+}
+
+// RankInfo fetches the control endpoint of the prefill rank at (dp, cp, tp,
+// pp). The error wraps ErrNotReady on 503 and ErrNotFound on 404.
+func (c *Client) RankInfo(ctx context.Context, dp, cp, tp, pp int) (*PrefillRankInfo, error) {
+	data, _, err := c.do(ctx, http.MethodGet, "/route", rankQuery(dp, cp, tp, pp), nil, false)
+	if err != nil {
+		return nil, err
+	}
+	var ri PrefillRankInfo
+	if err := json.Unmarshal(data, &ri); err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/route rank (dp=%d cp=%d tp=%d pp=%d): decode: %w", c.addr, dp, cp, tp, pp, err)
+	}
+	if ri.RankIP == "" || ri.RankPort < 1 || ri.RankPort > 65535 {
+		return nil, fmt.Errorf("bootstrap: GET %s/route rank (dp=%d cp=%d tp=%d pp=%d): bad answer rank_ip=%q rank_port=%d",
+			c.addr, dp, cp, tp, pp, ri.RankIP, ri.RankPort)
+	}
+	return &ri, nil
+}
+
+// RegisterDPRank records room → dpRank (POST /register_dp_rank), as a
+// prefill sender does when it does not follow the bootstrap room. room must
+// be ≤ 2^63−1.
+func (c *Client) RegisterDPRank(ctx context.Context, room uint64, dpRank int) error {
+	if room > maxRoom {
+		return fmt.Errorf("bootstrap: register_dp_rank: bootstrap_room %d exceeds 2^63-1", room)
+	}
+	body := struct {
+		Room uint64 `json:"bootstrap_room"`
+		DP   int    `json:"dp_rank"`
+	}{room, dpRank}
+	_, _, err := c.do(ctx, http.MethodPost, "/register_dp_rank", nil, body, true)
+	return err
+}
+
+// QueryDPRanks asks which prefill DP rank serves each room (POST
+// /query_dp_ranks). Rooms the server does not know (never registered, or
+// expired) are absent from the map.
+func (c *Client) QueryDPRanks(ctx context.Context, rooms []uint64) (map[uint64]int, error) {
+	for _, r := range rooms {
+		if r > maxRoom {
+			return nil, fmt.Errorf("bootstrap: query_dp_ranks: bootstrap_room %d exceeds 2^63-1", r)
+		}
+	}
+	if rooms == nil {
+		rooms = []uint64{}
+	}
+	body := struct {
+		Rooms []uint64 `json:"bootstrap_rooms"`
+	}{rooms}
+	data, _, err := c.do(ctx, http.MethodPost, "/query_dp_ranks", nil, body, false)
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]int
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("bootstrap: POST %s/query_dp_ranks: decode answer: %w", c.addr, err)
+	}
+	out := make(map[uint64]int, len(raw))
+	for k, v := range raw {
+		room, err := strconv.ParseUint(k, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: POST %s/query_dp_ranks: key %q is not a decimal room", c.addr, k)
+		}
+		out[room] = v
+	}
+	return out, nil
+}
+
+// Health checks GET /health (200 "OK"), the decode heartbeat.
+func (c *Client) Health(ctx context.Context) error {
+	_, _, err := c.do(ctx, http.MethodGet, "/health", nil, nil, false)
+	return err
+}
+
+// CheckLeader verifies that the server at this client's address is the
+// multi-node leader for distInitAddr: it must answer /health with the
+// X-Kvxfer-Dist-Init-Addr header equal to distInitAddr. Otherwise the error
+// wraps ErrWrongLeader and names both values — typically a follower given a
+// different bootstrap port than the leader's, reaching some other server.
+// An unreachable leader gives the transport error, naming the address.
+func (c *Client) CheckLeader(ctx context.Context, distInitAddr string) error {
+	_, hdr, err := c.do(ctx, http.MethodGet, "/health", nil, nil, false)
+	if err != nil {
+		return fmt.Errorf("bootstrap: check leader for dist-init-addr %q: %w", distInitAddr, err)
+	}
+	got := hdr.Get(HeaderDistInitAddr)
+	if got != distInitAddr {
+		if got == "" {
+			got = "(none)"
+		}
+		return fmt.Errorf("%w: %s serves dist-init-addr %s, want %s; give every node the leader's bootstrap port",
+			ErrWrongLeader, c.addr, got, distInitAddr)
+	}
+	return nil
+}
+
+// Table fetches GET /v1/table (a kvxfer extension): the whole directory.
+func (c *Client) Table(ctx context.Context) (*TableSnapshot, error) {
+	data, _, err := c.do(ctx, http.MethodGet, "/v1/table", nil, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	var t TableSnapshot
+	if err := json.Unmarshal(data, &t); err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/v1/table: decode: %w", c.addr, err)
+	}
+	return &t, nil
+}
+
+const maxRoom = 1<<63 - 1

@@ -1,0 +1,772 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Content types as SGLang's aiohttp server sends them.
+const (
+	ctText = "text/plain; charset=utf-8"
+	ctJSON = "application/json; charset=utf-8"
+)
+
+// Server is the bootstrap directory of one prefill instance. Routes
+// (spec §2.2): PUT/GET /route, POST /register_dp_rank, POST /query_dp_ranks,
+// GET /health — SGLang's shapes and codes — plus kvxfer's extensions
+// DELETE /route, GET /v1/table and GET /metrics. Create with NewServer,
+// run with Start. Safe for concurrent use.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+	e    *echo.Echo
+
+	ready    chan struct{}
+	addrMu   sync.Mutex
+	addr     string
+	started  bool
+	startErr error
+
+	mu    sync.RWMutex
+	topo  *topology
+	table map[Coord]*rankEntry
+	// infoJSON is the pre-encoded topology answer, rebuilt on change.
+	infoJSON []byte
+
+	roomMu sync.Mutex
+	rooms  map[uint64]roomEntry
+
+	m metrics
+}
+
+// topology holds the first-writer-wins scalars of the table (spec §2.2).
+type topology struct {
+	tpSize, cpSize, dpSize, ppSize int
+	pageSize                       int
+	kvCacheDtype                   *string
+	follow                         bool
+	dsaSplit                       bool
+	httpPort                       *int
+	total                          int
+}
+
+type rankEntry struct {
+	info         PrefillRankInfo
+	json         []byte
+	registeredAt time.Time
+	updates      int
+}
+
+type roomEntry struct {
+	dp int
+	at time.Time
+}
+
+type metrics struct {
+	reg         *prometheus.Registry
+	regOK       prometheus.Counter
+	regReplaced prometheus.Counter
+	regBad      prometheus.Counter
+	regConflict prometheus.Counter
+	unauth      prometheus.Counter
+	deregs      prometheus.Counter
+	lookTopo    prometheus.Counter
+	lookRank    prometheus.Counter
+	lookMiss    prometheus.Counter
+	lookBad     prometheus.Counter
+	notReady    prometheus.Counter
+	dpRegs      prometheus.Counter
+	dpQueries   prometheus.Counter
+	dpRooms     prometheus.Counter
+	tableSize   prometheus.Gauge
+	expected    prometheus.Gauge
+	roomsSize   prometheus.Gauge
+}
+
+func newMetrics() metrics {
+	reg := prometheus.NewRegistry()
+	registrations := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvxfer_bootstrap_registrations_total",
+		Help: "PUT /route registrations by result (ok, replaced, bad_request, conflict).",
+	}, []string{"result"})
+	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvxfer_bootstrap_lookups_total",
+		Help: "GET /route lookups by kind (topology, rank) and result (ok, not_found, bad_request).",
+	}, []string{"kind", "result"})
+	dp := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvxfer_bootstrap_dp_rank_requests_total",
+		Help: "Room→dp-rank registry calls: register, query, and rooms asked by queries.",
+	}, []string{"op"})
+	m := metrics{
+		reg:         reg,
+		regOK:       registrations.WithLabelValues("ok"),
+		regReplaced: registrations.WithLabelValues("replaced"),
+		regBad:      registrations.WithLabelValues("bad_request"),
+		regConflict: registrations.WithLabelValues("conflict"),
+		lookTopo:    lookups.WithLabelValues("topology", "ok"),
+		lookRank:    lookups.WithLabelValues("rank", "ok"),
+		lookMiss:    lookups.WithLabelValues("rank", "not_found"),
+		lookBad:     lookups.WithLabelValues("any", "bad_request"),
+		dpRegs:      dp.WithLabelValues("register"),
+		dpQueries:   dp.WithLabelValues("query"),
+		dpRooms:     dp.WithLabelValues("rooms_queried"),
+		unauth: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvxfer_bootstrap_unauthorized_total",
+			Help: "Mutating requests refused with 401 (bearer token missing or wrong).",
+		}),
+		deregs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvxfer_bootstrap_deregistrations_total",
+			Help: "DELETE /route calls that removed a rank.",
+		}),
+		notReady: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvxfer_bootstrap_not_ready_total",
+			Help: "GET /route answers 503 because not every rank has registered.",
+		}),
+		tableSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvxfer_bootstrap_table_size",
+			Help: "Distinct (dp, cp, tp, pp) ranks registered.",
+		}),
+		expected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvxfer_bootstrap_expected_ranks",
+			Help: "dp·cp·tp·pp of the registered topology (0 before the first registration).",
+		}),
+		roomsSize: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvxfer_bootstrap_dp_rooms",
+			Help: "Live entries in the room→dp-rank registry.",
+		}),
+	}
+	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.notReady, m.tableSize, m.expected, m.roomsSize,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// NewServer builds a server from opts (see Options for the defaults). It does
+// not listen yet; call Start. An unknown Compat value is reported by Start.
+func NewServer(opts Options) *Server {
+	if opts.EntryTTL <= 0 {
+		opts.EntryTTL = DefaultEntryTTL
+	}
+	if opts.Compat == "" {
+		opts.Compat = CompatSGLang0094505
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = 5 * time.Second
+	}
+	s := &Server{
+		opts:  opts,
+		log:   slog.Default().With("component", "bootstrap"),
+		ready: make(chan struct{}),
+		table: make(map[Coord]*rankEntry),
+		rooms: make(map[uint64]roomEntry),
+		m:     newMetrics(),
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	if opts.DistInitAddr != "" {
+		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				c.Response().Header().Set(HeaderDistInitAddr, opts.DistInitAddr)
+				return next(c)
+			}
+		})
+	}
+	if opts.RequestLog {
+		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+			return func(c echo.Context) error {
+				t := time.Now()
+				err := next(c)
+				s.log.Debug("request", "method", c.Request().Method, "uri", c.Request().RequestURI,
+					"status", c.Response().Status, "dur", time.Since(t), "remote", c.RealIP())
+				return err
+			}
+		})
+	}
+	e.Any("/route", s.handleRoute)
+	e.POST("/register_dp_rank", s.handleRegisterDPRank)
+	e.POST("/query_dp_ranks", s.handleQueryDPRanks)
+	e.GET("/health", func(c echo.Context) error { return c.Blob(http.StatusOK, ctText, []byte("OK")) })
+	e.GET("/v1/table", s.handleTable)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})))
+	s.e = e
+	return s
+}
+
+// Handler returns the server's HTTP handler (for embedding in another
+// listener or httptest); Start is not needed to use it, but the room
+// registry is then swept only lazily (expired rooms are still never returned).
+func (s *Server) Handler() http.Handler { return s.e }
+
+// errorHandler answers echo's own errors (unknown path, wrong method on a
+// known path, a panic) in plain text; it never leaks internals.
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	code, msg := http.StatusInternalServerError, "internal error"
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		code = he.Code
+		msg = fmt.Sprint(he.Message)
+	}
+	if code == http.StatusInternalServerError {
+		s.log.Error("handler failed", "method", c.Request().Method, "uri", c.Request().RequestURI, "err", err)
+	}
+	_ = c.Blob(code, ctText, []byte(msg))
+}
+
+// Start listens on Options.Host:Port and serves until ctx is done, then shuts
+// down gracefully (bounded by ShutdownTimeout) and returns nil. A bind error
+// or a bad option is returned at once; Ready is then never closed. Start may
+// be called once.
+func (s *Server) Start(ctx context.Context) error {
+	s.addrMu.Lock()
+	if s.started {
+		s.addrMu.Unlock()
+		return errors.New("bootstrap: server already started")
+	}
+	s.started = true
+	s.addrMu.Unlock()
+	if s.opts.Compat != CompatSGLang0094505 && s.opts.Compat != CompatSGLangNewest {
+		return fmt.Errorf("bootstrap: unknown compat %q; want %q (default) or %q",
+			s.opts.Compat, CompatSGLang0094505, CompatSGLangNewest)
+	}
+	if s.opts.Port < 0 || s.opts.Port > 65535 {
+		return fmt.Errorf("bootstrap: port %d out of range 0–65535", s.opts.Port)
+	}
+	host := s.opts.Host
+	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(s.opts.Port)))
+	if err != nil {
+		return fmt.Errorf("bootstrap: listen on %s: %w (is another bootstrap server using this port? pick another with --port)",
+			net.JoinHostPort(host, strconv.Itoa(s.opts.Port)), err)
+	}
+	s.addrMu.Lock()
+	s.addr = ln.Addr().String()
+	s.addrMu.Unlock()
+	srv := &http.Server{
+		Handler:           s.e,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.log.Info("bootstrap server listening", "addr", s.addr, "compat", s.opts.Compat,
+		"entry_ttl", s.opts.EntryTTL, "auth", s.opts.AuthToken != "")
+	close(s.ready)
+
+	sweepDone := make(chan struct{})
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	go func() { defer close(sweepDone); s.sweepRooms(sweepCtx) }()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	var result error
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+		if err := srv.Shutdown(sctx); err != nil {
+			result = fmt.Errorf("bootstrap: graceful shutdown: %w", err)
+			_ = srv.Close()
+		}
+		cancel()
+		<-serveErr
+	case err := <-serveErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			result = fmt.Errorf("bootstrap: serve on %s: %w", s.addr, err)
+		}
+	}
+	stopSweep()
+	<-sweepDone
+	return result
+}
+
+// Addr returns the bound "host:port" (a kernel-chosen port when Options.Port
+// was 0); valid once Ready is closed, "" before.
+func (s *Server) Addr() string {
+	s.addrMu.Lock()
+	defer s.addrMu.Unlock()
+	return s.addr
+}
+
+// Ready returns a channel that is closed once the server listens.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// authorized checks the bearer token when one is configured (constant time;
+// scheme name case-insensitive, as SGLang's bootstrap_auth.py).
+func (s *Server) authorized(c echo.Context) bool {
+	if s.opts.AuthToken == "" {
+		return true
+	}
+	h := c.Request().Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if ok && strings.EqualFold(scheme, "bearer") &&
+		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.opts.AuthToken)) == 1 {
+		return true
+	}
+	s.m.unauth.Inc()
+	return false
+}
+
+func text(c echo.Context, code int, msg string) error { return c.Blob(code, ctText, []byte(msg)) }
+
+func badRequest(c echo.Context, err error) error {
+	return text(c, http.StatusBadRequest, err.Error())
+}
+
+// readBody reads the request body up to MaxBodyBytes.
+func (s *Server) readBody(c echo.Context) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(c.Request().Body, s.opts.MaxBodyBytes+1))
+	if err != nil {
+		return nil, fieldErr("body", "read failed: %v", err)
+	}
+	if int64(len(b)) > s.opts.MaxBodyBytes {
+		return nil, fieldErr("body", "larger than %d bytes", s.opts.MaxBodyBytes)
+	}
+	return b, nil
+}
+
+func (s *Server) handleRoute(c echo.Context) error {
+	switch c.Request().Method {
+	case http.MethodGet:
+		return s.handleGetRoute(c)
+	case http.MethodPut:
+		return s.handlePutRoute(c)
+	case http.MethodDelete:
+		return s.handleDeleteRoute(c)
+	}
+	// SGLang sends this text with content_type=application/json (spec §2.2).
+	return c.Blob(http.StatusMethodNotAllowed, "application/json; charset=utf-8", []byte("Method not allowed"))
+}
+
+func (s *Server) handlePutRoute(c echo.Context) error {
+	if !s.authorized(c) {
+		return text(c, http.StatusUnauthorized, "Unauthorized")
+	}
+	body, err := s.readBody(c)
+	if err == nil {
+		var r RegisterRequest
+		r, err = ParseRegisterRequest(body)
+		if err == nil {
+			return s.register(c, r)
+		}
+	}
+	s.m.regBad.Inc()
+	s.log.Warn("rejected registration", "remote", c.RealIP(), "err", err)
+	return badRequest(c, err)
+}
+
+// Register adds or replaces one rank in the table directly (the handler's
+// logic without HTTP). It returns an error wrapping ErrConflict when the
+// rank's topology disagrees with the table's.
+func (s *Server) Register(r RegisterRequest) error {
+	_, err := s.apply(r)
+	return err
+}
+
+func (s *Server) register(c echo.Context, r RegisterRequest) error {
+	replaced, err := s.apply(r)
+	if err != nil {
+		s.m.regConflict.Inc()
+		s.log.Warn("registration conflicts with topology", "remote", c.RealIP(), "err", err)
+		return text(c, http.StatusConflict, err.Error())
+	}
+	if replaced {
+		s.m.regReplaced.Inc()
+	} else {
+		s.m.regOK.Inc()
+	}
+	return text(c, http.StatusOK, "OK")
+}
+
+func newTopology(r RegisterRequest) *topology {
+	t := &topology{
+		tpSize: r.AttnTPSize, cpSize: r.AttnCPSize, dpSize: r.DPSize(), ppSize: r.PPSize,
+		pageSize: r.PageSize, kvCacheDtype: r.KVCacheDtype, follow: r.FollowBootstrapRoom(),
+		dsaSplit: r.EnableDSACacheLayerSplit, httpPort: r.PrefillHTTPPort,
+	}
+	t.total = t.tpSize * t.cpSize * t.dpSize * t.ppSize
+	return t
+}
+
+func strOrNull(p *string) string {
+	if p == nil {
+		return "null"
+	}
+	return strconv.Quote(*p)
+}
+
+// conflict names the first topology field on which a and b differ.
+func (a *topology) conflict(b *topology) string {
+	type f struct {
+		name   string
+		av, bv string
+	}
+	for _, x := range []f{
+		{"dp_size (attn_dp_size or system_dp_size)", strconv.Itoa(a.dpSize), strconv.Itoa(b.dpSize)},
+		{"attn_cp_size", strconv.Itoa(a.cpSize), strconv.Itoa(b.cpSize)},
+		{"attn_tp_size", strconv.Itoa(a.tpSize), strconv.Itoa(b.tpSize)},
+		{"pp_size", strconv.Itoa(a.ppSize), strconv.Itoa(b.ppSize)},
+		{"page_size", strconv.Itoa(a.pageSize), strconv.Itoa(b.pageSize)},
+		{"kv_cache_dtype", strOrNull(a.kvCacheDtype), strOrNull(b.kvCacheDtype)},
+		{"load_balance_method (follow_bootstrap_room)", strconv.FormatBool(a.follow), strconv.FormatBool(b.follow)},
+		{"enable_dsa_cache_layer_split", strconv.FormatBool(a.dsaSplit), strconv.FormatBool(b.dsaSplit)},
+	} {
+		if x.av != x.bv {
+			return fmt.Sprintf("%s: registration says %s, table says %s", x.name, x.bv, x.av)
+		}
+	}
+	return ""
+}
+
+// apply validates r against the table and stores it. A re-registration of
+// the same coordinates replaces the endpoint (a restarted rank with a new
+// port) and does not change the count. A rank that is alone in the table may
+// change the topology (the whole instance restarted with a new config).
+func (s *Server) apply(r RegisterRequest) (replaced bool, err error) {
+	nt := newTopology(r)
+	coord := Coord{DP: r.DPRank(), CP: r.AttnCPRank, TP: r.AttnTPRank, PP: r.PPRank}
+	info := PrefillRankInfo{RankIP: r.RankIP, RankPort: r.RankPort}
+	js, err := json.Marshal(info)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, exists := s.table[coord]
+	if s.topo != nil {
+		if msg := s.topo.conflict(nt); msg != "" {
+			if !(exists && len(s.table) == 1) {
+				return false, fmt.Errorf("%w: rank %s: %s (%d ranks registered with the table's topology; deregister them with DELETE /route or restart the bootstrap server)",
+					ErrConflict, coord, msg, len(s.table))
+			}
+		} else if s.topo.httpPort != nil {
+			nt.httpPort = s.topo.httpPort // first writer wins, as SGLang
+		}
+	}
+	if exists {
+		old.info, old.json, old.registeredAt = info, js, time.Now()
+		old.updates++
+		s.log.Info("rank re-registered", "rank", coord.String(), "endpoint", info.Endpoint())
+	} else {
+		s.table[coord] = &rankEntry{info: info, json: js, registeredAt: time.Now()}
+		s.log.Info("rank registered", "rank", coord.String(), "endpoint", info.Endpoint(),
+			"registered", len(s.table), "expected", nt.total)
+	}
+	s.topo = nt
+	s.rebuildInfoLocked()
+	return exists, nil
+}
+
+// rebuildInfoLocked re-encodes the topology answer and updates the gauges.
+func (s *Server) rebuildInfoLocked() {
+	s.m.tableSize.Set(float64(len(s.table)))
+	if s.topo == nil {
+		s.infoJSON = nil
+		s.m.expected.Set(0)
+		return
+	}
+	s.m.expected.Set(float64(s.topo.total))
+	info := s.topo.serverInfo(s.opts.Compat)
+	b, err := json.Marshal(info)
+	if err != nil { // cannot happen: plain types only
+		s.log.Error("encode PrefillServerInfo", "err", err)
+	}
+	s.infoJSON = b
+}
+
+func (t *topology) serverInfo(compat string) PrefillServerInfo {
+	ps := t.pageSize
+	info := PrefillServerInfo{
+		AttnTPSize: t.tpSize, AttnCPSize: t.cpSize, DPSize: t.dpSize, PPSize: t.ppSize,
+		PageSize: &ps, KVCacheDtype: t.kvCacheDtype, FollowBootstrapRoom: t.follow,
+		EnableDSACacheLayerSplit: t.dsaSplit, PrefillHTTPPort: t.httpPort,
+	}
+	if compat == CompatSGLangNewest {
+		early := "early"
+		info.DecodeAllocationPolicy = &early
+	}
+	return info
+}
+
+// readyLocked reports whether every distinct rank has registered.
+func (s *Server) readyLocked() bool { return s.topo != nil && len(s.table) == s.topo.total }
+
+func (s *Server) notReady(c echo.Context) error {
+	s.m.notReady.Inc()
+	return text(c, http.StatusServiceUnavailable,
+		fmt.Sprintf("Prefill server not fully registered yet (%d workers registered).", len(s.table)))
+}
+
+func (s *Server) handleGetRoute(c echo.Context) error {
+	coord, all, err := ParseRankQuery(c.QueryParam)
+	if err != nil {
+		s.m.lookBad.Inc()
+		var fe *fieldError
+		if errors.As(err, &fe) && fe.msg == "missing" {
+			return text(c, http.StatusBadRequest, "Missing inputs for bootstrap server.")
+		}
+		return badRequest(c, err)
+	}
+	s.mu.RLock()
+	if !s.readyLocked() {
+		defer s.mu.RUnlock()
+		return s.notReady(c)
+	}
+	if all {
+		b := s.infoJSON
+		s.mu.RUnlock()
+		s.m.lookTopo.Inc()
+		return c.Blob(http.StatusOK, ctJSON, b)
+	}
+	ent := s.table[coord]
+	var b []byte
+	if ent != nil {
+		b = ent.json
+	}
+	s.mu.RUnlock()
+	if b == nil {
+		s.m.lookMiss.Inc()
+		return text(c, http.StatusNotFound, "Bootstrap info not found for "+coord.String())
+	}
+	s.m.lookRank.Inc()
+	return c.Blob(http.StatusOK, ctJSON, b)
+}
+
+func (s *Server) handleDeleteRoute(c echo.Context) error {
+	if !s.authorized(c) {
+		return text(c, http.StatusUnauthorized, "Unauthorized")
+	}
+	coord, all, err := ParseRankQuery(c.QueryParam)
+	if err == nil && all {
+		err = fieldErr("prefill_dp_rank", "DELETE /route needs one rank's coordinates, not the all -1 topology form")
+	}
+	if err != nil {
+		return badRequest(c, err)
+	}
+	s.mu.Lock()
+	_, ok := s.table[coord]
+	if ok {
+		delete(s.table, coord)
+		if len(s.table) == 0 {
+			s.topo = nil // the whole instance left: accept a new topology
+		}
+		s.rebuildInfoLocked()
+	}
+	n := len(s.table)
+	s.mu.Unlock()
+	if !ok {
+		return text(c, http.StatusNotFound, "Bootstrap info not found for "+coord.String())
+	}
+	s.m.deregs.Inc()
+	s.log.Info("rank deregistered", "rank", coord.String(), "registered", n)
+	return text(c, http.StatusOK, "OK")
+}
+
+func (s *Server) handleRegisterDPRank(c echo.Context) error {
+	if !s.authorized(c) {
+		return text(c, http.StatusUnauthorized, "Unauthorized")
+	}
+	body, err := s.readBody(c)
+	if err != nil {
+		return badRequest(c, err)
+	}
+	room, dp, err := ParseRegisterDPRank(body)
+	if err != nil {
+		return badRequest(c, err)
+	}
+	s.mu.RLock()
+	dpSize := 0
+	if s.topo != nil {
+		dpSize = s.topo.dpSize
+	}
+	s.mu.RUnlock()
+	if dpSize > 0 && dp >= dpSize {
+		return badRequest(c, fieldErr("dp_rank", "%d must be < the registered dp_size %d", dp, dpSize))
+	}
+	s.roomMu.Lock()
+	s.rooms[room] = roomEntry{dp: dp, at: time.Now()}
+	n := len(s.rooms)
+	s.roomMu.Unlock()
+	s.m.roomsSize.Set(float64(n))
+	s.m.dpRegs.Inc()
+	return text(c, http.StatusOK, "OK")
+}
+
+func (s *Server) handleQueryDPRanks(c echo.Context) error {
+	body, err := s.readBody(c)
+	if err != nil {
+		return badRequest(c, err)
+	}
+	rooms, err := ParseQueryDPRanks(body)
+	if err != nil {
+		return badRequest(c, err)
+	}
+	s.m.dpQueries.Inc()
+	s.m.dpRooms.Add(float64(len(rooms)))
+	out := make([]byte, 0, 16+len(rooms)*28)
+	out = append(out, '{')
+	seen := make(map[uint64]struct{}, len(rooms))
+	cutoff := time.Now().Add(-s.opts.EntryTTL)
+	s.roomMu.Lock()
+	for _, r := range rooms {
+		e, ok := s.rooms[r]
+		if !ok || e.at.Before(cutoff) {
+			continue
+		}
+		if _, dup := seen[r]; dup {
+			continue
+		}
+		seen[r] = struct{}{}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = strconv.AppendUint(out, r, 10)
+		out = append(out, '"', ':')
+		out = strconv.AppendInt(out, int64(e.dp), 10)
+	}
+	s.roomMu.Unlock()
+	out = append(out, '}')
+	return c.Blob(http.StatusOK, ctJSON, out)
+}
+
+// sweepRooms deletes expired room entries every EntryTTL/2 until ctx ends.
+func (s *Server) sweepRooms(ctx context.Context) {
+	every := s.opts.EntryTTL / 2
+	if every < 10*time.Millisecond {
+		every = 10 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			s.expireRooms(now)
+		}
+	}
+}
+
+func (s *Server) expireRooms(now time.Time) {
+	cutoff := now.Add(-s.opts.EntryTTL)
+	s.roomMu.Lock()
+	for r, e := range s.rooms {
+		if e.at.Before(cutoff) {
+			delete(s.rooms, r)
+		}
+	}
+	n := len(s.rooms)
+	s.roomMu.Unlock()
+	s.m.roomsSize.Set(float64(n))
+}
+
+// TableSnapshot is the GET /v1/table answer (a kvxfer extension for
+// diagnosis): the whole directory at one instant.
+type TableSnapshot struct {
+	// Compat is the PrefillServerInfo key set this server emits.
+	Compat string `json:"compat"`
+	// Ready is true when every distinct rank has registered (GET /route answers 200).
+	Ready bool `json:"ready"`
+	// Registered is the number of distinct ranks registered.
+	Registered int `json:"registered"`
+	// Expected is dp·cp·tp·pp of the topology (0 before the first registration).
+	Expected int `json:"expected"`
+	// Topology is the PrefillServerInfo the server would answer, or null.
+	Topology *PrefillServerInfo `json:"topology"`
+	// Ranks lists every registered rank, sorted by (dp, cp, tp, pp).
+	Ranks []TableRank `json:"ranks"`
+	// Missing lists the coordinates not yet registered (at most 1024).
+	Missing []Coord `json:"missing"`
+	// DPRooms is the number of live room→dp-rank entries.
+	DPRooms int `json:"dp_rooms"`
+	// EntryTTLSeconds is the room→dp-rank entry lifetime in seconds.
+	EntryTTLSeconds float64 `json:"entry_ttl_seconds"`
+	// DistInitAddr is the multi-node leader address the server was given, or "".
+	DistInitAddr string `json:"dist_init_addr,omitempty"`
+}
+
+// TableRank is one registered rank in a TableSnapshot.
+type TableRank struct {
+	Coord
+	PrefillRankInfo
+	// RegisteredAt is the time of the latest registration (RFC 3339).
+	RegisteredAt time.Time `json:"registered_at"`
+	// Reregistrations counts registrations that replaced this entry.
+	Reregistrations int `json:"reregistrations"`
+}
+
+// Snapshot returns the current directory (what GET /v1/table serves).
+func (s *Server) Snapshot() TableSnapshot {
+	s.mu.RLock()
+	snap := TableSnapshot{
+		Compat: s.opts.Compat, Ready: s.readyLocked(), Registered: len(s.table),
+		EntryTTLSeconds: s.opts.EntryTTL.Seconds(), DistInitAddr: s.opts.DistInitAddr,
+		Ranks: make([]TableRank, 0, len(s.table)), Missing: []Coord{},
+	}
+	for c, e := range s.table {
+		snap.Ranks = append(snap.Ranks, TableRank{Coord: c, PrefillRankInfo: e.info, RegisteredAt: e.registeredAt, Reregistrations: e.updates})
+	}
+	if s.topo != nil {
+		snap.Expected = s.topo.total
+		info := s.topo.serverInfo(s.opts.Compat)
+		snap.Topology = &info
+		t := s.topo
+	outer:
+		for dp := 0; dp < t.dpSize; dp++ {
+			for cp := 0; cp < t.cpSize; cp++ {
+				for tp := 0; tp < t.tpSize; tp++ {
+					for pp := 0; pp < t.ppSize; pp++ {
+						c := Coord{dp, cp, tp, pp}
+						if _, ok := s.table[c]; !ok {
+							snap.Missing = append(snap.Missing, c)
+							if len(snap.Missing) >= 1024 {
+								break outer
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	s.mu.RUnlock()
+	s.roomMu.Lock()
+	snap.DPRooms = len(s.rooms)
+	s.roomMu.Unlock()
+	slices.SortFunc(snap.Ranks, func(a, b TableRank) int {
+		for _, d := range [4]int{a.DP - b.DP, a.CP - b.CP, a.TP - b.TP, a.PP - b.PP} {
+			if d != 0 {
+				return d
+			}
+		}
+		return 0
+	})
+	return snap
+}
+
+func (s *Server) handleTable(c echo.Context) error {
+	return c.JSON(http.StatusOK, s.Snapshot())
+}

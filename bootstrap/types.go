@@ -1,0 +1,312 @@
+// Package bootstrap is kvxfer's bootstrap directory: an SGLang-compatible
+// HTTP server that prefill ranks register with and decode ranks resolve
+// against, its client, and the pure rank-mapping rule that tells a decode rank
+// which prefill ranks hold its slice of the KV cache.
+//
+// Protocol facts (routes, JSON keys, status codes, the 503 readiness rule, the
+// room→dp-rank registry and its TTL, the rank-mapping table) come from
+// /work/shared/spec/sglang-bootstrap.md §2–§4, which was written from SGLang's
+// python/sglang/srt/disaggregation/common/conn.py at commit 0094505d. Where
+// SGLang answers 500 to malformed input, this server answers 400 naming the
+// field; valid input gets SGLang's exact codes and key sets.
+package bootstrap
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultPort is the bootstrap server's default TCP port, SGLang's
+// --disaggregation-bootstrap-port default (spec §2.1).
+const DefaultPort = 8998
+
+// DefaultEntryTTL is how long a room→dp-rank entry lives, SGLang's
+// SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL default (spec §2.7).
+const DefaultEntryTTL = 120 * time.Second
+
+// Compatibility levels select the PrefillServerInfo key set that GET /route
+// returns for the topology query. There is no version field anywhere in
+// SGLang's protocol, and an SGLang decode builds PrefillServerInfo(**data), so
+// an extra or missing key breaks the pairing (spec §2.5, §10 item 2).
+const (
+	// CompatSGLang0094505 is the pinned default: the key set of SGLang commit
+	// 0094505da74125a31ceb354f37ae7a1b6a97d3f5 (common/conn.py): the nine
+	// topology keys plus the six decode-side keys sent as null.
+	CompatSGLang0094505 = "sglang-0094505"
+	// CompatSGLangNewest adds "decode_allocation_policy" ("early"), the key the
+	// newest upstream tests expect (spec §2.5).
+	CompatSGLangNewest = "sglang-newest"
+)
+
+// Errors returned by the client and by TargetRanks. Test with errors.Is; the
+// wrapping error names the address, field or sizes involved.
+var (
+	// ErrNotReady: the server answered 503 — not every (dp, cp, tp, pp) rank of
+	// the prefill instance has registered yet. Retry later.
+	ErrNotReady = errors.New("bootstrap: prefill server not fully registered yet")
+	// ErrNotFound: the server answered 404 — no rank registered at the asked
+	// (dp, cp, tp, pp) coordinates.
+	ErrNotFound = errors.New("bootstrap: rank not registered")
+	// ErrUnauthorized: the server answered 401 — the bearer token is missing or wrong.
+	ErrUnauthorized = errors.New("bootstrap: unauthorized (bearer token missing or wrong)")
+	// ErrConflict: the server answered 409 — the registration's topology
+	// (sizes, page_size, kv_cache_dtype, …) disagrees with the table's.
+	ErrConflict = errors.New("bootstrap: registration conflicts with the registered topology")
+	// ErrBadRequest: the server answered 400 — the request was malformed; the
+	// wrapping error carries the server's message naming the field.
+	ErrBadRequest = errors.New("bootstrap: bad request")
+	// ErrRegisterDeadline: Register kept failing until its context or its
+	// deadline (WithRegisterTimeout) expired. The wrapping error names the
+	// server, the attempt count and the last failure. SGLang only logs this
+	// (spec §10 item 4); kvxfer returns it.
+	ErrRegisterDeadline = errors.New("bootstrap: registration deadline exceeded")
+	// ErrWrongLeader: the server answering at the leader's bootstrap address is
+	// not the one serving the expected dist-init-addr (usually a wrong
+	// --port on a follower node or a port collision).
+	ErrWrongLeader = errors.New("bootstrap: server at leader address is not the expected leader")
+	// ErrMismatch: prefill and decode cannot be paired (page_size or
+	// kv_cache_dtype differ, TP sizes not divisible, CP/PP unsupported).
+	ErrMismatch = errors.New("bootstrap: prefill/decode pairing unsupported")
+)
+
+// RegisterRequest is the PUT /route body a prefill rank sends (spec §2.3).
+// The JSON tags are exactly SGLang's keys. All integer fields are required;
+// kv_cache_dtype must be present but may be null.
+type RegisterRequest struct {
+	// AttnTPSize is the prefill attention-TP size (≥ 1).
+	AttnTPSize int `json:"attn_tp_size"`
+	// AttnTPRank is this rank's attention-TP rank, in [0, AttnTPSize).
+	AttnTPRank int `json:"attn_tp_rank"`
+	// AttnCPSize is the prefill attention-CP size (≥ 1).
+	AttnCPSize int `json:"attn_cp_size"`
+	// AttnCPRank is this rank's attention-CP rank, in [0, AttnCPSize).
+	AttnCPRank int `json:"attn_cp_rank"`
+	// AttnDPSize is the attention-DP size; it is the instance's dp_size when
+	// SystemDPSize == 1.
+	AttnDPSize int `json:"attn_dp_size"`
+	// AttnDPRank is the DP table key when SystemDPSize == 1.
+	AttnDPRank int `json:"attn_dp_rank"`
+	// PPSize is the pipeline-parallel size (≥ 1).
+	PPSize int `json:"pp_size"`
+	// PPRank is this rank's PP rank, in [0, PPSize).
+	PPRank int `json:"pp_rank"`
+	// SystemDPSize is 1 when DP-attention is on, else --dp-size; when > 1 it is
+	// the instance's dp_size.
+	SystemDPSize int `json:"system_dp_size"`
+	// SystemDPRank is the DP table key when SystemDPSize != 1.
+	SystemDPRank int `json:"system_dp_rank"`
+	// RankIP is the host of this rank's control (ZMQ PULL) socket: an IPv4 or
+	// IPv6 address (unbracketed) or a hostname.
+	RankIP string `json:"rank_ip"`
+	// RankPort is the port of this rank's control socket, 1–65535.
+	RankPort int `json:"rank_port"`
+	// PageSize is the KV page size in tokens (≥ 1).
+	PageSize int `json:"page_size"`
+	// KVCacheDtype is the --kv-cache-dtype CLI string ("auto", "fp8_e4m3", …)
+	// or nil; the key is always sent.
+	KVCacheDtype *string `json:"kv_cache_dtype"`
+	// LoadBalanceMethod is the prefill's --load-balance-method;
+	// "follow_bootstrap_room" (the default when empty) means dp = room % dp_size.
+	LoadBalanceMethod string `json:"load_balance_method,omitempty"`
+	// EnableDSACacheLayerSplit passes DSA cache layer splitting across CP through.
+	EnableDSACacheLayerSplit bool `json:"enable_dsa_cache_layer_split"`
+	// PrefillHTTPPort is the prefill's HTTP API port, or nil.
+	PrefillHTTPPort *int `json:"prefill_http_port,omitempty"`
+}
+
+// DPSize returns the instance's dp_size as SGLang derives it: AttnDPSize when
+// SystemDPSize == 1, else SystemDPSize (spec §2.3).
+func (r RegisterRequest) DPSize() int {
+	if r.SystemDPSize == 1 {
+		return r.AttnDPSize
+	}
+	return r.SystemDPSize
+}
+
+// DPRank returns the DP table key: AttnDPRank when SystemDPSize == 1, else
+// SystemDPRank (spec §2.3).
+func (r RegisterRequest) DPRank() int {
+	if r.SystemDPSize == 1 {
+		return r.AttnDPRank
+	}
+	return r.SystemDPRank
+}
+
+// FollowBootstrapRoom reports whether the prefill routes DP by room % dp_size
+// (load_balance_method empty or "follow_bootstrap_room").
+func (r RegisterRequest) FollowBootstrapRoom() bool {
+	return r.LoadBalanceMethod == "" || r.LoadBalanceMethod == LoadBalanceFollowBootstrapRoom
+}
+
+// LoadBalanceFollowBootstrapRoom is the load_balance_method value that makes a
+// prefill pick its DP worker as bootstrap_room % dp_size.
+const LoadBalanceFollowBootstrapRoom = "follow_bootstrap_room"
+
+// PrefillServerInfo is the topology a decode gets from GET /route with all four
+// parameters −1 (spec §2.5). The JSON key set is that of the pinned SGLang
+// commit 0094505 (CompatSGLang0094505): the decode-side fields are always
+// sent as null by the server. DecodeAllocationPolicy is emitted only under
+// CompatSGLangNewest. Decoding ignores unknown keys.
+type PrefillServerInfo struct {
+	// AttnTPSize is the prefill attention-TP size.
+	AttnTPSize int `json:"attn_tp_size"`
+	// AttnCPSize is the prefill attention-CP size.
+	AttnCPSize int `json:"attn_cp_size"`
+	// DPSize is the prefill DP size.
+	DPSize int `json:"dp_size"`
+	// PPSize is the prefill PP size.
+	PPSize int `json:"pp_size"`
+	// PageSize is the KV page size in tokens, or nil (then not checked).
+	PageSize *int `json:"page_size"`
+	// KVCacheDtype is the prefill's --kv-cache-dtype string, or nil.
+	KVCacheDtype *string `json:"kv_cache_dtype"`
+	// FollowBootstrapRoom is true when the prefill routes DP by room % dp_size.
+	FollowBootstrapRoom bool `json:"follow_bootstrap_room"`
+	// EnableDSACacheLayerSplit is true when DSA cache layers are split across CP.
+	EnableDSACacheLayerSplit bool `json:"enable_dsa_cache_layer_split"`
+	// PrefillHTTPPort is the prefill HTTP API port, or nil.
+	PrefillHTTPPort *int `json:"prefill_http_port"`
+
+	// The decode-side fields: SGLang's dataclass carries them, so the server
+	// sends them (as null) to keep the key set exact. TargetRanks computes
+	// their values; the server never fills them.
+
+	// TargetTPRank is the decode-side "real" target TP rank (null on the wire).
+	TargetTPRank *int `json:"target_tp_rank"`
+	// TargetTPRanks is the decode-side target TP rank list (null on the wire).
+	TargetTPRanks []int `json:"target_tp_ranks"`
+	// TargetCPRanks is the decode-side target CP rank list (null on the wire).
+	TargetCPRanks []int `json:"target_cp_ranks"`
+	// TargetPPRanks is the decode-side target PP rank list (null on the wire).
+	TargetPPRanks []int `json:"target_pp_ranks"`
+	// RequiredDstInfoNum is decode-side (null on the wire).
+	RequiredDstInfoNum *int `json:"required_dst_info_num"`
+	// RequiredPrefillResponseNum is decode-side (null on the wire).
+	RequiredPrefillResponseNum *int `json:"required_prefill_response_num"`
+
+	// DecodeAllocationPolicy is "early" or "prefill_complete"; sent only under
+	// CompatSGLangNewest.
+	DecodeAllocationPolicy *string `json:"decode_allocation_policy,omitempty"`
+}
+
+// PrefillRankInfo is the per-rank GET /route answer: the control-socket
+// endpoint of one prefill rank (spec §2.6). Exactly these two keys.
+type PrefillRankInfo struct {
+	// RankIP is the rank's host (IP or hostname, IPv6 unbracketed).
+	RankIP string `json:"rank_ip"`
+	// RankPort is the rank's control port, 1–65535.
+	RankPort int `json:"rank_port"`
+}
+
+// Endpoint returns "tcp://host:port" with IPv6 hosts bracketed, the ZMQ form.
+func (r PrefillRankInfo) Endpoint() string {
+	return "tcp://" + joinHostPort(r.RankIP, r.RankPort)
+}
+
+// Coord is one prefill rank's position in the table
+// prefill_port_table[dp][cp][tp][pp].
+type Coord struct {
+	DP int `json:"dp"`
+	CP int `json:"cp"`
+	TP int `json:"tp"`
+	PP int `json:"pp"`
+}
+
+// String formats the coordinates as SGLang's 404 text does.
+func (c Coord) String() string {
+	return fmt.Sprintf("dp_rank=%d cp_rank=%d tp_rank=%d pp_rank=%d", c.DP, c.CP, c.TP, c.PP)
+}
+
+// Options configure a Server. The zero value serves on all interfaces at a
+// kernel-chosen port with the pinned SGLang key set, a 120 s room TTL and no
+// authentication; `kvxfer bootstrap` defaults the port to DefaultPort.
+type Options struct {
+	// Host is the listen host (IP or hostname; "" = all interfaces).
+	Host string
+	// Port is the listen port, 0–65535; 0 lets the kernel pick one
+	// (Server.Addr reports it). SGLang's default is DefaultPort.
+	Port int
+	// EntryTTL is the room→dp-rank entry lifetime; 0 means DefaultEntryTTL.
+	EntryTTL time.Duration
+	// AuthToken, when non-empty, requires "Authorization: Bearer <token>" on
+	// the mutating routes (PUT/DELETE /route, POST /register_dp_rank); a
+	// missing or wrong token gets 401 "Unauthorized". Compared in constant time.
+	AuthToken string
+	// Compat selects the PrefillServerInfo key set: CompatSGLang0094505 (the
+	// default when empty) or CompatSGLangNewest.
+	Compat string
+	// DistInitAddr, when set, is the multi-node prefill's --dist-init-addr;
+	// the server reports it in the X-Kvxfer-Dist-Init-Addr header so that
+	// followers can check they reached the right leader (Client.CheckLeader).
+	DistInitAddr string
+	// MaxBodyBytes bounds request bodies; 0 means 8 MiB.
+	MaxBodyBytes int64
+	// ShutdownTimeout bounds graceful shutdown; 0 means 5 s.
+	ShutdownTimeout time.Duration
+	// RequestLog enables one slog line per request (debug level).
+	RequestLog bool
+}
+
+// DecodeRank describes the decode rank that is resolving its producers
+// (the decode side of spec §4.3).
+type DecodeRank struct {
+	// AttnTPSize is the decode attention-TP size D (≥ 1).
+	AttnTPSize int
+	// AttnTPRank is the decode rank's TP rank; e = AttnTPRank % AttnTPSize.
+	AttnTPRank int
+	// AttnCPSize is the decode attention-CP size; SGLang requires 1.
+	AttnCPSize int
+	// AttnCPRank is the decode CP rank (0).
+	AttnCPRank int
+	// PPSize is the decode PP size: equal to the prefill's, or 1.
+	PPSize int
+	// PPRank is the decode PP rank.
+	PPRank int
+	// IsMLA is true for an MLA KV pool: with prefill TP > decode TP only one
+	// producer sends, the others are dummy ranks.
+	IsMLA bool
+	// IsHybridMLA marks SGLang's separate "hybrid MLA" flag: counted like
+	// non-MLA (no dummy ranks) and it enables all-CP-rank transfer.
+	IsHybridMLA bool
+	// AllCPRanksTransfer mirrors SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER:
+	// every prefill CP rank sends.
+	AllCPRanksTransfer bool
+	// PageSize is the decode KV page size in tokens; 0 skips the check.
+	PageSize int
+	// KVCacheDtype is the decode --kv-cache-dtype string; "" skips the check.
+	KVCacheDtype string
+}
+
+// TargetRank is one prefill rank a decode rank must contact.
+type TargetRank struct {
+	DP, CP, TP, PP int
+	// Dummy is true when the rank must be contacted (empty page list) but sends
+	// no data and no status (MLA with prefill TP > decode TP, spec §5.3).
+	Dummy bool
+}
+
+// Coord returns the rank's table coordinates.
+func (t TargetRank) Coord() Coord { return Coord{DP: t.DP, CP: t.CP, TP: t.TP, PP: t.PP} }
+
+// Targets is what TargetRanks computes: SGLang's _resolve_rank_mapping
+// results (spec §4.3) plus the ordered rank list of _setup_bootstrap_infos
+// (spec §4.4: for each CP, for each TP, PP ranks high to low).
+type Targets struct {
+	// Ranks are the prefill ranks to contact, in SGLang's lookup order.
+	Ranks []TargetRank
+	// TargetTPRank is the "real" TP rank (the first of TargetTPRanks).
+	TargetTPRank int
+	// TargetTPRanks are the prefill TP ranks holding this decode rank's heads.
+	TargetTPRanks []int
+	// TargetCPRanks are the prefill CP ranks to contact.
+	TargetCPRanks []int
+	// TargetPPRanks are the prefill PP ranks to contact (ascending).
+	TargetPPRanks []int
+	// RequiredDstInfoNum is how many decode ranks each producer waits for
+	// before sending (D/P when decode TP is larger, else 1).
+	RequiredDstInfoNum int
+	// RequiredPrefillResponseNum is how many distinct producer Success
+	// statuses the decode must collect for a room.
+	RequiredPrefillResponseNum int
+}

@@ -1,0 +1,360 @@
+package bootstrap
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Limits the server enforces on registrations (none of them binds a real
+// deployment: SGLang instances have at most a few hundred ranks).
+const (
+	// MaxParallelSize bounds each of dp/cp/tp/pp size.
+	MaxParallelSize = 1 << 16
+	// MaxRanks bounds dp·cp·tp·pp, the number of table entries.
+	MaxRanks = 1 << 20
+)
+
+// fieldError is a 400 answer naming the offending field.
+type fieldError struct {
+	field string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+
+func fieldErr(field, format string, args ...any) error {
+	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// jsonObject parses body as one JSON object and returns its raw members.
+func jsonObject(body []byte, what string) (map[string]json.RawMessage, error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, fieldErr("body", "empty; want a JSON object (%s)", what)
+	}
+	if trimmed[0] != '{' {
+		return nil, fieldErr("body", "not a JSON object (%s)", what)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &m); err != nil {
+		return nil, fieldErr("body", "invalid JSON: %v", err)
+	}
+	return m, nil
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// parseInt decodes a JSON integer (no fraction, no exponent, no quotes) into
+// an int64.
+func parseInt(field string, raw json.RawMessage) (int64, error) {
+	s := string(bytes.TrimSpace(raw))
+	if s == "" || s == "null" {
+		return 0, fieldErr(field, "is null; want an integer")
+	}
+	if s[0] == '"' {
+		return 0, fieldErr(field, "is a string (%s); want a JSON integer", truncate(s))
+	}
+	if s[0] != '-' && (s[0] < '0' || s[0] > '9') {
+		return 0, fieldErr(field, "is %s; want an integer", truncate(s))
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fieldErr(field, "%s is not an integer in int64 range", truncate(s))
+	}
+	return v, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+func reqInt(m map[string]json.RawMessage, field string, lo, hi int64) (int, error) {
+	raw, ok := m[field]
+	if !ok {
+		return 0, fieldErr(field, "missing (required integer)")
+	}
+	v, err := parseInt(field, raw)
+	if err != nil {
+		return 0, err
+	}
+	if v < lo || v > hi {
+		return 0, fieldErr(field, "%d out of range [%d, %d]", v, lo, hi)
+	}
+	return int(v), nil
+}
+
+func optString(m map[string]json.RawMessage, field string) (*string, bool, error) {
+	raw, ok := m[field]
+	if !ok {
+		return nil, false, nil
+	}
+	if isNull(raw) {
+		return nil, true, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, true, fieldErr(field, "want a string or null, got %s", truncate(string(bytes.TrimSpace(raw))))
+	}
+	return &s, true, nil
+}
+
+func optBool(m map[string]json.RawMessage, field string) (bool, error) {
+	raw, ok := m[field]
+	if !ok || isNull(raw) {
+		return false, nil
+	}
+	switch string(bytes.TrimSpace(raw)) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fieldErr(field, "want true or false, got %s", truncate(string(bytes.TrimSpace(raw))))
+}
+
+// ParseRegisterRequest decodes and validates a PUT /route body. Every field
+// is type-checked (integers must be JSON integers) and range-checked: sizes
+// in [1, MaxParallelSize] with dp·cp·tp·pp ≤ MaxRanks, each rank in [0, size),
+// rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip an IPv4
+// or IPv6 address (brackets are removed) or an RFC 1123 hostname,
+// kv_cache_dtype present (string or null). Unknown keys are ignored, as a
+// newer SGLang may add some. The error message names the field.
+func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
+	var r RegisterRequest
+	m, err := jsonObject(body, "PUT /route registration")
+	if err != nil {
+		return r, err
+	}
+	ints := []struct {
+		dst    *int
+		name   string
+		lo, hi int64
+	}{
+		{&r.AttnTPSize, "attn_tp_size", 1, MaxParallelSize},
+		{&r.AttnCPSize, "attn_cp_size", 1, MaxParallelSize},
+		{&r.AttnDPSize, "attn_dp_size", 1, MaxParallelSize},
+		{&r.PPSize, "pp_size", 1, MaxParallelSize},
+		{&r.SystemDPSize, "system_dp_size", 1, MaxParallelSize},
+		{&r.RankPort, "rank_port", 1, 65535},
+		{&r.PageSize, "page_size", 1, 1 << 30},
+	}
+	for _, f := range ints {
+		if *f.dst, err = reqInt(m, f.name, f.lo, f.hi); err != nil {
+			return r, err
+		}
+	}
+	ranks := []struct {
+		dst  *int
+		name string
+		size int
+		of   string
+	}{
+		{&r.AttnTPRank, "attn_tp_rank", r.AttnTPSize, "attn_tp_size"},
+		{&r.AttnCPRank, "attn_cp_rank", r.AttnCPSize, "attn_cp_size"},
+		{&r.AttnDPRank, "attn_dp_rank", r.AttnDPSize, "attn_dp_size"},
+		{&r.PPRank, "pp_rank", r.PPSize, "pp_size"},
+		{&r.SystemDPRank, "system_dp_rank", r.SystemDPSize, "system_dp_size"},
+	}
+	for _, f := range ranks {
+		v, err := reqInt(m, f.name, 0, MaxParallelSize)
+		if err != nil {
+			return r, err
+		}
+		if v >= f.size {
+			return r, fieldErr(f.name, "%d must be < %s %d", v, f.of, f.size)
+		}
+		*f.dst = v
+	}
+	if total := int64(r.DPSize()) * int64(r.AttnCPSize) * int64(r.AttnTPSize) * int64(r.PPSize); total > MaxRanks {
+		return r, fieldErr("attn_tp_size", "dp·cp·tp·pp = %d ranks exceeds the limit %d", total, MaxRanks)
+	}
+
+	ip, present, err := optString(m, "rank_ip")
+	if err != nil {
+		return r, err
+	}
+	if !present || ip == nil {
+		return r, fieldErr("rank_ip", "missing (required string: IP address or hostname)")
+	}
+	if r.RankIP, err = validHost(*ip); err != nil {
+		return r, fieldErr("rank_ip", "%v", err)
+	}
+
+	dt, present, err := optString(m, "kv_cache_dtype")
+	if err != nil {
+		return r, err
+	}
+	if !present {
+		return r, fieldErr("kv_cache_dtype", "missing (required key; string such as \"auto\", or null)")
+	}
+	if dt != nil && (len(*dt) > 64 || !printable(*dt)) {
+		return r, fieldErr("kv_cache_dtype", "want a short printable string, got %q", truncate(*dt))
+	}
+	r.KVCacheDtype = dt
+
+	lb, _, err := optString(m, "load_balance_method")
+	if err != nil {
+		return r, err
+	}
+	if lb != nil {
+		if len(*lb) > 64 || !printable(*lb) {
+			return r, fieldErr("load_balance_method", "want a short printable string, got %q", truncate(*lb))
+		}
+		r.LoadBalanceMethod = *lb
+	}
+	if r.EnableDSACacheLayerSplit, err = optBool(m, "enable_dsa_cache_layer_split"); err != nil {
+		return r, err
+	}
+	if raw, ok := m["prefill_http_port"]; ok && !isNull(raw) {
+		v, err := parseInt("prefill_http_port", raw)
+		if err != nil {
+			return r, err
+		}
+		if v < 1 || v > 65535 {
+			return r, fieldErr("prefill_http_port", "%d out of range [1, 65535]", v)
+		}
+		p := int(v)
+		r.PrefillHTTPPort = &p
+	}
+	return r, nil
+}
+
+func printable(s string) bool {
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validHost accepts an IPv4/IPv6 address (IPv6 optionally bracketed, zone
+// allowed) or an RFC 1123 hostname and returns it unbracketed.
+func validHost(h string) (string, error) {
+	if len(h) > 2 && h[0] == '[' && h[len(h)-1] == ']' {
+		inner := h[1 : len(h)-1]
+		if a, err := netip.ParseAddr(inner); err == nil && a.Is6() {
+			return inner, nil
+		}
+		return "", fmt.Errorf("%q: brackets only around an IPv6 address", truncate(h))
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return h, nil
+	}
+	if h == "" {
+		return "", fmt.Errorf("empty; want an IP address or hostname")
+	}
+	if len(h) > 253 {
+		return "", fmt.Errorf("hostname longer than 253 characters")
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return "", fmt.Errorf("%q is neither an IP address nor a valid hostname", truncate(h))
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return "", fmt.Errorf("%q is neither an IP address nor a valid hostname", truncate(h))
+			}
+		}
+	}
+	return h, nil
+}
+
+// parseRoom decodes one bootstrap_room: a JSON integer in [0, 2^63−1].
+func parseRoom(field string, raw json.RawMessage) (uint64, error) {
+	v, err := parseInt(field, raw)
+	if err != nil {
+		return 0, err
+	}
+	if v < 0 {
+		return 0, fieldErr(field, "%d is negative; rooms are in [0, 2^63-1]", v)
+	}
+	return uint64(v), nil
+}
+
+// ParseRegisterDPRank decodes a POST /register_dp_rank body
+// {"bootstrap_room": int, "dp_rank": int}; the room must be in
+// [0, 2^63−1] and dp_rank in [0, MaxParallelSize).
+func ParseRegisterDPRank(body []byte) (room uint64, dpRank int, err error) {
+	m, err := jsonObject(body, "register_dp_rank")
+	if err != nil {
+		return 0, 0, err
+	}
+	raw, ok := m["bootstrap_room"]
+	if !ok {
+		return 0, 0, fieldErr("bootstrap_room", "missing (required integer in [0, 2^63-1])")
+	}
+	if room, err = parseRoom("bootstrap_room", raw); err != nil {
+		return 0, 0, err
+	}
+	if dpRank, err = reqInt(m, "dp_rank", 0, MaxParallelSize-1); err != nil {
+		return 0, 0, err
+	}
+	return room, dpRank, nil
+}
+
+// ParseQueryDPRanks decodes a POST /query_dp_ranks body
+// {"bootstrap_rooms": [int, …]}; each room must be in [0, 2^63−1]. The error
+// names the bad element's index.
+func ParseQueryDPRanks(body []byte) ([]uint64, error) {
+	m, err := jsonObject(body, "query_dp_ranks")
+	if err != nil {
+		return nil, err
+	}
+	raw, ok := m["bootstrap_rooms"]
+	if !ok {
+		return nil, fieldErr("bootstrap_rooms", "missing (required array of integers)")
+	}
+	var elems []json.RawMessage
+	if s := bytes.TrimSpace(raw); len(s) == 0 || s[0] != '[' {
+		return nil, fieldErr("bootstrap_rooms", "want an array of integers")
+	}
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, fieldErr("bootstrap_rooms", "want an array of integers: %v", err)
+	}
+	rooms := make([]uint64, len(elems))
+	for i, e := range elems {
+		if rooms[i], err = parseRoom(fmt.Sprintf("bootstrap_rooms[%d]", i), e); err != nil {
+			return nil, err
+		}
+	}
+	return rooms, nil
+}
+
+// ParseRankQuery decodes GET/DELETE /route's four query parameters
+// (prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank). It
+// returns all == true for the topology form (all four −1). A missing or empty
+// parameter gives SGLang's text "Missing inputs for bootstrap server."; a
+// non-integer or a negative value outside the all-−1 form names the parameter.
+func ParseRankQuery(get func(string) string) (c Coord, all bool, err error) {
+	names := [4]string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"}
+	var v [4]int
+	for i, n := range names {
+		s := get(n)
+		if s == "" {
+			return c, false, &fieldError{field: n, msg: "missing"}
+		}
+		x, err := strconv.Atoi(s)
+		if err != nil || x < -1 || x >= MaxRanks {
+			return c, false, fieldErr(n, "%q is not an integer in [-1, %d)", truncate(s), MaxRanks)
+		}
+		v[i] = x
+	}
+	if v == [4]int{-1, -1, -1, -1} {
+		return c, true, nil
+	}
+	for i, n := range names {
+		if v[i] < 0 {
+			return c, false, fieldErr(n, "-1 is allowed only when all four parameters are -1 (topology query)")
+		}
+	}
+	return Coord{DP: v[0], CP: v[1], TP: v[2], PP: v[3]}, false, nil
+}

@@ -1,0 +1,485 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"golang.org/x/sys/unix"
+)
+
+// chunkBytes is the unit of work of a parallel copy and the granularity at
+// which cancellation and peer loss are noticed inside a large request.
+const chunkBytes = 1 << 20
+
+// watchInterval bounds how long a closed receiver transport (state word) goes
+// unnoticed by an idle segment; a dead process is noticed at once via pidfd.
+const watchInterval = 100 * time.Millisecond
+
+type remoteRegion struct {
+	mapping []byte // page-aligned mapping to unmap
+	data    []byte // exactly the region: Length bytes
+}
+
+type segment struct {
+	t        *transport
+	peer     endpoint
+	pidfd    int // -1 when pidfd_open is unavailable (then liveness uses /proc start time)
+	ctl      []byte
+	ctlWord  []uint64
+	regions  map[engine.RegionID]*remoteRegion
+	wake     [2]int // pipe that stops the watcher
+	watchEnd chan struct{}
+
+	peerLost atomic.Bool
+
+	mu      sync.Mutex
+	closed  bool
+	nextID  engine.BatchID
+	batches map[engine.BatchID]*batch
+	running sync.WaitGroup // copy goroutines in flight; Close waits before unmapping
+}
+
+var _ engine.Segment = (*segment)(nil)
+
+type batch struct {
+	state    atomic.Uint32
+	done     atomic.Uint64 // bytes landed
+	canceled atomic.Bool
+	errMu    sync.Mutex
+	err      error
+	doneCh   chan struct{}
+	total    uint64
+}
+
+// finish moves the batch to a terminal state once; later calls are no-ops.
+func (b *batch) finish(st engine.BatchState, err error) {
+	b.errMu.Lock()
+	defer b.errMu.Unlock()
+	if engine.BatchState(b.state.Load()).Terminal() {
+		return
+	}
+	b.err = err
+	b.state.Store(uint32(st)) // release: copies and err happen before
+	close(b.doneCh)
+}
+
+func (b *batch) status() engine.BatchStatus {
+	st := engine.BatchState(b.state.Load()) // acquire
+	s := engine.BatchStatus{State: st, BytesDone: b.done.Load()}
+	if st.Terminal() {
+		b.errMu.Lock()
+		s.Err = b.err
+		b.errMu.Unlock()
+	}
+	return s
+}
+
+// OpenSegment maps the receiver's regions named in info. Errors wrap
+// engine.ErrUnavailable when the receiver is on another host (different boot
+// id) or its memory cannot be reached from here (other pid namespace, other
+// user, process gone), so automatic selection can fall back to tcp.
+func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("shm: open segment: %w", err)
+	}
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("shm: open segment: transport %w", engine.ErrClosed)
+	}
+	ep, err := decodeEndpoint(info.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if ep.BootID != t.self.BootID {
+		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), engine.ErrUnavailable)
+	}
+	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[engine.RegionID]*remoteRegion{},
+		nextID: 1, batches: map[engine.BatchID]*batch{}, wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			s.release()
+		}
+	}()
+	pid := int(ep.PID)
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		s.pidfd = fd
+	} else if !errors.Is(err, unix.ENOSYS) {
+		return nil, fmt.Errorf("shm: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", pid, err, engine.ErrUnavailable)
+	}
+	// The pidfd now pins the process the pid names; check it is the receiver.
+	if st, err := procStartTime(pid); err != nil || st != ep.StartTime {
+		return nil, fmt.Errorf("shm: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", pid, st, ep.StartTime, err, engine.ErrUnavailable)
+	}
+	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map receiver control memfd: %v: %w", err, engine.ErrUnavailable)
+	}
+	s.ctl = ctl.mapping
+	s.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl.data[0])), ctlWords)
+	if atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
+		return nil, fmt.Errorf("shm: receiver pid %d has closed its transport: %w", pid, engine.ErrPeerLost)
+	}
+	for _, d := range info.Regions {
+		if _, dup := s.regions[d.ID]; dup {
+			return nil, fmt.Errorf("shm: segment info lists region %d twice", d.ID)
+		}
+		if d.Kind != engine.MemoryHost {
+			return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, engine.ErrUnsupportedMemory)
+		}
+		k, err := decodeKey(d.Key)
+		if err != nil {
+			return nil, fmt.Errorf("shm: region %d: %w", d.ID, err)
+		}
+		if d.Length == 0 || d.Length > 1<<46 {
+			return nil, fmt.Errorf("shm: region %d: length %d bytes out of range", d.ID, d.Length)
+		}
+		r, err := mapPeerFD(pid, int(k.FD), k.Dev, k.Ino, k.Offset, d.Length)
+		if err != nil {
+			return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
+		}
+		s.regions[d.ID] = r
+	}
+	if err := unix.Pipe2(s.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, fmt.Errorf("shm: open segment: pipe: %w", err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, fmt.Errorf("shm: open segment: transport %w", engine.ErrClosed)
+	}
+	t.segments[s] = struct{}{}
+	t.mu.Unlock()
+	ok = true
+	go s.watch()
+	return s, nil
+}
+
+// mapPeerFD opens /proc/PID/fd/FD, checks it is the advertised file, and maps
+// exactly length bytes from offset.
+func mapPeerFD(pid, fd int, dev, ino, offset, length uint64) (*remoteRegion, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd)
+	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w (receiver gone, other user, or other pid namespace)", path, err)
+	}
+	defer unix.Close(f)
+	var st unix.Stat_t
+	if err := unix.Fstat(f, &st); err != nil {
+		return nil, fmt.Errorf("fstat %s: %w", path, err)
+	}
+	if uint64(st.Dev) != dev || st.Ino != ino {
+		return nil, fmt.Errorf("%s is inode %d:%d, the receiver advertised %d:%d (descriptor reused or wrong peer)", path, st.Dev, st.Ino, dev, ino)
+	}
+	if offset+length < offset || st.Size < 0 || offset+length > uint64(st.Size) {
+		return nil, fmt.Errorf("%s is %d bytes, too small for offset %d + length %d", path, st.Size, offset, length)
+	}
+	pg := uint64(os.Getpagesize())
+	start := offset / pg * pg
+	span := offset - start + length
+	if span > uint64(int(^uint(0)>>1)) {
+		return nil, fmt.Errorf("region of %d bytes does not fit the address space", length)
+	}
+	m, err := unix.Mmap(f, int64(start), int(span), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s (%d bytes at %d): %w", path, span, start, err)
+	}
+	return &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length]}, nil
+}
+
+// alive reports whether the receiver process is still running and its
+// transport open. It is a non-blocking check.
+func (s *segment) alive() bool {
+	if s.peerLost.Load() {
+		return false
+	}
+	if atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
+		return false
+	}
+	if s.pidfd >= 0 {
+		fds := []unix.PollFd{{Fd: int32(s.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n == 0 // EINTR counts as alive; the watcher retries
+	}
+	st, err := procStartTime(int(s.peer.PID))
+	return err == nil && st == s.peer.StartTime
+}
+
+// watch fails pending batches when the receiver dies or closes.
+func (s *segment) watch() {
+	defer close(s.watchEnd)
+	fds := []unix.PollFd{{Fd: int32(s.wake[0]), Events: unix.POLLIN}}
+	if s.pidfd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(s.pidfd), Events: unix.POLLIN})
+	}
+	for {
+		_, err := unix.Poll(fds, int(watchInterval/time.Millisecond))
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			s.lose(fmt.Errorf("shm: watching receiver pid %d: poll: %v: %w", s.peer.PID, err, engine.ErrPeerLost))
+			return
+		}
+		if fds[0].Revents != 0 {
+			return // Close
+		}
+		if !s.alive() {
+			s.lose(fmt.Errorf("shm: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost))
+			return
+		}
+	}
+}
+
+// lose marks the peer lost and fails every pending batch with err.
+func (s *segment) lose(err error) {
+	s.peerLost.Store(true)
+	s.mu.Lock()
+	pend := make([]*batch, 0, len(s.batches))
+	for _, b := range s.batches {
+		pend = append(pend, b)
+	}
+	s.mu.Unlock()
+	for _, b := range pend {
+		b.canceled.Store(true)
+		b.finish(engine.BatchFailed, err)
+	}
+}
+
+func (s *segment) HandshakeReply() []byte { return nil }
+
+// piece is one contiguous copy.
+type piece struct {
+	dst []byte
+	src []byte
+}
+
+// Submit validates every request, then copies. Batches smaller than the
+// transport's parallel threshold are copied before Submit returns; larger ones
+// are split into 1 MiB chunks copied by several goroutines.
+func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("shm: submit: %w", err)
+	}
+	if tb == nil {
+		return 0, errors.New("shm: submit: nil batch")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, fmt.Errorf("shm: submit: segment %w", engine.ErrClosed)
+	}
+	if !s.alive() {
+		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
+	}
+	pieces := make([]piece, 0, len(tb.Requests))
+	var total uint64
+	for i, r := range tb.Requests {
+		rr, ok := s.regions[r.Remote]
+		if !ok || int(r.Remote) >= MaxRegions || atomic.LoadUint64(&s.ctlWord[ctlSlots+int(r.Remote)]) == 0 {
+			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or deregistered by the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+		}
+		n := r.Blocks()
+		if r.Length == 0 {
+			continue
+		}
+		// Last block's end, with overflow checks, for both sides.
+		rEnd, ok1 := spanEnd(r.RemoteOffset, r.RemoteStride, r.Length, n)
+		if !ok1 || rEnd > uint64(len(rr.data)) {
+			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, len(rr.data), engine.ErrOutOfBounds)
+		}
+		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
+		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
+			return 0, fmt.Errorf("shm: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", i, r.Local, n, r.Length, r.LocalStride, engine.ErrOutOfBounds)
+		}
+		for j := uint64(0); j < n; j++ {
+			src := uintptr(uint64(r.Local) + j*r.LocalStride)
+			off := r.RemoteOffset + j*r.RemoteStride
+			for c := uint64(0); c < r.Length; c += chunkBytes {
+				m := min(chunkBytes, r.Length-c)
+				pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m)})
+			}
+		}
+		total += n * r.Length
+	}
+	b := &batch{doneCh: make(chan struct{}), total: total}
+	id := s.nextID
+	s.nextID++
+	s.batches[id] = b
+	s.running.Add(1)
+	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(pieces) < 2 {
+		// Small batch: copy on the caller's goroutine (outside the lock).
+		s.mu.Unlock()
+		s.copyAll(b, pieces, 1)
+		s.mu.Lock() // for the deferred unlock
+	} else {
+		go s.copyAll(b, pieces, min(s.t.copyThreads, len(pieces)))
+	}
+	return id, nil
+}
+
+// spanEnd returns base + (n-1)*stride + length, and false on overflow.
+func spanEnd(base, stride, length, n uint64) (uint64, bool) {
+	hi, lo := bits.Mul64(n-1, stride)
+	if hi != 0 {
+		return 0, false
+	}
+	e, c1 := bits.Add64(base, lo, 0)
+	e, c2 := bits.Add64(e, length, 0)
+	return e, c1 == 0 && c2 == 0
+}
+
+// hostBytes views n bytes of host memory at addr (inside a registered region,
+// checked by the caller).
+func hostBytes(addr uintptr, n uint64) []byte {
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), n)
+}
+
+// copyAll copies pieces with workers goroutines and finishes the batch. It
+// owns one count of s.running.
+func (s *segment) copyAll(b *batch, pieces []piece, workers int) {
+	defer s.running.Done()
+	var next atomic.Int64
+	work := func() {
+		for {
+			i := next.Add(1) - 1
+			if i >= int64(len(pieces)) || b.canceled.Load() || s.peerLost.Load() {
+				return
+			}
+			p := pieces[i]
+			copy(p.dst, p.src)
+			b.done.Add(uint64(len(p.dst)))
+		}
+	}
+	if workers <= 1 {
+		work()
+	} else {
+		var wg sync.WaitGroup
+		for w := 1; w < workers; w++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); work() }()
+		}
+		work()
+		wg.Wait()
+	}
+	switch {
+	case b.canceled.Load() && !s.peerLost.Load():
+		b.finish(engine.BatchCanceled, fmt.Errorf("shm: batch stopped after %d of %d bytes: %w", b.done.Load(), b.total, engine.ErrCanceled))
+	case !s.alive():
+		b.finish(engine.BatchFailed, fmt.Errorf("shm: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.peer.PID, b.done.Load(), b.total, engine.ErrPeerLost))
+	default:
+		atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver
+		b.finish(engine.BatchCompleted, nil)
+	}
+}
+
+func (s *segment) get(id engine.BatchID) (*batch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.batches[id]
+	if !ok {
+		return nil, fmt.Errorf("shm: batch %d: %w", id, engine.ErrUnknownBatch)
+	}
+	return b, nil
+}
+
+// Poll returns the batch's state without blocking.
+func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+	b, err := s.get(id)
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	return b.status(), nil
+}
+
+// Wait blocks until the batch is terminal or ctx ends (then it returns the
+// current status and ctx's error).
+func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+	b, err := s.get(id)
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	select {
+	case <-b.doneCh:
+		return b.status(), nil
+	case <-ctx.Done():
+		return b.status(), fmt.Errorf("shm: wait for batch %d: %w", id, ctx.Err())
+	}
+}
+
+// Cancel stops a pending batch at the next 1 MiB chunk boundary.
+func (s *segment) Cancel(id engine.BatchID) error {
+	b, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	b.canceled.Store(true)
+	return nil
+}
+
+// Release forgets a terminal batch (a pending one is kept).
+func (s *segment) Release(id engine.BatchID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.batches[id]; ok && engine.BatchState(b.state.Load()).Terminal() {
+		delete(s.batches, id)
+	}
+}
+
+// Close fails pending batches with engine.ErrClosed, waits for copies in
+// flight to stop, and unmaps the receiver's regions. Idempotent.
+func (s *segment) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	pend := make([]*batch, 0, len(s.batches))
+	for _, b := range s.batches {
+		pend = append(pend, b)
+	}
+	s.mu.Unlock()
+	for _, b := range pend {
+		b.canceled.Store(true)
+		b.finish(engine.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending: %w", engine.ErrClosed))
+	}
+	s.running.Wait()
+	unix.Write(s.wake[1], []byte{1})
+	<-s.watchEnd
+	s.t.mu.Lock()
+	delete(s.t.segments, s)
+	s.t.mu.Unlock()
+	return s.release()
+}
+
+// release unmaps and closes everything the segment holds.
+func (s *segment) release() error {
+	var errs []error
+	for id, r := range s.regions {
+		if err := unix.Munmap(r.mapping); err != nil {
+			errs = append(errs, fmt.Errorf("shm: unmap region %d: %w", id, err))
+		}
+	}
+	s.regions = nil
+	if s.ctl != nil {
+		unix.Munmap(s.ctl)
+		s.ctl, s.ctlWord = nil, nil
+	}
+	for _, fd := range []int{s.pidfd, s.wake[0], s.wake[1]} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	s.pidfd, s.wake = -1, [2]int{-1, -1}
+	return errors.Join(errs...)
+}

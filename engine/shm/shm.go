@@ -1,0 +1,347 @@
+// Package shm is kvxfer's same-host shared-memory transport, registered with
+// the engine as "shm" (priority 200: preferred over tcp, below rdma).
+//
+// # How memory is shared
+//
+// The receiver registers memfd-backed memory (engine.AllocHost). It keeps a
+// duplicate of each region's memfd open and describes it in RegionDesc.Key
+// (fd number, offset, st_dev/st_ino; see wire.go). Its endpoint blob carries
+// the host's boot id, its pid and start time, and the fd of a small control
+// memfd. The sender checks the boot id (a different host is
+// engine.ErrUnavailable, so automatic selection falls back to tcp), pins the
+// receiver with pidfd_open, opens /proc/PID/fd/N for the control memfd and for
+// every region, checks that each opened file has the advertised st_dev/st_ino,
+// and maps exactly the region's bytes MAP_SHARED. A one-sided WRITE is then a
+// memcpy from the sender's registered memory into that mapping; large batches
+// are split into chunks copied by several goroutines.
+//
+// /proc/PID/fd/N was chosen over pidfd_getfd (needs ptrace attach rights, which
+// Yama's ptrace_scope=1 denies between sibling processes) and over an
+// SCM_RIGHTS hand-off (needs a second socket next to the engine's control
+// channel): it needs only the same user (or root), works from Linux 2.6, and the
+// inode check makes pid or fd reuse harmless.
+//
+// # Bounds
+//
+// Each mapping covers exactly one region. Submit checks every block of every
+// request against the mapped region length and the sender's own registered
+// regions before copying anything; a request outside either is refused with
+// engine.ErrOutOfBounds and nothing is written. A region the receiver has
+// deregistered is refused with engine.ErrUnknownRegion (the control memfd
+// holds a registered flag per region ID, loaded before each batch).
+//
+// # Ordering (completion and commit)
+//
+// All copies of a batch happen before the sender's atomic add of the batch's
+// bytes to the receiver's committed counter (control memfd word 1) and before
+// the atomic store of BatchCompleted (both sequentially consistent in Go's
+// memory model, so they are release operations). Poll and Wait read the state
+// with an atomic load (acquire), so a sender that observes BatchCompleted and
+// then writes a metadata record or sends a status message publishes the payload
+// first. On the receiving side, CommittedBytes is an acquire load of the same
+// counter; a receiver that learns of completion through a control message has
+// the ordering from the kernel's socket syscalls as well.
+//
+// # Peer loss
+//
+// The sender watches the receiver's pidfd (it becomes readable when the
+// process exits) and the control memfd's state word (set when the receiver's
+// transport closes). Either fails every pending batch of the segment with
+// engine.ErrPeerLost, and a batch is only marked completed after a last
+// liveness check, so a receiver killed mid-batch is reported, never hidden.
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"golang.org/x/sys/unix"
+)
+
+// Name is the registry name of this transport.
+const Name = "shm"
+
+// Priority is the registry priority (rdma 300 > shm 200 > tcp 100).
+const Priority = 200
+
+// MaxRegions is the number of region IDs one receiver transport can hand out
+// over its lifetime (IDs are never reused; the control memfd has one slot each).
+const MaxRegions = 1 << 16
+
+// Control memfd layout, in 8-byte words.
+const (
+	ctlState     = 0 // 0 = not ready, 1 = open, 2 = closed
+	ctlCommitted = 1 // bytes committed by all senders (atomic add)
+	ctlSlots     = 8 // first region slot: word ctlSlots+id is 1 while region id is registered
+	ctlWords     = ctlSlots + MaxRegions
+	ctlBytes     = ctlWords * 8
+
+	stateOpen   = 1
+	stateClosed = 2
+)
+
+// Extra option keys (engine.Options.Extra).
+const (
+	// OptCopyThreads sets the number of goroutines that copy one large batch
+	// (default: engine.Options.Streams, else min(4, GOMAXPROCS)).
+	OptCopyThreads = "shm.copy_threads"
+	// OptParallelMin sets the batch size in bytes from which copies are split
+	// across goroutines (default 4 MiB).
+	OptParallelMin = "shm.parallel_min_bytes"
+)
+
+func init() {
+	engine.RegisterTransport(Name, Priority, Probe, New)
+}
+
+// Probe reports whether the shm transport can run here: it needs Linux's
+// /proc (boot id, /proc/self/fd) and memfd. Errors wrap engine.ErrUnavailable.
+func Probe() error {
+	if _, err := readBootID(); err != nil {
+		return fmt.Errorf("shm: %v: %w", err, engine.ErrUnavailable)
+	}
+	if _, err := os.Stat("/proc/self/fd"); err != nil {
+		return fmt.Errorf("shm: /proc is not mounted (%v): %w", err, engine.ErrUnavailable)
+	}
+	return nil
+}
+
+type localRegion struct {
+	desc engine.RegionDesc
+	addr uintptr
+	len  uint64
+	fd   int // our duplicate of the backing memfd
+}
+
+type transport struct {
+	copyThreads int
+	parallelMin uint64
+
+	self    endpoint
+	blob    []byte
+	ctlFD   int
+	ctl     []byte
+	ctlWord []uint64
+
+	mu       sync.Mutex
+	closed   bool
+	nextID   engine.RegionID
+	regions  map[engine.RegionID]*localRegion
+	segments map[*segment]struct{}
+}
+
+var _ engine.Transport = (*transport)(nil)
+
+// New creates an shm transport instance. Options used: Streams (copy
+// goroutines per large batch) and Extra[OptCopyThreads],
+// Extra[OptParallelMin]. Errors: /proc unreadable, memfd_create or mmap
+// failures for the control memfd, malformed Extra values.
+func New(opts engine.Options) (engine.Transport, error) {
+	boot, err := readBootID()
+	if err != nil {
+		return nil, fmt.Errorf("shm: %v: %w", err, engine.ErrUnavailable)
+	}
+	st, err := procStartTime(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("shm: read own start time: %w", err)
+	}
+	t := &transport{
+		copyThreads: opts.Streams,
+		parallelMin: 4 << 20,
+		nextID:      1,
+		regions:     map[engine.RegionID]*localRegion{},
+		segments:    map[*segment]struct{}{},
+	}
+	if t.copyThreads <= 0 {
+		t.copyThreads = min(4, runtime.GOMAXPROCS(0))
+	}
+	if v, ok := opts.Extra[OptCopyThreads]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("shm: option %s=%q: want an integer in 1..256", OptCopyThreads, v)
+		}
+		t.copyThreads = n
+	}
+	if v, ok := opts.Extra[OptParallelMin]; ok {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("shm: option %s=%q: want a byte count", OptParallelMin, v)
+		}
+		t.parallelMin = n
+	}
+	fd, err := unix.MemfdCreate("kvxfer:shm-ctl", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("shm: control memfd: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, ctlBytes); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: control memfd: ftruncate: %w", err)
+	}
+	ctl, err := unix.Mmap(fd, 0, ctlBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: control memfd: mmap: %w", err)
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
+		unix.Munmap(ctl)
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: control memfd: fstat: %w", err)
+	}
+	t.ctlFD, t.ctl = fd, ctl
+	t.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl[0])), ctlWords)
+	atomic.StoreUint64(&t.ctlWord[ctlState], stateOpen)
+	t.self = endpoint{BootID: boot, PID: uint32(os.Getpid()), StartTime: st,
+		CtlFD: uint32(fd), CtlDev: uint64(fst.Dev), CtlIno: fst.Ino}
+	t.blob = t.self.encode()
+	return t, nil
+}
+
+func (t *transport) Name() string { return Name }
+
+func (t *transport) Capabilities() engine.Caps {
+	return engine.CapHostMemory | engine.CapZeroCopy | engine.CapStrided
+}
+
+// RegisterMemory registers memfd-backed host memory. It duplicates m.FD so the
+// region stays shareable even if the caller closes its descriptor early.
+func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+	if m.Kind != engine.MemoryHost {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", m.Kind, m.Addr, m.Length, engine.ErrUnsupportedMemory)
+	}
+	if m.Addr == 0 || m.Length == 0 {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): address and length must be non-zero", m.Addr, m.Length)
+	}
+	if m.FD < 0 {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with engine.AllocHost: %w", m.Addr, m.Length, m.FD, engine.ErrUnsupportedMemory)
+	}
+	if m.Addr+uintptr(m.Length) < m.Addr {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): range wraps the address space", m.Addr, m.Length)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(m.FD, &st); err != nil {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fstat fd %d: %w (is Memory.FD still open?)", m.Addr, m.FD, err)
+	}
+	if st.Size < 0 || m.FDOffset+m.Length > uint64(st.Size) || m.FDOffset+m.Length < m.FDOffset {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", m.Addr, m.FD, st.Size, m.FDOffset, m.Length, engine.ErrOutOfBounds)
+	}
+	dup, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: dup fd %d: %w", m.Addr, m.FD, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		unix.Close(dup)
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory: transport %w", engine.ErrClosed)
+	}
+	if int(t.nextID) >= MaxRegions {
+		unix.Close(dup)
+		return engine.RegionDesc{}, fmt.Errorf("shm: register memory: this transport has handed out all %d region IDs; open a new transport", MaxRegions-1)
+	}
+	id := t.nextID
+	t.nextID++
+	key := regionKey{FD: uint32(dup), Offset: m.FDOffset, Dev: uint64(st.Dev), Ino: st.Ino}
+	desc := engine.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: engine.MemoryHost, Key: key.encode()}
+	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup}
+	atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 1)
+	return desc, nil
+}
+
+// DeregisterMemory removes a region: senders refuse later batches to it (they
+// load its control slot before each batch).
+func (t *transport) DeregisterMemory(id engine.RegionID) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.regions[id]
+	if !ok {
+		return fmt.Errorf("shm: deregister region %d: %w", id, engine.ErrUnknownRegion)
+	}
+	atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 0)
+	delete(t.regions, id)
+	unix.Close(r.fd)
+	return nil
+}
+
+// Endpoint returns this node's endpoint blob (the same for every peer).
+func (t *transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("shm: endpoint: transport %w", engine.ErrClosed)
+	}
+	return append([]byte(nil), t.blob...), nil
+}
+
+// localRange returns the registered local region containing [addr, addr+n).
+func (t *transport) localRange(addr uintptr, n uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.regions {
+		if addr >= r.addr && uint64(addr-r.addr) <= r.len && n <= r.len-uint64(addr-r.addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// Close fails pending batches of every segment, tells senders that map this
+// node's regions that it is gone, and releases all descriptors. Idempotent.
+func (t *transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	segs := make([]*segment, 0, len(t.segments))
+	for s := range t.segments {
+		segs = append(segs, s)
+	}
+	t.mu.Unlock()
+	for _, s := range segs {
+		s.Close()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	atomic.StoreUint64(&t.ctlWord[ctlState], stateClosed)
+	for id, r := range t.regions {
+		atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 0)
+		unix.Close(r.fd)
+	}
+	t.regions = map[engine.RegionID]*localRegion{}
+	var errs []error
+	if err := unix.Munmap(t.ctl); err != nil {
+		errs = append(errs, fmt.Errorf("shm: unmap control memfd: %w", err))
+	}
+	t.ctl, t.ctlWord = nil, nil
+	if err := unix.Close(t.ctlFD); err != nil {
+		errs = append(errs, fmt.Errorf("shm: close control memfd: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// CommittedBytes returns, on a receiving shm transport, the total payload in
+// bytes that senders have committed into its regions (an acquire load: every
+// byte counted is visible to the caller). ok is false when t is not an open
+// shm transport.
+func CommittedBytes(t engine.Transport) (n uint64, ok bool) {
+	st, isShm := t.(*transport)
+	if !isShm {
+		return 0, false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return 0, false
+	}
+	return atomic.LoadUint64(&st.ctlWord[ctlCommitted]), true
+}

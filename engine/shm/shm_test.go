@@ -1,0 +1,458 @@
+package shm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// childEnv makes the test binary act as a receiver process (see TestMain).
+const childEnv = "KVXFER_SHM_TEST_RECEIVER"
+
+func TestMain(m *testing.M) {
+	if size := os.Getenv(childEnv); size != "" {
+		os.Exit(runReceiverChild(size))
+	}
+	os.Exit(m.Run())
+}
+
+// childInfo is what the receiver child prints on stdout.
+type childInfo struct {
+	Endpoint []byte
+	Regions  []engine.RegionDesc
+}
+
+// runReceiverChild registers one region and prints its segment info, then
+// waits for stdin to close (the parent kills it before that in the tests).
+func runReceiverChild(size string) int {
+	var n int64
+	fmt.Sscan(size, &n)
+	tr, err := New(engine.DefaultOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	buf, err := engine.AllocHost("child", n)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	d, err := tr.RegisterMemory(buf.Memory())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ep, _ := tr.Endpoint(context.Background(), "parent")
+	json.NewEncoder(os.Stdout).Encode(childInfo{Endpoint: ep, Regions: []engine.RegionDesc{d}})
+	bufio.NewReader(os.Stdin).ReadByte() // blocks until the parent goes away
+	return 0
+}
+
+type pair struct {
+	snd, rcv       engine.Transport
+	src, dst       *engine.HostBuffer
+	srcDesc, dDesc engine.RegionDesc
+	seg            engine.Segment
+}
+
+func newPair(t *testing.T, size int64, opts engine.Options) *pair {
+	t.Helper()
+	p := &pair{}
+	var err error
+	if p.snd, err = New(opts); err != nil {
+		t.Fatal(err)
+	}
+	if p.rcv, err = New(opts); err != nil {
+		t.Fatal(err)
+	}
+	if p.src, err = engine.AllocHost("src", size); err != nil {
+		t.Fatal(err)
+	}
+	if p.dst, err = engine.AllocHost("dst", size); err != nil {
+		t.Fatal(err)
+	}
+	if p.srcDesc, err = p.snd.RegisterMemory(p.src.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	if p.dDesc, err = p.rcv.RegisterMemory(p.dst.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := p.rcv.Endpoint(context.Background(), "snd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.seg, err = p.snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{p.dDesc}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.seg.Close()
+		p.snd.Close()
+		p.rcv.Close()
+		p.src.Close()
+		p.dst.Close()
+	})
+	for i := range p.src.Bytes() {
+		p.src.Bytes()[i] = byte(i*7 + i>>9)
+	}
+	return p
+}
+
+func waitOK(t *testing.T, seg engine.Segment, id engine.BatchID) engine.BatchStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := seg.Wait(ctx, id)
+	if err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	return st
+}
+
+func TestWriteVariants(t *testing.T) {
+	const size = 8 << 20
+	cases := []struct {
+		name string
+		req  func(p *pair) engine.WriteRequest
+		opts engine.Options
+	}{
+		{"small", func(p *pair) engine.WriteRequest {
+			return engine.WriteRequest{Local: p.src.Addr() + 100, Remote: p.dDesc.ID, RemoteOffset: 5000, Length: 3000}
+		}, engine.DefaultOptions()},
+		{"whole-parallel", func(p *pair) engine.WriteRequest {
+			return engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
+		}, engine.Options{Streams: 3, Extra: map[string]string{OptParallelMin: "1"}}},
+		{"strided", func(p *pair) engine.WriteRequest {
+			return engine.WriteRequest{Local: p.src.Addr() + 64, Remote: p.dDesc.ID, RemoteOffset: 128, Length: 512, Count: 100, LocalStride: 1024, RemoteStride: 4096}
+		}, engine.DefaultOptions()},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPair(t, size, c.opts)
+			r := c.req(p)
+			id, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := waitOK(t, p.seg, id)
+			if st.State != engine.BatchCompleted || st.BytesDone != r.Bytes() {
+				t.Fatalf("status %+v, want completed with %d bytes", st, r.Bytes())
+			}
+			src, dst := p.src.Bytes(), p.dst.Bytes()
+			want := make([]byte, size)
+			lo := uint64(r.Local - p.src.Addr())
+			for i := uint64(0); i < r.Blocks(); i++ {
+				copy(want[r.RemoteOffset+i*r.RemoteStride:][:r.Length], src[lo+i*r.LocalStride:][:r.Length])
+			}
+			if !bytes.Equal(dst, want) {
+				t.Fatal("receiver memory differs from the expected image")
+			}
+			if n, ok := CommittedBytes(p.rcv); !ok || n != r.Bytes() {
+				t.Fatalf("CommittedBytes = %d, %v; want %d", n, ok, r.Bytes())
+			}
+			p.seg.Release(id)
+			if _, err := p.seg.Poll(id); !errors.Is(err, engine.ErrUnknownBatch) {
+				t.Fatalf("poll after release: %v, want ErrUnknownBatch", err)
+			}
+		})
+	}
+}
+
+func TestSubmitRefused(t *testing.T) {
+	const size = 1 << 20
+	p := newPair(t, size, engine.DefaultOptions())
+	other, err := engine.AllocHost("unregistered", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	cases := []struct {
+		name string
+		r    engine.WriteRequest
+		want error
+	}{
+		{"remote past end", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: size - 10, Length: 11}, engine.ErrOutOfBounds},
+		{"remote offset overflow", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: ^uint64(0) - 2, Length: 8}, engine.ErrOutOfBounds},
+		{"stride overflow", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 3, RemoteStride: 1 << 63}, engine.ErrOutOfBounds},
+		{"strided last block past end", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 2, LocalStride: 8, RemoteStride: size - 7}, engine.ErrOutOfBounds},
+		{"local past end", engine.WriteRequest{Local: p.src.Addr() + size - 4, Remote: p.dDesc.ID, Length: 8}, engine.ErrOutOfBounds},
+		{"local unregistered", engine.WriteRequest{Local: other.Addr(), Remote: p.dDesc.ID, Length: 8}, engine.ErrOutOfBounds},
+		{"unknown region", engine.WriteRequest{Local: p.src.Addr(), Remote: 999, Length: 8}, engine.ErrUnknownRegion},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ok := engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 16}
+			_, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{ok, c.r}})
+			if !errors.Is(err, c.want) {
+				t.Fatalf("submit: %v, want %v", err, c.want)
+			}
+			if !bytes.Equal(p.dst.Bytes()[:16], make([]byte, 16)) {
+				t.Fatal("a refused batch wrote bytes")
+			}
+		})
+	}
+	// Deregistered by the receiver: refused even though the sender still maps it.
+	if err := p.rcv.DeregisterMemory(p.dDesc.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}}})
+	if !errors.Is(err, engine.ErrUnknownRegion) {
+		t.Fatalf("submit to deregistered region: %v, want ErrUnknownRegion", err)
+	}
+}
+
+func TestRegisterRefused(t *testing.T) {
+	tr, err := New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	buf, err := engine.AllocHost("r", 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Close()
+	noFD := buf.Memory()
+	noFD.FD = -1
+	_, err = tr.RegisterMemory(noFD)
+	if !errors.Is(err, engine.ErrUnsupportedMemory) || !bytes.Contains([]byte(err.Error()), []byte("engine.AllocHost")) {
+		t.Fatalf("register without fd: %v; want ErrUnsupportedMemory naming engine.AllocHost", err)
+	}
+	cuda := buf.Memory()
+	cuda.Kind = engine.MemoryCUDA
+	if _, err := tr.RegisterMemory(cuda); !errors.Is(err, engine.ErrUnsupportedMemory) {
+		t.Fatalf("register cuda memory: %v", err)
+	}
+	big := buf.Memory()
+	big.Length = 1 << 20
+	if _, err := tr.RegisterMemory(big); !errors.Is(err, engine.ErrOutOfBounds) {
+		t.Fatalf("register past the memfd's end: %v", err)
+	}
+}
+
+func TestOtherHostUnavailable(t *testing.T) {
+	snd, err := New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	ep := snd.(*transport).self
+	ep.BootID[0] ^= 0xff
+	_, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep.encode()})
+	if !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("open segment to another boot id: %v, want ErrUnavailable", err)
+	}
+	// Right host, wrong process identity (start time): also unavailable.
+	ep = snd.(*transport).self
+	ep.StartTime++
+	if _, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep.encode()}); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("open segment to a recycled pid: %v, want ErrUnavailable", err)
+	}
+	if _, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: []byte("tcp://127.0.0.1:1")}); err == nil {
+		t.Fatal("open segment with a foreign endpoint blob succeeded")
+	}
+}
+
+func TestReceiverClosed(t *testing.T) {
+	p := newPair(t, 1<<20, engine.DefaultOptions())
+	p.rcv.Close()
+	_, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}}})
+	if !errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrUnknownRegion) {
+		t.Fatalf("submit after receiver close: %v, want ErrPeerLost", err)
+	}
+}
+
+func TestCancelAndClosePending(t *testing.T) {
+	const size = 64 << 20
+	p := newPair(t, size, engine.Options{Streams: 2, Extra: map[string]string{OptParallelMin: "1"}})
+	reqs := make([]engine.WriteRequest, 8)
+	for i := range reqs {
+		reqs[i] = engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
+	}
+	id, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.seg.Cancel(id); err != nil {
+		t.Fatal(err)
+	}
+	st := waitOK(t, p.seg, id)
+	if st.State != engine.BatchCanceled && st.State != engine.BatchCompleted {
+		t.Fatalf("after cancel: %+v", st)
+	}
+	if st.State == engine.BatchCanceled && !errors.Is(st.Err, engine.ErrCanceled) {
+		t.Fatalf("canceled batch error %v", st.Err)
+	}
+	id2, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.seg.Close()
+	st, err = p.seg.Poll(id2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.State.Terminal() || (st.State == engine.BatchFailed && !errors.Is(st.Err, engine.ErrClosed)) {
+		t.Fatalf("after segment close: %+v", st)
+	}
+	if _, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs[:1]}); !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("submit after close: %v", err)
+	}
+}
+
+// TestReceiverKilled runs the receiver in a child process, SIGKILLs it while
+// batches are in flight, and checks the sender reports ErrPeerLost (no hang).
+func TestReceiverKilled(t *testing.T) {
+	const size = 32 << 20
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", childEnv, size))
+	stdin, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); cmd.Process.Kill(); cmd.Wait() }()
+	var info childInfo
+	if err := json.NewDecoder(out).Decode(&info); err != nil {
+		t.Fatalf("read child segment info: %v", err)
+	}
+	snd, err := New(engine.Options{Streams: 2, Extra: map[string]string{OptParallelMin: "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	src, err := engine.AllocHost("src", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if _, err := snd.RegisterMemory(src.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seg, err := snd.OpenSegment(ctx, engine.SegmentInfo{Endpoint: info.Endpoint, Regions: info.Regions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	reqs := make([]engine.WriteRequest, 16)
+	for i := range reqs {
+		reqs[i] = engine.WriteRequest{Local: src.Addr(), Remote: info.Regions[0].ID, Length: size}
+	}
+	// One healthy batch first.
+	id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: reqs[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := waitOK(t, seg, id); st.State != engine.BatchCompleted {
+		t.Fatalf("healthy batch: %+v", st)
+	}
+	id, err = seg.Submit(ctx, &engine.TransferBatch{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	st, err := seg.Wait(ctx, id)
+	if err != nil {
+		t.Fatalf("wait after the receiver was killed: %v (hang?)", err)
+	}
+	// The big batch may have finished before the kill landed; then the next
+	// submit must report the loss.
+	if st.State == engine.BatchCompleted {
+		_, err = seg.Submit(ctx, &engine.TransferBatch{Requests: reqs[:1]})
+	} else {
+		err = st.Err
+	}
+	if !errors.Is(err, engine.ErrPeerLost) {
+		t.Fatalf("after the receiver was killed: status %+v, err %v; want ErrPeerLost", st, err)
+	}
+}
+
+func FuzzDecodeEndpoint(f *testing.F) {
+	f.Add(endpoint{PID: 42, StartTime: 7, CtlFD: 3}.encode())
+	f.Add([]byte("KVXS"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := decodeEndpoint(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(e.encode(), b) {
+			t.Fatalf("round trip changed %x", b)
+		}
+	})
+}
+
+func FuzzDecodeKey(f *testing.F) {
+	f.Add(regionKey{FD: 9, Offset: 4096, Dev: 1, Ino: 2}.encode())
+	f.Add([]byte{1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		k, err := decodeKey(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(k.encode(), b) {
+			t.Fatalf("round trip changed %x", b)
+		}
+	})
+}
+
+func TestParseBootID(t *testing.T) {
+	id, err := parseBootID("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+	if err != nil || fmtBootID(id) != "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0" {
+		t.Fatalf("parse: %v %s", err, fmtBootID(id))
+	}
+	for _, bad := range []string{"", "xyz", "0f1e2d3c-4b5a-6978-8796"} {
+		if _, err := parseBootID(bad); err == nil {
+			t.Fatalf("parseBootID(%q) succeeded", bad)
+		}
+	}
+}
+
+func BenchmarkWrite(b *testing.B) {
+	for _, size := range []int64{64 << 10, 1 << 20, 16 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			snd, _ := New(engine.DefaultOptions())
+			rcv, _ := New(engine.DefaultOptions())
+			defer snd.Close()
+			defer rcv.Close()
+			src, _ := engine.AllocHost("src", size)
+			dst, _ := engine.AllocHost("dst", size)
+			defer src.Close()
+			defer dst.Close()
+			snd.RegisterMemory(src.Memory())
+			d, _ := rcv.RegisterMemory(dst.Memory())
+			ep, _ := rcv.Endpoint(context.Background(), "")
+			seg, err := snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{d}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer seg.Close()
+			tb := &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: d.ID, Length: uint64(size)}}}
+			b.SetBytes(size)
+			b.ResetTimer()
+			for range b.N {
+				id, err := seg.Submit(context.Background(), tb)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st, _ := seg.Wait(context.Background(), id); st.State != engine.BatchCompleted {
+					b.Fatal(st)
+				}
+				seg.Release(id)
+			}
+		})
+	}
+}

@@ -1,0 +1,64 @@
+package ibverbs
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestGIDText(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"::ffff:10.11.12.1", "::ffff:10.11.12.1"},
+		{"fe80:0000:0000:0000:327e:a2ff:fe7e:4a76", "fe80::327e:a2ff:fe7e:4a76"},
+		{"2001:db8::1", "2001:db8::1"},
+	} {
+		g, err := ParseGID(tc.in)
+		if err != nil || g.String() != tc.want {
+			t.Errorf("ParseGID(%q) = %v, %v; want %s", tc.in, g, err, tc.want)
+		}
+	}
+	if _, err := ParseGID("not-a-gid"); err == nil {
+		t.Error("ParseGID accepted garbage")
+	}
+	if !(GID{}).IsZero() {
+		t.Error("zero GID not zero")
+	}
+}
+
+func TestMTUAndTypes(t *testing.T) {
+	for m, want := range map[MTU]int{MTU256: 256, MTU1024: 1024, MTU4096: 4096, 0: 0, 9: 0} {
+		if m.Bytes() != want {
+			t.Errorf("MTU(%d).Bytes() = %d, want %d", m, m.Bytes(), want)
+		}
+	}
+	for in, want := range map[string]GIDType{"RoCE v2\n": GIDTypeRoCEv2, "IB/RoCE v1": GIDTypeIB, "": GIDTypeUnknown} {
+		if got := ParseGIDType(in); got != want {
+			t.Errorf("ParseGIDType(%q) = %v", in, got)
+		}
+	}
+	root := t.TempDir()
+	dir := filepath.Join(root, "class/infiniband/mlx5_0/ports/1/gid_attrs/types")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "3"), []byte("RoCE v2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ty, err := SysfsGIDType(root, "mlx5_0", 1, 3); err != nil || ty != GIDTypeRoCEv2 {
+		t.Errorf("SysfsGIDType = %v, %v", ty, err)
+	}
+	if _, err := SysfsGIDType(root, "mlx5_0", 1, 4); err == nil {
+		t.Error("missing GID type read without error")
+	}
+}
+
+func TestWCErr(t *testing.T) {
+	ok := WC{Status: WCSuccess}
+	if ok.Err() != nil {
+		t.Fatal("success WC has an error")
+	}
+	bad := WC{WRID: 9, Status: WCRemAccessErr, QPNum: 17}
+	if err := bad.Err(); err == nil || err.Error() != "ibverbs: completion error on QP 17, wr_id 9: remote access error (status 10, vendor_err 0x0)" {
+		t.Fatalf("WCError text = %v", err)
+	}
+}

@@ -1,0 +1,115 @@
+//go:build !cgo
+
+package cuda
+
+import "fmt"
+
+// This file keeps the package's API when cgo is off: every call returns an
+// error wrapping ErrNoCgo (and ErrNotSupported, so callers that degrade on
+// "not supported" degrade here too).
+
+var errNoCgo = fmt.Errorf("%w: %w", ErrNotSupported, ErrNoCgo)
+
+// Load returns ErrNoCgo: CUDA cannot be loaded without cgo.
+func Load(opts ...Option) error { return errNoCgo }
+
+// Available returns ErrNoCgo.
+func Available() error { return errNoCgo }
+
+// Close does nothing.
+func Close() error { return nil }
+
+// Libraries returns empty paths.
+func Libraries() (runtimePath, driverPath, nvrtcPath string) { return "", "", "" }
+
+// Versions returns zeros.
+func Versions() (runtimeVersion, driverVersion int) { return 0, 0 }
+
+// DeviceCount returns ErrNoCgo.
+func DeviceCount() (int, error) { return 0, errNoCgo }
+
+// Device returns ErrNoCgo.
+func Device(dev int) (DeviceProps, error) { return DeviceProps{}, errNoCgo }
+
+// Malloc returns ErrNoCgo.
+func Malloc(dev int, size uint64) (DevicePtr, error) { return 0, errNoCgo }
+
+// Free returns ErrNoCgo.
+func Free(dev int, p DevicePtr) error { return errNoCgo }
+
+// Memset returns ErrNoCgo.
+func Memset(dev int, p DevicePtr, value byte, n uint64) error { return errNoCgo }
+
+// Memcpy returns ErrNoCgo.
+func Memcpy(dev int, dst, src uintptr, n uint64, kind MemcpyKind) error { return errNoCgo }
+
+// CopyToDevice returns ErrNoCgo.
+func CopyToDevice(dev int, dst DevicePtr, src []byte) error { return errNoCgo }
+
+// CopyFromDevice returns ErrNoCgo.
+func CopyFromDevice(dev int, dst []byte, src DevicePtr) error { return errNoCgo }
+
+// Stream is a CUDA stream; without cgo none can be created.
+type Stream struct{}
+
+// NewStream returns ErrNoCgo.
+func NewStream(dev int) (*Stream, error) { return nil, errNoCgo }
+
+// Device returns -1.
+func (s *Stream) Device() int { return -1 }
+
+// MemcpyAsync returns ErrNoCgo.
+func (s *Stream) MemcpyAsync(dst, src uintptr, n uint64, kind MemcpyKind) error { return errNoCgo }
+
+// Synchronize returns ErrNoCgo.
+func (s *Stream) Synchronize() error { return errNoCgo }
+
+// Close does nothing.
+func (s *Stream) Close() error { return nil }
+
+// HostMem is mapped pinned host memory; without cgo none can be allocated.
+type HostMem struct{}
+
+// AllocMapped returns ErrNoCgo.
+func AllocMapped(dev int, size uint64) (*HostMem, error) { return nil, errNoCgo }
+
+// Host returns 0.
+func (m *HostMem) Host() uintptr { return 0 }
+
+// DevicePtr returns 0.
+func (m *HostMem) DevicePtr() DevicePtr { return 0 }
+
+// Len returns 0.
+func (m *HostMem) Len() uint64 { return 0 }
+
+// Device returns -1.
+func (m *HostMem) Device() int { return -1 }
+
+// Bytes returns nil.
+func (m *HostMem) Bytes() []byte { return nil }
+
+// Close does nothing.
+func (m *HostMem) Close() error { return nil }
+
+// PointerAttributes returns ErrNoCgo.
+func PointerAttributes(p uintptr) (PointerInfo, error) { return PointerInfo{Device: -1}, errNoCgo }
+
+// IPCGetHandle returns ErrNoCgo.
+func IPCGetHandle(dev int, p DevicePtr) (IPCHandle, error) { return IPCHandle{}, errNoCgo }
+
+// IPCOpenHandle returns ErrNoCgo.
+func IPCOpenHandle(dev int, h IPCHandle) (DevicePtr, error) { return 0, errNoCgo }
+
+// IPCCloseHandle returns ErrNoCgo.
+func IPCCloseHandle(dev int, p DevicePtr) error { return errNoCgo }
+
+// DmaBufFD returns ErrNoCgo.
+func DmaBufFD(ptr uintptr, size uint64) (fd int, err error) { return -1, errNoCgo }
+
+// Synchronize returns ErrNoCgo.
+func Synchronize(dev int) error { return errNoCgo }
+
+// CheckRoom returns ErrNoCgo.
+func CheckRoom(dev int, slot DevicePtr, expected uint64, mode ProofMode) (uint64, ProofMode, error) {
+	return 0, mode, errNoCgo
+}

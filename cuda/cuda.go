@@ -417,6 +417,39 @@ func (m *HostMem) Close() error {
 	return rawFreeHost(m.dev, h)
 }
 
+// RegisterHost page-locks existing host memory b (mmap or memfd memory,
+// never Go heap) with cudaHostRegisterMapped|Portable and returns the device
+// alias of b[0]. b must stay mapped until UnregisterHost. This is how a
+// memfd-backed ring (shareable with the shm transport) becomes GPU-visible.
+func RegisterHost(dev int, b []byte) (DevicePtr, error) {
+	if len(b) == 0 {
+		return 0, fmt.Errorf("cuda: register host memory on device %d: empty range: %w", dev, ErrInvalidValue)
+	}
+	unlock, err := use("register host memory", dev)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	d, err := rawHostRegister(dev, unsafe.Pointer(unsafe.SliceData(b)), uint64(len(b)))
+	if err != nil {
+		return 0, fmt.Errorf("cuda: register %d bytes of host memory at %p on device %d: %w", len(b), unsafe.SliceData(b), dev, err)
+	}
+	return d, nil
+}
+
+// UnregisterHost undoes RegisterHost for the same b.
+func UnregisterHost(dev int, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	unlock, err := use("unregister host memory", dev)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return rawHostUnregister(dev, unsafe.Pointer(unsafe.SliceData(b)))
+}
+
 // PointerAttributes asks CUDA what p is: device, pinned host, managed or
 // unregistered memory, and which device owns it.
 func PointerAttributes(p uintptr) (PointerInfo, error) {

@@ -315,3 +315,33 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+func TestFakeRegisterHost(t *testing.T) {
+	if err := loadFake(t, nil, nil); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	b, err := syscall.Mmap(-1, 0, 8192, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(b)
+	d, err := cuda.RegisterHost(0, b)
+	if err != nil || d == 0 {
+		t.Fatalf("RegisterHost = %#x, %v", d, err)
+	}
+	if info, err := cuda.PointerAttributes(uintptr(unsafe.Pointer(&b[100]))); err != nil || info.Type != cuda.MemoryHost {
+		t.Fatalf("PointerAttributes(registered) = %+v, %v; want host", info, err)
+	}
+	if _, err := cuda.RegisterHost(0, b); err == nil {
+		t.Fatal("registering the same range twice succeeded")
+	}
+	if _, err := cuda.RegisterHost(0, nil); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Fatalf("RegisterHost(empty) = %v, want ErrInvalidValue", err)
+	}
+	if err := cuda.UnregisterHost(0, b); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := cuda.PointerAttributes(uintptr(unsafe.Pointer(&b[0]))); info.Type != cuda.MemoryUnregistered {
+		t.Fatalf("after UnregisterHost: %+v", info)
+	}
+}

@@ -91,6 +91,12 @@ func (m *HostMem) Bytes() []byte { return nil }
 // Close does nothing.
 func (m *HostMem) Close() error { return nil }
 
+// RegisterHost returns ErrNoCgo.
+func RegisterHost(dev int, b []byte) (DevicePtr, error) { return 0, errNoCgo }
+
+// UnregisterHost returns ErrNoCgo.
+func UnregisterHost(dev int, b []byte) error { return errNoCgo }
+
 // PointerAttributes returns ErrNoCgo.
 func PointerAttributes(p uintptr) (PointerInfo, error) { return PointerInfo{Device: -1}, errNoCgo }
 

@@ -42,6 +42,8 @@ struct kvx_table {
 	int (*cudaHostAlloc)(void **, size_t, unsigned);
 	int (*cudaFreeHost)(void *);
 	int (*cudaHostGetDevicePointer)(void **, void *, unsigned);
+	int (*cudaHostRegister)(void *, size_t, unsigned);
+	int (*cudaHostUnregister)(void *);
 	int (*cudaPointerGetAttributes)(kvx_ptr_attr *, const void *);
 	int (*cudaIpcGetMemHandle)(kvx_ipc_handle *, void *);
 	int (*cudaIpcOpenMemHandle)(void **, kvx_ipc_handle, unsigned);
@@ -106,6 +108,8 @@ static void kvx_bind_runtime(void *h) {
 	KVX_SYM(h, cudaHostAlloc, "cudaHostAlloc");
 	KVX_SYM(h, cudaFreeHost, "cudaFreeHost");
 	KVX_SYM(h, cudaHostGetDevicePointer, "cudaHostGetDevicePointer");
+	KVX_SYM(h, cudaHostRegister, "cudaHostRegister");
+	KVX_SYM(h, cudaHostUnregister, "cudaHostUnregister");
 	KVX_SYM(h, cudaPointerGetAttributes, "cudaPointerGetAttributes");
 	KVX_SYM(h, cudaIpcGetMemHandle, "cudaIpcGetMemHandle");
 	KVX_SYM(h, cudaIpcOpenMemHandle, "cudaIpcOpenMemHandle");
@@ -278,6 +282,24 @@ static int kvx_free_host(int dev, void *h) {
 	KVX_USE_OR_RETURN(dev);
 	return KVX_CALL(cudaFreeHost, h);
 }
+// cudaHostRegisterPortable (1) | cudaHostRegisterMapped (2), then the alias.
+static int kvx_host_register(int dev, void *h, size_t n, kvx_devptr *devp) {
+	KVX_USE_OR_RETURN(dev);
+	int r = KVX_CALL(cudaHostRegister, h, n, 1 | 2);
+	if (r != 0) return r;
+	void *d = NULL;
+	r = KVX_CALL(cudaHostGetDevicePointer, &d, h, 0);
+	if (r != 0) {
+		KVX_CALL(cudaHostUnregister, h);
+		return r;
+	}
+	*devp = (kvx_devptr)(uintptr_t)d;
+	return 0;
+}
+static int kvx_host_unregister(int dev, void *h) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaHostUnregister, h);
+}
 static int kvx_ptr_attributes(uintptr_t p, kvx_ptr_attr *a) {
 	memset(a, 0, sizeof(*a));
 	return KVX_CALL(cudaPointerGetAttributes, a, (const void *)p);
@@ -363,6 +385,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"unsafe"
 )
 
@@ -379,7 +402,7 @@ const (
 func rawOpen(which int, candidates []string) (unsafe.Pointer, string, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	var errs []error
+	var errs []string
 	for _, path := range candidates {
 		cpath := C.CString(path)
 		var cerr *C.char
@@ -391,7 +414,7 @@ func rawOpen(which int, candidates []string) (unsafe.Pointer, string, error) {
 				msg = C.GoString(cerr)
 				C.free(unsafe.Pointer(cerr))
 			}
-			errs = append(errs, errors.New(msg))
+			errs = append(errs, msg)
 			continue
 		}
 		switch which {
@@ -404,7 +427,7 @@ func rawOpen(which int, candidates []string) (unsafe.Pointer, string, error) {
 		}
 		return h, path, nil
 	}
-	return nil, "", errors.Join(errs...)
+	return nil, "", errors.New(strings.Join(errs, "; "))
 }
 
 // rawClose clears a library's function pointers and dlcloses it.
@@ -585,6 +608,16 @@ func rawHostAllocMapped(dev int, n uint64) (unsafe.Pointer, DevicePtr, error) {
 
 func rawFreeHost(dev int, h unsafe.Pointer) error {
 	return rawErr("cudaFreeHost", Runtime, C.kvx_free_host(C.int(dev), h))
+}
+
+func rawHostRegister(dev int, h unsafe.Pointer, n uint64) (DevicePtr, error) {
+	var d C.kvx_devptr
+	err := rawErr("cudaHostRegister", Runtime, C.kvx_host_register(C.int(dev), h, C.size_t(n), &d))
+	return DevicePtr(d), err
+}
+
+func rawHostUnregister(dev int, h unsafe.Pointer) error {
+	return rawErr("cudaHostUnregister", Runtime, C.kvx_host_unregister(C.int(dev), h))
 }
 
 func rawPointerAttributes(p uintptr) (PointerInfo, error) {

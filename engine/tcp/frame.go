@@ -1,0 +1,229 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// Wire format of one data connection (all integers little-endian). It is our
+// own format, versioned by the hello; nothing here comes from another project.
+//
+//	sender → receiver, once:   hello  (16 bytes)
+//	sender → receiver, repeat: header (48 bytes) + Count*Length payload bytes
+//	receiver → sender, repeat: ack    (24 bytes) + MsgLen bytes of UTF-8 text
+//
+// Hello:
+//
+//	0  [8]byte "KVXFTCP\x00"
+//	8  u16     protocol version (1)
+//	10 u16     stream index (informational)
+//	12 u32     reserved, 0
+//
+// Data-frame header (one per WriteRequest chunk; a strided request is ONE
+// header followed by its Count blocks back to back):
+//
+//	0  u32 magic 0x5758564B ("KVXW")
+//	4  u8  kind (1 = write)
+//	5  u8  flags (0)
+//	6  u16 reserved (0)
+//	8  u64 seq: per-connection sequence number, echoed in the ack
+//	16 u32 remote region ID
+//	20 u32 block count (>= 1)
+//	24 u64 offset of block 0 in the region, bytes
+//	32 u64 block length, bytes
+//	40 u64 remote stride between block starts, bytes (0 when count == 1)
+//
+// Ack (one per data frame, in the order the frames arrived):
+//
+//	0  u32 magic 0x41585643 ("CVXA")
+//	4  u8  status (ackOK, ackUnknownRegion, ...)
+//	5  u8  reserved (0)
+//	6  u16 message length in bytes (<= maxAckMsg)
+//	8  u64 seq of the frame acknowledged
+//	16 u64 payload bytes that landed in the region
+
+const (
+	helloSize  = 16
+	headerSize = 48
+	ackSize    = 24
+
+	protoVersion = 1
+
+	frameMagic = 0x5758564B
+	ackMagic   = 0x41585643
+
+	kindWrite = 1
+
+	// maxAckMsg bounds the error text of an ack, bytes.
+	maxAckMsg = 1024
+	// maxFramePayload bounds Count*Length of one frame (64 GiB). A larger
+	// header is a protocol error: the receiver cannot drain it in a sane time.
+	maxFramePayload = 64 << 30
+)
+
+var helloMagic = [8]byte{'K', 'V', 'X', 'F', 'T', 'C', 'P', 0}
+
+// Ack status codes.
+const (
+	ackOK            uint8 = 0
+	ackUnknownRegion uint8 = 1 // region not registered on the receiver
+	ackOutOfBounds   uint8 = 2 // write falls outside the region
+	ackBadRequest    uint8 = 3 // well-framed but invalid (overlapping stride)
+	ackProtocol      uint8 = 4 // framing broken; the receiver closes the stream
+	ackShutdown      uint8 = 5 // receiver is closing
+	ackInternal      uint8 = 6 // receiver-side failure (device copy, ...)
+)
+
+// errProtocol marks a frame that cannot be decoded; the stream must close.
+var errProtocol = errors.New("tcp: protocol error")
+
+type hello struct {
+	Version uint16
+	Stream  uint16
+}
+
+func (h hello) encode(b *[helloSize]byte) {
+	copy(b[0:8], helloMagic[:])
+	binary.LittleEndian.PutUint16(b[8:], h.Version)
+	binary.LittleEndian.PutUint16(b[10:], h.Stream)
+	binary.LittleEndian.PutUint32(b[12:], 0)
+}
+
+func decodeHello(b []byte) (hello, error) {
+	if len(b) < helloSize {
+		return hello{}, fmt.Errorf("%w: hello is %d bytes, want %d", errProtocol, len(b), helloSize)
+	}
+	if [8]byte(b[0:8]) != helloMagic {
+		return hello{}, fmt.Errorf("%w: bad hello magic %q (is the peer a kvxfer tcp sender?)", errProtocol, b[0:8])
+	}
+	h := hello{Version: binary.LittleEndian.Uint16(b[8:]), Stream: binary.LittleEndian.Uint16(b[10:])}
+	if h.Version != protoVersion {
+		return h, fmt.Errorf("%w: protocol version %d, this build speaks %d (upgrade both ends)", errProtocol, h.Version, protoVersion)
+	}
+	return h, nil
+}
+
+// header is a decoded data-frame header.
+type header struct {
+	Seq    uint64
+	Region uint32
+	Count  uint32
+	Offset uint64
+	Length uint64
+	Stride uint64
+}
+
+// payload returns Count*Length in bytes.
+func (h header) payload() uint64 { return uint64(h.Count) * h.Length }
+
+func (h header) encode(b *[headerSize]byte) {
+	binary.LittleEndian.PutUint32(b[0:], frameMagic)
+	b[4] = kindWrite
+	b[5] = 0
+	binary.LittleEndian.PutUint16(b[6:], 0)
+	binary.LittleEndian.PutUint64(b[8:], h.Seq)
+	binary.LittleEndian.PutUint32(b[16:], h.Region)
+	binary.LittleEndian.PutUint32(b[20:], h.Count)
+	binary.LittleEndian.PutUint64(b[24:], h.Offset)
+	binary.LittleEndian.PutUint64(b[32:], h.Length)
+	binary.LittleEndian.PutUint64(b[40:], h.Stride)
+}
+
+// decodeHeader parses a data-frame header. An error (wrapping errProtocol)
+// means the stream is unusable: bad magic, unknown kind or flags, zero count,
+// or a payload over maxFramePayload. Bounds are not checked here.
+func decodeHeader(b []byte) (header, error) {
+	if len(b) < headerSize {
+		return header{}, fmt.Errorf("%w: frame header is %d bytes, want %d", errProtocol, len(b), headerSize)
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
+		return header{}, fmt.Errorf("%w: bad frame magic %#08x, want %#08x (stream out of sync)", errProtocol, m, frameMagic)
+	}
+	if b[4] != kindWrite {
+		return header{}, fmt.Errorf("%w: unknown frame kind %d", errProtocol, b[4])
+	}
+	if b[5] != 0 || binary.LittleEndian.Uint16(b[6:]) != 0 {
+		return header{}, fmt.Errorf("%w: reserved frame bits set (flags %#x)", errProtocol, b[5])
+	}
+	h := header{
+		Seq:    binary.LittleEndian.Uint64(b[8:]),
+		Region: binary.LittleEndian.Uint32(b[16:]),
+		Count:  binary.LittleEndian.Uint32(b[20:]),
+		Offset: binary.LittleEndian.Uint64(b[24:]),
+		Length: binary.LittleEndian.Uint64(b[32:]),
+		Stride: binary.LittleEndian.Uint64(b[40:]),
+	}
+	if h.Count == 0 {
+		return h, fmt.Errorf("%w: frame %d has block count 0", errProtocol, h.Seq)
+	}
+	hi, lo := bits.Mul64(uint64(h.Count), h.Length)
+	if hi != 0 || lo > maxFramePayload {
+		return h, fmt.Errorf("%w: frame %d payload %d x %d bytes exceeds the %d-byte limit", errProtocol, h.Seq, h.Count, h.Length, uint64(maxFramePayload))
+	}
+	return h, nil
+}
+
+// span returns the end (exclusive) of the bytes the frame touches in its
+// region: Offset + (Count-1)*Stride + Length, and false on overflow.
+func (h header) span() (uint64, bool) {
+	hi, step := bits.Mul64(uint64(h.Count-1), h.Stride)
+	if hi != 0 {
+		return 0, false
+	}
+	end, c := bits.Add64(h.Offset, step, 0)
+	if c != 0 {
+		return 0, false
+	}
+	end, c = bits.Add64(end, h.Length, 0)
+	return end, c == 0
+}
+
+// ack is a decoded acknowledgement.
+type ack struct {
+	Status uint8
+	Seq    uint64
+	Bytes  uint64
+	Msg    string
+}
+
+// encodeAck appends the ack (header and message, truncated to maxAckMsg) to dst.
+func encodeAck(dst []byte, a ack) []byte {
+	msg := a.Msg
+	if len(msg) > maxAckMsg {
+		msg = msg[:maxAckMsg]
+	}
+	var b [ackSize]byte
+	binary.LittleEndian.PutUint32(b[0:], ackMagic)
+	b[4] = a.Status
+	b[5] = 0
+	binary.LittleEndian.PutUint16(b[6:], uint16(len(msg)))
+	binary.LittleEndian.PutUint64(b[8:], a.Seq)
+	binary.LittleEndian.PutUint64(b[16:], a.Bytes)
+	dst = append(dst, b[:]...)
+	return append(dst, msg...)
+}
+
+// decodeAckHeader parses the fixed part of an ack and returns it with the
+// message length to read next. Errors wrap errProtocol.
+func decodeAckHeader(b []byte) (ack, int, error) {
+	if len(b) < ackSize {
+		return ack{}, 0, fmt.Errorf("%w: ack is %d bytes, want %d", errProtocol, len(b), ackSize)
+	}
+	if m := binary.LittleEndian.Uint32(b[0:]); m != ackMagic {
+		return ack{}, 0, fmt.Errorf("%w: bad ack magic %#08x, want %#08x", errProtocol, m, ackMagic)
+	}
+	a := ack{Status: b[4], Seq: binary.LittleEndian.Uint64(b[8:]), Bytes: binary.LittleEndian.Uint64(b[16:])}
+	if a.Status > ackInternal {
+		return a, 0, fmt.Errorf("%w: unknown ack status %d", errProtocol, a.Status)
+	}
+	if b[5] != 0 {
+		return a, 0, fmt.Errorf("%w: reserved ack byte set", errProtocol)
+	}
+	n := int(binary.LittleEndian.Uint16(b[6:]))
+	if n > maxAckMsg {
+		return a, 0, fmt.Errorf("%w: ack message of %d bytes exceeds %d", errProtocol, n, maxAckMsg)
+	}
+	return a, n, nil
+}

@@ -1,0 +1,189 @@
+package tcp
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, h := range []header{
+		{Seq: 1, Region: 3, Count: 1, Offset: 0, Length: 1 << 20},
+		{Seq: 1<<64 - 1, Region: 1<<32 - 1, Count: 2048, Offset: 12345, Length: 128, Stride: 384},
+		{Seq: 7, Region: 0, Count: 1, Offset: 1<<64 - 1, Length: 0},
+	} {
+		var b [headerSize]byte
+		h.encode(&b)
+		got, err := decodeHeader(b[:])
+		if err != nil || got != h {
+			t.Errorf("decode(encode(%+v)) = %+v, %v", h, got, err)
+		}
+	}
+}
+
+func TestDecodeHeaderErrors(t *testing.T) {
+	good := func() []byte {
+		var b [headerSize]byte
+		header{Seq: 9, Region: 1, Count: 1, Length: 64}.encode(&b)
+		return b[:]
+	}
+	tests := []struct {
+		name string
+		mod  func(b []byte) []byte
+		want string
+	}{
+		{"short", func(b []byte) []byte { return b[:10] }, "frame header is 10 bytes"},
+		{"magic", func(b []byte) []byte { b[0] ^= 1; return b }, "bad frame magic"},
+		{"kind", func(b []byte) []byte { b[4] = 9; return b }, "unknown frame kind 9"},
+		{"flags", func(b []byte) []byte { b[5] = 1; return b }, "reserved frame bits"},
+		{"count0", func(b []byte) []byte { b[20] = 0; return b }, "block count 0"},
+		{"huge", func(b []byte) []byte { b[39] = 0x10; return b }, "exceeds"},
+		{"overflow", func(b []byte) []byte { b[23] = 0xff; b[39] = 0xff; return b }, "exceeds"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := decodeHeader(tc.mod(good()))
+			if !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want errProtocol containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHeaderSpan(t *testing.T) {
+	tests := []struct {
+		h   header
+		end uint64
+		ok  bool
+	}{
+		{header{Count: 1, Offset: 10, Length: 5}, 15, true},
+		{header{Count: 4, Offset: 0, Length: 8, Stride: 16}, 56, true},
+		{header{Count: 3, Offset: 1<<64 - 10, Length: 8, Stride: 16}, 0, false},
+		{header{Count: 2, Offset: 0, Length: 1, Stride: 1 << 63}, 1<<63 + 1, true},
+		{header{Count: 3, Offset: 0, Length: 1, Stride: 1 << 63}, 0, false},
+		{header{Count: 1, Offset: 1<<64 - 1, Length: 1}, 0, false},
+	}
+	for _, tc := range tests {
+		end, ok := tc.h.span()
+		if ok != tc.ok || (ok && end != tc.end) {
+			t.Errorf("%+v.span() = %d, %v; want %d, %v", tc.h, end, ok, tc.end, tc.ok)
+		}
+	}
+}
+
+func TestAckRoundTrip(t *testing.T) {
+	for _, a := range []ack{
+		{Status: ackOK, Seq: 1, Bytes: 1 << 20},
+		{Status: ackOutOfBounds, Seq: 99, Msg: "region 3: write at offset 10"},
+		{Status: ackInternal, Seq: 5, Bytes: 7, Msg: strings.Repeat("x", maxAckMsg)},
+	} {
+		b := encodeAck(nil, a)
+		got, n, err := decodeAckHeader(b)
+		if err != nil {
+			t.Fatalf("decode %+v: %v", a, err)
+		}
+		got.Msg = string(b[ackSize : ackSize+n])
+		if got != a || len(b) != ackSize+n {
+			t.Errorf("round trip %+v = %+v (len %d)", a, got, len(b))
+		}
+	}
+	// Messages over the limit are truncated by the encoder.
+	b := encodeAck(nil, ack{Msg: strings.Repeat("y", 3000)})
+	if _, n, err := decodeAckHeader(b); err != nil || n != maxAckMsg {
+		t.Errorf("long message: n=%d err=%v, want %d", n, err, maxAckMsg)
+	}
+}
+
+func TestDecodeAckErrors(t *testing.T) {
+	good := encodeAck(nil, ack{Status: ackOK, Seq: 1})
+	for name, mod := range map[string]func([]byte) []byte{
+		"short":  func(b []byte) []byte { return b[:3] },
+		"magic":  func(b []byte) []byte { b[1] = 0; return b },
+		"status": func(b []byte) []byte { b[4] = 200; return b },
+		"rsv":    func(b []byte) []byte { b[5] = 1; return b },
+		"msglen": func(b []byte) []byte { b[6], b[7] = 0xff, 0xff; return b },
+	} {
+		if _, _, err := decodeAckHeader(mod(bytes.Clone(good))); !errors.Is(err, errProtocol) {
+			t.Errorf("%s: err = %v, want errProtocol", name, err)
+		}
+	}
+}
+
+func TestHello(t *testing.T) {
+	var b [helloSize]byte
+	hello{Version: protoVersion, Stream: 3}.encode(&b)
+	if h, err := decodeHello(b[:]); err != nil || h.Stream != 3 {
+		t.Fatalf("hello round trip: %+v %v", h, err)
+	}
+	hello{Version: protoVersion + 1}.encode(&b)
+	if _, err := decodeHello(b[:]); err == nil || !strings.Contains(err.Error(), "protocol version") {
+		t.Errorf("future version accepted: %v", err)
+	}
+	if _, err := decodeHello([]byte("GET / HTTP/1.1\r\n")); !errors.Is(err, errProtocol) {
+		t.Errorf("HTTP request accepted as hello: %v", err)
+	}
+}
+
+// FuzzDecodeHeader: any 48 bytes either decode to a header that re-encodes
+// to the same bytes with a sane payload, or fail with errProtocol.
+func FuzzDecodeHeader(f *testing.F) {
+	var b [headerSize]byte
+	header{Seq: 1, Region: 2, Count: 3, Offset: 4, Length: 5, Stride: 6}.encode(&b)
+	f.Add(b[:])
+	f.Add(make([]byte, headerSize))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		h, err := decodeHeader(in)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("error does not wrap errProtocol: %v", err)
+			}
+			return
+		}
+		if h.Count == 0 || h.payload() > maxFramePayload {
+			t.Fatalf("accepted invalid header %+v", h)
+		}
+		var out [headerSize]byte
+		h.encode(&out)
+		if !bytes.Equal(out[:], in[:headerSize]) {
+			t.Fatalf("re-encode differs")
+		}
+		h.span() // must not panic
+	})
+}
+
+// FuzzDecodeAck: acks from the wire never panic and round-trip.
+func FuzzDecodeAck(f *testing.F) {
+	f.Add(encodeAck(nil, ack{Status: ackOutOfBounds, Seq: 3, Msg: "no"}))
+	f.Add(make([]byte, ackSize))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a, n, err := decodeAckHeader(in)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("error does not wrap errProtocol: %v", err)
+			}
+			return
+		}
+		if n > maxAckMsg || a.Status > ackInternal {
+			t.Fatalf("accepted invalid ack %+v n=%d", a, n)
+		}
+		if len(in) >= ackSize+n {
+			a.Msg = string(in[ackSize : ackSize+n])
+			if out := encodeAck(nil, a); !bytes.Equal(out, in[:ackSize+n]) {
+				t.Fatalf("re-encode differs")
+			}
+		}
+	})
+}
+
+// FuzzDecodeHello: hellos from the wire never panic.
+func FuzzDecodeHello(f *testing.F) {
+	var b [helloSize]byte
+	hello{Version: protoVersion}.encode(&b)
+	f.Add(b[:])
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if _, err := decodeHello(in); err != nil && !errors.Is(err, errProtocol) {
+			t.Fatalf("error does not wrap errProtocol: %v", err)
+		}
+	})
+}

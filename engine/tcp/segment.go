@@ -1,0 +1,617 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// batch is one submitted TransferBatch.
+type batch struct {
+	id    engine.BatchID
+	total uint64
+	stop  atomic.Bool // canceled or failed: writers skip its unsent frames
+	done  chan struct{}
+
+	mu        sync.Mutex
+	frames    int // frames not yet acknowledged, failed or skipped
+	bytesDone uint64
+	err       error
+	skipped   bool
+	canceled  bool
+	state     engine.BatchState
+}
+
+func (b *batch) status() engine.BatchStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := engine.BatchStatus{State: b.state, BytesDone: b.bytesDone}
+	if b.state.Terminal() {
+		st.Err = b.err
+	}
+	return st
+}
+
+// finish accounts for one frame: landed bytes, its error, or skipped.
+func (b *batch) finish(bytes uint64, err error, skipped bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.bytesDone += bytes
+	if err != nil && b.err == nil {
+		b.err = err
+		b.stop.Store(true)
+	}
+	if skipped {
+		b.skipped = true
+	}
+	b.frames--
+	if b.frames > 0 {
+		return
+	}
+	switch {
+	case b.err != nil:
+		b.state = engine.BatchFailed
+	case b.skipped:
+		b.state = engine.BatchCanceled
+		b.err = fmt.Errorf("tcp: batch %d: %w after %d of %d bytes", b.id, engine.ErrCanceled, b.bytesDone, b.total)
+	default:
+		b.state = engine.BatchCompleted
+	}
+	close(b.done)
+}
+
+// frame is one header (+ payload) on one stream.
+type frame struct {
+	b      *batch
+	hdr    header
+	local  *region
+	off    uint64 // offset of block 0 in local
+	stride uint64 // local stride between blocks
+	bytes  uint64 // payload bytes
+	// localErr is a sender-side failure while writing the payload (device
+	// copy); the frame was padded to keep the stream in sync and fails.
+	localErr error
+}
+
+// stream is one data connection of a segment.
+type stream struct {
+	seg *segment
+	idx int
+	c   net.Conn
+
+	queued atomic.Uint64 // payload bytes queued or in flight (load balance)
+	wake   chan struct{}
+
+	mu       sync.Mutex
+	queue    []*frame // not yet written
+	inflight []*frame // written (or being written), awaiting ack, in order
+	dead     bool
+	deadErr  error
+	seq      uint64
+	lastAck  time.Time
+
+	writerDone chan struct{}
+	readerDone chan struct{}
+
+	// writer-only state
+	hdrBuf [headerSize]byte
+	iov    [][]byte
+	bounce []byte
+}
+
+// segment is a sender's connection to one receiver.
+type segment struct {
+	t       *Transport
+	addr    string
+	remote  map[engine.RegionID]engine.RegionDesc
+	streams []*stream
+
+	mu      sync.Mutex
+	closed  bool
+	nextID  engine.BatchID
+	batches map[engine.BatchID]*batch
+}
+
+// OpenSegment dials Options.Streams data connections to the receiver whose
+// Endpoint blob is info.Endpoint ("host:port") and remembers info.Regions for
+// sender-side validation (the receiver checks again). Errors: a malformed
+// endpoint, a dial failure (wraps engine.ErrPeerLost: is the receiver's
+// transport running and its ListenHost reachable?), a closed transport.
+func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+	addr := string(info.Endpoint)
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("tcp: open segment: endpoint %q is not host:port: %w", addr, err)
+	}
+	t.mu.RLock()
+	closed := t.closed
+	t.mu.RUnlock()
+	if closed {
+		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
+	}
+	s := &segment{t: t, addr: addr, remote: map[engine.RegionID]engine.RegionDesc{}, nextID: 1, batches: map[engine.BatchID]*batch{}}
+	for _, d := range info.Regions {
+		s.remote[d.ID] = d
+	}
+	d := net.Dialer{KeepAlive: 5 * time.Second}
+	if _, ok := ctx.Deadline(); !ok {
+		d.Timeout = t.ackTimeout
+	}
+	for i := 0; i < t.streams; i++ {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			tuneConn(c)
+			var hb [helloSize]byte
+			hello{Version: protoVersion, Stream: uint16(i)}.encode(&hb)
+			c.SetWriteDeadline(time.Now().Add(t.ackTimeout))
+			if _, err = c.Write(hb[:]); err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			for _, st := range s.streams {
+				st.c.Close()
+			}
+			return nil, fmt.Errorf("tcp: open segment to %s: stream %d of %d: %w: %v (is the receiver's transport running and its listen address reachable?)",
+				addr, i+1, t.streams, engine.ErrPeerLost, err)
+		}
+		s.streams = append(s.streams, &stream{seg: s, idx: i, c: c, wake: make(chan struct{}, 1),
+			writerDone: make(chan struct{}), readerDone: make(chan struct{})})
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		for _, st := range s.streams {
+			st.c.Close()
+		}
+		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
+	}
+	t.segments[s] = struct{}{}
+	t.mu.Unlock()
+	for _, st := range s.streams {
+		go st.writer()
+		go st.reader()
+	}
+	return s, nil
+}
+
+// HandshakeReply returns nil: TCP needs no second handshake step.
+func (s *segment) HandshakeReply() []byte { return nil }
+
+// checkRequest validates one request against the remote descriptor and the
+// local registrations and returns the local region holding its source.
+func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
+	if r.Length == 0 {
+		return nil, fmt.Errorf("tcp: request %d: length must be > 0 bytes", i)
+	}
+	blocks := r.Blocks()
+	if blocks > 1 && r.RemoteStride < r.Length {
+		return nil, fmt.Errorf("tcp: request %d: remote stride %d < block length %d (blocks would overlap)", i, r.RemoteStride, r.Length)
+	}
+	desc, ok := s.remote[r.Remote]
+	if !ok {
+		return nil, fmt.Errorf("tcp: request %d: remote region %d on %s: %w (not in the segment's region table)", i, r.Remote, s.addr, engine.ErrUnknownRegion)
+	}
+	if hi, lo := bits.Mul64(blocks, r.Length); hi != 0 || lo > maxFramePayload {
+		return nil, fmt.Errorf("tcp: request %d: %d blocks of %d bytes exceed the %d-byte request limit; split it", i, blocks, r.Length, uint64(maxFramePayload))
+	}
+	end, ok := header{Count: uint32(blocks), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}.span()
+	if !ok || end > desc.Length {
+		return nil, fmt.Errorf("tcp: request %d: write to region %d at offset %d length %d x %d (stride %d) ends at %d, past its %d bytes: %w",
+			i, r.Remote, r.RemoteOffset, blocks, r.Length, r.RemoteStride, end, desc.Length, engine.ErrOutOfBounds)
+	}
+	lend, ok := header{Count: uint32(blocks), Offset: uint64(r.Local), Length: r.Length, Stride: r.LocalStride}.span()
+	if !ok {
+		return nil, fmt.Errorf("tcp: request %d: local range at %#x overflows: %w", i, r.Local, engine.ErrOutOfBounds)
+	}
+	lr, err := s.t.lookupLocal(r.Local, lend-uint64(r.Local))
+	if err != nil {
+		return nil, fmt.Errorf("tcp: request %d: %w", i, err)
+	}
+	return lr, nil
+}
+
+// Submit validates every request (remote region known and in bounds, local
+// range inside a registered region; errors wrap engine.ErrUnknownRegion or
+// engine.ErrOutOfBounds and nothing is sent), splits contiguous requests over
+// 4 MiB into 4 MiB frames, and queues the frames on the least-loaded streams.
+// Errors also: a closed segment (ErrClosed), every stream lost (ErrPeerLost).
+func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("tcp: submit: %w", err)
+	}
+	if tb == nil {
+		return 0, errors.New("tcp: submit: nil batch")
+	}
+	frames := make([]*frame, 0, len(tb.Requests))
+	b := &batch{done: make(chan struct{})}
+	for i, r := range tb.Requests {
+		lr, err := s.checkRequest(i, r)
+		if err != nil {
+			return 0, err
+		}
+		off := uint64(r.Local - lr.mem.Addr)
+		if r.Blocks() > 1 {
+			frames = append(frames, &frame{b: b, local: lr, off: off, stride: r.LocalStride, bytes: r.Bytes(),
+				hdr: header{Region: uint32(r.Remote), Count: uint32(r.Blocks()), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}})
+			continue
+		}
+		for done := uint64(0); done < r.Length; done += chunkSize {
+			n := min(chunkSize, r.Length-done)
+			frames = append(frames, &frame{b: b, local: lr, off: off + done, bytes: n,
+				hdr: header{Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset + done, Length: n}})
+		}
+	}
+	b.total = tb.Bytes()
+	b.frames = len(frames)
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("tcp: submit to %s: segment %w", s.addr, engine.ErrClosed)
+	}
+	live := 0
+	var lost error
+	for _, st := range s.streams {
+		st.mu.Lock()
+		if !st.dead {
+			live++
+		} else if lost == nil {
+			lost = st.deadErr
+		}
+		st.mu.Unlock()
+	}
+	if live == 0 {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("tcp: submit to %s: %w", s.addr, lost)
+	}
+	b.id = s.nextID
+	s.nextID++
+	s.batches[b.id] = b
+	s.mu.Unlock()
+
+	if len(frames) == 0 {
+		b.frames = 1
+		b.finish(0, nil, false)
+		return b.id, nil
+	}
+	per := make([][]*frame, len(s.streams))
+	for _, f := range frames {
+		best := 0
+		for j := 1; j < len(s.streams); j++ {
+			if s.streams[j].queued.Load() < s.streams[best].queued.Load() {
+				best = j
+			}
+		}
+		s.streams[best].queued.Add(f.bytes)
+		per[best] = append(per[best], f)
+	}
+	for j, fs := range per {
+		if len(fs) > 0 {
+			s.streams[j].enqueue(fs)
+		}
+	}
+	return b.id, nil
+}
+
+func (s *segment) lookup(id engine.BatchID) (*batch, error) {
+	s.mu.Lock()
+	b, ok := s.batches[id]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("tcp: batch %d: %w", id, engine.ErrUnknownBatch)
+	}
+	return b, nil
+}
+
+// Poll returns the batch's status without blocking (ErrUnknownBatch after
+// Release or for an ID never returned by Submit).
+func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	return b.status(), nil
+}
+
+// Wait blocks until the batch is terminal or ctx ends (then it returns the
+// current status and ctx's error).
+func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+	b, err := s.lookup(id)
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	select {
+	case <-b.done:
+		return b.status(), nil
+	case <-ctx.Done():
+		return b.status(), fmt.Errorf("tcp: wait for batch %d: %w", id, ctx.Err())
+	}
+}
+
+// Cancel stops sending the batch's frames that are not on the wire yet. The
+// batch ends Canceled if any frame was skipped, Completed if all had already
+// landed, Failed if one failed. Errors: ErrUnknownBatch.
+func (s *segment) Cancel(id engine.BatchID) error {
+	b, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.canceled = true
+	b.mu.Unlock()
+	b.stop.Store(true)
+	return nil
+}
+
+// Release forgets a terminal batch. Releasing a pending batch is ignored (its
+// memory is still in use; Cancel and Wait first).
+func (s *segment) Release(id engine.BatchID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.batches[id]; ok {
+		select {
+		case <-b.done:
+			delete(s.batches, id)
+		default:
+		}
+	}
+}
+
+// Close closes every stream; pending batches fail with an error wrapping
+// engine.ErrClosed (or ErrPeerLost if the peer was lost first). It returns
+// once no stream reads local memory any more. Idempotent.
+func (s *segment) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	for _, st := range s.streams {
+		st.kill(fmt.Errorf("tcp: segment to %s %w", s.addr, engine.ErrClosed))
+	}
+	for _, st := range s.streams {
+		<-st.writerDone
+		<-st.readerDone
+	}
+	s.t.mu.Lock()
+	delete(s.t.segments, s)
+	s.t.mu.Unlock()
+	return nil
+}
+
+func (st *stream) enqueue(fs []*frame) {
+	st.mu.Lock()
+	if st.dead {
+		err := st.deadErr
+		st.mu.Unlock()
+		for _, f := range fs {
+			st.queued.Add(^(f.bytes - 1))
+			f.b.finish(0, err, false)
+		}
+		return
+	}
+	st.queue = append(st.queue, fs...)
+	st.mu.Unlock()
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+// kill marks the stream dead with err (first error wins) and closes its
+// socket; the writer then fails every queued and in-flight frame.
+func (st *stream) kill(err error) {
+	st.mu.Lock()
+	if !st.dead {
+		st.dead = true
+		st.deadErr = err
+	}
+	st.mu.Unlock()
+	st.c.Close()
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (st *stream) lost(format string, args ...any) error {
+	return fmt.Errorf("tcp: stream %d to %s: %w: %s", st.idx, st.seg.addr, engine.ErrPeerLost, fmt.Sprintf(format, args...))
+}
+
+// writer owns the socket's write side. It is the only goroutine that fails
+// in-flight frames, so no frame fails while its payload is being written.
+func (st *stream) writer() {
+	defer close(st.writerDone)
+	for {
+		st.mu.Lock()
+		for len(st.queue) == 0 && !st.dead {
+			st.mu.Unlock()
+			<-st.wake
+			st.mu.Lock()
+		}
+		if st.dead {
+			fs := append(st.inflight, st.queue...)
+			st.inflight, st.queue = nil, nil
+			err := st.deadErr
+			st.mu.Unlock()
+			for _, f := range fs {
+				st.queued.Add(^(f.bytes - 1))
+				f.b.finish(0, err, false)
+			}
+			return
+		}
+		f := st.queue[0]
+		st.queue[0] = nil
+		st.queue = st.queue[1:]
+		if f.b.stop.Load() {
+			st.mu.Unlock()
+			st.queued.Add(^(f.bytes - 1))
+			f.b.finish(0, nil, true)
+			continue
+		}
+		st.seq++
+		f.hdr.Seq = st.seq
+		if len(st.inflight) == 0 {
+			st.lastAck = time.Now()
+		}
+		st.inflight = append(st.inflight, f)
+		st.mu.Unlock()
+		if err := st.write(f); err != nil {
+			st.kill(st.lost("write frame %d (%d bytes): %v", f.hdr.Seq, f.bytes, err))
+		}
+	}
+}
+
+// write sends one frame: header and payload slices in one vectored write for
+// host memory; through the bounce buffer for device memory.
+func (st *stream) write(f *frame) error {
+	f.hdr.encode(&st.hdrBuf)
+	st.c.SetWriteDeadline(time.Now().Add(st.seg.t.ackTimeout))
+	if f.local.buf != nil {
+		bufs := net.Buffers(st.iov[:0])
+		bufs = append(bufs, st.hdrBuf[:])
+		for i := uint64(0); i < uint64(f.hdr.Count); i++ {
+			o := f.off + i*f.stride
+			bufs = append(bufs, f.local.buf[o:o+f.hdr.Length])
+		}
+		st.iov = bufs[:0]
+		_, err := bufs.WriteTo(st.c)
+		clear(st.iov[:cap(st.iov)])
+		return err
+	}
+	if _, err := st.c.Write(st.hdrBuf[:]); err != nil {
+		return err
+	}
+	if st.bounce == nil {
+		st.bounce = make([]byte, bounceSize)
+	}
+	for i := uint64(0); i < uint64(f.hdr.Count); i++ {
+		src := f.local.mem.Addr + uintptr(f.off+i*f.stride)
+		for done := uint64(0); done < f.hdr.Length; {
+			k := min(f.hdr.Length-done, uint64(len(st.bounce)))
+			chunk := st.bounce[:k]
+			if f.localErr == nil {
+				if err := deviceCopier.copyFromDevice(chunk, src+uintptr(done), f.local.mem.Device); err != nil {
+					f.localErr = fmt.Errorf("tcp: copy %d bytes from cuda:%d at %#x: %w", k, f.local.mem.Device, src+uintptr(done), err)
+				}
+			}
+			if f.localErr != nil {
+				clear(chunk) // pad: keep the stream in sync, the frame fails
+			}
+			if _, err := st.c.Write(chunk); err != nil {
+				return err
+			}
+			done += k
+		}
+	}
+	return nil
+}
+
+// reader consumes acks, completes frames in order and watches for stalls.
+func (st *stream) reader() {
+	defer close(st.readerDone)
+	timeout := st.seg.t.ackTimeout
+	tick := min(timeout/2, time.Second)
+	var hb [ackSize]byte
+	msg := make([]byte, maxAckMsg)
+	readFull := func(p []byte) error {
+		for n := 0; n < len(p); {
+			st.c.SetReadDeadline(time.Now().Add(tick))
+			k, err := st.c.Read(p[n:])
+			n += k
+			if err == nil {
+				continue
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				st.mu.Lock()
+				stalled := len(st.inflight) > 0 && time.Since(st.lastAck) > timeout
+				dead := st.dead
+				st.mu.Unlock()
+				if dead {
+					return net.ErrClosed
+				}
+				if stalled {
+					return fmt.Errorf("no acknowledgement for %v with frames in flight", timeout)
+				}
+				continue
+			}
+			if errors.Is(err, io.EOF) && n > 0 {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		return nil
+	}
+	for {
+		if err := readFull(hb[:]); err != nil {
+			st.kill(st.lost("read ack: %v", err))
+			return
+		}
+		a, n, err := decodeAckHeader(hb[:])
+		if err == nil && n > 0 {
+			if err = readFull(msg[:n]); err == nil {
+				a.Msg = string(msg[:n])
+			}
+		}
+		if err != nil {
+			st.kill(st.lost("read ack: %v", err))
+			return
+		}
+		st.mu.Lock()
+		if len(st.inflight) == 0 || (a.Status != ackProtocol && st.inflight[0].hdr.Seq != a.Seq) {
+			st.mu.Unlock()
+			if a.Status == ackProtocol {
+				st.kill(st.lost("receiver reported a protocol error: %s", a.Msg))
+			} else {
+				st.kill(st.lost("unexpected ack for frame %d (protocol out of sync)", a.Seq))
+			}
+			return
+		}
+		f := st.inflight[0]
+		st.inflight[0] = nil
+		st.inflight = st.inflight[1:]
+		st.lastAck = time.Now()
+		st.mu.Unlock()
+		st.queued.Add(^(f.bytes - 1))
+		f.b.finish(a.Bytes, st.ackErr(f, a), false)
+		if a.Status == ackProtocol || a.Status == ackShutdown {
+			st.kill(st.lost("receiver closed the stream: %s", a.Msg))
+			return
+		}
+	}
+}
+
+// ackErr turns a refused ack into an error naming the request and wrapping
+// the matching engine sentinel.
+func (st *stream) ackErr(f *frame, a ack) error {
+	if a.Status == ackOK {
+		if f.localErr != nil {
+			return f.localErr
+		}
+		return nil
+	}
+	where := fmt.Sprintf("tcp: write to region %d at offset %d length %d x %d on %s refused", f.hdr.Region, f.hdr.Offset, f.hdr.Count, f.hdr.Length, st.seg.addr)
+	var sentinel error
+	switch a.Status {
+	case ackUnknownRegion:
+		sentinel = engine.ErrUnknownRegion
+	case ackOutOfBounds:
+		sentinel = engine.ErrOutOfBounds
+	case ackShutdown, ackProtocol:
+		sentinel = engine.ErrPeerLost
+	default:
+		return fmt.Errorf("%s: %s", where, a.Msg)
+	}
+	return fmt.Errorf("%s: %w: %s", where, sentinel, a.Msg)
+}

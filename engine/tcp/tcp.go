@@ -1,0 +1,496 @@
+// Package tcp is kvxfer's TCP transport: the loopback fallback and the
+// transport for hosts with no RDMA device. It registers itself as "tcp"
+// (priority 100) with engine.RegisterTransport; import it for its side effect
+// or call New.
+//
+// Each node runs one data listener (Options.ListenHost:ListenPort, port 0 = a
+// free port); Endpoint returns its "host:port" address. A sender's Segment
+// opens Options.Streams connections (default 4) to the receiver and spreads a
+// batch's frames over them (least queued bytes first); requests larger than
+// 4 MiB are split into 4 MiB chunks, a request up to that size is one frame.
+// The sender writes each frame straight from registered memory with one
+// vectored write (header + payload slices, no staging copy); a strided
+// request is one header followed by its blocks. The receiver reads payload
+// straight into the destination region after checking the region is
+// registered and the write lies inside it, and acknowledges every frame; a
+// batch completes only when every frame is acknowledged. A refused write gets
+// an error reply naming region, offset and length, its payload is drained, and
+// the stream stays usable.
+//
+// Timeouts: a stream with frames in flight and no acknowledgement for
+// Options.Extra["ack_timeout"] (a Go duration, default 10s) is declared lost;
+// a peer that closes or dies fails the pending batches of that segment with
+// an error wrapping engine.ErrPeerLost as soon as the socket reports it.
+//
+// Device (CUDA) memory goes through the bounce-buffer seam in device.go and is
+// refused with engine.ErrUnsupportedMemory until the CUDA copier is wired in.
+//
+// Lifetimes: a Transport and its Segments are safe for concurrent use. Close
+// the Segments you open (Transport.Close closes them too) and Close the
+// Transport; both are idempotent. Registered memory must stay mapped until
+// DeregisterMemory returns; DeregisterMemory waits for a receive in progress
+// into that region (bounded by the ack timeout).
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// Name is the registry name of this transport.
+const Name = "tcp"
+
+// Priority is the automatic-selection priority (rdma 300 > shm 200 > tcp 100).
+const Priority = 100
+
+// DefaultStreams is the number of connections per segment when
+// Options.Streams is 0.
+const DefaultStreams = 4
+
+// DefaultAckTimeout bounds how long a stream with frames in flight may go
+// without an acknowledgement (and how long one socket write or payload read
+// may stall) before the peer is declared lost.
+const DefaultAckTimeout = 10 * time.Second
+
+// chunkSize is the largest contiguous frame payload; larger requests are
+// split so that several streams carry them in parallel.
+const chunkSize = 4 << 20
+
+// sockBuf is the SO_SNDBUF/SO_RCVBUF asked for each data connection, bytes
+// (the kernel caps it at net.core.wmem_max/rmem_max).
+const sockBuf = 4 << 20
+
+func init() {
+	engine.RegisterTransport(Name, Priority, nil, func(o engine.Options) (engine.Transport, error) { return New(o) })
+}
+
+// region is one registered memory range.
+type region struct {
+	id  engine.RegionID
+	mem engine.Memory
+	buf []byte // host memory; nil for device memory
+
+	// mu is read-held while a receive lands in the region; DeregisterMemory
+	// takes it to wait for receives in progress.
+	mu   sync.RWMutex
+	dead bool
+}
+
+// Transport is one node's TCP transport instance. It implements
+// engine.Transport; see the package doc for behaviour and lifetimes.
+type Transport struct {
+	opts       engine.Options
+	streams    int
+	ackTimeout time.Duration
+	ln         net.Listener
+	log        *slog.Logger
+
+	mu       sync.RWMutex
+	closed   bool
+	nextID   engine.RegionID
+	regions  map[engine.RegionID]*region
+	sorted   []*region // host and device regions sorted by mem.Addr (sender lookup)
+	inbound  map[net.Conn]struct{}
+	segments map[*segment]struct{}
+
+	wg sync.WaitGroup // accept loop and inbound connection goroutines
+}
+
+var (
+	_ engine.Transport = (*Transport)(nil)
+	_ engine.Segment   = (*segment)(nil)
+)
+
+// New creates a TCP transport and starts its data listener on
+// opts.ListenHost:opts.ListenPort ("127.0.0.1" and a free port by default).
+// opts.Streams sets connections per segment (0 = DefaultStreams, max 64).
+// opts.Extra["ack_timeout"] (Go duration, e.g. "5s") overrides
+// DefaultAckTimeout. Errors: an invalid option or a listen failure (port in
+// use: pick another or use 0).
+func New(opts engine.Options) (*Transport, error) {
+	host := opts.ListenHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	streams := opts.Streams
+	if streams == 0 {
+		streams = DefaultStreams
+	}
+	if streams < 0 || streams > 64 {
+		return nil, fmt.Errorf("tcp: Streams must be between 1 and 64, got %d", opts.Streams)
+	}
+	if opts.ListenPort < 0 || opts.ListenPort > 65535 {
+		return nil, fmt.Errorf("tcp: ListenPort must be 0..65535, got %d", opts.ListenPort)
+	}
+	ackTimeout := DefaultAckTimeout
+	if s, ok := opts.Extra["ack_timeout"]; ok {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("tcp: Extra[ack_timeout]=%q: want a positive Go duration such as 10s", s)
+		}
+		ackTimeout = d
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(opts.ListenPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen on %s: %w (use port 0 for a free port)", addr, err)
+	}
+	t := &Transport{
+		opts:       opts,
+		streams:    streams,
+		ackTimeout: ackTimeout,
+		ln:         ln,
+		log:        slog.Default().With("transport", Name, "listen", ln.Addr().String()),
+		nextID:     1,
+		regions:    map[engine.RegionID]*region{},
+		inbound:    map[net.Conn]struct{}{},
+		segments:   map[*segment]struct{}{},
+	}
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+// Name returns "tcp".
+func (t *Transport) Name() string { return Name }
+
+// Capabilities: host memory, cross-host, zero-copy on the host (vectored
+// writes from and reads into registered memory), strided requests executed
+// natively (one header per request). CapDeviceMemory is set only when a CUDA
+// copier is installed.
+func (t *Transport) Capabilities() engine.Caps {
+	c := engine.CapHostMemory | engine.CapCrossHost | engine.CapZeroCopy | engine.CapStrided
+	if _, none := deviceCopier.(noDevice); !none {
+		c |= engine.CapDeviceMemory
+	}
+	return c
+}
+
+// Addr returns the data listener's address ("127.0.0.1:40123").
+func (t *Transport) Addr() string { return t.ln.Addr().String() }
+
+// hostSlice makes a []byte over [addr, addr+n) of memory the caller vouched
+// for in RegisterMemory (mmap, C or pinned memory outside the Go heap).
+func hostSlice(addr uintptr, n uint64) []byte {
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
+	return unsafe.Slice((*byte)(p), int(n))
+}
+
+// RegisterMemory registers m for sending and receiving and returns its
+// descriptor (ID assigned here, Addr = m.Addr, Length = m.Length, no Key).
+// Errors: zero address or length, a range overlapping a registered one,
+// device memory without a CUDA copier (wraps engine.ErrUnsupportedMemory),
+// a closed transport (wraps engine.ErrClosed).
+func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+	if m.Addr == 0 || m.Length == 0 {
+		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: address and length must be non-zero", m.Addr, m.Length)
+	}
+	if uint64(m.Addr)+m.Length < uint64(m.Addr) {
+		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: range wraps the address space", m.Addr, m.Length)
+	}
+	r := &region{mem: m}
+	switch m.Kind {
+	case engine.MemoryHost:
+		r.buf = hostSlice(m.Addr, m.Length)
+	case engine.MemoryCUDA:
+		if err := deviceCopier.check(m); err != nil {
+			return engine.RegionDesc{}, err
+		}
+	default:
+		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x: %w: kind %v", m.Addr, engine.ErrUnsupportedMemory, m.Kind)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory: transport %w", engine.ErrClosed)
+	}
+	for _, o := range t.sorted {
+		if o.mem.Kind == m.Kind && o.mem.Device == m.Device && uint64(m.Addr) < uint64(o.mem.Addr)+o.mem.Length && uint64(o.mem.Addr) < uint64(m.Addr)+m.Length {
+			return engine.RegionDesc{}, fmt.Errorf("tcp: register memory [%#x, +%d): overlaps region %d [%#x, +%d); deregister it first or register one range",
+				m.Addr, m.Length, o.id, o.mem.Addr, o.mem.Length)
+		}
+	}
+	r.id = t.nextID
+	t.nextID++
+	t.regions[r.id] = r
+	t.sorted = append(t.sorted, r)
+	sort.Slice(t.sorted, func(i, j int) bool { return t.sorted[i].mem.Addr < t.sorted[j].mem.Addr })
+	return engine.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind}, nil
+}
+
+// DeregisterMemory removes region id: later writes to it are refused with an
+// unknown-region reply. It waits for a receive in progress into the region.
+// Errors: an unknown id (wraps engine.ErrUnknownRegion).
+func (t *Transport) DeregisterMemory(id engine.RegionID) error {
+	t.mu.Lock()
+	r, ok := t.regions[id]
+	if ok {
+		delete(t.regions, id)
+		for i, o := range t.sorted {
+			if o == r {
+				t.sorted = append(t.sorted[:i:i], t.sorted[i+1:]...)
+				break
+			}
+		}
+	}
+	t.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("tcp: deregister region %d: %w", id, engine.ErrUnknownRegion)
+	}
+	r.mu.Lock()
+	r.dead = true
+	r.mu.Unlock()
+	return nil
+}
+
+// lookupLocal finds the registered region holding [addr, addr+n).
+func (t *Transport) lookupLocal(addr uintptr, n uint64) (*region, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].mem.Addr > addr }) - 1
+	if i < 0 {
+		return nil, fmt.Errorf("local address %#x is below every registered region: %w", addr, engine.ErrOutOfBounds)
+	}
+	r := t.sorted[i]
+	off := uint64(addr - r.mem.Addr)
+	if off+n < off || off+n > r.mem.Length {
+		return nil, fmt.Errorf("local range [%#x, +%d) is not inside a registered region (nearest: region %d [%#x, +%d)): %w",
+			addr, n, r.id, r.mem.Addr, r.mem.Length, engine.ErrOutOfBounds)
+	}
+	return r, nil
+}
+
+// Endpoint returns the data listener's "host:port" (the same for every peer).
+// When the listener is bound to a wildcard address (0.0.0.0 or ::) the blob
+// names the wildcard; set ListenHost to a routable address for cross-host use.
+func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
+	t.mu.RLock()
+	closed := t.closed
+	t.mu.RUnlock()
+	if closed {
+		return nil, fmt.Errorf("tcp: endpoint: transport %w", engine.ErrClosed)
+	}
+	return []byte(t.ln.Addr().String()), nil
+}
+
+// Close stops the listener, closes inbound connections and every segment
+// opened from this transport (their pending batches fail with ErrClosed),
+// and waits for its goroutines. Idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	err := t.ln.Close()
+	for c := range t.inbound {
+		c.Close()
+	}
+	segs := make([]*segment, 0, len(t.segments))
+	for s := range t.segments {
+		segs = append(segs, s)
+	}
+	t.mu.Unlock()
+	for _, s := range segs {
+		s.Close()
+	}
+	t.wg.Wait()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("tcp: close listener: %w", err)
+	}
+	return nil
+}
+
+func (t *Transport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			t.log.Warn("tcp: accept failed; retrying", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.inbound[c] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.serve(c)
+	}
+}
+
+func tuneConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(sockBuf)
+		tc.SetWriteBuffer(sockBuf)
+		tc.SetKeepAlive(true)
+		tc.SetKeepAlivePeriod(5 * time.Second)
+	}
+}
+
+// serve is the receiving side of one data connection.
+func (t *Transport) serve(c net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		c.Close()
+		t.mu.Lock()
+		delete(t.inbound, c)
+		t.mu.Unlock()
+	}()
+	tuneConn(c)
+	rx := receiver{t: t, c: c}
+	if err := rx.run(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		t.log.Warn("tcp: data connection closed", "peer", c.RemoteAddr().String(), "err", err)
+	}
+}
+
+type receiver struct {
+	t      *Transport
+	c      net.Conn
+	hdr    [headerSize]byte
+	ackBuf []byte
+	bounce []byte // device-memory staging, allocated on first use
+}
+
+func (rx *receiver) reply(a ack) error {
+	rx.ackBuf = encodeAck(rx.ackBuf[:0], a)
+	rx.c.SetWriteDeadline(time.Now().Add(rx.t.ackTimeout))
+	_, err := rx.c.Write(rx.ackBuf)
+	return err
+}
+
+func (rx *receiver) run() error {
+	var hb [helloSize]byte
+	rx.c.SetReadDeadline(time.Now().Add(rx.t.ackTimeout))
+	if _, err := io.ReadFull(rx.c, hb[:]); err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	if _, err := decodeHello(hb[:]); err != nil {
+		rx.reply(ack{Status: ackProtocol, Msg: err.Error()})
+		return err
+	}
+	for {
+		// Idle between frames is fine (a segment lives across requests).
+		rx.c.SetReadDeadline(time.Time{})
+		if _, err := io.ReadFull(rx.c, rx.hdr[:]); err != nil {
+			return err
+		}
+		h, err := decodeHeader(rx.hdr[:])
+		if err != nil {
+			rx.reply(ack{Status: ackProtocol, Seq: h.Seq, Msg: err.Error()})
+			return err
+		}
+		rx.c.SetReadDeadline(time.Now().Add(rx.t.ackTimeout))
+		a, err := rx.frame(h)
+		if err != nil {
+			return err
+		}
+		if err := rx.reply(a); err != nil {
+			return fmt.Errorf("send ack for frame %d: %w", h.Seq, err)
+		}
+	}
+}
+
+// frame lands (or refuses and drains) one frame's payload. A returned error
+// means the stream is broken; a refusal is reported in the ack.
+func (rx *receiver) frame(h header) (ack, error) {
+	t := rx.t
+	t.mu.RLock()
+	r := t.regions[engine.RegionID(h.Region)]
+	closing := t.closed
+	t.mu.RUnlock()
+	refuse := func(status uint8, msg string) (ack, error) {
+		if _, err := io.CopyN(io.Discard, rx.c, int64(h.payload())); err != nil {
+			return ack{}, fmt.Errorf("drain %d bytes of refused frame %d: %w", h.payload(), h.Seq, err)
+		}
+		return ack{Status: status, Seq: h.Seq, Msg: msg}, nil
+	}
+	if closing {
+		return refuse(ackShutdown, "receiver is closing")
+	}
+	if r == nil {
+		return refuse(ackUnknownRegion, fmt.Sprintf("region %d is not registered on %s (write at offset %d length %d x %d)",
+			h.Region, t.ln.Addr(), h.Offset, h.Count, h.Length))
+	}
+	if h.Count > 1 && h.Stride < h.Length {
+		return refuse(ackBadRequest, fmt.Sprintf("region %d: strided write at offset %d has stride %d < block length %d (blocks overlap)",
+			h.Region, h.Offset, h.Stride, h.Length))
+	}
+	end, ok := h.span()
+	if !ok || end > r.mem.Length {
+		return refuse(ackOutOfBounds, fmt.Sprintf("region %d: write at offset %d length %d x %d (stride %d) ends at byte %d, past the region's %d bytes",
+			h.Region, h.Offset, h.Count, h.Length, h.Stride, end, r.mem.Length))
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.dead {
+		return refuse(ackUnknownRegion, fmt.Sprintf("region %d was deregistered (write at offset %d length %d x %d)", h.Region, h.Offset, h.Count, h.Length))
+	}
+	for i := uint64(0); i < uint64(h.Count); i++ {
+		off := h.Offset + i*h.Stride
+		if r.buf != nil {
+			if _, err := io.ReadFull(rx.c, r.buf[off:off+h.Length]); err != nil {
+				return ack{}, fmt.Errorf("read frame %d block %d (%d bytes) into region %d: %w", h.Seq, i, h.Length, h.Region, err)
+			}
+			continue
+		}
+		if cerr, err := rx.toDevice(r, off, h.Length); err != nil {
+			return ack{}, err
+		} else if cerr != nil {
+			rest := (uint64(h.Count) - i - 1) * h.Length
+			if _, err := io.CopyN(io.Discard, rx.c, int64(rest)); err != nil {
+				return ack{}, fmt.Errorf("drain %d bytes of failed frame %d: %w", rest, h.Seq, err)
+			}
+			return ack{Status: ackInternal, Seq: h.Seq, Bytes: i * h.Length, Msg: cerr.Error()}, nil
+		}
+	}
+	return ack{Status: ackOK, Seq: h.Seq, Bytes: h.payload()}, nil
+}
+
+// toDevice receives n bytes into device region r at off through the bounce
+// buffer. copyErr is a device-copy failure (the rest of the block has been
+// drained; the stream stays usable); err means the stream is broken.
+func (rx *receiver) toDevice(r *region, off, n uint64) (copyErr, err error) {
+	if rx.bounce == nil {
+		rx.bounce = make([]byte, bounceSize)
+	}
+	for n > 0 {
+		k := min(n, uint64(len(rx.bounce)))
+		if _, err := io.ReadFull(rx.c, rx.bounce[:k]); err != nil {
+			return nil, fmt.Errorf("read %d bytes for device region %d: %w", k, r.id, err)
+		}
+		n -= k
+		if cerr := deviceCopier.copyToDevice(r.mem.Addr+uintptr(off), r.mem.Device, rx.bounce[:k]); cerr != nil {
+			if _, err := io.CopyN(io.Discard, rx.c, int64(n)); err != nil {
+				return nil, fmt.Errorf("drain %d bytes after failed device copy: %w", n, err)
+			}
+			return fmt.Errorf("copy %d bytes to cuda:%d region %d at offset %d: %w", k, r.mem.Device, r.id, off, cerr), nil
+		}
+		off += k
+	}
+	return nil, nil
+}

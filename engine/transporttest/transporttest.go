@@ -1,0 +1,876 @@
+// Package transporttest is the conformance suite every kvxfer transport runs
+// (tcp, shm, rdma): call Run from a test in the transport's package with a
+// function that creates a fresh sender/receiver pair.
+//
+//	func TestConformance(t *testing.T) {
+//		transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+//			return newTransport(t), newTransport(t)
+//		}, transporttest.WithLargeBytes(256<<20))
+//	}
+//
+// Each case gets its own pair and closes it (Close must be idempotent). The
+// suite allocates all memory with engine.AllocHost and registers sub-ranges
+// of it, so it can check that the bytes just before and after a region stay
+// untouched when a write is refused.
+//
+// What the suite requires of a transport, beyond the engine.Transport docs:
+//   - a write the sender can see is invalid (unknown region in its
+//     SegmentInfo, offset past the RegionDesc, local address outside a
+//     registered region) is refused by Submit with an error wrapping
+//     engine.ErrUnknownRegion or engine.ErrOutOfBounds;
+//   - a write the sender cannot see is invalid (SegmentInfo forged to claim a
+//     longer or unknown region, region deregistered on the receiver) is
+//     refused by the receiving side: Submit fails or the batch ends
+//     BatchFailed, with an error wrapping ErrOutOfBounds or ErrUnknownRegion
+//     (either is accepted: RDMA NICs report both as a remote access error);
+//     no byte of the receiver's memory changes and the segment stays usable;
+//   - when the receiver closes (or is killed), pending and later batches fail
+//     with an error wrapping engine.ErrPeerLost (Submit may return it
+//     instead) within PeerLostWithin, never hang.
+package transporttest
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// Config holds the suite's knobs; set them with Options.
+type Config struct {
+	// LargeBytes is the size of the large-transfer case in bytes (default
+	// 1 GiB, rounded down to MiB). The environment variable
+	// KVXFER_TRANSPORTTEST_LARGE (bytes) overrides it; <= 0 skips the case.
+	// The case is skipped under -short.
+	LargeBytes int64
+	// CaseTimeout bounds each case (default 2 minutes); a Wait still blocked
+	// then fails the test instead of hanging.
+	CaseTimeout time.Duration
+	// PeerLostWithin is how soon after the receiver closes a batch must fail
+	// with ErrPeerLost (default 5 s).
+	PeerLostWithin time.Duration
+	// Kill, when set, stops the receiver abruptly (for example by closing its
+	// sockets with RST); the peer-lost case uses it instead of
+	// receiver.Close.
+	Kill func(t *testing.T, receiver engine.Transport)
+	// RemotePeer, when set, starts a receiver in ANOTHER process with one
+	// registered region of at least regionBytes bytes and returns what a
+	// sender needs to reach it and a function that kills that process
+	// (SIGKILL). It enables the "peer killed" case.
+	RemotePeer func(t *testing.T, regionBytes int) (info engine.SegmentInfo, kill func())
+}
+
+// Option sets a Config field.
+type Option func(*Config)
+
+// WithLargeBytes sets Config.LargeBytes (bytes; <= 0 skips the large case).
+func WithLargeBytes(n int64) Option { return func(c *Config) { c.LargeBytes = n } }
+
+// WithCaseTimeout sets Config.CaseTimeout.
+func WithCaseTimeout(d time.Duration) Option { return func(c *Config) { c.CaseTimeout = d } }
+
+// WithPeerLostWithin sets Config.PeerLostWithin.
+func WithPeerLostWithin(d time.Duration) Option { return func(c *Config) { c.PeerLostWithin = d } }
+
+// WithKill sets Config.Kill.
+func WithKill(f func(t *testing.T, receiver engine.Transport)) Option {
+	return func(c *Config) { c.Kill = f }
+}
+
+// WithRemotePeer sets Config.RemotePeer.
+func WithRemotePeer(f func(t *testing.T, regionBytes int) (engine.SegmentInfo, func())) Option {
+	return func(c *Config) { c.RemotePeer = f }
+}
+
+// Run runs every conformance case as a subtest of t. newPair must return a
+// fresh, unconnected sender and receiver transport each time (the suite
+// closes both; Close must be idempotent).
+func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Transport), opts ...Option) {
+	cfg := Config{LargeBytes: 1 << 30, CaseTimeout: 2 * time.Minute, PeerLostWithin: 5 * time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if s := os.Getenv("KVXFER_TRANSPORTTEST_LARGE"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("transporttest: KVXFER_TRANSPORTTEST_LARGE=%q is not a byte count", s)
+		}
+		cfg.LargeBytes = n
+	}
+	s := &suite{cfg: cfg, newPair: newPair}
+	cases := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"RegisterDeregister", s.registerDeregister},
+		{"WriteSizes", s.writeSizes},
+		{"MultiRequestBatch", s.multiRequestBatch},
+		{"Strided", s.strided},
+		{"OutOfBoundsRefusedBySender", s.outOfBoundsSender},
+		{"OutOfBoundsRefusedByReceiver", s.outOfBoundsReceiver},
+		{"UnknownRegion", s.unknownRegion},
+		{"DeregisteredRegion", s.deregistered},
+		{"ConcurrentBatches", s.concurrent},
+		{"PollWaitRelease", s.pollWaitRelease},
+		{"Cancel", s.cancel},
+		{"CloseIdempotent", s.closeIdempotent},
+		{"PeerClosesMidBatch", s.peerCloses},
+		{"PeerKilled", s.peerKilled},
+		{"LargeTransfer", s.large},
+	}
+	for _, c := range cases {
+		t.Run(c.name, c.fn)
+	}
+}
+
+type suite struct {
+	cfg     Config
+	newPair func(t *testing.T) (engine.Transport, engine.Transport)
+}
+
+// guard is the number of bytes kept unregistered before and after every
+// receiver region to detect stray writes.
+const guard = 4096
+
+// env is one case's pair, memory and segment.
+type env struct {
+	t        *testing.T
+	ctx      context.Context
+	s, r     engine.Transport
+	src      *engine.HostBuffer
+	dstBuf   *engine.HostBuffer
+	dst      []byte // the registered receiver region (inside dstBuf, between guards)
+	srcDesc  engine.RegionDesc
+	dstDesc  engine.RegionDesc
+	seg      engine.Segment
+	peerSeq  int
+	expected []byte // what dstBuf must hold (guards included)
+}
+
+// newEnv allocates a srcBytes source and a dstBytes receiver region (with
+// guards), registers both, fills the source with a random pattern and the
+// receiver with another, and opens a segment.
+func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
+	t.Cleanup(cancel)
+	e := &env{t: t, ctx: ctx}
+	var err error
+	if e.src, err = engine.AllocHost("transporttest-src", int64(srcBytes)); err != nil {
+		t.Fatal(err)
+	}
+	if e.dstBuf, err = engine.AllocHost("transporttest-dst", int64(dstBytes+2*guard)); err != nil {
+		e.src.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.src.Close(); e.dstBuf.Close() })
+	e.s, e.r = s.newPair(t)
+	// Registered after the buffers: runs before they are unmapped.
+	t.Cleanup(func() {
+		if e.seg != nil {
+			if err := e.seg.Close(); err != nil {
+				t.Errorf("segment Close: %v", err)
+			}
+		}
+		if err := e.s.Close(); err != nil {
+			t.Errorf("sender Close: %v", err)
+		}
+		if err := e.r.Close(); err != nil {
+			t.Errorf("receiver Close: %v", err)
+		}
+	})
+	fillRandom(e.src.Bytes(), 1)
+	fillRandom(e.dstBuf.Bytes(), 2)
+	e.dst = e.dstBuf.Bytes()[guard : guard+dstBytes]
+	e.expected = bytes.Clone(e.dstBuf.Bytes())
+
+	if e.srcDesc, err = e.s.RegisterMemory(e.src.Memory()); err != nil {
+		t.Fatalf("sender RegisterMemory(%d bytes): %v", srcBytes, err)
+	}
+	m := e.dstBuf.Memory()
+	m.Addr += guard
+	m.FDOffset += guard
+	m.Length = uint64(dstBytes)
+	if e.dstDesc, err = e.r.RegisterMemory(m); err != nil {
+		t.Fatalf("receiver RegisterMemory(%d bytes): %v", dstBytes, err)
+	}
+	e.seg = e.open(e.dstDesc)
+	return e
+}
+
+// open opens a segment from sender to receiver advertising regions (which a
+// test may forge).
+func (e *env) open(regions ...engine.RegionDesc) engine.Segment {
+	e.t.Helper()
+	e.peerSeq++
+	peer := fmt.Sprintf("transporttest-sender-%d", e.peerSeq)
+	ep, err := e.r.Endpoint(e.ctx, peer)
+	if err != nil {
+		e.t.Fatalf("receiver Endpoint: %v", err)
+	}
+	seg, err := e.s.OpenSegment(e.ctx, engine.SegmentInfo{Endpoint: ep, Regions: regions})
+	if err != nil {
+		e.t.Fatalf("sender OpenSegment: %v", err)
+	}
+	if e.s.Capabilities().Has(engine.CapHandshake) {
+		acc, ok := e.r.(engine.Acceptor)
+		if !ok {
+			e.t.Fatalf("%s has CapHandshake but does not implement engine.Acceptor", e.r.Name())
+		}
+		if err := acc.Accept(e.ctx, peer, seg.HandshakeReply()); err != nil {
+			e.t.Fatalf("receiver Accept: %v", err)
+		}
+	}
+	return seg
+}
+
+// write builds a contiguous request from source offset so to receiver offset do.
+func (e *env) write(so, do, n int) engine.WriteRequest {
+	return engine.WriteRequest{Local: e.src.Addr() + uintptr(so), Remote: e.dstDesc.ID, RemoteOffset: uint64(do), Length: uint64(n)}
+}
+
+// expect records the effect of req on the expected receiver image.
+func (e *env) expect(req engine.WriteRequest) {
+	src := e.src.Bytes()
+	so := int(req.Local - e.src.Addr())
+	for i := 0; i < int(req.Blocks()); i++ {
+		s := so + i*int(req.LocalStride)
+		d := guard + int(req.RemoteOffset) + i*int(req.RemoteStride)
+		copy(e.expected[d:d+int(req.Length)], src[s:s+int(req.Length)])
+	}
+}
+
+// run submits b on seg, waits, and requires BatchCompleted with every byte.
+func (e *env) run(seg engine.Segment, b *engine.TransferBatch) {
+	e.t.Helper()
+	id, err := seg.Submit(e.ctx, b)
+	if err != nil {
+		e.t.Fatalf("Submit: %v", err)
+	}
+	st := e.wait(seg, id)
+	if st.State != engine.BatchCompleted {
+		e.t.Fatalf("batch %d: state %v, err %v; want completed", id, st.State, st.Err)
+	}
+	if st.BytesDone != b.Bytes() {
+		e.t.Errorf("batch %d: BytesDone %d, want %d", id, st.BytesDone, b.Bytes())
+	}
+	seg.Release(id)
+	for _, r := range b.Requests {
+		e.expect(r)
+	}
+}
+
+// wait waits for a terminal state within the case deadline.
+func (e *env) wait(seg engine.Segment, id engine.BatchID) engine.BatchStatus {
+	e.t.Helper()
+	st, err := seg.Wait(e.ctx, id)
+	if err != nil {
+		e.t.Fatalf("Wait(batch %d): %v (state %v) — the transport hung", id, err, st.State)
+	}
+	if !st.State.Terminal() {
+		e.t.Fatalf("Wait(batch %d) returned non-terminal state %v", id, st.State)
+	}
+	return st
+}
+
+// verify compares the receiver buffer (guards included) with the expected image.
+func (e *env) verify() {
+	e.t.Helper()
+	got := e.dstBuf.Bytes()
+	if bytes.Equal(got, e.expected) {
+		return
+	}
+	for i := range got {
+		if got[i] != e.expected[i] {
+			where := "inside the region"
+			if i < guard || i >= guard+len(e.dst) {
+				where = "OUTSIDE the registered region"
+			}
+			e.t.Fatalf("receiver byte %d (region offset %d, %s) = %#02x, want %#02x", i, i-guard, where, got[i], e.expected[i])
+		}
+	}
+}
+
+// refused submits b and requires it to be refused with an error wrapping one
+// of want, either by Submit or as a failed batch.
+func (e *env) refused(seg engine.Segment, b *engine.TransferBatch, want ...error) {
+	e.t.Helper()
+	id, err := seg.Submit(e.ctx, b)
+	if err == nil {
+		st := e.wait(seg, id)
+		seg.Release(id)
+		if st.State != engine.BatchFailed {
+			e.t.Fatalf("invalid write: batch ended %v, want failed (refused)", st.State)
+		}
+		err = st.Err
+	}
+	for _, w := range want {
+		if errors.Is(err, w) {
+			e.t.Logf("refused as expected: %v", err)
+			return
+		}
+	}
+	e.t.Fatalf("invalid write refused with %v; want an error wrapping one of %v", err, want)
+}
+
+func fillRandom(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed*7919))
+	var block [1 << 16]byte
+	for i := 0; i < len(block); i += 8 {
+		binary.LittleEndian.PutUint64(block[i:], r.Uint64())
+	}
+	for off := 0; off < len(b); off += len(block) {
+		n := copy(b[off:], block[:])
+		if n >= 8 { // tag each 64 KiB with its index so misplaced blocks show
+			binary.LittleEndian.PutUint64(b[off:], uint64(off)^seed<<56)
+		}
+	}
+}
+
+func (s *suite) registerDeregister(t *testing.T) {
+	e := s.newEnv(t, 1<<16, 1<<16)
+	if e.dstDesc.Length != 1<<16 {
+		t.Errorf("receiver RegionDesc.Length = %d, want %d", e.dstDesc.Length, 1<<16)
+	}
+	if e.srcDesc.ID == 0 && e.dstDesc.ID == 0 {
+		t.Logf("note: region IDs are 0")
+	}
+	extra, err := engine.AllocHost("transporttest-extra", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	d1, err := e.r.RegisterMemory(extra.Memory())
+	if err != nil {
+		t.Fatalf("RegisterMemory second region: %v", err)
+	}
+	if d1.ID == e.dstDesc.ID {
+		t.Errorf("two live regions share ID %d", d1.ID)
+	}
+	if err := e.r.DeregisterMemory(d1.ID); err != nil {
+		t.Fatalf("DeregisterMemory(%d): %v", d1.ID, err)
+	}
+	if err := e.r.DeregisterMemory(d1.ID); !errors.Is(err, engine.ErrUnknownRegion) {
+		t.Errorf("second DeregisterMemory(%d) = %v, want ErrUnknownRegion", d1.ID, err)
+	}
+	if err := e.r.DeregisterMemory(0xFFFFFF00); !errors.Is(err, engine.ErrUnknownRegion) {
+		t.Errorf("DeregisterMemory(unknown) = %v, want ErrUnknownRegion", err)
+	}
+	if _, err := e.r.RegisterMemory(engine.Memory{Addr: extra.Addr(), Length: 0, FD: -1}); err == nil {
+		t.Errorf("RegisterMemory with length 0 succeeded; want an error")
+	}
+	// Re-register after deregistration works and the region is usable.
+	d2, err := e.r.RegisterMemory(extra.Memory())
+	if err != nil {
+		t.Fatalf("re-RegisterMemory: %v", err)
+	}
+	seg := e.open(d2)
+	defer seg.Close()
+	id, err := seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: e.src.Addr(), Remote: d2.ID, Length: 1 << 16}}})
+	if err != nil {
+		t.Fatalf("Submit to re-registered region: %v", err)
+	}
+	if st := e.wait(seg, id); st.State != engine.BatchCompleted {
+		t.Fatalf("write to re-registered region: %v %v", st.State, st.Err)
+	}
+	if !bytes.Equal(extra.Bytes(), e.src.Bytes()[:1<<16]) {
+		t.Fatalf("re-registered region content differs from the source")
+	}
+	if err := e.r.DeregisterMemory(d2.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *suite) writeSizes(t *testing.T) {
+	const mib = 1 << 20
+	e := s.newEnv(t, 16*mib, 16*mib)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 2, 7, 63, 4096, 4097, 65536 + 3, mib, mib + 1, 4*mib + 1, 9*mib + 13, 16 * mib} {
+		so := rng.IntN(16*mib - n + 1)
+		do := rng.IntN(16*mib - n + 1)
+		t.Run(fmt.Sprintf("bytes=%d", n), func(t *testing.T) {
+			e.t = t
+			e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(so, do, n)}})
+			e.verify()
+		})
+	}
+	// Edges of the region: first and last byte.
+	e.t = t
+	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(5, 0, 1), e.write(9, 16*mib-1, 1)}})
+	e.verify()
+}
+
+func (s *suite) multiRequestBatch(t *testing.T) {
+	e := s.newEnv(t, 4<<20, 4<<20)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var b engine.TransferBatch
+	// 64 non-overlapping destination slots of 64 KiB, random lengths.
+	for i := 0; i < 64; i++ {
+		n := 1 + rng.IntN(64<<10)
+		b.Requests = append(b.Requests, e.write(rng.IntN(4<<20-n), i*(64<<10), n))
+	}
+	e.run(e.seg, &b)
+	e.verify()
+}
+
+func (s *suite) strided(t *testing.T) {
+	e := s.newEnv(t, 1<<20, 1<<20)
+	cases := []engine.WriteRequest{
+		// TP-mismatch head slicing: 16 blocks of 256 B, packed on the sender,
+		// spread on the receiver.
+		{Local: e.src.Addr() + 100, RemoteOffset: 0, Length: 256, Count: 16, LocalStride: 256, RemoteStride: 1024},
+		// Spread on both sides, odd sizes.
+		{Local: e.src.Addr() + 7, RemoteOffset: 65536 + 3, Length: 129, Count: 33, LocalStride: 300, RemoteStride: 129},
+		// Many blocks (one descriptor).
+		{Local: e.src.Addr(), RemoteOffset: 200000, Length: 128, Count: 2048, LocalStride: 256, RemoteStride: 384},
+		// Count 1 behaves as contiguous.
+		{Local: e.src.Addr() + 11, RemoteOffset: 1<<20 - 4096, Length: 4096, Count: 1, LocalStride: 99999, RemoteStride: 99999},
+	}
+	for i, r := range cases {
+		r.Remote = e.dstDesc.ID
+		t.Run(fmt.Sprintf("case%d/count=%d/len=%d", i, r.Count, r.Length), func(t *testing.T) {
+			e.t = t
+			e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+			e.verify()
+		})
+	}
+}
+
+func (s *suite) outOfBoundsSender(t *testing.T) {
+	e := s.newEnv(t, 1<<20, 1<<20)
+	n := int(e.dstDesc.Length)
+	bad := []engine.WriteRequest{
+		e.write(0, n-10, 11),      // one byte past the end
+		e.write(0, n, 1),          // starts at the end
+		e.write(0, 1<<62, 4096),   // far away
+		e.write(0, n-4096, 1<<20), // long
+		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: uint64(n) - 4096, Length: 512, Count: 8, LocalStride: 512, RemoteStride: 1024}, // strided tail past the end
+		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: 0, Length: 8, Count: 4, LocalStride: 8, RemoteStride: 1 << 63},                  // stride overflow
+	}
+	for i, r := range bad {
+		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
+			e.t = t
+			_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 64), r}})
+			if !errors.Is(err, engine.ErrOutOfBounds) {
+				t.Fatalf("Submit of a write past the advertised region: err = %v, want ErrOutOfBounds at once", err)
+			}
+			e.verify() // nothing sent, not even the valid first request
+		})
+	}
+	t.Run("local-outside-registered", func(t *testing.T) {
+		e.t = t
+		for _, r := range []engine.WriteRequest{
+			{Local: e.src.Addr() + uintptr(e.src.Len()) - 10, Remote: e.dstDesc.ID, Length: 11},
+			{Local: e.src.Addr() - 4096, Remote: e.dstDesc.ID, Length: 16},
+			{Local: e.src.Addr(), Remote: e.dstDesc.ID, Length: 16, Count: 3, LocalStride: uint64(e.src.Len()), RemoteStride: 16},
+		} {
+			_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+			if !errors.Is(err, engine.ErrOutOfBounds) {
+				t.Errorf("Submit from local %#x (+%d) outside the registered source: err = %v, want ErrOutOfBounds", r.Local, r.Length, err)
+			}
+		}
+		e.verify()
+	})
+	t.Run("still-usable", func(t *testing.T) {
+		e.t = t
+		e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, n-4096, 4096)}})
+		e.verify()
+	})
+}
+
+// outOfBoundsReceiver forges a SegmentInfo that claims a longer region, so
+// only the receiving side can refuse.
+func (s *suite) outOfBoundsReceiver(t *testing.T) {
+	e := s.newEnv(t, 1<<20, 1<<20)
+	n := int(e.dstDesc.Length)
+	forged := e.dstDesc
+	forged.Length += 1 << 20
+	seg := e.open(forged)
+	defer seg.Close()
+	bad := []engine.WriteRequest{
+		e.write(0, n-10, 11),
+		e.write(0, n, guard),
+		e.write(0, n-(1<<19), 1<<20), // half in, half out: nothing may land
+		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: uint64(n) - 2048, Length: 512, Count: 8, LocalStride: 512, RemoteStride: 1024},
+	}
+	for i, r := range bad {
+		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
+			e.t = t
+			e.refused(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}}, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+			e.verify()
+			// The same segment keeps working after a refusal.
+			e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(i*4096, i*4096, 4096)}})
+			e.verify()
+		})
+	}
+}
+
+func (s *suite) unknownRegion(t *testing.T) {
+	e := s.newEnv(t, 1<<16, 1<<16)
+	t.Run("sender", func(t *testing.T) {
+		e.t = t
+		r := e.write(0, 0, 16)
+		r.Remote = e.dstDesc.ID + 1000
+		_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+		if !errors.Is(err, engine.ErrUnknownRegion) {
+			t.Fatalf("Submit to a region not in the SegmentInfo: err = %v, want ErrUnknownRegion", err)
+		}
+	})
+	t.Run("receiver", func(t *testing.T) {
+		e.t = t
+		fake := e.dstDesc
+		fake.ID = e.dstDesc.ID + 1000
+		seg := e.open(e.dstDesc, fake)
+		defer seg.Close()
+		r := e.write(0, 0, 4096)
+		r.Remote = fake.ID
+		e.refused(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}}, engine.ErrUnknownRegion, engine.ErrOutOfBounds)
+		e.verify()
+		e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+		e.verify()
+	})
+}
+
+func (s *suite) deregistered(t *testing.T) {
+	e := s.newEnv(t, 1<<16, 1<<16)
+	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	e.verify()
+	if err := e.r.DeregisterMemory(e.dstDesc.ID); err != nil {
+		t.Fatalf("DeregisterMemory: %v", err)
+	}
+	e.refused(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 4096, 4096)}}, engine.ErrUnknownRegion, engine.ErrOutOfBounds)
+	e.verify()
+}
+
+func (s *suite) concurrent(t *testing.T) {
+	const workers, batches, slot = 8, 16, 512 << 10
+	e := s.newEnv(t, 4<<20, workers*slot)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var all []engine.WriteRequest
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 77))
+			for i := 0; i < batches; i++ {
+				var b engine.TransferBatch
+				// Requests inside a batch never overlap: disjoint 64 KiB cells.
+				cells := rng.Perm(slot / (64 << 10))[:1+rng.IntN(8)]
+				for _, c := range cells {
+					n := 1 + rng.IntN(64<<10)
+					b.Requests = append(b.Requests, e.write(rng.IntN(4<<20-n), w*slot+c*(64<<10), n))
+				}
+				id, err := e.seg.Submit(e.ctx, &b)
+				if err != nil {
+					errs <- fmt.Errorf("worker %d batch %d: Submit: %w", w, i, err)
+					return
+				}
+				st, err := e.seg.Wait(e.ctx, id)
+				if err != nil || st.State != engine.BatchCompleted {
+					errs <- fmt.Errorf("worker %d batch %d: state %v err %v wait %v", w, i, st.State, st.Err, err)
+					return
+				}
+				e.seg.Release(id)
+				mu.Lock()
+				all = append(all, b.Requests...) // applied in completion order per worker
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		e.expect(r)
+	}
+	e.verify()
+}
+
+func (s *suite) pollWaitRelease(t *testing.T) {
+	e := s.newEnv(t, 1<<20, 1<<20)
+	b := &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 1<<20)}}
+	id, err := e.seg.Submit(e.ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Poll never blocks and never goes backwards.
+	for {
+		st, err := e.seg.Poll(id)
+		if err != nil {
+			t.Fatalf("Poll: %v", err)
+		}
+		if st.State.Terminal() {
+			break
+		}
+		if e.ctx.Err() != nil {
+			t.Fatalf("batch never reached a terminal state by polling")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	st := e.wait(e.seg, id)
+	if st.State != engine.BatchCompleted || st.BytesDone != 1<<20 || st.Err != nil {
+		t.Fatalf("Wait = %+v, want completed with %d bytes and no error", st, 1<<20)
+	}
+	for i := 0; i < 3; i++ { // a terminal status is returned until Release
+		if st2, err := e.seg.Poll(id); err != nil || st2.State != engine.BatchCompleted {
+			t.Fatalf("Poll after completion = %+v, %v", st2, err)
+		}
+	}
+	e.seg.Release(id)
+	if _, err := e.seg.Poll(id); !errors.Is(err, engine.ErrUnknownBatch) {
+		t.Errorf("Poll after Release: %v, want ErrUnknownBatch", err)
+	}
+	if _, err := e.seg.Wait(e.ctx, id); !errors.Is(err, engine.ErrUnknownBatch) {
+		t.Errorf("Wait after Release: %v, want ErrUnknownBatch", err)
+	}
+	if err := e.seg.Cancel(id); !errors.Is(err, engine.ErrUnknownBatch) {
+		t.Errorf("Cancel after Release: %v, want ErrUnknownBatch", err)
+	}
+	e.seg.Release(id) // twice: harmless
+	if _, err := e.seg.Poll(12345678); !errors.Is(err, engine.ErrUnknownBatch) {
+		t.Errorf("Poll(never submitted): %v, want ErrUnknownBatch", err)
+	}
+	// Wait honours its context.
+	expired, cancel := context.WithCancel(e.ctx)
+	cancel()
+	id2, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.seg.Wait(expired, id2); err == nil && !st.State.Terminal() {
+		t.Errorf("Wait with a canceled context returned nil error and a pending state")
+	}
+	e.wait(e.seg, id2)
+	e.seg.Release(id2)
+}
+
+func (s *suite) cancel(t *testing.T) {
+	const mib = 1 << 20
+	e := s.newEnv(t, 64*mib, 64*mib)
+	var b engine.TransferBatch
+	for i := 0; i < 64; i++ {
+		b.Requests = append(b.Requests, e.write(i*mib, i*mib, mib))
+	}
+	id, err := e.seg.Submit(e.ctx, &b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.seg.Cancel(id); err != nil {
+		t.Fatalf("Cancel: %v", err)
+	}
+	st := e.wait(e.seg, id)
+	switch st.State {
+	case engine.BatchCanceled:
+		if !errors.Is(st.Err, engine.ErrCanceled) {
+			t.Errorf("canceled batch Err = %v, want ErrCanceled", st.Err)
+		}
+		t.Logf("canceled after %d of %d bytes", st.BytesDone, b.Bytes())
+	case engine.BatchCompleted:
+		t.Logf("batch completed before Cancel took effect (allowed: best effort)")
+	default:
+		t.Fatalf("after Cancel: state %v err %v, want canceled or completed", st.State, st.Err)
+	}
+	e.seg.Release(id)
+	if err := e.seg.Cancel(999999); !errors.Is(err, engine.ErrUnknownBatch) {
+		t.Errorf("Cancel(unknown) = %v, want ErrUnknownBatch", err)
+	}
+	// The segment stays usable; rewrite everything and verify.
+	var again engine.TransferBatch
+	for i := 0; i < 64; i++ {
+		again.Requests = append(again.Requests, e.write(i*mib, i*mib, mib))
+	}
+	e.run(e.seg, &again)
+	e.verify()
+}
+
+func (s *suite) closeIdempotent(t *testing.T) {
+	e := s.newEnv(t, 1<<16, 1<<16)
+	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	if err := e.seg.Close(); err != nil {
+		t.Fatalf("segment Close: %v", err)
+	}
+	if err := e.seg.Close(); err != nil {
+		t.Fatalf("second segment Close: %v", err)
+	}
+	if _, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 16)}}); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Submit after segment Close = %v, want ErrClosed", err)
+	}
+	for _, tr := range []engine.Transport{e.s, e.r} {
+		if err := tr.Close(); err != nil {
+			t.Fatalf("%s Close: %v", tr.Name(), err)
+		}
+		if err := tr.Close(); err != nil {
+			t.Fatalf("second %s Close: %v", tr.Name(), err)
+		}
+		if _, err := tr.RegisterMemory(e.src.Memory()); err == nil {
+			t.Errorf("RegisterMemory after Close succeeded; want an error")
+		}
+	}
+	e.verify()
+}
+
+// streamUntilLost submits batches of 8 MiB back to back on seg, calls stop
+// after the first completes, and requires a batch (or Submit) to fail with
+// ErrPeerLost within PeerLostWithin of stop, every batch terminal.
+func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg engine.Segment, mk func(i int) *engine.TransferBatch, stop func()) {
+	t.Helper()
+	var stopped time.Time
+	stopDone := make(chan struct{})
+	defer func() {
+		if !stopped.IsZero() {
+			<-stopDone
+		}
+	}()
+	for i := 0; ; i++ {
+		id, err := seg.Submit(ctx, mk(i))
+		if err == nil {
+			var st engine.BatchStatus
+			st, err = seg.Wait(ctx, id)
+			if err != nil {
+				t.Fatalf("batch %d: Wait: %v (state %v) — hung after the peer went away", i, err, st.State)
+			}
+			seg.Release(id)
+			switch st.State {
+			case engine.BatchCompleted:
+				err = nil
+			case engine.BatchFailed:
+				err = st.Err
+			default:
+				t.Fatalf("batch %d ended %v (%v); want completed or failed", i, st.State, st.Err)
+			}
+		}
+		if err != nil {
+			if stopped.IsZero() {
+				t.Fatalf("batch %d failed before the peer went away: %v", i, err)
+			}
+			if !errors.Is(err, engine.ErrPeerLost) {
+				t.Fatalf("after the peer went away: %v; want an error wrapping ErrPeerLost", err)
+			}
+			if d := time.Since(stopped); d > s.cfg.PeerLostWithin {
+				t.Fatalf("peer loss reported %v after it happened; want within %v", d, s.cfg.PeerLostWithin)
+			}
+			t.Logf("batch %d: %v", i, err)
+			return
+		}
+		if stopped.IsZero() {
+			// Stop the peer while the next batch is in flight.
+			go func() { defer close(stopDone); time.Sleep(time.Millisecond); stop() }()
+			stopped = time.Now()
+		} else if time.Since(stopped) > s.cfg.PeerLostWithin {
+			t.Fatalf("batches still complete %v after the peer went away", time.Since(stopped))
+		}
+	}
+}
+
+func (s *suite) peerCloses(t *testing.T) {
+	const mib = 1 << 20
+	e := s.newEnv(t, 8*mib, 8*mib)
+	mk := func(int) *engine.TransferBatch {
+		var b engine.TransferBatch
+		for j := 0; j < 8; j++ {
+			b.Requests = append(b.Requests, e.write(j*mib, j*mib, mib))
+		}
+		return &b
+	}
+	stop := func() {
+		if s.cfg.Kill != nil {
+			s.cfg.Kill(t, e.r)
+		} else if err := e.r.Close(); err != nil {
+			t.Errorf("receiver Close: %v", err)
+		}
+	}
+	s.streamUntilLost(t, e.ctx, e.seg, mk, stop)
+}
+
+func (s *suite) peerKilled(t *testing.T) {
+	if s.cfg.RemotePeer == nil {
+		t.Skip("no RemotePeer hook given (transporttest.WithRemotePeer): the cross-process kill case needs one")
+	}
+	const mib = 1 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
+	defer cancel()
+	src, err := engine.AllocHost("transporttest-src", 8*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	fillRandom(src.Bytes(), 9)
+	sender, recv := s.newPair(t)
+	defer recv.Close()
+	defer sender.Close()
+	if _, err := sender.RegisterMemory(src.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	info, kill := s.cfg.RemotePeer(t, 8*mib)
+	if len(info.Regions) == 0 || info.Regions[0].Length < 8*mib {
+		t.Fatalf("RemotePeer returned %d regions; want one of at least %d bytes", len(info.Regions), 8*mib)
+	}
+	seg, err := sender.OpenSegment(ctx, info)
+	if err != nil {
+		kill()
+		t.Fatalf("OpenSegment to the remote peer: %v", err)
+	}
+	defer seg.Close()
+	dst := info.Regions[0].ID
+	mk := func(int) *engine.TransferBatch {
+		var b engine.TransferBatch
+		for j := 0; j < 8; j++ {
+			b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(j*mib), Remote: dst, RemoteOffset: uint64(j * mib), Length: mib})
+		}
+		return &b
+	}
+	s.streamUntilLost(t, ctx, seg, mk, kill)
+}
+
+func (s *suite) large(t *testing.T) {
+	if testing.Short() {
+		t.Skip("large transfer skipped under -short")
+	}
+	n := int(s.cfg.LargeBytes) &^ (1<<20 - 1)
+	if n <= 0 {
+		t.Skip("large transfer disabled (LargeBytes <= 0)")
+	}
+	e := s.newEnv(t, n, n)
+	// First half as one request (the transport splits it as it likes), the
+	// second half as 1 MiB requests (the KV page-run shape).
+	half := n / 2 &^ (1<<20 - 1)
+	b := engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, half)}}
+	for off := half; off < n; off += 1 << 20 {
+		b.Requests = append(b.Requests, e.write(off, off, 1<<20))
+	}
+	start := time.Now()
+	id, err := e.seg.Submit(e.ctx, &b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := e.wait(e.seg, id)
+	el := time.Since(start)
+	if st.State != engine.BatchCompleted || st.BytesDone != uint64(n) {
+		t.Fatalf("large batch: %v, %d of %d bytes, err %v", st.State, st.BytesDone, n, st.Err)
+	}
+	t.Logf("%d MiB in %v (%.2f GB/s, informational)", n>>20, el, float64(n)/el.Seconds()/1e9)
+	if !bytes.Equal(e.dst, e.src.Bytes()[:n]) {
+		for i := range e.dst {
+			if e.dst[i] != e.src.Bytes()[i] {
+				t.Fatalf("large transfer: first difference at byte %d", i)
+			}
+		}
+	}
+	g := e.dstBuf.Bytes()
+	if !bytes.Equal(g[:guard], e.expected[:guard]) || !bytes.Equal(g[guard+n:], e.expected[guard+n:]) {
+		t.Fatalf("large transfer wrote outside the region")
+	}
+}

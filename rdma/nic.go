@@ -27,7 +27,10 @@ type Port struct {
 	State string `json:"state"`
 	// LinkLayer is "Ethernet" (RoCE) or "InfiniBand".
 	LinkLayer string `json:"link_layer"`
-	// GIDs are the populated GID table entries.
+	// GIDTableLen is the number of GID table entries (populated or not); an
+	// explicit GID index must be below it.
+	GIDTableLen int `json:"gid_table_len"`
+	// GIDs are the populated (non-zero) GID table entries, by index.
 	GIDs []GID `json:"gids,omitempty"`
 }
 

@@ -145,7 +145,23 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		if d.Length == 0 || d.Length > 1<<46 {
 			return nil, fmt.Errorf("shm: region %d: length %d bytes out of range", d.ID, d.Length)
 		}
-		r, err := mapPeerFD(pid, int(k.FD), k.Dev, k.Ino, k.Offset, d.Length)
+		// Trust the receiver's control slot over the advertised descriptor:
+		// a region it does not hold (or holds elsewhere) gets no mapping and
+		// is refused at Submit; a longer claim is cut to the true length.
+		length := d.Length
+		if int(d.ID) < MaxRegions {
+			trueLen := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)])
+			trueOff := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)+1])
+			if trueLen == 0 || trueOff != k.Offset {
+				s.regions[d.ID] = &remoteRegion{}
+				continue
+			}
+			length = min(length, trueLen)
+		} else {
+			s.regions[d.ID] = &remoteRegion{}
+			continue
+		}
+		r, err := mapPeerFD(pid, int(k.FD), k.Dev, k.Ino, k.Offset, length)
 		if err != nil {
 			return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
 		}
@@ -284,17 +300,22 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	var total uint64
 	for i, r := range tb.Requests {
 		rr, ok := s.regions[r.Remote]
-		if !ok || int(r.Remote) >= MaxRegions || atomic.LoadUint64(&s.ctlWord[ctlSlots+int(r.Remote)]) == 0 {
-			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or deregistered by the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+		var live uint64
+		if ok && rr.data != nil {
+			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
 		}
+		if live == 0 {
+			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+		}
+		limit := min(uint64(len(rr.data)), live)
 		n := r.Blocks()
 		if r.Length == 0 {
 			continue
 		}
 		// Last block's end, with overflow checks, for both sides.
 		rEnd, ok1 := spanEnd(r.RemoteOffset, r.RemoteStride, r.Length, n)
-		if !ok1 || rEnd > uint64(len(rr.data)) {
-			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, len(rr.data), engine.ErrOutOfBounds)
+		if !ok1 || rEnd > limit {
+			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes registered): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, engine.ErrOutOfBounds)
 		}
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
@@ -466,6 +487,9 @@ func (s *segment) Close() error {
 func (s *segment) release() error {
 	var errs []error
 	for id, r := range s.regions {
+		if r.mapping == nil {
+			continue
+		}
 		if err := unix.Munmap(r.mapping); err != nil {
 			errs = append(errs, fmt.Errorf("shm: unmap region %d: %w", id, err))
 		}

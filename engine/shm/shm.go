@@ -27,8 +27,10 @@
 // request against the mapped region length and the sender's own registered
 // regions before copying anything; a request outside either is refused with
 // engine.ErrOutOfBounds and nothing is written. A region the receiver has
-// deregistered is refused with engine.ErrUnknownRegion (the control memfd
-// holds a registered flag per region ID, loaded before each batch).
+// deregistered is refused with engine.ErrUnknownRegion: the receiver's control
+// memfd holds each live region's true length and memfd offset, which the
+// sender loads before each batch, so a SegmentInfo forged to claim a longer or
+// unregistered region cannot write past what the receiver registered.
 //
 // # Ordering (completion and commit)
 //
@@ -80,8 +82,8 @@ const MaxRegions = 1 << 16
 const (
 	ctlState     = 0 // 0 = not ready, 1 = open, 2 = closed
 	ctlCommitted = 1 // bytes committed by all senders (atomic add)
-	ctlSlots     = 8 // first region slot: word ctlSlots+id is 1 while region id is registered
-	ctlWords     = ctlSlots + MaxRegions
+	ctlSlots     = 8 // region slots: words ctlSlots+2*id (length in bytes, 0 = not registered) and +1 (offset in its memfd)
+	ctlWords     = ctlSlots + 2*MaxRegions
 	ctlBytes     = ctlWords * 8
 
 	stateOpen   = 1
@@ -252,7 +254,8 @@ func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	key := regionKey{FD: uint32(dup), Offset: m.FDOffset, Dev: uint64(st.Dev), Ino: st.Ino}
 	desc := engine.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: engine.MemoryHost, Key: key.encode()}
 	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup}
-	atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 1)
+	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)+1], m.FDOffset)
+	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], m.Length) // release: the slot is complete
 	return desc, nil
 }
 
@@ -265,7 +268,7 @@ func (t *transport) DeregisterMemory(id engine.RegionID) error {
 	if !ok {
 		return fmt.Errorf("shm: deregister region %d: %w", id, engine.ErrUnknownRegion)
 	}
-	atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 0)
+	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
 	unix.Close(r.fd)
 	return nil
@@ -314,7 +317,7 @@ func (t *transport) Close() error {
 	defer t.mu.Unlock()
 	atomic.StoreUint64(&t.ctlWord[ctlState], stateClosed)
 	for id, r := range t.regions {
-		atomic.StoreUint64(&t.ctlWord[ctlSlots+int(id)], 0)
+		atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 		unix.Close(r.fd)
 	}
 	t.regions = map[engine.RegionID]*localRegion{}

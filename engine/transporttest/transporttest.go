@@ -454,7 +454,7 @@ func (s *suite) outOfBoundsSender(t *testing.T) {
 		e.write(0, 1<<62, 4096),   // far away
 		e.write(0, n-4096, 1<<20), // long
 		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: uint64(n) - 4096, Length: 512, Count: 8, LocalStride: 512, RemoteStride: 1024}, // strided tail past the end
-		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: 0, Length: 8, Count: 4, LocalStride: 8, RemoteStride: 1 << 63},                  // stride overflow
+		{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: 0, Length: 8, Count: 4, LocalStride: 8, RemoteStride: 1 << 63},                 // stride overflow
 	}
 	for i, r := range bad {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {

@@ -1,0 +1,91 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/kvxfer/kvxfer/cuda"
+)
+
+// cudaRing is ring memory a GPU can read: a memfd-backed HostBuffer (so the
+// shm transport can still share it by fd) page-locked and mapped into the
+// device's address space with cudaHostRegister(Mapped|Portable).
+type cudaRing struct {
+	*HostBuffer
+	mu   sync.Mutex
+	dev  int
+	dptr cuda.DevicePtr
+}
+
+// DevicePtr returns the ring's device alias (0 after Close).
+func (r *cudaRing) DevicePtr() uintptr {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return uintptr(r.dptr)
+}
+
+// Close unregisters the memory from CUDA, then unmaps it; idempotent.
+func (r *cudaRing) Close() error {
+	r.mu.Lock()
+	d := r.dptr
+	r.dptr = 0
+	r.mu.Unlock()
+	var uerr error
+	if d != 0 {
+		uerr = cuda.UnregisterHost(r.dev, r.Bytes())
+	}
+	if err := r.HostBuffer.Close(); err != nil {
+		return err
+	}
+	if uerr != nil {
+		return fmt.Errorf("engine: metadata ring: unregister from cuda:%d: %w", r.dev, uerr)
+	}
+	return nil
+}
+
+// CUDARingMemory returns a RingAllocator that places the metadata ring where
+// a kernel on CUDA device dev can read it: AllocHost memory registered with
+// cudaHostRegister (mapped, portable), so RingMemory.DevicePtr is the
+// device alias of the ring's first byte and the same bytes stay shareable
+// by fd. When CUDA is not supported on this host (no library, no device, no
+// cgo) it returns plain AllocHost memory with DevicePtr 0, so callers keep
+// one code path. A CUDA probe failure or a failed registration is an error
+// that names the device.
+func CUDARingMemory(dev int) RingAllocator {
+	return func(size int) (RingMemory, error) {
+		if err := cuda.Available(); err != nil {
+			if errors.Is(err, cuda.ErrNotSupported) {
+				return HostRingMemory(size)
+			}
+			return nil, fmt.Errorf("engine: metadata ring on cuda:%d: %w", dev, err)
+		}
+		b, err := AllocHost("meta-ring", int64(size))
+		if err != nil {
+			return nil, err
+		}
+		d, err := cuda.RegisterHost(dev, b.Bytes())
+		if err != nil {
+			b.Close()
+			return nil, fmt.Errorf("engine: metadata ring: make %d bytes GPU-visible on cuda:%d: %w", b.Len(), dev, err)
+		}
+		return &cudaRing{HostBuffer: b, dev: dev, dptr: d}, nil
+	}
+}
+
+// AutoRingMemory is the RingAllocator to use by default: GPU-visible memory
+// on the device named by KVXFER_RING_DEVICE (default 0) when CUDA is present,
+// plain host memory otherwise (see CUDARingMemory).
+func AutoRingMemory(size int) (RingMemory, error) {
+	dev := 0
+	if v := os.Getenv("KVXFER_RING_DEVICE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("engine: KVXFER_RING_DEVICE=%q: want a CUDA device ordinal (0, 1, ...)", v)
+		}
+		dev = n
+	}
+	return CUDARingMemory(dev)(size)
+}

@@ -1,0 +1,620 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// Control frames: kvxfer's own versioned ZeroMQ multipart messages (PUSH →
+// PULL, like SGLang's control channel, spec §5.1). Every message starts with
+//
+//	frame 0: "KVXFER"   (ControlMagic)
+//	frame 1: "1"        (ControlVersion, ASCII decimal)
+//	frame 2: message type ("REGISTER", "TRANSFER", "ABORT", "STATUS",
+//	         "HANDSHAKE", "HANDSHAKE_ACK", "PING")
+//
+// followed by the type's fields, one per frame. Scalars are ASCII decimals;
+// arrays are little-endian packed integers (SGLang's conventions), so a
+// capture stays readable. Decoders reject an unknown magic, version or type and
+// any malformed field with an error that names the frame, and never panic.
+const (
+	// ControlMagic is frame 0 of every control message.
+	ControlMagic = "KVXFER"
+	// ControlVersion is the protocol version in frame 1.
+	ControlVersion = 1
+)
+
+// Control message types (frame 2).
+const (
+	MsgRegister     = "REGISTER"
+	MsgTransfer     = "TRANSFER"
+	MsgAbort        = "ABORT"
+	MsgStatus       = "STATUS"
+	MsgHandshake    = "HANDSHAKE"
+	MsgHandshakeAck = "HANDSHAKE_ACK"
+	MsgPing         = "PING"
+)
+
+// Decoder limits: anything larger is rejected as malformed.
+const (
+	maxPages       = 1 << 24
+	maxBuffers     = 1 << 16
+	maxTransports  = 8
+	maxRegions     = 64
+	maxKeyBytes    = 1 << 16
+	maxBlobBytes   = 1 << 20
+	maxStringBytes = 4096
+)
+
+// ErrBadFrame is wrapped by every control-frame decoding error.
+var ErrBadFrame = errors.New("engine: malformed control frame")
+
+func badFrame(msg string, idx int, format string, a ...any) error {
+	return fmt.Errorf("%w: %s frame %d: %s", ErrBadFrame, msg, idx, fmt.Sprintf(format, a...))
+}
+
+// RegisterMsg (decode → prefill, once per connection): the decode rank's KV
+// arguments, as SGLang's KV-args registration (spec §5.2.1) carries them.
+//
+//	3 endpoint       decode control endpoint "tcp://ip:port" (its session id)
+//	4 tp_rank        5 tp_size
+//	6 start_layer    7 end_layer      8 num_layers (model total)
+//	9 mla (0/1)      10 page_size (tokens)
+//	11 item_len (bytes per page per buffer)   12 num_pages
+//	13 heads_per_rank
+//	14 buffer_offsets  packed u64: byte offset of each layer buffer in the KV region
+//	15 ring_slots    16 transport count n, then per transport 3 frames:
+//	   name, endpoint blob, region table (packed: u32 count, then per region
+//	   u32 id, u64 addr, u64 length, u8 kind, u32 key length, key bytes);
+//	   region 0 is the KV pool, region 1 the metadata ring.
+type RegisterMsg struct {
+	Endpoint                       string
+	TPRank, TPSize                 int
+	StartLayer, EndLayer, NumLayer int
+	MLA                            bool
+	PageSize                       int
+	ItemLen                        uint64
+	NumPages                       int
+	HeadsPerRank                   int
+	BufferOffsets                  []uint64
+	RingSlots                      int
+	Transports                     []TransportOffer
+}
+
+// TransportOffer is one transport a decode rank opened: its name, its
+// endpoint blob (Transport.Endpoint) and its registered regions (KV pool,
+// metadata ring).
+type TransportOffer struct {
+	Name     string
+	Endpoint []byte
+	KV       RegionDesc
+	Ring     RegionDesc
+}
+
+// TransferMsg (decode → prefill, per request and per producer; spec §5.2.2):
+//
+//	3 room   4 decode endpoint
+//	5 destination page indices, packed int32 ("" for a dummy producer)
+//	6 metadata ring slot ("" for a dummy)   7 slot generation
+//	8 required_dst_info_num   9 checksum wanted (0/1)
+type TransferMsg struct {
+	Room               uint64
+	Endpoint           string
+	Pages              []int32
+	Dummy              bool
+	Slot               int
+	Generation         uint64
+	RequiredDstInfoNum int
+	Checksum           bool
+}
+
+// AbortMsg (either direction): 3 room, 4 sender endpoint, 5 reason.
+type AbortMsg struct {
+	Room     uint64
+	Endpoint string
+	Reason   string
+}
+
+// StatusMsg (prefill → decode, spec §5.2.3): 3 room, 4 KVPoll state (ASCII
+// decimal), 5 producer rank, 6 prefill endpoint, 7 failure reason ("" on
+// Success).
+type StatusMsg struct {
+	Room     uint64
+	State    KVPoll
+	Producer int
+	Endpoint string
+	Reason   string
+}
+
+// HandshakeMsg (prefill → decode, transports with CapHandshake): 3 prefill
+// endpoint, 4 transport name, 5 Segment.HandshakeReply blob. The decode feeds
+// it to the transport's Acceptor.Accept and answers HANDSHAKE_ACK.
+type HandshakeMsg struct {
+	Endpoint  string
+	Transport string
+	Reply     []byte
+}
+
+// HandshakeAckMsg (decode → prefill): 3 decode endpoint, 4 transport name,
+// 5 error text ("" when Accept succeeded).
+type HandshakeAckMsg struct {
+	Endpoint  string
+	Transport string
+	Err       string
+}
+
+// PingMsg (either direction, every heartbeat interval): 3 sender endpoint.
+// A peer silent for the peer timeout fails the rooms that wait on it.
+type PingMsg struct {
+	Endpoint string
+}
+
+func header(typ string) [][]byte {
+	return [][]byte{[]byte(ControlMagic), []byte(strconv.Itoa(ControlVersion)), []byte(typ)}
+}
+
+func dec(v uint64) []byte { return strconv.AppendUint(nil, v, 10) }
+func deci(v int) []byte   { return strconv.AppendInt(nil, int64(v), 10) }
+func b01(v bool) []byte {
+	if v {
+		return []byte("1")
+	}
+	return []byte("0")
+}
+
+// Encode returns the message's frames.
+func (m *RegisterMsg) Encode() [][]byte {
+	f := header(MsgRegister)
+	f = append(f, []byte(m.Endpoint), deci(m.TPRank), deci(m.TPSize), deci(m.StartLayer), deci(m.EndLayer), deci(m.NumLayer),
+		b01(m.MLA), deci(m.PageSize), dec(m.ItemLen), deci(m.NumPages), deci(m.HeadsPerRank), PackU64(m.BufferOffsets),
+		deci(m.RingSlots), deci(len(m.Transports)))
+	for _, t := range m.Transports {
+		f = append(f, []byte(t.Name), t.Endpoint, PackRegions([]RegionDesc{t.KV, t.Ring}))
+	}
+	return f
+}
+
+// Encode returns the message's frames.
+func (m *TransferMsg) Encode() [][]byte {
+	f := header(MsgTransfer)
+	pages, slot := PackI32(m.Pages), deci(m.Slot)
+	if m.Dummy {
+		pages, slot = []byte{}, []byte{}
+	}
+	return append(f, dec(m.Room), []byte(m.Endpoint), pages, slot, dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum))
+}
+
+// Encode returns the message's frames.
+func (m *AbortMsg) Encode() [][]byte {
+	return append(header(MsgAbort), dec(m.Room), []byte(m.Endpoint), []byte(m.Reason))
+}
+
+// Encode returns the message's frames.
+func (m *StatusMsg) Encode() [][]byte {
+	return append(header(MsgStatus), dec(m.Room), deci(int(m.State)), deci(m.Producer), []byte(m.Endpoint), []byte(m.Reason))
+}
+
+// Encode returns the message's frames.
+func (m *HandshakeMsg) Encode() [][]byte {
+	return append(header(MsgHandshake), []byte(m.Endpoint), []byte(m.Transport), m.Reply)
+}
+
+// Encode returns the message's frames.
+func (m *HandshakeAckMsg) Encode() [][]byte {
+	return append(header(MsgHandshakeAck), []byte(m.Endpoint), []byte(m.Transport), []byte(m.Err))
+}
+
+// Encode returns the message's frames.
+func (m *PingMsg) Encode() [][]byte {
+	return append(header(MsgPing), []byte(m.Endpoint))
+}
+
+// ControlType checks frames 0–1 (magic, version) and returns the message type
+// in frame 2. Errors wrap ErrBadFrame and say what was found.
+func ControlType(parts [][]byte) (string, error) {
+	if len(parts) < 3 {
+		return "", fmt.Errorf("%w: %d frames, want at least 3 (magic, version, type)", ErrBadFrame, len(parts))
+	}
+	if string(parts[0]) != ControlMagic {
+		return "", fmt.Errorf("%w: frame 0 is %q, want magic %q (not a kvxfer peer?)", ErrBadFrame, trunc(parts[0]), ControlMagic)
+	}
+	if string(parts[1]) != strconv.Itoa(ControlVersion) {
+		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, trunc(parts[1]), ControlVersion)
+	}
+	switch t := string(parts[2]); t {
+	case MsgRegister, MsgTransfer, MsgAbort, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
+		return t, nil
+	}
+	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, trunc(parts[2]))
+}
+
+func trunc(b []byte) string {
+	if len(b) > 32 {
+		return string(b[:32]) + "…"
+	}
+	return string(b)
+}
+
+// DecodeControl decodes any control message; it returns one of *RegisterMsg,
+// *TransferMsg, *AbortMsg, *StatusMsg, *HandshakeMsg, *HandshakeAckMsg,
+// *PingMsg. Errors wrap ErrBadFrame.
+func DecodeControl(parts [][]byte) (any, error) {
+	t, err := ControlType(parts)
+	if err != nil {
+		return nil, err
+	}
+	switch t {
+	case MsgRegister:
+		return DecodeRegister(parts)
+	case MsgTransfer:
+		return DecodeTransfer(parts)
+	case MsgAbort:
+		return DecodeAbort(parts)
+	case MsgStatus:
+		return DecodeStatus(parts)
+	case MsgHandshake:
+		return DecodeHandshake(parts)
+	case MsgHandshakeAck:
+		return DecodeHandshakeAck(parts)
+	default:
+		return DecodePing(parts)
+	}
+}
+
+// frameReader walks a message's frames, recording the first error.
+type frameReader struct {
+	msg   string
+	parts [][]byte
+	err   error
+}
+
+func newReader(parts [][]byte, typ string, minFrames int, exact bool) (*frameReader, error) {
+	t, err := ControlType(parts)
+	if err != nil {
+		return nil, err
+	}
+	if t != typ {
+		return nil, fmt.Errorf("%w: message type %s, want %s", ErrBadFrame, t, typ)
+	}
+	if len(parts) < minFrames || (exact && len(parts) != minFrames) {
+		return nil, fmt.Errorf("%w: %s has %d frames, want %d", ErrBadFrame, typ, len(parts), minFrames)
+	}
+	return &frameReader{msg: typ, parts: parts}, nil
+}
+
+func (r *frameReader) fail(i int, format string, a ...any) {
+	if r.err == nil {
+		r.err = badFrame(r.msg, i, format, a...)
+	}
+}
+
+func (r *frameReader) uint(i int, max uint64, name string) uint64 {
+	s := r.parts[i]
+	if len(s) == 0 || len(s) > 20 {
+		r.fail(i, "%s: want an ASCII decimal, got %q", name, trunc(s))
+		return 0
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			r.fail(i, "%s: want an ASCII decimal, got %q", name, trunc(s))
+			return 0
+		}
+	}
+	v, err := strconv.ParseUint(string(s), 10, 64)
+	if err != nil || v > max {
+		r.fail(i, "%s: %q out of range [0, %d]", name, trunc(s), max)
+		return 0
+	}
+	return v
+}
+
+func (r *frameReader) int(i, max int, name string) int { return int(r.uint(i, uint64(max), name)) }
+
+func (r *frameReader) bool(i int, name string) bool { return r.uint(i, 1, name) == 1 }
+
+func (r *frameReader) str(i int, name string) string {
+	if len(r.parts[i]) > maxStringBytes {
+		r.fail(i, "%s: %d bytes, longer than %d", name, len(r.parts[i]), maxStringBytes)
+		return ""
+	}
+	return string(r.parts[i])
+}
+
+func (r *frameReader) endpoint(i int) string {
+	s := r.str(i, "endpoint")
+	if r.err == nil && s == "" {
+		r.fail(i, "endpoint is empty")
+	}
+	return s
+}
+
+const maxRoom = 1<<63 - 1
+
+// DecodeRegister decodes a REGISTER message. Errors wrap ErrBadFrame.
+func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
+	r, err := newReader(parts, MsgRegister, 17, false)
+	if err != nil {
+		return nil, err
+	}
+	m := &RegisterMsg{
+		Endpoint:     r.endpoint(3),
+		TPRank:       r.int(4, 1<<16, "tp_rank"),
+		TPSize:       r.int(5, 1<<16, "tp_size"),
+		StartLayer:   r.int(6, 1<<16, "start_layer"),
+		EndLayer:     r.int(7, 1<<16, "end_layer"),
+		NumLayer:     r.int(8, 1<<16, "num_layers"),
+		MLA:          r.bool(9, "mla"),
+		PageSize:     r.int(10, 1<<20, "page_size"),
+		ItemLen:      r.uint(11, 1<<40, "item_len"),
+		NumPages:     r.int(12, maxPages, "num_pages"),
+		HeadsPerRank: r.int(13, 1<<16, "heads_per_rank"),
+		RingSlots:    r.int(15, 1<<20, "ring_slots"),
+	}
+	n := r.int(16, maxTransports, "transport count")
+	if r.err != nil {
+		return nil, r.err
+	}
+	switch {
+	case m.TPSize == 0 || m.TPRank >= m.TPSize:
+		r.fail(4, "tp_rank %d not in [0, tp_size %d)", m.TPRank, m.TPSize)
+	case m.StartLayer >= m.EndLayer || m.EndLayer > m.NumLayer:
+		r.fail(6, "layers [%d, %d) not inside [0, %d)", m.StartLayer, m.EndLayer, m.NumLayer)
+	case m.PageSize == 0 || m.ItemLen == 0 || m.NumPages == 0 || m.HeadsPerRank == 0 || m.RingSlots == 0:
+		r.fail(10, "page_size, item_len, num_pages, heads_per_rank and ring_slots must be > 0")
+	}
+	offs, err := UnpackU64(parts[14], maxBuffers)
+	if err != nil {
+		r.fail(14, "buffer_offsets: %v", err)
+	}
+	m.BufferOffsets = offs
+	want := m.EndLayer - m.StartLayer
+	if !m.MLA {
+		want *= 2
+	}
+	if r.err == nil && len(offs) != want {
+		r.fail(14, "buffer_offsets has %d entries, want %d for layers [%d, %d)", len(offs), want, m.StartLayer, m.EndLayer)
+	}
+	if r.err == nil && len(parts) != 17+3*n {
+		r.fail(16, "%d transports need %d frames, message has %d", n, 17+3*n, len(parts))
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	for k := 0; k < n; k++ {
+		i := 17 + 3*k
+		name := r.str(i, "transport name")
+		if len(parts[i+1]) > maxBlobBytes {
+			r.fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), maxBlobBytes)
+		}
+		regs, err := UnpackRegions(parts[i+2])
+		if err != nil {
+			r.fail(i+2, "region table: %v", err)
+		} else if len(regs) != 2 {
+			r.fail(i+2, "region table has %d regions, want 2 (KV pool, metadata ring)", len(regs))
+		}
+		if name == "" {
+			r.fail(i, "transport name is empty")
+		}
+		if r.err != nil {
+			return nil, r.err
+		}
+		m.Transports = append(m.Transports, TransportOffer{Name: name, Endpoint: append([]byte(nil), parts[i+1]...), KV: regs[0], Ring: regs[1]})
+	}
+	return m, nil
+}
+
+// DecodeTransfer decodes a TRANSFER message. Errors wrap ErrBadFrame.
+func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
+	r, err := newReader(parts, MsgTransfer, 10, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &TransferMsg{
+		Room:               r.uint(3, maxRoom, "room"),
+		Endpoint:           r.endpoint(4),
+		Generation:         r.uint(7, 1<<63, "generation"),
+		RequiredDstInfoNum: r.int(8, 1<<16, "required_dst_info_num"),
+		Checksum:           r.bool(9, "checksum"),
+	}
+	if r.err == nil && m.RequiredDstInfoNum == 0 {
+		r.fail(8, "required_dst_info_num must be >= 1")
+	}
+	if len(parts[5]) == 0 && len(parts[6]) == 0 {
+		m.Dummy = true
+	} else {
+		m.Slot = r.int(6, 1<<20, "slot")
+		pages, err := UnpackI32(parts[5], maxPages)
+		if err != nil {
+			r.fail(5, "pages: %v", err)
+		}
+		for _, p := range pages {
+			if p < 0 {
+				r.fail(5, "page index %d is negative", p)
+				break
+			}
+		}
+		m.Pages = pages
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodeAbort decodes an ABORT message. Errors wrap ErrBadFrame.
+func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
+	r, err := newReader(parts, MsgAbort, 6, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &AbortMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.str(5, "reason")}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodeStatus decodes a STATUS message. Errors wrap ErrBadFrame.
+func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
+	r, err := newReader(parts, MsgStatus, 8, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &StatusMsg{
+		Room:     r.uint(3, maxRoom, "room"),
+		State:    KVPoll(r.int(4, int(KVSuccess), "state")),
+		Producer: r.int(5, 1<<30, "producer rank"),
+		Endpoint: r.endpoint(6),
+		Reason:   r.str(7, "reason"),
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodeHandshake decodes a HANDSHAKE message. Errors wrap ErrBadFrame.
+func DecodeHandshake(parts [][]byte) (*HandshakeMsg, error) {
+	r, err := newReader(parts, MsgHandshake, 6, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &HandshakeMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport")}
+	if len(parts[5]) > maxBlobBytes {
+		r.fail(5, "reply blob of %d bytes, longer than %d", len(parts[5]), maxBlobBytes)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	m.Reply = append([]byte(nil), parts[5]...)
+	return m, nil
+}
+
+// DecodeHandshakeAck decodes a HANDSHAKE_ACK message. Errors wrap ErrBadFrame.
+func DecodeHandshakeAck(parts [][]byte) (*HandshakeAckMsg, error) {
+	r, err := newReader(parts, MsgHandshakeAck, 6, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &HandshakeAckMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Err: r.str(5, "error")}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodePing decodes a PING message. Errors wrap ErrBadFrame.
+func DecodePing(parts [][]byte) (*PingMsg, error) {
+	r, err := newReader(parts, MsgPing, 4, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &PingMsg{Endpoint: r.endpoint(3)}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// PackU64 packs vs as little-endian u64s.
+func PackU64(vs []uint64) []byte {
+	b := make([]byte, 8*len(vs))
+	for i, v := range vs {
+		binary.LittleEndian.PutUint64(b[8*i:], v)
+	}
+	return b
+}
+
+// UnpackU64 parses little-endian u64s; len(b) must be a multiple of 8 and
+// the count at most max.
+func UnpackU64(b []byte, max int) ([]uint64, error) {
+	if len(b)%8 != 0 || len(b)/8 > max {
+		return nil, fmt.Errorf("%d bytes is not a whole number (at most %d) of 8-byte integers", len(b), max)
+	}
+	vs := make([]uint64, len(b)/8)
+	for i := range vs {
+		vs[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return vs, nil
+}
+
+// PackI32 packs vs as little-endian int32s (SGLang's page-index arrays).
+func PackI32(vs []int32) []byte {
+	b := make([]byte, 4*len(vs))
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+	}
+	return b
+}
+
+// UnpackI32 parses little-endian int32s; len(b) must be a multiple of 4 and
+// the count at most max.
+func UnpackI32(b []byte, max int) ([]int32, error) {
+	if len(b)%4 != 0 || len(b)/4 > max {
+		return nil, fmt.Errorf("%d bytes is not a whole number (at most %d) of 4-byte integers", len(b), max)
+	}
+	vs := make([]int32, len(b)/4)
+	for i := range vs {
+		vs[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return vs, nil
+}
+
+// PackRegions encodes a region table: u32 count, then per region u32 id,
+// u64 addr, u64 length, u8 kind, u32 key length and the key, little-endian.
+func PackRegions(rs []RegionDesc) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(len(rs)))
+	for _, r := range rs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(r.ID))
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Length)
+		b = append(b, byte(r.Kind))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Key)))
+		b = append(b, r.Key...)
+	}
+	return b
+}
+
+// UnpackRegions decodes PackRegions' encoding; errors say which region and
+// field is short or invalid.
+func UnpackRegions(b []byte) ([]RegionDesc, error) {
+	if len(b) < 4 {
+		return nil, fmt.Errorf("%d bytes, too short for the region count", len(b))
+	}
+	n := binary.LittleEndian.Uint32(b)
+	if n > maxRegions {
+		return nil, fmt.Errorf("%d regions, more than %d", n, maxRegions)
+	}
+	b = b[4:]
+	out := make([]RegionDesc, 0, n)
+	for i := uint32(0); i < n; i++ {
+		if len(b) < 25 {
+			return nil, fmt.Errorf("region %d: %d bytes left, want 25", i, len(b))
+		}
+		r := RegionDesc{
+			ID:     RegionID(binary.LittleEndian.Uint32(b)),
+			Addr:   binary.LittleEndian.Uint64(b[4:]),
+			Length: binary.LittleEndian.Uint64(b[12:]),
+			Kind:   MemoryKind(b[20]),
+		}
+		if r.Kind > MemoryCUDA {
+			return nil, fmt.Errorf("region %d: unknown memory kind %d", i, b[20])
+		}
+		kl := binary.LittleEndian.Uint32(b[21:])
+		b = b[25:]
+		if kl > maxKeyBytes || uint64(kl) > uint64(len(b)) {
+			return nil, fmt.Errorf("region %d: key of %d bytes, %d left", i, kl, len(b))
+		}
+		if kl > 0 {
+			r.Key = append([]byte(nil), b[:kl]...)
+		}
+		b = b[kl:]
+		out = append(out, r)
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%d trailing bytes after %d regions", len(b), n)
+	}
+	return out, nil
+}

@@ -1,0 +1,374 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+	_ "github.com/kvxfer/kvxfer/engine/tcp"
+)
+
+var (
+	smallGQA = engine.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
+	smallMLA = engine.ModelConfig{Name: "tiny-mla", NumLayers: 3, NumKVHeads: 1, HeadDim: 36, DtypeBytes: 2, MLA: true, KVLoraRank: 32, QKRopeHeadDim: 4}
+)
+
+func startBootstrap(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: 0})
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		t.Fatalf("bootstrap server: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("bootstrap server did not start")
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	return srv.Addr()
+}
+
+type rank struct {
+	m    *engine.Manager
+	pool *engine.KVPool
+}
+
+type rankOpts struct {
+	role             engine.Role
+	model            engine.ModelConfig
+	tp, tpRank       int
+	pp, ppRank       int
+	pages            int
+	addr             string
+	checksum         bool
+	waiting, peerTmo time.Duration
+	bootTmo          time.Duration
+}
+
+func newRank(t *testing.T, o rankOpts) *rank {
+	t.Helper()
+	if o.pages == 0 {
+		o.pages = 64
+	}
+	l, err := engine.NewLayout(o.model, engine.LayoutOptions{PageSize: 4, TPSize: o.tp, TPRank: o.tpRank, PPSize: o.pp, PPRank: o.ppRank, NumPages: o.pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := engine.NewKVPool(l, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: []engine.Transport{tr}, BootstrapAddr: o.addr,
+		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo}
+	if cfg.BootstrapTimeout == 0 {
+		cfg.BootstrapTimeout = 20 * time.Second
+	}
+	if cfg.WaitingTimeout == 0 {
+		cfg.WaitingTimeout = 20 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := engine.NewManager(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rank{m: m, pool: pool}
+	t.Cleanup(func() { m.Close(); tr.Close(); pool.Close() })
+	return r
+}
+
+// topology builds prefill ranks (ptp × ppp) and decode ranks (dtp).
+func topology(t *testing.T, model engine.ModelConfig, ptp, ppp, dtp int, checksum bool) (addr string, pre, dec []*rank) {
+	t.Helper()
+	addr = startBootstrap(t)
+	for tp := 0; tp < ptp; tp++ {
+		for pp := 0; pp < ppp; pp++ {
+			pre = append(pre, newRank(t, rankOpts{role: engine.RolePrefill, model: model, tp: ptp, tpRank: tp, pp: ppp, ppRank: pp, addr: addr}))
+		}
+	}
+	for tp := 0; tp < dtp; tp++ {
+		dec = append(dec, newRank(t, rankOpts{role: engine.RoleDecode, model: model, tp: dtp, tpRank: tp, pp: 1, checksum: checksum}))
+	}
+	return addr, pre, dec
+}
+
+// transferOne runs one request of `pages` pages through every rank and returns
+// the decode receivers (terminal) after verifying the pattern on Success.
+func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages int) []*engine.Receiver {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var recvs []*engine.Receiver
+	var dpages [][]int32
+	for _, d := range dec {
+		// Fragment the destination: take 2×pages and use every other page.
+		all, err := d.pool.Alloc(2 * pages)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pg []int32
+		for i := 0; i < len(all); i += 2 {
+			pg = append(pg, all[i])
+		}
+		defer d.pool.Free(all)
+		r, err := d.m.NewReceiver(addr, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		if err := r.Init(pg); err != nil {
+			t.Fatal(err)
+		}
+		recvs = append(recvs, r)
+		dpages = append(dpages, pg)
+	}
+	var wg sync.WaitGroup
+	for _, p := range pre {
+		s, err := p.m.NewSender(room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+				t.Errorf("sender room %d: state %s (%v), want WaitingForInput", room, st, s.Failure())
+				return
+			}
+			n := s.DstPages()
+			src, err := p.pool.Alloc(n)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer p.pool.Free(src)
+			engine.FillPattern(p.pool, room, src)
+			half := len(src) / 2
+			if err := s.Send(src[:half], false); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := s.Send(src[half:], true); err != nil {
+				t.Error(err)
+				return
+			}
+			if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+				t.Errorf("sender room %d: state %s (%v)", room, st, s.Failure())
+			}
+		}()
+	}
+	for i, r := range recvs {
+		r.Wait(ctx, engine.KVSuccess)
+		if r.Poll() == engine.KVSuccess {
+			if err := engine.VerifyPattern(dec[i].pool, room, dpages[i]); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	wg.Wait()
+	return recvs
+}
+
+func TestTransferTopologies(t *testing.T) {
+	cases := []struct {
+		name          string
+		model         engine.ModelConfig
+		ptp, ppp, dtp int
+		checksum      bool
+	}{
+		{"tp1-1", smallGQA, 1, 1, 1, true},
+		{"tp2-1", smallGQA, 2, 1, 1, true},
+		{"tp1-2", smallGQA, 1, 1, 2, true},
+		{"mla-tp2-1-dummy", smallMLA, 2, 1, 1, true},
+		{"pp2-1", smallGQA, 1, 2, 1, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addr, pre, dec := topology(t, c.model, c.ptp, c.ppp, c.dtp, c.checksum)
+			for i, room := range []uint64{0, 1<<63 - 1, 12345} {
+				recvs := transferOne(t, addr, pre, dec, room, 5+i)
+				for _, r := range recvs {
+					if r.Poll() != engine.KVSuccess {
+						t.Fatalf("room %d: receiver %s: %v", room, r.Poll(), r.Failure())
+					}
+					r.Close()
+				}
+			}
+		})
+	}
+}
+
+func TestDuplicateRoomRejected(t *testing.T) {
+	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
+	r, err := dec[0].m.NewReceiver(addr, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := dec[0].m.NewReceiver(addr, 7); !errors.Is(err, engine.ErrRoomActive) {
+		t.Fatalf("second receiver for room 7: err %v, want ErrRoomActive", err)
+	}
+	s, err := pre[0].m.NewSender(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pre[0].m.NewSender(7); !errors.Is(err, engine.ErrRoomActive) {
+		t.Fatalf("second sender for room 7: err %v, want ErrRoomActive", err)
+	}
+	s.Close()
+	s2, err := pre[0].m.NewSender(7)
+	if err != nil {
+		t.Fatalf("sender after Close: %v", err)
+	}
+	s2.Close()
+}
+
+func TestAbortFromDecode(t *testing.T) {
+	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := pre[0].m.NewSender(99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := dec[0].m.NewReceiver(addr, 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, _ := dec[0].pool.Alloc(3)
+	if err := r.Init(pg); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s: %v", st, s.Failure())
+	}
+	r.Abort()
+	if r.Poll() != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrAborted) {
+		t.Fatalf("receiver after Abort: %s %v", r.Poll(), r.Failure())
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(s.Failure(), engine.ErrAborted) {
+		t.Fatalf("sender after decode ABORT: %s %v, want Failed/ErrAborted", st, s.Failure())
+	}
+	if err := s.Send([]int32{0, 1, 2}, true); err == nil {
+		t.Fatal("Send after abort succeeded")
+	}
+}
+
+func TestAbortFromPrefill(t *testing.T) {
+	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := dec[0].m.NewReceiver(addr, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, _ := dec[0].pool.Alloc(3)
+	r.Init(pg)
+	s, err := pre[0].m.NewSender(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Wait(ctx, engine.KVWaitingForInput)
+	s.Abort()
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r.Failure().Error(), "aborted") {
+		t.Fatalf("receiver after prefill abort: %s %v", st, r.Failure())
+	}
+}
+
+func TestBootstrapTimeout(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, bootTmo: 300 * time.Millisecond})
+	s, err := p.m.NewSender(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVFailed || !errors.Is(s.Failure(), engine.ErrTimeout) {
+		t.Fatalf("sender with no decode: %s %v, want Failed/ErrTimeout", st, s.Failure())
+	}
+}
+
+func TestWaitingTimeout(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	_ = p
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: 400 * time.Millisecond})
+	r, err := d.m.NewReceiver(addr, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, _ := d.pool.Alloc(2)
+	r.Init(pg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The prefill never creates a sender for room 4.
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrTimeout) {
+		t.Fatalf("receiver: %s %v, want Failed/ErrTimeout", st, r.Failure())
+	}
+}
+
+func TestResolveUnknownBootstrapFails(t *testing.T) {
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, bootTmo: 500 * time.Millisecond})
+	r, err := d.m.NewReceiver("127.0.0.1:1", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVWaitingForInput); st != engine.KVFailed {
+		t.Fatalf("receiver with no bootstrap server: %s", st)
+	}
+	if !strings.Contains(r.Failure().Error(), "127.0.0.1:1") {
+		t.Fatalf("failure does not name the address: %v", r.Failure())
+	}
+}
+
+func TestPeerClosedMidTransfer(t *testing.T) {
+	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := dec[0].m.NewReceiver(addr, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, _ := dec[0].pool.Alloc(4)
+	r.Init(pg)
+	s, err := pre[0].m.NewSender(11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Wait(ctx, engine.KVWaitingForInput)
+	// The prefill rank dies before sending (its manager goes away silently
+	// from the decode's point of view: no STATUS).
+	start := time.Now()
+	pre[0].m.Close()
+	st := r.Wait(ctx, engine.KVSuccess)
+	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+		t.Fatalf("receiver after prefill loss: %s %v", st, r.Failure())
+	}
+	t.Logf("decode noticed the lost prefill after %s: %v", time.Since(start).Round(time.Millisecond), r.Failure())
+}
+
+var _ = fmt.Sprint

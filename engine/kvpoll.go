@@ -1,0 +1,110 @@
+package engine
+
+import (
+	"fmt"
+	"sync"
+)
+
+// KVPoll is the state of one request's KV transfer as SGLang reports it
+// (base/conn.py KVPoll; spec §7). The numeric values are SGLang's, so a poll
+// can be all-reduced with MIN across a TP group: a single Failed rank fails the
+// request and progress only counts when every rank agrees.
+type KVPoll int
+
+const (
+	// KVFailed: the transfer failed; sticky. Failure() says why.
+	KVFailed KVPoll = 0
+	// KVBootstrapping: created; the sender waits for its destinations'
+	// TRANSFER frames, the receiver resolves its producers.
+	KVBootstrapping KVPoll = 1
+	// KVWaitingForInput: sender: every destination is known, Send may be
+	// called; receiver: producers resolved and registered.
+	KVWaitingForInput KVPoll = 2
+	// KVTransferring: pages are moving (sender), or the TRANSFER frames were
+	// sent and the receiver waits for every producer's STATUS.
+	KVTransferring KVPoll = 3
+	// KVSuccess: sender: every page and the metadata record landed and STATUS
+	// was sent; receiver: every producer reported Success and its metadata
+	// record was verified.
+	KVSuccess KVPoll = 4
+)
+
+// String returns SGLang's name of the state ("Failed", "Bootstrapping", …).
+func (p KVPoll) String() string {
+	switch p {
+	case KVFailed:
+		return "Failed"
+	case KVBootstrapping:
+		return "Bootstrapping"
+	case KVWaitingForInput:
+		return "WaitingForInput"
+	case KVTransferring:
+		return "Transferring"
+	case KVSuccess:
+		return "Success"
+	}
+	return fmt.Sprintf("KVPoll(%d)", int(p))
+}
+
+// Valid reports whether p is one of the five states.
+func (p KVPoll) Valid() bool { return p >= KVFailed && p <= KVSuccess }
+
+// pollState is a forward-only KVPoll cell: Failed is sticky and overrides
+// everything, any other update only moves the state forward (SGLang's
+// CommonKVManager.update_status, spec §7). The first failure's error is kept.
+type pollState struct {
+	mu      sync.Mutex
+	state   KVPoll
+	err     error
+	changed chan struct{} // closed and replaced on every change
+}
+
+func newPollState() *pollState {
+	return &pollState{state: KVBootstrapping, changed: make(chan struct{})}
+}
+
+// get returns the state and the failure (nil unless Failed).
+func (s *pollState) get() (KVPoll, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state, s.err
+}
+
+// advance moves to next if next is later; it returns whether it changed.
+// Advancing to KVFailed is done with fail.
+func (s *pollState) advance(next KVPoll) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == KVFailed || next <= s.state || next == KVFailed {
+		return false
+	}
+	s.state = next
+	s.notifyLocked()
+	return true
+}
+
+// fail makes the state Failed with err unless it is already terminal
+// (Failed, or Success when onlyBeforeSuccess). It returns whether it changed.
+func (s *pollState) fail(err error, onlyBeforeSuccess bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state == KVFailed || (onlyBeforeSuccess && s.state == KVSuccess) {
+		return false
+	}
+	s.state = KVFailed
+	s.err = err
+	s.notifyLocked()
+	return true
+}
+
+func (s *pollState) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// waitChan returns a channel closed at the next change.
+func (s *pollState) waitChan() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}

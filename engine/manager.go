@@ -1,0 +1,753 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+)
+
+// Role is a KV manager's side of the transfer.
+type Role uint8
+
+const (
+	// RolePrefill produces KV: it registers with the bootstrap server and
+	// runs Senders.
+	RolePrefill Role = iota
+	// RoleDecode consumes KV: it owns the metadata ring and runs Receivers.
+	RoleDecode
+)
+
+// String returns "prefill" or "decode".
+func (r Role) String() string {
+	if r == RoleDecode {
+		return "decode"
+	}
+	return "prefill"
+}
+
+// Default timers. The 300 s timeouts are SGLang's defaults (spec §7).
+const (
+	DefaultBootstrapTimeout  = 300 * time.Second
+	DefaultWaitingTimeout    = 300 * time.Second
+	DefaultHeartbeatInterval = 250 * time.Millisecond
+	DefaultPeerTimeout       = 1500 * time.Millisecond
+	DefaultRingSlots         = 1024
+	defaultStagingSlots      = 4096
+	controlSendTimeout       = 2 * time.Second
+)
+
+// Errors of the KV manager. The wrapping errors name the room and peer.
+var (
+	// ErrRoomActive: a Sender or Receiver for this bootstrap_room is already
+	// active on this manager (Close the old one first).
+	ErrRoomActive = errors.New("engine: bootstrap_room already active on this rank")
+	// ErrRoomMismatch: the metadata record's bootstrap_room is not the
+	// receiver's; the KV in the pages belongs to another request.
+	ErrRoomMismatch = errors.New("bootstrap_room mismatch")
+	// ErrTimeout: a bootstrap or waiting timeout expired.
+	ErrTimeout = errors.New("engine: timeout")
+	// ErrAborted: the request was aborted by either side.
+	ErrAborted = errors.New("engine: transfer aborted")
+	// ErrChecksum: the CRC32C over the received bytes does not match the record.
+	ErrChecksum = errors.New("engine: KV checksum mismatch")
+	// ErrManagerClosed: the manager was closed.
+	ErrManagerClosed = errors.New("engine: KV manager closed")
+)
+
+// ManagerConfig configures a KV manager (one per rank, like SGLang's
+// CommonKVManager).
+type ManagerConfig struct {
+	// Role is prefill or decode.
+	Role Role
+	// Pool is the rank's KV pool; its Layout gives the TP/PP position. The
+	// manager registers it with every transport and never frees it.
+	Pool *KVPool
+	// Transports are the opened transports (at least one); the manager picks
+	// among them by registry priority. The manager does not close them.
+	Transports []Transport
+	// BootstrapAddr (prefill only) is the bootstrap server "host:port" the
+	// rank registers its control endpoint with (PUT /route).
+	BootstrapAddr string
+	// DPRank and DPSize place a prefill rank in its instance's DP group
+	// (defaults 0 and 1).
+	DPRank, DPSize int
+	// KVCacheDtype is the --kv-cache-dtype string both sides must agree on
+	// ("auto" when empty).
+	KVCacheDtype string
+	// ControlHost is the host the ZMQ PULL socket binds and advertises
+	// (default 127.0.0.1). ControlPort 0 picks a free port.
+	ControlHost string
+	ControlPort int
+	// BootstrapTimeout bounds a sender's wait for its destinations and a
+	// receiver's producer resolution. 0: env
+	// SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (seconds), else 300 s.
+	BootstrapTimeout time.Duration
+	// WaitingTimeout bounds a receiver's wait for every producer's STATUS
+	// after it sent TRANSFER. 0: env SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+	// (seconds), else 300 s.
+	WaitingTimeout time.Duration
+	// HeartbeatInterval is the PING period to every known peer (250 ms).
+	HeartbeatInterval time.Duration
+	// PeerTimeout fails the rooms of a peer silent this long (1.5 s).
+	PeerTimeout time.Duration
+	// RingSlots (decode) is the metadata ring size in records (1024).
+	RingSlots int
+	// RingAlloc (decode) allocates the ring memory (HostRingMemory when nil).
+	RingAlloc RingAllocator
+	// Checksum (decode) asks producers for a CRC32C over the transferred
+	// bytes and verifies it before Success.
+	Checksum bool
+	// Logger receives the manager's logs (slog.Default when nil).
+	Logger *slog.Logger
+}
+
+// EnvSeconds reads an environment variable holding seconds (a decimal,
+// possibly fractional); def when unset. Errors name the variable.
+func EnvSeconds(name string, def time.Duration) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 {
+		return 0, fmt.Errorf("engine: %s=%q: want a positive number of seconds", name, v)
+	}
+	return time.Duration(f * float64(time.Second)), nil
+}
+
+// regSet is what one transport registered for this manager.
+type regSet struct {
+	t    Transport
+	kv   RegionDesc
+	aux  RegionDesc // decode: metadata ring; prefill: record staging
+	caps Caps
+}
+
+type pushSock struct {
+	mu   sync.Mutex
+	sock *zmq.Socket
+}
+
+// Manager is one rank's KV transfer manager: it owns the control PULL socket,
+// the PUSH sockets to peers, the memory registrations with each transport,
+// the bootstrap registration (prefill) or the bootstrap cache and metadata
+// ring (decode), and the per-room Senders/Receivers. Safe for concurrent use.
+type Manager struct {
+	cfg      ManagerConfig
+	log      *slog.Logger
+	layout   *Layout
+	zctx     *zmq.Context
+	pull     *zmq.Socket
+	endpoint string // tcp://host:port of our PULL socket
+	host     string
+	port     int
+	regs     []*regSet // by priority, highest first
+
+	ring    *MetaRing   // decode
+	staging *HostBuffer // prefill: records to write
+	stageMu sync.Mutex
+	stFree  []int
+
+	mu        sync.Mutex
+	closed    bool
+	push      map[string]*pushSock
+	lastSeen  map[string]time.Time
+	senders   map[uint64]*Sender
+	receivers map[uint64]*Receiver
+	pending   map[uint64]map[string]pendingTransfer // prefill: TRANSFERs before NewSender
+	aborted   map[uint64]time.Time                  // prefill: ABORTs before NewSender
+	dpeers    map[string]*decodePeer                // prefill: registered decode ranks
+	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
+	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
+
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+type pendingTransfer struct {
+	msg *TransferMsg
+	at  time.Time
+}
+
+// NewManager binds the control socket, registers the pool (and the ring or
+// the record staging buffer) with every transport, starts the control and
+// heartbeat loops, and for a prefill registers with the bootstrap server
+// (retrying until BootstrapTimeout). Errors name the failing step.
+func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("engine: manager: a KV pool is required")
+	}
+	if len(cfg.Transports) == 0 {
+		return nil, errors.New("engine: manager: at least one transport is required (e.g. engine.OpenTransport(\"auto\", ...))")
+	}
+	if cfg.Role == RolePrefill && cfg.BootstrapAddr == "" {
+		return nil, errors.New("engine: prefill manager: a bootstrap address is required")
+	}
+	var err error
+	if cfg.BootstrapTimeout == 0 {
+		if cfg.BootstrapTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", DefaultBootstrapTimeout); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.WaitingTimeout == 0 {
+		if cfg.WaitingTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", DefaultWaitingTimeout); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.PeerTimeout <= 0 {
+		cfg.PeerTimeout = DefaultPeerTimeout
+	}
+	if cfg.PeerTimeout < 2*cfg.HeartbeatInterval {
+		cfg.PeerTimeout = 2 * cfg.HeartbeatInterval
+	}
+	if cfg.RingSlots <= 0 {
+		cfg.RingSlots = DefaultRingSlots
+	}
+	if cfg.DPSize <= 0 {
+		cfg.DPSize = 1
+	}
+	if cfg.KVCacheDtype == "" {
+		cfg.KVCacheDtype = "auto"
+	}
+	if cfg.ControlHost == "" {
+		cfg.ControlHost = "127.0.0.1"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	l := cfg.Pool.Layout()
+	m := &Manager{
+		cfg: cfg, layout: l,
+		log:       cfg.Logger.With("role", cfg.Role.String(), "tp", l.TPRank, "pp", l.PPRank),
+		push:      map[string]*pushSock{},
+		lastSeen:  map[string]time.Time{},
+		senders:   map[uint64]*Sender{},
+		receivers: map[uint64]*Receiver{},
+		pending:   map[uint64]map[string]pendingTransfer{},
+		aborted:   map[uint64]time.Time{},
+		dpeers:    map[string]*decodePeer{},
+		ppeers:    map[string]*prefillPeer{},
+		bcache:    map[string]*instanceInfo{},
+		done:      make(chan struct{}),
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			m.teardown()
+		}
+	}()
+	if err := m.setupMemory(); err != nil {
+		return nil, err
+	}
+	if err := m.bind(); err != nil {
+		return nil, err
+	}
+	m.wg.Add(2)
+	go m.recvLoop()
+	go m.monitorLoop()
+	if cfg.Role == RolePrefill {
+		if err := m.registerBootstrap(ctx); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	m.log.Info("KV manager ready", "control", m.endpoint, "transports", m.TransportNames(), "pool_bytes", l.PoolBytes(), "item_len", l.ItemLen())
+	return m, nil
+}
+
+func (m *Manager) setupMemory() error {
+	var aux Memory
+	if m.cfg.Role == RoleDecode {
+		r, err := NewMetaRing(m.cfg.RingSlots, m.cfg.RingAlloc)
+		if err != nil {
+			return err
+		}
+		m.ring = r
+		aux = r.Memory()
+	} else {
+		b, err := AllocHost("record-staging", defaultStagingSlots*RecordSize)
+		if err != nil {
+			return err
+		}
+		m.staging = b
+		for i := defaultStagingSlots - 1; i >= 0; i-- {
+			m.stFree = append(m.stFree, i)
+		}
+		aux = b.Memory()
+	}
+	ts := slices.Clone(m.cfg.Transports)
+	slices.SortStableFunc(ts, func(a, b Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
+	for _, t := range ts {
+		kv, err := t.RegisterMemory(m.cfg.Pool.Memory())
+		if err != nil {
+			return fmt.Errorf("engine: register KV pool (%d bytes) with %s: %w", m.cfg.Pool.Memory().Length, t.Name(), err)
+		}
+		ax, err := t.RegisterMemory(aux)
+		if err != nil {
+			_ = t.DeregisterMemory(kv.ID)
+			return fmt.Errorf("engine: register metadata memory with %s: %w", t.Name(), err)
+		}
+		m.regs = append(m.regs, &regSet{t: t, kv: kv, aux: ax, caps: t.Capabilities()})
+	}
+	return nil
+}
+
+// transportPriority orders names by the registry (highest first → lowest
+// key); unknown names go last.
+func transportPriority(name string) int {
+	for i, n := range Transports() {
+		if n == name {
+			return i
+		}
+	}
+	return 1 << 20
+}
+
+func (m *Manager) bind() error {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("engine: zmq context: %w", err)
+	}
+	m.zctx = zctx
+	s, err := zctx.NewSocket(zmq.PULL)
+	if err != nil {
+		return fmt.Errorf("engine: zmq PULL socket: %w", err)
+	}
+	m.pull = s
+	_ = s.SetLinger(0)
+	_ = s.SetRcvtimeo(100 * time.Millisecond)
+	_ = s.SetRcvhwm(100000)
+	port := "*"
+	if m.cfg.ControlPort > 0 {
+		port = strconv.Itoa(m.cfg.ControlPort)
+	}
+	bindHost := m.cfg.ControlHost
+	if ip := net.ParseIP(bindHost); ip != nil && ip.To4() == nil {
+		_ = s.SetIpv6(true)
+		bindHost = "[" + bindHost + "]"
+	}
+	if err := s.Bind("tcp://" + bindHost + ":" + port); err != nil {
+		return fmt.Errorf("engine: bind control socket on %s:%s: %w (is the host an address of this machine?)", m.cfg.ControlHost, port, err)
+	}
+	ep, err := s.GetLastEndpoint()
+	if err != nil {
+		return fmt.Errorf("engine: control socket endpoint: %w", err)
+	}
+	_, p, err := net.SplitHostPort(ep[len("tcp://"):])
+	if err != nil {
+		return fmt.Errorf("engine: control socket endpoint %q: %w", ep, err)
+	}
+	m.port, _ = strconv.Atoi(p)
+	m.host = m.cfg.ControlHost
+	m.endpoint = "tcp://" + net.JoinHostPort(m.host, p)
+	return nil
+}
+
+func (m *Manager) registerBootstrap(ctx context.Context) error {
+	c, err := bootstrap.NewClient(m.cfg.BootstrapAddr, bootstrap.WithRegisterTimeout(m.cfg.BootstrapTimeout))
+	if err != nil {
+		return err
+	}
+	l := m.layout
+	dtype := m.cfg.KVCacheDtype
+	req := bootstrap.RegisterRequest{
+		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
+		AttnDPSize: m.cfg.DPSize, AttnDPRank: m.cfg.DPRank, PPSize: l.PPSize, PPRank: l.PPRank,
+		SystemDPSize: 1, SystemDPRank: 0, RankIP: m.host, RankPort: m.port,
+		PageSize: l.PageSize, KVCacheDtype: &dtype,
+	}
+	if err := c.Register(ctx, req); err != nil {
+		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", l.TPRank, l.PPRank, err)
+	}
+	return nil
+}
+
+// Endpoint returns the manager's control endpoint "tcp://host:port".
+func (m *Manager) Endpoint() string { return m.endpoint }
+
+// ControlPort returns the bound control port.
+func (m *Manager) ControlPort() int { return m.port }
+
+// Layout returns the pool layout.
+func (m *Manager) Layout() *Layout { return m.layout }
+
+// Pool returns the KV pool.
+func (m *Manager) Pool() *KVPool { return m.cfg.Pool }
+
+// Role returns the manager's role.
+func (m *Manager) Role() Role { return m.cfg.Role }
+
+// Ring returns the decode's metadata ring (nil on a prefill).
+func (m *Manager) Ring() *MetaRing { return m.ring }
+
+// ProducerRank is SGLang's prefill_unique_rank with cp = 0 and cp size 1:
+// tp_rank × pp_size + pp_rank (spec §5.2.3).
+func ProducerRank(tpRank, ppSize, ppRank int) int { return tpRank*ppSize + ppRank }
+
+// TransportNames lists the transports in selection order.
+func (m *Manager) TransportNames() []string {
+	out := make([]string, len(m.regs))
+	for i, r := range m.regs {
+		out[i] = r.t.Name()
+	}
+	return out
+}
+
+// Close fails every active Sender/Receiver with ErrManagerClosed, stops the
+// loops, closes the sockets and deregisters memory. A prefill deregisters its
+// rank from the bootstrap server (best effort). Idempotent.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	var ss []*Sender
+	for _, s := range m.senders {
+		ss = append(ss, s)
+	}
+	var rs []*Receiver
+	for _, r := range m.receivers {
+		rs = append(rs, r)
+	}
+	m.mu.Unlock()
+	for _, s := range ss {
+		s.failLocal(ErrManagerClosed)
+	}
+	for _, r := range rs {
+		r.failLocal(ErrManagerClosed)
+	}
+	if m.cfg.Role == RolePrefill {
+		if c, err := bootstrap.NewClient(m.cfg.BootstrapAddr); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = c.Deregister(ctx, m.cfg.DPRank, 0, m.layout.TPRank, m.layout.PPRank)
+			cancel()
+		}
+	}
+	m.teardown()
+	return nil
+}
+
+func (m *Manager) teardown() {
+	select {
+	case <-m.done:
+	default:
+		close(m.done)
+	}
+	m.wg.Wait()
+	m.mu.Lock()
+	for _, p := range m.dpeers {
+		p.close()
+	}
+	m.dpeers = map[string]*decodePeer{}
+	for ep, ps := range m.push {
+		ps.mu.Lock()
+		_ = ps.sock.Close()
+		ps.mu.Unlock()
+		delete(m.push, ep)
+	}
+	m.mu.Unlock()
+	if m.pull != nil {
+		_ = m.pull.Close()
+		m.pull = nil
+	}
+	if m.zctx != nil {
+		_ = m.zctx.Term()
+		m.zctx = nil
+	}
+	for _, r := range m.regs {
+		_ = r.t.DeregisterMemory(r.kv.ID)
+		_ = r.t.DeregisterMemory(r.aux.ID)
+	}
+	m.regs = nil
+	if m.ring != nil {
+		_ = m.ring.Close()
+	}
+	if m.staging != nil {
+		_ = m.staging.Close()
+	}
+}
+
+// send pushes frames to a peer's PULL endpoint (socket cached per endpoint,
+// LINGER 0, bounded send time). Errors name the peer.
+func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
+	m.mu.Lock()
+	if m.closed || m.zctx == nil {
+		m.mu.Unlock()
+		return ErrManagerClosed
+	}
+	ps := m.push[endpoint]
+	if ps == nil {
+		s, err := m.zctx.NewSocket(zmq.PUSH)
+		if err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("engine: zmq PUSH socket: %w", err)
+		}
+		_ = s.SetLinger(0)
+		_ = s.SetSndtimeo(controlSendTimeout)
+		_ = s.SetImmediate(false)
+		if err := s.Connect(endpoint); err != nil {
+			_ = s.Close()
+			m.mu.Unlock()
+			return fmt.Errorf("engine: connect control socket to %s: %w", endpoint, err)
+		}
+		ps = &pushSock{sock: s}
+		m.push[endpoint] = ps
+	}
+	m.mu.Unlock()
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.sock == nil {
+		return ErrManagerClosed
+	}
+	parts := make([]any, len(frames))
+	for i, f := range frames {
+		parts[i] = f
+	}
+	var err error
+	if dontwait {
+		_, err = ps.sock.SendMessageDontwait(parts...)
+	} else {
+		_, err = ps.sock.SendMessage(parts...)
+	}
+	if err != nil {
+		return fmt.Errorf("engine: send to %s: %w (peer gone?)", endpoint, err)
+	}
+	return nil
+}
+
+// dropPush closes the cached PUSH socket of a lost peer.
+func (m *Manager) dropPush(endpoint string) {
+	m.mu.Lock()
+	ps := m.push[endpoint]
+	delete(m.push, endpoint)
+	m.mu.Unlock()
+	if ps != nil {
+		ps.mu.Lock()
+		_ = ps.sock.Close()
+		ps.sock = nil
+		ps.mu.Unlock()
+	}
+}
+
+func (m *Manager) recvLoop() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.done:
+			return
+		default:
+		}
+		parts, err := m.pull.RecvMessageBytes(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(11) || errors.Is(err, zmq.Errno(11)) { // EAGAIN: receive timeout
+				continue
+			}
+			if zmq.AsErrno(err) == zmq.ETERM {
+				return
+			}
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+			m.log.Warn("control socket receive failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		m.dispatch(parts)
+	}
+}
+
+func (m *Manager) touch(endpoint string) {
+	m.mu.Lock()
+	if _, ok := m.lastSeen[endpoint]; ok {
+		m.lastSeen[endpoint] = time.Now()
+	}
+	m.mu.Unlock()
+}
+
+func (m *Manager) dispatch(parts [][]byte) {
+	msg, err := DecodeControl(parts)
+	if err != nil {
+		m.log.Warn("dropped malformed control message", "err", err, "frames", len(parts))
+		return
+	}
+	switch v := msg.(type) {
+	case *PingMsg:
+		m.touch(v.Endpoint)
+	case *RegisterMsg:
+		if m.cfg.Role != RolePrefill {
+			m.log.Warn("dropped REGISTER: this rank is a decode", "from", v.Endpoint)
+			return
+		}
+		m.handleRegister(v)
+	case *TransferMsg:
+		if m.cfg.Role != RolePrefill {
+			m.log.Warn("dropped TRANSFER: this rank is a decode", "from", v.Endpoint)
+			return
+		}
+		m.touch(v.Endpoint)
+		m.handleTransfer(v)
+	case *HandshakeAckMsg:
+		m.touch(v.Endpoint)
+		m.handleHandshakeAck(v)
+	case *StatusMsg:
+		if m.cfg.Role != RoleDecode {
+			m.log.Warn("dropped STATUS: this rank is a prefill", "from", v.Endpoint)
+			return
+		}
+		m.touch(v.Endpoint)
+		m.handleStatus(v)
+	case *HandshakeMsg:
+		if m.cfg.Role != RoleDecode {
+			return
+		}
+		m.touch(v.Endpoint)
+		go m.handleHandshake(v)
+	case *AbortMsg:
+		m.touch(v.Endpoint)
+		m.handleAbort(v)
+	}
+}
+
+func (m *Manager) monitorLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		m.mu.Lock()
+		var peers, dead []string
+		for ep, seen := range m.lastSeen {
+			if now.Sub(seen) > m.cfg.PeerTimeout {
+				dead = append(dead, ep)
+				delete(m.lastSeen, ep)
+			} else {
+				peers = append(peers, ep)
+			}
+		}
+		var ss []*Sender
+		for _, s := range m.senders {
+			ss = append(ss, s)
+		}
+		var rs []*Receiver
+		for _, r := range m.receivers {
+			rs = append(rs, r)
+		}
+		for room, p := range m.pending {
+			for ep, pt := range p {
+				if now.Sub(pt.at) > m.cfg.BootstrapTimeout {
+					delete(p, ep)
+				}
+			}
+			if len(p) == 0 {
+				delete(m.pending, room)
+			}
+		}
+		for room, at := range m.aborted {
+			if now.Sub(at) > m.cfg.BootstrapTimeout {
+				delete(m.aborted, room)
+			}
+		}
+		m.mu.Unlock()
+		ping := (&PingMsg{Endpoint: m.endpoint}).Encode()
+		for _, ep := range peers {
+			_ = m.send(ep, ping, true)
+		}
+		for _, ep := range dead {
+			m.peerLost(ep, now)
+		}
+		for _, s := range ss {
+			s.checkTimeout(now)
+		}
+		for _, r := range rs {
+			r.checkTimeout(now)
+		}
+	}
+}
+
+// peerLost handles a peer silent for PeerTimeout: its rooms fail, its
+// connection state and (decode) the bootstrap cache entries naming it are
+// dropped, so the next request resolves and registers afresh.
+func (m *Manager) peerLost(ep string, now time.Time) {
+	err := fmt.Errorf("%w: %s peer %s silent for more than %s (process killed or network lost)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
+	m.log.Warn("peer lost", "peer", ep, "timeout", m.cfg.PeerTimeout)
+	m.mu.Lock()
+	var ss []*Sender
+	for _, s := range m.senders {
+		ss = append(ss, s)
+	}
+	var rs []*Receiver
+	for _, r := range m.receivers {
+		rs = append(rs, r)
+	}
+	dp := m.dpeers[ep]
+	delete(m.dpeers, ep)
+	delete(m.ppeers, ep)
+	for addr, inst := range m.bcache {
+		if inst.names(ep) {
+			delete(m.bcache, addr)
+		}
+	}
+	m.mu.Unlock()
+	if dp != nil {
+		dp.close()
+	}
+	m.dropPush(ep)
+	for _, s := range ss {
+		if s.hasDst(ep) {
+			s.failLocal(err)
+		}
+	}
+	for _, r := range rs {
+		if r.hasTarget(ep) {
+			r.failLocal(err)
+		}
+	}
+}
+
+func (m *Manager) otherRole() string {
+	if m.cfg.Role == RoleDecode {
+		return "prefill"
+	}
+	return "decode"
+}
+
+func (m *Manager) handleAbort(v *AbortMsg) {
+	m.mu.Lock()
+	s := m.senders[v.Room]
+	r := m.receivers[v.Room]
+	if m.cfg.Role == RolePrefill && s == nil {
+		m.aborted[v.Room] = time.Now()
+		delete(m.pending, v.Room)
+	}
+	m.mu.Unlock()
+	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
+	if s != nil {
+		s.fail(err)
+	}
+	if r != nil {
+		r.failLocal(err)
+	}
+}

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The KV test pattern: every head row (HeadBytes bytes of one head of one
+// token in one layer buffer) holds little-endian 64-bit words
+//
+//	word w = PatternSeed(room, layer, kv, token, head) + w × 0x9E3779B97F4A7C15
+//
+// where token is the token's position in the request (logical page × page
+// size + slot) and head the model-wide KV head, so a producer with any TP/PP
+// split fills, and a consumer with any other split verifies, the same bytes
+// independently of the physical page indices. A row whose length is not a
+// multiple of 8 ends with the low bytes of the next word.
+
+// PatternSeed mixes the coordinates of a head row (SplitMix64 finaliser).
+func PatternSeed(room uint64, layer, kv, token, head int) uint64 {
+	x := room ^ uint64(layer)<<48 ^ uint64(kv)<<47 ^ uint64(token)<<16 ^ uint64(head)
+	x += 0x9E3779B97F4A7C15
+	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
+	x = (x ^ x>>27) * 0x94D049BB133111EB
+	return x ^ x>>31
+}
+
+const patternStep = 0x9E3779B97F4A7C15
+
+func fillRow(b []byte, seed uint64) {
+	n := len(b) &^ 7
+	v := seed
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], v)
+		v += patternStep
+	}
+	for i := n; i < len(b); i++ {
+		b[i] = byte(v >> (8 * uint(i-n)))
+	}
+}
+
+func checkRow(b []byte, seed uint64) int {
+	n := len(b) &^ 7
+	v := seed
+	for i := 0; i < n; i += 8 {
+		if binary.LittleEndian.Uint64(b[i:]) != v {
+			return i
+		}
+		v += patternStep
+	}
+	for i := n; i < len(b); i++ {
+		if b[i] != byte(v>>(8*uint(i-n))) {
+			return i
+		}
+	}
+	return -1
+}
+
+// forRows calls f for every head row this pool holds for the request's pages
+// (pages[k] is the request's logical page k).
+func forRows(p *KVPool, pages []int32, f func(row []byte, layer, kv, token, head int) bool) {
+	l := p.layout
+	mem := p.Bytes()
+	hb, tb, il := l.HeadBytes(), l.TokenBytes(), l.ItemLen()
+	for i := 0; i < l.NumBuffers(); i++ {
+		layer, kv := l.BufferLayer(i)
+		boff := l.BufferOffset(i)
+		for k, pg := range pages {
+			poff := boff + uint64(pg)*il
+			for t := 0; t < l.PageSize; t++ {
+				toff := poff + uint64(t)*tb
+				for h := 0; h < l.HeadsPerRank; h++ {
+					o := toff + uint64(h)*hb
+					if !f(mem[o:o+hb], layer, kv, k*l.PageSize+t, l.GlobalHead(h)) {
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+// FillPattern writes the test pattern of request room into the pool's pages
+// (every layer buffer, every token slot of every page, every head this rank
+// holds), as if the prefill had computed the KV.
+func FillPattern(p *KVPool, room uint64, pages []int32) {
+	forRows(p, pages, func(row []byte, layer, kv, token, head int) bool {
+		fillRow(row, PatternSeed(room, layer, kv, token, head))
+		return true
+	})
+}
+
+// VerifyPattern checks every byte of the request's pages against the test
+// pattern of room; the error names the first wrong row (layer, K/V, token,
+// head, byte offset) and counts rows checked.
+func VerifyPattern(p *KVPool, room uint64, pages []int32) error {
+	var err error
+	forRows(p, pages, func(row []byte, layer, kv, token, head int) bool {
+		if off := checkRow(row, PatternSeed(room, layer, kv, token, head)); off >= 0 {
+			kvs := "K"
+			if p.layout.Model.MLA {
+				kvs = "latent"
+			} else if kv == 1 {
+				kvs = "V"
+			}
+			err = fmt.Errorf("engine: KV verification failed for room %d: layer %d %s, token %d (page %d), head %d, byte %d differs from the pattern", room, layer, kvs, token, pages[token/p.layout.PageSize], head, off)
+			return false
+		}
+		return true
+	})
+	return err
+}

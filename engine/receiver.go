@@ -1,0 +1,619 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+)
+
+// instanceInfo is the decode's cache of one bootstrap address: the prefill
+// topology and the control endpoints of the ranks looked up so far (SGLang's
+// prefill_info_table + connection_pool, spec §4.2–4.4). It is dropped when a
+// peer it names is lost.
+type instanceInfo struct {
+	addr   string
+	client *bootstrap.Client
+	info   *bootstrap.PrefillServerInfo
+	mu     sync.Mutex
+	ranks  map[bootstrap.Coord]string
+}
+
+func (i *instanceInfo) names(ep string) bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	for _, e := range i.ranks {
+		if e == ep {
+			return true
+		}
+	}
+	return false
+}
+
+// prefillPeer is a prefill rank this decode registered (REGISTER sent once).
+type prefillPeer struct {
+	done chan struct{}
+	err  error
+}
+
+// retry calls f until it succeeds, fails with a non-retryable error, or ctx
+// ends (then the last error is returned, wrapped in ErrTimeout).
+func retry(ctx context.Context, what string, f func(context.Context) error) error {
+	var last error
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		if errors.Is(err, bootstrap.ErrMismatch) || errors.Is(err, bootstrap.ErrBadRequest) || errors.Is(err, bootstrap.ErrUnauthorized) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: gave up after %d attempts; last error: %v", ErrTimeout, what, attempt+1, last)
+		case <-time.After(min(200*time.Millisecond*time.Duration(attempt+1), time.Second)):
+		}
+	}
+}
+
+func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, error) {
+	m.mu.Lock()
+	inst := m.bcache[addr]
+	m.mu.Unlock()
+	if inst != nil {
+		return inst, nil
+	}
+	c, err := bootstrap.NewClient(addr)
+	if err != nil {
+		return nil, err
+	}
+	var info *bootstrap.PrefillServerInfo
+	err = retry(ctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
+		var err error
+		info, err = c.ServerInfo(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	inst = &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}}
+	m.mu.Lock()
+	if cur := m.bcache[addr]; cur != nil {
+		inst = cur
+	} else {
+		m.bcache[addr] = inst
+	}
+	m.mu.Unlock()
+	return inst, nil
+}
+
+func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, error) {
+	i.mu.Lock()
+	ep, ok := i.ranks[c]
+	i.mu.Unlock()
+	if ok {
+		return ep, nil
+	}
+	var ri *bootstrap.PrefillRankInfo
+	err := retry(ctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
+		var err error
+		ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	ep = ri.Endpoint()
+	i.mu.Lock()
+	i.ranks[c] = ep
+	i.mu.Unlock()
+	return ep, nil
+}
+
+// ensureRegistered sends REGISTER (our KV args and, per transport, endpoint
+// and regions) to a prefill rank once per connection.
+func (m *Manager) ensureRegistered(ctx context.Context, ep string) error {
+	m.mu.Lock()
+	p := m.ppeers[ep]
+	owner := p == nil
+	if owner {
+		p = &prefillPeer{done: make(chan struct{})}
+		m.ppeers[ep] = p
+	}
+	m.mu.Unlock()
+	if !owner {
+		select {
+		case <-p.done:
+			return p.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.err = m.register(ctx, ep)
+	if p.err != nil {
+		m.mu.Lock()
+		if m.ppeers[ep] == p {
+			delete(m.ppeers, ep)
+		}
+		m.mu.Unlock()
+	} else {
+		m.mu.Lock()
+		m.lastSeen[ep] = time.Now()
+		m.mu.Unlock()
+	}
+	close(p.done)
+	return p.err
+}
+
+func (m *Manager) register(ctx context.Context, ep string) error {
+	l := m.layout
+	msg := &RegisterMsg{Endpoint: m.endpoint, TPRank: l.TPRank, TPSize: l.TPSize, StartLayer: l.StartLayer, EndLayer: l.EndLayer,
+		NumLayer: l.Model.NumLayers, MLA: l.Model.MLA, PageSize: l.PageSize, ItemLen: l.ItemLen(), NumPages: l.NumPages,
+		HeadsPerRank: l.HeadsPerRank, RingSlots: m.ring.Slots()}
+	for i := 0; i < l.NumBuffers(); i++ {
+		msg.BufferOffsets = append(msg.BufferOffsets, l.BufferOffset(i))
+	}
+	for _, r := range m.regs {
+		blob, err := r.t.Endpoint(ctx, ep)
+		if err != nil {
+			m.log.Warn("transport cannot prepare an endpoint", "transport", r.t.Name(), "prefill", ep, "err", err)
+			continue
+		}
+		msg.Transports = append(msg.Transports, TransportOffer{Name: r.t.Name(), Endpoint: blob, KV: r.kv, Ring: r.aux})
+	}
+	if len(msg.Transports) == 0 {
+		return fmt.Errorf("engine: no transport could prepare an endpoint for prefill %s", ep)
+	}
+	return m.send(ep, msg.Encode(), false)
+}
+
+func (m *Manager) handleHandshake(v *HandshakeMsg) {
+	var errText string
+	var acc Acceptor
+	for _, r := range m.regs {
+		if r.t.Name() == v.Transport {
+			acc, _ = r.t.(Acceptor)
+		}
+	}
+	if acc == nil {
+		errText = fmt.Sprintf("decode has no transport %q that accepts handshakes", v.Transport)
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := acc.Accept(ctx, v.Endpoint, v.Reply); err != nil {
+			errText = err.Error()
+		}
+		cancel()
+	}
+	if errText != "" {
+		m.log.Warn("handshake failed", "prefill", v.Endpoint, "transport", v.Transport, "err", errText)
+	}
+	_ = m.send(v.Endpoint, (&HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText}).Encode(), false)
+}
+
+// recvTarget is one prefill rank a Receiver gets KV (or a dummy) from.
+type recvTarget struct {
+	rank     bootstrap.TargetRank
+	endpoint string
+	producer int
+	src      *Layout
+	slice    HeadSlice
+	slot     int
+	gen      uint64
+	done     bool
+}
+
+// Receiver is the decode side of one request (SGLang's KVReceiver). On
+// creation it resolves its producers through the bootstrap server (cached
+// per address) and registers with them (Bootstrapping → WaitingForInput);
+// Init gives the pre-allocated destination pages and sends TRANSFER to every
+// producer (→ Transferring); each producer's Success STATUS is accepted only
+// after its metadata record is committed, names this room and (optionally)
+// matches the CRC32C of the received bytes; when every real producer is
+// accepted the state is Success. Safe for concurrent use.
+type Receiver struct {
+	m    *Manager
+	addr string
+	room uint64
+	st   *pollState
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu          sync.Mutex
+	pages       []int32
+	pagesSet    chan struct{}
+	initDone    bool
+	targets     []*recvTarget
+	resolved    bool
+	sentAt      time.Time
+	remaining   int
+	requiredDst int
+	closed      bool
+	slots       []int
+}
+
+// NewReceiver creates the receiver for room (any value in [0, 2^63-1], 0
+// included) whose prefill instance registers at bootstrapAddr ("host:port")
+// and starts resolving its producers. It fails at once with ErrRoomActive
+// when a receiver for the room is active on this rank.
+func (m *Manager) NewReceiver(bootstrapAddr string, room uint64) (*Receiver, error) {
+	if m.cfg.Role != RoleDecode {
+		return nil, errors.New("engine: NewReceiver on a prefill manager (use NewSender)")
+	}
+	if room > maxRoom {
+		return nil, fmt.Errorf("engine: bootstrap_room %d exceeds 2^63-1", room)
+	}
+	if bootstrapAddr == "" {
+		return nil, errors.New("engine: NewReceiver: bootstrap address is empty (want host:port)")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Receiver{m: m, addr: bootstrapAddr, room: room, st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{})}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		cancel()
+		return nil, ErrManagerClosed
+	}
+	if _, dup := m.receivers[room]; dup {
+		m.mu.Unlock()
+		cancel()
+		return nil, fmt.Errorf("%w: room %d (receiver)", ErrRoomActive, room)
+	}
+	m.receivers[room] = r
+	m.mu.Unlock()
+	go r.run()
+	return r, nil
+}
+
+// Room returns the receiver's bootstrap_room.
+func (r *Receiver) Room() uint64 { return r.room }
+
+// Poll returns the current state.
+func (r *Receiver) Poll() KVPoll { p, _ := r.st.get(); return p }
+
+// Failure returns why the receiver failed (nil unless Poll is Failed).
+func (r *Receiver) Failure() error { _, err := r.st.get(); return err }
+
+// Wait blocks until the state is at least want (or Failed) or ctx ends, and
+// returns the state.
+func (r *Receiver) Wait(ctx context.Context, want KVPoll) KVPoll { return waitPoll(ctx, r.st, want) }
+
+// Init gives the destination pages (indices into this rank's pool, in token
+// order; pages may be non-contiguous) and lets the receiver send TRANSFER as
+// soon as its producers are resolved. Errors: a page out of range, Init
+// called twice, or the receiver already failed.
+func (r *Receiver) Init(pages []int32) error {
+	if err := checkPages(pages, r.m.layout.NumPages); err != nil {
+		return fmt.Errorf("engine: receiver room %d: %w", r.room, err)
+	}
+	if p, err := r.st.get(); p == KVFailed {
+		return fmt.Errorf("engine: receiver room %d already failed: %w", r.room, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.initDone {
+		return fmt.Errorf("engine: receiver room %d: Init called twice", r.room)
+	}
+	r.initDone = true
+	r.pages = append([]int32(nil), pages...)
+	close(r.pagesSet)
+	return nil
+}
+
+func (r *Receiver) run() {
+	if err := r.resolve(); err != nil {
+		r.failLocal(err)
+		return
+	}
+	r.st.advance(KVWaitingForInput)
+	select {
+	case <-r.pagesSet:
+	case <-r.ctx.Done():
+		return
+	}
+	r.mu.Lock()
+	ts := r.targets
+	pages := r.pages
+	r.sentAt = time.Now()
+	r.mu.Unlock()
+	r.st.advance(KVTransferring)
+	for _, t := range ts {
+		msg := &TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
+			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum}
+		if err := r.m.send(t.endpoint, msg.Encode(), false); err != nil {
+			r.failLocal(fmt.Errorf("engine: room %d: TRANSFER to prefill %s: %w", r.room, t.endpoint, err))
+			return
+		}
+	}
+	r.mu.Lock()
+	left := r.remaining
+	r.mu.Unlock()
+	if left == 0 {
+		r.st.advance(KVSuccess)
+	}
+}
+
+func (r *Receiver) resolve() error {
+	m := r.m
+	l := m.layout
+	ctx, cancel := context.WithTimeout(r.ctx, m.cfg.BootstrapTimeout)
+	defer cancel()
+	inst, err := m.instance(ctx, r.addr)
+	if err != nil {
+		return fmt.Errorf("engine: room %d: could not fetch prefill parallel info from %s: %w", r.room, r.addr, err)
+	}
+	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
+	if !ok {
+		err := retry(ctx, fmt.Sprintf("query the prefill dp rank of room %d at %s", r.room, r.addr), func(ctx context.Context) error {
+			got, err := inst.client.QueryDPRanks(ctx, []uint64{r.room})
+			if err != nil {
+				return err
+			}
+			d, ok := got[r.room]
+			if !ok {
+				return fmt.Errorf("room %d not registered yet", r.room)
+			}
+			dp = d
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1,
+		PPSize: l.PPSize, PPRank: l.PPRank, IsMLA: l.Model.MLA, PageSize: l.PageSize, KVCacheDtype: m.cfg.KVCacheDtype}, dp)
+	if err != nil {
+		return fmt.Errorf("engine: room %d: %w", r.room, err)
+	}
+	var ts []*recvTarget
+	for _, tr := range tg.Ranks {
+		ep, err := inst.rank(ctx, tr.Coord())
+		if err != nil {
+			return fmt.Errorf("engine: room %d: could not fetch bootstrap info for %s: %w", r.room, tr.Coord(), err)
+		}
+		t := &recvTarget{rank: tr, endpoint: ep, producer: ProducerRank(tr.TP, inst.info.PPSize, tr.PP)}
+		if !tr.Dummy {
+			src, err := NewLayout(l.Model, LayoutOptions{PageSize: l.PageSize, TPSize: inst.info.AttnTPSize, TPRank: tr.TP, PPSize: inst.info.PPSize, PPRank: tr.PP, NumPages: 1})
+			if err != nil {
+				return fmt.Errorf("engine: room %d: producer %s: %w", r.room, tr.Coord(), err)
+			}
+			sl, err := SliceHeads(src, l)
+			if err != nil {
+				return fmt.Errorf("engine: room %d: producer %s: %w", r.room, tr.Coord(), err)
+			}
+			t.src, t.slice = src, sl
+		}
+		ts = append(ts, t)
+	}
+	real := 0
+	for _, t := range ts {
+		if !t.rank.Dummy {
+			real++
+		}
+	}
+	if real != tg.RequiredPrefillResponseNum {
+		return fmt.Errorf("engine: room %d: %d real producers but required_prefill_response_num is %d (unsupported CP layout?)", r.room, real, tg.RequiredPrefillResponseNum)
+	}
+	for _, t := range ts {
+		if err := m.ensureRegistered(ctx, t.endpoint); err != nil {
+			return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrManagerClosed
+	}
+	for _, t := range ts {
+		if t.rank.Dummy {
+			continue
+		}
+		slot, gen, err := m.ring.Acquire()
+		if err != nil {
+			return err
+		}
+		t.slot, t.gen = slot, gen
+		r.slots = append(r.slots, slot)
+	}
+	r.targets, r.remaining, r.requiredDst = ts, real, tg.RequiredDstInfoNum
+	r.resolved = true
+	return nil
+}
+
+func (r *Receiver) hasTarget(ep string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.targets {
+		if t.endpoint == ep {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) handleStatus(v *StatusMsg) {
+	m.mu.Lock()
+	r := m.receivers[v.Room]
+	m.mu.Unlock()
+	if r == nil {
+		m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "from", v.Endpoint)
+		return
+	}
+	r.onStatus(v)
+}
+
+func (r *Receiver) onStatus(v *StatusMsg) {
+	r.mu.Lock()
+	var t *recvTarget
+	for _, c := range r.targets {
+		if c.endpoint == v.Endpoint && !c.rank.Dummy {
+			t = c
+		}
+	}
+	r.mu.Unlock()
+	if t == nil {
+		r.m.log.Warn("STATUS from a prefill that is not a producer of this room", "room", r.room, "from", v.Endpoint)
+		return
+	}
+	switch v.State {
+	case KVFailed:
+		reason := v.Reason
+		if reason == "" {
+			reason = "Failed to get kvcache from prefill instance, it might be dead"
+		}
+		r.failLocal(fmt.Errorf("engine: room %d: prefill rank %d (%s) reported Failed: %s", r.room, v.Producer, v.Endpoint, reason))
+	case KVSuccess:
+		go r.accept(t, v)
+	}
+}
+
+// accept verifies a producer's metadata record (and checksum) after its
+// Success STATUS.
+func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
+	rec, err := r.m.ring.Read(t.slot)
+	if err != nil {
+		r.failLocal(fmt.Errorf("engine: room %d: metadata slot %d: %w", r.room, t.slot, err))
+		return
+	}
+	switch {
+	case !rec.Committed() || rec.Generation != t.gen:
+		r.failLocal(fmt.Errorf("engine: room %d: prefill rank %d reported Success but metadata slot %d is not committed for generation %d (commit word %#x, record generation %d)", r.room, t.producer, t.slot, t.gen, rec.Commit, rec.Generation))
+		return
+	case rec.Room != r.room:
+		r.failLocal(fmt.Errorf("engine: %w: expected bootstrap_room %d, metadata record in slot %d has bootstrap_room %d (producer %d); the KV belongs to another request", ErrRoomMismatch, r.room, t.slot, rec.Room, rec.Producer))
+		return
+	case int(rec.Producer) != t.producer || v.Producer != t.producer:
+		r.failLocal(fmt.Errorf("engine: room %d: metadata slot %d written by producer %d (STATUS from %d), expected producer %d", r.room, t.slot, rec.Producer, v.Producer, t.producer))
+		return
+	}
+	r.mu.Lock()
+	pages := r.pages
+	r.mu.Unlock()
+	nbuf := t.src.NumBuffers()
+	wantBytes := uint64(len(pages)) * uint64(r.m.layout.PageSize) * t.slice.Length * uint64(nbuf)
+	if rec.PageCount != uint32(len(pages)) || rec.ByteCount != wantBytes {
+		r.failLocal(fmt.Errorf("engine: room %d: producer %d wrote %d pages / %d bytes, expected %d pages / %d bytes", r.room, t.producer, rec.PageCount, rec.ByteCount, len(pages), wantBytes))
+		return
+	}
+	if r.m.cfg.Checksum {
+		if !rec.HasChecksum() {
+			r.failLocal(fmt.Errorf("%w: room %d: producer %d sent no checksum although the decode asked for one", ErrChecksum, r.room, t.producer))
+			return
+		}
+		if got := r.checksum(t, pages); got != rec.Checksum {
+			r.failLocal(fmt.Errorf("%w: room %d: producer %d: record says %#08x, received bytes give %#08x", ErrChecksum, r.room, t.producer, rec.Checksum, got))
+			return
+		}
+	}
+	r.mu.Lock()
+	if t.done {
+		r.mu.Unlock()
+		return
+	}
+	t.done = true
+	r.remaining--
+	left := r.remaining
+	r.mu.Unlock()
+	if left == 0 {
+		r.st.advance(KVSuccess)
+	}
+}
+
+// checksum recomputes the producer's CRC32C over the received bytes in the
+// canonical order (see Sender.checksum).
+func (r *Receiver) checksum(t *recvTarget, pages []int32) uint32 {
+	l := r.m.layout
+	mem := r.m.cfg.Pool.Bytes()
+	dTok := l.TokenBytes()
+	var crc uint32
+	for _, pg := range pages {
+		for i := 0; i < t.src.NumBuffers(); i++ {
+			layer, kv := t.src.BufferLayer(i)
+			di, _ := l.BufferIndex(layer, kv)
+			off := l.BufferOffset(di) + uint64(pg)*l.ItemLen()
+			if t.slice.Length == dTok {
+				crc = crc32.Update(crc, castagnoli, mem[off:off+l.ItemLen()])
+				continue
+			}
+			for tk := 0; tk < l.PageSize; tk++ {
+				o := off + uint64(tk)*dTok + t.slice.DstOffset
+				crc = crc32.Update(crc, castagnoli, mem[o:o+t.slice.Length])
+			}
+		}
+	}
+	return crc
+}
+
+func (r *Receiver) checkTimeout(now time.Time) {
+	p, _ := r.st.get()
+	if p != KVTransferring {
+		return
+	}
+	r.mu.Lock()
+	sent := r.sentAt
+	left := r.remaining
+	r.mu.Unlock()
+	if !sent.IsZero() && now.Sub(sent) > r.m.cfg.WaitingTimeout {
+		r.failLocal(fmt.Errorf("%w: room %d: no Success from %d producer(s) within %s of TRANSFER (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the prefill)", ErrTimeout, r.room, left, r.m.cfg.WaitingTimeout))
+	}
+}
+
+// Abort fails the receiver (sticky) with ErrAborted and sends ABORT to every
+// producer so that they stop writing.
+func (r *Receiver) Abort() {
+	r.abort("aborted by decode")
+}
+
+func (r *Receiver) abort(reason string) {
+	if !r.failLocal(fmt.Errorf("%w: room %d: %s", ErrAborted, r.room, reason)) {
+		return
+	}
+	r.mu.Lock()
+	ts := r.targets
+	r.mu.Unlock()
+	for _, t := range ts {
+		_ = r.m.send(t.endpoint, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: reason}).Encode(), true)
+	}
+}
+
+func (r *Receiver) failLocal(err error) bool {
+	if !r.st.fail(err, true) {
+		return false
+	}
+	r.m.log.Warn("receiver failed", "room", r.room, "err", err)
+	r.cancel()
+	return true
+}
+
+// Close releases the room and its metadata slots (an unfinished transfer is
+// aborted first). The caller may then reuse the destination pages. Idempotent.
+func (r *Receiver) Close() {
+	if p := r.Poll(); p != KVSuccess && p != KVFailed {
+		r.Abort()
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	slots := r.slots
+	r.slots = nil
+	r.mu.Unlock()
+	r.cancel()
+	for _, s := range slots {
+		r.m.ring.Release(s)
+	}
+	r.m.mu.Lock()
+	if r.m.receivers[r.room] == r {
+		delete(r.m.receivers, r.room)
+	}
+	r.m.mu.Unlock()
+}

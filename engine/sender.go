@@ -1,0 +1,720 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+)
+
+// decodePeer is a decode rank that sent REGISTER to this prefill rank.
+type decodePeer struct {
+	reg       *RegisterMsg
+	dst       *Layout // the decode's geometry (model from the prefill)
+	slice     HeadSlice
+	offer     TransportOffer
+	local     *regSet
+	seg       Segment
+	ready     chan struct{} // closed when seg is usable or err is set
+	err       error
+	mu        sync.Mutex // guards seg, offer and closed until ready
+	closed    bool
+	readyOnce sync.Once
+}
+
+// markReady sets the connection outcome once and releases the waiters.
+func (p *decodePeer) markReady(err error) {
+	p.readyOnce.Do(func() {
+		p.err = err
+		close(p.ready)
+	})
+}
+
+func (p *decodePeer) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed && p.seg != nil {
+		_ = p.seg.Close()
+	}
+	p.closed = true
+}
+
+// setSegment installs the open segment; false (and the segment closed) when
+// the peer was closed meanwhile.
+func (p *decodePeer) setSegment(seg Segment, o TransportOffer, rs *regSet) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = seg.Close()
+		return false
+	}
+	p.seg, p.offer, p.local = seg, o, rs
+	return true
+}
+
+// handleRegister records a decode rank and opens a segment to it with the
+// highest-priority transport both sides have whose OpenSegment succeeds.
+func (m *Manager) handleRegister(v *RegisterMsg) {
+	p := &decodePeer{reg: v, ready: make(chan struct{})}
+	m.mu.Lock()
+	old := m.dpeers[v.Endpoint]
+	m.dpeers[v.Endpoint] = p
+	m.lastSeen[v.Endpoint] = time.Now()
+	m.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	go func() {
+		if err := m.connectPeer(p); err != nil {
+			m.log.Warn("cannot reach decode rank", "decode", v.Endpoint, "err", err)
+			p.markReady(err)
+		}
+	}()
+}
+
+func (m *Manager) connectPeer(p *decodePeer) error {
+	v := p.reg
+	src := m.layout
+	if v.MLA != src.Model.MLA || v.PageSize != src.PageSize {
+		return fmt.Errorf("engine: decode %s layout differs: mla %v page size %d, prefill mla %v page size %d (run both with the same --model and --page-size)", v.Endpoint, v.MLA, v.PageSize, src.Model.MLA, src.PageSize)
+	}
+	dst := &Layout{Model: src.Model, PageSize: v.PageSize, TPSize: v.TPSize, TPRank: v.TPRank, PPSize: 1, HeadsPerRank: v.HeadsPerRank,
+		StartLayer: v.StartLayer, EndLayer: v.EndLayer, NumPages: v.NumPages}
+	if v.NumLayer != src.Model.NumLayers || dst.ItemLen() != v.ItemLen {
+		return fmt.Errorf("engine: decode %s model differs: %d layers, item_len %d bytes; prefill expects %d layers, item_len %d bytes for tp %d (run both with the same --model)", v.Endpoint, v.NumLayer, v.ItemLen, src.Model.NumLayers, dst.ItemLen(), v.TPSize)
+	}
+	if src.StartLayer < v.StartLayer || src.EndLayer > v.EndLayer {
+		return fmt.Errorf("engine: decode %s holds layers [%d, %d), prefill sends [%d, %d)", v.Endpoint, v.StartLayer, v.EndLayer, src.StartLayer, src.EndLayer)
+	}
+	for i, off := range v.BufferOffsets {
+		if off+dst.BufferLen() < off {
+			return fmt.Errorf("engine: decode %s buffer %d offset %d overflows", v.Endpoint, i, off)
+		}
+	}
+	sl, err := SliceHeads(src, dst)
+	if err != nil {
+		return err
+	}
+	p.dst, p.slice = dst, sl
+	var reasons []string
+	for _, rs := range m.regs {
+		for _, o := range v.Transports {
+			if o.Name != rs.t.Name() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.KV, o.Ring}})
+			cancel()
+			if err != nil {
+				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
+				continue
+			}
+			if !p.setSegment(seg, o, rs) {
+				return fmt.Errorf("engine: decode %s went away while connecting", v.Endpoint)
+			}
+			m.log.Debug("segment open", "decode", v.Endpoint, "transport", o.Name)
+			if rs.caps.Has(CapHandshake) {
+				reply := seg.HandshakeReply()
+				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply}).Encode(), false); err != nil {
+					return err
+				}
+				return nil // ready closes on HANDSHAKE_ACK
+			}
+			p.markReady(nil)
+			return nil
+		}
+	}
+	if len(reasons) == 0 {
+		offered := make([]string, len(v.Transports))
+		for i, o := range v.Transports {
+			offered[i] = o.Name
+		}
+		return fmt.Errorf("engine: no common transport with decode %s: it offers %v, this prefill has %v", v.Endpoint, offered, m.TransportNames())
+	}
+	return fmt.Errorf("engine: no transport reaches decode %s: %v", v.Endpoint, reasons)
+}
+
+func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
+	m.mu.Lock()
+	p := m.dpeers[v.Endpoint]
+	m.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	ok := p.seg != nil && p.offer.Name == v.Transport
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	var err error
+	if v.Err != "" {
+		err = fmt.Errorf("engine: decode %s refused the %s handshake: %s", v.Endpoint, v.Transport, v.Err)
+	}
+	p.markReady(err)
+}
+
+func (m *Manager) handleTransfer(v *TransferMsg) {
+	m.mu.Lock()
+	p := m.dpeers[v.Endpoint]
+	s := m.senders[v.Room]
+	if p != nil && s == nil {
+		if m.pending[v.Room] == nil {
+			m.pending[v.Room] = map[string]pendingTransfer{}
+		}
+		m.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, at: time.Now()}
+	}
+	m.mu.Unlock()
+	if p == nil {
+		m.log.Warn("TRANSFER from a decode that never registered", "decode", v.Endpoint, "room", v.Room)
+		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
+			Reason: "prefill got TRANSFER before REGISTER from " + v.Endpoint}).Encode(), false)
+		return
+	}
+	if !v.Dummy {
+		if err := checkPages(v.Pages, p.reg.NumPages); err != nil {
+			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
+				Reason: "destination " + err.Error()}).Encode(), false)
+			return
+		}
+		if v.Slot >= p.reg.RingSlots {
+			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
+				Reason: fmt.Sprintf("metadata slot %d outside the decode's ring of %d", v.Slot, p.reg.RingSlots)}).Encode(), false)
+			return
+		}
+	}
+	if s != nil {
+		s.addDst(v, p)
+	}
+}
+
+func checkPages(pages []int32, n int) error {
+	for _, pg := range pages {
+		if pg < 0 || int(pg) >= n {
+			return fmt.Errorf("page %d outside the pool of %d pages", pg, n)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) producerRank() int {
+	return ProducerRank(m.layout.TPRank, m.layout.PPSize, m.layout.PPRank)
+}
+
+func (m *Manager) stageAcquire() (int, error) {
+	m.stageMu.Lock()
+	defer m.stageMu.Unlock()
+	if len(m.stFree) == 0 {
+		return 0, fmt.Errorf("engine: all %d record staging slots in use (too many concurrent transfers)", defaultStagingSlots)
+	}
+	i := m.stFree[len(m.stFree)-1]
+	m.stFree = m.stFree[:len(m.stFree)-1]
+	return i, nil
+}
+
+func (m *Manager) stageRelease(i int) {
+	m.stageMu.Lock()
+	m.stFree = append(m.stFree, i)
+	m.stageMu.Unlock()
+}
+
+// senderDst is one destination decode rank of a Sender.
+type senderDst struct {
+	msg   *TransferMsg
+	peer  *decodePeer
+	crc   uint32
+	pages uint32
+	bytes uint64
+}
+
+type chunk struct {
+	pages []int32
+	last  bool
+}
+
+// Sender is the prefill side of one request (SGLang's KVSender): it waits for
+// required_dst_info_num TRANSFER frames (Bootstrapping → WaitingForInput),
+// then Send writes the pages, last the metadata record, then STATUS
+// (Transferring → Success). Any error makes it Failed (sticky) and sends a
+// Failed STATUS to every non-dummy destination. Safe for concurrent use.
+type Sender struct {
+	m       *Manager
+	room    uint64
+	st      *pollState
+	created time.Time
+
+	mu       sync.Mutex
+	dsts     map[string]*senderDst
+	required int
+	numPages int // from Init; -1 unknown
+	queued   int // pages queued by Send
+	lastSeen bool
+	closed   bool
+	queue    chan chunk
+	ctx      context.Context
+	cancel   context.CancelFunc
+	finished chan struct{}
+	statusTo map[string]bool
+}
+
+// NewSender creates the sender for room (any value in [0, 2^63-1], 0
+// included). It fails at once with ErrRoomActive when a sender for the room
+// is active (not yet Closed) on this rank, and with ErrAborted when the decode
+// already aborted the room.
+func (m *Manager) NewSender(room uint64) (*Sender, error) {
+	if m.cfg.Role != RolePrefill {
+		return nil, errors.New("engine: NewSender on a decode manager (use NewReceiver)")
+	}
+	if room > maxRoom {
+		return nil, fmt.Errorf("engine: bootstrap_room %d exceeds 2^63-1", room)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1,
+		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{}}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		cancel()
+		return nil, ErrManagerClosed
+	}
+	if _, dup := m.senders[room]; dup {
+		m.mu.Unlock()
+		cancel()
+		return nil, fmt.Errorf("%w: room %d (sender)", ErrRoomActive, room)
+	}
+	_, aborted := m.aborted[room]
+	delete(m.aborted, room)
+	m.senders[room] = s
+	pend := m.pending[room]
+	delete(m.pending, room)
+	type pp struct {
+		msg  *TransferMsg
+		peer *decodePeer
+	}
+	var ps []pp
+	for ep, pt := range pend {
+		if p := m.dpeers[ep]; p != nil {
+			ps = append(ps, pp{pt.msg, p})
+		}
+	}
+	m.mu.Unlock()
+	go s.worker()
+	if aborted {
+		s.failLocal(fmt.Errorf("%w by decode before the prefill created room %d", ErrAborted, room))
+		return s, nil
+	}
+	for _, p := range ps {
+		s.addDst(p.msg, p.peer)
+	}
+	return s, nil
+}
+
+// Room returns the sender's bootstrap_room.
+func (s *Sender) Room() uint64 { return s.room }
+
+// Poll returns the current state.
+func (s *Sender) Poll() KVPoll { p, _ := s.st.get(); return p }
+
+// Failure returns why the sender failed (nil unless Poll is Failed).
+func (s *Sender) Failure() error { _, err := s.st.get(); return err }
+
+// Wait blocks until the state is at least want (or Failed) or ctx ends, and
+// returns the state.
+func (s *Sender) Wait(ctx context.Context, want KVPoll) KVPoll {
+	return waitPoll(ctx, s.st, want)
+}
+
+func waitPoll(ctx context.Context, st *pollState, want KVPoll) KVPoll {
+	for {
+		ch := st.waitChan()
+		p, _ := st.get()
+		if p == KVFailed || p >= want {
+			return p
+		}
+		select {
+		case <-ctx.Done():
+			return p
+		case <-ch:
+		}
+	}
+}
+
+// DstPages returns the number of destination pages each non-dummy decode
+// asked for (0 when only dummies or nothing arrived yet). Call it once Poll
+// is WaitingForInput to size the source page list.
+func (s *Sender) DstPages() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.dsts {
+		if !d.msg.Dummy {
+			return len(d.msg.Pages)
+		}
+	}
+	return 0
+}
+
+// Init declares how many pages the request has (SGLang sender.init); each
+// non-dummy destination's page list must have that length. Optional.
+func (s *Sender) Init(numPages int) error {
+	if numPages < 0 {
+		return fmt.Errorf("engine: sender room %d: page count %d < 0", s.room, numPages)
+	}
+	s.mu.Lock()
+	s.numPages = numPages
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.dsts[v.Endpoint] = &senderDst{msg: v, peer: p}
+	if s.required == 0 || v.RequiredDstInfoNum > s.required {
+		s.required = v.RequiredDstInfoNum
+	}
+	var sizes []int
+	for _, d := range s.dsts {
+		if !d.msg.Dummy {
+			sizes = append(sizes, len(d.msg.Pages))
+		}
+	}
+	n := len(s.dsts)
+	req := s.required
+	s.mu.Unlock()
+	for _, sz := range sizes {
+		if sz != sizes[0] {
+			s.fail(fmt.Errorf("engine: room %d: decode ranks asked for different page counts %v", s.room, sizes))
+			return
+		}
+	}
+	if n >= req {
+		s.st.advance(KVWaitingForInput)
+	}
+}
+
+func (s *Sender) hasDst(ep string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.dsts[ep]
+	return ok
+}
+
+// Send queues a chunk of source pages (indices into this rank's pool, in
+// request order); pages map one-to-one onto the next unsent destination
+// pages. last marks the final chunk, after which the metadata record and
+// STATUS follow. It returns at once; errors are immediate validation failures
+// (wrong state, page out of range, more pages than the decode asked for).
+func (s *Sender) Send(pages []int32, last bool) error {
+	p, err := s.st.get()
+	if p == KVFailed {
+		return fmt.Errorf("engine: send room %d: sender already failed: %w", s.room, err)
+	}
+	if p < KVWaitingForInput {
+		return fmt.Errorf("engine: send room %d: state %s; wait for WaitingForInput (every decode destination known) first", s.room, p)
+	}
+	if err := checkPages(pages, s.m.layout.NumPages); err != nil {
+		return fmt.Errorf("engine: send room %d: source %w", s.room, err)
+	}
+	s.mu.Lock()
+	if s.lastSeen || s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("engine: send room %d: the last chunk was already sent", s.room)
+	}
+	want := -1
+	for _, d := range s.dsts {
+		if !d.msg.Dummy {
+			want = len(d.msg.Pages)
+		}
+	}
+	if s.numPages >= 0 && want >= 0 && s.numPages != want {
+		s.mu.Unlock()
+		err := fmt.Errorf("engine: send room %d: Init declared %d pages, the decode pre-allocated %d", s.room, s.numPages, want)
+		s.fail(err)
+		return err
+	}
+	if want >= 0 && (s.queued+len(pages) > want || (last && s.queued+len(pages) != want)) {
+		s.mu.Unlock()
+		err := fmt.Errorf("engine: send room %d: %d pages sent in total, the decode pre-allocated %d", s.room, s.queued+len(pages), want)
+		s.fail(err)
+		return err
+	}
+	s.queued += len(pages)
+	s.lastSeen = last
+	s.mu.Unlock()
+	s.st.advance(KVTransferring)
+	select {
+	case s.queue <- chunk{pages: append([]int32(nil), pages...), last: last}:
+		return nil
+	case <-s.ctx.Done():
+		return fmt.Errorf("engine: send room %d: %w", s.room, s.Failure())
+	}
+}
+
+// Abort fails the sender (sticky) with ErrAborted, cancels its in-flight
+// batches and tells every non-dummy destination (STATUS Failed).
+func (s *Sender) Abort() {
+	s.fail(fmt.Errorf("%w by prefill (room %d)", ErrAborted, s.room))
+}
+
+// Close releases the room on this rank (a new Sender for it may then be
+// created); an unfinished transfer is aborted first. Idempotent.
+func (s *Sender) Close() {
+	if p := s.Poll(); p != KVSuccess && p != KVFailed {
+		s.Abort()
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.m.mu.Lock()
+	if s.m.senders[s.room] == s {
+		delete(s.m.senders, s.room)
+	}
+	s.m.mu.Unlock()
+}
+
+// failLocal marks the sender Failed and stops its work, sending statuses to
+// destinations still reachable.
+func (s *Sender) failLocal(err error) { s.fail(err) }
+
+func (s *Sender) fail(err error) {
+	if !s.st.fail(err, true) {
+		return
+	}
+	s.cancel()
+	s.m.log.Warn("sender failed", "room", s.room, "err", err)
+	s.mu.Lock()
+	var eps []string
+	for ep, d := range s.dsts {
+		if !d.msg.Dummy && !s.statusTo[ep] {
+			s.statusTo[ep] = true
+			eps = append(eps, ep)
+		}
+	}
+	s.mu.Unlock()
+	for _, ep := range eps {
+		go func() {
+			_ = s.m.send(ep, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error()}).Encode(), false)
+		}()
+	}
+}
+
+func (s *Sender) checkTimeout(now time.Time) {
+	p, _ := s.st.get()
+	if p == KVBootstrapping && now.Sub(s.created) > s.m.cfg.BootstrapTimeout {
+		s.mu.Lock()
+		n, req := len(s.dsts), s.required
+		s.mu.Unlock()
+		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (raise SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1)))
+	}
+}
+
+// worker executes queued chunks in order.
+func (s *Sender) worker() {
+	defer close(s.finished)
+	sent := 0
+	for {
+		var c chunk
+		select {
+		case <-s.ctx.Done():
+			return
+		case c = <-s.queue:
+		}
+		s.mu.Lock()
+		var ds []*senderDst
+		for _, d := range s.dsts {
+			if !d.msg.Dummy {
+				ds = append(ds, d)
+			}
+		}
+		s.mu.Unlock()
+		errs := make([]error, len(ds))
+		var wg sync.WaitGroup
+		for i, d := range ds {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = s.transferChunk(d, c, sent)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			s.fail(err)
+			return
+		}
+		sent += len(c.pages)
+		if c.last {
+			for _, d := range ds {
+				s.mu.Lock()
+				already := s.statusTo[d.msg.Endpoint]
+				s.statusTo[d.msg.Endpoint] = true
+				s.mu.Unlock()
+				if already {
+					continue
+				}
+				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint}).Encode(), false); err != nil {
+					s.fail(err)
+					return
+				}
+			}
+			s.st.advance(KVSuccess)
+			return
+		}
+	}
+}
+
+// transferChunk writes one chunk to one destination: KV runs (plus, for the
+// last chunk, the record body) in one batch, then the commit word.
+func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
+	p := d.peer
+	select {
+	case <-p.ready:
+	case <-s.ctx.Done():
+		return s.Failure()
+	}
+	if p.err != nil {
+		return p.err
+	}
+	dstPages := d.msg.Pages[offset : offset+len(c.pages)]
+	reqs, nbytes := s.plan(p, c.pages, dstPages)
+	if d.msg.Checksum {
+		d.crc = s.checksum(p, c.pages, d.crc)
+	}
+	d.pages += uint32(len(c.pages))
+	d.bytes += nbytes
+	b := &TransferBatch{Requests: reqs}
+	stage := -1
+	if c.last {
+		i, err := s.m.stageAcquire()
+		if err != nil {
+			return err
+		}
+		stage = i
+		defer s.m.stageRelease(i)
+		rec := MetaRecord{Room: s.room, Generation: d.msg.Generation, PageCount: d.pages, Producer: uint32(s.m.producerRank()), ByteCount: d.bytes}
+		if d.msg.Checksum {
+			rec.Checksum, rec.Flags = d.crc, RecordFlagChecksum
+		}
+		buf := s.m.staging.Bytes()[i*RecordSize : (i+1)*RecordSize]
+		rec.EncodeBody(buf)
+		rec.EncodeCommit(buf)
+		b.Requests = append(b.Requests, WriteRequest{Local: s.m.staging.Addr() + uintptr(i*RecordSize), Remote: p.offer.Ring.ID,
+			RemoteOffset: uint64(d.msg.Slot) * RecordSize, Length: RecordCommitOffset})
+	}
+	if err := s.run(p, b); err != nil {
+		return err
+	}
+	if stage >= 0 {
+		cb := &TransferBatch{Requests: []WriteRequest{{Local: s.m.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
+			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}
+		if err := s.run(p, cb); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
+	if len(b.Requests) == 0 {
+		return nil
+	}
+	id, err := p.seg.Submit(s.ctx, b)
+	if err != nil {
+		return fmt.Errorf("engine: room %d: submit %d writes (%d bytes) to decode %s over %s: %w", s.room, len(b.Requests), b.Bytes(), p.reg.Endpoint, p.offer.Name, err)
+	}
+	defer p.seg.Release(id)
+	st, err := p.seg.Wait(s.ctx, id)
+	if err != nil || !st.State.Terminal() {
+		_ = p.seg.Cancel(id)
+		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, _ = p.seg.Wait(wctx, id)
+		cancel()
+		if ferr := s.Failure(); ferr != nil {
+			return ferr
+		}
+		if err == nil {
+			err = ErrCanceled
+		}
+		return fmt.Errorf("engine: room %d: transfer to decode %s: %w", s.room, p.reg.Endpoint, err)
+	}
+	switch st.State {
+	case BatchCompleted:
+		return nil
+	default:
+		return fmt.Errorf("engine: room %d: transfer batch to decode %s over %s %s after %d of %d bytes: %w", s.room, p.reg.Endpoint, p.offer.Name, st.State, st.BytesDone, b.Bytes(), st.Err)
+	}
+}
+
+// plan builds the write requests for one chunk: for every local layer buffer,
+// runs of pages contiguous on both sides coalesced into one request, or, when
+// heads are sliced (TP mismatch, non-MLA), one strided request per run whose
+// blocks are the token rows (spec §6.3–6.4).
+func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) {
+	sl := s.m.layout
+	dl := p.dst
+	base := s.m.cfg.Pool.Addr()
+	sItem, dItem := sl.ItemLen(), dl.ItemLen()
+	sTok, dTok := sl.TokenBytes(), dl.TokenBytes()
+	full := p.slice.Length == sTok && sTok == dTok
+	var reqs []WriteRequest
+	var total uint64
+	dLayers := p.reg.EndLayer - p.reg.StartLayer
+	for i := 0; i < sl.NumBuffers(); i++ {
+		layer, kv := sl.BufferLayer(i)
+		di := kv*dLayers + layer - p.reg.StartLayer
+		sOff := sl.BufferOffset(i)
+		dOff := p.reg.BufferOffsets[di]
+		for j := 0; j < len(src); {
+			k := j + 1
+			for k < len(src) && src[k] == src[k-1]+1 && dst[k] == dst[k-1]+1 {
+				k++
+			}
+			n := uint64(k - j)
+			local := base + uintptr(sOff+uint64(src[j])*sItem)
+			remote := dOff + uint64(dst[j])*dItem
+			if full {
+				reqs = append(reqs, WriteRequest{Local: local, Remote: p.offer.KV.ID, RemoteOffset: remote, Length: n * sItem})
+				total += n * sItem
+			} else {
+				rows := n * uint64(sl.PageSize)
+				reqs = append(reqs, WriteRequest{Local: local + uintptr(p.slice.SrcOffset), Remote: p.offer.KV.ID, RemoteOffset: remote + p.slice.DstOffset,
+					Length: p.slice.Length, Count: uint32(rows), LocalStride: sTok, RemoteStride: dTok})
+				total += rows * p.slice.Length
+			}
+			j = k
+		}
+	}
+	return reqs, total
+}
+
+// checksum extends crc over the bytes this chunk sends, in the canonical
+// order the receiver recomputes: page by page, buffer by buffer (destination
+// order), token row by token row, the sliced bytes of each row.
+func (s *Sender) checksum(p *decodePeer, src []int32, crc uint32) uint32 {
+	sl := s.m.layout
+	mem := s.m.cfg.Pool.Bytes()
+	sTok := sl.TokenBytes()
+	for _, pg := range src {
+		for i := 0; i < sl.NumBuffers(); i++ {
+			off := sl.BufferOffset(i) + uint64(pg)*sl.ItemLen()
+			if p.slice.Length == sTok {
+				crc = crc32.Update(crc, castagnoli, mem[off:off+sl.ItemLen()])
+				continue
+			}
+			for t := 0; t < sl.PageSize; t++ {
+				r := off + uint64(t)*sTok + p.slice.SrcOffset
+				crc = crc32.Update(crc, castagnoli, mem[r:r+p.slice.Length])
+			}
+		}
+	}
+	return crc
+}

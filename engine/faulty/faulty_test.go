@@ -1,0 +1,248 @@
+package faulty_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transporttest"
+)
+
+func newTCP(t *testing.T) *tcp.Transport {
+	t.Helper()
+	tr, err := tcp.New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// With no knobs the decorator is transparent: it passes the whole suite.
+func TestPassThroughConformance(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+		return faulty.Wrap(newTCP(t)), faulty.Wrap(newTCP(t))
+	}, transporttest.WithLargeBytes(0))
+}
+
+// rig is a faulty sender over tcp to a plain tcp receiver with 1 MiB each side.
+type rig struct {
+	t        *testing.T
+	ctx      context.Context
+	send     *faulty.Transport
+	recv     *tcp.Transport
+	src, dst *engine.HostBuffer
+	dstDesc  engine.RegionDesc
+	seg      engine.Segment
+}
+
+func newRig(t *testing.T, opts ...faulty.Option) *rig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	r := &rig{t: t, ctx: ctx}
+	var err error
+	if r.src, err = engine.AllocHost("src", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if r.dst, err = engine.AllocHost("dst", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.src.Close(); r.dst.Close() })
+	for i := range r.src.Bytes() {
+		r.src.Bytes()[i] = byte(i*7 + 1)
+	}
+	r.send = faulty.Wrap(newTCP(t), opts...)
+	r.recv = newTCP(t)
+	t.Cleanup(func() {
+		if r.seg != nil {
+			r.seg.Close()
+		}
+		r.send.Close()
+		r.recv.Close()
+	})
+	return r
+}
+
+func (r *rig) register() {
+	r.t.Helper()
+	if _, err := r.send.RegisterMemory(r.src.Memory()); err != nil {
+		r.t.Fatal(err)
+	}
+	var err error
+	if r.dstDesc, err = r.recv.RegisterMemory(r.dst.Memory()); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rig) open(regions ...engine.RegionDesc) (engine.Segment, error) {
+	if len(regions) == 0 {
+		regions = []engine.RegionDesc{r.dstDesc}
+	}
+	return r.send.OpenSegment(r.ctx, engine.SegmentInfo{Endpoint: []byte(r.recv.Addr()), Regions: regions})
+}
+
+func (r *rig) setup() {
+	r.t.Helper()
+	r.register()
+	var err error
+	if r.seg, err = r.open(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// batch writes n bytes at off (same offset both sides).
+func (r *rig) batch(off, n int) *engine.TransferBatch {
+	return &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: r.src.Addr() + uintptr(off), Remote: r.dstDesc.ID, RemoteOffset: uint64(off), Length: uint64(n)}}}
+}
+
+func (r *rig) run(b *engine.TransferBatch) engine.BatchStatus {
+	r.t.Helper()
+	id, err := r.seg.Submit(r.ctx, b)
+	if err != nil {
+		r.t.Fatalf("Submit: %v", err)
+	}
+	st, err := r.seg.Wait(r.ctx, id)
+	if err != nil {
+		r.t.Fatalf("Wait: %v", err)
+	}
+	r.seg.Release(id)
+	return st
+}
+
+func (r *rig) landed(off, n int) bool {
+	for i := off; i < off+n; i++ {
+		if r.dst.Bytes()[i] != r.src.Bytes()[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func injected(err error, also error) bool {
+	return errors.Is(err, faulty.ErrInjected) && errors.Is(err, also)
+}
+
+func TestFailAfter(t *testing.T) {
+	r := newRig(t, faulty.FailAfter(2))
+	r.setup()
+	for i := 0; i < 2; i++ {
+		if st := r.run(r.batch(i*4096, 4096)); st.State != engine.BatchCompleted {
+			t.Fatalf("batch %d: %v %v, want completed", i+1, st.State, st.Err)
+		}
+	}
+	st := r.run(r.batch(8192, 4096))
+	if st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+		t.Fatalf("batch 3: %v %v, want failed with ErrInjected+ErrPeerLost", st.State, st.Err)
+	}
+	if r.landed(8192, 4096) || !r.landed(0, 8192) {
+		t.Fatalf("FailAfter batch must send nothing and earlier batches must land")
+	}
+}
+
+func TestRejectAfter(t *testing.T) {
+	r := newRig(t, faulty.RejectAfter(1), faulty.FailWith(engine.ErrClosed))
+	r.setup()
+	if st := r.run(r.batch(0, 100)); st.State != engine.BatchCompleted {
+		t.Fatalf("first batch: %v %v", st.State, st.Err)
+	}
+	if _, err := r.seg.Submit(r.ctx, r.batch(100, 100)); !injected(err, engine.ErrClosed) {
+		t.Fatalf("second Submit: %v, want ErrInjected+ErrClosed", err)
+	}
+	if r.send.Submits() != 2 {
+		t.Errorf("Submits() = %d, want 2", r.send.Submits())
+	}
+}
+
+func TestDelay(t *testing.T) {
+	const d = 300 * time.Millisecond
+	r := newRig(t, faulty.Delay(d))
+	r.setup()
+	start := time.Now()
+	id, err := r.seg.Submit(r.ctx, r.batch(0, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.seg.Poll(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) < d && st.State.Terminal() {
+		t.Fatalf("Poll before the delay elapsed = %v, want pending", st.State)
+	}
+	st, err = r.seg.Wait(r.ctx, id)
+	if err != nil || st.State != engine.BatchCompleted {
+		t.Fatalf("Wait: %v %v %v", st.State, st.Err, err)
+	}
+	if el := time.Since(start); el < d {
+		t.Fatalf("batch completed after %v, before the %v delay", el, d)
+	}
+	r.seg.Release(id)
+}
+
+func TestFlipStatus(t *testing.T) {
+	r := newRig(t, faulty.FlipStatus(1, 2))
+	r.register()
+	fake := engine.RegionDesc{ID: r.dstDesc.ID + 50, Length: 1 << 20}
+	seg, err := r.open(r.dstDesc, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.seg = seg
+	// 1: a good batch reported failed.
+	st := r.run(r.batch(0, 4096))
+	if st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+		t.Fatalf("flipped good batch: %v %v, want failed", st.State, st.Err)
+	}
+	if !r.landed(0, 4096) {
+		t.Fatalf("flipped good batch must still land its bytes")
+	}
+	// 2: a batch the receiver refuses (unknown region) reported completed.
+	b := r.batch(4096, 4096)
+	b.Requests[0].Remote = fake.ID
+	if st := r.run(b); st.State != engine.BatchCompleted || st.Err != nil {
+		t.Fatalf("flipped refused batch: %v %v, want completed (a lying transport)", st.State, st.Err)
+	}
+	// 3: not flipped.
+	if st := r.run(r.batch(8192, 16)); st.State != engine.BatchCompleted {
+		t.Fatalf("batch 3: %v %v", st.State, st.Err)
+	}
+}
+
+func TestCorruptData(t *testing.T) {
+	r := newRig(t, faulty.CorruptData(2))
+	r.setup()
+	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted || !r.landed(0, 4096) {
+		t.Fatalf("batch 1: %v %v", st.State, st.Err)
+	}
+	if st := r.run(r.batch(4096, 8192)); st.State != engine.BatchCompleted {
+		t.Fatalf("corrupted batch: %v %v, want completed", st.State, st.Err)
+	}
+	if got, want := r.dst.Bytes()[4096], ^r.src.Bytes()[4096]; got != want {
+		t.Fatalf("corrupted byte = %#x, want %#x (complement of the source)", got, want)
+	}
+	if !r.landed(4097, 8191) {
+		t.Fatalf("bytes after the corrupted one must land intact")
+	}
+}
+
+func TestFailRegisterAfter(t *testing.T) {
+	r := newRig(t, faulty.FailRegisterAfter(1))
+	if _, err := r.send.RegisterMemory(r.src.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.send.RegisterMemory(r.dst.Memory()); !injected(err, engine.ErrPeerLost) {
+		t.Fatalf("second RegisterMemory: %v, want ErrInjected", err)
+	}
+}
+
+func TestFailInstall(t *testing.T) {
+	r := newRig(t, faulty.FailInstall(), faulty.FailWith(engine.ErrUnavailable))
+	r.register()
+	if _, err := r.open(); !injected(err, engine.ErrUnavailable) {
+		t.Fatalf("OpenSegment: %v, want ErrInjected+ErrUnavailable", err)
+	}
+}

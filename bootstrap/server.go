@@ -171,9 +171,12 @@ func NewServer(opts Options) *Server {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 5 * time.Second
 	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	s := &Server{
 		opts:  opts,
-		log:   slog.Default().With("component", "bootstrap"),
+		log:   opts.Logger.With("component", "bootstrap"),
 		ready: make(chan struct{}),
 		table: make(map[Coord]*rankEntry),
 		rooms: make(map[uint64]roomEntry),

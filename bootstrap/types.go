@@ -14,6 +14,7 @@ package bootstrap
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -246,6 +247,8 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// RequestLog enables one slog line per request (debug level).
 	RequestLog bool
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // DecodeRank describes the decode rank that is resolving its producers

@@ -1,0 +1,507 @@
+package rdma
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/ibverbs"
+)
+
+// sqp is one sender QP of a segment.
+type sqp struct {
+	qp      *ibverbs.QP
+	dev     *device
+	di      int    // index of dev in Transport.devs
+	rdev    string // remote device name (selects rkeys)
+	cq      *ibverbs.CQ
+	credits int
+	pending []slice
+}
+
+// slice is one RDMA WRITE WR.
+type slice struct {
+	local  uintptr
+	lkey   uint32
+	raddr  uint64
+	rkey   uint32
+	length uint32
+	b      *batch
+}
+
+type batch struct {
+	id       engine.BatchID
+	total    uint64
+	done     uint64
+	inflight int
+	queued   int
+	state    engine.BatchState
+	err      error
+	canceled bool
+	doneCh   chan struct{}
+}
+
+type slot struct {
+	b      *batch
+	length uint32
+	qi     int
+}
+
+// segment is a sender's RC QPs to one receiver, striping each batch across
+// them in slices. One pump goroutine posts WRs and polls the CQs.
+type segment struct {
+	t       *Transport
+	peer    string
+	reply   []byte
+	qps     []*sqp
+	cqs     []*ibverbs.CQ
+	regions map[engine.RegionID]remoteRegion
+
+	mu      sync.Mutex
+	closed  bool
+	broken  error
+	batches map[engine.BatchID]*batch
+	nextID  engine.BatchID
+	slots   []slot
+	free    []uint64
+	rr      int
+	wake    chan struct{}
+	stopped chan struct{}
+}
+
+type remoteRegion struct {
+	desc engine.RegionDesc
+	key  regionKey
+}
+
+// OpenSegment connects to the receiver described by info.Endpoint: one QP
+// per remote QP, spread over the local devices, each moved to RTS. The
+// receiver must then Accept(HandshakeReply()).
+func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+	h, err := decodeHandshake(info.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("rdma: open segment: %w", err)
+	}
+	s := &segment{t: t, peer: h.QPs[0].GID, regions: map[engine.RegionID]remoteRegion{},
+		batches: map[engine.BatchID]*batch{}, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	for _, rd := range info.Regions {
+		k, err := decodeRegionKey(rd.Key)
+		if err != nil {
+			return nil, fmt.Errorf("rdma: open segment to %s: region %d: %w", s.peer, rd.ID, err)
+		}
+		s.regions[rd.ID] = remoteRegion{desc: rd, key: k}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("rdma: open segment: %w", engine.ErrClosed)
+	}
+	cqByDev := map[int]*ibverbs.CQ{}
+	var replies []qpInfo
+	fail := func(d *device, stage string, err error) (engine.Segment, error) {
+		s.destroy()
+		return nil, fmt.Errorf("rdma: %s -> peer %s: open segment: %s: %w", d.name, s.peer, stage, regHint(err, engine.MemoryHost))
+	}
+	perDev := (len(h.QPs) + len(t.devs) - 1) / len(t.devs)
+	for i, rq := range h.QPs {
+		di := i % len(t.devs)
+		d := t.devs[di]
+		cq := cqByDev[di]
+		if cq == nil {
+			if cq, err = d.ctx.CreateCQ(t.cfg.sqDepth*perDev+16, nil); err != nil {
+				return fail(d, "create CQ", err)
+			}
+			cqByDev[di] = cq
+			s.cqs = append(s.cqs, cq)
+		}
+		qp, err := d.pd.CreateQP(ibverbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, MaxSendWR: t.cfg.sqDepth, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
+		if err != nil {
+			return fail(d, "create QP", err)
+		}
+		s.qps = append(s.qps, &sqp{qp: qp, dev: d, di: di, rdev: rq.Dev, cq: cq, credits: t.cfg.sqDepth})
+		if err := qp.ToInit(d.port, mrAccess); err != nil {
+			return fail(d, "QP to INIT", err)
+		}
+		li := d.info(qp.QPN(), randPSN())
+		if err := connectQP(qp, d, li, rq, true, t.cfg); err != nil {
+			return fail(d, fmt.Sprintf("connect QP %d to remote QP %d", qp.QPN(), rq.QPN), err)
+		}
+		replies = append(replies, li)
+	}
+	s.reply = encodeHandshake(handshake{QPs: replies})
+	n := t.cfg.sqDepth * len(s.qps)
+	s.slots = make([]slot, n)
+	s.free = make([]uint64, n)
+	for i := range s.free {
+		s.free[i] = uint64(n - 1 - i)
+	}
+	t.segs[s] = struct{}{}
+	go s.pump()
+	return s, nil
+}
+
+func (s *segment) destroy() {
+	for _, q := range s.qps {
+		_ = q.qp.Close()
+	}
+	for _, cq := range s.cqs {
+		_ = cq.Close()
+	}
+}
+
+// HandshakeReply returns the sender QPs' info for the receiver's Accept.
+func (s *segment) HandshakeReply() []byte { return s.reply }
+
+// Submit validates b, cuts every block into slices of at most slice_size
+// bytes that never cross an MR boundary on either side, stripes them
+// round-robin over the segment's QPs (and so over NICs), and queues them for
+// the pump. The batch completes when every WRITE has been acknowledged by
+// the receiver's NIC (RC ACK: the bytes are placed in its memory); so a
+// caller that writes its metadata record in a later batch, after this one
+// completed, commits it only after all KV writes landed.
+func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	t := s.t
+	t.mu.Lock()
+	// Validate everything first: nothing is queued on error.
+	for i, r := range b.Requests {
+		rr, ok := s.regions[r.Remote]
+		if !ok {
+			t.mu.Unlock()
+			return 0, fmt.Errorf("rdma: request %d: remote region %d: %w", i, r.Remote, engine.ErrUnknownRegion)
+		}
+		if r.Length == 0 {
+			continue
+		}
+		for k := uint64(0); k < r.Blocks(); k++ {
+			ro := r.RemoteOffset + k*r.RemoteStride
+			la := r.Local + uintptr(k*r.LocalStride)
+			if ro+r.Length < ro || ro+r.Length > rr.desc.Length {
+				t.mu.Unlock()
+				return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside region %d (%d bytes): %w", i, k, ro, r.Length, r.Remote, rr.desc.Length, engine.ErrOutOfBounds)
+			}
+			for _, q := range s.qps {
+				if ext := rr.key.extent(q.rdev); ro+r.Length > ext {
+					t.mu.Unlock()
+					return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside the %d bytes region %d has registered on %s: %w", i, k, ro, r.Length, ext, r.Remote, q.rdev, engine.ErrOutOfBounds)
+				}
+			}
+			if _, _, ok := t.localLKey(0, la, r.Length); !ok {
+				t.mu.Unlock()
+				return 0, fmt.Errorf("rdma: request %d block %d: local %#x+%d is not inside a registered region: %w", i, k, la, r.Length, engine.ErrOutOfBounds)
+			}
+		}
+	}
+	s.mu.Lock()
+	if s.closed || s.broken != nil {
+		err := s.broken
+		if s.closed {
+			err = engine.ErrClosed
+		}
+		s.mu.Unlock()
+		t.mu.Unlock()
+		return 0, fmt.Errorf("rdma: submit to peer %s: segment unusable: %w", s.peer, err)
+	}
+	s.nextID++
+	bt := &batch{id: s.nextID, total: b.Bytes(), doneCh: make(chan struct{})}
+	s.batches[bt.id] = bt
+	sliceMax := t.cfg.sliceSize
+	for _, r := range b.Requests {
+		rr := s.regions[r.Remote]
+		for k := uint64(0); k < r.Blocks() && r.Length > 0; k++ {
+			ro := r.RemoteOffset + k*r.RemoteStride
+			la := r.Local + uintptr(k*r.LocalStride)
+			for left := r.Length; left > 0; {
+				q := s.qps[s.rr%len(s.qps)]
+				s.rr++
+				lkey, lroom, _ := t.localLKey(q.di, la, left)
+				n := min(left, sliceMax, lroom)
+				var rkey uint32
+				for _, c := range rr.key.chunks(q.rdev) {
+					if ro >= c.Off && ro < c.Off+c.Len {
+						rkey = c.RKey
+						n = min(n, c.Off+c.Len-ro)
+						break
+					}
+				}
+				q.pending = append(q.pending, slice{local: la, lkey: lkey, raddr: rr.desc.Addr + ro, rkey: rkey, length: uint32(n), b: bt})
+				bt.queued++
+				la += uintptr(n)
+				ro += n
+				left -= n
+			}
+		}
+	}
+	if bt.queued == 0 {
+		s.finish(bt, engine.BatchCompleted, nil)
+	}
+	s.mu.Unlock()
+	t.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return bt.id, nil
+}
+
+// finish makes a batch terminal; s.mu held.
+func (s *segment) finish(b *batch, st engine.BatchState, err error) {
+	if b.state.Terminal() {
+		return
+	}
+	b.state, b.err = st, err
+	close(b.doneCh)
+}
+
+// settle finishes b when nothing of it is queued or in flight; s.mu held.
+func (s *segment) settle(b *batch) {
+	if b.state.Terminal() || b.inflight > 0 || b.queued > 0 {
+		return
+	}
+	switch {
+	case b.err != nil:
+		s.finish(b, engine.BatchFailed, b.err)
+	case b.canceled:
+		s.finish(b, engine.BatchCanceled, fmt.Errorf("rdma: batch %d: %w", b.id, engine.ErrCanceled))
+	default:
+		s.finish(b, engine.BatchCompleted, nil)
+	}
+}
+
+// wcErr turns a failed completion into an error naming device, peer and
+// stage, wrapping the engine sentinel that fits.
+func (s *segment) wcErr(q *sqp, wc *ibverbs.WC) error {
+	base := fmt.Errorf("rdma: %s QP %d -> peer %s: write completion: %w", q.dev.name, q.qp.QPN(), s.peer, wc.Err())
+	switch wc.Status {
+	case ibverbs.WCRemAccessErr, ibverbs.WCRemInvReqErr:
+		return fmt.Errorf("%w (receiver NIC refused the write: region deregistered or write out of its bounds): %w; %w", base, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+	case ibverbs.WCRetryExcErr, ibverbs.WCRNRRetryExcErr, ibverbs.WCRespTimeoutErr:
+		return fmt.Errorf("%w (no ACK from the receiver: it closed, died or is unreachable): %w", base, engine.ErrPeerLost)
+	case ibverbs.WCLocProtErr:
+		return fmt.Errorf("%w (local buffer not covered by its MR)", base)
+	}
+	return base
+}
+
+// pump posts queued slices within each QP's credits and polls completions
+// until the segment closes.
+func (s *segment) pump() {
+	defer close(s.stopped)
+	wrs := make([]ibverbs.SendWR, 64)
+	wcs := make([]ibverbs.WC, 64)
+	idle := 0
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		work := false
+		for qi, q := range s.qps {
+			for q.credits > 0 && len(q.pending) > 0 && s.broken == nil {
+				n := 0
+				for n < len(wrs) && n < q.credits && len(q.pending) > 0 {
+					sl := q.pending[0]
+					q.pending = q.pending[1:]
+					sl.b.queued--
+					if sl.b.canceled || sl.b.err != nil {
+						s.settle(sl.b)
+						continue
+					}
+					id := s.free[len(s.free)-1]
+					s.free = s.free[:len(s.free)-1]
+					s.slots[id] = slot{b: sl.b, length: sl.length, qi: qi}
+					sl.b.inflight++
+					wrs[n] = ibverbs.SendWR{ID: id, Opcode: ibverbs.OpRDMAWrite, Flags: ibverbs.SendSignaled,
+						Addr: sl.local, Length: sl.length, LKey: sl.lkey, RemoteAddr: sl.raddr, RKey: sl.rkey}
+					n++
+				}
+				if n == 0 {
+					break
+				}
+				ok, err := q.qp.PostSend(wrs[:n])
+				q.credits -= ok
+				for _, w := range wrs[ok:n] { // not posted: fail their batches
+					sl := s.slots[w.ID]
+					s.free = append(s.free, w.ID)
+					sl.b.inflight--
+					if sl.b.err == nil {
+						sl.b.err = fmt.Errorf("rdma: %s QP %d -> peer %s: post send: %w", q.dev.name, q.qp.QPN(), s.peer, err)
+					}
+					s.settle(sl.b)
+				}
+				work = true
+			}
+		}
+		inflight := len(s.free) < len(s.slots)
+		queued := false
+		for _, q := range s.qps {
+			queued = queued || len(q.pending) > 0
+		}
+		s.mu.Unlock()
+
+		for _, cq := range s.cqs {
+			for {
+				n, err := cq.Poll(wcs)
+				if err != nil || n == 0 {
+					break
+				}
+				work = true
+				s.mu.Lock()
+				for i := 0; i < n; i++ {
+					wc := &wcs[i]
+					sl := s.slots[wc.WRID]
+					s.free = append(s.free, wc.WRID)
+					q := s.qps[sl.qi]
+					q.credits++
+					sl.b.inflight--
+					if e := wc.Err(); e != nil {
+						if s.broken == nil {
+							s.broken = s.wcErr(q, wc)
+						}
+						if sl.b.err == nil {
+							sl.b.err = s.broken
+						}
+					} else {
+						sl.b.done += uint64(sl.length)
+					}
+					s.settle(sl.b)
+				}
+				if s.broken != nil { // a QP in ERR flushes the rest: fail queued work now
+					for _, q := range s.qps {
+						for _, p := range q.pending {
+							p.b.queued--
+							if p.b.err == nil {
+								p.b.err = s.broken
+							}
+							s.settle(p.b)
+						}
+						q.pending = nil
+					}
+				}
+				s.mu.Unlock()
+			}
+		}
+		if work {
+			idle = 0
+			continue
+		}
+		if !inflight && !queued {
+			idle = 0
+			select {
+			case <-s.wake:
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		// Completions pending: back off from 20 us to 1 ms between polls.
+		idle++
+		time.Sleep(time.Duration(min(20*idle, 1000)) * time.Microsecond)
+	}
+}
+
+func (s *segment) get(id engine.BatchID) (*batch, error) {
+	b, ok := s.batches[id]
+	if !ok {
+		return nil, fmt.Errorf("rdma: batch %d: %w", id, engine.ErrUnknownBatch)
+	}
+	return b, nil
+}
+
+// Poll returns the batch's state without blocking.
+func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := s.get(id)
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	return engine.BatchStatus{State: b.state, BytesDone: b.done, Err: b.err}, nil
+}
+
+// Wait blocks until the batch is terminal or ctx ends.
+func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+	s.mu.Lock()
+	b, err := s.get(id)
+	s.mu.Unlock()
+	if err != nil {
+		return engine.BatchStatus{}, err
+	}
+	select {
+	case <-b.doneCh:
+		return s.Poll(id)
+	case <-ctx.Done():
+		st, _ := s.Poll(id)
+		return st, ctx.Err()
+	}
+}
+
+// Cancel drops the batch's slices not yet posted; WRs already posted run to
+// completion, then the batch ends BatchCanceled.
+func (s *segment) Cancel(id engine.BatchID) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := s.get(id)
+	if err != nil {
+		return err
+	}
+	if b.state.Terminal() {
+		return nil
+	}
+	b.canceled = true
+	for _, q := range s.qps {
+		kept := q.pending[:0]
+		for _, p := range q.pending {
+			if p.b == b {
+				b.queued--
+				continue
+			}
+			kept = append(kept, p)
+		}
+		q.pending = kept
+	}
+	s.settle(b)
+	return nil
+}
+
+// Release forgets a terminal batch.
+func (s *segment) Release(id engine.BatchID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.batches[id]; ok && b.state.Terminal() {
+		delete(s.batches, id)
+	}
+}
+
+// Close stops the pump, fails pending batches with ErrClosed and destroys
+// the QPs and CQs; idempotent.
+func (s *segment) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	<-s.stopped
+	s.mu.Lock()
+	for _, b := range s.batches {
+		if !b.state.Terminal() {
+			s.finish(b, engine.BatchFailed, fmt.Errorf("rdma: segment to peer %s closed: %w", s.peer, engine.ErrClosed))
+		}
+	}
+	s.mu.Unlock()
+	s.destroy()
+	s.t.mu.Lock()
+	delete(s.t.segs, s)
+	s.t.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,539 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/ibverbs"
+)
+
+func init() {
+	engine.RegisterTransport("rdma", 300, Probe, func(o engine.Options) (engine.Transport, error) { return New(o) })
+}
+
+// dmaBufFD exports CUDA device memory [ptr, ptr+size) as a dma-buf fd for
+// ibv_reg_dmabuf_mr. It is a seam (tests replace it); the default is
+// cuda.DmaBufFD. Errors are wrapped with engine.ErrUnsupportedMemory.
+var dmaBufFD = cuda.DmaBufFD
+
+// Defaults of the Options.Extra settings.
+const (
+	defaultSliceSize = 1 << 20 // bytes per RDMA WRITE when striping
+	defaultSQDepth   = 256     // send WRs in flight per QP
+	defaultStreams   = 2       // QPs per device per peer
+	defaultTimeout   = 14      // QP ACK timeout code: 4.096 us * 2^14 ~ 67 ms
+	defaultRetry     = 7       // transport retries before IBV_WC_RETRY_EXC_ERR
+)
+
+// config holds the transport's tunables (engine.Options.Extra keys in
+// parentheses).
+type config struct {
+	sliceSize uint64 // "slice_size": max bytes per WRITE WR (4 KiB..1 GiB)
+	sqDepth   int    // "sq_depth": send queue depth per QP
+	streams   int    // engine.Options.Streams: QPs per device per peer
+	timeout   uint8  // "qp_timeout": ACK timeout code (0..31)
+	retry     uint8  // "retry_cnt": 0..7
+	maxMR     uint64 // "max_mr_size": split regions into MRs of at most this (default: device max_mr_size)
+	gidIndex  int
+}
+
+func parseConfig(o engine.Options) (config, error) {
+	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
+		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex}
+	if c.streams <= 0 {
+		c.streams = defaultStreams
+	}
+	num := func(key string, lo, hi uint64, dst func(uint64)) error {
+		s, ok := o.Extra[key]
+		if !ok {
+			return nil
+		}
+		v, err := strconv.ParseUint(s, 0, 64)
+		if err != nil || v < lo || v > hi {
+			return fmt.Errorf("rdma: option %s=%q: want an integer in [%d, %d]", key, s, lo, hi)
+		}
+		dst(v)
+		return nil
+	}
+	for _, e := range []error{
+		num("slice_size", 4096, 1<<30, func(v uint64) { c.sliceSize = v }),
+		num("sq_depth", 4, 16384, func(v uint64) { c.sqDepth = int(v) }),
+		num("qp_timeout", 0, 31, func(v uint64) { c.timeout = uint8(v) }),
+		num("retry_cnt", 0, 7, func(v uint64) { c.retry = uint8(v) }),
+		num("max_mr_size", 4096, 1<<62, func(v uint64) { c.maxMR = v }),
+	} {
+		if e != nil {
+			return c, e
+		}
+	}
+	return c, nil
+}
+
+// device is one opened NIC port the transport uses.
+type device struct {
+	nic    NIC
+	name   string
+	port   uint8
+	gid    ibverbs.GID
+	gidIdx int
+	pattr  ibverbs.PortAttr
+	maxMR  uint64
+	ctx    *ibverbs.Context
+	pd     *ibverbs.PD
+	rcq    *ibverbs.CQ // receive-side CQ shared by the receiver's QPs
+}
+
+func (d *device) info(qpn, psn uint32) qpInfo {
+	return qpInfo{Dev: d.name, QPN: qpn, PSN: psn, GID: d.gid.String(), LID: d.pattr.LID,
+		MTU: uint8(d.pattr.ActiveMTU), Global: d.pattr.LinkLayer == ibverbs.LinkLayerEthernet}
+}
+
+// usable picks the first active port of nic with a selectable GID.
+func usable(n NIC, gidIndex int, addrs func(string) ([]net.IP, error)) (Port, GID, error) {
+	var errs []error
+	for _, p := range n.Ports {
+		if !p.Active() {
+			errs = append(errs, fmt.Errorf("%s port %d is %q, not ACTIVE", n.Name, p.Num, p.State))
+			continue
+		}
+		g, err := SelectGID(n, p.Num, gidIndex, addrs)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return p, g, nil
+	}
+	if len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("%s has no ports", n.Name))
+	}
+	return Port{}, GID{}, errors.Join(errs...)
+}
+
+// Probe reports whether the rdma transport can run here: cgo built in, at
+// least one RDMA device with an ACTIVE port and a usable GID. Otherwise it
+// returns an error wrapping engine.ErrUnavailable that says why.
+func Probe() error {
+	if !ibverbs.Available {
+		return fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, ibverbs.ErrNoCgo)
+	}
+	nics, err := Discover()
+	if err != nil {
+		return fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, err)
+	}
+	if len(nics) == 0 {
+		return fmt.Errorf("rdma: %w: no RDMA device in /sys/class/infiniband (load the NIC driver, or rdma_rxe for Soft-RoCE)", engine.ErrUnavailable)
+	}
+	c := newConfig(nil)
+	var errs []error
+	for _, n := range nics {
+		if _, _, err := usable(n, -1, c.addrs); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("rdma: %w: no usable device: %w", engine.ErrUnavailable, errors.Join(errs...))
+}
+
+// Transport is the RDMA transport: one node's devices, registered regions,
+// receiver-side QPs per peer and sender segments. Safe for concurrent use.
+type Transport struct {
+	cfg  config
+	devs []*device
+
+	mu      sync.Mutex
+	closed  bool
+	regions map[engine.RegionID]*region
+	nextID  engine.RegionID
+	peers   map[string]*peerConn
+	segs    map[*segment]struct{}
+}
+
+var (
+	_ engine.Transport = (*Transport)(nil)
+	_ engine.Acceptor  = (*Transport)(nil)
+)
+
+// region is a registered memory range, split into MRs per device.
+type region struct {
+	id    engine.RegionID
+	mem   engine.Memory
+	mrs   [][]*ibverbs.MR // [device][chunk]
+	chunk []uint64        // per-device chunk size in bytes
+	desc  engine.RegionDesc
+}
+
+// peerConn is the receiver's QPs prepared for one sender peer.
+type peerConn struct {
+	qps   []*ibverbs.QP
+	devs  []*device
+	infos []qpInfo
+}
+
+// New opens the rdma transport on every usable device (o.Devices filters by
+// name, o.GIDIndex >= 0 forces a GID index, o.Streams sets QPs per device per
+// peer; Extra keys: slice_size, sq_depth, qp_timeout, retry_cnt,
+// max_mr_size). Errors wrap engine.ErrUnavailable when no device is usable.
+func New(o engine.Options) (*Transport, error) {
+	cfg, err := parseConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	if !ibverbs.Available {
+		return nil, fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, ibverbs.ErrNoCgo)
+	}
+	dc := newConfig([]Option{WithDevices(o.Devices...)})
+	nics, err := discover(dc)
+	if err != nil {
+		return nil, err
+	}
+	t := &Transport{cfg: cfg, regions: map[engine.RegionID]*region{}, peers: map[string]*peerConn{}, segs: map[*segment]struct{}{}}
+	var errs []error
+	for _, n := range nics {
+		p, g, err := usable(n, cfg.gidIndex, dc.addrs)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d, err := openDevice(n, p, g, cfg)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		t.devs = append(t.devs, d)
+	}
+	if len(t.devs) == 0 {
+		if len(nics) == 0 {
+			errs = append(errs, fmt.Errorf("no RDMA device found (devices filter %v)", o.Devices))
+		}
+		return nil, fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, errors.Join(errs...))
+	}
+	return t, nil
+}
+
+func openDevice(n NIC, p Port, g GID, cfg config) (*device, error) {
+	ctx, err := ibverbs.Open(n.Name)
+	if err != nil {
+		return nil, fmt.Errorf("rdma: open %s: %w", n.Name, err)
+	}
+	d := &device{nic: n, name: n.Name, port: uint8(p.Num), gidIdx: g.Index, ctx: ctx}
+	fail := func(stage string, err error) (*device, error) {
+		d.close()
+		return nil, fmt.Errorf("rdma: %s port %d: %s: %w", n.Name, p.Num, stage, err)
+	}
+	if d.gid, err = ibverbs.ParseGID(g.Value); err != nil {
+		return fail("parse GID", err)
+	}
+	if d.pattr, err = ctx.QueryPort(d.port); err != nil {
+		return fail("query port", err)
+	}
+	attr, err := ctx.QueryDevice()
+	if err != nil {
+		return fail("query device", err)
+	}
+	d.maxMR = attr.MaxMRSize
+	if cfg.maxMR != 0 && (d.maxMR == 0 || cfg.maxMR < d.maxMR) {
+		d.maxMR = cfg.maxMR
+	}
+	if d.pd, err = ctx.AllocPD(); err != nil {
+		return fail("alloc PD", err)
+	}
+	if d.rcq, err = ctx.CreateCQ(64, nil); err != nil {
+		return fail("create receive CQ", err)
+	}
+	return d, nil
+}
+
+func (d *device) close() {
+	if d.rcq != nil {
+		_ = d.rcq.Close()
+	}
+	if d.pd != nil {
+		_ = d.pd.Close()
+	}
+	_ = d.ctx.Close()
+}
+
+// Name returns "rdma".
+func (t *Transport) Name() string { return "rdma" }
+
+// Capabilities: host memory, device memory (dma-buf), cross-host,
+// zero-copy, and the two-step QP handshake.
+func (t *Transport) Capabilities() engine.Caps {
+	return engine.CapHostMemory | engine.CapDeviceMemory | engine.CapCrossHost | engine.CapZeroCopy | engine.CapHandshake
+}
+
+// Devices returns the names of the devices in use, in striping order.
+func (t *Transport) Devices() []string {
+	out := make([]string, len(t.devs))
+	for i, d := range t.devs {
+		out[i] = d.name
+	}
+	return out
+}
+
+const mrAccess = ibverbs.AccessLocalWrite | ibverbs.AccessRemoteWrite | ibverbs.AccessRemoteRead
+
+// regHint adds the usual fix to a registration error.
+func regHint(err error, kind engine.MemoryKind) error {
+	switch {
+	case errors.Is(err, syscall.ENOMEM):
+		return fmt.Errorf("%w (pinned-memory limit too low? raise RLIMIT_MEMLOCK: `ulimit -l unlimited`, or LimitMEMLOCK=infinity / --ulimit memlock=-1)", err)
+	case errors.Is(err, syscall.EFAULT) && kind == engine.MemoryCUDA:
+		return fmt.Errorf("%w (GPU memory: needs dma-buf support (kernel >= 5.12, CUDA >= 11.7 open driver) or the nvidia-peermem module)", err)
+	case errors.Is(err, syscall.EFAULT):
+		return fmt.Errorf("%w (address range not mapped in this process)", err)
+	}
+	return err
+}
+
+// RegisterMemory registers m on every device, split into MRs of at most the
+// device's max_mr_size. Device memory goes through dma-buf.
+func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+	if m.Length == 0 || m.Addr == 0 {
+		return engine.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: empty or null range", m.Addr, m.Length)
+	}
+	if m.Addr+uintptr(m.Length) < m.Addr {
+		return engine.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: range wraps the address space", m.Addr, m.Length)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return engine.RegionDesc{}, fmt.Errorf("rdma: register: %w", engine.ErrClosed)
+	}
+	r := &region{mem: m}
+	cleanup := func() {
+		for _, ms := range r.mrs {
+			for _, mr := range ms {
+				_ = mr.Close()
+			}
+		}
+	}
+	var key regionKey
+	for _, d := range t.devs {
+		chunk := m.Length
+		if d.maxMR > 0 && chunk > d.maxMR {
+			chunk = d.maxMR
+		}
+		var mrs []*ibverbs.MR
+		dk := devKey{Dev: d.name}
+		for off := uint64(0); off < m.Length; off += chunk {
+			n := min(chunk, m.Length-off)
+			mr, err := t.regChunk(d, m, off, n)
+			if err != nil {
+				for _, x := range mrs {
+					_ = x.Close()
+				}
+				cleanup()
+				return engine.RegionDesc{}, fmt.Errorf("rdma: register %s memory %#x+%d on %s (MR at offset %d, %d bytes): %w",
+					m.Kind, m.Addr, m.Length, d.name, off, n, regHint(err, m.Kind))
+			}
+			mrs = append(mrs, mr)
+			dk.Chunks = append(dk.Chunks, mrChunkDesc{Off: off, Len: n, RKey: mr.RKey()})
+		}
+		r.mrs = append(r.mrs, mrs)
+		r.chunk = append(r.chunk, chunk)
+		key.Devs = append(key.Devs, dk)
+	}
+	t.nextID++
+	r.id = t.nextID
+	r.desc = engine.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind, Key: encodeRegionKey(key)}
+	t.regions[r.id] = r
+	return r.desc, nil
+}
+
+func (t *Transport) regChunk(d *device, m engine.Memory, off, n uint64) (*ibverbs.MR, error) {
+	switch m.Kind {
+	case engine.MemoryHost:
+		return d.pd.RegMR(m.Addr+uintptr(off), n, mrAccess)
+	case engine.MemoryCUDA:
+		fd, err := dmaBufFD(m.Addr+uintptr(off), n)
+		if err != nil {
+			return nil, fmt.Errorf("export dma-buf: %w: %w", engine.ErrUnsupportedMemory, err)
+		}
+		defer syscall.Close(fd)
+		return d.pd.RegDmaBufMR(0, n, uint64(m.Addr)+off, fd, mrAccess)
+	}
+	return nil, fmt.Errorf("memory kind %v: %w", m.Kind, engine.ErrUnsupportedMemory)
+}
+
+// DeregisterMemory deregisters a region's MRs; later remote writes to it
+// fail with a remote access error.
+func (t *Transport) DeregisterMemory(id engine.RegionID) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.regions[id]
+	if !ok {
+		return fmt.Errorf("rdma: deregister region %d: %w", id, engine.ErrUnknownRegion)
+	}
+	delete(t.regions, id)
+	var errs []error
+	for _, ms := range r.mrs {
+		for _, mr := range ms {
+			if err := mr.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("rdma: deregister region %d: %w", id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// localLKey finds the registered region holding [addr, addr+n) and returns
+// the lkey for device index di plus the bytes left in that MR from addr.
+// Callers hold t.mu.
+func (t *Transport) localLKey(di int, addr uintptr, n uint64) (lkey uint32, room uint64, ok bool) {
+	for _, r := range t.regions {
+		if addr < r.mem.Addr || uint64(addr-r.mem.Addr)+n > r.mem.Length || uint64(addr-r.mem.Addr)+n < n {
+			continue
+		}
+		off := uint64(addr - r.mem.Addr)
+		c := off / r.chunk[di]
+		mr := r.mrs[di][c]
+		return mr.LKey(), (c+1)*r.chunk[di] - off, true
+	}
+	return 0, 0, false
+}
+
+func randPSN() uint32 { return rand.Uint32() & 0xffffff }
+
+// Endpoint creates (or recreates) the receiver's QPs for peer, Streams per
+// device, in INIT state, and returns their handshake blob. The sender's
+// OpenSegment connects to them; Accept completes the pairing.
+func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("rdma: endpoint for %q: %w", peer, engine.ErrClosed)
+	}
+	if old := t.peers[peer]; old != nil {
+		old.close()
+		delete(t.peers, peer)
+	}
+	pc := &peerConn{}
+	for _, d := range t.devs {
+		for s := 0; s < t.cfg.streams; s++ {
+			qp, err := d.pd.CreateQP(ibverbs.QPInitAttr{SendCQ: d.rcq, RecvCQ: d.rcq, MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
+			if err == nil {
+				err = qp.ToInit(d.port, mrAccess)
+				if err != nil {
+					_ = qp.Close()
+				}
+			}
+			if err != nil {
+				pc.close()
+				return nil, fmt.Errorf("rdma: %s: create QP for peer %q (endpoint): %w", d.name, peer, regHint(err, engine.MemoryHost))
+			}
+			pc.qps = append(pc.qps, qp)
+			pc.devs = append(pc.devs, d)
+			pc.infos = append(pc.infos, d.info(qp.QPN(), randPSN()))
+		}
+	}
+	t.peers[peer] = pc
+	return encodeHandshake(handshake{QPs: pc.infos}), nil
+}
+
+func (pc *peerConn) close() {
+	for _, q := range pc.qps {
+		_ = q.Close()
+	}
+	pc.qps = nil
+}
+
+// Accept moves the QPs prepared for peer to RTR, connected to the sender's
+// QPs described in reply (from its Segment.HandshakeReply). Path MTU is the
+// smaller of both sides' active MTU.
+func (t *Transport) Accept(ctx context.Context, peer string, reply []byte) error {
+	h, err := decodeHandshake(reply)
+	if err != nil {
+		return fmt.Errorf("rdma: accept from peer %q: %w", peer, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("rdma: accept from peer %q: %w", peer, engine.ErrClosed)
+	}
+	pc := t.peers[peer]
+	if pc == nil {
+		return fmt.Errorf("rdma: accept from peer %q: no QPs prepared (call Endpoint for this peer first)", peer)
+	}
+	if len(h.QPs) != len(pc.qps) {
+		return fmt.Errorf("rdma: accept from peer %q: reply has %d QPs, endpoint offered %d", peer, len(h.QPs), len(pc.qps))
+	}
+	for i, qp := range pc.qps {
+		d := pc.devs[i]
+		if err := connectQP(qp, d, pc.infos[i], h.QPs[i], false, t.cfg); err != nil {
+			return fmt.Errorf("rdma: %s QP %d: accept from peer %q (remote QP %d, GID %s): %w", d.name, qp.QPN(), peer, h.QPs[i].QPN, h.QPs[i].GID, err)
+		}
+	}
+	return nil
+}
+
+// connectQP moves an INIT QP to RTR towards remote (and on to RTS when
+// send is set).
+func connectQP(qp *ibverbs.QP, d *device, local, remote qpInfo, send bool, cfg config) error {
+	dgid, err := ibverbs.ParseGID(remote.GID)
+	if err != nil {
+		return err
+	}
+	mtu := min(ibverbs.MTU(local.MTU), ibverbs.MTU(remote.MTU))
+	if err := qp.ToRTR(ibverbs.RTRAttr{MTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN, DLID: remote.LID,
+		IsGlobal: local.Global, DGID: dgid, SGIDIndex: uint8(d.gidIdx), HopLimit: 64,
+		MaxDestRdAtomic: 1, MinRNRTimer: 12, Port: d.port}); err != nil {
+		return fmt.Errorf("to RTR: %w", err)
+	}
+	if !send {
+		return nil
+	}
+	if err := qp.ToRTS(ibverbs.RTSAttr{SQPSN: local.PSN, Timeout: cfg.timeout, RetryCnt: cfg.retry, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
+		return fmt.Errorf("to RTS: %w", err)
+	}
+	return nil
+}
+
+// Close fails pending batches, destroys every segment, QP, MR, CQ and PD and
+// closes the devices; idempotent.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	segs := make([]*segment, 0, len(t.segs))
+	for s := range t.segs {
+		segs = append(segs, s)
+	}
+	t.mu.Unlock()
+	for _, s := range segs {
+		_ = s.Close()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, pc := range t.peers {
+		pc.close()
+	}
+	t.peers = nil
+	for id, r := range t.regions {
+		for _, ms := range r.mrs {
+			for _, mr := range ms {
+				_ = mr.Close()
+			}
+		}
+		delete(t.regions, id)
+	}
+	for _, d := range t.devs {
+		d.close()
+	}
+	return nil
+}

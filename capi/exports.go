@@ -1,0 +1,389 @@
+package main
+
+// Every //export of the C ABI, and nothing else. The preamble only includes
+// the header's types (KVX_TYPES_ONLY): cgo writes its own prototypes, which
+// drop `const`. header_test.go checks these names against include/kvxfer.h.
+
+/*
+#define KVX_TYPES_ONLY 1
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+//export kvx_bootstrap_start
+func kvx_bootstrap_start(host *C.char, port C.uint16_t, out *C.kvx_bootstrap_t) (rc C.int) {
+	defer guard("kvx_bootstrap_start", &rc)
+	if out == nil {
+		return finish(nullArg("kvx_bootstrap_start", "out"))
+	}
+	b, err := startBootstrap(goStr(host), int(port))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_bootstrap_t(bootstraps.add(b))
+	return finish(nil)
+}
+
+//export kvx_bootstrap_addr
+func kvx_bootstrap_addr(server C.kvx_bootstrap_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	defer guard("kvx_bootstrap_addr", &rc)
+	b, ok := bootstraps.get(uint64(server))
+	if !ok {
+		return finish(badHandle("kvx_bootstrap_addr", "bootstrap", uint64(server)))
+	}
+	return finish(writeOut("kvx_bootstrap_addr", []byte(b.srv.Addr()), true, unsafe.Pointer(buf), capacity, needed))
+}
+
+//export kvx_bootstrap_stop
+func kvx_bootstrap_stop(server C.kvx_bootstrap_t) (rc C.int) {
+	defer guard("kvx_bootstrap_stop", &rc)
+	b, ok := bootstraps.take(uint64(server))
+	if !ok {
+		return finish(badHandle("kvx_bootstrap_stop", "bootstrap", uint64(server)))
+	}
+	return finish(b.stop())
+}
+
+//export kvx_engine_create
+func kvx_engine_create(cfg *C.kvx_engine_config, out *C.kvx_engine_t) (rc C.int) {
+	const op = "kvx_engine_create"
+	defer guard(op, &rc)
+	if cfg == nil {
+		return finish(nullArg(op, "cfg"))
+	}
+	if out == nil {
+		return finish(nullArg(op, "out"))
+	}
+	if uintptr(cfg.struct_size) < unsafe.Sizeof(*cfg) {
+		return finish(fail(stInvalidArgument, "%s: cfg->struct_size is %d, want sizeof(kvx_engine_config) = %d (zero-initialise the struct and set struct_size)", op, cfg.struct_size, unsafe.Sizeof(*cfg)))
+	}
+	e, err := newEngine(engineConfig{
+		role:          int32(cfg.role),
+		transport:     goStr(cfg.transport),
+		listenHost:    goStr(cfg.listen_host),
+		listenPort:    int(cfg.listen_port),
+		bootstrapAddr: goStr(cfg.bootstrap_addr),
+		streams:       int(cfg.streams),
+	})
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_engine_t(engines.add(e))
+	return finish(nil)
+}
+
+//export kvx_engine_destroy
+func kvx_engine_destroy(eng C.kvx_engine_t) (rc C.int) {
+	const op = "kvx_engine_destroy"
+	defer guard(op, &rc)
+	if inCallback() {
+		return finish(fail(stBusy, "%s: called from inside the engine's notification callback; destroy it from another thread", op))
+	}
+	e, ok := engines.take(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	if err := e.close(); err != nil {
+		return finish(failWrap(stOK, err, "%s: close transport %s", op, e.tr.Name()))
+	}
+	return finish(nil)
+}
+
+//export kvx_engine_transport
+func kvx_engine_transport(eng C.kvx_engine_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_engine_transport"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	return finish(writeOut(op, []byte(e.tr.Name()), true, unsafe.Pointer(buf), capacity, needed))
+}
+
+//export kvx_engine_set_notify
+func kvx_engine_set_notify(eng C.kvx_engine_t, fn C.kvx_notify_fn, userData unsafe.Pointer) (rc C.int) {
+	const op = "kvx_engine_set_notify"
+	defer guard(op, &rc)
+	if inCallback() {
+		return finish(fail(stBusy, "%s: called from inside a notification callback; change the callback from another thread", op))
+	}
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	e.notify.set(fn, userData)
+	return finish(nil)
+}
+
+//export kvx_alloc_host
+func kvx_alloc_host(name *C.char, size C.uint64_t, out *C.kvx_hostbuf_t, addr *unsafe.Pointer, length *C.uint64_t) (rc C.int) {
+	const op = "kvx_alloc_host"
+	defer guard(op, &rc)
+	switch {
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	case addr == nil:
+		return finish(nullArg(op, "addr"))
+	case length == nil:
+		return finish(nullArg(op, "len"))
+	case size == 0:
+		return finish(fail(stInvalidArgument, "%s: size is 0 bytes", op))
+	case uint64(size) > 1<<46:
+		return finish(fail(stInvalidArgument, "%s: size %d bytes is over the 64 TiB limit", op, size))
+	}
+	n := goStr(name)
+	if n == "" {
+		n = "capi"
+	}
+	hb, err := engine.AllocHost(n, int64(size))
+	if err != nil {
+		return finish(failWrap(stInvalidArgument, err, "%s", op))
+	}
+	*out = C.kvx_hostbuf_t(hostBufs.add(hb))
+	// The memory is an mmap outside the Go heap, so handing C its address is
+	// allowed (cgo pointer rules do not apply).
+	*addr = unsafe.Pointer(unsafe.SliceData(hb.Bytes()))
+	*length = C.uint64_t(hb.Len())
+	return finish(nil)
+}
+
+//export kvx_free_host
+func kvx_free_host(buf C.kvx_hostbuf_t) (rc C.int) {
+	const op = "kvx_free_host"
+	defer guard(op, &rc)
+	hb, ok := hostBufs.get(uint64(buf))
+	if !ok {
+		return finish(badHandle(op, "host buffer", uint64(buf)))
+	}
+	m := hb.Memory()
+	if e, id, used := registeredAnywhere(m.Addr, m.Length); used {
+		return finish(fail(stBusy, "%s: buffer is still registered as region %d of engine %d; call kvx_deregister_memory first", op, id, e))
+	}
+	if _, ok := hostBufs.take(uint64(buf)); !ok {
+		return finish(badHandle(op, "host buffer", uint64(buf)))
+	}
+	return finish(hb.Close())
+}
+
+//export kvx_register_memory
+func kvx_register_memory(eng C.kvx_engine_t, addr unsafe.Pointer, length C.uint64_t, location *C.char, out *C.kvx_region_t) (rc C.int) {
+	const op = "kvx_register_memory"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case addr == nil:
+		return finish(nullArg(op, "addr"))
+	case length == 0:
+		return finish(fail(stInvalidArgument, "%s: len is 0 bytes", op))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	id, err := e.register(uintptr(addr), uint64(length), goStr(location))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_region_t(id)
+	return finish(nil)
+}
+
+//export kvx_deregister_memory
+func kvx_deregister_memory(eng C.kvx_engine_t, region C.kvx_region_t) (rc C.int) {
+	const op = "kvx_deregister_memory"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	return finish(e.deregister(engine.RegionID(region)))
+}
+
+//export kvx_segment_export
+func kvx_segment_export(eng C.kvx_engine_t, peer *C.char, buf unsafe.Pointer, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_segment_export"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	p := goStr(peer)
+	if p == "" {
+		p = "peer"
+	}
+	blob, err := e.exportSegment(p)
+	if err != nil {
+		return finish(err)
+	}
+	return finish(writeOut(op, blob, false, buf, capacity, needed))
+}
+
+//export kvx_segment_open
+func kvx_segment_open(eng C.kvx_engine_t, blob unsafe.Pointer, length C.size_t, out *C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_open"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case blob == nil:
+		return finish(nullArg(op, "blob"))
+	case length == 0:
+		return finish(fail(stInvalidArgument, "%s: len is 0 bytes", op))
+	case length > maxSegmentDesc:
+		return finish(fail(stInvalidArgument, "%s: len %d bytes is over the %d-byte descriptor limit", op, length, maxSegmentDesc))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	h, err := e.openSegment(uint64(eng), C.GoBytes(blob, C.int(length)))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_segment_t(h)
+	return finish(nil)
+}
+
+//export kvx_segment_close
+func kvx_segment_close(seg C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_close"
+	defer guard(op, &rc)
+	s, ok := segments.take(uint64(seg))
+	if !ok {
+		return finish(badHandle(op, "segment", uint64(seg)))
+	}
+	s.eng.mu.Lock()
+	delete(s.eng.segments, uint64(seg))
+	s.eng.mu.Unlock()
+	return finish(s.close())
+}
+
+// maxBatchCapacity bounds kvx_batch_alloc's capacity (requests).
+const maxBatchCapacity = 1 << 20
+
+//export kvx_batch_alloc
+func kvx_batch_alloc(seg C.kvx_segment_t, capacity C.uint32_t, out *C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_alloc"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case capacity == 0:
+		return finish(fail(stInvalidArgument, "%s: capacity is 0 requests", op))
+	case capacity > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: capacity %d is over the limit of %d requests", op, capacity, maxBatchCapacity))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return finish(fail(stClosed, "%s: segment %d is closed", op, seg))
+	}
+	h := batches.add(&batchObj{seg: s, capacity: uint32(capacity)})
+	s.batches[h] = struct{}{}
+	*out = C.kvx_batch_t(h)
+	return finish(nil)
+}
+
+//export kvx_batch_submit
+func kvx_batch_submit(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_submit"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "batch", uint64(batch)))
+	case reqs == nil:
+		return finish(nullArg(op, "reqs"))
+	case n == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 requests", op))
+	case n > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
+	}
+	in := unsafe.Slice(reqs, int(n))
+	wr := make([]engine.WriteRequest, len(in))
+	for i, r := range in {
+		wr[i] = engine.WriteRequest{
+			Local:        uintptr(r.local_addr),
+			Remote:       engine.RegionID(r.remote_region),
+			RemoteOffset: uint64(r.remote_offset),
+			Length:       uint64(r.length),
+			Count:        uint32(r.count),
+			LocalStride:  uint64(r.local_stride),
+			RemoteStride: uint64(r.remote_stride),
+		}
+	}
+	return finish(b.submit(uint64(batch), wr))
+}
+
+//export kvx_batch_status
+func kvx_batch_status(batch C.kvx_batch_t, index C.uint32_t, out *C.kvx_transfer_status) (rc C.int) {
+	const op = "kvx_batch_status"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "batch", uint64(batch)))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	state, code, bytes, err := b.status(uint32(index))
+	if err != nil {
+		return finish(err)
+	}
+	out.state = C.int32_t(state)
+	out.error = C.int32_t(code)
+	out.bytes_done = C.uint64_t(bytes)
+	return finish(nil)
+}
+
+//export kvx_batch_wait
+func kvx_batch_wait(batch C.kvx_batch_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_wait"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	return finish(b.wait(time.Duration(timeoutMS) * time.Millisecond))
+}
+
+//export kvx_batch_cancel
+func kvx_batch_cancel(batch C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_cancel"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	return finish(b.cancelAll())
+}
+
+//export kvx_batch_free
+func kvx_batch_free(batch C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_free"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	if b.pending() {
+		return finish(fail(stBusy, "%s: batch %d still has pending requests; wait for them (kvx_batch_wait) or cancel them first", op, batch))
+	}
+	if _, ok := batches.take(uint64(batch)); !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	b.seg.mu.Lock()
+	delete(b.seg.batches, uint64(batch))
+	b.seg.mu.Unlock()
+	b.release()
+	return finish(nil)
+}

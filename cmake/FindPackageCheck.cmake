@@ -1,0 +1,46 @@
+# ctest step "find_package_install": install the build tree into a fresh
+# prefix, then configure, build and run examples/cpp/find_package_check
+# against that prefix using only find_package(kvxfer) — and check the
+# installed kvxfer.pc with pkg-config when pkg-config is present.
+# Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR.
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "FindPackageCheck.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+set(prefix "${WORK_DIR}/prefix")
+file(REMOVE_RECURSE "${WORK_DIR}")
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(LAST_OUT "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build" "-DCMAKE_PREFIX_PATH=${prefix}")
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+run("${WORK_DIR}/build/find_package_check")
+message(STATUS "find_package_check: ${LAST_OUT}")
+
+find_program(PKG_CONFIG pkg-config)
+if(PKG_CONFIG)
+  file(GLOB pcdir LIST_DIRECTORIES true "${prefix}/lib*/pkgconfig")
+  set(ENV{PKG_CONFIG_PATH} "${pcdir}")
+  run(${PKG_CONFIG} --variable=includedir kvxfer)
+  string(STRIP "${LAST_OUT}" incdir)
+  if(NOT EXISTS "${incdir}/kvxfer.h")
+    message(FATAL_ERROR "pkg-config kvxfer: includedir '${incdir}' has no kvxfer.h")
+  endif()
+  run(${PKG_CONFIG} --variable=libdir kvxfer)
+  string(STRIP "${LAST_OUT}" libdir)
+  if(NOT EXISTS "${libdir}/libkvxfer.so")
+    message(FATAL_ERROR "pkg-config kvxfer: libdir '${libdir}' has no libkvxfer.so")
+  endif()
+  run(${PKG_CONFIG} --libs kvxfer)
+  if(NOT LAST_OUT MATCHES "-lkvxfer")
+    message(FATAL_ERROR "pkg-config --libs kvxfer gave '${LAST_OUT}', want -lkvxfer")
+  endif()
+endif()

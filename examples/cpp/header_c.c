@@ -1,0 +1,29 @@
+/* Compiles kvxfer.h as C99 and checks the struct layouts that are part of
+ * the ABI (sizes and offsets must never change within a major version). */
+#include <kvxfer.h>
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#define CHECK(cond)                                                  \
+    do {                                                             \
+        if (!(cond)) {                                               \
+            fprintf(stderr, "header_c: check failed: %s\n", #cond); \
+            return 1;                                                \
+        }                                                            \
+    } while (0)
+
+int main(void) {
+    CHECK(sizeof(kvx_write_request) == 48);
+    CHECK(offsetof(kvx_write_request, remote_region) == 40);
+    CHECK(offsetof(kvx_write_request, count) == 44);
+    CHECK(sizeof(kvx_transfer_status) == 16);
+    CHECK(sizeof(kvx_event) == 40);
+    CHECK(sizeof(kvx_engine_config) == 40);
+    CHECK(strcmp(kvx_version(), KVX_VERSION_STRING) == 0);
+    CHECK(strcmp(kvx_strerror(KVX_OK), "success") == 0);
+    CHECK(strcmp(kvx_strerror(-7), "unknown status") == 0);
+    puts("header_c: ok");
+    return 0;
+}

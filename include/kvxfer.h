@@ -1,0 +1,399 @@
+/*
+ * kvxfer.h — the stable C ABI of kvxfer, a KV-cache transfer engine for
+ * prefill/decode disaggregated LLM serving.
+ *
+ * Link with -lkvxfer (CMake: find_package(kvxfer) and kvxfer::kvxfer;
+ * pkg-config: kvxfer). The library is built from the Go package capi/ with
+ * `go build -buildmode=c-shared`; this header is written by hand and is the
+ * contract. A test (capi/header_test.go, ctest "capi_exports") checks that every
+ * `KVX_API` prototype below is exported by libkvxfer.so and that the library
+ * exports no other kvx_ symbol.
+ *
+ * ------------------------------------------------------------------------
+ * OWNERSHIP RULE (read this first)
+ * ------------------------------------------------------------------------
+ *  1. Handles (kvx_engine_t, kvx_segment_t, ...) are opaque 64-bit numbers
+ *     owned by the library. They are never pointers. 0 is never a valid
+ *     handle. A handle is valid from the call that returns it until the
+ *     matching destroy/free/close call returns; handles are never reused, so
+ *     a stale or doubly destroyed handle yields KVX_ERR_BAD_HANDLE, never a
+ *     crash.
+ *  2. Strings and arrays passed IN (const char *, const kvx_write_request *,
+ *     const uint32_t *pages, descriptor blobs) are read or copied before the
+ *     call returns; the caller owns them and may free them right after.
+ *  3. Memory ranges passed to kvx_register_memory (and all memory named by a
+ *     WRITE request) are owned by the caller. They must stay mapped and valid
+ *     until kvx_deregister_memory returns for that region AND every batch or
+ *     room transfer that reads or writes them is terminal. Sending memory
+ *     must not be modified until the transfer reading it is terminal.
+ *  4. Memory returned by kvx_alloc_host is owned by the library through its
+ *     kvx_hostbuf_t handle: valid until kvx_free_host; the caller must
+ *     deregister it from every engine first.
+ *  5. Output buffers (char *buf, size_t cap) are owned by the caller; the
+ *     library writes at most cap bytes and reports the needed size.
+ *  6. Strings returned as `const char *` (kvx_version, kvx_strerror) are
+ *     static and valid forever. kvx_last_error's string is thread-local and
+ *     valid until the next kvx_ call on the same thread.
+ *  7. The notification callback's event pointer is valid only during the
+ *     callback; copy what you need.
+ *
+ * ------------------------------------------------------------------------
+ * ERRORS AND THREADS
+ * ------------------------------------------------------------------------
+ * Every function that can fail returns an int from kvx_status: KVX_OK (0) on
+ * success. On failure a human-readable message naming what was wrong and what
+ * to do is available from kvx_last_error() on the same thread. Output
+ * parameters are written only on success. Bad arguments (NULL handles and
+ * pointers, zero lengths, unregistered addresses, destroyed handles) return an
+ * error code and never crash the process.
+ *
+ * Unless a function says otherwise it is THREAD-SAFE: any thread may call it
+ * on any handle at any time. Destroying a handle while another thread uses it
+ * is safe (the other call fails with KVX_ERR_BAD_HANDLE or KVX_ERR_CLOSED).
+ *
+ * Unit conventions: lengths, offsets and strides are in bytes; timeouts in
+ * milliseconds; page indices are in units of pages of the KV pool.
+ */
+#ifndef KVXFER_H
+#define KVXFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* KVX_API marks every exported function (and is what the export test parses).
+ * KVX_TYPES_ONLY (used only inside the library's own cgo build, whose
+ * generated prototypes drop `const`) hides the prototypes. */
+#ifndef KVX_API
+#define KVX_API __attribute__((visibility("default")))
+#endif
+
+/* Version of this header. kvx_version() returns the library's. They have the
+ * same major version when the ABI is compatible. */
+#define KVX_VERSION_MAJOR 0
+#define KVX_VERSION_MINOR 1
+#define KVX_VERSION_PATCH 0
+#define KVX_VERSION_STRING "0.1.0"
+
+/* ------------------------------------------------------------------------ */
+/* Status codes. Values are stable: new codes are only ever appended.        */
+/* ------------------------------------------------------------------------ */
+typedef enum kvx_status {
+    KVX_OK = 0,
+    /* A pointer argument is NULL, a length/count is zero, a string is
+     * malformed or a value is out of range. */
+    KVX_ERR_INVALID_ARGUMENT = 1,
+    /* The handle is 0, unknown, of the wrong kind or already destroyed. */
+    KVX_ERR_BAD_HANDLE = 2,
+    /* An output buffer is too small; the needed size was reported. */
+    KVX_ERR_BUFFER_TOO_SMALL = 3,
+    /* The transport (or device) cannot run on this host. */
+    KVX_ERR_UNAVAILABLE = 4,
+    /* The transport cannot register this kind of memory (e.g. cuda:N on a
+     * transport without device-memory support). */
+    KVX_ERR_UNSUPPORTED_MEMORY = 5,
+    /* A local address range is not inside memory registered with the engine. */
+    KVX_ERR_NOT_REGISTERED = 6,
+    /* The region ID is not registered (or was deregistered). */
+    KVX_ERR_UNKNOWN_REGION = 7,
+    /* A write falls outside its remote region. */
+    KVX_ERR_OUT_OF_BOUNDS = 8,
+    /* The object is still in use (e.g. freeing a batch with pending requests,
+     * or a batch that is full). */
+    KVX_ERR_BUSY = 9,
+    /* A deadline passed before the operation finished. */
+    KVX_ERR_TIMEOUT = 10,
+    /* The engine, segment or transport is closed. */
+    KVX_ERR_CLOSED = 11,
+    /* The peer closed the connection or vanished. */
+    KVX_ERR_PEER_LOST = 12,
+    /* The transfer was canceled or aborted. */
+    KVX_ERR_CANCELED = 13,
+    /* A transfer failed for another reason (see kvx_last_error). */
+    KVX_ERR_TRANSFER_FAILED = 14,
+    /* The bootstrap server refused or could not be reached. */
+    KVX_ERR_BOOTSTRAP = 15,
+    /* The received metadata record's bootstrap_room differs from the room
+     * asked for, or the record is incomplete/corrupt. */
+    KVX_ERR_ROOM_MISMATCH = 16,
+    /* The feature is not available in this build. */
+    KVX_ERR_NOT_SUPPORTED = 17,
+    /* An internal error (a bug); kvx_last_error says where. */
+    KVX_ERR_INTERNAL = 18
+} kvx_status;
+
+/* ------------------------------------------------------------------------ */
+/* Handles                                                                   */
+/* ------------------------------------------------------------------------ */
+typedef uint64_t kvx_engine_t;    /* one engine: a transport instance + state */
+typedef uint64_t kvx_segment_t;   /* a sender's connection to a receiver     */
+typedef uint64_t kvx_batch_t;     /* a Mooncake-style transfer batch          */
+typedef uint64_t kvx_hostbuf_t;   /* host memory from kvx_alloc_host          */
+typedef uint64_t kvx_bootstrap_t; /* an embedded bootstrap server             */
+typedef uint32_t kvx_region_t;    /* a registered region, per engine          */
+
+/* ------------------------------------------------------------------------ */
+/* Library                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The library version, "MAJOR.MINOR.PATCH". Static string. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API const char *kvx_version(void);
+#endif
+
+/* A static one-line description of a status code ("unknown status" for
+ * values not in kvx_status). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API const char *kvx_strerror(int status);
+#endif
+
+/* The detailed message of the last failed kvx_ call on THIS thread ("" if the
+ * last call succeeded). Valid until the next kvx_ call on this thread.
+ * Thread-safe (thread-local). */
+#ifndef KVX_TYPES_ONLY
+KVX_API const char *kvx_last_error(void);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Embedded bootstrap server (SGLang-compatible HTTP directory)              */
+/* ------------------------------------------------------------------------ */
+
+/* Start a bootstrap server on host:port (host NULL = "127.0.0.1"; port 0 =
+ * any free port; SGLang's default is 8998). Returns once it is listening.
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_bootstrap_start(const char *host, uint16_t port,
+                                kvx_bootstrap_t *out);
+#endif
+
+/* Write the server's "host:port" (NUL-terminated) into buf. If cap is too
+ * small returns KVX_ERR_BUFFER_TOO_SMALL; *needed (if not NULL) always gets
+ * the size including the NUL. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_bootstrap_addr(kvx_bootstrap_t server, char *buf, size_t cap,
+                               size_t *needed);
+#endif
+
+/* Stop the server and free the handle. Thread-safe; a second call returns
+ * KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_bootstrap_stop(kvx_bootstrap_t server);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Engines                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvx_role {
+    KVX_ROLE_PREFILL = 0, /* producer of KV: sends */
+    KVX_ROLE_DECODE = 1   /* consumer of KV: receives */
+} kvx_role;
+
+/* Engine configuration. Zero-initialise it, set struct_size to
+ * sizeof(kvx_engine_config), then set the fields you need. Strings are
+ * copied; NULL means the default. */
+typedef struct kvx_engine_config {
+    uint32_t struct_size;       /* sizeof(kvx_engine_config) */
+    int32_t role;               /* kvx_role */
+    const char *transport;      /* "auto" (NULL), "tcp", "shm", "rdma" */
+    const char *listen_host;    /* data-plane bind host; NULL = 127.0.0.1 */
+    const char *bootstrap_addr; /* "host:port" of the bootstrap server, or NULL */
+    uint16_t listen_port;       /* data-plane port; 0 = any free port */
+    uint16_t reserved0;
+    uint32_t streams;           /* parallel connections per peer; 0 = default */
+} kvx_engine_config;
+
+/* Create an engine: opens the transport named by cfg->transport ("auto"
+ * picks the highest-priority transport that can run here). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_create(const kvx_engine_config *cfg, kvx_engine_t *out);
+#endif
+
+/* Close the engine's segments, batches and transport, and free the handle.
+ * Pending transfers fail. Registered memory stays owned by the caller.
+ * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_destroy(kvx_engine_t engine);
+#endif
+
+/* Write the name of the engine's transport ("tcp", ...) into buf (same
+ * buffer rules as kvx_bootstrap_addr). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_transport(kvx_engine_t engine, char *buf, size_t cap,
+                                 size_t *needed);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Allocate size bytes (rounded up to the page size) of zeroed, shareable host
+ * memory (memfd + mmap, so the shm transport can map it in a peer process).
+ * *addr and *len (the rounded size) are written on success. The memory is
+ * owned by the library until kvx_free_host. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_alloc_host(const char *name, uint64_t size, kvx_hostbuf_t *out,
+                           void **addr, uint64_t *len);
+#endif
+
+/* Unmap memory from kvx_alloc_host. Deregister it from every engine first.
+ * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_free_host(kvx_hostbuf_t buf);
+#endif
+
+/* Register [addr, addr+len) with the engine's transport, for sending (local
+ * reads) and receiving (remote writes). location is "cpu"/"host" (or NULL)
+ * for host memory, "cuda:N" for device memory on GPU N. Memory from
+ * kvx_alloc_host is recognised and shared by file descriptor. *out is the
+ * region ID to name in WRITE requests. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_register_memory(kvx_engine_t engine, void *addr, uint64_t len,
+                                const char *location, kvx_region_t *out);
+#endif
+
+/* Deregister a region; later writes to it are refused. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_deregister_memory(kvx_engine_t engine, kvx_region_t region);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Segments and the batch API (Mooncake-style one-sided WRITEs)              */
+/* ------------------------------------------------------------------------ */
+
+/* RECEIVER side: serialise what a sender needs to open a segment to this
+ * engine (its transport endpoint, prepared for the named peer, and every
+ * region registered so far) into buf. The blob is opaque; hand it to the
+ * sender out of band. Buffer rules as kvx_bootstrap_addr. peer names the
+ * sending node (any stable string; NULL = "peer"). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_export(kvx_engine_t engine, const char *peer,
+                               void *buf, size_t cap, size_t *needed);
+#endif
+
+/* SENDER side: open a segment to the receiver described by blob (from
+ * kvx_segment_export). Fails with KVX_ERR_INVALID_ARGUMENT on a malformed
+ * blob or a blob from a different transport. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_open(kvx_engine_t engine, const void *blob,
+                             size_t len, kvx_segment_t *out);
+#endif
+
+/* Close the segment; its pending batches fail. Thread-safe; a second call
+ * returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_close(kvx_segment_t segment);
+#endif
+
+/* One WRITE: length bytes from local_addr (inside memory registered with the
+ * sending engine) to byte remote_offset of the receiver's region
+ * remote_region. count > 1 makes it strided: count blocks of length bytes,
+ * block i read at local_addr + i*local_stride and written at
+ * remote_offset + i*remote_stride (count 0 means 1). 48 bytes. */
+typedef struct kvx_write_request {
+    uint64_t local_addr;
+    uint64_t remote_offset;
+    uint64_t length;
+    uint64_t local_stride;
+    uint64_t remote_stride;
+    uint32_t remote_region; /* kvx_region_t of the receiver */
+    uint32_t count;
+} kvx_write_request;
+
+/* Per-request state, as in kvx_transfer_status.state. */
+typedef enum kvx_transfer_state {
+    KVX_TRANSFER_EMPTY = 0,     /* no request at this index yet */
+    KVX_TRANSFER_PENDING = 1,
+    KVX_TRANSFER_COMPLETED = 2,
+    KVX_TRANSFER_FAILED = 3,
+    KVX_TRANSFER_CANCELED = 4
+} kvx_transfer_state;
+
+typedef struct kvx_transfer_status {
+    int32_t state;       /* kvx_transfer_state */
+    int32_t error;       /* kvx_status of the failure (KVX_OK unless failed) */
+    uint64_t bytes_done; /* bytes of this request known to have landed */
+} kvx_transfer_status;
+
+/* Allocate a batch of up to capacity requests on a segment. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_alloc(kvx_segment_t segment, uint32_t capacity,
+                            kvx_batch_t *out);
+#endif
+
+/* Submit n WRITE requests; they get the next n request indices of the batch
+ * (the first submit gets 0..n-1). All are validated first (registered local
+ * memory, known remote region, bounds); on error nothing is sent. Requests of
+ * one submit call travel as one transfer batch and complete (or fail)
+ * together. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_submit(kvx_batch_t batch, const kvx_write_request *reqs,
+                             uint32_t n);
+#endif
+
+/* Non-blocking: the status of request `index`. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_status(kvx_batch_t batch, uint32_t index,
+                             kvx_transfer_status *out);
+#endif
+
+/* Block until every submitted request is terminal or timeout_ms passes
+ * (KVX_ERR_TIMEOUT). Returns KVX_OK if all completed, else the error of the
+ * first failed request. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_wait(kvx_batch_t batch, uint32_t timeout_ms);
+#endif
+
+/* Ask every pending request to stop (best effort; poll until terminal).
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_cancel(kvx_batch_t batch);
+#endif
+
+/* Free a batch whose requests are all terminal (KVX_ERR_BUSY otherwise).
+ * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_free(kvx_batch_t batch);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Notifications                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvx_event_kind {
+    KVX_EVENT_BATCH = 1, /* one submit call of a batch became terminal */
+    KVX_EVENT_ROOM = 2   /* a KV room changed KVPoll state */
+} kvx_event_kind;
+
+typedef struct kvx_event {
+    int32_t kind;        /* kvx_event_kind */
+    int32_t status;      /* kvx_status of the outcome (KVX_OK on success) */
+    uint64_t handle;     /* the kvx_batch_t (or room sender/receiver handle) */
+    uint32_t first;      /* BATCH: first request index of the submit call */
+    uint32_t count;      /* BATCH: number of requests in it */
+    uint64_t room;       /* ROOM: bootstrap_room */
+    int32_t state;       /* ROOM: kvx_kvpoll; BATCH: kvx_transfer_state */
+    int32_t reserved;
+} kvx_event;
+
+/* Called from a library-owned thread, never concurrently for one engine.
+ * The callback may call kvx_ functions but must not block for long. */
+typedef void (*kvx_notify_fn)(void *user_data, const kvx_event *event);
+
+/* Install (fn != NULL) or remove (fn == NULL) the engine's notification
+ * callback. After removal returns, the old callback is not running and will
+ * not be called again. user_data is passed back unchanged and is owned by the
+ * caller. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_set_notify(kvx_engine_t engine, kvx_notify_fn fn,
+                                  void *user_data);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVXFER_H */

@@ -1,0 +1,83 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	// The transports the benchmark measures register themselves.
+	_ "github.com/kvxfer/kvxfer/engine/shm"
+	_ "github.com/kvxfer/kvxfer/engine/tcp"
+)
+
+// PeerTimeout bounds one peer-tool run (server and client).
+const PeerTimeout = 60 * time.Second
+
+// ProgressFunc is told about each step before it runs: label names it, done
+// counts finished steps out of total (cases plus peer runs).
+type ProgressFunc func(label string, done, total int)
+
+// Run measures the matrix in cfg and, when cfg.Peers is set, the peer tools,
+// and returns the report. Transports that are unknown or unavailable on this
+// host are listed in Report.Skipped rather than failing the run; an error is
+// returned only for an invalid cfg or when no transport can run.
+func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	rep := &Report{}
+	var usable []string
+	for _, t := range cfg.Transports {
+		if err := engine.ProbeTransport(t); err != nil {
+			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", t, err))
+			continue
+		}
+		usable = append(usable, t)
+	}
+	if len(usable) == 0 {
+		return nil, fmt.Errorf("bench: none of the transports %v can run here: %v", cfg.Transports, rep.Skipped)
+	}
+	cfg.Transports = usable
+	rep.Hardware = DiscoverHardware(slices.Contains(usable, "rdma"))
+	rep.Method = CollectMethod(cfg)
+	var peers []PeerSpec
+	if cfg.Peers {
+		peers = DefaultPeers(usable, rep.Hardware.NICs)
+		rep.Method.PeerVersions = PeerVersions()
+	}
+	cases := cfg.Cases()
+	total := len(cases) + len(peers)*len(cfg.BlockSizes)
+	step := 0
+	tell := func(label string) {
+		if progress != nil {
+			progress(label, step, total)
+		}
+		step++
+	}
+	for _, c := range cases {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("bench: interrupted: %w", err)
+		}
+		tell(c.Label())
+		rep.Results = append(rep.Results, RunCase(ctx, cfg, c))
+	}
+	for _, p := range peers {
+		for _, b := range cfg.BlockSizes {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bench: interrupted: %w", err)
+			}
+			tell(fmt.Sprintf("peer %s %s", shortPeer(p.Label()), FormatSize(b)))
+			pctx, cancel := context.WithTimeout(ctx, PeerTimeout)
+			rep.Peers = append(rep.Peers, RunPeer(pctx, p, b))
+			cancel()
+		}
+	}
+	if progress != nil {
+		progress("done", total, total)
+	}
+	rep.ElapsedSeconds = time.Since(start).Seconds()
+	return rep, nil
+}

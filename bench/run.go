@@ -1,0 +1,377 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// Config is the benchmark matrix and its knobs.
+type Config struct {
+	// Transports to measure (engine registry names).
+	Transports []string `json:"transports"`
+	// BlockSizes are WriteRequest sizes in bytes.
+	BlockSizes []uint64 `json:"block_sizes"`
+	// Depths are WriteRequests per transfer batch.
+	Depths []int `json:"depths"`
+	// Streams are engine.Options.Streams values (0 = transport default).
+	Streams []int `json:"streams"`
+	// Inflight is the number of batches kept submitted at once (>= 1).
+	Inflight int `json:"inflight"`
+	// Reps is the number of timed repetitions per case (>= 1).
+	Reps int `json:"reps"`
+	// Warmup is the number of untimed batches before the first repetition.
+	Warmup int `json:"warmup"`
+	// RepTime ends a repetition once at least MinBatches batches completed
+	// and this much time passed or RepBytes bytes moved.
+	RepTime    time.Duration `json:"rep_time_ns"`
+	RepBytes   uint64        `json:"rep_bytes"`
+	MinBatches int           `json:"min_batches"`
+	// MaxRegionBytes caps the receiver region (and source buffer) per case;
+	// deeper batches wrap around it.
+	MaxRegionBytes uint64 `json:"max_region_bytes"`
+	// Verify checks every byte of the region after each repetition.
+	Verify bool `json:"verify"`
+	// Memcpy measures the single-goroutine memcpy baseline per case.
+	Memcpy bool `json:"memcpy"`
+	// Peers runs the installed peer tools.
+	Peers bool `json:"peers"`
+	// CaseTimeout bounds one case (setup, reps, verification).
+	CaseTimeout time.Duration `json:"case_timeout_ns"`
+}
+
+// DefaultConfig is the matrix `kvxfer bench` runs without flags: block sizes
+// 4 KiB … 64 MiB, depth 1 and 8, the transports' default streams, 5 reps.
+func DefaultConfig() Config {
+	return Config{
+		Transports:     []string{"tcp", "shm"},
+		BlockSizes:     []uint64{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
+		Depths:         []int{1, 8},
+		Streams:        []int{0},
+		Inflight:       2,
+		Reps:           5,
+		Warmup:         4,
+		RepTime:        150 * time.Millisecond,
+		RepBytes:       512 << 20,
+		MinBatches:     3,
+		MaxRegionBytes: 128 << 20,
+		Verify:         true,
+		Memcpy:         true,
+		CaseTimeout:    60 * time.Second,
+	}
+}
+
+// Validate checks the knobs and names the first bad one.
+func (c *Config) Validate() error {
+	switch {
+	case len(c.Transports) == 0:
+		return errors.New("bench: no transports to measure (use --transports tcp,shm)")
+	case len(c.BlockSizes) == 0 || len(c.Depths) == 0 || len(c.Streams) == 0:
+		return errors.New("bench: block sizes, depths and streams must each list at least one value")
+	case c.Inflight < 1 || c.Inflight > 1024:
+		return fmt.Errorf("bench: inflight %d: want 1..1024 batches", c.Inflight)
+	case c.Reps < 1:
+		return fmt.Errorf("bench: reps %d: want >= 1", c.Reps)
+	case c.Warmup < 0 || c.MinBatches < 1:
+		return fmt.Errorf("bench: warmup %d / min batches %d: want >= 0 / >= 1", c.Warmup, c.MinBatches)
+	case c.RepTime <= 0:
+		return fmt.Errorf("bench: rep time %v: want > 0", c.RepTime)
+	case c.MaxRegionBytes < 4096:
+		return fmt.Errorf("bench: max region %d bytes: want >= 4096", c.MaxRegionBytes)
+	}
+	for _, b := range c.BlockSizes {
+		if b > c.MaxRegionBytes {
+			return fmt.Errorf("bench: block size %s exceeds the max region %s (raise --max-region)", FormatSize(b), FormatSize(c.MaxRegionBytes))
+		}
+	}
+	return nil
+}
+
+// Cases expands the matrix in transport, block, depth, streams order.
+func (c *Config) Cases() []Case {
+	var out []Case
+	for _, t := range c.Transports {
+		for _, b := range c.BlockSizes {
+			for _, d := range c.Depths {
+				for _, s := range c.Streams {
+					out = append(out, Case{Transport: t, BlockBytes: b, Depth: d, Streams: s, Inflight: c.Inflight})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// RegionBytes is the working set of a case: Depth blocks, capped at max
+// (rounded down to whole blocks, at least one block).
+func RegionBytes(c Case, max uint64) uint64 {
+	n := c.BlockBytes * uint64(c.Depth)
+	if n > max || n/uint64(c.Depth) != c.BlockBytes {
+		n = max / c.BlockBytes * c.BlockBytes
+	}
+	if n < c.BlockBytes {
+		n = c.BlockBytes
+	}
+	return n
+}
+
+// RunCase measures one case end to end: two transport instances (receiver and
+// sender) from the engine registry, memfd buffers, a segment, warm-up,
+// cfg.Reps timed repetitions each followed by verification, and the memcpy
+// baseline. A failure is returned in Result.Err, never as a panic.
+func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
+	res = Result{Case: c, RegionBytes: RegionBytes(c, cfg.MaxRegionBytes)}
+	ctx, cancel := context.WithTimeout(ctx, cfg.CaseTimeout)
+	defer cancel()
+	fail := func(format string, args ...any) Result {
+		res.Err = fmt.Sprintf(format, args...)
+		return res
+	}
+	opts := engine.DefaultOptions()
+	opts.Streams = c.Streams
+	rcv, err := engine.OpenTransport(c.Transport, opts)
+	if err != nil {
+		return fail("open receiver: %v", err)
+	}
+	defer rcv.Close()
+	snd, err := engine.OpenTransport(c.Transport, opts)
+	if err != nil {
+		return fail("open sender: %v", err)
+	}
+	defer snd.Close()
+	src, err := engine.AllocHost("bench-src", int64(res.RegionBytes))
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer src.Close()
+	dst, err := engine.AllocHost("bench-dst", int64(res.RegionBytes))
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer dst.Close()
+	if _, err := snd.RegisterMemory(src.Memory()); err != nil {
+		return fail("register source: %v", err)
+	}
+	dd, err := rcv.RegisterMemory(dst.Memory())
+	if err != nil {
+		return fail("register destination: %v", err)
+	}
+	ep, err := rcv.Endpoint(ctx, "bench-sender")
+	if err != nil {
+		return fail("receiver endpoint: %v", err)
+	}
+	seg, err := snd.OpenSegment(ctx, engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{dd}})
+	if err != nil {
+		return fail("open segment: %v", err)
+	}
+	defer seg.Close()
+	if reply := seg.HandshakeReply(); reply != nil {
+		acc, ok := rcv.(engine.Acceptor)
+		if !ok {
+			return fail("transport %s returned a handshake reply but its receiver is not an engine.Acceptor", c.Transport)
+		}
+		if err := acc.Accept(ctx, "bench-sender", reply); err != nil {
+			return fail("accept handshake: %v", err)
+		}
+	}
+
+	slots := res.RegionBytes / c.BlockBytes
+	mkBatch := func(k int) *engine.TransferBatch {
+		b := &engine.TransferBatch{Requests: make([]engine.WriteRequest, c.Depth)}
+		for j := range b.Requests {
+			off := (uint64(k*c.Depth+j) % slots) * c.BlockBytes
+			b.Requests[j] = engine.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: c.BlockBytes}
+		}
+		return b
+	}
+	// Batches cycle over a fixed set, prebuilt so the timed region measures
+	// the transport rather than request construction.
+	nb := int(max(1, (slots+uint64(c.Depth)-1)/uint64(c.Depth)))
+	batches := make([]*engine.TransferBatch, nb)
+	for k := range batches {
+		batches[k] = mkBatch(k)
+	}
+	batchBytes := batches[0].Bytes()
+
+	fill(src.Bytes(), 0x9e3779b97f4a7c15)
+	if _, _, err := pump(ctx, seg, batches, max(cfg.Warmup, 0), 0, 0, c.Inflight, nil); err != nil {
+		return fail("warm-up: %v", err)
+	}
+	var lats, mc []float64
+	res.Verified = cfg.Verify
+	for r := 0; r < cfg.Reps; r++ {
+		fill(src.Bytes(), uint64(r+1)*0xbf58476d1ce4e5b9) // untimed: new content per rep
+		minB := max(cfg.MinBatches, nb)                   // every slot written every rep
+		var repLats []float64
+		start := time.Now()
+		n, msgs, err := pump(ctx, seg, batches, minB, cfg.RepTime, cfg.RepBytes/max(batchBytes, 1), c.Inflight, &repLats)
+		secs := time.Since(start).Seconds()
+		if err != nil {
+			return fail("repetition %d: %v", r+1, err)
+		}
+		res.Reps = append(res.Reps, Rep{Bytes: uint64(n) * batchBytes, Batches: n, Messages: msgs, Seconds: secs})
+		lats = append(lats, repLats...)
+		if cfg.Verify {
+			if i := firstDiff(src.Bytes(), dst.Bytes()); i >= 0 {
+				res.Verified = false
+				res.VerifyErr = fmt.Sprintf("repetition %d: receiver byte %d is %#02x, source has %#02x", r+1, i, dst.Bytes()[i], src.Bytes()[i])
+				break
+			}
+		}
+		if cfg.Memcpy {
+			// Interleaved with the transport's repetitions so both see the
+			// same machine load; same buffers, same block size.
+			mc = append(mc, memcpyRep(dst.Bytes(), src.Bytes(), c.BlockBytes, cfg.RepTime/2))
+		}
+	}
+	gb := make([]float64, len(res.Reps))
+	mr := make([]float64, len(res.Reps))
+	for i, r := range res.Reps {
+		gb[i], mr[i] = r.GBps(), r.MsgsPerSec()
+	}
+	res.GBps, res.MsgsPerSec = Summarize(gb), Summarize(mr)
+	sort.Float64s(lats)
+	res.LatencyP50us, res.LatencyP99us = Percentile(lats, 50), Percentile(lats, 99)
+	res.MemcpyGBps = Summarize(mc)
+	return res
+}
+
+// pump submits batches (cycling) keeping inflight outstanding until at least
+// minBatches completed and (dur elapsed or maxBatches completed, when those
+// are > 0), then drains. It returns completed batches and messages, and
+// appends per-batch latencies (µs) to lats when non-nil.
+func pump(ctx context.Context, seg engine.Segment, batches []*engine.TransferBatch, minBatches int, dur time.Duration, maxBatches uint64, inflight int, lats *[]float64) (done, msgs int, err error) {
+	type pending struct {
+		id engine.BatchID
+		t  time.Time
+		n  int
+	}
+	q := make([]pending, 0, inflight)
+	start := time.Now()
+	next := 0
+	enough := func() bool {
+		if done+len(q) < minBatches {
+			return false
+		}
+		if dur <= 0 && maxBatches == 0 {
+			return true
+		}
+		return (dur > 0 && time.Since(start) >= dur) || (maxBatches > 0 && uint64(done+len(q)) >= maxBatches)
+	}
+	waitOldest := func() error {
+		p := q[0]
+		q = q[1:]
+		st, err := seg.Wait(ctx, p.id)
+		if err != nil {
+			return fmt.Errorf("wait for batch: %w", err)
+		}
+		if lats != nil {
+			*lats = append(*lats, durationMicros(time.Since(p.t)))
+		}
+		seg.Release(p.id)
+		if st.State != engine.BatchCompleted {
+			return fmt.Errorf("batch ended %v: %v", st.State, st.Err)
+		}
+		done++
+		msgs += p.n
+		return nil
+	}
+	for !enough() {
+		if len(q) == inflight {
+			if err := waitOldest(); err != nil {
+				return done, msgs, err
+			}
+			continue
+		}
+		b := batches[next%len(batches)]
+		next++
+		t := time.Now()
+		id, err := seg.Submit(ctx, b)
+		if err != nil {
+			return done, msgs, fmt.Errorf("submit: %w", err)
+		}
+		q = append(q, pending{id: id, t: t, n: len(b.Requests)})
+	}
+	for len(q) > 0 {
+		if err := waitOldest(); err != nil {
+			return done, msgs, err
+		}
+	}
+	return done, msgs, nil
+}
+
+// fill writes a cheap 64-bit pattern (a Weyl sequence) seeded by seed.
+func fill(b []byte, seed uint64) {
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+	x := seed
+	for i := range words {
+		x += 0x9e3779b97f4a7c15
+		words[i] = x ^ (x >> 29)
+	}
+	for i := len(words) * 8; i < len(b); i++ {
+		b[i] = byte(seed >> (i % 8))
+	}
+}
+
+// firstDiff returns the first index where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	const step = 1 << 16
+	for off := 0; off < len(a); off += step {
+		e := min(off+step, len(a))
+		if !bytes.Equal(a[off:e], b[off:e]) {
+			for i := off; i < e; i++ {
+				if a[i] != b[i] {
+					return i
+				}
+			}
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// memcpyRep measures one goroutine copying block-byte chunks from src to dst,
+// cycling over the whole buffers (the same working set as the case), for at
+// least one pass and about dur. Returns GB/s (1e9 bytes/s).
+func memcpyRep(dst, src []byte, block uint64, dur time.Duration) float64 {
+	n := uint64(min(len(dst), len(src))) / block * block
+	if n == 0 {
+		return 0
+	}
+	var moved, off uint64
+	check := max(1, (1<<20)/block) // read the clock about once per MiB
+	start := time.Now()
+	for i := uint64(1); ; i++ {
+		copy(dst[off:off+block], src[off:off+block])
+		moved += block
+		off += block
+		if off >= n {
+			off = 0
+		}
+		if i%check == 0 && moved >= n && time.Since(start) >= dur {
+			break
+		}
+	}
+	return float64(moved) / time.Since(start).Seconds() / 1e9
+}
+
+// MemcpyBaseline runs reps memcpy repetitions of about dur each (see
+// memcpyRep) and summarises their GB/s.
+func MemcpyBaseline(dst, src []byte, block uint64, reps int, dur time.Duration) Stat {
+	xs := make([]float64, 0, reps)
+	for r := 0; r < reps; r++ {
+		xs = append(xs, memcpyRep(dst, src, block, dur))
+	}
+	return Summarize(xs)
+}

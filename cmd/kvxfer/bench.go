@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bench"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	def := bench.DefaultConfig()
+	var (
+		transports, sizes, depths, streams string
+		noVerify, noMemcpy, peers, quiet   bool
+		jsonPath, plotPath, maxRegion      string
+		timeout                            time.Duration
+	)
+	cfg := def
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "measure transport bandwidth, message rate and batch latency; compare with iperf3/UCX/perftest",
+		Long: `bench runs a matrix of transport × block size × batch depth × streams through the
+engine (engine.OpenTransport, segments, transfer batches) between two transport
+instances in this process, verifies every byte after each timed repetition, and
+prints a table. --peers runs iperf3, ucx_perftest (UCX_TLS=tcp and UCX_TLS=sm)
+and, where an RDMA device exists, ib_write_bw on loopback with the same block
+sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
+		Example: `  kvxfer bench --transports tcp,shm --peers --json out.json --plot out.png
+  kvxfer bench --transports shm --sizes 1M --depths 1,16 --streams 1,2,4 --reps 9`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			cfg.Transports = nil
+			for _, t := range strings.Split(transports, ",") {
+				if t = strings.TrimSpace(t); t != "" {
+					cfg.Transports = append(cfg.Transports, t)
+				}
+			}
+			if cfg.BlockSizes, err = bench.ParseSizes(sizes); err != nil {
+				return fmt.Errorf("--sizes: %w", err)
+			}
+			if cfg.Depths, err = bench.ParseInts(depths, "--depths", 1, 4096); err != nil {
+				return err
+			}
+			if cfg.Streams, err = bench.ParseInts(streams, "--streams", 0, 64); err != nil {
+				return err
+			}
+			if cfg.MaxRegionBytes, err = bench.ParseSize(maxRegion); err != nil {
+				return fmt.Errorf("--max-region: %w", err)
+			}
+			cfg.Verify, cfg.Memcpy, cfg.Peers = !noVerify, !noMemcpy, peers
+			if plotPath != "" {
+				if e := strings.ToLower(plotPath); !strings.HasSuffix(e, ".png") && !strings.HasSuffix(e, ".svg") {
+					return fmt.Errorf("--plot %q: want a file name ending in .png or .svg", plotPath)
+				}
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			if timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			var bar *progressbar.ProgressBar
+			progress := func(label string, done, total int) {
+				if quiet {
+					return
+				}
+				if bar == nil {
+					bar = progressbar.NewOptions(total,
+						progressbar.OptionSetWriter(os.Stderr),
+						progressbar.OptionSetWidth(30),
+						progressbar.OptionShowCount(),
+						progressbar.OptionSetElapsedTime(true),
+						progressbar.OptionSetPredictTime(true),
+						progressbar.OptionClearOnFinish())
+				}
+				bar.Describe(fmt.Sprintf("%-34s", label))
+				bar.Set(done)
+			}
+			rep, err := bench.Run(ctx, cfg, progress)
+			if bar != nil {
+				bar.Finish()
+				fmt.Fprintln(os.Stderr)
+			}
+			if err != nil {
+				return err
+			}
+			if err := bench.WriteTable(cmd.OutOrStdout(), rep); err != nil {
+				return err
+			}
+			if jsonPath != "" {
+				if err := rep.WriteJSON(jsonPath); err != nil {
+					return err
+				}
+			}
+			if plotPath != "" {
+				if err := bench.WritePlot(rep, plotPath); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "bench: %d cases, %d peer runs in %.1fs\n", len(rep.Results), len(rep.Peers), rep.ElapsedSeconds)
+			for _, r := range rep.Results {
+				if r.VerifyErr != "" {
+					return fmt.Errorf("verification failed for %s: %s", r.Label(), r.VerifyErr)
+				}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, rdma); unavailable ones are skipped with the reason")
+	f.StringVar(&sizes, "sizes", "4K,64K,1M,4M,16M,64M", "block sizes (bytes per WriteRequest), e.g. 4K,1M,64M")
+	f.StringVar(&depths, "depths", "1,8", "batch depths: WriteRequests per transfer batch")
+	f.StringVar(&streams, "streams", "0", "engine.Options.Streams values (tcp connections, shm copy goroutines; 0 = transport default)")
+	f.IntVar(&cfg.Inflight, "inflight", def.Inflight, "transfer batches kept submitted at once")
+	f.IntVar(&cfg.Reps, "reps", def.Reps, "timed repetitions per case (median and min–max reported)")
+	f.IntVar(&cfg.Warmup, "warmup", def.Warmup, "untimed warm-up batches per case")
+	f.DurationVar(&cfg.RepTime, "rep-time", def.RepTime, "minimum duration of one repetition (or --rep-bytes, whichever first)")
+	f.Uint64Var(&cfg.RepBytes, "rep-bytes", def.RepBytes, "bytes after which a repetition may end early")
+	f.StringVar(&maxRegion, "max-region", bench.FormatSize(def.MaxRegionBytes), "largest receiver region per case; deeper batches wrap around it")
+	f.BoolVar(&noVerify, "no-verify", false, "skip the byte-for-byte check after each repetition")
+	f.BoolVar(&noMemcpy, "no-memcpy", false, "skip the single-goroutine memcpy baseline")
+	f.BoolVar(&peers, "peers", false, "also run iperf3, ucx_perftest and ib_write_bw (where installed) on loopback and print ratios")
+	f.StringVar(&jsonPath, "json", "", "write the full report (results, peers, method: CPU, kernel, versions, flags) to this JSON file")
+	f.StringVar(&plotPath, "plot", "", "write a bandwidth-vs-block-size plot to this .png or .svg file")
+	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
+	rootCmd.AddCommand(cmd)
+}

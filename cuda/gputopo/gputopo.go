@@ -25,14 +25,20 @@ import (
 
 var (
 	// ErrNotSupported: GPU enumeration cannot work on this host; the error
-	// says why (no NVML library, no GPU).
-	ErrNotSupported = errors.New("gputopo: not supported")
+	// says why (ErrNVMLNotFound or ErrNoGPU, which both match it).
+	ErrNotSupported = errors.New("not supported")
 	// ErrNVMLNotFound: libnvidia-ml.so.1 could not be loaded (no NVIDIA
-	// driver installed).
-	ErrNVMLNotFound = errors.New("gputopo: libnvidia-ml not found")
-	// ErrNoGPU: NVML loads but reports no GPU.
-	ErrNoGPU = errors.New("gputopo: no GPU")
+	// driver installed). It matches ErrNotSupported.
+	ErrNVMLNotFound error = reason("libnvidia-ml not found (no NVIDIA driver on this host)")
+	// ErrNoGPU: NVML loads but reports no GPU. It matches ErrNotSupported.
+	ErrNoGPU error = reason("NVML reports no GPU")
 )
+
+// reason is a "not supported" cause: it matches ErrNotSupported too.
+type reason string
+
+func (r reason) Error() string        { return string(r) }
+func (r reason) Is(target error) bool { return target == ErrNotSupported }
 
 // GPU is one GPU as NVML reports it (plain data).
 type GPU struct {
@@ -80,7 +86,7 @@ func Enumerate(opts ...Option) ([]GPU, error) {
 	}
 	if ret := c.lib.Init(); ret != nvml.SUCCESS {
 		if ret == nvml.ERROR_LIBRARY_NOT_FOUND || ret == nvml.ERROR_DRIVER_NOT_LOADED {
-			return nil, fmt.Errorf("%w: %w: nvmlInit: %s (no NVIDIA driver on this host)", ErrNotSupported, ErrNVMLNotFound, ret.Error())
+			return nil, fmt.Errorf("gputopo: %w: nvmlInit: %s", ErrNVMLNotFound, ret.Error())
 		}
 		return nil, fmt.Errorf("gputopo: nvmlInit: %s", ret.Error())
 	}
@@ -90,7 +96,7 @@ func Enumerate(opts ...Option) ([]GPU, error) {
 		return nil, fmt.Errorf("gputopo: nvmlDeviceGetCount: %s", ret.Error())
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("%w: %w: NVML reports 0 devices", ErrNotSupported, ErrNoGPU)
+		return nil, fmt.Errorf("gputopo: %w (device count 0)", ErrNoGPU)
 	}
 	out := make([]GPU, 0, n)
 	for i := 0; i < n; i++ {

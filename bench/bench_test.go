@@ -1,0 +1,254 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSummarizeAndPercentile(t *testing.T) {
+	cases := []struct {
+		in   []float64
+		want Stat
+	}{
+		{nil, Stat{}},
+		{[]float64{2}, Stat{Median: 2, Min: 2, Max: 2, N: 1}},
+		{[]float64{3, 1, 2}, Stat{Median: 2, Min: 1, Max: 3, Spread: 1, N: 3}},
+		{[]float64{4, 1, 3, 2}, Stat{Median: 2.5, Min: 1, Max: 4, Spread: 1.2, N: 4}},
+		{[]float64{0, 0}, Stat{N: 2}},
+	}
+	for _, c := range cases {
+		got := Summarize(c.in)
+		if math.Abs(got.Median-c.want.Median) > 1e-12 || got.Min != c.want.Min || got.Max != c.want.Max ||
+			math.Abs(got.Spread-c.want.Spread) > 1e-12 || got.N != c.want.N {
+			t.Errorf("Summarize(%v) = %+v, want %+v", c.in, got, c.want)
+		}
+	}
+	s := []float64{10, 20, 30, 40, 50, 60, 70, 80, 90, 100}
+	for _, c := range []struct{ p, want float64 }{{0, 10}, {50, 55}, {99, 99.1}, {100, 100}, {-5, 10}, {150, 100}} {
+		if got := Percentile(s, c.p); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("Percentile(%v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if !math.IsNaN(Percentile(nil, 50)) {
+		t.Error("Percentile of empty slice is not NaN")
+	}
+}
+
+func TestRepRates(t *testing.T) {
+	r := Rep{Bytes: 3e9, Messages: 600, Seconds: 1.5}
+	if r.GBps() != 2 || r.MsgsPerSec() != 400 {
+		t.Fatalf("GBps %v msgs/s %v", r.GBps(), r.MsgsPerSec())
+	}
+	if (Rep{Bytes: 1}).GBps() != 0 {
+		t.Fatal("zero-duration rep has a bandwidth")
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	good := map[string]uint64{"4096": 4096, "4K": 4096, "4k": 4096, "4KiB": 4096, "1M": 1 << 20, "64MB": 64 << 20, "2G": 2 << 30, " 8K ": 8192}
+	for in, want := range good {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "K", "1.5M", "4X", "99999999999G"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) succeeded", in)
+		}
+	}
+	if got, err := ParseSizes("4K,,1M"); err != nil || len(got) != 2 {
+		t.Errorf("ParseSizes: %v %v", got, err)
+	}
+	if _, err := ParseInts("1,x", "--depths", 1, 10); err == nil || !strings.Contains(err.Error(), "--depths") {
+		t.Errorf("ParseInts error %v does not name the flag", err)
+	}
+	for n, want := range map[uint64]string{4096: "4K", 1 << 20: "1M", 3 << 30: "3G", 1000: "1000", 1536: "1536"} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestRegionBytes(t *testing.T) {
+	cases := []struct {
+		c    Case
+		max  uint64
+		want uint64
+	}{
+		{Case{BlockBytes: 4096, Depth: 8}, 1 << 20, 32768},
+		{Case{BlockBytes: 64 << 20, Depth: 8}, 128 << 20, 128 << 20},
+		{Case{BlockBytes: 48 << 20, Depth: 8}, 128 << 20, 96 << 20},
+		{Case{BlockBytes: 64 << 20, Depth: 1}, 32 << 20, 64 << 20},
+	}
+	for _, c := range cases {
+		if got := RegionBytes(c.c, c.max); got != c.want {
+			t.Errorf("RegionBytes(%+v, %d) = %d, want %d", c.c, c.max, got, c.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []func(*Config){
+		func(c *Config) { c.Transports = nil },
+		func(c *Config) { c.Inflight = 0 },
+		func(c *Config) { c.Reps = 0 },
+		func(c *Config) { c.RepTime = 0 },
+		func(c *Config) { c.BlockSizes = []uint64{1 << 30} },
+		func(c *Config) { c.Depths = nil },
+	}
+	for i, f := range bad {
+		c := DefaultConfig()
+		f(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("bad config %d accepted", i)
+		}
+	}
+	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.Cases()); n != len(c.Transports)*len(c.BlockSizes)*len(c.Depths)*len(c.Streams) {
+		t.Fatalf("Cases() has %d entries", n)
+	}
+}
+
+func TestFirstDiffAndFill(t *testing.T) {
+	a := make([]byte, 200003)
+	fill(a, 7)
+	b := append([]byte(nil), a...)
+	if firstDiff(a, b) != -1 {
+		t.Fatal("equal buffers differ")
+	}
+	b[150001] ^= 1
+	if got := firstDiff(a, b); got != 150001 {
+		t.Fatalf("firstDiff = %d, want 150001", got)
+	}
+	c := make([]byte, len(a))
+	fill(c, 8)
+	if bytes.Equal(a, c) {
+		t.Fatal("different seeds give the same pattern")
+	}
+}
+
+func TestPeerParsers(t *testing.T) {
+	ucx := "+----+\nFinal:                   500      1.353  3634.031  7031.724      275.18     142.21         275         142\n"
+	if got, err := parseUCXPerftest([]byte(ucx)); err != nil || math.Abs(got-142.21*(1<<20)/1e9) > 1e-9 {
+		t.Errorf("parseUCXPerftest = %v, %v", got, err)
+	}
+	if _, err := parseUCXPerftest([]byte("ERROR something")); err == nil {
+		t.Error("parseUCXPerftest accepted output without Final")
+	}
+	ip := `{"end":{"sum_received":{"bits_per_second":8e9}}}`
+	if got, err := parseIperf3([]byte(ip)); err != nil || got != 1 {
+		t.Errorf("parseIperf3 = %v, %v", got, err)
+	}
+	if _, err := parseIperf3([]byte(`{"error":"unable to connect"}`)); err == nil || !strings.Contains(err.Error(), "unable") {
+		t.Errorf("parseIperf3 error %v", err)
+	}
+	ib := " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 1048576    1000             90.12              89.60                0.010682\n"
+	if got, err := parseIBWriteBW([]byte(ib), 1048576); err != nil || math.Abs(got-11.2) > 1e-9 {
+		t.Errorf("parseIBWriteBW = %v, %v", got, err)
+	}
+	if _, err := parseIBWriteBW([]byte(ib), 4096); err == nil {
+		t.Error("parseIBWriteBW accepted a missing row")
+	}
+}
+
+// TestRunSmoke drives the whole benchmark with tiny sizes over shm and tcp:
+// every case completes, verifies, and the table, JSON and plot are written.
+func TestRunSmoke(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSizes = []uint64{4096, 64 << 10}
+	cfg.Depths = []int{1, 4}
+	cfg.Reps = 2
+	cfg.Warmup = 1
+	cfg.RepTime = 5 * time.Millisecond
+	cfg.MaxRegionBytes = 1 << 20
+	cfg.Transports = []string{"shm", "tcp", "nonesuch"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	steps := 0
+	rep, err := Run(ctx, cfg, func(string, int, int) { steps++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Skipped) != 1 || !strings.Contains(rep.Skipped[0], "nonesuch") {
+		t.Errorf("skipped = %v, want the unknown transport", rep.Skipped)
+	}
+	if len(rep.Results) != 8 || steps != 9 {
+		t.Fatalf("%d results, %d progress calls; want 8 and 9", len(rep.Results), steps)
+	}
+	for _, r := range rep.Results {
+		if r.Err != "" || !r.Verified || len(r.Reps) != 2 || r.GBps.Median <= 0 || r.MemcpyGBps.N != 2 || r.LatencyP99us < r.LatencyP50us {
+			t.Errorf("%s: %+v", r.Label(), r)
+		}
+	}
+	if rep.Method.CPUModel == "" && len(rep.Method.CPUFeatures) == 0 {
+		t.Error("method has no CPU description")
+	}
+	if rep.Method.Kernel == "" || rep.Method.GoVersion == "" || rep.Hardware.Note == "" && len(rep.Hardware.Pairs) == 0 {
+		t.Errorf("method/hardware incomplete: %+v %+v", rep.Method, rep.Hardware)
+	}
+	var tbl bytes.Buffer
+	if err := WriteTable(&tbl, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tbl.String(), "shm") || !strings.Contains(tbl.String(), "64K") {
+		t.Errorf("table:\n%s", tbl.String())
+	}
+	dir := t.TempDir()
+	if err := rep.WriteJSON(filepath.Join(dir, "r.json")); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadJSON(filepath.Join(dir, "r.json"))
+	if err != nil || len(back.Results) != len(rep.Results) || back.Method.Config.Reps != 2 {
+		t.Fatalf("JSON round trip: %v", err)
+	}
+	for _, name := range []string{"p.png", "p.svg"} {
+		if err := WritePlot(rep, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() < 1000 {
+			t.Fatalf("plot %s: %v", name, err)
+		}
+	}
+	if err := WritePlot(rep, filepath.Join(dir, "p.txt")); err == nil {
+		t.Error("plot to .txt accepted")
+	}
+}
+
+// TestRunPeerMissingTool checks a peer that is not installed is reported, not fatal.
+func TestRunPeerMissingTool(t *testing.T) {
+	r := RunPeer(context.Background(), PeerSpec{Tool: "kvxfer-no-such-tool", Test: "x", Transport: "tcp"}, 4096)
+	if r.Err == "" || r.GBps != 0 {
+		t.Fatalf("missing tool: %+v", r)
+	}
+}
+
+// TestRunPeerInstalled runs each installed loopback peer once with a small
+// size and checks a bandwidth is parsed.
+func TestRunPeerInstalled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("peer tools skipped under -short")
+	}
+	for _, p := range DefaultPeers([]string{"tcp", "shm"}, nil) {
+		t.Run(p.Label(), func(t *testing.T) {
+			if _, err := exec.LookPath(p.Tool); err != nil {
+				t.Skipf("%s not installed (scripts/install-deps.sh bench)", p.Tool)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), PeerTimeout)
+			defer cancel()
+			r := RunPeer(ctx, p, 64<<10)
+			if r.Err != "" || r.GBps <= 0 || r.Command == "" {
+				t.Fatalf("%+v", r)
+			}
+		})
+	}
+}

@@ -39,11 +39,15 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/engine"
 )
@@ -363,6 +367,9 @@ func (t *Transport) serve(c net.Conn) {
 	}()
 	tuneConn(c)
 	rx := receiver{t: t, c: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		rx.raw, _ = sc.SyscallConn()
+	}
 	if err := rx.run(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		t.log.Warn("tcp: data connection closed", "peer", c.RemoteAddr().String(), "err", err)
 	}
@@ -374,6 +381,9 @@ type receiver struct {
 	hdr    [headerSize]byte
 	ackBuf []byte
 	bounce []byte // device-memory staging, allocated on first use
+	raw    syscall.RawConn
+	iov    [][]byte
+	vecs   []unix.Iovec
 }
 
 func (rx *receiver) reply(a ack) error {
@@ -450,6 +460,24 @@ func (rx *receiver) frame(h header) (ack, error) {
 	if r.dead {
 		return refuse(ackUnknownRegion, fmt.Sprintf("region %d was deregistered (write at offset %d length %d x %d)", h.Region, h.Offset, h.Count, h.Length))
 	}
+	if h.payload() == 0 {
+		return ack{Status: ackOK, Seq: h.Seq}, nil
+	}
+	if r.buf != nil && h.Count > 1 && rx.raw != nil {
+		// Strided: one readv per up to 1024 blocks, straight into the region.
+		iov := rx.iov[:0]
+		for i := uint64(0); i < uint64(h.Count); i++ {
+			off := h.Offset + i*h.Stride
+			iov = append(iov, r.buf[off:off+h.Length])
+		}
+		err := readvFull(rx.raw, iov, &rx.vecs)
+		clear(iov)
+		rx.iov = iov[:0]
+		if err != nil {
+			return ack{}, fmt.Errorf("read strided frame %d (%d x %d bytes) into region %d: %w", h.Seq, h.Count, h.Length, h.Region, err)
+		}
+		return ack{Status: ackOK, Seq: h.Seq, Bytes: h.payload()}, nil
+	}
 	for i := uint64(0); i < uint64(h.Count); i++ {
 		off := h.Offset + i*h.Stride
 		if r.buf != nil {
@@ -469,6 +497,52 @@ func (rx *receiver) frame(h header) (ack, error) {
 		}
 	}
 	return ack{Status: ackOK, Seq: h.Seq, Bytes: h.payload()}, nil
+}
+
+// readvFull fills every slice of iov from the socket with readv(2), at most
+// 1024 slices (IOV_MAX) per call, with vecs as reusable iovec scratch; it
+// honours the connection's read deadline. iov's elements are consumed.
+func readvFull(rc syscall.RawConn, iov [][]byte, vecs *[]unix.Iovec) error {
+	for len(iov) > 0 {
+		k := min(len(iov), 1024)
+		v := (*vecs)[:0]
+		for _, b := range iov[:k] {
+			vec := unix.Iovec{Base: &b[0]}
+			vec.SetLen(len(b))
+			v = append(v, vec)
+		}
+		*vecs = v
+		var n uintptr
+		var errno syscall.Errno
+		rerr := rc.Read(func(fd uintptr) bool {
+			for {
+				n, _, errno = unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+				if errno != unix.EINTR {
+					return errno != unix.EAGAIN
+				}
+			}
+		})
+		clear(v)
+		if rerr != nil {
+			return rerr
+		}
+		if errno != 0 {
+			return os.NewSyscallError("readv", errno)
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		for m := int(n); m > 0; {
+			if m >= len(iov[0]) {
+				m -= len(iov[0])
+				iov = iov[1:]
+			} else {
+				iov[0] = iov[0][m:]
+				m = 0
+			}
+		}
+	}
+	return nil
 }
 
 // toDevice receives n bytes into device region r at off through the bounce

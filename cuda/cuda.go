@@ -523,6 +523,21 @@ func DmaBufFD(ptr uintptr, size uint64) (fd int, err error) {
 	return fd, nil
 }
 
+// DmaBufRange is DmaBufFD for any device range: it exports the enclosing
+// page-aligned range [floor(ptr), ceil(ptr+size)) and returns the fd and the
+// offset of ptr inside it (pass offset to ibv_reg_dmabuf_mr). The caller
+// closes fd.
+func DmaBufRange(ptr uintptr, size uint64) (fd int, offset uint64, err error) {
+	if size == 0 {
+		return -1, 0, fmt.Errorf("cuda: dma-buf for %#x: size must be > 0 bytes: %w", ptr, ErrInvalidValue)
+	}
+	pg := uint64(os.Getpagesize())
+	start := uint64(ptr) &^ (pg - 1)
+	end := (uint64(ptr) + size + pg - 1) &^ (pg - 1)
+	fd, err = DmaBufFD(uintptr(start), end-start)
+	return fd, uint64(ptr) - start, err
+}
+
 // Synchronize waits for all work on dev.
 func Synchronize(dev int) error {
 	unlock, err := use("synchronize device", dev)

@@ -257,6 +257,11 @@ func TestFakeDmaBuf(t *testing.T) {
 			t.Errorf("DmaBufFD(%s) = %v, want ErrInvalidValue", tc.name, err)
 		}
 	}
+	fd, off, err := cuda.DmaBufRange(aligned+100, pg)
+	if err != nil || off != 100 {
+		t.Fatalf("DmaBufRange(unaligned) = fd %d off %d, %v; want offset 100", fd, off, err)
+	}
+	syscall.Close(fd)
 	host := make([]byte, 64)
 	if _, err := cuda.DmaBufFD(uintptr(unsafe.Pointer(&host[0])), pg); !errors.Is(err, cuda.ErrInvalidValue) {
 		t.Errorf("DmaBufFD(host memory) = %v, want ErrInvalidValue", err)
@@ -343,5 +348,23 @@ func TestFakeRegisterHost(t *testing.T) {
 	}
 	if info, _ := cuda.PointerAttributes(uintptr(unsafe.Pointer(&b[0]))); info.Type != cuda.MemoryUnregistered {
 		t.Fatalf("after UnregisterHost: %+v", info)
+	}
+}
+
+// TestFakeMeasureStaging runs the staging benchmark's code path (copies and
+// the byte check) on the fake runtime; the numbers mean nothing there.
+func TestFakeMeasureStaging(t *testing.T) {
+	if err := loadFake(t, nil, nil); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	r, err := cuda.MeasureStaging(0, 1<<20, 256<<10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.StagedDtoH <= 0 || r.PlainDtoHPageable <= 0 || r.StagedHtoD <= 0 {
+		t.Fatalf("MeasureStaging = %+v, want positive rates", r)
+	}
+	if _, err := cuda.MeasureStaging(0, 1000, 256, 1); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Fatalf("MeasureStaging(size not a multiple of chunk) = %v, want ErrInvalidValue", err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"syscall"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -179,95 +178,17 @@ func TestGPUProofKernel(t *testing.T) {
 	}
 }
 
-// TestGPUStagingBandwidth measures device->host staging through a pinned
-// bounce buffer in chunks (the TCP transport's path for device memory)
-// against one plain cudaMemcpy of the same size into pageable memory and
-// into pinned memory. It logs a STAGING line that scripts/gpu-check.sh
-// collects; it asserts correctness, never timing.
+// TestGPUStagingBandwidth runs MeasureStaging (pinned-bounce staging vs a
+// plain cudaMemcpy of the same size) and logs a STAGING line that
+// scripts/gpu-check.sh collects; it asserts correctness, never timing.
 func TestGPUStagingBandwidth(t *testing.T) {
 	requireGPU(t)
-	const size = 256 << 20
-	const chunk = 4 << 20
-	d, err := cuda.Malloc(0, size)
+	r, err := cuda.MeasureStaging(0, 256<<20, 4<<20, 5)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer cuda.Free(0, d)
-	if err := cuda.Memset(0, d, 0x3c, size); err != nil {
-		t.Fatal(err)
-	}
-	pageable := make([]byte, size)
-	pinned, err := cuda.AllocMapped(0, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pinned.Close()
-	bounce, err := cuda.AllocMapped(0, 2*chunk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bounce.Close()
-	s, err := cuda.NewStream(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-
-	gbps := func(name string, f func() error) float64 {
-		if err := f(); err != nil { // warm-up
-			t.Fatalf("%s: %v", name, err)
-		}
-		const reps = 5
-		start := time.Now()
-		for i := 0; i < reps; i++ {
-			if err := f(); err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-		}
-		return float64(reps*size) / time.Since(start).Seconds() / 1e9
-	}
-	plainPageable := gbps("plain DtoH pageable", func() error { return cuda.CopyFromDevice(0, pageable, d) })
-	plainPinned := gbps("plain DtoH pinned", func() error {
-		return cuda.Memcpy(0, pinned.Host(), uintptr(d), size, cuda.DeviceToHost)
-	})
-	// Staged: double-buffered chunks into the pinned bounce buffer, each
-	// copied on to its final (pageable) place while the next chunk lands.
-	staged := gbps("staged DtoH", func() error {
-		bb := bounce.Bytes()
-		for off := 0; off < size; off += chunk {
-			half := (off / chunk) % 2
-			if err := s.MemcpyAsync(bounce.Host()+uintptr(half*chunk), uintptr(d)+uintptr(off), chunk, cuda.DeviceToHost); err != nil {
-				return err
-			}
-			if err := s.Synchronize(); err != nil {
-				return err
-			}
-			copy(pageable[off:off+chunk], bb[half*chunk:(half+1)*chunk])
-		}
-		return nil
-	})
-	stagedHtoD := gbps("staged HtoD", func() error {
-		bb := bounce.Bytes()
-		for off := 0; off < size; off += chunk {
-			half := (off / chunk) % 2
-			copy(bb[half*chunk:(half+1)*chunk], pageable[off:off+chunk])
-			if err := s.MemcpyAsync(uintptr(d)+uintptr(off), bounce.Host()+uintptr(half*chunk), chunk, cuda.HostToDevice); err != nil {
-				return err
-			}
-			if err := s.Synchronize(); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	plainHtoD := gbps("plain HtoD pageable", func() error { return cuda.CopyToDevice(0, d, pageable) })
-	for i := 0; i < size; i += 4096 {
-		if pageable[i] != 0x3c {
-			t.Fatalf("byte %d = %#x after staging, want 0x3c", i, pageable[i])
-		}
 	}
 	line := fmt.Sprintf("STAGING size_MiB=%d chunk_MiB=%d dtoh_plain_pageable_GBps=%.2f dtoh_plain_pinned_GBps=%.2f dtoh_staged_GBps=%.2f htod_plain_pageable_GBps=%.2f htod_staged_GBps=%.2f",
-		size>>20, chunk>>20, plainPageable, plainPinned, staged, plainHtoD, stagedHtoD)
+		r.Size>>20, r.Chunk>>20, r.PlainDtoHPageable, r.PlainDtoHPinned, r.StagedDtoH, r.PlainHtoDPageable, r.StagedHtoD)
 	t.Log(line)
 	fmt.Println(line)
 }

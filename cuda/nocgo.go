@@ -112,6 +112,9 @@ func IPCCloseHandle(dev int, p DevicePtr) error { return errNoCgo }
 // DmaBufFD returns ErrNoCgo.
 func DmaBufFD(ptr uintptr, size uint64) (fd int, err error) { return -1, errNoCgo }
 
+// DmaBufRange returns ErrNoCgo.
+func DmaBufRange(ptr uintptr, size uint64) (fd int, offset uint64, err error) { return -1, 0, errNoCgo }
+
 // Synchronize returns ErrNoCgo.
 func Synchronize(dev int) error { return errNoCgo }
 

@@ -1,0 +1,150 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// fakeDevice treats "device" addresses as host addresses, so the bounce path
+// can be tested without a GPU. failTo/failFrom make the next copies fail.
+type fakeDevice struct {
+	failTo, failFrom atomic.Int32
+}
+
+func (*fakeDevice) check(engine.Memory) error { return nil }
+
+func (f *fakeDevice) copyFromDevice(dst []byte, src uintptr, _ int) error {
+	if f.failFrom.Add(-1) >= 0 {
+		return errors.New("fake cuMemcpyDtoH failure")
+	}
+	copy(dst, hostSlice(src, uint64(len(dst))))
+	return nil
+}
+
+func (f *fakeDevice) copyToDevice(dst uintptr, _ int, src []byte) error {
+	if f.failTo.Add(-1) >= 0 {
+		return errors.New("fake cuMemcpyHtoD failure")
+	}
+	copy(hostSlice(dst, uint64(len(src))), src)
+	return nil
+}
+
+func TestDeviceMemoryRefusedWithoutCopier(t *testing.T) {
+	tr, err := New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if tr.Capabilities().Has(engine.CapDeviceMemory) {
+		t.Errorf("CapDeviceMemory set without a CUDA copier")
+	}
+	_, err = tr.RegisterMemory(engine.Memory{Addr: 0x7000_0000_0000, Length: 1 << 20, Kind: engine.MemoryCUDA, Device: 0, FD: -1})
+	if !errors.Is(err, engine.ErrUnsupportedMemory) {
+		t.Fatalf("RegisterMemory(cuda) = %v, want ErrUnsupportedMemory", err)
+	}
+}
+
+func TestDeviceBouncePath(t *testing.T) {
+	fake := &fakeDevice{}
+	fake.failTo.Store(-1 << 30)
+	fake.failFrom.Store(-1 << 30)
+	saved := deviceCopier
+	deviceCopier = fake
+	defer func() { deviceCopier = saved }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const size = 10 << 20 // > bounceSize, so blocks are staged in pieces
+	var trs [2]*Transport
+	var bufs [2]*engine.HostBuffer
+	var descs [2]engine.RegionDesc
+	for i := range trs {
+		tr, err := New(engine.DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := engine.AllocHost("dev", size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := buf.Memory()
+		m.Kind, m.Device = engine.MemoryCUDA, i
+		d, err := tr.RegisterMemory(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trs[i], bufs[i], descs[i] = tr, buf, d
+	}
+	defer func() {
+		trs[0].Close()
+		trs[1].Close()
+		bufs[0].Close()
+		bufs[1].Close()
+	}()
+	if !trs[0].Capabilities().Has(engine.CapDeviceMemory) {
+		t.Errorf("CapDeviceMemory not set with a copier installed")
+	}
+	src, dst := bufs[0].Bytes(), bufs[1].Bytes()
+	for i := range src {
+		src[i] = byte(i*31 + i>>12)
+	}
+	seg, err := trs[0].OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []engine.RegionDesc{descs[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	run := func(rs ...engine.WriteRequest) engine.BatchStatus {
+		t.Helper()
+		id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: rs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := seg.Wait(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg.Release(id)
+		return st
+	}
+	base := bufs[0].Addr()
+	// Contiguous, split into 4 MiB frames, each staged through the bounce buffer.
+	if st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 9 << 20}); st.State != engine.BatchCompleted {
+		t.Fatalf("device write: %v %v", st.State, st.Err)
+	}
+	if !bytes.Equal(dst[:9<<20], src[:9<<20]) {
+		t.Fatalf("device write: bytes differ")
+	}
+	// Strided.
+	if st := run(engine.WriteRequest{Local: base + 7, Remote: descs[1].ID, RemoteOffset: 9 << 20, Length: 100, Count: 50, LocalStride: 300, RemoteStride: 200}); st.State != engine.BatchCompleted {
+		t.Fatalf("strided device write: %v %v", st.State, st.Err)
+	}
+	for i := 0; i < 50; i++ {
+		if !bytes.Equal(dst[9<<20+i*200:][:100], src[7+i*300:][:100]) {
+			t.Fatalf("strided device write: block %d differs", i)
+		}
+	}
+	// Receiver-side copy failure: the batch fails naming the copy, the stream stays usable.
+	fake.failTo.Store(1)
+	st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
+	if st.State != engine.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyHtoD")) {
+		t.Fatalf("receiver copy failure: %v %v, want failed naming the copy", st.State, st.Err)
+	}
+	fake.failTo.Store(-1 << 30)
+	// Sender-side copy failure: same.
+	fake.failFrom.Store(1)
+	st = run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
+	if st.State != engine.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyDtoH")) {
+		t.Fatalf("sender copy failure: %v %v, want failed naming the copy", st.State, st.Err)
+	}
+	fake.failFrom.Store(-1 << 30)
+	clear(dst[:1<<20])
+	if st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 1 << 20}); st.State != engine.BatchCompleted || !bytes.Equal(dst[:1<<20], src[:1<<20]) {
+		t.Fatalf("write after copy failures: %v %v", st.State, st.Err)
+	}
+}

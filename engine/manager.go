@@ -40,8 +40,8 @@ func (r Role) String() string {
 const (
 	DefaultBootstrapTimeout  = 300 * time.Second
 	DefaultWaitingTimeout    = 300 * time.Second
-	DefaultHeartbeatInterval = 250 * time.Millisecond
-	DefaultPeerTimeout       = 1500 * time.Millisecond
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultPeerTimeout       = 10 * time.Second
 	DefaultRingSlots         = 1024
 	defaultStagingSlots      = 4096
 	controlSendTimeout       = 2 * time.Second
@@ -97,9 +97,11 @@ type ManagerConfig struct {
 	// after it sent TRANSFER. 0: env SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 	// (seconds), else 300 s.
 	WaitingTimeout time.Duration
-	// HeartbeatInterval is the PING period to every known peer (250 ms).
+	// HeartbeatInterval is the PING period to every known peer (500 ms).
 	HeartbeatInterval time.Duration
-	// PeerTimeout fails the rooms of a peer silent this long (1.5 s).
+	// PeerTimeout fails the rooms of a peer silent this long (10 s): a hung
+	// or partitioned peer. A peer whose process dies is detected at once, when
+	// its control connection drops (ZMQ socket monitor).
 	PeerTimeout time.Duration
 	// RingSlots (decode) is the metadata ring size in records (1024).
 	RingSlots int
@@ -171,8 +173,10 @@ type Manager struct {
 	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
 	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
 
-	done chan struct{}
-	wg   sync.WaitGroup
+	done  chan struct{}
+	wg    sync.WaitGroup
+	monWG sync.WaitGroup
+	monN  int
 }
 
 type pendingTransfer struct {
@@ -450,6 +454,7 @@ func (m *Manager) teardown() {
 		close(m.done)
 	}
 	m.wg.Wait()
+	m.monWG.Wait()
 	m.mu.Lock()
 	for _, p := range m.dpeers {
 		p.close()
@@ -501,13 +506,24 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		_ = s.SetLinger(0)
 		_ = s.SetSndtimeo(controlSendTimeout)
 		_ = s.SetImmediate(false)
+		m.monN++
+		mon, merr := m.watch(s, fmt.Sprintf("inproc://kvxfer-mon-%p-%d", m, m.monN))
 		if err := s.Connect(endpoint); err != nil {
+			if mon != nil {
+				_ = mon.Close()
+			}
 			_ = s.Close()
 			m.mu.Unlock()
 			return fmt.Errorf("engine: connect control socket to %s: %w", endpoint, err)
 		}
 		ps = &pushSock{sock: s}
 		m.push[endpoint] = ps
+		if merr != nil {
+			m.log.Warn("no disconnect monitor; a dead peer is noticed by heartbeat only", "peer", endpoint, "err", merr)
+		} else {
+			m.monWG.Add(1)
+			go m.monitorPeer(endpoint, ps, mon)
+		}
 	}
 	m.mu.Unlock()
 	ps.mu.Lock()
@@ -529,6 +545,59 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return fmt.Errorf("engine: send to %s: %w (peer gone?)", endpoint, err)
 	}
 	return nil
+}
+
+// watch attaches a ZMQ socket monitor (disconnect events) to s.
+func (m *Manager) watch(s *zmq.Socket, addr string) (*zmq.Socket, error) {
+	if err := s.Monitor(addr, zmq.EVENT_DISCONNECTED); err != nil {
+		return nil, err
+	}
+	pair, err := m.zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return nil, err
+	}
+	_ = pair.SetLinger(0)
+	_ = pair.SetRcvtimeo(200 * time.Millisecond)
+	if err := pair.Connect(addr); err != nil {
+		_ = pair.Close()
+		return nil, err
+	}
+	return pair, nil
+}
+
+// monitorPeer turns a dropped control connection into peerLost at once: a
+// killed process closes its sockets, so this is how a dead peer is noticed
+// within milliseconds instead of after PeerTimeout.
+func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
+	defer m.monWG.Done()
+	defer mon.Close()
+	for {
+		select {
+		case <-m.done:
+			return
+		default:
+		}
+		ps.mu.Lock()
+		gone := ps.sock == nil
+		ps.mu.Unlock()
+		if gone {
+			return
+		}
+		ev, _, _, err := mon.RecvEvent(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.ETERM {
+				return
+			}
+			continue
+		}
+		if ev == zmq.EVENT_DISCONNECTED {
+			go m.peerLost(ep, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
+			return
+		}
+		if ev == zmq.EVENT_MONITOR_STOPPED {
+			return
+		}
+	}
 }
 
 // dropPush closes the cached PUSH socket of a lost peer.
@@ -676,7 +745,7 @@ func (m *Manager) monitorLoop() {
 			_ = m.send(ep, ping, true)
 		}
 		for _, ep := range dead {
-			m.peerLost(ep, now)
+			m.peerLost(ep, fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout))
 		}
 		for _, s := range ss {
 			s.checkTimeout(now)
@@ -690,10 +759,16 @@ func (m *Manager) monitorLoop() {
 // peerLost handles a peer silent for PeerTimeout: its rooms fail, its
 // connection state and (decode) the bootstrap cache entries naming it are
 // dropped, so the next request resolves and registers afresh.
-func (m *Manager) peerLost(ep string, now time.Time) {
-	err := fmt.Errorf("%w: %s peer %s silent for more than %s (process killed or network lost)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
-	m.log.Warn("peer lost", "peer", ep, "timeout", m.cfg.PeerTimeout)
+func (m *Manager) peerLost(ep string, err error) {
 	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	m.log.Warn("peer lost", "peer", ep, "err", err)
+	m.mu.Lock()
+	delete(m.lastSeen, ep)
 	var ss []*Sender
 	for _, s := range m.senders {
 		ss = append(ss, s)

@@ -1,0 +1,514 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+type demoFlags struct {
+	requests    int
+	trace       string
+	model       string
+	prefillTP   int
+	prefillPP   int
+	decodeTP    int
+	pageSize    int
+	poolMB      int
+	concurrency int
+	transport   string
+	checksum    bool
+	jsonOut     string
+	seed        uint64
+	timeout     time.Duration
+	chunkPages  int
+	noProgress  bool
+	childLog    string
+}
+
+func init() {
+	var f demoFlags
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "the main job: bootstrap + prefill + decode processes on loopback, N requests transferred and verified",
+		Long: `Start an embedded bootstrap server, the prefill ranks (prefill-tp × prefill-pp
+processes) and the decode ranks (decode-tp processes) of this binary on
+loopback, and drive requests through them. Each request gets a random 63-bit
+bootstrap_room; every prefill rank fills its source pages with a deterministic
+pattern of (room, layer, token, head, offset), the decode ranks receive the
+pages, verify the metadata record (room, commit word, CRC32C) and every byte,
+and the demo prints a summary (requests, tokens, pages, bytes, GB/s, transfer
+latency p50/p99, failures). Exits non-zero if any request fails.
+
+Workload: --trace FILE reads a Mooncake JSONL trace (timestamp, input_length,
+output_length, hash_ids); without it a chat-like generator draws prompt
+lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), &f) },
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&f.requests, "requests", 8, "number of requests (with --trace: the first N; 0 = the whole trace)")
+	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSONL trace (e.g. ../shared/data/traces/conversation_trace.jsonl)")
+	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name or Hugging Face config.json path")
+	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill attention-TP size (processes per PP stage)")
+	fs.IntVar(&f.prefillPP, "prefill-pp", 1, "prefill pipeline-parallel size")
+	fs.IntVar(&f.decodeTP, "decode-tp", 1, "decode attention-TP size (processes)")
+	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens")
+	fs.IntVar(&f.poolMB, "pool-mb", 3072, "KV pool per rank in MiB (caps the prompt length)")
+	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
+	fs.StringVar(&f.transport, "transport", "tcp", "data transport(s) for every rank: tcp, shm, auto, or a comma list")
+	fs.BoolVar(&f.checksum, "checksum", true, "CRC32C over the transferred bytes, checked by the decode")
+	fs.StringVar(&f.jsonOut, "json", "", "write the summary and per-request results as JSON to this file")
+	fs.Uint64Var(&f.seed, "seed", 0, "workload and room seed (0 = random)")
+	fs.DurationVar(&f.timeout, "timeout", 120*time.Second, "per-request bootstrap and waiting timeout")
+	fs.IntVar(&f.chunkPages, "chunk-pages", 0, "prefill sends each request in chunks of this many pages (0 = one chunk)")
+	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar")
+	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
+	rootCmd.AddCommand(cmd)
+}
+
+// child is one prefill or decode process.
+type child struct {
+	name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	inMu  sync.Mutex
+	ready chan replyLine
+	mu    sync.Mutex
+	wait  map[uint64]chan replyLine
+	dead  error
+	exit  chan struct{}
+}
+
+func startChild(ctx context.Context, exe, name string, args []string) (*child, error) {
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (%s): %w", name, exe, err)
+	}
+	c := &child{name: name, cmd: cmd, stdin: stdin, ready: make(chan replyLine, 1), wait: map[uint64]chan replyLine{}, exit: make(chan struct{})}
+	go c.readLoop(stdout)
+	return c, nil
+}
+
+func (c *child) readLoop(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l replyLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			slog.Warn("unparsable line from child", "child", c.name, "line", sc.Text())
+			continue
+		}
+		if l.Ready {
+			c.ready <- l
+			continue
+		}
+		c.mu.Lock()
+		ch := c.wait[l.Room]
+		delete(c.wait, l.Room)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- l
+		}
+	}
+	err := c.cmd.Wait()
+	if err == nil {
+		err = errors.New("exited")
+	}
+	c.mu.Lock()
+	c.dead = fmt.Errorf("%s: %w", c.name, err)
+	for room, ch := range c.wait {
+		ch <- replyLine{Room: room, Error: c.dead.Error()}
+	}
+	c.wait = map[uint64]chan replyLine{}
+	c.mu.Unlock()
+	close(c.exit)
+}
+
+// submit sends a request line and returns the channel of its reply.
+func (c *child) submit(q requestLine) <-chan replyLine {
+	ch := make(chan replyLine, 1)
+	c.mu.Lock()
+	if c.dead != nil {
+		c.mu.Unlock()
+		ch <- replyLine{Room: q.Room, Error: c.dead.Error()}
+		return ch
+	}
+	c.wait[q.Room] = ch
+	c.mu.Unlock()
+	b, _ := json.Marshal(q)
+	c.inMu.Lock()
+	_, err := c.stdin.Write(append(b, '\n'))
+	c.inMu.Unlock()
+	if err != nil {
+		c.mu.Lock()
+		if c.wait[q.Room] == ch {
+			delete(c.wait, q.Room)
+			ch <- replyLine{Room: q.Room, Error: fmt.Sprintf("%s: write request: %v", c.name, err)}
+		}
+		c.mu.Unlock()
+	}
+	return ch
+}
+
+func (c *child) stop(grace time.Duration) {
+	c.inMu.Lock()
+	_ = c.stdin.Close()
+	c.inMu.Unlock()
+	select {
+	case <-c.exit:
+		return
+	case <-time.After(grace):
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exit:
+	case <-time.After(2 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exit
+	}
+}
+
+// demoResult is one request's outcome.
+type demoResult struct {
+	Room       uint64  `json:"room"`
+	Tokens     int     `json:"tokens"`
+	Capped     bool    `json:"capped,omitempty"`
+	Pages      int     `json:"pages"`
+	Bytes      uint64  `json:"bytes"`
+	TransferMS float64 `json:"transfer_ms"`
+	DecodeMS   float64 `json:"decode_wait_ms"`
+	OK         bool    `json:"ok"`
+	Error      string  `json:"error,omitempty"`
+}
+
+type demoSummary struct {
+	Model          string   `json:"model"`
+	PrefillTP      int      `json:"prefill_tp"`
+	PrefillPP      int      `json:"prefill_pp"`
+	DecodeTP       int      `json:"decode_tp"`
+	PageSize       int      `json:"page_size"`
+	Transports     []string `json:"transports"`
+	Checksum       bool     `json:"checksum"`
+	CRC32CPath     string   `json:"crc32c_path"`
+	Workload       string   `json:"workload"`
+	Requests       int      `json:"requests"`
+	Verified       int      `json:"verified"`
+	Failures       int      `json:"failures"`
+	CappedRequests int      `json:"capped_requests"`
+	MaxTokens      int      `json:"max_tokens"`
+	Tokens         int64    `json:"tokens"`
+	Pages          int64    `json:"pages"`
+	Bytes          uint64   `json:"bytes"`
+	WallSeconds    float64  `json:"wall_seconds"`
+	GoodputGBps    float64  `json:"goodput_gbps"`
+	TransferGBps   float64  `json:"transfer_gbps"`
+	LatencyP50MS   float64  `json:"transfer_latency_p50_ms"`
+	LatencyP99MS   float64  `json:"transfer_latency_p99_ms"`
+	LatencyMaxMS   float64  `json:"transfer_latency_max_ms"`
+}
+
+func runDemo(parent context.Context, f *demoFlags) error {
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch {
+	case f.prefillTP < 1 || f.prefillPP < 1 || f.decodeTP < 1:
+		return fmt.Errorf("--prefill-tp, --prefill-pp and --decode-tp must be >= 1")
+	case f.concurrency < 1:
+		return fmt.Errorf("--concurrency %d: must be >= 1", f.concurrency)
+	case f.requests < 0:
+		return fmt.Errorf("--requests %d: must be >= 0", f.requests)
+	}
+	model, err := engine.LookupModel(f.model)
+	if err != nil {
+		return err
+	}
+	// Token capacity of the smallest pool, shared by the requests in flight.
+	capTokens := 1 << 30
+	for _, o := range []engine.LayoutOptions{
+		{PageSize: f.pageSize, TPSize: f.prefillTP, PPSize: f.prefillPP},
+		{PageSize: f.pageSize, TPSize: f.decodeTP, PPSize: 1},
+	} {
+		n, err := engine.PagesForBytes(model, o, uint64(f.poolMB)<<20)
+		if err != nil {
+			return err
+		}
+		ps := f.pageSize
+		if ps == 0 {
+			ps = engine.DefaultPageSize
+		}
+		capTokens = min(capTokens, n*ps/f.concurrency)
+	}
+	if capTokens < 1 {
+		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, model.Name, f.concurrency)
+	}
+	seed := f.seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	var reqs []workload.Request
+	wl := "generated chat-like (mean ≈ 12k tokens)"
+	if f.trace != "" {
+		if reqs, err = workload.LoadMooncake(f.trace, f.requests); err != nil {
+			return err
+		}
+		wl = "trace " + f.trace
+	} else {
+		n := f.requests
+		if n == 0 {
+			n = 8
+		}
+		reqs = workload.Generate(n, seed, 64, 0)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+
+	// Bootstrap server.
+	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: 0})
+	sctx, cancelSrv := context.WithCancel(context.Background())
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Start(sctx) }()
+	defer func() { cancelSrv(); <-srvDone }()
+	select {
+	case <-srv.Ready():
+	case err := <-srvDone:
+		return fmt.Errorf("bootstrap server: %w", err)
+	}
+	addr := srv.Addr()
+
+	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
+		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
+		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String()}
+	var children, prefills, decodes []*child
+	defer func() {
+		var wg sync.WaitGroup
+		for _, c := range children {
+			wg.Add(1)
+			go func() { defer wg.Done(); c.stop(10 * time.Second) }()
+		}
+		wg.Wait()
+	}()
+	for tp := 0; tp < f.prefillTP; tp++ {
+		for pp := 0; pp < f.prefillPP; pp++ {
+			args := append([]string{"prefill"}, common...)
+			args = append(args, "--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp),
+				"--pp-size", strconv.Itoa(f.prefillPP), "--pp-rank", strconv.Itoa(pp), "--chunk-pages", strconv.Itoa(f.chunkPages))
+			c, err := startChild(ctx, exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args)
+			if err != nil {
+				return err
+			}
+			children = append(children, c)
+			prefills = append(prefills, c)
+		}
+	}
+	for tp := 0; tp < f.decodeTP; tp++ {
+		args := append([]string{"decode"}, common...)
+		args = append(args, "--tp-size", strconv.Itoa(f.decodeTP), "--tp-rank", strconv.Itoa(tp), "--verify", "--checksum="+strconv.FormatBool(f.checksum))
+		c, err := startChild(ctx, exe, fmt.Sprintf("decode tp%d", tp), args)
+		if err != nil {
+			return err
+		}
+		children = append(children, c)
+		decodes = append(decodes, c)
+	}
+	var transports []string
+	for _, c := range children {
+		select {
+		case r := <-c.ready:
+			transports = r.Transports
+		case <-c.exit:
+			return fmt.Errorf("%s exited before it was ready: %v", c.name, c.dead)
+		case <-time.After(60 * time.Second):
+			return fmt.Errorf("%s not ready within 60 s", c.name)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
+		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)
+
+	var bar *progressbar.ProgressBar
+	if !f.noProgress {
+		bar = progressbar.NewOptions(len(reqs), progressbar.OptionSetWriter(os.Stderr), progressbar.OptionSetDescription("transfer+verify"),
+			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x726f6f6d))
+	results := make([]demoResult, len(reqs))
+	used := map[uint64]bool{}
+	rooms := make([]uint64, len(reqs))
+	for i := range rooms {
+		for {
+			r := rng.Uint64() >> 1
+			if !used[r] {
+				used[r] = true
+				rooms[i] = r
+				break
+			}
+		}
+	}
+	sem := make(chan struct{}, f.concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, rq := range reqs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			results[i] = demoResult{Room: rooms[i], Error: "interrupted"}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			tokens := rq.InputLength
+			res := demoResult{Room: rooms[i], Tokens: min(tokens, capTokens), Capped: tokens > capTokens}
+			q := requestLine{Room: rooms[i], Tokens: res.Tokens}
+			var chs []<-chan replyLine
+			for _, c := range decodes {
+				chs = append(chs, c.submit(q))
+			}
+			for _, c := range prefills {
+				chs = append(chs, c.submit(q))
+			}
+			res.OK = true
+			for k, ch := range chs {
+				r := <-ch
+				if !r.OK {
+					res.OK = false
+					if res.Error == "" {
+						res.Error = fmt.Sprintf("%s tp%d pp%d: %s", r.Role, r.TPRank, r.PPRank, r.Error)
+					}
+				}
+				if k < len(decodes) {
+					res.Bytes += r.Bytes
+					res.Pages += r.Pages
+					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
+				} else if !r.Dummy {
+					res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
+				}
+			}
+			results[i] = res
+			if bar != nil {
+				_ = bar.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	if bar != nil {
+		_ = bar.Finish()
+	}
+
+	sum := demoSummary{Model: model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
+		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
+		MaxTokens: capTokens, WallSeconds: wall.Seconds()}
+	var lats []float64
+	var latSum float64
+	for _, r := range results {
+		if r.Capped {
+			sum.CappedRequests++
+		}
+		if !r.OK {
+			sum.Failures++
+			continue
+		}
+		sum.Verified++
+		sum.Tokens += int64(r.Tokens)
+		sum.Pages += int64(r.Pages)
+		sum.Bytes += r.Bytes
+		lats = append(lats, r.TransferMS)
+		latSum += r.TransferMS
+	}
+	slices.Sort(lats)
+	sum.LatencyP50MS, sum.LatencyP99MS = percentile(lats, 50), percentile(lats, 99)
+	if len(lats) > 0 {
+		sum.LatencyMaxMS = lats[len(lats)-1]
+	}
+	sum.GoodputGBps = float64(sum.Bytes) / wall.Seconds() / 1e9
+	if latSum > 0 {
+		sum.TransferGBps = float64(sum.Bytes) / (latSum / 1000) / 1e9
+	}
+	printSummary(os.Stdout, sum, results)
+	if f.jsonOut != "" {
+		b, _ := json.MarshalIndent(struct {
+			Summary  demoSummary  `json:"summary"`
+			Requests []demoResult `json:"requests"`
+		}{sum, results}, "", "  ")
+		if err := os.WriteFile(f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write --json %s: %w", f.jsonOut, err)
+		}
+	}
+	if sum.Failures > 0 {
+		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
+	}
+	return nil
+}
+
+// percentile returns the p-th percentile (nearest rank) of sorted xs.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	k := int(float64(len(xs))*p/100+0.999999) - 1
+	return xs[max(0, min(k, len(xs)-1))]
+}
+
+func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "model\t%s (prefill tp %d × pp %d → decode tp %d, page %d tokens)\n", s.Model, s.PrefillTP, s.PrefillPP, s.DecodeTP, s.PageSize)
+	fmt.Fprintf(tw, "transport\t%v; checksum %v (CRC32C %s)\n", s.Transports, s.Checksum, s.CRC32CPath)
+	fmt.Fprintf(tw, "workload\t%s; prompts capped at %d tokens (%d capped)\n", s.Workload, s.MaxTokens, s.CappedRequests)
+	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
+	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)
+	fmt.Fprintf(tw, "pages\t%d (decode side)\n", s.Pages)
+	fmt.Fprintf(tw, "bytes\t%d (%.2f GiB)\n", s.Bytes, float64(s.Bytes)/(1<<30))
+	fmt.Fprintf(tw, "wall time\t%.2f s\n", s.WallSeconds)
+	fmt.Fprintf(tw, "GB/s\t%.2f transfer (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n", s.TransferGBps, s.GoodputGBps)
+	fmt.Fprintf(tw, "transfer latency\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (prefill Send → Success)\n", s.LatencyP50MS, s.LatencyP99MS, s.LatencyMaxMS)
+	fmt.Fprintf(tw, "failures\t%d\n", s.Failures)
+	_ = tw.Flush()
+	n := 0
+	for _, r := range rs {
+		if !r.OK && n < 10 {
+			fmt.Fprintf(w, "FAILED room %d (%d tokens): %s\n", r.Room, r.Tokens, r.Error)
+			n++
+		}
+	}
+}

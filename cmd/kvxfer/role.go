@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/engine"
+	_ "github.com/kvxfer/kvxfer/engine/shm"
+	_ "github.com/kvxfer/kvxfer/engine/tcp"
+)
+
+// roleFlags are the flags shared by `kvxfer prefill` and `kvxfer decode`.
+type roleFlags struct {
+	bootstrap        string
+	model            string
+	pageSize         int
+	tpSize, tpRank   int
+	ppSize, ppRank   int
+	dpSize, dpRank   int
+	poolMB           int
+	transport        string
+	host             string
+	kvDtype          string
+	bootstrapTimeout time.Duration
+	waitingTimeout   time.Duration
+	peerTimeout      time.Duration
+	checksum         bool
+	verify           bool
+	fill             bool
+	ringSlots        int
+	chunkPages       int
+}
+
+func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
+	fs := cmd.Flags()
+	if role == engine.RolePrefill {
+		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "bootstrap server host:port this prefill rank registers with")
+		fs.IntVar(&f.dpSize, "dp-size", 1, "prefill attention-DP size")
+		fs.IntVar(&f.dpRank, "dp-rank", 0, "prefill attention-DP rank")
+		fs.IntVar(&f.chunkPages, "chunk-pages", 0, "send each request in chunks of this many pages (0 = one chunk)")
+		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
+	} else {
+		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
+		fs.BoolVar(&f.checksum, "checksum", false, "ask producers for a CRC32C over the transferred bytes and check it before Success")
+		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the test pattern (for `kvxfer demo`)")
+		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
+	}
+	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(engine.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
+	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens (must match the peer)")
+	fs.IntVar(&f.tpSize, "tp-size", 1, "attention-TP size of this instance")
+	fs.IntVar(&f.tpRank, "tp-rank", 0, "attention-TP rank of this process")
+	fs.IntVar(&f.ppSize, "pp-size", 1, "pipeline-parallel size of this instance")
+	fs.IntVar(&f.ppRank, "pp-rank", 0, "pipeline-parallel rank of this process")
+	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool size of this rank in MiB")
+	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
+	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
+	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "--kv-cache-dtype string; prefill and decode must match")
+	boot, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", engine.DefaultBootstrapTimeout)
+	wait, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", engine.DefaultWaitingTimeout)
+	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
+	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
+	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
+}
+
+// openTransports opens the named transports ("auto" = every registered one
+// whose probe passes). It fails only when none opens.
+func openTransports(spec, host string) ([]engine.Transport, error) {
+	names := engine.Transports()
+	if spec != "" && spec != "auto" {
+		names = strings.Split(spec, ",")
+	}
+	opts := engine.DefaultOptions()
+	opts.ListenHost = host
+	var ts []engine.Transport
+	var reasons []string
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		if spec == "auto" || spec == "" {
+			if err := engine.ProbeTransport(n); err != nil {
+				reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
+				continue
+			}
+		}
+		t, err := engine.OpenTransport(n, opts)
+		if err != nil {
+			if spec != "auto" && spec != "" {
+				closeAll(ts)
+				return nil, err
+			}
+			reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
+			continue
+		}
+		ts = append(ts, t)
+	}
+	if len(ts) == 0 {
+		return nil, fmt.Errorf("no usable transport (%s)", strings.Join(reasons, "; "))
+	}
+	return ts, nil
+}
+
+func closeAll(ts []engine.Transport) {
+	for _, t := range ts {
+		_ = t.Close()
+	}
+}
+
+// roleLayout builds the rank's layout from the flags.
+func roleLayout(f *roleFlags) (*engine.Layout, error) {
+	m, err := engine.LookupModel(f.model)
+	if err != nil {
+		return nil, err
+	}
+	o := engine.LayoutOptions{PageSize: f.pageSize, TPSize: f.tpSize, TPRank: f.tpRank, PPSize: f.ppSize, PPRank: f.ppRank}
+	if f.poolMB <= 0 {
+		return nil, fmt.Errorf("--pool-mb %d: must be > 0", f.poolMB)
+	}
+	n, err := engine.PagesForBytes(m, o, uint64(f.poolMB)<<20)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("--pool-mb %d holds no page of %s (raise --pool-mb)", f.poolMB, m.Name)
+	}
+	o.NumPages = n
+	return engine.NewLayout(m, o)
+}
+
+// requestLine is one request on a role's stdin (JSON lines).
+type requestLine struct {
+	// Room is the request's bootstrap_room.
+	Room uint64 `json:"room"`
+	// Tokens is the prompt length whose KV moves.
+	Tokens int `json:"tokens"`
+	// Bootstrap optionally overrides the decode's --bootstrap address.
+	Bootstrap string `json:"bootstrap,omitempty"`
+}
+
+// replyLine is one result on a role's stdout (JSON lines).
+type replyLine struct {
+	Ready      bool     `json:"ready,omitempty"`
+	Endpoint   string   `json:"endpoint,omitempty"`
+	Transports []string `json:"transports,omitempty"`
+	Role       string   `json:"role"`
+	TPRank     int      `json:"tp_rank"`
+	PPRank     int      `json:"pp_rank"`
+	Room       uint64   `json:"room"`
+	OK         bool     `json:"ok"`
+	Error      string   `json:"error,omitempty"`
+	Pages      int      `json:"pages"`
+	Bytes      uint64   `json:"bytes"`
+	Dummy      bool     `json:"dummy,omitempty"`
+	TransferUS int64    `json:"transfer_us"`
+	FillUS     int64    `json:"fill_us,omitempty"`
+	VerifyUS   int64    `json:"verify_us,omitempty"`
+}
+
+// runRole runs a prefill or decode rank: it serves request lines from stdin
+// until EOF (or a signal), writing one reply line per request to stdout.
+func runRole(role engine.Role, f *roleFlags) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	layout, err := roleLayout(f)
+	if err != nil {
+		return err
+	}
+	pool, err := engine.NewKVPool(layout, role.String()+"-kv-pool")
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ts, err := openTransports(f.transport, f.host)
+	if err != nil {
+		return err
+	}
+	defer closeAll(ts)
+	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
+		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum}
+	if role == engine.RoleDecode {
+		cfg.BootstrapAddr = ""
+	}
+	m, err := engine.NewManager(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	out := &lineWriter{w: os.Stdout}
+	out.write(replyLine{Ready: true, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), OK: true})
+	slog.Info("rank serving requests from stdin", "role", role, "control", m.Endpoint(), "model", layout.Model.Name,
+		"pages", layout.NumPages, "item_len", layout.ItemLen(), "crc32c", engine.CRC32CPath())
+
+	lines := make(chan requestLine)
+	readErr := make(chan error, 1)
+	go func() {
+		readErr <- readRequests(os.Stdin, lines)
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-readErr:
+			wg.Wait()
+			return err
+		case q := <-lines:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var r replyLine
+				if role == engine.RolePrefill {
+					r = prefillOne(ctx, m, f, q)
+				} else {
+					r = decodeOne(ctx, m, f, q)
+				}
+				r.Role, r.TPRank, r.PPRank, r.Room = role.String(), layout.TPRank, layout.PPRank, q.Room
+				out.write(r)
+			}()
+		}
+	}
+}
+
+func readRequests(r io.Reader, out chan<- requestLine) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 1<<20)
+	n := 0
+	for sc.Scan() {
+		n++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" {
+			continue
+		}
+		var q requestLine
+		if err := json.Unmarshal([]byte(text), &q); err != nil || q.Tokens <= 0 {
+			slog.Error("bad request line (want {\"room\": N, \"tokens\": N})", "line", n, "err", err)
+			continue
+		}
+		out <- q
+	}
+	return sc.Err()
+}
+
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) write(v any) {
+	b, _ := json.Marshal(v)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = l.w.Write(append(b, '\n'))
+}
+
+// allocWait allocates pages, waiting for finished requests to free some.
+func allocWait(ctx context.Context, pool *engine.KVPool, n int, limit time.Duration) ([]int32, error) {
+	if n > pool.Capacity() {
+		return nil, fmt.Errorf("request needs %d pages, the pool holds %d (raise --pool-mb)", n, pool.Capacity())
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		p, err := pool.Alloc(n)
+		if err == nil {
+			return p, nil
+		}
+		if !errors.Is(err, engine.ErrPoolExhausted) || time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLine) replyLine {
+	l := m.Layout()
+	pool := m.Pool()
+	n := l.PagesForTokens(q.Tokens)
+	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
+	s, err := m.NewSender(q.Room)
+	if err != nil {
+		return fail(err)
+	}
+	defer s.Close()
+	if err := s.Init(n); err != nil {
+		return fail(err)
+	}
+	src, err := allocWait(ctx, pool, n, f.waitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Free(src)
+	var r replyLine
+	if f.fill {
+		t := time.Now()
+		engine.FillPattern(pool, q.Room, src)
+		r.FillUS = time.Since(t).Microseconds()
+	}
+	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+time.Second)
+	st := s.Wait(wctx, engine.KVWaitingForInput)
+	cancel()
+	if st != engine.KVWaitingForInput {
+		if err := s.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(fmt.Errorf("room %d: sender still %s after the bootstrap timeout", q.Room, st))
+	}
+	if s.DstPages() == 0 {
+		// A dummy rank (MLA with prefill TP > decode TP): nothing to send.
+		r.Dummy = true
+		src = src[:0]
+	}
+	t0 := time.Now()
+	chunk := f.chunkPages
+	if chunk <= 0 {
+		chunk = len(src) + 1
+	}
+	for i := 0; ; i += chunk {
+		end := min(i+chunk, len(src))
+		if err := s.Send(src[i:end], end == len(src)); err != nil {
+			return fail(err)
+		}
+		if end == len(src) {
+			break
+		}
+	}
+	wctx, cancel = context.WithTimeout(ctx, f.waitingTimeout)
+	st = s.Wait(wctx, engine.KVSuccess)
+	cancel()
+	r.TransferUS = time.Since(t0).Microseconds()
+	if st != engine.KVSuccess {
+		if err := s.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(fmt.Errorf("room %d: sender still %s after the waiting timeout", q.Room, st))
+	}
+	r.OK, r.Pages = true, len(src)
+	return r
+}
+
+func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLine) replyLine {
+	l := m.Layout()
+	pool := m.Pool()
+	n := l.PagesForTokens(q.Tokens)
+	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
+	addr := q.Bootstrap
+	if addr == "" {
+		addr = f.bootstrap
+	}
+	pages, err := allocWait(ctx, pool, n, f.waitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Free(pages)
+	r, err := m.NewReceiver(addr, q.Room)
+	if err != nil {
+		return fail(err)
+	}
+	defer r.Close()
+	t0 := time.Now()
+	if err := r.Init(pages); err != nil {
+		return fail(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+f.waitingTimeout)
+	st := r.Wait(wctx, engine.KVSuccess)
+	cancel()
+	out := replyLine{Pages: n, TransferUS: time.Since(t0).Microseconds()}
+	if st != engine.KVSuccess {
+		if err := r.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(fmt.Errorf("room %d: receiver still %s", q.Room, st))
+	}
+	out.Bytes = uint64(n) * l.ItemLen() * uint64(l.NumBuffers())
+	if f.verify {
+		t := time.Now()
+		if err := engine.VerifyPattern(pool, q.Room, pages); err != nil {
+			return fail(err)
+		}
+		out.VerifyUS = time.Since(t).Microseconds()
+	}
+	out.OK = true
+	return out
+}

@@ -1,0 +1,143 @@
+package engine_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// TestMain lets the test binary act as a prefill rank in its own process
+// (KVX_TEST_HELPER=prefill) so that tests can kill a real peer.
+func TestMain(m *testing.M) {
+	if os.Getenv("KVX_TEST_HELPER") == "prefill" {
+		if err := helperPrefill(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// helperPrefill registers a prefill rank, sends the first half of the room's
+// pages, prints SENT and then hangs until killed.
+func helperPrefill() error {
+	room, err := strconv.ParseUint(os.Getenv("KVX_ROOM"), 10, 64)
+	if err != nil {
+		return err
+	}
+	l, err := engine.NewLayout(smallGQA, engine.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 256})
+	if err != nil {
+		return err
+	}
+	pool, err := engine.NewKVPool(l, "helper")
+	if err != nil {
+		return err
+	}
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, Pool: pool, Transports: []engine.Transport{tr},
+		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	s, err := m.NewSender(room)
+	if err != nil {
+		return err
+	}
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		return fmt.Errorf("sender %s: %v", st, s.Failure())
+	}
+	src, err := pool.Alloc(s.DstPages())
+	if err != nil {
+		return err
+	}
+	engine.FillPattern(pool, room, src)
+	if err := s.Send(src[:len(src)/2], false); err != nil {
+		return err
+	}
+	fmt.Println("SENT")
+	<-ctx.Done() // hang until killed
+	return nil
+}
+
+func TestPeerKilledMidTransfer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
+	addr := startBootstrap(t)
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, pages: 256})
+	const room = 424242
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KVX_TEST_HELPER=prefill", "KVX_ROOM="+strconv.Itoa(room), "KVX_BOOTSTRAP="+addr)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+		}
+		_ = cmd.Wait()
+	}()
+	r, err := d.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pages, _ := d.pool.Alloc(64)
+	if err := r.Init(pages); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "SENT" {
+				sent <- nil
+				return
+			}
+		}
+		sent <- errors.New("helper exited before sending")
+	}()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("helper prefill did not start sending within 60 s")
+	}
+	if p := r.Poll(); p != engine.KVTransferring {
+		t.Fatalf("receiver state %s before the kill, want Transferring", p)
+	}
+	start := time.Now()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st := r.Wait(ctx, engine.KVSuccess)
+	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+		t.Fatalf("receiver after the prefill was killed: %s %v, want Failed/ErrPeerLost", st, r.Failure())
+	}
+	t.Logf("decode failed %s after SIGKILL of the prefill: %v", time.Since(start).Round(time.Millisecond), r.Failure())
+}

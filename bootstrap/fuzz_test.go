@@ -1,10 +1,12 @@
 package bootstrap
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -135,6 +137,18 @@ func FuzzDPRankBodies(f *testing.F) {
 		room, dp, err := ParseRegisterDPRank([]byte(regBody))
 		if (err == nil && dp < 1) != (w.Code == 200) { // dp_size is 1 in this table
 			t.Fatalf("register_dp_rank %q → %d, parser: room %d dp %d err %v", regBody, w.Code, room, dp, err)
+		}
+		// The fast integer path agrees with the element-by-element decoder.
+		if m, err := jsonObject([]byte(queryBody), "q"); err == nil {
+			if raw, ok := m["bootstrap_rooms"]; ok {
+				fast, ferr := ParseQueryDPRanks([]byte(queryBody))
+				if tr := bytes.TrimSpace(raw); len(tr) > 0 && tr[0] == '[' {
+					slow, serr := parseRoomsSlow(raw)
+					if (ferr == nil) != (serr == nil) || !slices.Equal(fast, slow) {
+						t.Fatalf("rooms %s: fast %v %v, slow %v %v", raw, fast, ferr, slow, serr)
+					}
+				}
+			}
 		}
 		w = serve(s, http.MethodPost, "/query_dp_ranks", queryBody)
 		if w.Code != 200 && w.Code != 400 {

@@ -313,10 +313,37 @@ func ParseQueryDPRanks(body []byte) ([]uint64, error) {
 	if !ok {
 		return nil, fieldErr("bootstrap_rooms", "missing (required array of integers)")
 	}
-	var elems []json.RawMessage
 	if s := bytes.TrimSpace(raw); len(s) == 0 || s[0] != '[' {
 		return nil, fieldErr("bootstrap_rooms", "want an array of integers")
 	}
+	// Fast path: plain integers (json rejects strings, fractions, exponents
+	// and out-of-range values for int64; null would silently become 0, so it
+	// takes the slow path that names the bad element).
+	if !bytes.Contains(raw, []byte("null")) {
+		var ints []int64
+		if json.Unmarshal(raw, &ints) == nil {
+			rooms := make([]uint64, len(ints))
+			ok := true
+			for i, v := range ints {
+				if v < 0 {
+					ok = false
+					break
+				}
+				rooms[i] = uint64(v)
+			}
+			if ok {
+				return rooms, nil
+			}
+		}
+	}
+	return parseRoomsSlow(raw)
+}
+
+// parseRoomsSlow decodes a JSON array of rooms element by element, naming
+// the first bad element.
+func parseRoomsSlow(raw json.RawMessage) ([]uint64, error) {
+	var elems []json.RawMessage
+	var err error
 	if err := json.Unmarshal(raw, &elems); err != nil {
 		return nil, fieldErr("bootstrap_rooms", "want an array of integers: %v", err)
 	}

@@ -1,0 +1,135 @@
+package tcp_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/tcp"
+)
+
+// A receiver that accepts connections but never reads or acknowledges (a
+// hung process, a host gone without FIN) must fail the batch with
+// ErrPeerLost once the ack timeout passes, not hang.
+func TestSilentPeerFailsBatch(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+
+	o := engine.DefaultOptions()
+	o.Streams = 2
+	o.Extra = map[string]string{"ack_timeout": "300ms"}
+	tr, err := tcp.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	buf, err := engine.AllocHost("src", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Close()
+	if _, err := tr.RegisterMemory(buf.Memory()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seg, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(ln.Addr().String()), Regions: []engine.RegionDesc{{ID: 1, Length: 1 << 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 4096}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := seg.Wait(ctx, id)
+	if err != nil {
+		t.Fatalf("Wait: %v — the sender hung on a silent peer", err)
+	}
+	if st.State != engine.BatchFailed || !errors.Is(st.Err, engine.ErrPeerLost) || !strings.Contains(st.Err.Error(), "no acknowledgement") {
+		t.Fatalf("batch to a silent peer: %v %v, want failed with ErrPeerLost (no acknowledgement)", st.State, st.Err)
+	}
+	// Later submits fail at once with the same cause.
+	if _, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 16}}}); err != nil && !errors.Is(err, engine.ErrPeerLost) {
+		t.Fatalf("Submit after loss: %v, want ErrPeerLost", err)
+	}
+}
+
+func TestOpenSegmentErrors(t *testing.T) {
+	tr, err := tcp.New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte("no-port")}); err == nil || !strings.Contains(err.Error(), "host:port") {
+		t.Errorf("malformed endpoint: %v", err)
+	}
+	// A port nobody listens on: take a free one and close it.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, engine.ErrPeerLost) {
+		t.Errorf("dial refused: %v, want ErrPeerLost", err)
+	}
+	for _, o := range []engine.Options{{Streams: 65}, {Streams: -1}, {ListenPort: 70000}, {Extra: map[string]string{"ack_timeout": "soon"}}} {
+		if tr, err := tcp.New(o); err == nil {
+			tr.Close()
+			t.Errorf("New(%+v) succeeded; want an option error", o)
+		}
+	}
+	tr.Close()
+	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("OpenSegment after Close: %v, want ErrClosed", err)
+	}
+	if _, err := tr.Endpoint(ctx, "x"); !errors.Is(err, engine.ErrClosed) {
+		t.Errorf("Endpoint after Close: %v, want ErrClosed", err)
+	}
+}
+
+func TestRegistry(t *testing.T) {
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatalf("OpenTransport(tcp): %v", err)
+	}
+	defer tr.Close()
+	if tr.Name() != "tcp" || !tr.Capabilities().Has(engine.CapHostMemory|engine.CapCrossHost|engine.CapStrided) {
+		t.Errorf("name %q caps %b", tr.Name(), tr.Capabilities())
+	}
+	ep, err := tr.Endpoint(context.Background(), "peer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := net.SplitHostPort(string(ep)); err != nil {
+		t.Errorf("Endpoint %q is not host:port", ep)
+	}
+}

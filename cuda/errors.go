@@ -244,5 +244,14 @@ var nvrtcMessages = map[Code]string{
 // notSupported builds the "not supported" outcome of Load: it matches
 // ErrNotSupported and reason, and carries the detail text.
 func notSupported(reason error, format string, args ...any) error {
-	return fmt.Errorf("%w: %w: %s", ErrNotSupported, reason, fmt.Sprintf(format, args...))
+	return &notSupportedError{reason: reason, detail: fmt.Sprintf(format, args...)}
 }
+
+type notSupportedError struct {
+	reason error
+	detail string
+}
+
+func (e *notSupportedError) Error() string        { return e.reason.Error() + ": " + e.detail }
+func (e *notSupportedError) Unwrap() error        { return e.reason }
+func (e *notSupportedError) Is(target error) bool { return target == ErrNotSupported }

@@ -427,6 +427,9 @@ func rawOpen(which int, candidates []string) (unsafe.Pointer, string, error) {
 		}
 		return h, path, nil
 	}
+	if len(errs) > 1 {
+		return nil, "", fmt.Errorf("%s (and %d more candidates failed)", errs[0], len(errs)-1)
+	}
 	return nil, "", errors.New(strings.Join(errs, "; "))
 }
 

@@ -11,6 +11,7 @@ package main
 import "C"
 
 import (
+	"context"
 	"time"
 	"unsafe"
 
@@ -385,5 +386,325 @@ func kvx_batch_free(batch C.kvx_batch_t) (rc C.int) {
 	delete(b.seg.batches, uint64(batch))
 	b.seg.mu.Unlock()
 	b.release()
+	return finish(nil)
+}
+
+//export kvx_kv_create
+func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (rc C.int) {
+	const op = "kvx_kv_create"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case cfg == nil:
+		return finish(nullArg(op, "cfg"))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	case uintptr(cfg.struct_size) < unsafe.Sizeof(*cfg):
+		return finish(fail(stInvalidArgument, "%s: cfg->struct_size is %d, want sizeof(kvx_kv_config) = %d (zero-initialise the struct and set struct_size)", op, cfg.struct_size, unsafe.Sizeof(*cfg)))
+	case cfg.num_pages == 0:
+		return finish(fail(stInvalidArgument, "%s: cfg->num_pages is 0; the pool must hold at least one page", op))
+	case cfg.num_pages > 1<<30:
+		return finish(fail(stInvalidArgument, "%s: cfg->num_pages %d is over the limit of 2^30 pages", op, cfg.num_pages))
+	}
+	k, err := newKV(e, kvConfig{
+		modelName: goStr(cfg.model),
+		model: engine.ModelConfig{Name: "capi", NumLayers: int(cfg.num_layers), NumKVHeads: int(cfg.num_kv_heads),
+			HeadDim: int(cfg.head_dim), DtypeBytes: int(cfg.dtype_bytes)},
+		layout: engine.LayoutOptions{PageSize: int(cfg.page_size), TPSize: int(cfg.tp_size), TPRank: int(cfg.tp_rank),
+			PPSize: int(cfg.pp_size), PPRank: int(cfg.pp_rank), NumPages: int(cfg.num_pages)},
+		dpSize:           int(cfg.dp_size),
+		dpRank:           int(cfg.dp_rank),
+		checksum:         cfg.checksum != 0,
+		kvCacheDtype:     goStr(cfg.kv_cache_dtype),
+		controlHost:      goStr(cfg.control_host),
+		controlPort:      int(cfg.control_port),
+		bootstrapTimeout: time.Duration(cfg.bootstrap_timeout_ms) * time.Millisecond,
+		waitingTimeout:   time.Duration(cfg.waiting_timeout_ms) * time.Millisecond,
+	})
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_kv_t(kvs.add(k))
+	return finish(nil)
+}
+
+//export kvx_kv_destroy
+func kvx_kv_destroy(kv C.kvx_kv_t) (rc C.int) {
+	const op = "kvx_kv_destroy"
+	defer guard(op, &rc)
+	k, ok := kvs.take(uint64(kv))
+	if !ok {
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	}
+	if err := k.close(); err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_kv_pool
+func kvx_kv_pool(kv C.kvx_kv_t, addr *unsafe.Pointer, length *C.uint64_t) (rc C.int) {
+	const op = "kvx_kv_pool"
+	defer guard(op, &rc)
+	k, ok := kvs.get(uint64(kv))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	case addr == nil:
+		return finish(nullArg(op, "addr"))
+	case length == nil:
+		return finish(nullArg(op, "len"))
+	}
+	b := k.pool.Bytes() // mmap memory outside the Go heap
+	*addr = unsafe.Pointer(unsafe.SliceData(b))
+	*length = C.uint64_t(len(b))
+	return finish(nil)
+}
+
+//export kvx_kv_layout_get
+func kvx_kv_layout_get(kv C.kvx_kv_t, out *C.kvx_kv_layout) (rc C.int) {
+	const op = "kvx_kv_layout_get"
+	defer guard(op, &rc)
+	k, ok := kvs.get(uint64(kv))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	l := k.mgr.Layout()
+	out.item_len = C.uint64_t(l.ItemLen())
+	out.buffer_len = C.uint64_t(l.BufferLen())
+	out.pool_len = C.uint64_t(l.PoolBytes())
+	out.num_buffers = C.uint32_t(l.NumBuffers())
+	out.num_pages = C.uint32_t(l.NumPages)
+	out.page_size = C.uint32_t(l.PageSize)
+	out.reserved = 0
+	return finish(nil)
+}
+
+//export kvx_kv_sender_create
+func kvx_kv_sender_create(kv C.kvx_kv_t, roomID C.uint64_t, out *C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_sender_create"
+	defer guard(op, &rc)
+	k, ok := kvs.get(uint64(kv))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	case k.mgr.Role() != engine.RolePrefill:
+		return finish(fail(stInvalidArgument, "%s: the KV manager is on a decode engine; senders run on prefill (use kvx_kv_receiver_create)", op))
+	case uint64(roomID) >= 1<<63:
+		return finish(fail(stInvalidArgument, "%s: bootstrap_room %d is not below 2^63", op, roomID))
+	}
+	s, err := k.mgr.NewSender(uint64(roomID))
+	if err != nil {
+		return finish(failWrap(stOK, err, "%s: room %d", op, roomID))
+	}
+	h, err := k.addRoom(&roomObj{kv: k, r: s, sender: s})
+	if err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	*out = C.kvx_room_t(h)
+	return finish(nil)
+}
+
+//export kvx_kv_sender_init
+func kvx_kv_sender_init(sender C.kvx_room_t, numPages C.uint32_t) (rc C.int) {
+	const op = "kvx_kv_sender_init"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(sender))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "room", uint64(sender)))
+	case r.sender == nil:
+		return finish(fail(stInvalidArgument, "%s: handle %d is a receiver (use kvx_kv_receiver_init)", op, sender))
+	case numPages > 1<<30:
+		return finish(fail(stInvalidArgument, "%s: num_pages %d is over the limit of 2^30", op, numPages))
+	}
+	if err := r.sender.Init(int(numPages)); err != nil {
+		return finish(failWrap(stInvalidArgument, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_kv_sender_send
+func kvx_kv_sender_send(sender C.kvx_room_t, pages *C.int32_t, n C.uint32_t, last C.int) (rc C.int) {
+	const op = "kvx_kv_sender_send"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(sender))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "room", uint64(sender)))
+	case r.sender == nil:
+		return finish(fail(stInvalidArgument, "%s: handle %d is a receiver; only senders send", op, sender))
+	case pages == nil && n > 0:
+		return finish(nullArg(op, "pages"))
+	case n == 0 && last == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 pages and last is 0 (nothing to do)", op))
+	case n > 1<<30:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n))
+	}
+	var ps []int32
+	if n > 0 {
+		ps = append(ps, unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
+	}
+	if err := checkPageList(op, ps, r.kv.mgr.Layout().NumPages); err != nil {
+		return finish(err)
+	}
+	if err := r.sender.Send(ps, last != 0); err != nil {
+		code := codeOf(err)
+		if code == stTransferFailed {
+			code = stInvalidArgument // Send only returns validation errors
+		}
+		return finish(failWrap(code, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_kv_receiver_create
+func kvx_kv_receiver_create(kv C.kvx_kv_t, bootstrapAddr *C.char, roomID C.uint64_t, out *C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_receiver_create"
+	defer guard(op, &rc)
+	k, ok := kvs.get(uint64(kv))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	case k.mgr.Role() != engine.RoleDecode:
+		return finish(fail(stInvalidArgument, "%s: the KV manager is on a prefill engine; receivers run on decode (use kvx_kv_sender_create)", op))
+	case uint64(roomID) >= 1<<63:
+		return finish(fail(stInvalidArgument, "%s: bootstrap_room %d is not below 2^63", op, roomID))
+	}
+	addr := goStr(bootstrapAddr)
+	if addr == "" {
+		addr = k.eng.bootstrapAddr
+	}
+	if addr == "" {
+		return finish(fail(stInvalidArgument, "%s: no bootstrap address: pass bootstrap_addr or set kvx_engine_config.bootstrap_addr", op))
+	}
+	if _, _, err := splitHostPort(addr); err != nil {
+		return finish(failWrap(stInvalidArgument, err, "%s: bootstrap_addr", op))
+	}
+	rv, err := k.mgr.NewReceiver(addr, uint64(roomID))
+	if err != nil {
+		return finish(failWrap(stOK, err, "%s: room %d", op, roomID))
+	}
+	h, err := k.addRoom(&roomObj{kv: k, r: rv, recv: rv})
+	if err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	*out = C.kvx_room_t(h)
+	return finish(nil)
+}
+
+//export kvx_kv_receiver_init
+func kvx_kv_receiver_init(receiver C.kvx_room_t, pages *C.int32_t, n C.uint32_t) (rc C.int) {
+	const op = "kvx_kv_receiver_init"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(receiver))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "room", uint64(receiver)))
+	case r.recv == nil:
+		return finish(fail(stInvalidArgument, "%s: handle %d is a sender (use kvx_kv_sender_init)", op, receiver))
+	case pages == nil:
+		return finish(nullArg(op, "pages"))
+	case n == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 pages", op))
+	case n > 1<<30:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n))
+	}
+	ps := append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
+	if err := checkPageList(op, ps, r.kv.mgr.Layout().NumPages); err != nil {
+		return finish(err)
+	}
+	if err := r.recv.Init(ps); err != nil {
+		code := codeOf(err)
+		if code == stTransferFailed {
+			code = stInvalidArgument
+		}
+		return finish(failWrap(code, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_kv_poll
+func kvx_kv_poll(h C.kvx_room_t, state *C.int32_t) (rc C.int) {
+	const op = "kvx_kv_poll"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(h))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "room", uint64(h)))
+	case state == nil:
+		return finish(nullArg(op, "state"))
+	}
+	*state = C.int32_t(r.r.Poll())
+	return finish(nil)
+}
+
+//export kvx_kv_wait
+func kvx_kv_wait(h C.kvx_room_t, want C.int32_t, timeoutMS C.uint32_t, state *C.int32_t) (rc C.int) {
+	const op = "kvx_kv_wait"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(h))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "room", uint64(h)))
+	case state == nil:
+		return finish(nullArg(op, "state"))
+	case !engine.KVPoll(want).Valid():
+		return finish(fail(stInvalidArgument, "%s: want %d is not a KVPoll state (0..4)", op, want))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMS)*time.Millisecond)
+	defer cancel()
+	got := r.r.Wait(ctx, engine.KVPoll(want))
+	*state = C.int32_t(got)
+	if got != engine.KVFailed && got < engine.KVPoll(want) {
+		return finish(fail(stTimeout, "%s: room %d still %s after %d ms (want %s)", op, r.r.Room(), got, timeoutMS, engine.KVPoll(want)))
+	}
+	return finish(nil)
+}
+
+//export kvx_kv_failure
+func kvx_kv_failure(h C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_failure"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(h))
+	if !ok {
+		return finish(badHandle(op, "room", uint64(h)))
+	}
+	return finish(r.failure())
+}
+
+//export kvx_kv_abort
+func kvx_kv_abort(h C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_abort"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(h))
+	if !ok {
+		return finish(badHandle(op, "room", uint64(h)))
+	}
+	r.r.Abort()
+	return finish(nil)
+}
+
+//export kvx_kv_close
+func kvx_kv_close(h C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_close"
+	defer guard(op, &rc)
+	r, ok := rooms.take(uint64(h))
+	if !ok {
+		return finish(badHandle(op, "room", uint64(h)))
+	}
+	r.kv.mu.Lock()
+	delete(r.kv.rooms, uint64(h))
+	r.kv.mu.Unlock()
+	r.close()
 	return finish(nil)
 }

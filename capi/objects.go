@@ -109,6 +109,20 @@ func (e *engineObj) close() error {
 		segs = append(segs, h)
 	}
 	e.mu.Unlock()
+	// KV managers on this engine go first: they use its transport.
+	kvs.mu.Lock()
+	var mine []uint64
+	for h, k := range kvs.m {
+		if k.eng == e {
+			mine = append(mine, h)
+		}
+	}
+	kvs.mu.Unlock()
+	for _, h := range mine {
+		if k, ok := kvs.take(h); ok {
+			k.close()
+		}
+	}
 	for _, h := range segs {
 		if s, ok := segments.take(h); ok {
 			s.close()

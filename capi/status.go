@@ -88,6 +88,11 @@ func codeOf(err error) status {
 		return stOK
 	case errors.As(err, &ae) && ae.code != stOK:
 		return ae.code
+	}
+	if c, ok := kvCode(err); ok {
+		return c
+	}
+	switch {
 	case errors.Is(err, engine.ErrOutOfBounds):
 		return stOutOfBounds
 	case errors.Is(err, engine.ErrUnknownRegion):

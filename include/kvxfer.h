@@ -28,7 +28,9 @@
  *     must not be modified until the transfer reading it is terminal.
  *  4. Memory returned by kvx_alloc_host is owned by the library through its
  *     kvx_hostbuf_t handle: valid until kvx_free_host; the caller must
- *     deregister it from every engine first.
+ *     deregister it from every engine first. The KV pool from kvx_kv_pool is
+ *     owned by its KV manager: valid until kvx_kv_destroy (or the engine's
+ *     kvx_engine_destroy).
  *  5. Output buffers (char *buf, size_t cap) are owned by the caller; the
  *     library writes at most cap bytes and reports the needed size.
  *  6. Strings returned as `const char *` (kvx_version, kvx_strerror) are
@@ -50,6 +52,10 @@
  * Unless a function says otherwise it is THREAD-SAFE: any thread may call it
  * on any handle at any time. Destroying a handle while another thread uses it
  * is safe (the other call fails with KVX_ERR_BAD_HANDLE or KVX_ERR_CLOSED).
+ *
+ * Logging: the library logs to stderr at level warn; set the environment
+ * variable KVXFER_LOG_LEVEL=debug|info|warn|error (read once at load) to
+ * change it.
  *
  * Unit conventions: lengths, offsets and strides are in bytes; timeouts in
  * milliseconds; page indices are in units of pages of the KV pool.
@@ -212,8 +218,8 @@ typedef struct kvx_engine_config {
 KVX_API int kvx_engine_create(const kvx_engine_config *cfg, kvx_engine_t *out);
 #endif
 
-/* Close the engine's segments, batches and transport, and free the handle.
- * Pending transfers fail. Registered memory stays owned by the caller.
+/* Close the engine's KV managers (and their rooms), segments, batches and
+ * transport, and free the handle. Pending transfers fail. Registered memory stays owned by the caller.
  * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_engine_destroy(kvx_engine_t engine);
@@ -391,6 +397,185 @@ typedef void (*kvx_notify_fn)(void *user_data, const kvx_event *event);
 KVX_API int kvx_engine_set_notify(kvx_engine_t engine, kvx_notify_fn fn,
                                   void *user_data);
 #endif
+
+/* ------------------------------------------------------------------------ */
+/* KV-room API (SGLang-shaped: one KV manager per rank, one sender or         */
+/* receiver per bootstrap_room)                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef uint64_t kvx_kv_t;   /* a rank's KV manager (owns its KV pool) */
+typedef uint64_t kvx_room_t; /* a KV sender (prefill) or receiver (decode) */
+
+/* KVPoll states, SGLang's values (base/conn.py KVPoll). States only move
+ * forward; Failed is sticky. A TP group may all-reduce them with MIN. */
+typedef enum kvx_kvpoll {
+    KVX_KVPOLL_FAILED = 0,
+    KVX_KVPOLL_BOOTSTRAPPING = 1,
+    KVX_KVPOLL_WAITING_FOR_INPUT = 2,
+    KVX_KVPOLL_TRANSFERRING = 3,
+    KVX_KVPOLL_SUCCESS = 4
+} kvx_kvpoll;
+
+/* KV manager configuration. Zero-initialise, set struct_size, then fill in.
+ * The pool geometry is SGLang's KVArgs: MHA/GQA keeps 2 x layers buffers
+ * (K_0..K_{L-1}, V_0..V_{L-1}), MLA one per layer; each buffer holds
+ * num_pages items of item_len bytes (kvx_kv_layout). */
+typedef struct kvx_kv_config {
+    uint32_t struct_size;     /* sizeof(kvx_kv_config) */
+    uint32_t page_size;       /* tokens per page; 0 = 16 */
+    const char *model;        /* built-in model name or a config.json path;
+                                 NULL = the explicit sizes below */
+    uint32_t num_layers;      /* with model == NULL: num_hidden_layers */
+    uint32_t num_kv_heads;    /* with model == NULL: num_key_value_heads */
+    uint32_t head_dim;        /* with model == NULL: elements per head */
+    uint32_t dtype_bytes;     /* with model == NULL: bytes per element */
+    uint32_t num_pages;       /* pool capacity in pages (> 0) */
+    uint32_t tp_size;         /* attention TP size; 0 = 1 */
+    uint32_t tp_rank;
+    uint32_t pp_size;         /* 0 = 1 */
+    uint32_t pp_rank;
+    uint32_t dp_size;         /* prefill: instance DP size; 0 = 1 */
+    uint32_t dp_rank;
+    uint32_t checksum;        /* decode: 1 = verify a CRC32C of the bytes */
+    const char *kv_cache_dtype; /* --kv-cache-dtype; NULL = "auto" */
+    const char *control_host;   /* ZMQ control bind/advertise host; NULL = 127.0.0.1 */
+    uint16_t control_port;      /* 0 = any free port */
+    uint16_t reserved0;
+    uint32_t bootstrap_timeout_ms; /* 0 = env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT or 300 s */
+    uint32_t waiting_timeout_ms;   /* 0 = env SGLANG_DISAGGREGATION_WAITING_TIMEOUT or 300 s */
+    uint32_t reserved1;
+} kvx_kv_config;
+
+/* Pool geometry reported by kvx_kv_layout. Item (buffer b, page p) is the
+ * item_len bytes at pool + b*buffer_len + p*item_len. */
+typedef struct kvx_kv_layout {
+    uint64_t item_len;    /* bytes per page per buffer (SGLang kv_item_len) */
+    uint64_t buffer_len;  /* bytes per buffer = num_pages * item_len */
+    uint64_t pool_len;    /* bytes of the whole pool */
+    uint32_t num_buffers;
+    uint32_t num_pages;
+    uint32_t page_size;   /* tokens */
+    uint32_t reserved;
+} kvx_kv_layout;
+
+/* Create the rank's KV manager on an engine: allocates the KV pool (shareable
+ * host memory), registers it with the engine's transport, binds the control
+ * socket and, for a prefill engine, registers the rank with the engine's
+ * bootstrap_addr (retrying until the bootstrap timeout). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_create(kvx_engine_t engine, const kvx_kv_config *cfg,
+                          kvx_kv_t *out);
+#endif
+
+/* Close every room, the control socket and free the KV pool (kvx_engine_destroy
+ * does this for managers still open on the engine). Thread-safe; a second call returns
+ * KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_destroy(kvx_kv_t kv);
+#endif
+
+/* The KV pool's address and size: owned by the manager, valid until
+ * kvx_kv_destroy. The caller writes (prefill) or reads (decode) KV there.
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_pool(kvx_kv_t kv, void **addr, uint64_t *len);
+#endif
+
+/* The pool geometry. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_layout_get(kvx_kv_t kv, kvx_kv_layout *out);
+#endif
+
+/* PREFILL: create the sender of one request (bootstrap_room < 2^63).
+ * KVX_ERR_BUSY if a sender for the room is active on this rank. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_create(kvx_kv_t kv, uint64_t room, kvx_room_t *out);
+#endif
+
+/* PREFILL: declare the request's page count (optional; SGLang sender.init). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_init(kvx_room_t sender, uint32_t num_pages);
+#endif
+
+/* PREFILL: queue n source pages (pool page indices, request order); they map
+ * one-to-one onto the decode's next destination pages. last != 0 marks the
+ * final chunk, after which the metadata record and the status follow. Call
+ * once the state is WAITING_FOR_INPUT. Returns at once. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_send(kvx_room_t sender, const int32_t *pages,
+                               uint32_t n, int last);
+#endif
+
+/* DECODE: create the receiver of one request whose prefill instance registers
+ * at bootstrap_addr ("host:port"; NULL = the engine's bootstrap_addr). It
+ * starts resolving its producers at once. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_receiver_create(kvx_kv_t kv, const char *bootstrap_addr,
+                                   uint64_t room, kvx_room_t *out);
+#endif
+
+/* DECODE: give the n destination pages (pool page indices in token order,
+ * may be non-contiguous); the receiver then asks its producers for the KV. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_receiver_init(kvx_room_t receiver, const int32_t *pages,
+                                 uint32_t n);
+#endif
+
+/* Sender or receiver: the current KVPoll state (kvx_kvpoll) in *state.
+ * Non-blocking. When the state is FAILED, the return value is still KVX_OK
+ * and kvx_kv_failure tells why. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_poll(kvx_room_t room, int32_t *state);
+#endif
+
+/* Block until the state is at least want (or FAILED) or timeout_ms passes;
+ * *state gets the state reached. KVX_ERR_TIMEOUT on timeout. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_wait(kvx_room_t room, int32_t want, uint32_t timeout_ms,
+                        int32_t *state);
+#endif
+
+/* Why the room failed: KVX_OK if it has not failed, else the failure's
+ * status (KVX_ERR_ROOM_MISMATCH when the metadata record named another
+ * bootstrap_room or was corrupt, KVX_ERR_CANCELED on abort, KVX_ERR_TIMEOUT,
+ * KVX_ERR_PEER_LOST, ...) with the reason in kvx_last_error. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_failure(kvx_room_t room);
+#endif
+
+/* Abort the request (the peer is told; the state becomes FAILED). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_abort(kvx_room_t room);
+#endif
+
+/* Forget the room (aborting it if not terminal) and free the handle.
+ * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_close(kvx_room_t room);
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Metadata record (one ring slot), as written by the producer into the     */
+/* decode's metadata ring. Little-endian, 64 bytes, one cache line. The      */
+/* producer writes bytes 0-55, waits for that batch to complete, then writes */
+/* commit (= KVX_RECORD_COMMIT_MAGIC ^ generation) last. Layout from         */
+/* engine/ring.go.                                                           */
+/* ------------------------------------------------------------------------ */
+#define KVX_RECORD_SIZE 64
+#define KVX_RECORD_COMMIT_MAGIC 0x4B5658434F4D4954ULL /* "KVXCOMIT" */
+#define KVX_RECORD_FLAG_CHECKSUM 1u
+
+typedef struct kvx_meta_record {
+    uint64_t room;        /*  0: bootstrap_room of the request */
+    uint64_t generation;  /*  8: slot generation the decode gave in TRANSFER */
+    uint32_t page_count;  /* 16: pages this producer wrote to this decode rank */
+    uint32_t producer;    /* 20: producer rank */
+    uint64_t byte_count;  /* 24: payload bytes this producer wrote */
+    uint32_t checksum;    /* 32: CRC32C (Castagnoli) of those bytes */
+    uint32_t flags;       /* 36: bit 0: checksum is set */
+    uint8_t reserved[16]; /* 40: zero */
+    uint64_t commit;      /* 56: KVX_RECORD_COMMIT_MAGIC ^ generation; written last */
+} kvx_meta_record;
 
 #ifdef __cplusplus
 }

@@ -228,6 +228,149 @@ void batch_transfer(kvx_engine_t prefill, kvx_engine_t decode, uint8_t *src, kvx
                 notes.batch_events.load());
 }
 
+// KV-room API: SGLang-shaped per-rank KV managers on the prefill and decode
+// engines. The prefill rank registers with the embedded bootstrap server; the
+// decode receiver for bootstrap_room 42 resolves it, asks for 5 destination
+// pages, and the sender pushes 5 source pages in two chunks. Both reach
+// Success (the decode verified the room-tagged metadata record); every item
+// of every layer buffer is compared with its source.
+struct RoomNotes {
+    std::atomic<int> room_events{0};
+    std::atomic<int> success_events{0};
+};
+
+void on_room_event(void *user_data, const kvx_event *ev) {
+    auto *n = static_cast<RoomNotes *>(user_data);
+    if (ev->kind == KVX_EVENT_ROOM) {
+        n->room_events++;
+        if (ev->state == KVX_KVPOLL_SUCCESS && ev->room == 42) n->success_events++;
+    }
+}
+
+void kv_rooms(kvx_engine_t prefill, kvx_engine_t decode, const std::string &bootstrap) {
+    kvx_kv_config cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    cfg.struct_size = sizeof cfg;
+    cfg.num_layers = 2;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.dtype_bytes = 2;
+    cfg.page_size = 4;
+    cfg.num_pages = 32;
+    cfg.checksum = 1;
+    cfg.bootstrap_timeout_ms = 20000;
+    cfg.waiting_timeout_ms = 20000;
+
+    RoomNotes notes;
+    REQUIRE_OK(kvx_engine_set_notify(decode, on_room_event, &notes));
+
+    kvx_kv_t pkv = 0, dkv = 0;
+    REQUIRE_OK(kvx_kv_create(prefill, &cfg, &pkv));
+    REQUIRE_OK(kvx_kv_create(decode, &cfg, &dkv));
+    kvx_kv_layout lay;
+    REQUIRE_OK(kvx_kv_layout_get(pkv, &lay));
+    CHECK(lay.num_buffers == 4);  // K and V of 2 layers
+    CHECK(lay.item_len == 4 * 2 * 64 * 2);  // page_size x heads x head_dim x bytes
+    CHECK(lay.pool_len == uint64_t(lay.num_buffers) * lay.num_pages * lay.item_len);
+
+    void *pp = nullptr, *dp = nullptr;
+    uint64_t plen = 0, dlen = 0;
+    REQUIRE_OK(kvx_kv_pool(pkv, &pp, &plen));
+    REQUIRE_OK(kvx_kv_pool(dkv, &dp, &dlen));
+    CHECK(plen == lay.pool_len && dlen == lay.pool_len);
+    auto *src = static_cast<uint8_t *>(pp);
+    auto *dst = static_cast<const uint8_t *>(dp);
+    auto item = [&](uint32_t buf, uint32_t page) { return uint64_t(buf) * lay.buffer_len + uint64_t(page) * lay.item_len; };
+    for (uint32_t b = 0; b < lay.num_buffers; b++)
+        for (uint32_t p = 0; p < lay.num_pages; p++)
+            for (uint64_t i = 0; i < lay.item_len; i++) src[item(b, p) + i] = pattern(b * 1000 + p, i);
+
+    // Bad arguments on the KV API.
+    kvx_room_t bad = 0;
+    EXPECT_RC(kvx_kv_sender_create(dkv, 1, &bad), KVX_ERR_INVALID_ARGUMENT);  // decode has no senders
+    EXPECT_RC(kvx_kv_receiver_create(pkv, nullptr, 1, &bad), KVX_ERR_INVALID_ARGUMENT);
+    EXPECT_RC(kvx_kv_receiver_create(dkv, "nope", 1, &bad), KVX_ERR_INVALID_ARGUMENT);
+    EXPECT_RC(kvx_kv_sender_create(pkv, uint64_t(1) << 63, &bad), KVX_ERR_INVALID_ARGUMENT);
+    EXPECT_RC(kvx_kv_sender_create(0, 1, &bad), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_kv_create(prefill, nullptr, &pkv), KVX_ERR_INVALID_ARGUMENT);
+    kvx_kv_config zero;
+    std::memset(&zero, 0, sizeof zero);
+    zero.struct_size = sizeof zero;
+    kvx_kv_t unused = 0;
+    EXPECT_RC(kvx_kv_create(decode, &zero, &unused), KVX_ERR_INVALID_ARGUMENT);  // 0 pages
+    EXPECT_RC(kvx_kv_poll(0, nullptr), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_kv_abort(0), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_kv_close(0), KVX_ERR_BAD_HANDLE);
+
+    kvx_room_t rx = 0, tx = 0;
+    REQUIRE_OK(kvx_kv_receiver_create(dkv, bootstrap.c_str(), 42, &rx));
+    const int32_t dst_pages[5] = {3, 7, 8, 9, 20};
+    const int32_t src_pages[5] = {0, 1, 2, 5, 6};
+    EXPECT_RC(kvx_kv_receiver_init(rx, dst_pages, 0), KVX_ERR_INVALID_ARGUMENT);
+    const int32_t out_of_range[1] = {32};
+    EXPECT_RC(kvx_kv_receiver_init(rx, out_of_range, 1), KVX_ERR_INVALID_ARGUMENT);
+    REQUIRE_OK(kvx_kv_receiver_init(rx, dst_pages, 5));
+
+    REQUIRE_OK(kvx_kv_sender_create(pkv, 42, &tx));
+    EXPECT_RC(kvx_kv_sender_create(pkv, 42, &bad), KVX_ERR_BUSY);  // room already active
+    EXPECT_RC(kvx_kv_receiver_init(tx, dst_pages, 5), KVX_ERR_INVALID_ARGUMENT);  // a sender
+    REQUIRE_OK(kvx_kv_sender_init(tx, 5));
+    int32_t st = -1;
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+    CHECK(st == KVX_KVPOLL_WAITING_FOR_INPUT);
+    EXPECT_RC(kvx_kv_sender_send(tx, out_of_range, 1, 0), KVX_ERR_INVALID_ARGUMENT);
+    REQUIRE_OK(kvx_kv_sender_send(tx, src_pages, 3, 0));
+    REQUIRE_OK(kvx_kv_sender_send(tx, src_pages + 3, 2, 1));
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    if (st != KVX_KVPOLL_SUCCESS) std::fprintf(stderr, "receiver failure: %d %s\n", kvx_kv_failure(rx), kvx_last_error());
+    REQUIRE_OK(kvx_kv_poll(rx, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    REQUIRE_OK(kvx_kv_failure(rx));
+
+    int bad_items = 0;
+    for (uint32_t b = 0; b < lay.num_buffers; b++)
+        for (int k = 0; k < 5; k++)
+            if (std::memcmp(dst + item(b, dst_pages[k]), src + item(b, src_pages[k]), lay.item_len) != 0) {
+                std::fprintf(stderr, "buffer %u: decode page %d differs from prefill page %d\n", b, dst_pages[k], src_pages[k]);
+                ++bad_items;
+            }
+    CHECK(bad_items == 0);
+    // A page that was not a destination stays zero.
+    for (uint64_t i = 0; i < lay.item_len; i++)
+        if (dst[item(0, 4) + i] != 0) { CHECK(!"decode page 4 was written"); break; }
+
+    REQUIRE_OK(kvx_kv_close(tx));
+    REQUIRE_OK(kvx_kv_close(rx));
+    EXPECT_RC(kvx_kv_close(rx), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_kv_poll(rx, &st), KVX_ERR_BAD_HANDLE);
+
+    // Abort: a receiver for room 43 (no sender ever comes) is aborted and
+    // reports Failed with KVX_ERR_CANCELED.
+    kvx_room_t rx2 = 0;
+    REQUIRE_OK(kvx_kv_receiver_create(dkv, bootstrap.c_str(), 43, &rx2));
+    const int32_t one[1] = {10};
+    REQUIRE_OK(kvx_kv_receiver_init(rx2, one, 1));
+    REQUIRE_OK(kvx_kv_abort(rx2));
+    REQUIRE_OK(kvx_kv_wait(rx2, KVX_KVPOLL_SUCCESS, 10000, &st));
+    CHECK(st == KVX_KVPOLL_FAILED);
+    EXPECT_RC(kvx_kv_failure(rx2), KVX_ERR_CANCELED);
+    REQUIRE_OK(kvx_kv_close(rx2));
+
+    for (int i = 0; i < 3000 && notes.success_events.load() < 1; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(notes.success_events.load() == 1);
+    REQUIRE_OK(kvx_engine_set_notify(decode, nullptr, nullptr));
+
+    REQUIRE_OK(kvx_kv_destroy(pkv));
+    EXPECT_RC(kvx_kv_destroy(pkv), KVX_ERR_BAD_HANDLE);
+    // dkv is left open on purpose: kvx_engine_destroy(decode) closes it.
+    std::printf("KV-room API: room 42, 5 pages x %u buffers verified (%d room notifications); abort -> %s\n",
+                lay.num_buffers, notes.room_events.load(), kvx_strerror(KVX_ERR_CANCELED));
+}
+
 void bad_arguments(kvx_engine_t eng) {
     kvx_engine_t e = 0;
     EXPECT_RC(kvx_engine_create(nullptr, &e), KVX_ERR_INVALID_ARGUMENT);
@@ -344,6 +487,7 @@ int main() {
     REQUIRE_OK(kvx_register_memory(decode, dst, dst_len, "cpu", &dst_region));
 
     batch_transfer(prefill, decode, s8, dst_region, static_cast<const uint8_t *>(dst));
+    kv_rooms(prefill, decode, addr);
     bad_arguments(decode);
 
     REQUIRE_OK(kvx_deregister_memory(prefill, src_region));

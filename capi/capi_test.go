@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+func TestParseLocation(t *testing.T) {
+	tests := []struct {
+		in      string
+		kind    engine.MemoryKind
+		dev     int
+		wantErr bool
+	}{
+		{"", engine.MemoryHost, 0, false},
+		{"cpu", engine.MemoryHost, 0, false},
+		{"HOST", engine.MemoryHost, 0, false},
+		{"cuda:0", engine.MemoryCUDA, 0, false},
+		{"cuda:7", engine.MemoryCUDA, 7, false},
+		{"cuda:", 0, 0, true},
+		{"cuda:-1", 0, 0, true},
+		{"cuda:x", 0, 0, true},
+		{"gpu:0", 0, 0, true},
+	}
+	for _, tc := range tests {
+		k, d, err := parseLocation(tc.in)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("parseLocation(%q) err = %v, wantErr %v", tc.in, err, tc.wantErr)
+			continue
+		}
+		if err == nil && (k != tc.kind || d != tc.dev) {
+			t.Errorf("parseLocation(%q) = %v,%d, want %v,%d", tc.in, k, d, tc.kind, tc.dev)
+		}
+	}
+}
+
+func TestSplitHostPort(t *testing.T) {
+	tests := []struct {
+		in   string
+		host string
+		port int
+		ok   bool
+	}{
+		{"127.0.0.1:8998", "127.0.0.1", 8998, true},
+		{"[::1]:1", "::1", 1, true},
+		{"h:65535", "h", 65535, true},
+		{"h:0", "", 0, false},
+		{"h:65536", "", 0, false},
+		{"h", "", 0, false},
+		{":80", "", 0, false},
+	}
+	for _, tc := range tests {
+		h, p, err := splitHostPort(tc.in)
+		if (err == nil) != tc.ok || (tc.ok && (h != tc.host || p != tc.port)) {
+			t.Errorf("splitHostPort(%q) = %q,%d,%v; want %q,%d ok=%v", tc.in, h, p, err, tc.host, tc.port, tc.ok)
+		}
+	}
+}
+
+func TestHandleTable(t *testing.T) {
+	a, b := newTable[string](), newTable[int]()
+	ha := a.add("x")
+	hb := b.add(1)
+	if ha == 0 || hb == 0 || ha == hb {
+		t.Fatalf("handles %d, %d: want distinct and non-zero", ha, hb)
+	}
+	if _, ok := b.get(ha); ok {
+		t.Error("a handle of one table is valid in another")
+	}
+	if _, ok := a.take(ha); !ok {
+		t.Fatal("take of a live handle failed")
+	}
+	if _, ok := a.take(ha); ok {
+		t.Error("second take of the same handle succeeded (double destroy must fail)")
+	}
+	if h := a.add("y"); h == ha {
+		t.Error("a destroyed handle was reissued")
+	}
+}
+
+func TestCodeOf(t *testing.T) {
+	tests := []struct {
+		err  error
+		want status
+	}{
+		{nil, stOK},
+		{engine.ErrOutOfBounds, stOutOfBounds},
+		{errors.Join(errors.New("tcp: write"), engine.ErrPeerLost), stPeerLost},
+		{fail(stBusy, "x"), stBusy},
+		{failWrap(stOK, engine.ErrUnknownRegion, "x"), stUnknownRegion},
+		{failWrap(stBootstrap, engine.ErrClosed, "x"), stBootstrap},
+		{errors.New("something else"), stTransferFailed},
+	}
+	for _, tc := range tests {
+		if got := codeOf(tc.err); got != tc.want {
+			t.Errorf("codeOf(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestDecodeSegmentDesc(t *testing.T) {
+	good, _ := json.Marshal(segmentDesc{Version: 1, Transport: "tcp", Endpoint: []byte("127.0.0.1:1"),
+		Regions: []engine.RegionDesc{{ID: 1, Length: 4096}}})
+	if _, err := decodeSegmentDesc(good); err != nil {
+		t.Fatalf("valid descriptor refused: %v", err)
+	}
+	bad := map[string]string{
+		"empty":       ``,
+		"not json":    `garbage`,
+		"version":     `{"v":2,"transport":"tcp","endpoint":"AA=="}`,
+		"no endpoint": `{"v":1,"transport":"tcp"}`,
+		"zero region": `{"v":1,"transport":"tcp","endpoint":"AA==","regions":[{"ID":1,"Length":0}]}`,
+		"dup region":  `{"v":1,"transport":"tcp","endpoint":"AA==","regions":[{"ID":1,"Length":1},{"ID":1,"Length":1}]}`,
+	}
+	for name, in := range bad {
+		_, err := decodeSegmentDesc([]byte(in))
+		if codeOf(err) != stInvalidArgument {
+			t.Errorf("%s: err = %v (code %d), want KVX_ERR_INVALID_ARGUMENT", name, err, codeOf(err))
+		}
+	}
+}
+
+// FuzzDecodeSegmentDesc: the blob comes from the C caller (outside input);
+// decoding never panics, and anything accepted is self-consistent.
+func FuzzDecodeSegmentDesc(f *testing.F) {
+	f.Add([]byte(`{"v":1,"transport":"tcp","endpoint":"AA==","regions":[{"ID":1,"Length":4096}]}`))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"v":1,"transport":"tcp","endpoint":"AA==","regions":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := decodeSegmentDesc(b)
+		if err != nil {
+			if codeOf(err) != stInvalidArgument {
+				t.Fatalf("decode error has code %d, want KVX_ERR_INVALID_ARGUMENT: %v", codeOf(err), err)
+			}
+			return
+		}
+		if d.Version != segmentDescVersion || d.Transport == "" || len(d.Endpoint) == 0 {
+			t.Fatalf("accepted an incomplete descriptor: %+v", d)
+		}
+		for _, r := range d.Regions {
+			if r.Length == 0 {
+				t.Fatalf("accepted a zero-length region: %+v", r)
+			}
+		}
+	})
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// Handle tables of the KV-room API.
+var (
+	kvs   = newTable[*kvObj]()
+	rooms = newTable[*roomObj]()
+)
+
+// kvObj is one kvx_kv_t: a rank's engine.Manager and the KV pool it owns.
+type kvObj struct {
+	eng  *engineObj
+	mgr  *engine.Manager
+	pool *engine.KVPool
+
+	mu     sync.Mutex
+	closed bool
+	rooms  map[uint64]struct{}
+}
+
+// kvConfig is kvx_kv_config in Go types.
+type kvConfig struct {
+	modelName                        string
+	model                            engine.ModelConfig
+	layout                           engine.LayoutOptions
+	dpSize, dpRank                   int
+	checksum                         bool
+	kvCacheDtype, controlHost        string
+	controlPort                      int
+	bootstrapTimeout, waitingTimeout time.Duration
+}
+
+func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
+	const op = "kvx_kv_create"
+	m := c.model
+	if c.modelName != "" {
+		mc, err := engine.LookupModel(c.modelName)
+		if err != nil {
+			return nil, failWrap(stInvalidArgument, err, "%s: model", op)
+		}
+		m = mc
+	}
+	l, err := engine.NewLayout(m, c.layout)
+	if err != nil {
+		return nil, failWrap(stInvalidArgument, err, "%s", op)
+	}
+	pool, err := engine.NewKVPool(l, "capi-kv")
+	if err != nil {
+		return nil, failWrap(stInvalidArgument, err, "%s: KV pool of %d bytes", op, l.PoolBytes())
+	}
+	role := engine.RolePrefill
+	if e.role == 1 {
+		role = engine.RoleDecode
+	}
+	if role == engine.RolePrefill && e.bootstrapAddr == "" {
+		pool.Close()
+		return nil, fail(stInvalidArgument, "%s: the prefill engine has no bootstrap_addr; set kvx_engine_config.bootstrap_addr (e.g. from kvx_bootstrap_addr)", op)
+	}
+	ctx := context.Background()
+	if c.bootstrapTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.bootstrapTimeout+opTimeout)
+		defer cancel()
+	}
+	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
+		Role:             role,
+		Pool:             pool,
+		Transports:       []engine.Transport{e.tr},
+		BootstrapAddr:    e.bootstrapAddr,
+		DPRank:           c.dpRank,
+		DPSize:           c.dpSize,
+		KVCacheDtype:     c.kvCacheDtype,
+		ControlHost:      c.controlHost,
+		ControlPort:      c.controlPort,
+		BootstrapTimeout: c.bootstrapTimeout,
+		WaitingTimeout:   c.waitingTimeout,
+		Checksum:         c.checksum,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, failWrap(stOK, err, "%s: %s KV manager", op, role)
+	}
+	return &kvObj{eng: e, mgr: mgr, pool: pool, rooms: map[uint64]struct{}{}}, nil
+}
+
+// close closes the rooms, the manager and frees the pool.
+func (k *kvObj) close() error {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil
+	}
+	k.closed = true
+	hs := make([]uint64, 0, len(k.rooms))
+	for h := range k.rooms {
+		hs = append(hs, h)
+	}
+	k.mu.Unlock()
+	for _, h := range hs {
+		if r, ok := rooms.take(h); ok {
+			r.close()
+		}
+	}
+	err := k.mgr.Close()
+	if cerr := k.pool.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// room is what Sender and Receiver have in common.
+type room interface {
+	Room() uint64
+	Poll() engine.KVPoll
+	Failure() error
+	Wait(ctx context.Context, want engine.KVPoll) engine.KVPoll
+	Abort()
+	Close()
+}
+
+// roomObj is one kvx_room_t.
+type roomObj struct {
+	kv     *kvObj
+	r      room
+	sender *engine.Sender   // prefill
+	recv   *engine.Receiver // decode
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// addRoom registers a new sender/receiver and starts the goroutine that
+// reports its KVPoll changes to the engine's notification callback.
+func (k *kvObj) addRoom(r *roomObj) (uint64, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		r.r.Close()
+		return 0, fail(stClosed, "KV manager is destroyed")
+	}
+	h := rooms.add(r)
+	k.rooms[h] = struct{}{}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel, r.done = cancel, make(chan struct{})
+	go r.watch(ctx, h, k.eng.notify)
+	return h, nil
+}
+
+// watch posts a KVX_EVENT_ROOM for every state the room reaches.
+func (r *roomObj) watch(ctx context.Context, h uint64, n *notifier) {
+	defer close(r.done)
+	cur := r.r.Poll()
+	n.post(roomEvent(h, r.r, cur))
+	for cur != engine.KVSuccess && cur != engine.KVFailed {
+		next := r.r.Wait(ctx, cur+1)
+		if ctx.Err() != nil {
+			return
+		}
+		if next == cur {
+			continue
+		}
+		cur = next
+		n.post(roomEvent(h, r.r, cur))
+	}
+}
+
+func roomEvent(h uint64, r room, st engine.KVPoll) event {
+	code := stOK
+	if st == engine.KVFailed {
+		code = codeOf(r.Failure())
+	}
+	return event{kind: eventKindRoom, status: code, handle: h, room: r.Room(), state: int32(st)}
+}
+
+// close stops the watcher and closes the sender/receiver.
+func (r *roomObj) close() {
+	r.cancel()
+	<-r.done
+	r.r.Close()
+}
+
+func (r *roomObj) failure() error {
+	if r.r.Poll() != engine.KVFailed {
+		return nil
+	}
+	err := r.r.Failure()
+	if err == nil {
+		err = errors.New("failed (no reason recorded)")
+	}
+	return failWrap(stOK, err, "room %d failed", r.r.Room())
+}
+
+// kvCode maps the KV manager's and bootstrap's errors to statuses; codeOf
+// consults it before the transport sentinels.
+func kvCode(err error) (status, bool) {
+	switch {
+	case errors.Is(err, engine.ErrRoomMismatch), errors.Is(err, engine.ErrChecksum):
+		return stRoomMismatch, true
+	case errors.Is(err, engine.ErrAborted):
+		return stCanceled, true
+	case errors.Is(err, engine.ErrTimeout):
+		return stTimeout, true
+	case errors.Is(err, engine.ErrRoomActive):
+		return stBusy, true
+	case errors.Is(err, engine.ErrManagerClosed):
+		return stClosed, true
+	case errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrNotFound),
+		errors.Is(err, bootstrap.ErrUnauthorized), errors.Is(err, bootstrap.ErrConflict),
+		errors.Is(err, bootstrap.ErrBadRequest), errors.Is(err, bootstrap.ErrRegisterDeadline),
+		errors.Is(err, bootstrap.ErrWrongLeader), errors.Is(err, bootstrap.ErrMismatch):
+		return stBootstrap, true
+	}
+	return 0, false
+}
+
+func checkPageList(op string, pages []int32, numPages int) error {
+	for i, p := range pages {
+		if p < 0 || int(p) >= numPages {
+			return fail(stInvalidArgument, "%s: pages[%d] = %d is outside the pool of %d pages", op, i, p, numPages)
+		}
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -16,7 +17,8 @@ import (
 
 // WritePlot draws bandwidth (GB/s) against block size (log scale) with one
 // solid line per kvxfer transport (its best configuration at each size), one
-// dashed line per peer series and a dotted memcpy line, and saves it to path;
+// dashed line per peer series and a dotted memcpy line (both axes
+// logarithmic), and saves it to path;
 // the extension picks the format (.png, .svg, .pdf).
 func WritePlot(r *Report, path string) error {
 	ext := strings.ToLower(filepath.Ext(path))
@@ -33,6 +35,7 @@ func WritePlot(r *Report, path string) error {
 	p.X.Label.Text = "block size (bytes per WriteRequest)"
 	p.Y.Label.Text = "GB/s (1e9 bytes/s)"
 	p.X.Scale = plot.LogScale{}
+	p.Y.Scale = plot.LogScale{}
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
@@ -40,11 +43,13 @@ func WritePlot(r *Report, path string) error {
 	var sizes []uint64
 	seen := map[uint64]bool{}
 	idx := 0
+	var series []plotter.XYs
 	addLine := func(name string, pts plotter.XYs, dashes []vg.Length) error {
 		if len(pts) == 0 {
 			return nil
 		}
 		sort.Slice(pts, func(i, j int) bool { return pts[i].X < pts[j].X })
+		series = append(series, pts)
 		l, s, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return fmt.Errorf("bench: plot %s: %w", name, err)
@@ -109,11 +114,25 @@ func WritePlot(r *Report, path string) error {
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	p.X.Min = float64(sizes[0]) / 1.5
 	p.X.Max = float64(sizes[len(sizes)-1]) * 1.5
-	p.Y.Min = 0
-	if p.Y.Max <= 0 || math.IsNaN(p.Y.Max) {
-		p.Y.Max = 1
+	// Log Y: decades of ticks, headroom above the data for the legend.
+	lo, hi := math.Inf(1), 0.0
+	for _, s := range series {
+		for _, pt := range s {
+			lo, hi = math.Min(lo, pt.Y), math.Max(hi, pt.Y)
+		}
 	}
-	p.Y.Max *= 1.1
+	p.Y.Min = math.Pow(10, math.Floor(math.Log10(lo)))
+	p.Y.Max = math.Pow(10, math.Ceil(math.Log10(hi))+0.6)
+	var yt []plot.Tick
+	for v := p.Y.Min; v <= p.Y.Max*1.0001; v *= 10 {
+		yt = append(yt, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+		for m := 2.0; m < 10; m++ {
+			if v*m <= p.Y.Max {
+				yt = append(yt, plot.Tick{Value: v * m})
+			}
+		}
+	}
+	p.Y.Tick.Marker = plot.ConstantTicks(yt)
 	if err := p.Save(9*vg.Inch, 6*vg.Inch, path); err != nil {
 		return fmt.Errorf("bench: save plot %s: %w", path, err)
 	}

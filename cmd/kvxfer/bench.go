@@ -11,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/bench"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 func init() {
@@ -72,7 +73,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 			}
 			var bar *progressbar.ProgressBar
 			progress := func(label string, done, total int) {
-				if quiet {
+				if quiet || !term.IsTerminal(int(os.Stderr.Fd())) {
 					return
 				}
 				if bar == nil {
@@ -133,7 +134,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.BoolVar(&peers, "peers", false, "also run iperf3, ucx_perftest and ib_write_bw (where installed) on loopback and print ratios")
 	f.StringVar(&jsonPath, "json", "", "write the full report (results, peers, method: CPU, kernel, versions, flags) to this JSON file")
 	f.StringVar(&plotPath, "plot", "", "write a bandwidth-vs-block-size plot to this .png or .svg file")
-	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	f.BoolVar(&quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
 	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
 	rootCmd.AddCommand(cmd)
 }

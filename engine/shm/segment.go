@@ -293,7 +293,9 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	if s.closed {
 		return 0, fmt.Errorf("shm: submit: segment %w", engine.ErrClosed)
 	}
-	if !s.alive() {
+	// Cheap check here (no syscall); the pidfd is polled when the batch
+	// completes and by the watcher.
+	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
 		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
 	}
 	pieces := make([]piece, 0, len(tb.Requests))

@@ -4,7 +4,7 @@ BIN       := bin
 FUZZTIME  ?= 20s
 export CGO_ENABLED := 1
 
-.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean
+.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,6 +29,13 @@ fuzz: deps ## run each fuzz target for $(FUZZTIME)
 
 demo: build ## the main job: bootstrap + prefill + decode on loopback, verified
 	$(BIN)/kvxfer demo
+
+capi: deps ## build the C ABI (build/libkvxfer.so.0) and the C++ consumer with CMake
+	cmake -S . -B build
+	cmake --build build
+
+ctest: capi ## run the C ABI tests (C++ consumer, header/export check, find_package install check)
+	ctest --test-dir build --output-on-failure
 
 clean: ## remove build outputs
 	rm -rf $(BIN) build

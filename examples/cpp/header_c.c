@@ -21,6 +21,16 @@ int main(void) {
     CHECK(sizeof(kvx_transfer_status) == 16);
     CHECK(sizeof(kvx_event) == 40);
     CHECK(sizeof(kvx_engine_config) == 40);
+    CHECK(sizeof(kvx_meta_record) == KVX_RECORD_SIZE);
+    CHECK(offsetof(kvx_meta_record, generation) == 8);
+    CHECK(offsetof(kvx_meta_record, page_count) == 16);
+    CHECK(offsetof(kvx_meta_record, producer) == 20);
+    CHECK(offsetof(kvx_meta_record, byte_count) == 24);
+    CHECK(offsetof(kvx_meta_record, checksum) == 32);
+    CHECK(offsetof(kvx_meta_record, flags) == 36);
+    CHECK(offsetof(kvx_meta_record, commit) == 56);
+    CHECK(sizeof(kvx_kv_layout) == 40);
+    CHECK(KVX_KVPOLL_FAILED == 0 && KVX_KVPOLL_SUCCESS == 4);
     CHECK(strcmp(kvx_version(), KVX_VERSION_STRING) == 0);
     CHECK(strcmp(kvx_strerror(KVX_OK), "success") == 0);
     CHECK(strcmp(kvx_strerror(-7), "unknown status") == 0);

@@ -1,0 +1,36 @@
+package main
+
+// Compile-time checks that the C header's ABI structs and constants agree
+// with the engine: a mismatch makes `go build` fail with "index out of
+// bounds" on the line that names the drifted field.
+
+/*
+#define KVX_TYPES_ONLY 1
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// same is a zero-size array indexed by the difference of two constants.
+type same [1]struct{}
+
+var (
+	_ = same{}[unsafe.Sizeof(C.kvx_meta_record{})-engine.RecordSize]
+	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.commit)-engine.RecordCommitOffset]
+	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.checksum)-32]
+	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.byte_count)-24]
+	_ = same{}[C.KVX_RECORD_SIZE-engine.RecordSize]
+	_ = same{}[C.KVX_RECORD_COMMIT_MAGIC^engine.RecordCommitMagic]
+	_ = same{}[C.KVX_RECORD_FLAG_CHECKSUM^engine.RecordFlagChecksum]
+	_ = same{}[C.KVX_KVPOLL_FAILED-int(engine.KVFailed)]
+	_ = same{}[C.KVX_KVPOLL_BOOTSTRAPPING-int(engine.KVBootstrapping)]
+	_ = same{}[C.KVX_KVPOLL_WAITING_FOR_INPUT-int(engine.KVWaitingForInput)]
+	_ = same{}[C.KVX_KVPOLL_TRANSFERRING-int(engine.KVTransferring)]
+	_ = same{}[C.KVX_KVPOLL_SUCCESS-int(engine.KVSuccess)]
+	_ = same{}[unsafe.Sizeof(C.kvx_write_request{})-48]
+)

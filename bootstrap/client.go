@@ -214,7 +214,9 @@ func (c *Client) Register(ctx context.Context, r RegisterRequest) error {
 		if err == nil {
 			return nil
 		}
-		last = err
+		if last == nil || ctx.Err() == nil {
+			last = err // keep the last real failure, not the one the deadline cut short
+		}
 		var se *StatusError
 		if errors.As(err, &se) && se.Code/100 == 4 && se.Code != http.StatusRequestTimeout && se.Code != http.StatusTooManyRequests {
 			return fmt.Errorf("bootstrap: register rank %s at %s: %w", r.coordString(), c.addr, err)
@@ -224,8 +226,8 @@ func (c *Client) Register(ctx context.Context, r RegisterRequest) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w: rank %s at %s: %d attempts over %s; last error: %v",
-				ErrRegisterDeadline, r.coordString(), c.addr, attempt+1, time.Since(start).Round(time.Millisecond), last)
+			return fmt.Errorf("%w: rank %s at %s: %d attempts over %s (%v); last error: %v",
+				ErrRegisterDeadline, r.coordString(), c.addr, attempt+1, time.Since(start).Round(time.Millisecond), context.Cause(ctx), last)
 		case <-t.C:
 		}
 	}

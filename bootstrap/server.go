@@ -268,7 +268,20 @@ func (s *Server) Start(ctx context.Context) error {
 	s.addrMu.Lock()
 	s.addr = ln.Addr().String()
 	s.addrMu.Unlock()
+	// Connections accepted but never used (a client transport's spare dial)
+	// would hold graceful shutdown for 5 s: track them to close at shutdown.
+	var newMu sync.Mutex
+	newConns := map[net.Conn]struct{}{}
 	srv := &http.Server{
+		ConnState: func(c net.Conn, st http.ConnState) {
+			newMu.Lock()
+			if st == http.StateNew {
+				newConns[c] = struct{}{}
+			} else {
+				delete(newConns, c)
+			}
+			newMu.Unlock()
+		},
 		Handler:           s.e,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
@@ -290,10 +303,28 @@ func (s *Server) Start(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		sctx, cancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
-		if err := srv.Shutdown(sctx); err != nil {
-			result = fmt.Errorf("bootstrap: graceful shutdown: %w", err)
-			_ = srv.Close()
+		shut := make(chan error, 1)
+		go func() { shut <- srv.Shutdown(sctx) }()
+		tick := time.NewTicker(20 * time.Millisecond)
+	wait:
+		for {
+			select {
+			case err := <-shut:
+				if err != nil {
+					result = fmt.Errorf("bootstrap: graceful shutdown: %w (requests still running after %s)", err, s.opts.ShutdownTimeout)
+					_ = srv.Close()
+				}
+				break wait
+			case <-tick.C:
+				newMu.Lock()
+				for c := range newConns {
+					_ = c.Close() // no request read on it yet
+					delete(newConns, c)
+				}
+				newMu.Unlock()
+			}
 		}
+		tick.Stop()
 		cancel()
 		<-serveErr
 	case err := <-serveErr:

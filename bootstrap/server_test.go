@@ -247,7 +247,7 @@ func TestRegisterDeadlineIsNamed(t *testing.T) {
 		http.Error(w, "down", http.StatusBadGateway)
 	}))
 	defer front.Close()
-	c, _ := NewClient(front.Listener.Addr().String(), WithRegisterTimeout(100*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
+	c, _ := NewClient(front.Listener.Addr().String(), WithRegisterTimeout(300*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
 	err := c.Register(ctxT(t), reg(1, 0, 7000))
 	if !errors.Is(err, ErrRegisterDeadline) || !strings.Contains(err.Error(), "HTTP 502") || !strings.Contains(err.Error(), "attempts") {
 		t.Fatalf("err = %v, want ErrRegisterDeadline naming attempts and the last HTTP 502", err)
@@ -657,3 +657,58 @@ func TestEndToEndResolve(t *testing.T) {
 }
 
 var quiet = slog.New(slog.DiscardHandler)
+
+// TestConcurrentRegistrations registers 64 ranks from 64 goroutines, each
+// twice, while readers poll: the count is exact and readiness comes once
+// every distinct rank is in.
+func TestConcurrentRegistrations(t *testing.T) {
+	s, c := startServer(t, Options{})
+	ctx := ctxT(t)
+	const n = 64
+	errs := make(chan error, 2*n)
+	stop := make(chan struct{})
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.ServerInfo(ctx); err != nil && !errors.Is(err, ErrNotReady) {
+				errs <- err
+				return
+			}
+		}
+	}()
+	done := make(chan struct{})
+	for tp := range n {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for k := range 2 {
+				if err := c.Register(ctx, reg(n, tp, 10000+tp*2+k)); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for range n {
+		<-done
+	}
+	close(stop)
+	<-readerDone
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	snap := s.Snapshot()
+	if !snap.Ready || snap.Registered != n || len(snap.Missing) != 0 {
+		t.Fatalf("ready=%v registered=%d missing=%d", snap.Ready, snap.Registered, len(snap.Missing))
+	}
+	for _, r := range snap.Ranks {
+		if r.RankPort != 10000+r.TP*2+1 || r.Reregistrations != 1 {
+			t.Fatalf("rank %+v: want the second registration's port", r)
+		}
+	}
+}

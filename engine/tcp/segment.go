@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -76,9 +77,12 @@ type frame struct {
 	off    uint64 // offset of block 0 in local
 	stride uint64 // local stride between blocks
 	bytes  uint64 // payload bytes
+	// wire is the encoded header, written by the writer for the kernel.
+	wire [headerSize]byte
 	// localErr is a sender-side failure while writing the payload (device
 	// copy); the frame was padded to keep the stream in sync and fails.
-	localErr error
+	// Atomic: set by the writer, read by the ack reader.
+	localErr atomic.Pointer[error]
 }
 
 // stream is one data connection of a segment.
@@ -104,7 +108,9 @@ type stream struct {
 	// writer-only state
 	hdrBuf [headerSize]byte
 	iov    [][]byte
+	bufs   net.Buffers
 	bounce []byte
+	burst  []*frame
 }
 
 // segment is a sender's connection to one receiver.
@@ -230,23 +236,39 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	if tb == nil {
 		return 0, errors.New("tcp: submit: nil batch")
 	}
-	frames := make([]*frame, 0, len(tb.Requests))
-	b := &batch{done: make(chan struct{})}
+	// Validate everything first (nothing is sent on error), then build all
+	// frames in one allocation.
+	locals := make([]*region, len(tb.Requests))
+	nframes := 0
 	for i, r := range tb.Requests {
 		lr, err := s.checkRequest(i, r)
 		if err != nil {
 			return 0, err
 		}
+		locals[i] = lr
+		if r.Blocks() > 1 {
+			nframes++
+		} else {
+			nframes += int((r.Length + chunkSize - 1) / chunkSize)
+		}
+	}
+	store := make([]frame, 0, nframes)
+	frames := make([]*frame, 0, nframes)
+	b := &batch{done: make(chan struct{})}
+	for i, r := range tb.Requests {
+		lr := locals[i]
 		off := uint64(r.Local - lr.mem.Addr)
 		if r.Blocks() > 1 {
-			frames = append(frames, &frame{b: b, local: lr, off: off, stride: r.LocalStride, bytes: r.Bytes(),
+			store = append(store, frame{b: b, local: lr, off: off, stride: r.LocalStride, bytes: r.Bytes(),
 				hdr: header{Region: uint32(r.Remote), Count: uint32(r.Blocks()), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}})
+			frames = append(frames, &store[len(store)-1])
 			continue
 		}
 		for done := uint64(0); done < r.Length; done += chunkSize {
 			n := min(chunkSize, r.Length-done)
-			frames = append(frames, &frame{b: b, local: lr, off: off + done, bytes: n,
+			store = append(store, frame{b: b, local: lr, off: off + done, bytes: n,
 				hdr: header{Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset + done, Length: n}})
+			frames = append(frames, &store[len(store)-1])
 		}
 	}
 	b.total = tb.Bytes()
@@ -450,45 +472,79 @@ func (st *stream) writer() {
 			}
 			return
 		}
-		f := st.queue[0]
-		st.queue[0] = nil
-		st.queue = st.queue[1:]
-		if f.b.stop.Load() {
-			st.mu.Unlock()
+		// Take a burst of queued host frames for one vectored write (at
+		// most burstIOV slices and burstBytes of payload; one frame of any
+		// size always goes); a device frame goes alone.
+		burst := st.burst[:0]
+		var skipped []*frame
+		iovs, size := 0, uint64(0)
+		for len(st.queue) > 0 {
+			f := st.queue[0]
+			if f.b.stop.Load() {
+				st.queue[0] = nil
+				st.queue = st.queue[1:]
+				skipped = append(skipped, f)
+				continue
+			}
+			need := 1 + int(f.hdr.Count)
+			if len(burst) > 0 && (f.local.buf == nil || iovs+need > burstIOV || size+f.bytes > burstBytes) {
+				break
+			}
+			st.queue[0] = nil
+			st.queue = st.queue[1:]
+			st.seq++
+			f.hdr.Seq = st.seq
+			if len(st.inflight) == 0 {
+				st.lastAck = time.Now()
+			}
+			st.inflight = append(st.inflight, f)
+			burst = append(burst, f)
+			iovs += need
+			size += f.bytes
+			if f.local.buf == nil {
+				break
+			}
+		}
+		st.mu.Unlock()
+		for _, f := range skipped {
 			st.queued.Add(^(f.bytes - 1))
 			f.b.finish(0, nil, true)
-			continue
 		}
-		st.seq++
-		f.hdr.Seq = st.seq
-		if len(st.inflight) == 0 {
-			st.lastAck = time.Now()
+		if len(burst) > 0 {
+			if err := st.write(burst); err != nil {
+				st.kill(st.lost("write frames %d..%d (%d bytes): %v", burst[0].hdr.Seq, burst[len(burst)-1].hdr.Seq, size, err))
+			}
 		}
-		st.inflight = append(st.inflight, f)
-		st.mu.Unlock()
-		if err := st.write(f); err != nil {
-			st.kill(st.lost("write frame %d (%d bytes): %v", f.hdr.Seq, f.bytes, err))
-		}
+		clear(burst)
+		st.burst = burst[:0]
 	}
 }
 
-// write sends one frame: header and payload slices in one vectored write for
-// host memory; through the bounce buffer for device memory.
-func (st *stream) write(f *frame) error {
-	f.hdr.encode(&st.hdrBuf)
+// write sends a burst of frames: every header and payload slice of host
+// frames in one vectored write (no staging copy); a device frame (always
+// alone in its burst) through the bounce buffer.
+func (st *stream) write(burst []*frame) error {
 	st.c.SetWriteDeadline(time.Now().Add(st.seg.t.ackTimeout))
-	if f.local.buf != nil {
-		bufs := net.Buffers(st.iov[:0])
-		bufs = append(bufs, st.hdrBuf[:])
-		for i := uint64(0); i < uint64(f.hdr.Count); i++ {
-			o := f.off + i*f.stride
-			bufs = append(bufs, f.local.buf[o:o+f.hdr.Length])
+	if burst[0].local.buf != nil {
+		// st.bufs is a field so WriteTo's pointer receiver does not make
+		// a per-call allocation; st.iov keeps the backing array.
+		st.iov = st.iov[:0]
+		for _, f := range burst {
+			f.hdr.encode(&f.wire)
+			st.iov = append(st.iov, f.wire[:])
+			for i := uint64(0); i < uint64(f.hdr.Count); i++ {
+				o := f.off + i*f.stride
+				st.iov = append(st.iov, f.local.buf[o:o+f.hdr.Length])
+			}
 		}
-		st.iov = bufs[:0]
-		_, err := bufs.WriteTo(st.c)
-		clear(st.iov[:cap(st.iov)])
+		st.bufs = st.iov
+		_, err := st.bufs.WriteTo(st.c)
+		clear(st.iov)
+		st.bufs = nil
 		return err
 	}
+	f := burst[0]
+	f.hdr.encode(&st.hdrBuf)
 	if _, err := st.c.Write(st.hdrBuf[:]); err != nil {
 		return err
 	}
@@ -500,12 +556,13 @@ func (st *stream) write(f *frame) error {
 		for done := uint64(0); done < f.hdr.Length; {
 			k := min(f.hdr.Length-done, uint64(len(st.bounce)))
 			chunk := st.bounce[:k]
-			if f.localErr == nil {
+			if f.localErr.Load() == nil {
 				if err := deviceCopier.copyFromDevice(chunk, src+uintptr(done), f.local.mem.Device); err != nil {
-					f.localErr = fmt.Errorf("tcp: copy %d bytes from cuda:%d at %#x: %w", k, f.local.mem.Device, src+uintptr(done), err)
+					lerr := fmt.Errorf("tcp: copy %d bytes from cuda:%d at %#x: %w", k, f.local.mem.Device, src+uintptr(done), err)
+					f.localErr.Store(&lerr)
 				}
 			}
-			if f.localErr != nil {
+			if f.localErr.Load() != nil {
 				clear(chunk) // pad: keep the stream in sync, the frame fails
 			}
 			if _, err := st.c.Write(chunk); err != nil {
@@ -524,10 +581,11 @@ func (st *stream) reader() {
 	tick := min(timeout/2, time.Second)
 	var hb [ackSize]byte
 	msg := make([]byte, maxAckMsg)
+	br := bufio.NewReaderSize(st.c, 16<<10) // acks arrive in bursts
 	readFull := func(p []byte) error {
 		for n := 0; n < len(p); {
 			st.c.SetReadDeadline(time.Now().Add(tick))
-			k, err := st.c.Read(p[n:])
+			k, err := br.Read(p[n:])
 			n += k
 			if err == nil {
 				continue
@@ -596,8 +654,8 @@ func (st *stream) reader() {
 // the matching engine sentinel.
 func (st *stream) ackErr(f *frame, a ack) error {
 	if a.Status == ackOK {
-		if f.localErr != nil {
-			return f.localErr
+		if p := f.localErr.Load(); p != nil {
+			return *p
 		}
 		return nil
 	}

@@ -71,6 +71,13 @@ const DefaultAckTimeout = 10 * time.Second
 // split so that several streams carry them in parallel.
 const chunkSize = 4 << 20
 
+// burstIOV and burstBytes bound one vectored write of several queued frames
+// (slices, payload bytes); small frames share a syscall.
+const (
+	burstIOV   = 1024
+	burstBytes = 4 << 20
+)
+
 // sockBuf is the SO_SNDBUF/SO_RCVBUF asked for each data connection, bytes
 // (the kernel caps it at net.core.wmem_max/rmem_max).
 const sockBuf = 4 << 20
@@ -98,6 +105,7 @@ type Transport struct {
 	streams    int
 	ackTimeout time.Duration
 	ln         net.Listener
+	endpoint   string // "host:port" given to senders
 	log        *slog.Logger
 
 	mu       sync.RWMutex
@@ -120,7 +128,8 @@ var (
 // opts.ListenHost:opts.ListenPort ("127.0.0.1" and a free port by default).
 // opts.Streams sets connections per segment (0 = DefaultStreams, max 64).
 // opts.Extra["ack_timeout"] (Go duration, e.g. "5s") overrides
-// DefaultAckTimeout. Errors: an invalid option or a listen failure (port in
+// DefaultAckTimeout; opts.Extra["advertise_host"] is the host Endpoint
+// advertises (for a wildcard ListenHost). Errors: an invalid option or a listen failure (port in
 // use: pick another or use 0).
 func New(opts engine.Options) (*Transport, error) {
 	host := opts.ListenHost
@@ -150,7 +159,13 @@ func New(opts engine.Options) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp: listen on %s: %w (use port 0 for a free port)", addr, err)
 	}
+	endpoint := ln.Addr().String()
+	if h := opts.Extra["advertise_host"]; h != "" {
+		_, port, _ := net.SplitHostPort(endpoint)
+		endpoint = net.JoinHostPort(h, port)
+	}
 	t := &Transport{
+		endpoint:   endpoint,
 		opts:       opts,
 		streams:    streams,
 		ackTimeout: ackTimeout,
@@ -276,8 +291,9 @@ func (t *Transport) lookupLocal(addr uintptr, n uint64) (*region, error) {
 }
 
 // Endpoint returns the data listener's "host:port" (the same for every peer).
-// When the listener is bound to a wildcard address (0.0.0.0 or ::) the blob
-// names the wildcard; set ListenHost to a routable address for cross-host use.
+// The host is Options.Extra["advertise_host"] when set, else the listen
+// address; a wildcard listen address (0.0.0.0 or ::) without advertise_host
+// only works on the same host.
 func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	t.mu.RLock()
 	closed := t.closed
@@ -285,7 +301,7 @@ func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	if closed {
 		return nil, fmt.Errorf("tcp: endpoint: transport %w", engine.ErrClosed)
 	}
-	return []byte(t.ln.Addr().String()), nil
+	return []byte(t.endpoint), nil
 }
 
 // Close stops the listener, closes inbound connections and every segment
@@ -367,8 +383,15 @@ func (t *Transport) serve(c net.Conn) {
 	}()
 	tuneConn(c)
 	rx := receiver{t: t, c: c}
-	if sc, ok := c.(syscall.Conn); ok {
-		rx.raw, _ = sc.SyscallConn()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.log.Warn("tcp: data connection without a file descriptor; closing", "peer", c.RemoteAddr().String())
+		return
+	}
+	var err error
+	if rx.raw, err = sc.SyscallConn(); err != nil {
+		t.log.Warn("tcp: data connection: SyscallConn failed; closing", "peer", c.RemoteAddr().String(), "err", err)
+		return
 	}
 	if err := rx.run(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		t.log.Warn("tcp: data connection closed", "peer", c.RemoteAddr().String(), "err", err)
@@ -376,21 +399,46 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 type receiver struct {
-	t      *Transport
-	c      net.Conn
-	hdr    [headerSize]byte
-	ackBuf []byte
-	bounce []byte // device-memory staging, allocated on first use
-	raw    syscall.RawConn
-	iov    [][]byte
-	vecs   []unix.Iovec
+	t       *Transport
+	c       net.Conn
+	hdr     [headerSize]byte
+	hdrHave int // bytes of the next header already in hdr
+	ackBuf  []byte
+	pending int    // acks queued in ackBuf
+	bounce  []byte // device-memory staging, allocated on first use
+	raw     syscall.RawConn
+	iov     [][]byte
+	vecs    []unix.Iovec
+	readFn  func(fd uintptr) bool // rx.readv, bound once
+	rd      readState
 }
 
+// maxPendingAcks is how many acks the receiver may hold back before writing
+// them; it always writes them before it would wait for more input.
+const maxPendingAcks = 64
+
+// reply queues an ack; refusals and every maxPendingAcks-th ack are written
+// at once, the rest when the socket has no more input (see fill).
 func (rx *receiver) reply(a ack) error {
-	rx.ackBuf = encodeAck(rx.ackBuf[:0], a)
+	rx.ackBuf = encodeAck(rx.ackBuf, a)
+	rx.pending++
+	if a.Status != ackOK || rx.pending >= maxPendingAcks {
+		return rx.flush()
+	}
+	return nil
+}
+
+func (rx *receiver) flush() error {
+	if len(rx.ackBuf) == 0 {
+		return nil
+	}
 	rx.c.SetWriteDeadline(time.Now().Add(rx.t.ackTimeout))
 	_, err := rx.c.Write(rx.ackBuf)
-	return err
+	rx.ackBuf, rx.pending = rx.ackBuf[:0], 0
+	if err != nil {
+		return fmt.Errorf("send acks: %w", err)
+	}
+	return nil
 }
 
 func (rx *receiver) run() error {
@@ -405,10 +453,21 @@ func (rx *receiver) run() error {
 	}
 	for {
 		// Idle between frames is fine (a segment lives across requests).
+		// The previous payload read may already have brought (part of) this
+		// header in.
 		rx.c.SetReadDeadline(time.Time{})
-		if _, err := io.ReadFull(rx.c, rx.hdr[:]); err != nil {
-			return err
+		if rx.hdrHave < headerSize {
+			rx.iov = append(rx.iov[:0], rx.hdr[rx.hdrHave:])
+			n, err := rx.fill(rx.iov, headerSize-rx.hdrHave)
+			rx.hdrHave += n
+			if err != nil {
+				if errors.Is(err, io.ErrUnexpectedEOF) && rx.hdrHave == 0 {
+					err = io.EOF
+				}
+				return err
+			}
 		}
+		rx.hdrHave = 0
 		h, err := decodeHeader(rx.hdr[:])
 		if err != nil {
 			rx.reply(ack{Status: ackProtocol, Seq: h.Seq, Msg: err.Error()})
@@ -420,7 +479,7 @@ func (rx *receiver) run() error {
 			return err
 		}
 		if err := rx.reply(a); err != nil {
-			return fmt.Errorf("send ack for frame %d: %w", h.Seq, err)
+			return fmt.Errorf("ack frame %d: %w", h.Seq, err)
 		}
 	}
 }
@@ -463,29 +522,27 @@ func (rx *receiver) frame(h header) (ack, error) {
 	if h.payload() == 0 {
 		return ack{Status: ackOK, Seq: h.Seq}, nil
 	}
-	if r.buf != nil && h.Count > 1 && rx.raw != nil {
-		// Strided: one readv per up to 1024 blocks, straight into the region.
+	if r.buf != nil {
+		// Host memory: readv straight into the region (every block of a
+		// strided frame in one call), with the next frame's header slot
+		// appended so a small frame and the next header share a syscall.
 		iov := rx.iov[:0]
 		for i := uint64(0); i < uint64(h.Count); i++ {
 			off := h.Offset + i*h.Stride
 			iov = append(iov, r.buf[off:off+h.Length])
 		}
-		err := readvFull(rx.raw, iov, &rx.vecs)
+		iov = append(iov, rx.hdr[:])
+		n, err := rx.fill(iov, int(h.payload()))
 		clear(iov)
 		rx.iov = iov[:0]
 		if err != nil {
-			return ack{}, fmt.Errorf("read strided frame %d (%d x %d bytes) into region %d: %w", h.Seq, h.Count, h.Length, h.Region, err)
+			return ack{}, fmt.Errorf("read frame %d (%d x %d bytes) into region %d: %w", h.Seq, h.Count, h.Length, h.Region, err)
 		}
+		rx.hdrHave = n - int(h.payload())
 		return ack{Status: ackOK, Seq: h.Seq, Bytes: h.payload()}, nil
 	}
 	for i := uint64(0); i < uint64(h.Count); i++ {
 		off := h.Offset + i*h.Stride
-		if r.buf != nil {
-			if _, err := io.ReadFull(rx.c, r.buf[off:off+h.Length]); err != nil {
-				return ack{}, fmt.Errorf("read frame %d block %d (%d bytes) into region %d: %w", h.Seq, i, h.Length, h.Region, err)
-			}
-			continue
-		}
 		if cerr, err := rx.toDevice(r, off, h.Length); err != nil {
 			return ack{}, err
 		} else if cerr != nil {
@@ -499,39 +556,72 @@ func (rx *receiver) frame(h header) (ack, error) {
 	return ack{Status: ackOK, Seq: h.Seq, Bytes: h.payload()}, nil
 }
 
-// readvFull fills every slice of iov from the socket with readv(2), at most
-// 1024 slices (IOV_MAX) per call, with vecs as reusable iovec scratch; it
-// honours the connection's read deadline. iov's elements are consumed.
-func readvFull(rc syscall.RawConn, iov [][]byte, vecs *[]unix.Iovec) error {
-	for len(iov) > 0 {
-		k := min(len(iov), 1024)
-		v := (*vecs)[:0]
-		for _, b := range iov[:k] {
+// readState carries one readv result out of the RawConn callback.
+type readState struct {
+	n     uintptr
+	errno syscall.Errno
+	idle  bool // would block with acks queued: write them first
+}
+
+// readv is the RawConn.Read callback: one readv(2) of rx.vecs.
+func (rx *receiver) readv(fd uintptr) bool {
+	v := rx.vecs
+	for {
+		n, _, errno := unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno == unix.EAGAIN && len(rx.ackBuf) > 0:
+			rx.rd = readState{idle: true}
+			return true
+		}
+		rx.rd = readState{n: n, errno: errno}
+		return errno != unix.EAGAIN
+	}
+}
+
+// fill reads from the socket into iov with readv(2) (at most 1024 slices,
+// IOV_MAX, per call) until at least need bytes have arrived, and returns how
+// many arrived (up to the total length of iov). Before it would wait for
+// input it writes the queued acks. It honours the connection's read
+// deadline; iov's elements are consumed. A closed socket before need bytes
+// is io.ErrUnexpectedEOF.
+func (rx *receiver) fill(iov [][]byte, need int) (int, error) {
+	got := 0
+	for got < need {
+		for len(iov) > 0 && len(iov[0]) == 0 {
+			iov = iov[1:]
+		}
+		v := rx.vecs[:0]
+		for _, b := range iov[:min(len(iov), 1024)] {
 			vec := unix.Iovec{Base: &b[0]}
 			vec.SetLen(len(b))
 			v = append(v, vec)
 		}
-		*vecs = v
-		var n uintptr
-		var errno syscall.Errno
-		rerr := rc.Read(func(fd uintptr) bool {
-			for {
-				n, _, errno = unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&v[0])), uintptr(len(v)))
-				if errno != unix.EINTR {
-					return errno != unix.EAGAIN
-				}
-			}
-		})
+		rx.vecs = v
+		rx.rd = readState{}
+		if rx.readFn == nil {
+			rx.readFn = rx.readv // allocated once, not per call
+		}
+		rerr := rx.raw.Read(rx.readFn)
+		n, errno, idle := rx.rd.n, rx.rd.errno, rx.rd.idle
 		clear(v)
 		if rerr != nil {
-			return rerr
+			return got, rerr
+		}
+		if idle {
+			if err := rx.flush(); err != nil {
+				return got, err
+			}
+			continue
 		}
 		if errno != 0 {
-			return os.NewSyscallError("readv", errno)
+			return got, os.NewSyscallError("readv", errno)
 		}
 		if n == 0 {
-			return io.ErrUnexpectedEOF
+			return got, io.ErrUnexpectedEOF
 		}
+		got += int(n)
 		for m := int(n); m > 0; {
 			if m >= len(iov[0]) {
 				m -= len(iov[0])
@@ -542,7 +632,7 @@ func readvFull(rc syscall.RawConn, iov [][]byte, vecs *[]unix.Iovec) error {
 			}
 		}
 	}
-	return nil
+	return got, nil
 }
 
 // toDevice receives n bytes into device region r at off through the bounce

@@ -22,6 +22,7 @@
 namespace {
 
 int failures = 0;
+const char *g_transport = "tcp";  // argv[1]: the transport both engines use
 
 #define EXPECT_RC(call, want)                                                                \
     do {                                                                                     \
@@ -87,7 +88,7 @@ kvx_engine_t make_engine(int role, const std::string &bootstrap) {
     std::memset(&cfg, 0, sizeof cfg);
     cfg.struct_size = sizeof cfg;
     cfg.role = role;
-    cfg.transport = "tcp";
+    cfg.transport = g_transport;
     cfg.listen_host = "127.0.0.1";
     cfg.bootstrap_addr = bootstrap.c_str();
     kvx_engine_t e = 0;
@@ -453,15 +454,16 @@ void bad_arguments(kvx_engine_t eng) {
     EXPECT_RC(kvx_engine_transport(eng, nullptr, 0, &need), KVX_ERR_BUFFER_TOO_SMALL);
     char name[16];
     REQUIRE_OK(kvx_engine_transport(eng, name, sizeof name, &need));
-    CHECK(std::strcmp(name, "tcp") == 0);
+    CHECK(std::strcmp(name, g_transport) == 0);
     CHECK(kvx_last_error()[0] == '\0');
     std::printf("bad arguments: every call returned its error code\n");
 }
 
 }  // namespace
 
-int main() {
-    std::printf("kvxfer %s (header %s)\n", kvx_version(), KVX_VERSION_STRING);
+int main(int argc, char **argv) {
+    if (argc > 1) g_transport = argv[1];
+    std::printf("kvxfer %s (header %s), transport %s\n", kvx_version(), KVX_VERSION_STRING, g_transport);
     CHECK(std::strcmp(kvx_version(), KVX_VERSION_STRING) == 0);
 
     kvx_bootstrap_t bs = 0;

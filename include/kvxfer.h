@@ -487,12 +487,14 @@ KVX_API int kvx_kv_layout_get(kvx_kv_t kv, kvx_kv_layout *out);
 #endif
 
 /* PREFILL: create the sender of one request (bootstrap_room < 2^63).
- * KVX_ERR_BUSY if a sender for the room is active on this rank. */
+ * KVX_ERR_BUSY if a sender for the room is active on this rank.
+ * Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_create(kvx_kv_t kv, uint64_t room, kvx_room_t *out);
 #endif
 
-/* PREFILL: declare the request's page count (optional; SGLang sender.init). */
+/* PREFILL: declare the request's page count (optional; SGLang sender.init).
+ * Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_init(kvx_room_t sender, uint32_t num_pages);
 #endif
@@ -500,7 +502,9 @@ KVX_API int kvx_kv_sender_init(kvx_room_t sender, uint32_t num_pages);
 /* PREFILL: queue n source pages (pool page indices, request order); they map
  * one-to-one onto the decode's next destination pages. last != 0 marks the
  * final chunk, after which the metadata record and the status follow. Call
- * once the state is WAITING_FOR_INPUT. Returns at once. */
+ * once the state is WAITING_FOR_INPUT. Returns at once; the page list is
+ * copied. Thread-safe, but chunks of one room must come from one thread (or
+ * be ordered by the caller): their order is the page order. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_send(kvx_room_t sender, const int32_t *pages,
                                uint32_t n, int last);
@@ -508,14 +512,16 @@ KVX_API int kvx_kv_sender_send(kvx_room_t sender, const int32_t *pages,
 
 /* DECODE: create the receiver of one request whose prefill instance registers
  * at bootstrap_addr ("host:port"; NULL = the engine's bootstrap_addr). It
- * starts resolving its producers at once. */
+ * starts resolving its producers at once. KVX_ERR_BUSY if a receiver for the
+ * room is active on this rank. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_receiver_create(kvx_kv_t kv, const char *bootstrap_addr,
                                    uint64_t room, kvx_room_t *out);
 #endif
 
 /* DECODE: give the n destination pages (pool page indices in token order,
- * may be non-contiguous); the receiver then asks its producers for the KV. */
+ * may be non-contiguous); the receiver then asks its producers for the KV.
+ * The list is copied. Once per receiver. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_receiver_init(kvx_room_t receiver, const int32_t *pages,
                                  uint32_t n);
@@ -543,7 +549,8 @@ KVX_API int kvx_kv_wait(kvx_room_t room, int32_t want, uint32_t timeout_ms,
 KVX_API int kvx_kv_failure(kvx_room_t room);
 #endif
 
-/* Abort the request (the peer is told; the state becomes FAILED). */
+/* Abort the request (the peer is told; the state becomes FAILED).
+ * Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_abort(kvx_room_t room);
 #endif

@@ -102,7 +102,10 @@ func (p *pair) close(t testing.TB) {
 
 // newPair opens the device and connects two RC QPs to each other (a sends,
 // b is the target); both share one CQ.
-func newPair(t *testing.T) *pair {
+func newPair(t *testing.T) *pair { return newPairTimeout(t, 18) }
+
+// newPairTimeout is newPair with an explicit ACK timeout code.
+func newPairTimeout(t *testing.T, timeout uint8) *pair {
 	t.Helper()
 	name := requireDevice(t)
 	p := &pair{}
@@ -152,7 +155,7 @@ func newPair(t *testing.T) *pair {
 			t.Fatal(err)
 		}
 		// Generous timeouts: TCG stalls of several ms are normal in the VM.
-		if err := q.ToRTS(RTSAttr{SQPSN: sq, Timeout: 18, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
+		if err := q.ToRTS(RTSAttr{SQPSN: sq, Timeout: timeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -347,6 +350,47 @@ func TestBadRKeyCompletesWithError(t *testing.T) {
 		if wc := waitWC(t, p.cq, 1)[0]; wc.Status != WCWRFlushErr {
 			t.Fatalf("post on ERR QP: %+v", wc)
 		}
+	}
+}
+
+// TestPeerGone: a WRITE to a destroyed QP must end with a completion error,
+// never hang. Hardware reports IBV_WC_RETRY_EXC_ERR after the retries; rxe on
+// Linux 6.1 was seen to retry silently, so after 5 s the test moves the QP to
+// ERR (what the rdma transport's stall watchdog does) and expects a flush.
+func TestPeerGone(t *testing.T) {
+	p := newPairTimeout(t, 14) // ~67 ms per try, 8 tries
+	src, dst := mmapBuf(t, 4096), mmapBuf(t, 4096)
+	smr, dmr := p.reg(t, src), p.reg(t, dst)
+	if err := p.b.Close(); err != nil { // the target QP vanishes
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := p.a.PostSend([]SendWR{{ID: 9, Opcode: OpRDMAWrite, Flags: SendSignaled, Addr: addrOf(src), Length: 64,
+		LKey: smr.LKey(), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
+	wcs := make([]WC, 4)
+	for time.Since(start) < 5*time.Second {
+		n, err := p.cq.Poll(wcs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			if wcs[0].Status != WCRetryExcErr {
+				t.Fatalf("write to a destroyed QP: %+v, want %v", wcs[0], WCRetryExcErr)
+			}
+			t.Logf("write to a destroyed QP -> %v after %v", wcs[0].Err(), time.Since(start))
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("no completion from the driver within 5 s; moving the QP to ERR")
+	if err := p.a.ToError(); err != nil {
+		t.Fatal(err)
+	}
+	wc := waitWC(t, p.cq, 1)[0]
+	if wc.Status != WCWRFlushErr || wc.WRID != 9 {
+		t.Fatalf("after ToError: %+v, want a flush of wr 9", wc)
 	}
 }
 

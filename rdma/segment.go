@@ -91,6 +91,10 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		if err != nil {
 			return nil, fmt.Errorf("rdma: open segment to %s: region %d: %w", s.peer, rd.ID, err)
 		}
+		if engine.RegionID(k.ID) != rd.ID {
+			// Keep it out of the table: writes to it fail with ErrUnknownRegion.
+			continue
+		}
 		s.regions[rd.ID] = remoteRegion{desc: rd, key: k}
 	}
 	t.mu.Lock()
@@ -294,6 +298,7 @@ func (s *segment) pump() {
 	wrs := make([]ibverbs.SendWR, 64)
 	wcs := make([]ibverbs.WC, 64)
 	idle := 0
+	lastProgress := time.Now()
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -338,6 +343,9 @@ func (s *segment) pump() {
 			}
 		}
 		inflight := len(s.free) < len(s.slots)
+		if !inflight {
+			lastProgress = time.Now()
+		}
 		queued := false
 		for _, q := range s.qps {
 			queued = queued || len(q.pending) > 0
@@ -388,7 +396,12 @@ func (s *segment) pump() {
 		}
 		if work {
 			idle = 0
+			lastProgress = time.Now()
 			continue
+		}
+		if inflight && time.Since(lastProgress) > s.t.cfg.stall {
+			s.stalled()
+			lastProgress = time.Now()
 		}
 		if !inflight && !queued {
 			idle = 0
@@ -401,6 +414,31 @@ func (s *segment) pump() {
 		// Completions pending: back off from 20 us to 1 ms between polls.
 		idle++
 		time.Sleep(time.Duration(min(20*idle, 1000)) * time.Microsecond)
+	}
+}
+
+// stalled declares the peer lost after stall_timeout without completions:
+// QPs go to ERR (the driver flushes their WRs) and every unfinished batch
+// fails with ErrPeerLost now, not when (or if) the flushes arrive.
+func (s *segment) stalled() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken == nil {
+		s.broken = fmt.Errorf("rdma: %s -> peer %s: no completion for %v with %d WRs in flight (receiver closed, died or unreachable): %w",
+			s.qps[0].dev.name, s.peer, s.t.cfg.stall, len(s.slots)-len(s.free), engine.ErrPeerLost)
+	}
+	for _, q := range s.qps {
+		_ = q.qp.ToError()
+		for _, p := range q.pending {
+			p.b.queued--
+		}
+		q.pending = nil
+	}
+	for _, b := range s.batches {
+		if b.err == nil {
+			b.err = s.broken
+		}
+		s.finish(b, engine.BatchFailed, b.err)
 	}
 }
 

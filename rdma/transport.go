@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
@@ -43,11 +44,25 @@ type config struct {
 	retry     uint8  // "retry_cnt": 0..7
 	maxMR     uint64 // "max_mr_size": split regions into MRs of at most this (default: device max_mr_size)
 	gidIndex  int
+	// stall ("stall_timeout", a Go duration, default 10s): with WRs in
+	// flight and no completion for this long, the segment declares the peer
+	// lost, moves its QPs to ERR and fails the batches with ErrPeerLost. A
+	// NIC reports a vanished peer itself (IBV_WC_RETRY_EXC_ERR after about
+	// 4.096 us * 2^qp_timeout * (retry_cnt+1)); this is the backstop for
+	// devices that retry silently (rxe on Linux 6.1 was seen to).
+	stall time.Duration
 }
 
 func parseConfig(o engine.Options) (config, error) {
 	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
-		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex}
+		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex, stall: 10 * time.Second}
+	if v, ok := o.Extra["stall_timeout"]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 10*time.Millisecond {
+			return c, fmt.Errorf("rdma: option stall_timeout=%q: want a duration >= 10ms such as 10s", v)
+		}
+		c.stall = d
+	}
 	if c.streams <= 0 {
 		c.streams = defaultStreams
 	}
@@ -181,7 +196,7 @@ type peerConn struct {
 // New opens the rdma transport on every usable device (o.Devices filters by
 // name, o.GIDIndex >= 0 forces a GID index, o.Streams sets QPs per device per
 // peer; Extra keys: slice_size, sq_depth, qp_timeout, retry_cnt,
-// max_mr_size). Errors wrap engine.ErrUnavailable when no device is usable.
+// max_mr_size, stall_timeout). Errors wrap engine.ErrUnavailable when no device is usable.
 func New(o engine.Options) (*Transport, error) {
 	cfg, err := parseConfig(o)
 	if err != nil {
@@ -345,6 +360,7 @@ func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	}
 	t.nextID++
 	r.id = t.nextID
+	key.ID = uint32(r.id)
 	r.desc = engine.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind, Key: encodeRegionKey(key)}
 	t.regions[r.id] = r
 	return r.desc, nil

@@ -57,7 +57,11 @@ type devKey struct {
 // regionKey is RegionDesc.Key for rdma: the rkeys of every MR the region was
 // split into, per device.
 type regionKey struct {
-	V    int      `json:"v"`
+	V int `json:"v"`
+	// ID is the owner's region ID the MRs belong to; the sender refuses a
+	// RegionDesc whose ID differs (a forged or mixed-up descriptor would
+	// otherwise write into another region with a valid rkey).
+	ID   uint32   `json:"id"`
 	Devs []devKey `json:"devs"`
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -102,6 +103,13 @@ func FuzzRouteQuery(f *testing.F) {
 	f.Add("")
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, q string) {
+		// The allocation-free scanner agrees with url.ParseQuery.
+		v, _ := url.ParseQuery(q)
+		c1, all1, err1 := ParseRankQuery(v.Get)
+		c2, all2, err2 := parseRankQueryRaw(q)
+		if c1 != c2 || all1 != all2 || (err1 == nil) != (err2 == nil) {
+			t.Fatalf("query %q: ParseQuery path %v %v %v, raw path %v %v %v", q, c1, all1, err1, c2, all2, err2)
+		}
 		for _, m := range []string{http.MethodGet, http.MethodDelete} {
 			w := serve(s, m, "/route?"+q, "")
 			switch w.Code {

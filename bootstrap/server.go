@@ -270,17 +270,14 @@ func (s *Server) Start(ctx context.Context) error {
 	s.addrMu.Unlock()
 	// Connections accepted but never used (a client transport's spare dial)
 	// would hold graceful shutdown for 5 s: track them to close at shutdown.
-	var newMu sync.Mutex
-	newConns := map[net.Conn]struct{}{}
+	var newConns sync.Map // net.Conn → struct{}
 	srv := &http.Server{
 		ConnState: func(c net.Conn, st http.ConnState) {
-			newMu.Lock()
 			if st == http.StateNew {
-				newConns[c] = struct{}{}
+				newConns.Store(c, struct{}{})
 			} else {
-				delete(newConns, c)
+				newConns.Delete(c)
 			}
-			newMu.Unlock()
 		},
 		Handler:           s.e,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -316,12 +313,11 @@ func (s *Server) Start(ctx context.Context) error {
 				}
 				break wait
 			case <-tick.C:
-				newMu.Lock()
-				for c := range newConns {
-					_ = c.Close() // no request read on it yet
-					delete(newConns, c)
-				}
-				newMu.Unlock()
+				newConns.Range(func(k, _ any) bool {
+					_ = k.(net.Conn).Close() // no request read on it yet
+					newConns.Delete(k)
+					return true
+				})
 			}
 		}
 		tick.Stop()
@@ -555,7 +551,7 @@ func (s *Server) notReady(c echo.Context) error {
 }
 
 func (s *Server) handleGetRoute(c echo.Context) error {
-	coord, all, err := ParseRankQuery(c.QueryParam)
+	coord, all, err := parseRankQueryRaw(c.Request().URL.RawQuery)
 	if err != nil {
 		s.m.lookBad.Inc()
 		var fe *fieldError
@@ -593,7 +589,7 @@ func (s *Server) handleDeleteRoute(c echo.Context) error {
 	if !s.authorized(c) {
 		return text(c, http.StatusUnauthorized, "Unauthorized")
 	}
-	coord, all, err := ParseRankQuery(c.QueryParam)
+	coord, all, err := parseRankQueryRaw(c.Request().URL.RawQuery)
 	if err == nil && all {
 		err = fieldErr("prefill_dp_rank", "DELETE /route needs one rank's coordinates, not the all -1 topology form")
 	}

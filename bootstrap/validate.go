@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -354,6 +355,49 @@ func parseRoomsSlow(raw json.RawMessage) ([]uint64, error) {
 		}
 	}
 	return rooms, nil
+}
+
+// parseRankQueryRaw is ParseRankQuery over a raw query string. Plain
+// queries (no escapes, '+' or ';') are scanned without allocating; others go
+// through url.ParseQuery. As with url.Values.Get, the first value of a
+// repeated parameter wins.
+func parseRankQueryRaw(raw string) (Coord, bool, error) {
+	if strings.ContainsAny(raw, "%+;") {
+		v, _ := url.ParseQuery(raw)
+		return ParseRankQuery(v.Get)
+	}
+	var vals [4]string
+	var seen [4]bool
+	for raw != "" {
+		var kv string
+		kv, raw, _ = strings.Cut(raw, "&")
+		k, v, _ := strings.Cut(kv, "=")
+		i := -1
+		switch k {
+		case "prefill_dp_rank":
+			i = 0
+		case "prefill_cp_rank":
+			i = 1
+		case "target_tp_rank":
+			i = 2
+		case "target_pp_rank":
+			i = 3
+		}
+		if i >= 0 && !seen[i] {
+			vals[i], seen[i] = v, true
+		}
+	}
+	return ParseRankQuery(func(name string) string {
+		switch name {
+		case "prefill_dp_rank":
+			return vals[0]
+		case "prefill_cp_rank":
+			return vals[1]
+		case "target_tp_rank":
+			return vals[2]
+		}
+		return vals[3]
+	})
 }
 
 // ParseRankQuery decodes GET/DELETE /route's four query parameters

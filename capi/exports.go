@@ -376,7 +376,7 @@ func kvx_batch_free(batch C.kvx_batch_t) (rc C.int) {
 	if !ok {
 		return finish(badHandle(op, "batch", uint64(batch)))
 	}
-	if b.pending() {
+	if !b.markFreed() {
 		return finish(fail(stBusy, "%s: batch %d still has pending requests; wait for them (kvx_batch_wait) or cancel them first", op, batch))
 	}
 	if _, ok := batches.take(uint64(batch)); !ok {

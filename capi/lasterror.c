@@ -1,5 +1,5 @@
 // The parts of the C ABI written in C: static strings, and the thread-local
-// last-error buffer. Go sets the buffer with kvx__set_last_error during an
+// last-error buffer (the notification trampoline is in trampoline.c). Go sets the buffer with kvx__set_last_error during an
 // exported call; that call runs on the caller's thread, so the buffer is the
 // caller's.
 #include <string.h>
@@ -8,7 +8,6 @@
 #include "capi.h"
 
 static __thread char kvx__errbuf[1024];
-static __thread int kvx__in_callback;
 
 KVX_HIDDEN void kvx__set_last_error(const char *msg, size_t len) {
     if (len >= sizeof(kvx__errbuf)) {
@@ -18,14 +17,6 @@ KVX_HIDDEN void kvx__set_last_error(const char *msg, size_t len) {
         memcpy(kvx__errbuf, msg, len);
     }
     kvx__errbuf[len] = '\0';
-}
-
-KVX_HIDDEN int kvx__in_notify(void) { return kvx__in_callback; }
-
-KVX_HIDDEN void kvx__call_notify(kvx_notify_fn fn, void *user_data, const kvx_event *ev) {
-    kvx__in_callback = 1;
-    fn(user_data, ev);
-    kvx__in_callback = 0;
 }
 
 const char *kvx_version(void) { return KVX_VERSION_STRING; }

@@ -4,8 +4,10 @@
 // header_test.go checks the two agree in both directions).
 //
 // Layout: exports.go holds every //export function and nothing else; its
-// preamble only includes the header's types. trampoline.go holds the C
-// trampoline that calls a C notification callback from Go. lasterror.c holds
+// preamble only includes the header's types. trampoline.go and
+// trampoline.c hold the C trampoline that calls a C notification callback
+// from Go. abi.go checks at compile time that the header's record layout and
+// KVPoll values match the engine's. lasterror.c holds
 // the thread-local last-error buffer and the functions implemented in C
 // (kvx_version, kvx_strerror, kvx_last_error). The rest is plain Go.
 //

@@ -368,6 +368,7 @@ type batchObj struct {
 	mu    sync.Mutex
 	parts []*batchPart
 	n     uint32 // requests submitted so far
+	freed bool   // kvx_batch_free won; no more submits
 }
 
 // batchPart is one kvx_batch_submit call: one engine TransferBatch.
@@ -399,6 +400,9 @@ func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.freed {
+		return fail(stBadHandle, "kvx_batch_submit: batch %d was freed", batchH)
+	}
 	if uint64(b.n)+uint64(len(reqs)) > uint64(b.capacity) {
 		return fail(stBusy, "kvx_batch_submit: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", len(reqs), b.capacity, b.n)
 	}
@@ -527,18 +531,20 @@ func (b *batchObj) cancelAll() error {
 	return nil
 }
 
-// pending reports whether any part is not yet terminal.
-func (b *batchObj) pending() bool {
+// markFreed refuses further submits unless a part is still pending, in
+// which case it reports false and changes nothing.
+func (b *batchObj) markFreed() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, p := range b.parts {
 		select {
 		case <-p.done:
 		default:
-			return true
+			return false
 		}
 	}
-	return false
+	b.freed = true
+	return true
 }
 
 // release stops the waiters and forgets every part in the segment.

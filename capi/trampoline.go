@@ -1,7 +1,7 @@
 package main
 
 // The C trampoline: Go cannot call a C function pointer, so the notifier
-// hands the pointer to kvx__call_notify (lasterror.c), which calls it and
+// hands the pointer to kvx__call_notify (trampoline.c), which calls it and
 // marks the thread as "inside a callback" so that re-entrant calls that would
 // deadlock (set_notify, engine_destroy) fail with KVX_ERR_BUSY instead.
 

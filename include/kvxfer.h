@@ -288,8 +288,9 @@ KVX_API int kvx_segment_open(kvx_engine_t engine, const void *blob,
                              size_t len, kvx_segment_t *out);
 #endif
 
-/* Close the segment; its pending batches fail. Thread-safe; a second call
- * returns KVX_ERR_BAD_HANDLE. */
+/* Close the segment; its pending batches fail and all its batch handles are
+ * freed (later calls on them return KVX_ERR_BAD_HANDLE). Thread-safe; a
+ * second call returns KVX_ERR_BAD_HANDLE. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_segment_close(kvx_segment_t segment);
 #endif
@@ -385,8 +386,12 @@ typedef struct kvx_event {
     int32_t reserved;
 } kvx_event;
 
-/* Called from a library-owned thread, never concurrently for one engine.
- * The callback may call kvx_ functions but must not block for long. */
+/* Called from a library-owned thread, never concurrently for one engine,
+ * in the order the events happened. The callback may call kvx_ functions
+ * (except kvx_engine_set_notify and kvx_engine_destroy, which return
+ * KVX_ERR_BUSY there) but must not block for long: it holds up the engine's
+ * later events. Events that occur while no callback is installed are
+ * dropped. */
 typedef void (*kvx_notify_fn)(void *user_data, const kvx_event *event);
 
 /* Install (fn != NULL) or remove (fn == NULL) the engine's notification

@@ -51,6 +51,7 @@ type rankOpts struct {
 	checksum         bool
 	waiting, peerTmo time.Duration
 	bootTmo          time.Duration
+	wrap             func(engine.Transport) engine.Transport
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -69,6 +70,9 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.wrap != nil {
+		tr = o.wrap(tr)
 	}
 	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: []engine.Transport{tr}, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"time"
 )
@@ -395,6 +396,27 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	if n >= req {
 		s.st.advance(KVWaitingForInput)
 	}
+}
+
+// TransportNames lists, for each non-dummy destination that has a segment,
+// the transport chosen for it (sorted, deduplicated).
+func (s *Sender) TransportNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, d := range s.dsts {
+		if d.msg.Dummy {
+			continue
+		}
+		d.peer.mu.Lock()
+		n := d.peer.offer.Name
+		d.peer.mu.Unlock()
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (s *Sender) hasDst(ep string) bool {

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"text/tabwriter"
@@ -68,17 +69,17 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), &f) },
 	}
 	fs := cmd.Flags()
-	fs.IntVar(&f.requests, "requests", 8, "number of requests (with --trace: the first N; 0 = the whole trace)")
+	fs.IntVar(&f.requests, "requests", 6, "number of requests (with --trace: the first N; 0 = the whole trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSONL trace (e.g. ../shared/data/traces/conversation_trace.jsonl)")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name or Hugging Face config.json path")
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill attention-TP size (processes per PP stage)")
 	fs.IntVar(&f.prefillPP, "prefill-pp", 1, "prefill pipeline-parallel size")
 	fs.IntVar(&f.decodeTP, "decode-tp", 1, "decode attention-TP size (processes)")
 	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens")
-	fs.IntVar(&f.poolMB, "pool-mb", 3072, "KV pool per rank in MiB (caps the prompt length)")
+	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool per rank in MiB (caps the prompt length)")
 	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
-	fs.StringVar(&f.transport, "transport", "tcp", "data transport(s) for every rank: tcp, shm, auto, or a comma list")
-	fs.BoolVar(&f.checksum, "checksum", true, "CRC32C over the transferred bytes, checked by the decode")
+	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, or a comma list")
+	fs.BoolVar(&f.checksum, "checksum", false, "CRC32C over the transferred bytes, checked by the decode before Success (every byte is verified against the pattern anyway)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the summary and per-request results as JSON to this file")
 	fs.Uint64Var(&f.seed, "seed", 0, "workload and room seed (0 = random)")
 	fs.DurationVar(&f.timeout, "timeout", 120*time.Second, "per-request bootstrap and waiting timeout")
@@ -210,6 +211,7 @@ type demoResult struct {
 	DecodeMS   float64 `json:"decode_wait_ms"`
 	OK         bool    `json:"ok"`
 	Error      string  `json:"error,omitempty"`
+	Transport  string  `json:"transport,omitempty"`
 }
 
 type demoSummary struct {
@@ -218,7 +220,8 @@ type demoSummary struct {
 	PrefillPP      int      `json:"prefill_pp"`
 	DecodeTP       int      `json:"decode_tp"`
 	PageSize       int      `json:"page_size"`
-	Transports     []string `json:"transports"`
+	Transports     []string `json:"transports_offered"`
+	Used           []string `json:"transports_used"`
 	Checksum       bool     `json:"checksum"`
 	CRC32CPath     string   `json:"crc32c_path"`
 	Workload       string   `json:"workload"`
@@ -289,7 +292,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	} else {
 		n := f.requests
 		if n == 0 {
-			n = 8
+			n = 6
 		}
 		reqs = workload.Generate(n, seed, 64, 0)
 	}
@@ -422,6 +425,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
 				} else if !r.Dummy {
 					res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
+					if len(r.Transports) > 0 {
+						res.Transport = strings.Join(r.Transports, ",")
+					}
 				}
 			}
 			results[i] = res
@@ -444,6 +450,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	for _, r := range results {
 		if r.Capped {
 			sum.CappedRequests++
+		}
+		if r.Transport != "" && !slices.Contains(sum.Used, r.Transport) {
+			sum.Used = append(sum.Used, r.Transport)
 		}
 		if !r.OK {
 			sum.Failures++
@@ -493,7 +502,7 @@ func percentile(xs []float64, p float64) float64 {
 func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "model\t%s (prefill tp %d × pp %d → decode tp %d, page %d tokens)\n", s.Model, s.PrefillTP, s.PrefillPP, s.DecodeTP, s.PageSize)
-	fmt.Fprintf(tw, "transport\t%v; checksum %v (CRC32C %s)\n", s.Transports, s.Checksum, s.CRC32CPath)
+	fmt.Fprintf(tw, "transport\t%s (offered %s); checksum %v (CRC32C %s)\n", strings.Join(s.Used, ","), strings.Join(s.Transports, ","), s.Checksum, s.CRC32CPath)
 	fmt.Fprintf(tw, "workload\t%s; prompts capped at %d tokens (%d capped)\n", s.Workload, s.MaxTokens, s.CappedRequests)
 	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
 	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)

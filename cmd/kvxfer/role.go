@@ -349,7 +349,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 		}
 		return fail(fmt.Errorf("room %d: sender still %s after the waiting timeout", q.Room, st))
 	}
-	r.OK, r.Pages = true, len(src)
+	r.OK, r.Pages, r.Transports = true, len(src), s.TransportNames()
 	return r
 }
 

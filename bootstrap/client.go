@@ -394,3 +394,42 @@ func (c *Client) Table(ctx context.Context) (*TableSnapshot, error) {
 }
 
 const maxRoom = 1<<63 - 1
+
+// NewFollowerClient returns a client for a multi-node prefill follower: it
+// derives the leader's bootstrap address from distInitAddr and the leader's
+// bootstrap port (LeaderBootstrapAddr), then waits — retrying with backoff
+// up to the register timeout — until a server answers there, and checks that
+// it is the leader for distInitAddr (CheckLeader). A server that answers but
+// serves another dist-init-addr (or none) gives ErrWrongLeader at once; no
+// server at all by the deadline gives an error naming the address and the
+// port to check. The leader must run with Options.DistInitAddr (kvxfer
+// bootstrap --dist-init-addr) set to the same value.
+func NewFollowerClient(ctx context.Context, distInitAddr string, leaderBootstrapPort int, opts ...ClientOption) (*Client, error) {
+	addr, err := LeaderBootstrapAddr(distInitAddr, leaderBootstrapPort)
+	if err != nil {
+		return nil, err
+	}
+	c, err := NewClient(addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.registerTimeout)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		err := c.CheckLeader(ctx, distInitAddr)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, ErrWrongLeader) {
+			return nil, err
+		}
+		t := time.NewTimer(backoff(c.backoffInitial, c.backoffMax, attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("bootstrap: no leader bootstrap server at %s (dist-init-addr %s, port %d) after %d attempts; check the leader's bootstrap --port: %w",
+				addr, distInitAddr, leaderBootstrapPort, attempt+1, err)
+		case <-t.C:
+		}
+	}
+}

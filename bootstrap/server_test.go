@@ -712,3 +712,36 @@ func TestConcurrentRegistrations(t *testing.T) {
 		}
 	}
 }
+
+func TestNewFollowerClient(t *testing.T) {
+	leader, _ := startServer(t, Options{DistInitAddr: "127.0.0.1:29500"})
+	other, _ := startServer(t, Options{DistInitAddr: "127.0.0.1:29600"})
+	ctx := ctxT(t)
+	port := func(s *Server) int {
+		_, p, _ := net.SplitHostPort(s.Addr())
+		var n int
+		fmt.Sscan(p, &n)
+		return n
+	}
+	c, err := NewFollowerClient(ctx, "127.0.0.1:29500", port(leader))
+	if err != nil || c.Addr() != leader.Addr() {
+		t.Fatalf("follower client: %v, %v", c, err)
+	}
+	if err := c.Register(ctx, reg(1, 0, 6000)); err != nil {
+		t.Fatal(err)
+	}
+	// A follower given another instance's port.
+	if _, err := NewFollowerClient(ctx, "127.0.0.1:29500", port(other)); !errors.Is(err, ErrWrongLeader) {
+		t.Fatalf("wrong port: %v, want ErrWrongLeader", err)
+	}
+	// A follower given a port nobody serves.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	_, p, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	var dead int
+	fmt.Sscan(p, &dead)
+	_, err = NewFollowerClient(ctx, "127.0.0.1:29500", dead, WithRegisterTimeout(100*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
+	if err == nil || !strings.Contains(err.Error(), "no leader bootstrap server") || !strings.Contains(err.Error(), p) {
+		t.Fatalf("dead port: %v", err)
+	}
+}

@@ -132,6 +132,7 @@ type StatusError struct {
 	Body string
 }
 
+// Error formats the op, address, code and the server's message.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("bootstrap: %s %s: HTTP %d: %s", e.Op, e.Addr, e.Code, e.Body)
 }

@@ -165,6 +165,9 @@ func NewServer(opts Options) *Server {
 	if opts.Compat == "" {
 		opts.Compat = CompatSGLang0094505
 	}
+	if opts.MaxRooms <= 0 {
+		opts.MaxRooms = 1_000_000
+	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 8 << 20
 	}
@@ -637,6 +640,13 @@ func (s *Server) handleRegisterDPRank(c echo.Context) error {
 		return badRequest(c, fieldErr("dp_rank", "%d must be < the registered dp_size %d", dp, dpSize))
 	}
 	s.roomMu.Lock()
+	if _, ok := s.rooms[room]; !ok && len(s.rooms) >= s.opts.MaxRooms {
+		n := len(s.rooms)
+		s.roomMu.Unlock()
+		return text(c, http.StatusTooManyRequests, fmt.Sprintf(
+			"room→dp-rank registry full (%d live entries, limit %d); entries expire after %s — retry later, or raise the limit / lower the TTL",
+			n, s.opts.MaxRooms, s.opts.EntryTTL))
+	}
 	s.rooms[room] = roomEntry{dp: dp, at: time.Now()}
 	n := len(s.rooms)
 	s.roomMu.Unlock()

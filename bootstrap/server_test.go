@@ -745,3 +745,20 @@ func TestNewFollowerClient(t *testing.T) {
 		t.Fatalf("dead port: %v", err)
 	}
 }
+
+func TestRoomRegistryBound(t *testing.T) {
+	s, c := startServer(t, Options{MaxRooms: 2})
+	ctx := ctxT(t)
+	for room := range uint64(2) {
+		if err := c.RegisterDPRank(ctx, room, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.RegisterDPRank(ctx, 1, 0); err != nil { // an update is not a new entry
+		t.Fatal(err)
+	}
+	code, _, body := raw(t, "POST", "http://"+s.Addr()+"/register_dp_rank", `{"bootstrap_room":7,"dp_rank":0}`)
+	if code != 429 || !strings.Contains(body, "registry full") {
+		t.Fatalf("third room: %d %q, want 429", code, body)
+	}
+}

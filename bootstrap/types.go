@@ -208,9 +208,13 @@ func (r PrefillRankInfo) Endpoint() string {
 // Coord is one prefill rank's position in the table
 // prefill_port_table[dp][cp][tp][pp].
 type Coord struct {
+	// DP is the prefill DP rank (attn_dp_rank, or system_dp_rank when system_dp_size > 1).
 	DP int `json:"dp"`
+	// CP is the attention-CP rank.
 	CP int `json:"cp"`
+	// TP is the attention-TP rank.
 	TP int `json:"tp"`
+	// PP is the pipeline rank.
 	PP int `json:"pp"`
 }
 
@@ -241,6 +245,9 @@ type Options struct {
 	// the server reports it in the X-Kvxfer-Dist-Init-Addr header so that
 	// followers can check they reached the right leader (Client.CheckLeader).
 	DistInitAddr string
+	// MaxRooms bounds the live room→dp-rank entries; 0 means 1,000,000. A
+	// registration beyond it gets 429 until entries expire.
+	MaxRooms int
 	// MaxBodyBytes bounds request bodies; 0 means 8 MiB.
 	MaxBodyBytes int64
 	// ShutdownTimeout bounds graceful shutdown; 0 means 5 s.
@@ -283,6 +290,8 @@ type DecodeRank struct {
 
 // TargetRank is one prefill rank a decode rank must contact.
 type TargetRank struct {
+	// DP, CP, TP, PP are the prefill rank's table coordinates (GET /route's
+	// prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank).
 	DP, CP, TP, PP int
 	// Dummy is true when the rank must be contacted (empty page list) but sends
 	// no data and no status (MLA with prefill TP > decode TP, spec §5.3).

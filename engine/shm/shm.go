@@ -49,8 +49,10 @@
 // The sender watches the receiver's pidfd (it becomes readable when the
 // process exits) and the control memfd's state word (set when the receiver's
 // transport closes). Either fails every pending batch of the segment with
-// engine.ErrPeerLost, and a batch is only marked completed after a last
-// liveness check, so a receiver killed mid-batch is reported, never hidden.
+// engine.ErrPeerLost. A batch of 256 KiB or more is marked completed only
+// after a last pidfd check, so a receiver killed mid-batch is reported, never
+// hidden; smaller batches skip that syscall (it would double their cost) and
+// rely on the watcher, which the kernel wakes at the receiver's exit.
 package shm
 
 import (

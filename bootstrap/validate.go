@@ -25,6 +25,7 @@ type fieldError struct {
 	msg   string
 }
 
+// Error formats "field: message".
 func (e *fieldError) Error() string { return e.field + ": " + e.msg }
 
 func fieldErr(field, format string, args ...any) error {

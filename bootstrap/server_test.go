@@ -247,7 +247,7 @@ func TestRegisterDeadlineIsNamed(t *testing.T) {
 		http.Error(w, "down", http.StatusBadGateway)
 	}))
 	defer front.Close()
-	c, _ := NewClient(front.Listener.Addr().String(), WithRegisterTimeout(300*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
+	c, _ := NewClient(front.Listener.Addr().String(), WithRegisterTimeout(time.Second), WithBackoff(time.Millisecond, 10*time.Millisecond))
 	err := c.Register(ctxT(t), reg(1, 0, 7000))
 	if !errors.Is(err, ErrRegisterDeadline) || !strings.Contains(err.Error(), "HTTP 502") || !strings.Contains(err.Error(), "attempts") {
 		t.Fatalf("err = %v, want ErrRegisterDeadline naming attempts and the last HTTP 502", err)

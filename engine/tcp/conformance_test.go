@@ -101,11 +101,16 @@ func newTCP(t *testing.T, streams int) *tcp.Transport {
 }
 
 func TestConformance(t *testing.T) {
-	for _, streams := range []int{1, 4} {
-		t.Run(fmt.Sprintf("streams=%d", streams), func(t *testing.T) {
+	// The default (4 streams) moves the full 1 GiB; one stream 256 MiB, to
+	// keep the race run reasonable.
+	for _, c := range []struct {
+		streams int
+		large   int64
+	}{{1, 256 << 20}, {tcp.DefaultStreams, 1 << 30}} {
+		t.Run(fmt.Sprintf("streams=%d", c.streams), func(t *testing.T) {
 			transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
-				return newTCP(t, streams), newTCP(t, streams)
-			}, transporttest.WithRemotePeer(remotePeer))
+				return newTCP(t, c.streams), newTCP(t, c.streams)
+			}, transporttest.WithRemotePeer(remotePeer), transporttest.WithLargeBytes(c.large))
 		})
 	}
 }

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
 )
 
 // newBootstrapTestCmd returns a command with the bootstrap flags, so that
@@ -59,5 +64,60 @@ func TestApplyBootstrapEnv(t *testing.T) {
 				t.Fatalf("got port %d ttl %s token %q, want %d %s %q", f.port, f.entryTTL, f.authToken, tc.port, tc.ttl, tc.token)
 			}
 		})
+	}
+}
+
+// TestBootstrapCommandServes runs `kvxfer bootstrap --host 127.0.0.1 --port P`
+// in process, waits for /health, checks SGLang's 503 and a registration, and
+// stops it through the context (as SIGTERM would).
+func TestBootstrapCommandServes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	rootCmd.SetArgs([]string{"bootstrap", "--host", "127.0.0.1", "--port", port, "--log-level", "warn"})
+	t.Cleanup(func() { rootCmd.SetArgs(nil) })
+	go func() { done <- rootCmd.ExecuteContext(ctx) }()
+	c, err := bootstrap.NewClient(addr, bootstrap.WithRegisterTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Health(ctx) != nil {
+		select {
+		case err := <-done:
+			t.Fatalf("kvxfer bootstrap exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kvxfer bootstrap not answering /health after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := c.ServerInfo(ctx); !errors.Is(err, bootstrap.ErrNotReady) {
+		t.Fatalf("ServerInfo on an empty directory: %v, want ErrNotReady", err)
+	}
+	dtype := "auto"
+	if err := c.Register(ctx, bootstrap.RegisterRequest{AttnTPSize: 1, AttnCPSize: 1, AttnDPSize: 1, PPSize: 1, SystemDPSize: 1,
+		RankIP: "127.0.0.1", RankPort: 5555, PageSize: 1, KVCacheDtype: &dtype}); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.ServerInfo(ctx); err != nil || info.AttnTPSize != 1 {
+		t.Fatalf("ServerInfo = %+v, %v", info, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("kvxfer bootstrap returned %v after shutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("kvxfer bootstrap did not stop within 10 s")
 	}
 }

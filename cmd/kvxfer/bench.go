@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ func init() {
 		transports, sizes, depths, streams string
 		noVerify, noMemcpy, peers, quiet   bool
 		jsonPath, plotPath, maxRegion      string
+		mdPath                             string
 		timeout                            time.Duration
 	)
 	cfg := def
@@ -109,6 +111,26 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 					return err
 				}
 			}
+			if mdPath != "" {
+				rel := func(p string) string {
+					if p == "" {
+						return ""
+					}
+					abs, _ := filepath.Abs(p)
+					dir, _ := filepath.Abs(filepath.Dir(mdPath))
+					if r, err := filepath.Rel(dir, abs); err == nil {
+						return r
+					}
+					return p
+				}
+				sec, err := bench.RenderMarkdown(rep, rel(plotPath), rel(jsonPath))
+				if err != nil {
+					return err
+				}
+				if err := bench.UpdateMarkdown(mdPath, sec); err != nil {
+					return err
+				}
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "bench: %d cases, %d peer runs in %.1fs\n", len(rep.Results), len(rep.Peers), rep.ElapsedSeconds)
 			for _, r := range rep.Results {
 				if r.VerifyErr != "" {
@@ -134,6 +156,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.BoolVar(&peers, "peers", false, "also run iperf3, ucx_perftest and ib_write_bw (where installed) on loopback and print ratios")
 	f.StringVar(&jsonPath, "json", "", "write the full report (results, peers, method: CPU, kernel, versions, flags) to this JSON file")
 	f.StringVar(&plotPath, "plot", "", "write a bandwidth-vs-block-size plot to this .png or .svg file")
+	f.StringVar(&mdPath, "markdown", "", "replace the generated section (between the kvxfer bench markers) of this markdown file, e.g. bench/RESULTS.md")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
 	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
 	rootCmd.AddCommand(cmd)

@@ -4,7 +4,7 @@ BIN       := bin
 FUZZTIME  ?= 20s
 export CGO_ENABLED := 1
 
-.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest
+.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ capi: deps ## build the C ABI (build/libkvxfer.so.0) and the C++ consumer with C
 
 ctest: capi ## run the C ABI tests (C++ consumer, header/export check, find_package install check)
 	ctest --test-dir build --output-on-failure
+
+test-rdma: ## ibverbs/rdma tests, conformance, KV end-to-end and ib_write_bw side-by-side in a Soft-RoCE QEMU VM
+	@bash scripts/install-deps.sh rdma-vm
+	$(GO) test -c -o build/rdma-vm/ibverbs.test ./ibverbs
+	$(GO) test -c -o build/rdma-vm/rdma.test ./rdma
+	bash scripts/rxe-vm.sh -f build/rdma-vm/ibverbs.test -f build/rdma-vm/rdma.test -f scripts/rdma-vm-guest.sh 'sh ./rdma-vm-guest.sh'
 
 clean: ## remove build outputs
 	rm -rf $(BIN) build

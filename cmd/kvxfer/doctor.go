@@ -1,0 +1,136 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"syscall"
+	"text/tabwriter"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/gputopo"
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/ibverbs"
+	"github.com/kvxfer/kvxfer/rdma"
+)
+
+// doctorItem is one line of `kvxfer doctor`.
+type doctorItem struct {
+	Component string `json:"component"`
+	// Status is "ok", "missing" (not supported here, with the reason) or
+	// "error" (the probe itself failed).
+	Status string `json:"status"`
+	Detail string `json:"detail"`
+}
+
+func init() {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "report what this host offers kvxfer: libzmq, libibverbs and RDMA devices, CUDA and NVML, memlock limit, usable transports",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			items := runDoctor()
+			if jsonOut {
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(items)
+			}
+			printDoctor(cmd.OutOrStdout(), items)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON instead of a table")
+	rootCmd.AddCommand(cmd)
+}
+
+func runDoctor() []doctorItem {
+	var items []doctorItem
+	add := func(c, status, detail string) { items = append(items, doctorItem{c, status, detail}) }
+	classify := func(err error, notSupported ...error) string {
+		for _, s := range notSupported {
+			if errors.Is(err, s) {
+				return "missing"
+			}
+		}
+		return "error"
+	}
+
+	maj, min, pat := zmq.Version()
+	add("libzmq", "ok", fmt.Sprintf("%d.%d.%d", maj, min, pat))
+
+	if devs, err := ibverbs.Devices(); errors.Is(err, syscall.ENOSYS) {
+		add("libibverbs", "missing", "library loaded, but the kernel has no RDMA support (ib_uverbs not loaded): "+err.Error())
+	} else if err != nil {
+		add("libibverbs", "error", err.Error())
+	} else {
+		add("libibverbs", "ok", fmt.Sprintf("%d verbs device(s)", len(devs)))
+	}
+	if nics, err := rdma.Discover(); err != nil {
+		add("RDMA NICs", "error", err.Error())
+	} else if len(nics) == 0 {
+		add("RDMA NICs", "missing", "no RDMA device in /sys/class/infiniband (load a driver, or rdma link add rxe0 type rxe netdev eth0 for soft-RoCE)")
+	} else {
+		var names []string
+		for _, n := range nics {
+			names = append(names, n.Name)
+		}
+		add("RDMA NICs", "ok", fmt.Sprint(names))
+	}
+
+	if err := cuda.Available(); err != nil {
+		add("CUDA", classify(err, cuda.ErrNotSupported), err.Error())
+	} else {
+		n, _ := cuda.DeviceCount()
+		rt, drv := cuda.Versions()
+		add("CUDA", "ok", fmt.Sprintf("%d device(s), runtime %d, driver %d", n, rt, drv))
+		for i := 0; i < n; i++ {
+			if p, err := cuda.Device(i); err == nil {
+				add(fmt.Sprintf("  cuda:%d", i), "ok", fmt.Sprintf("%s, pci %s, %d GiB, dma-buf %v", p.Name, p.PCIBusID, p.TotalMemory>>30, p.DmaBuf))
+			}
+		}
+	}
+	if gpus, err := gputopo.Enumerate(); err != nil {
+		add("NVML", classify(err, gputopo.ErrNotSupported), err.Error())
+	} else {
+		add("NVML", "ok", fmt.Sprintf("%d GPU(s)", len(gpus)))
+	}
+
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
+		add("memlock limit", "error", err.Error())
+	} else if rl.Cur == unix.RLIM_INFINITY {
+		add("memlock limit", "ok", "unlimited")
+	} else {
+		st := "ok"
+		detail := fmt.Sprintf("%d KiB", rl.Cur>>10)
+		if rl.Cur < 1<<30 {
+			st = "missing"
+			detail += " (RDMA pins KV pools: raise with `ulimit -l unlimited`, LimitMEMLOCK=infinity or --ulimit memlock=-1)"
+		}
+		add("memlock limit", st, detail)
+	}
+
+	for _, name := range engine.Transports() {
+		if err := engine.ProbeTransport(name); err != nil {
+			add("transport "+name, "missing", err.Error())
+		} else {
+			add("transport "+name, "ok", "usable")
+		}
+	}
+	return items
+}
+
+func printDoctor(w io.Writer, items []doctorItem) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "COMPONENT\tSTATUS\tDETAIL")
+	for _, it := range items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", it.Component, it.Status, it.Detail)
+	}
+	tw.Flush()
+}

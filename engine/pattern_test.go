@@ -65,3 +65,14 @@ func BenchmarkVerifyPattern(b *testing.B) {
 		}
 	}
 }
+
+func TestPoolPrefault(t *testing.T) {
+	m := ModelConfig{Name: "t", NumLayers: 1, NumKVHeads: 1, HeadDim: 8, DtypeBytes: 2}
+	p := patternPool(t, m, 1, 0, 64)
+	if err := p.Prefault(); err != nil {
+		t.Skipf("kernel cannot prefault: %v", err)
+	}
+	if p.Item(0, 63)[0] != 0 {
+		t.Fatal("prefaulted memory is not zero")
+	}
+}

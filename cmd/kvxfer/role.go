@@ -42,6 +42,7 @@ type roleFlags struct {
 	fill             bool
 	ringSlots        int
 	chunkPages       int
+	prefault         bool
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -65,6 +66,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.IntVar(&f.ppSize, "pp-size", 1, "pipeline-parallel size of this instance")
 	fs.IntVar(&f.ppRank, "pp-rank", 0, "pipeline-parallel rank of this process")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool size of this rank in MiB")
+	fs.BoolVar(&f.prefault, "prefault", false, "make the KV pool resident at start (madvise POPULATE_WRITE) so transfers pay no first-touch page faults")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "--kv-cache-dtype string; prefill and decode must match")
@@ -181,6 +183,14 @@ func runRole(role engine.Role, f *roleFlags) error {
 		return err
 	}
 	defer pool.Close()
+	if f.prefault {
+		t := time.Now()
+		if err := pool.Prefault(); err != nil {
+			slog.Warn("KV pool not prefaulted; the first transfers will be slower", "err", err)
+		} else {
+			slog.Debug("KV pool prefaulted", "bytes", layout.PoolBytes(), "took", time.Since(t))
+		}
+	}
 	ts, err := openTransports(f.transport, f.host)
 	if err != nil {
 		return err

@@ -434,3 +434,33 @@ func NewFollowerClient(ctx context.Context, distInitAddr string, leaderBootstrap
 		}
 	}
 }
+
+// WaitReady polls ServerInfo (every poll, default 100 ms when ≤ 0) until the
+// server is ready or ctx ends; then the error names the address and wraps
+// the last failure (usually ErrNotReady: some prefill rank never registered —
+// GET /v1/table lists the missing coordinates).
+func (c *Client) WaitReady(ctx context.Context, poll time.Duration) (*PrefillServerInfo, error) {
+	if poll <= 0 {
+		poll = 100 * time.Millisecond
+	}
+	var last error
+	for {
+		info, err := c.ServerInfo(ctx)
+		if err == nil {
+			return info, nil
+		}
+		if errors.Is(err, ErrBadRequest) || errors.Is(err, ErrUnauthorized) {
+			return nil, err
+		}
+		if last == nil || ctx.Err() == nil {
+			last = err // keep the last real answer, not the one the deadline cut short
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("bootstrap: %s not ready (%v): %w", c.addr, context.Cause(ctx), last)
+		case <-t.C:
+		}
+	}
+}

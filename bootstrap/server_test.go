@@ -115,8 +115,26 @@ func TestReadinessCountsDistinctRanks(t *testing.T) {
 	if _, err := c.RankInfo(ctx, 0, 0, 0, 0); !errors.Is(err, ErrNotReady) {
 		t.Fatalf("RankInfo before ready: %v, want ErrNotReady", err)
 	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	if _, err := c.WaitReady(short, 5*time.Millisecond); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("WaitReady with a rank missing: %v, want ErrNotReady", err)
+	}
+	cancel()
 	if err := c.Register(ctx, reg(2, 1, 41000)); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := c.WaitReady(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, _, metrics := raw(t, "GET", "http://"+s.Addr()+"/metrics", "")
+	for _, want := range []string{`kvxfer_bootstrap_registrations_total{result="ok"} 2`, `kvxfer_bootstrap_registrations_total{result="replaced"} 2`,
+		"kvxfer_bootstrap_table_size 2", "kvxfer_bootstrap_expected_ranks 2", `kvxfer_bootstrap_lookups_total{kind="topology",result="ok"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if !strings.Contains(metrics, "kvxfer_bootstrap_not_ready_total ") || strings.Contains(metrics, "kvxfer_bootstrap_not_ready_total 0") {
+		t.Errorf("/metrics does not count the 503s")
 	}
 	info, err := c.ServerInfo(ctx)
 	if err != nil {

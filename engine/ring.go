@@ -40,7 +40,8 @@ const (
 	RecordFlagChecksum uint32 = 1
 )
 
-// MetaRecord is one decoded metadata record.
+// MetaRecord is one decoded metadata record; the fields are those of the
+// layout table above (Commit is the commit word as loaded).
 type MetaRecord struct {
 	Room       uint64
 	Generation uint64

@@ -161,34 +161,43 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 	m.mu.Lock()
 	p := m.dpeers[v.Endpoint]
 	s := m.senders[v.Room]
-	if p != nil && s == nil {
-		if m.pending[v.Room] == nil {
-			m.pending[v.Room] = map[string]pendingTransfer{}
-		}
-		m.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, at: time.Now()}
-	}
 	m.mu.Unlock()
+	reject := func(reason string) {
+		m.log.Warn("rejected TRANSFER", "decode", v.Endpoint, "room", v.Room, "reason", reason)
+		go func() {
+			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason}).Encode(), false)
+		}()
+	}
 	if p == nil {
-		m.log.Warn("TRANSFER from a decode that never registered", "decode", v.Endpoint, "room", v.Room)
-		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
-			Reason: "prefill got TRANSFER before REGISTER from " + v.Endpoint}).Encode(), false)
+		reject("prefill got TRANSFER before REGISTER from " + v.Endpoint)
 		return
 	}
 	if !v.Dummy {
 		if err := checkPages(v.Pages, p.reg.NumPages); err != nil {
-			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
-				Reason: "destination " + err.Error()}).Encode(), false)
+			reject("destination " + err.Error())
 			return
 		}
 		if v.Slot >= p.reg.RingSlots {
-			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint,
-				Reason: fmt.Sprintf("metadata slot %d outside the decode's ring of %d", v.Slot, p.reg.RingSlots)}).Encode(), false)
+			reject(fmt.Sprintf("metadata slot %d outside the decode's ring of %d", v.Slot, p.reg.RingSlots))
 			return
 		}
 	}
 	if s != nil {
 		s.addDst(v, p)
+		return
 	}
+	m.mu.Lock()
+	if m.senders[v.Room] == nil {
+		if m.pending[v.Room] == nil {
+			m.pending[v.Room] = map[string]pendingTransfer{}
+		}
+		m.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, at: time.Now()}
+		m.mu.Unlock()
+		return
+	}
+	s = m.senders[v.Room]
+	m.mu.Unlock()
+	s.addDst(v, p)
 }
 
 func checkPages(pages []int32, n int) error {

@@ -1,13 +1,21 @@
 // kvx_consumer — the C++ consumer of libkvxfer that ctest runs.
 //
-// In one process: an embedded bootstrap server, a prefill engine and a decode
-// engine (two engines, each with its own transport listener). The decode
-// engine registers a KV pool; the prefill engine writes a multi-page request
-// into it through the Mooncake-style batch API (open remote segment, submit
-// WRITEs, poll per-request status, free the batch) and the bytes are
-// verified page by page. Then every bad-argument path the header promises is
+// First in one process: an embedded bootstrap server, a prefill engine and a
+// decode engine (two engines, each with its own transport listener). The
+// decode engine registers a KV pool; the prefill engine writes a multi-page
+// request into it through the Mooncake-style batch API (open remote segment,
+// submit WRITEs, poll per-request status, free the batch) and the bytes are
+// verified page by page; then KV managers on both engines move room 42
+// through the KV-room API (and room 43 is aborted). Then every bad-argument path the header promises is
 // exercised: each must return its error code (with a message), never crash.
+// Then in two processes: this process is the decode side and spawns itself
+// as a prefill child that writes through both APIs. argv[1] names the
+// transport (default tcp).
 #include <kvxfer.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -459,9 +469,190 @@ void bad_arguments(kvx_engine_t eng) {
     std::printf("bad arguments: every call returned its error code\n");
 }
 
+// ---------------------------------------------------------------------------
+// Two processes: the decode side (this process: bootstrap server, decode
+// engine, KV manager and receiver) spawns a prefill child (a separate
+// process with its own copy of the library) that writes through both APIs.
+// ---------------------------------------------------------------------------
+
+kvx_kv_config small_kv_config() {
+    kvx_kv_config cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    cfg.struct_size = sizeof cfg;
+    cfg.num_layers = 2;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim = 64;
+    cfg.dtype_bytes = 2;
+    cfg.page_size = 4;
+    cfg.num_pages = 32;
+    cfg.checksum = 1;
+    cfg.bootstrap_timeout_ms = 30000;
+    cfg.waiting_timeout_ms = 30000;
+    return cfg;
+}
+
+constexpr uint64_t kChildRoom = 7;
+const int32_t kChildSrc[4] = {0, 1, 2, 3};
+const int32_t kChildDst[4] = {1, 3, 5, 7};
+
+// The prefill child: argv = {self, "--prefill-child", transport, bootstrap, blob_path}.
+int prefill_child(const char *transport, const char *bootstrap, const char *blob_path) {
+    g_transport = transport;
+    kvx_engine_t eng = make_engine(KVX_ROLE_PREFILL, bootstrap);
+
+    // Batch API: 8 pages, one strided request, into the parent's region.
+    kvx_hostbuf_t hb = 0;
+    void *p = nullptr;
+    uint64_t len = 0;
+    REQUIRE_OK(kvx_alloc_host("child-src", 8 * kPageSize, &hb, &p, &len));
+    auto *s8 = static_cast<uint8_t *>(p);
+    for (uint64_t pg = 0; pg < 8; pg++)
+        for (uint64_t i = 0; i < kPageSize; i++) s8[pg * kPageSize + i] = pattern(100 + pg, i);
+    kvx_region_t r = 0;
+    REQUIRE_OK(kvx_register_memory(eng, p, len, "cpu", &r));
+    std::ifstream in(blob_path, std::ios::binary);
+    std::vector<char> blob((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    kvx_segment_t seg = 0;
+    REQUIRE_OK(kvx_segment_open(eng, blob.data(), blob.size(), &seg));
+    kvx_batch_t b = 0;
+    REQUIRE_OK(kvx_batch_alloc(seg, 1, &b));
+    // Remote region ID: the only region the parent registered before export.
+    uint32_t remote = 0;
+    {
+        std::ifstream rid(std::string(blob_path) + ".region");
+        rid >> remote;
+    }
+    kvx_write_request w = {reinterpret_cast<uint64_t>(p), 0, kPageSize, kPageSize, 2 * kPageSize, remote, 8};
+    REQUIRE_OK(kvx_batch_submit(b, &w, 1));
+    REQUIRE_OK(kvx_batch_wait(b, 30000));
+    REQUIRE_OK(kvx_batch_free(b));
+    REQUIRE_OK(kvx_segment_close(seg));
+
+    // KV-room API: register with the bootstrap server, send room 7.
+    kvx_kv_config cfg = small_kv_config();
+    kvx_kv_t kv = 0;
+    REQUIRE_OK(kvx_kv_create(eng, &cfg, &kv));
+    kvx_kv_layout lay;
+    REQUIRE_OK(kvx_kv_layout_get(kv, &lay));
+    void *pool = nullptr;
+    uint64_t plen = 0;
+    REQUIRE_OK(kvx_kv_pool(kv, &pool, &plen));
+    auto *src = static_cast<uint8_t *>(pool);
+    for (uint32_t bf = 0; bf < lay.num_buffers; bf++)
+        for (uint32_t pg = 0; pg < lay.num_pages; pg++)
+            for (uint64_t i = 0; i < lay.item_len; i++)
+                src[uint64_t(bf) * lay.buffer_len + uint64_t(pg) * lay.item_len + i] = pattern(bf * 1000 + pg + 500, i);
+    kvx_room_t tx = 0;
+    REQUIRE_OK(kvx_kv_sender_create(kv, kChildRoom, &tx));
+    REQUIRE_OK(kvx_kv_sender_init(tx, 4));
+    int32_t st = -1;
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_WAITING_FOR_INPUT, 30000, &st));
+    REQUIRE_OK(kvx_kv_sender_send(tx, kChildSrc, 4, 1));
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_SUCCESS, 30000, &st));
+    if (st != KVX_KVPOLL_SUCCESS) {
+        std::fprintf(stderr, "child: sender ended in state %d: %d %s\n", st, kvx_kv_failure(tx), kvx_last_error());
+        return 1;
+    }
+    REQUIRE_OK(kvx_kv_close(tx));
+    REQUIRE_OK(kvx_kv_destroy(kv));
+    REQUIRE_OK(kvx_deregister_memory(eng, r));
+    REQUIRE_OK(kvx_engine_destroy(eng));
+    REQUIRE_OK(kvx_free_host(hb));
+    return failures ? 1 : 0;
+}
+
+void two_processes(const char *self) {
+    kvx_bootstrap_t bs = 0;
+    REQUIRE_OK(kvx_bootstrap_start("127.0.0.1", 0, &bs));
+    std::string addr = bootstrap_address(bs);
+    kvx_engine_t dec = make_engine(KVX_ROLE_DECODE, addr);
+
+    kvx_hostbuf_t hb = 0;
+    void *p = nullptr;
+    uint64_t len = 0;
+    REQUIRE_OK(kvx_alloc_host("parent-dst", 16 * kPageSize, &hb, &p, &len));
+    kvx_region_t r = 0;
+    REQUIRE_OK(kvx_register_memory(dec, p, len, "cpu", &r));
+    size_t need = 0;
+    kvx_segment_export(dec, "child", nullptr, 0, &need);
+    std::vector<char> blob(need);
+    REQUIRE_OK(kvx_segment_export(dec, "child", blob.data(), blob.size(), &need));
+    char dir[] = "/tmp/kvx_consumer.XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+        std::perror("mkdtemp");
+        std::exit(1);
+    }
+    std::string blob_path = std::string(dir) + "/segment";
+    std::ofstream(blob_path, std::ios::binary).write(blob.data(), std::streamsize(need));
+    std::ofstream(blob_path + ".region") << r;
+
+    kvx_kv_config cfg = small_kv_config();
+    kvx_kv_t kv = 0;
+    REQUIRE_OK(kvx_kv_create(dec, &cfg, &kv));
+    kvx_kv_layout lay;
+    REQUIRE_OK(kvx_kv_layout_get(kv, &lay));
+    kvx_room_t rx = 0;
+    REQUIRE_OK(kvx_kv_receiver_create(kv, nullptr, kChildRoom, &rx));
+    REQUIRE_OK(kvx_kv_receiver_init(rx, kChildDst, 4));
+
+    std::string t(g_transport);
+    const char *args[] = {self, "--prefill-child", t.c_str(), addr.c_str(), blob_path.c_str(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawn(&pid, self, nullptr, nullptr, const_cast<char **>(args), environ) != 0) {
+        std::perror("posix_spawn");
+        std::exit(1);
+    }
+    int32_t st = -1;
+    int rc = kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 60000, &st);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(rc == KVX_OK && st == KVX_KVPOLL_SUCCESS);
+    if (st != KVX_KVPOLL_SUCCESS) std::fprintf(stderr, "receiver: state %d, %d %s\n", st, kvx_kv_failure(rx), kvx_last_error());
+
+    // Batch API bytes: source page i landed at destination page 2i.
+    auto *d8 = static_cast<const uint8_t *>(p);
+    int bad = 0;
+    for (uint64_t pg = 0; pg < 8; pg++)
+        for (uint64_t i = 0; i < kPageSize; i++)
+            if (d8[2 * pg * kPageSize + i] != pattern(100 + pg, i) || d8[(2 * pg + 1) * kPageSize + i] != 0) {
+                ++bad;
+                break;
+            }
+    CHECK(bad == 0);
+    // KV bytes: every buffer's destination items match the child's pattern.
+    void *pool = nullptr;
+    uint64_t plen = 0;
+    REQUIRE_OK(kvx_kv_pool(kv, &pool, &plen));
+    auto *dst = static_cast<const uint8_t *>(pool);
+    bad = 0;
+    for (uint32_t bf = 0; bf < lay.num_buffers; bf++)
+        for (int k = 0; k < 4; k++)
+            for (uint64_t i = 0; i < lay.item_len; i++)
+                if (dst[uint64_t(bf) * lay.buffer_len + uint64_t(kChildDst[k]) * lay.item_len + i] !=
+                    pattern(bf * 1000 + kChildSrc[k] + 500, i)) {
+                    ++bad;
+                    break;
+                }
+    CHECK(bad == 0);
+
+    REQUIRE_OK(kvx_kv_close(rx));
+    REQUIRE_OK(kvx_kv_destroy(kv));
+    REQUIRE_OK(kvx_deregister_memory(dec, r));
+    REQUIRE_OK(kvx_engine_destroy(dec));
+    REQUIRE_OK(kvx_free_host(hb));
+    REQUIRE_OK(kvx_bootstrap_stop(bs));
+    std::remove((blob_path + ".region").c_str());
+    std::remove(blob_path.c_str());
+    rmdir(dir);
+    std::printf("two processes: prefill child wrote 8 pages (batch API) and room %llu (KV-room API); verified\n",
+                (unsigned long long)kChildRoom);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
+    if (argc == 5 && std::strcmp(argv[1], "--prefill-child") == 0) return prefill_child(argv[2], argv[3], argv[4]);
     if (argc > 1) g_transport = argv[1];
     std::printf("kvxfer %s (header %s), transport %s\n", kvx_version(), KVX_VERSION_STRING, g_transport);
     CHECK(std::strcmp(kvx_version(), KVX_VERSION_STRING) == 0);
@@ -502,6 +693,8 @@ int main(int argc, char **argv) {
     REQUIRE_OK(kvx_free_host(dst_buf));
     REQUIRE_OK(kvx_bootstrap_stop(bs));
     EXPECT_RC(kvx_bootstrap_stop(bs), KVX_ERR_BAD_HANDLE);
+
+    two_processes("/proc/self/exe");
 
     if (failures) {
         std::fprintf(stderr, "kvx_consumer: %d check(s) failed\n", failures);

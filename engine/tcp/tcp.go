@@ -17,10 +17,16 @@
 // an error reply naming region, offset and length, its payload is drained, and
 // the stream stays usable.
 //
+// Small frames are cheap: the sender puts several queued frames in one
+// writev, the receiver reads a payload and the next header with one readv
+// and writes acks in bursts (at the latest before it would wait for input,
+// or every 64 acks or 4 MiB acknowledged).
+//
 // Timeouts: a stream with frames in flight and no acknowledgement for
-// Options.Extra["ack_timeout"] (a Go duration, default 10s) is declared lost;
-// a peer that closes or dies fails the pending batches of that segment with
-// an error wrapping engine.ErrPeerLost as soon as the socket reports it.
+// Options.Extra["ack_timeout"] (a Go duration, default 10s; it must exceed
+// the time the link needs for 8 MiB) is declared lost; a peer that closes or
+// dies fails the pending batches of that segment with an error wrapping
+// engine.ErrPeerLost as soon as the socket reports it.
 //
 // Device (CUDA) memory goes through the bounce-buffer seam in device.go and is
 // refused with engine.ErrUnsupportedMemory until the CUDA copier is wired in.
@@ -399,30 +405,36 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 type receiver struct {
-	t       *Transport
-	c       net.Conn
-	hdr     [headerSize]byte
-	hdrHave int // bytes of the next header already in hdr
-	ackBuf  []byte
-	pending int    // acks queued in ackBuf
-	bounce  []byte // device-memory staging, allocated on first use
-	raw     syscall.RawConn
-	iov     [][]byte
-	vecs    []unix.Iovec
-	readFn  func(fd uintptr) bool // rx.readv, bound once
-	rd      readState
+	t            *Transport
+	c            net.Conn
+	hdr          [headerSize]byte
+	hdrHave      int // bytes of the next header already in hdr
+	ackBuf       []byte
+	pending      int    // acks queued in ackBuf
+	pendingBytes uint64 // payload those acks cover
+	bounce       []byte // device-memory staging, allocated on first use
+	raw          syscall.RawConn
+	iov          [][]byte
+	vecs         []unix.Iovec
+	readFn       func(fd uintptr) bool // rx.readv, bound once
+	rd           readState
 }
 
-// maxPendingAcks is how many acks the receiver may hold back before writing
-// them; it always writes them before it would wait for more input.
-const maxPendingAcks = 64
+// The receiver holds back at most maxPendingAcks acks covering less than
+// maxPendingAckBytes of payload before writing them; it always writes them
+// before it would wait for more input.
+const (
+	maxPendingAcks     = 64
+	maxPendingAckBytes = 4 << 20
+)
 
-// reply queues an ack; refusals and every maxPendingAcks-th ack are written
+// reply queues an ack; refusals, and acks past the limits above, are written
 // at once, the rest when the socket has no more input (see fill).
 func (rx *receiver) reply(a ack) error {
 	rx.ackBuf = encodeAck(rx.ackBuf, a)
 	rx.pending++
-	if a.Status != ackOK || rx.pending >= maxPendingAcks {
+	rx.pendingBytes += a.Bytes
+	if a.Status != ackOK || rx.pending >= maxPendingAcks || rx.pendingBytes >= maxPendingAckBytes {
 		return rx.flush()
 	}
 	return nil
@@ -434,7 +446,7 @@ func (rx *receiver) flush() error {
 	}
 	rx.c.SetWriteDeadline(time.Now().Add(rx.t.ackTimeout))
 	_, err := rx.c.Write(rx.ackBuf)
-	rx.ackBuf, rx.pending = rx.ackBuf[:0], 0
+	rx.ackBuf, rx.pending, rx.pendingBytes = rx.ackBuf[:0], 0, 0
 	if err != nil {
 		return fmt.Errorf("send acks: %w", err)
 	}

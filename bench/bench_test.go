@@ -102,6 +102,7 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.RepTime = 0 },
 		func(c *Config) { c.BlockSizes = []uint64{1 << 30} },
 		func(c *Config) { c.Depths = nil },
+		func(c *Config) { c.BlockSizes = []uint64{4096, 8192, 4096} },
 	}
 	for i, f := range bad {
 		c := DefaultConfig()

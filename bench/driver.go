@@ -48,6 +48,9 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 		peers = DefaultPeers(usable, rep.Hardware.NICs)
 		rep.Method.PeerVersions = PeerVersions()
 	}
+	// Block-major order: at each block size every transport case and then
+	// every peer run, so each ratio compares figures taken minutes apart at
+	// most, under similar machine load. Results are reported in Cases() order.
 	cases := cfg.Cases()
 	total := len(cases) + len(peers)*len(cfg.BlockSizes)
 	step := 0
@@ -57,24 +60,30 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 		}
 		step++
 	}
-	for _, c := range cases {
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("bench: interrupted: %w", err)
+	results := make([]Result, len(cases))
+	peerRes := make([]PeerResult, len(peers)*len(cfg.BlockSizes))
+	for bi, b := range cfg.BlockSizes {
+		for i, c := range cases {
+			if c.BlockBytes != b {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bench: interrupted: %w", err)
+			}
+			tell(c.Label())
+			results[i] = RunCase(ctx, cfg, c)
 		}
-		tell(c.Label())
-		rep.Results = append(rep.Results, RunCase(ctx, cfg, c))
-	}
-	for _, p := range peers {
-		for _, b := range cfg.BlockSizes {
+		for pi, p := range peers {
 			if err := ctx.Err(); err != nil {
 				return nil, fmt.Errorf("bench: interrupted: %w", err)
 			}
 			tell(fmt.Sprintf("peer %s %s", shortPeer(p.Label()), FormatSize(b)))
 			pctx, cancel := context.WithTimeout(ctx, PeerTimeout)
-			rep.Peers = append(rep.Peers, RunPeer(pctx, p, b))
+			peerRes[pi*len(cfg.BlockSizes)+bi] = RunPeer(pctx, p, b)
 			cancel()
 		}
 	}
+	rep.Results, rep.Peers = results, peerRes
 	if progress != nil {
 		progress("done", total, total)
 	}

@@ -71,7 +71,7 @@ func CollectMethod(cfg Config) Method {
 			"each repetition: untimed source refill, timed region (submit/wait with `inflight` batches outstanding), untimed byte-for-byte verification of the whole region",
 			"latency is per batch: Submit to Wait returning, including queueing behind other in-flight batches",
 			"memcpy baseline: one goroutine copying the same block size over the same buffers as the case",
-			"peers run on loopback with the same block sizes; each ratio is kvxfer's best configuration at that block size over the peer",
+			"peers run on loopback with the same block sizes, right after kvxfer's cases at that size (block-major order); each ratio is kvxfer's best configuration at that block size over the peer",
 		},
 	}
 	m.Hostname, _ = os.Hostname()

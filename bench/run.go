@@ -85,7 +85,12 @@ func (c *Config) Validate() error {
 	case c.MaxRegionBytes < 4096:
 		return fmt.Errorf("bench: max region %d bytes: want >= 4096", c.MaxRegionBytes)
 	}
+	seen := map[uint64]bool{}
 	for _, b := range c.BlockSizes {
+		if seen[b] {
+			return fmt.Errorf("bench: block size %s listed twice", FormatSize(b))
+		}
+		seen[b] = true
 		if b > c.MaxRegionBytes {
 			return fmt.Errorf("bench: block size %s exceeds the max region %s (raise --max-region)", FormatSize(b), FormatSize(c.MaxRegionBytes))
 		}

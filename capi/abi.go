@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // Compile-time checks that the C header's ABI structs and constants agree

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // Helpers the exports share: last-error recording, panic recovery and

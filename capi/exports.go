@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // Every //export of the C ABI, and nothing else. The preamble only includes

@@ -18,4 +18,5 @@
 // Every export recovers panics and turns them into KVX_ERR_INTERNAL.
 package main
 
+// main is required by -buildmode=c-shared and never runs.
 func main() {}

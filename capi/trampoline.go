@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // The C trampoline: Go cannot call a C function pointer, so the notifier

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package main
 
 // The transports compiled into libkvxfer.so; each registers itself with the

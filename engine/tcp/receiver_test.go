@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -68,7 +69,7 @@ func (p *rawPeer) ack() ack {
 	return a
 }
 
-func newRecv(t *testing.T, size int) (*Transport, *engine.HostBuffer, engine.RegionDesc) {
+func newRecv(t testing.TB, size int) (*Transport, *engine.HostBuffer, engine.RegionDesc) {
 	t.Helper()
 	tr, err := New(engine.DefaultOptions())
 	if err != nil {
@@ -148,4 +149,48 @@ func TestReceiverHostileFrames(t *testing.T) {
 	if a := p4.ack(); a.Status != ackOK || string(b[:2]) != "ok" {
 		t.Fatalf("fresh sender after hostile ones: %+v", a)
 	}
+}
+
+// FuzzReceiverStream sends arbitrary bytes after a valid hello to a live
+// receiver: it must never crash or hang, must close or answer, and must keep
+// serving new senders.
+func FuzzReceiverStream(f *testing.F) {
+	tr, _, d := newRecv(f, 1<<16)
+	region := uint32(d.ID)
+	var seed []byte
+	for _, h := range []header{
+		{Seq: 1, Region: region, Count: 1, Offset: 0, Length: 4},
+		{Seq: 2, Region: region, Count: 3, Offset: 100, Length: 2, Stride: 4},
+		{Seq: 3, Region: region, Count: 1, Offset: 1 << 16, Length: 4},
+		{Seq: 4, Region: region + 1, Count: 2, Length: 1, Stride: 1},
+	} {
+		var hb [headerSize]byte
+		h.encode(&hb)
+		seed = append(seed, hb[:]...)
+		seed = append(seed, make([]byte, h.payload())...)
+	}
+	f.Add(seed)
+	f.Add(seed[:headerSize+2])
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c, err := net.Dial("tcp", tr.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		var hb [helloSize]byte
+		hello{Version: protoVersion}.encode(&hb)
+		if _, err := c.Write(append(hb[:], in...)); err != nil {
+			return // the receiver may close early on a protocol error
+		}
+		c.(*net.TCPConn).CloseWrite()
+		// Read acks until the receiver closes; a timeout means it hung.
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("receiver neither answered nor closed within 20s")
+			}
+		}
+	})
 }

@@ -19,7 +19,7 @@
  *     a stale or doubly destroyed handle yields KVX_ERR_BAD_HANDLE, never a
  *     crash.
  *  2. Strings and arrays passed IN (const char *, const kvx_write_request *,
- *     const uint32_t *pages, descriptor blobs) are read or copied before the
+ *     const int32_t *pages, descriptor blobs, config structs) are read or copied before the
  *     call returns; the caller owns them and may free them right after.
  *  3. Memory ranges passed to kvx_register_memory (and all memory named by a
  *     WRITE request) are owned by the caller. They must stay mapped and valid
@@ -45,7 +45,9 @@
  * Every function that can fail returns an int from kvx_status: KVX_OK (0) on
  * success. On failure a human-readable message naming what was wrong and what
  * to do is available from kvx_last_error() on the same thread. Output
- * parameters are written only on success. Bad arguments (NULL handles and
+ * parameters are written only on success (exceptions: the *needed size of the
+ * buffer-filling functions, and kvx_kv_wait's *state, are also written on
+ * KVX_ERR_BUFFER_TOO_SMALL and KVX_ERR_TIMEOUT). Bad arguments (NULL handles and
  * pointers, zero lengths, unregistered addresses, destroyed handles) return an
  * error code and never crash the process.
  *

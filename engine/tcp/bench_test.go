@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/tcp"
 )
 
 // benchPair sets up a loopback sender/receiver with window bytes registered
@@ -119,4 +120,51 @@ func sizeName(n int) string {
 		return fmt.Sprintf("%dKiB", n>>10)
 	}
 	return fmt.Sprintf("%dB", n)
+}
+
+// BenchmarkPipelined measures many small batches in flight: each batch is
+// one request of `block` bytes, `depth` batches are kept in flight (the
+// shape of a KV sender posting page runs as separate batches).
+func BenchmarkPipelined(b *testing.B) {
+	const window = 64 << 20
+	for _, block := range []int{64 << 10, 1 << 20} {
+		for _, depth := range []int{1, 8} {
+			b.Run(fmt.Sprintf("block=%s/depth=%d", sizeName(block), depth), func(b *testing.B) {
+				seg, src, dst := benchPair(b, tcp.DefaultStreams, window)
+				ctx := context.Background()
+				slots := window / block
+				inflight := make([]engine.BatchID, 0, depth)
+				next := 0
+				submit := func() {
+					off := (next % slots) * block
+					next++
+					id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr() + uintptr(off), Remote: dst.ID, RemoteOffset: uint64(off), Length: uint64(block)}}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					inflight = append(inflight, id)
+				}
+				wait := func() {
+					id := inflight[0]
+					inflight = inflight[1:]
+					if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+						b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
+					}
+					seg.Release(id)
+				}
+				b.SetBytes(int64(block))
+				b.ReportAllocs()
+				for b.Loop() {
+					if len(inflight) == depth {
+						wait()
+					}
+					submit()
+				}
+				for len(inflight) > 0 {
+					wait()
+				}
+				b.ReportMetric(float64(block)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
+	}
 }

@@ -140,6 +140,9 @@ type transport struct {
 	nextID   engine.RegionID
 	regions  map[engine.RegionID]*localRegion
 	segments map[*segment]struct{}
+	// local is a copy-on-write snapshot of regions for Submit's lock-free
+	// local-range check; replaced under mu.
+	local atomic.Pointer[[]*localRegion]
 }
 
 var _ engine.Transport = (*transport)(nil)
@@ -256,6 +259,7 @@ func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	key := regionKey{FD: uint32(dup), Offset: m.FDOffset, Dev: uint64(st.Dev), Ino: st.Ino}
 	desc := engine.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: engine.MemoryHost, Key: key.encode()}
 	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup}
+	t.snapshotLocked()
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)+1], m.FDOffset)
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], m.Length) // release: the slot is complete
 	return desc, nil
@@ -272,6 +276,7 @@ func (t *transport) DeregisterMemory(id engine.RegionID) error {
 	}
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
+	t.snapshotLocked()
 	unix.Close(r.fd)
 	return nil
 }
@@ -286,11 +291,23 @@ func (t *transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	return append([]byte(nil), t.blob...), nil
 }
 
-// localRange returns the registered local region containing [addr, addr+n).
-func (t *transport) localRange(addr uintptr, n uint64) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// snapshotLocked publishes the current region set for localRange; t.mu held.
+func (t *transport) snapshotLocked() {
+	rs := make([]*localRegion, 0, len(t.regions))
 	for _, r := range t.regions {
+		rs = append(rs, r)
+	}
+	t.local.Store(&rs)
+}
+
+// localRange reports whether [addr, addr+n) lies inside one registered local
+// region (lock-free: reads the latest snapshot).
+func (t *transport) localRange(addr uintptr, n uint64) bool {
+	rs := t.local.Load()
+	if rs == nil {
+		return false
+	}
+	for _, r := range *rs {
 		if addr >= r.addr && uint64(addr-r.addr) <= r.len && n <= r.len-uint64(addr-r.addr) {
 			return true
 		}
@@ -323,6 +340,7 @@ func (t *transport) Close() error {
 		unix.Close(r.fd)
 	}
 	t.regions = map[engine.RegionID]*localRegion{}
+	t.snapshotLocked()
 	var errs []error
 	if err := unix.Munmap(t.ctl); err != nil {
 		errs = append(errs, fmt.Errorf("shm: unmap control memfd: %w", err))

@@ -34,8 +34,10 @@
 // Lifetimes: a Transport and its Segments are safe for concurrent use. Close
 // the Segments you open (Transport.Close closes them too) and Close the
 // Transport; both are idempotent. Registered memory must stay mapped until
-// DeregisterMemory returns; DeregisterMemory waits for a receive in progress
-// into that region (bounded by the ack timeout).
+// DeregisterMemory returns and, on the sender, until every batch reading it
+// is terminal (Segment.Close and Transport.Close return only once no stream
+// reads local memory). DeregisterMemory waits for a receive in progress into
+// that region (bounded by the ack timeout).
 package tcp
 
 import (

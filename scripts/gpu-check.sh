@@ -130,9 +130,13 @@ step() {
 		record "$name" PASS "$dt" "$note"
 	else
 		record "$name" FAIL "$dt" "$note"
-		tail -n 25 "$OUTDIR/$name.log" | sed 's/^/   | /' | tee -a "$LOG"
+		if [ "$fail" -gt 0 ]; then
+			grep -h -A6 -- '^--- FAIL\|^    --- FAIL' "$OUTDIR/$name.log" | head -40 | sed 's/^/   | /' | tee -a "$LOG"
+		else
+			tail -n 15 "$OUTDIR/$name.log" | sed 's/^/   | /' | tee -a "$LOG"
+		fi
 	fi
-	grep -h -- '--- FAIL\|--- SKIP' "$OUTDIR/$name.log" | head -20 | sed 's/^/   /' | tee -a "$LOG"
+	grep -h -- '--- SKIP' "$OUTDIR/$name.log" | head -10 | sed 's/^/   /' | tee -a "$LOG"
 }
 
 K="$WORK/bin/kvxfer"

@@ -22,8 +22,9 @@ import (
 type gpuCheckRow struct {
 	Check string `json:"check"`
 	OK    bool   `json:"ok"`
-	// Unsupported marks a check the transport refused by design
-	// (engine.ErrUnsupportedMemory); it is reported, not failed.
+	// Unsupported marks a check this host or transport cannot do by design
+	// (engine.ErrUnsupportedMemory, or cuda.ErrNotSupported such as NVRTC
+	// not installed); it is reported as n/a, not failed.
 	Unsupported bool    `json:"unsupported,omitempty"`
 	GBps        float64 `json:"gbps,omitempty"`
 	Detail      string  `json:"detail"`
@@ -119,7 +120,7 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 		if err != nil {
 			detail = err.Error()
 		}
-		rows = append(rows, gpuCheckRow{Check: check, OK: err == nil, Unsupported: errors.Is(err, engine.ErrUnsupportedMemory), GBps: gbps, Detail: detail})
+		rows = append(rows, gpuCheckRow{Check: check, OK: err == nil, Unsupported: errors.Is(err, engine.ErrUnsupportedMemory) || errors.Is(err, cuda.ErrNotSupported), GBps: gbps, Detail: detail})
 		fmt.Fprintf(log, "gpucheck: %-28s ok=%v %s\n", check, err == nil, detail)
 	}
 	n, _ := cuda.DeviceCount()

@@ -766,7 +766,6 @@ func (m *Manager) peerLost(ep string, err error) {
 		return
 	}
 	m.mu.Unlock()
-	m.log.Warn("peer lost", "peer", ep, "err", err)
 	m.mu.Lock()
 	delete(m.lastSeen, ep)
 	var ss []*Sender
@@ -790,15 +789,21 @@ func (m *Manager) peerLost(ep string, err error) {
 		dp.close()
 	}
 	m.dropPush(ep)
+	affected := 0
 	for _, s := range ss {
-		if s.hasDst(ep) {
-			s.failLocal(err)
+		if s.hasDst(ep) && s.fail(err) {
+			affected++
 		}
 	}
 	for _, r := range rs {
-		if r.hasTarget(ep) {
-			r.failLocal(err)
+		if r.hasTarget(ep) && r.failLocal(err) {
+			affected++
 		}
+	}
+	if affected > 0 {
+		m.log.Warn("peer lost", "peer", ep, "failed_rooms", affected, "err", err)
+	} else {
+		m.log.Info("peer gone (no active rooms)", "peer", ep, "err", err)
 	}
 }
 

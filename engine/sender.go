@@ -517,9 +517,11 @@ func (s *Sender) Close() {
 // destinations still reachable.
 func (s *Sender) failLocal(err error) { s.fail(err) }
 
-func (s *Sender) fail(err error) {
+// fail makes the sender Failed (unless already terminal) and reports whether
+// it changed.
+func (s *Sender) fail(err error) bool {
 	if !s.st.fail(err, true) {
-		return
+		return false
 	}
 	s.cancel()
 	s.m.log.Warn("sender failed", "room", s.room, "err", err)
@@ -537,6 +539,7 @@ func (s *Sender) fail(err error) {
 			_ = s.m.send(ep, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error()}).Encode(), false)
 		}()
 	}
+	return true
 }
 
 func (s *Sender) checkTimeout(now time.Time) {

@@ -174,6 +174,14 @@ type replyLine struct {
 func runRole(role engine.Role, f *roleFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	for _, env := range []string{"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"} {
+		if _, err := engine.EnvSeconds(env, 0); err != nil {
+			return err
+		}
+	}
+	if f.bootstrapTimeout <= 0 || f.waitingTimeout <= 0 {
+		return fmt.Errorf("--bootstrap-timeout and --waiting-timeout must be > 0")
+	}
 	layout, err := roleLayout(f)
 	if err != nil {
 		return err

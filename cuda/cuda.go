@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -272,9 +274,10 @@ func CopyFromDevice(dev int, dst []byte, src DevicePtr) error {
 // Stream is a CUDA stream (created non-blocking) on one device. It is safe
 // for concurrent use as CUDA streams are; Close destroys it (idempotent).
 type Stream struct {
-	mu  sync.Mutex
-	dev int
-	h   unsafe.Pointer
+	mu      sync.Mutex
+	dev     int
+	h       unsafe.Pointer
+	cleanup runtime.Cleanup
 }
 
 // NewStream creates a stream on dev. Close it when done.
@@ -288,7 +291,9 @@ func NewStream(dev int) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Stream{dev: dev, h: h}, nil
+	s := &Stream{dev: dev, h: h}
+	s.cleanup = runtime.AddCleanup(s, func(h uintptr) { destroyLeaked(dev, h, false) }, uintptr(h))
+	return s, nil
 }
 
 // Device returns the stream's device ordinal.
@@ -337,6 +342,7 @@ func (s *Stream) Close() error {
 	if h == nil {
 		return nil
 	}
+	s.cleanup.Stop()
 	unlock, err := use("destroy stream", s.dev)
 	if err != nil {
 		return err
@@ -351,11 +357,12 @@ func (s *Stream) Close() error {
 // makes the metadata ring GPU-visible. Close frees it (idempotent); a
 // cleanup frees a leaked HostMem and logs nothing.
 type HostMem struct {
-	mu   sync.Mutex
-	dev  int
-	host unsafe.Pointer
-	dptr DevicePtr
-	size uint64
+	mu      sync.Mutex
+	dev     int
+	host    unsafe.Pointer
+	dptr    DevicePtr
+	size    uint64
+	cleanup runtime.Cleanup
 }
 
 // AllocMapped allocates size bytes (> 0) of mapped pinned host memory with
@@ -375,6 +382,7 @@ func AllocMapped(dev int, size uint64) (*HostMem, error) {
 	}
 	clear(unsafe.Slice((*byte)(h), size))
 	m := &HostMem{dev: dev, host: h, dptr: d, size: size}
+	m.cleanup = runtime.AddCleanup(m, func(h uintptr) { destroyLeaked(dev, h, true) }, uintptr(h))
 	return m, nil
 }
 
@@ -409,6 +417,7 @@ func (m *HostMem) Close() error {
 	if h == nil {
 		return nil
 	}
+	m.cleanup.Stop()
 	unlock, err := use("free mapped host memory", m.dev)
 	if err != nil {
 		return err
@@ -449,6 +458,32 @@ func UnregisterHost(dev int, b []byte) error {
 	defer unlock()
 	return rawHostUnregister(dev, unsafe.Pointer(unsafe.SliceData(b)))
 }
+
+// destroyLeaked is the safety net for a Stream or HostMem that was never
+// closed: it frees the handle if the libraries are still loaded (Close of
+// the package already invalidated it otherwise) and counts the leak.
+func destroyLeaked(dev int, h uintptr, host bool) {
+	leaked.Add(1)
+	lib.mu.RLock()
+	defer lib.mu.RUnlock()
+	if !lib.loaded {
+		return
+	}
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&h))
+	if host {
+		rawFreeHost(dev, p)
+	} else {
+		rawStreamDestroy(dev, p)
+	}
+}
+
+// leaked counts Streams and HostMems freed by the garbage collector instead
+// of Close (a bug in the caller); tests check it stays 0.
+var leaked atomic.Int64
+
+// Leaked returns how many Streams and HostMems were reclaimed by the garbage
+// collector without Close since the process started.
+func Leaked() int64 { return leaked.Load() }
 
 // PointerAttributes asks CUDA what p is: device, pinned host, managed or
 // unregistered memory, and which device owns it.

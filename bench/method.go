@@ -34,7 +34,8 @@ type Method struct {
 	Kernel    string `json:"kernel"`
 	GoVersion string `json:"go_version"`
 	// Revision is the VCS revision the binary was built from (with "+dirty"
-	// when the tree had changes).
+	// when the tree had changes), or, when the build recorded none, git's
+	// HEAD in the working directory.
 	Revision string `json:"revision,omitempty"`
 	// Modules maps the engine's key dependencies to their versions.
 	Modules map[string]string `json:"modules,omitempty"`
@@ -104,6 +105,12 @@ func CollectMethod(cfg Config) Method {
 			case "golang.org/x/sys", "github.com/klauspost/cpuid/v2", "gonum.org/v1/plot", "github.com/pebbe/zmq4":
 				m.Modules[d.Path] = d.Version
 			}
+		}
+	}
+	if m.Revision == "" {
+		// Built with -buildvcs=false: ask git about the working directory.
+		if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+			m.Revision = strings.TrimSpace(string(out)) + " (git in the working directory)"
 		}
 	}
 	return m

@@ -266,7 +266,9 @@ func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 }
 
 // DeregisterMemory removes a region: senders refuse later batches to it (they
-// load its control slot before each batch).
+// load its control slot before each batch). A batch a sender had already
+// validated may still be copying into the memory, as with an RDMA write in
+// flight: quiesce senders (the engine's control plane) before reusing it.
 func (t *transport) DeregisterMemory(id engine.RegionID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -52,6 +52,8 @@ type rankOpts struct {
 	waiting, peerTmo time.Duration
 	bootTmo          time.Duration
 	wrap             func(engine.Transport) engine.Transport
+	transports       []string // default: tcp
+	envTimeouts      bool     // leave zero timeouts to the SGLang env variables
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -67,19 +69,26 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
+	if len(o.transports) == 0 {
+		o.transports = []string{"tcp"}
 	}
-	if o.wrap != nil {
-		tr = o.wrap(tr)
+	var trs []engine.Transport
+	for i, name := range o.transports {
+		tr, err := engine.OpenTransport(name, engine.DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.wrap != nil && i == 0 {
+			tr = o.wrap(tr)
+		}
+		trs = append(trs, tr)
 	}
-	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: []engine.Transport{tr}, BootstrapAddr: o.addr,
+	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo}
-	if cfg.BootstrapTimeout == 0 {
+	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}
-	if cfg.WaitingTimeout == 0 {
+	if cfg.WaitingTimeout == 0 && !o.envTimeouts {
 		cfg.WaitingTimeout = 20 * time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -89,7 +98,13 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		t.Fatal(err)
 	}
 	r := &rank{m: m, pool: pool}
-	t.Cleanup(func() { m.Close(); tr.Close(); pool.Close() })
+	t.Cleanup(func() {
+		m.Close()
+		for _, tr := range trs {
+			tr.Close()
+		}
+		pool.Close()
+	})
 	return r
 }
 

@@ -67,12 +67,30 @@ func CUDARingMemory(dev int) RingAllocator {
 			return nil, err
 		}
 		d, err := cuda.RegisterHost(dev, b.Bytes())
-		if err != nil {
-			b.Close()
-			return nil, fmt.Errorf("engine: metadata ring: make %d bytes GPU-visible on cuda:%d: %w", b.Len(), dev, err)
+		if err == nil {
+			return &cudaRing{HostBuffer: b, dev: dev, dptr: d}, nil
 		}
-		return &cudaRing{HostBuffer: b, dev: dev, dptr: d}, nil
+		b.Close()
+		// Some drivers refuse to pin shared (memfd) mappings: fall back to
+		// cudaHostAlloc'ed mapped memory, GPU-visible but with no fd (the
+		// shm transport then cannot share the ring; tcp and rdma can).
+		m, merr := cuda.AllocMapped(dev, uint64(size))
+		if merr != nil {
+			return nil, fmt.Errorf("engine: metadata ring: make %d bytes GPU-visible on cuda:%d: %w (cudaHostAlloc fallback: %w)", size, dev, err, merr)
+		}
+		return mappedRing{m}, nil
 	}
+}
+
+// mappedRing is ring memory from cudaHostAlloc (mapped, portable): the
+// fallback when registering memfd memory fails. It has no fd.
+type mappedRing struct{ m *cuda.HostMem }
+
+func (r mappedRing) Bytes() []byte      { return r.m.Bytes() }
+func (r mappedRing) DevicePtr() uintptr { return uintptr(r.m.DevicePtr()) }
+func (r mappedRing) Close() error       { return r.m.Close() }
+func (r mappedRing) Memory() Memory {
+	return Memory{Addr: r.m.Host(), Length: r.m.Len(), Kind: MemoryHost, FD: -1}
 }
 
 // AutoRingMemory is the RingAllocator to use by default: GPU-visible memory

@@ -77,53 +77,66 @@ func TestRingGPUProof(t *testing.T) {
 // TestRingFakeCUDA runs the CUDA ring path against the fake CUDA libraries
 // of cuda/testdata (built with gcc): registration gives a device alias, the
 // fake "kernel" reads the record's room through it, and Close unregisters.
+// Without cudaHostRegister the ring falls back to cudaHostAlloc memory (no fd).
 func TestRingFakeCUDA(t *testing.T) {
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skipf("fake CUDA libraries need gcc: %v", err)
 	}
-	dir := t.TempDir()
-	libs := map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"}
-	for src, name := range libs {
-		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %s: %v\n%s", src, err, out)
-		}
-	}
-	cuda.Close()
-	if err := cuda.Load(cuda.WithLibraryPath(filepath.Join(dir, "libcudart.so.13")), cuda.WithDriverPath(filepath.Join(dir, "libcuda.so.1")),
-		cuda.WithNVRTCPath(filepath.Join(dir, "none.so"))); err != nil {
-		if errors.Is(err, cuda.ErrNoCgo) {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	defer cuda.Close()
-	r, err := NewMetaRing(16, CUDARingMemory(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := r.RingMem().DevicePtr()
-	if base == 0 || r.Memory().FD < 0 {
-		t.Fatalf("CUDA ring: DevicePtr %#x, FD %d; want a device alias and a memfd", base, r.Memory().FD)
-	}
-	slot, gen, err := r.Acquire()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := MetaRecord{Room: 4242, Generation: gen}
-	b := r.RingMem().Bytes()[r.Offset(slot):]
-	rec.EncodeBody(b)
-	rec.EncodeCommit(b)
-	if got, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4242, cuda.ProofAuto); err != nil || got != 4242 {
-		t.Fatalf("CheckRoom = %d, %v; want 4242", got, err)
-	}
-	if _, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4243, cuda.ProofAuto); !errors.Is(err, cuda.ErrRoomMismatch) {
-		t.Fatalf("CheckRoom(wrong room) = %v, want ErrRoomMismatch", err)
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
+	for _, tc := range []struct {
+		name    string
+		defines []string
+		wantFD  bool
+	}{
+		{"registered memfd", nil, true},
+		{"cudaHostAlloc fallback", []string{"-DFAKE_NO_HOST_REGISTER"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			libs := map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"}
+			for src, name := range libs {
+				args := append([]string{"-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "cuda", "testdata", src)}, tc.defines...)
+				if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
+					t.Fatalf("gcc %s: %v\n%s", src, err, out)
+				}
+			}
+			cuda.Close()
+			if err := cuda.Load(cuda.WithLibraryPath(filepath.Join(dir, "libcudart.so.13")), cuda.WithDriverPath(filepath.Join(dir, "libcuda.so.1")),
+				cuda.WithNVRTCPath(filepath.Join(dir, "none.so"))); err != nil {
+				if errors.Is(err, cuda.ErrNoCgo) {
+					t.Skip(err)
+				}
+				t.Fatal(err)
+			}
+			defer cuda.Close()
+			r, err := NewMetaRing(16, CUDARingMemory(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := r.RingMem().DevicePtr()
+			if base == 0 || (r.Memory().FD >= 0) != tc.wantFD {
+				t.Fatalf("CUDA ring: DevicePtr %#x, FD %d; want a device alias, fd present = %v", base, r.Memory().FD, tc.wantFD)
+			}
+			slot, gen, err := r.Acquire()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := MetaRecord{Room: 4242, Generation: gen}
+			b := r.RingMem().Bytes()[r.Offset(slot):]
+			rec.EncodeBody(b)
+			rec.EncodeCommit(b)
+			if got, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4242, cuda.ProofAuto); err != nil || got != 4242 {
+				t.Fatalf("CheckRoom = %d, %v; want 4242", got, err)
+			}
+			if _, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4243, cuda.ProofAuto); !errors.Is(err, cuda.ErrRoomMismatch) {
+				t.Fatalf("CheckRoom(wrong room) = %v, want ErrRoomMismatch", err)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Close(); err != nil {
+				t.Fatalf("second Close: %v", err)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@
 // error and copy paths run with no GPU. Build switches:
 //   -DFAKE_DEVICES=N   number of devices reported (default 1; 0 -> error 100)
 //   -DFAKE_NO_COUNT    omit cudaGetDeviceCount (a required symbol)
+//   -DFAKE_NO_HOST_REGISTER  omit cudaHostRegister/cudaHostUnregister
 // cudaIpc* are deliberately absent (exercise the symbol-missing path).
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,7 @@ int cudaDeviceGetPCIBusId(char *buf, int len, int dev) {
 	return 0;
 }
 int cudaMemGetInfo(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return 0; }
+#ifndef FAKE_NO_HOST_REGISTER
 int cudaHostRegister(void *p, size_t n, unsigned flags) {
 	if ((flags & 2) == 0) return 1;
 	for (int i = 0; i < MAXA; i++) if (allocs[i].p == p) return 712;
@@ -115,3 +117,4 @@ int cudaHostRegister(void *p, size_t n, unsigned flags) {
 	return 0;
 }
 int cudaHostUnregister(void *p) { return untrack(p, 1) ? 1 : 0; }
+#endif

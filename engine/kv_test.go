@@ -391,3 +391,41 @@ func TestPeerClosedMidTransfer(t *testing.T) {
 }
 
 var _ = fmt.Sprint
+
+// TestBootstrapCacheInvalidatedOnPeerLoss: after a prefill rank is lost the
+// decode drops its cached bootstrap info, so a restarted prefill (new control
+// port) is resolved afresh and serves the next request.
+func TestBootstrapCacheInvalidatedOnPeerLoss(t *testing.T) {
+	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
+	for _, r := range transferOne(t, addr, pre, dec, 1, 2) {
+		if r.Poll() != engine.KVSuccess {
+			t.Fatalf("first request: %s %v", r.Poll(), r.Failure())
+		}
+		r.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := dec[0].m.NewReceiver(addr, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, _ := dec[0].pool.Alloc(2)
+	r.Init(pg)
+	r.Wait(ctx, engine.KVTransferring)
+	old := pre[0].m.Endpoint()
+	pre[0].m.Close() // the prefill rank goes away
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+		t.Fatalf("receiver: %s %v", st, r.Failure())
+	}
+	r.Close()
+	dec[0].pool.Free(pg)
+	restarted := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	if restarted.m.Endpoint() == old {
+		t.Fatalf("restarted prefill reuses endpoint %s", old)
+	}
+	for _, r := range transferOne(t, addr, []*rank{restarted}, dec, 3, 2) {
+		if r.Poll() != engine.KVSuccess {
+			t.Fatalf("request after the restart: %s %v (stale bootstrap cache?)", r.Poll(), r.Failure())
+		}
+	}
+}

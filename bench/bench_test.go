@@ -187,7 +187,7 @@ func TestRunSmoke(t *testing.T) {
 		t.Fatalf("%d results, %d progress calls; want 8 and 9", len(rep.Results), steps)
 	}
 	for _, r := range rep.Results {
-		if r.Err != "" || !r.Verified || len(r.Reps) != 2 || r.GBps.Median <= 0 || r.MemcpyGBps.N != 2 || r.LatencyP99us < r.LatencyP50us {
+		if r.Err != "" || !r.Verified || len(r.Reps) != 2 || r.GBps.Median <= 0 || r.MemcpyGBps.N != 2 || r.MemcpyRatio.N != 2 || r.LatencyP99us < r.LatencyP50us {
 			t.Errorf("%s: %+v", r.Label(), r)
 		}
 	}

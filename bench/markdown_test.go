@@ -46,7 +46,7 @@ func TestTargetsAndRender(t *testing.T) {
 		Results: []Result{
 			{Case: Case{Transport: "tcp", BlockBytes: TargetBlock, Depth: 1}, GBps: Stat{Median: 1.5}},
 			{Case: Case{Transport: "tcp", BlockBytes: TargetBlock, Depth: 8}, GBps: Stat{Median: 2.0}},
-			{Case: Case{Transport: "shm", BlockBytes: TargetBlock, Depth: 1}, GBps: Stat{Median: 6}, MemcpyGBps: Stat{Median: 10}},
+			{Case: Case{Transport: "shm", BlockBytes: TargetBlock, Depth: 1}, GBps: Stat{Median: 6}, MemcpyGBps: Stat{Median: 10}, MemcpyRatio: Stat{Median: 0.6}},
 		},
 		Peers: []PeerResult{
 			{Tool: "ucx_perftest", Test: "tag_bw", Transport: "tcp", Env: "UCX_TLS=tcp", BlockBytes: TargetBlock, ToolBlockBytes: TargetBlock, GBps: 1},

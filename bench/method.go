@@ -71,7 +71,7 @@ func CollectMethod(cfg Config) Method {
 			"GB/s = 1e9 bytes/s of payload; ucx_perftest MB/s (2^20 bytes/s) and iperf3 bits/s are converted",
 			"each repetition: untimed source refill, timed region (submit/wait with `inflight` batches outstanding), untimed byte-for-byte verification of the whole region",
 			"latency is per batch: Submit to Wait returning, including queueing behind other in-flight batches",
-			"memcpy baseline: one goroutine copying the same block size over the same buffers as the case",
+			"memcpy baseline: one goroutine copying the same block size over the same buffers as the case, one memcpy repetition of the same duration right after each transport repetition; the x memcpy ratio is the median of the per-repetition ratios",
 			"peers run on loopback with the same block sizes, right after kvxfer's cases at that size (block-major order); each ratio is kvxfer's best configuration at that block size over the peer",
 		},
 	}

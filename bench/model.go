@@ -137,6 +137,11 @@ type Result struct {
 	// same working set (same buffers), measured in-process right after the
 	// case: the ceiling for a same-host copy.
 	MemcpyGBps Stat `json:"memcpy_gbps"`
+	// MemcpyRatio summarises, over repetitions, the transport's GB/s divided
+	// by the memcpy repetition run right after it: pairs taken seconds apart
+	// see the same machine load, so this is steadier than the ratio of the
+	// two medians on a busy host.
+	MemcpyRatio Stat `json:"memcpy_ratio"`
 	// Err is why the case could not run (then the metrics are zero).
 	Err string `json:"error,omitempty"`
 }

@@ -232,7 +232,7 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 		if cfg.Memcpy {
 			// Interleaved with the transport's repetitions so both see the
 			// same machine load; same buffers, same block size.
-			mc = append(mc, memcpyRep(dst.Bytes(), src.Bytes(), c.BlockBytes, cfg.RepTime/2))
+			mc = append(mc, memcpyRep(dst.Bytes(), src.Bytes(), c.BlockBytes, cfg.RepTime))
 		}
 	}
 	gb := make([]float64, len(res.Reps))
@@ -244,6 +244,13 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	sort.Float64s(lats)
 	res.LatencyP50us, res.LatencyP99us = Percentile(lats, 50), Percentile(lats, 99)
 	res.MemcpyGBps = Summarize(mc)
+	if len(mc) == len(res.Reps) && len(mc) > 0 {
+		ratios := make([]float64, len(mc))
+		for i := range mc {
+			ratios[i] = Ratio(gb[i], mc[i])
+		}
+		res.MemcpyRatio = Summarize(ratios)
+	}
 	return res
 }
 

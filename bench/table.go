@@ -10,7 +10,8 @@ import (
 
 // WriteTable prints one row per result: the case, median GB/s with the
 // min–max spread over repetitions, messages/s, p50/p99 batch latency, the
-// verification outcome, the ratio to the single-goroutine memcpy baseline,
+// verification outcome, the median per-repetition ratio to the
+// single-goroutine memcpy baseline (Result.MemcpyRatio),
 // and the ratio to each peer series compared with the row's transport (at the
 // same block size). Then the peer runs and the hardware note.
 func WriteTable(w io.Writer, r *Report) error {
@@ -41,7 +42,7 @@ func WriteTable(w io.Writer, r *Report) error {
 		row := []string{res.Transport, FormatSize(res.BlockBytes), fmt.Sprint(res.Depth), fmt.Sprint(res.Streams),
 			fmt.Sprintf("%.3f", res.GBps.Median), fmt.Sprintf("%.3f–%.3f", res.GBps.Min, res.GBps.Max),
 			fmtRate(res.MsgsPerSec.Median), fmt.Sprintf("%.1f", res.LatencyP50us), fmt.Sprintf("%.1f", res.LatencyP99us),
-			ver, fmtRatio(Ratio(res.GBps.Median, res.MemcpyGBps.Median))}
+			ver, fmtRatio(res.MemcpyRatio.Median)}
 		if len(allPeers) > 0 {
 			var parts []string
 			for _, l := range peerCols[res.Transport] {

@@ -20,10 +20,72 @@ func init() {
 	engine.RegisterTransport("rdma", 300, Probe, func(o engine.Options) (engine.Transport, error) { return New(o) })
 }
 
-// dmaBufFD exports CUDA device memory [ptr, ptr+size) as a dma-buf fd for
-// ibv_reg_dmabuf_mr. It is a seam (tests replace it); the default is
-// cuda.DmaBufFD. Errors are wrapped with engine.ErrUnsupportedMemory.
-var dmaBufFD = cuda.DmaBufFD
+// Device-memory registration seams. Tests replace them to exercise the
+// dma-buf → peer-memory fallback in regDevice without a GPU or a NIC.
+var (
+	// dmaBufRange exports the page-aligned device range enclosing
+	// [ptr, ptr+size) as a dma-buf fd and returns the offset of ptr inside
+	// it, in bytes (cuda.DmaBufRange). The caller closes fd.
+	dmaBufRange = cuda.DmaBufRange
+	// regDmaBufMR is ibv_reg_dmabuf_mr ((*ibverbs.PD).RegDmaBufMR).
+	regDmaBufMR = (*ibverbs.PD).RegDmaBufMR
+	// regMR is ibv_reg_mr ((*ibverbs.PD).RegMR); on a device pointer it works
+	// only when the nvidia-peermem module is loaded.
+	regMR = (*ibverbs.PD).RegMR
+)
+
+// peerMemHint is the fix named when GPU memory can be registered neither as
+// a dma-buf MR nor as a peer-memory MR.
+const peerMemHint = "load the nvidia-peermem module (`modprobe nvidia-peermem`) " +
+	"or use a kernel (>= 5.12) and NVIDIA driver with dma-buf support (open kernel modules, CUDA >= 11.7)"
+
+// deviceRegError reports that a GPU range could be registered with neither
+// ibv_reg_dmabuf_mr nor ibv_reg_mr. It wraps engine.ErrUnsupportedMemory and
+// both causes (errors.Is finds any of them).
+type deviceRegError struct {
+	nic    string  // RDMA device name, e.g. "mlx5_0"
+	gpu    int     // CUDA device ordinal
+	addr   uintptr // first byte of the MR (device pointer)
+	length uint64  // MR length in bytes
+	dmaBuf error   // why the dma-buf MR failed (export or ibv_reg_dmabuf_mr)
+	plain  error   // why ibv_reg_mr on the device pointer failed
+}
+
+func (e *deviceRegError) Error() string {
+	return fmt.Sprintf("%v: GPU cuda:%d range %#x+%d on %s: dma-buf MR failed (%v); plain MR (peer memory) failed (%v); %s",
+		engine.ErrUnsupportedMemory, e.gpu, e.addr, e.length, e.nic, e.dmaBuf, e.plain, peerMemHint)
+}
+
+func (e *deviceRegError) Unwrap() []error {
+	return []error{engine.ErrUnsupportedMemory, e.dmaBuf, e.plain}
+}
+
+// regDevice registers n bytes of GPU memory at m.Addr+off on the RDMA device
+// nic (protection domain pd). It tries a dma-buf MR first (the page-aligned
+// export enclosing the range, so any address and length work), then a plain
+// MR on the device pointer (peer memory, nvidia-peermem). Both MRs use the
+// device pointer as their address, so remote writes name the same address
+// whichever succeeded. When both fail it returns a *deviceRegError.
+func regDevice(pd *ibverbs.PD, nic string, m engine.Memory, off, n uint64) (*ibverbs.MR, error) {
+	ptr := m.Addr + uintptr(off)
+	var dmaErr error
+	fd, bufOff, err := dmaBufRange(ptr, n)
+	if err != nil {
+		dmaErr = fmt.Errorf("export: %w", err)
+	} else {
+		mr, err := regDmaBufMR(pd, bufOff, n, uint64(ptr), fd, mrAccess)
+		_ = syscall.Close(fd) // the MR holds its own reference to the dma-buf
+		if err == nil {
+			return mr, nil
+		}
+		dmaErr = fmt.Errorf("ibv_reg_dmabuf_mr: %w", err)
+	}
+	mr, err := regMR(pd, ptr, n, mrAccess)
+	if err == nil {
+		return mr, nil
+	}
+	return nil, &deviceRegError{nic: nic, gpu: m.Device, addr: ptr, length: n, dmaBuf: dmaErr, plain: fmt.Errorf("ibv_reg_mr: %w", err)}
+}
 
 // Defaults of the Options.Extra settings.
 const (
@@ -299,7 +361,10 @@ const mrAccess = ibverbs.AccessLocalWrite | ibverbs.AccessRemoteWrite | ibverbs.
 
 // regHint adds the usual fix to a registration error.
 func regHint(err error, kind engine.MemoryKind) error {
+	var dre *deviceRegError
 	switch {
+	case errors.As(err, &dre):
+		return err // names its own fix
 	case errors.Is(err, syscall.ENOMEM):
 		return fmt.Errorf("%w (pinned-memory limit too low? raise RLIMIT_MEMLOCK: `ulimit -l unlimited`, or LimitMEMLOCK=infinity / --ulimit memlock=-1)", err)
 	case errors.Is(err, syscall.EFAULT) && kind == engine.MemoryCUDA:
@@ -311,7 +376,10 @@ func regHint(err error, kind engine.MemoryKind) error {
 }
 
 // RegisterMemory registers m on every device, split into MRs of at most the
-// device's max_mr_size. Device memory goes through dma-buf.
+// device's max_mr_size. Device memory (engine.MemoryCUDA) is registered as a
+// dma-buf MR, falling back to a plain peer-memory MR (see regDevice); when
+// neither works the error wraps engine.ErrUnsupportedMemory and names both
+// causes and the fix.
 func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	if m.Length == 0 || m.Addr == 0 {
 		return engine.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: empty or null range", m.Addr, m.Length)
@@ -371,12 +439,7 @@ func (t *Transport) regChunk(d *device, m engine.Memory, off, n uint64) (*ibverb
 	case engine.MemoryHost:
 		return d.pd.RegMR(m.Addr+uintptr(off), n, mrAccess)
 	case engine.MemoryCUDA:
-		fd, err := dmaBufFD(m.Addr+uintptr(off), n)
-		if err != nil {
-			return nil, fmt.Errorf("export dma-buf: %w: %w", engine.ErrUnsupportedMemory, err)
-		}
-		defer syscall.Close(fd)
-		return d.pd.RegDmaBufMR(0, n, uint64(m.Addr)+off, fd, mrAccess)
+		return regDevice(d.pd, d.name, m, off, n)
 	}
 	return nil, fmt.Errorf("memory kind %v: %w", m.Kind, engine.ErrUnsupportedMemory)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,15 +167,25 @@ func TestMRSplitAndStriping(t *testing.T) {
 	}
 }
 
+// TestDeviceMemoryWithoutDmaBuf registers "device memory" on a real device
+// with the dma-buf export failing: the plain-MR fallback runs for real
+// (ibv_reg_mr on an unmapped address fails without nvidia-peermem) and the
+// error must carry both causes and the fix.
 func TestDeviceMemoryWithoutDmaBuf(t *testing.T) {
 	requireRDMA(t)
-	old := dmaBufFD
-	dmaBufFD = func(ptr uintptr, size uint64) (int, error) { return -1, errors.New("no CUDA driver") }
-	defer func() { dmaBufFD = old }()
+	exportErr := errors.New("no CUDA driver")
+	old := dmaBufRange
+	dmaBufRange = func(ptr uintptr, size uint64) (int, uint64, error) { return -1, 0, exportErr }
+	defer func() { dmaBufRange = old }()
 	tr := newT(t, 1, nil)
 	_, err := tr.RegisterMemory(engine.Memory{Addr: 0x7f0000000000, Length: 1 << 20, Kind: engine.MemoryCUDA, FD: -1})
-	if !errors.Is(err, engine.ErrUnsupportedMemory) {
-		t.Fatalf("RegisterMemory(cuda) = %v; want ErrUnsupportedMemory", err)
+	if !errors.Is(err, engine.ErrUnsupportedMemory) || !errors.Is(err, exportErr) {
+		t.Fatalf("RegisterMemory(cuda) = %v; want ErrUnsupportedMemory wrapping the export error", err)
+	}
+	for _, want := range []string{"dma-buf MR failed", "plain MR (peer memory) failed", "ibv_reg_mr", "nvidia-peermem", tr.Devices()[0]} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
 	}
 	t.Log(err)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,7 +36,13 @@ func (f *fakeDevice) copyToDevice(dst uintptr, _ int, src []byte) error {
 	return nil
 }
 
+// TestDeviceMemoryRefusedWithoutCopier runs with the copier a host without
+// the NVIDIA driver gets (noDevice), whatever this host has: on a GPU host
+// defaultCopier installs the CUDA copier, which would accept the range.
 func TestDeviceMemoryRefusedWithoutCopier(t *testing.T) {
+	saved := deviceCopier
+	deviceCopier = noDevice{}
+	defer func() { deviceCopier = saved }()
 	tr, err := New(engine.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +54,39 @@ func TestDeviceMemoryRefusedWithoutCopier(t *testing.T) {
 	_, err = tr.RegisterMemory(engine.Memory{Addr: 0x7000_0000_0000, Length: 1 << 20, Kind: engine.MemoryCUDA, Device: 0, FD: -1})
 	if !errors.Is(err, engine.ErrUnsupportedMemory) {
 		t.Fatalf("RegisterMemory(cuda) = %v, want ErrUnsupportedMemory", err)
+	}
+	if !strings.Contains(err.Error(), "cuda:0") || !strings.Contains(err.Error(), "use host or pinned memory") {
+		t.Errorf("error %q does not name the device or the fix", err)
+	}
+}
+
+// TestDeviceCapabilityFollowsCopier checks the other side: with a copier
+// installed the transport advertises CapDeviceMemory and accepts the range.
+func TestDeviceCapabilityFollowsCopier(t *testing.T) {
+	saved := deviceCopier
+	deviceCopier = &fakeDevice{}
+	defer func() { deviceCopier = saved }()
+	tr, err := New(engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if !tr.Capabilities().Has(engine.CapDeviceMemory) {
+		t.Errorf("CapDeviceMemory not set with a CUDA copier installed")
+	}
+	buf, err := engine.AllocHost("cap", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Close()
+	m := buf.Memory()
+	m.Kind = engine.MemoryCUDA
+	d, err := tr.RegisterMemory(m)
+	if err != nil {
+		t.Fatalf("RegisterMemory(cuda) with a copier: %v", err)
+	}
+	if err := tr.DeregisterMemory(d.ID); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -52,8 +52,9 @@ type rankOpts struct {
 	waiting, peerTmo time.Duration
 	bootTmo          time.Duration
 	wrap             func(engine.Transport) engine.Transport
-	transports       []string // default: tcp
-	envTimeouts      bool     // leave zero timeouts to the SGLang env variables
+	transports       []string      // default: tcp
+	envTimeouts      bool          // leave zero timeouts to the SGLang env variables
+	bootHB           time.Duration // decode: BootstrapHeartbeatInterval (0: default)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -84,7 +85,8 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		trs = append(trs, tr)
 	}
 	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: trs, BootstrapAddr: o.addr,
-		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo}
+		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
+		BootstrapHeartbeatInterval: o.bootHB}
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}

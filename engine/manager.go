@@ -98,7 +98,19 @@ type ManagerConfig struct {
 	// (seconds), else 300 s.
 	WaitingTimeout time.Duration
 	// HeartbeatInterval is the PING period to every known peer (500 ms).
+	// It is kvxfer's own control-channel liveness, not SGLang's bootstrap
+	// heartbeat (see BootstrapHeartbeatInterval).
 	HeartbeatInterval time.Duration
+	// BootstrapHeartbeatInterval (decode) is the GET /health period to each
+	// resolved bootstrap address (spec §4.4). 0: env
+	// SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (seconds, at least 2 as in
+	// SGLang), else 5 s. Negative disables the check.
+	BootstrapHeartbeatInterval time.Duration
+	// BootstrapHeartbeatMaxFailure (decode) is the number of consecutive
+	// failed health checks after which the address's cached bootstrap info
+	// is dropped and its waiting receivers fail with ErrBootstrapLost. 0:
+	// env SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE, else 2.
+	BootstrapHeartbeatMaxFailure int
 	// PeerTimeout fails the rooms of a peer silent this long (10 s): a hung
 	// or partitioned peer. A peer whose process dies is detected at once, when
 	// its control connection drops (ZMQ socket monitor).
@@ -176,6 +188,7 @@ type Manager struct {
 	done  chan struct{}
 	wg    sync.WaitGroup
 	monWG sync.WaitGroup
+	hbWG  sync.WaitGroup // decode: bootstrap heartbeats (heartbeat.go)
 	monN  int
 }
 
@@ -211,6 +224,11 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.Role == RoleDecode {
+		if cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure, err = bootstrapHeartbeatSettings(cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout
@@ -455,6 +473,7 @@ func (m *Manager) teardown() {
 	}
 	m.wg.Wait()
 	m.monWG.Wait()
+	m.hbWG.Wait()
 	m.mu.Lock()
 	for _, p := range m.dpeers {
 		p.close()

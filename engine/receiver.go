@@ -14,7 +14,8 @@ import (
 // instanceInfo is the decode's cache of one bootstrap address: the prefill
 // topology and the control endpoints of the ranks looked up so far (SGLang's
 // prefill_info_table + connection_pool, spec §4.2–4.4). It is dropped when a
-// peer it names is lost.
+// peer it names is lost, or when its bootstrap server fails the heartbeat
+// (heartbeat.go).
 type instanceInfo struct {
 	addr   string
 	client *bootstrap.Client
@@ -87,8 +88,12 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 	m.mu.Lock()
 	if cur := m.bcache[addr]; cur != nil {
 		inst = cur
+	} else if m.closed {
+		m.mu.Unlock()
+		return nil, ErrManagerClosed
 	} else {
 		m.bcache[addr] = inst
+		m.startHeartbeatLocked(inst)
 	}
 	m.mu.Unlock()
 	return inst, nil

@@ -86,6 +86,9 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		BootstrapTimeout: c.bootstrapTimeout,
 		WaitingTimeout:   c.waitingTimeout,
 		Checksum:         c.checksum,
+		// GPU-visible mapped pinned memory when CUDA is present
+		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
+		RingAlloc: engine.AutoRingMemory,
 	})
 	if err != nil {
 		pool.Close()

@@ -155,18 +155,21 @@ type replyLine struct {
 	Ready      bool     `json:"ready,omitempty"`
 	Endpoint   string   `json:"endpoint,omitempty"`
 	Transports []string `json:"transports,omitempty"`
-	Role       string   `json:"role"`
-	TPRank     int      `json:"tp_rank"`
-	PPRank     int      `json:"pp_rank"`
-	Room       uint64   `json:"room"`
-	OK         bool     `json:"ok"`
-	Error      string   `json:"error,omitempty"`
-	Pages      int      `json:"pages"`
-	Bytes      uint64   `json:"bytes"`
-	Dummy      bool     `json:"dummy,omitempty"`
-	TransferUS int64    `json:"transfer_us"`
-	FillUS     int64    `json:"fill_us,omitempty"`
-	VerifyUS   int64    `json:"verify_us,omitempty"`
+	// Ring (decode's ready line) is where the metadata ring lives: "gpu"
+	// (pinned and mapped, a kernel can read it) or "host".
+	Ring       string `json:"ring,omitempty"`
+	Role       string `json:"role"`
+	TPRank     int    `json:"tp_rank"`
+	PPRank     int    `json:"pp_rank"`
+	Room       uint64 `json:"room"`
+	OK         bool   `json:"ok"`
+	Error      string `json:"error,omitempty"`
+	Pages      int    `json:"pages"`
+	Bytes      uint64 `json:"bytes"`
+	Dummy      bool   `json:"dummy,omitempty"`
+	TransferUS int64  `json:"transfer_us"`
+	FillUS     int64  `json:"fill_us,omitempty"`
+	VerifyUS   int64  `json:"verify_us,omitempty"`
 }
 
 // runRole runs a prefill or decode rank: it serves request lines from stdin
@@ -206,7 +209,11 @@ func runRole(role engine.Role, f *roleFlags) error {
 	defer closeAll(ts)
 	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum}
+		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
+		// The decode's metadata ring: memfd memory, also pinned and mapped for
+		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
+		// the shm transport can share it by fd either way.
+		RingAlloc: engine.AutoRingMemory}
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
 	}
@@ -216,7 +223,15 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	defer m.Close()
 	out := &lineWriter{w: os.Stdout}
-	out.write(replyLine{Ready: true, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), OK: true})
+	ready := replyLine{Ready: true, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), OK: true}
+	if r := m.Ring(); r != nil {
+		ready.Ring = "host"
+		if r.RingMem().DevicePtr() != 0 {
+			ready.Ring = "gpu"
+		}
+		slog.Info("metadata ring", "slots", r.Slots(), "where", ready.Ring, "device_ptr", fmt.Sprintf("%#x", r.RingMem().DevicePtr()))
+	}
+	out.write(ready)
 	slog.Info("rank serving requests from stdin", "role", role, "control", m.Endpoint(), "model", layout.Model.Name,
 		"pages", layout.NumPages, "item_len", layout.ItemLen(), "crc32c", engine.CRC32CPath())
 

@@ -49,10 +49,9 @@ type segment struct {
 
 	peerLost atomic.Bool
 
-	mu      sync.Mutex
+	mu      sync.Mutex // guards closed; Submit adds to batches under it
 	closed  bool
-	nextID  engine.BatchID
-	batches map[engine.BatchID]*batch
+	batches *engine.BatchTable[*batch]
 	running sync.WaitGroup // copy goroutines in flight; Close waits before unmapping
 }
 
@@ -80,7 +79,14 @@ func (b *batch) finish(st engine.BatchState, err error) {
 	close(b.doneCh)
 }
 
-func (b *batch) status() engine.BatchStatus {
+// Done is closed when the batch is terminal (engine.TableBatch).
+func (b *batch) Done() <-chan struct{} { return b.doneCh }
+
+// Terminal reports whether the state is terminal (engine.TableBatch).
+func (b *batch) Terminal() bool { return engine.BatchState(b.state.Load()).Terminal() }
+
+// Status returns the batch's status, Err only once terminal (engine.TableBatch).
+func (b *batch) Status() engine.BatchStatus {
 	st := engine.BatchState(b.state.Load()) // acquire
 	s := engine.BatchStatus{State: st, BytesDone: b.done.Load()}
 	if st.Terminal() {
@@ -113,7 +119,7 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), engine.ErrUnavailable)
 	}
 	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[engine.RegionID]*remoteRegion{},
-		nextID: 1, batches: map[engine.BatchID]*batch{}, wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
+		batches: engine.NewBatchTable[*batch]("shm"), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -267,10 +273,7 @@ func (s *segment) watch() {
 func (s *segment) lose(err error) {
 	s.peerLost.Store(true)
 	s.mu.Lock()
-	pend := make([]*batch, 0, len(s.batches))
-	for _, b := range s.batches {
-		pend = append(pend, b)
-	}
+	pend := s.batches.All()
 	s.mu.Unlock()
 	for _, b := range pend {
 		b.canceled.Store(true)
@@ -342,9 +345,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		total += n * r.Length
 	}
 	b := &batch{doneCh: make(chan struct{}), total: total}
-	id := s.nextID
-	s.nextID++
-	s.batches[id] = b
+	id := s.batches.Add(b)
 	s.running.Add(1)
 	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(pieces) < 2 {
 		// Small batch: copy on the caller's goroutine (outside the lock).
@@ -413,43 +414,20 @@ func (s *segment) copyAll(b *batch, pieces []piece, workers int) {
 	}
 }
 
-func (s *segment) get(id engine.BatchID) (*batch, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b, ok := s.batches[id]
-	if !ok {
-		return nil, fmt.Errorf("shm: batch %d: %w", id, engine.ErrUnknownBatch)
-	}
-	return b, nil
-}
-
 // Poll returns the batch's state without blocking.
 func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
-	b, err := s.get(id)
-	if err != nil {
-		return engine.BatchStatus{}, err
-	}
-	return b.status(), nil
+	return s.batches.Poll(id)
 }
 
 // Wait blocks until the batch is terminal or ctx ends (then it returns the
 // current status and ctx's error).
 func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
-	b, err := s.get(id)
-	if err != nil {
-		return engine.BatchStatus{}, err
-	}
-	select {
-	case <-b.doneCh:
-		return b.status(), nil
-	case <-ctx.Done():
-		return b.status(), fmt.Errorf("shm: wait for batch %d: %w", id, ctx.Err())
-	}
+	return s.batches.Wait(ctx, id)
 }
 
 // Cancel stops a pending batch at the next 1 MiB chunk boundary.
 func (s *segment) Cancel(id engine.BatchID) error {
-	b, err := s.get(id)
+	b, err := s.batches.Get(id)
 	if err != nil {
 		return err
 	}
@@ -459,11 +437,7 @@ func (s *segment) Cancel(id engine.BatchID) error {
 
 // Release forgets a terminal batch (a pending one is kept).
 func (s *segment) Release(id engine.BatchID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if b, ok := s.batches[id]; ok && engine.BatchState(b.state.Load()).Terminal() {
-		delete(s.batches, id)
-	}
+	s.batches.Release(id)
 }
 
 // Close fails pending batches with engine.ErrClosed, waits for copies in
@@ -475,10 +449,7 @@ func (s *segment) Close() error {
 		return nil
 	}
 	s.closed = true
-	pend := make([]*batch, 0, len(s.batches))
-	for _, b := range s.batches {
-		pend = append(pend, b)
-	}
+	pend := s.batches.All()
 	s.mu.Unlock()
 	for _, b := range pend {
 		b.canceled.Store(true)

@@ -31,7 +31,8 @@ type batch struct {
 	state     engine.BatchState
 }
 
-func (b *batch) status() engine.BatchStatus {
+// Status returns the batch's status, Err only once terminal (engine.TableBatch).
+func (b *batch) Status() engine.BatchStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := engine.BatchStatus{State: b.state, BytesDone: b.bytesDone}
@@ -39,6 +40,19 @@ func (b *batch) status() engine.BatchStatus {
 		st.Err = b.err
 	}
 	return st
+}
+
+// Done is closed when the batch is terminal (engine.TableBatch).
+func (b *batch) Done() <-chan struct{} { return b.done }
+
+// Terminal reports whether done is closed (engine.TableBatch).
+func (b *batch) Terminal() bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // finish accounts for one frame: landed bytes, its error, or skipped.
@@ -120,10 +134,9 @@ type segment struct {
 	remote  map[engine.RegionID]engine.RegionDesc
 	streams []*stream
 
-	mu      sync.Mutex
+	mu      sync.Mutex // guards closed; Submit adds to batches under it
 	closed  bool
-	nextID  engine.BatchID
-	batches map[engine.BatchID]*batch
+	batches *engine.BatchTable[*batch]
 }
 
 // OpenSegment dials Options.Streams data connections to the receiver whose
@@ -142,7 +155,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if closed {
 		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
 	}
-	s := &segment{t: t, addr: addr, remote: map[engine.RegionID]engine.RegionDesc{}, nextID: 1, batches: map[engine.BatchID]*batch{}}
+	s := &segment{t: t, addr: addr, remote: map[engine.RegionID]engine.RegionDesc{}, batches: engine.NewBatchTable[*batch]("tcp")}
 	for _, d := range info.Regions {
 		s.remote[d.ID] = d
 	}
@@ -294,9 +307,8 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		s.mu.Unlock()
 		return 0, fmt.Errorf("tcp: submit to %s: %w", s.addr, lost)
 	}
-	b.id = s.nextID
-	s.nextID++
-	s.batches[b.id] = b
+	// b.id is read only by finish, which runs after the frames are queued.
+	b.id = s.batches.Add(b)
 	s.mu.Unlock()
 
 	if len(frames) == 0 {
@@ -323,46 +335,23 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	return b.id, nil
 }
 
-func (s *segment) lookup(id engine.BatchID) (*batch, error) {
-	s.mu.Lock()
-	b, ok := s.batches[id]
-	s.mu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("tcp: batch %d: %w", id, engine.ErrUnknownBatch)
-	}
-	return b, nil
-}
-
 // Poll returns the batch's status without blocking (ErrUnknownBatch after
 // Release or for an ID never returned by Submit).
 func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
-	b, err := s.lookup(id)
-	if err != nil {
-		return engine.BatchStatus{}, err
-	}
-	return b.status(), nil
+	return s.batches.Poll(id)
 }
 
 // Wait blocks until the batch is terminal or ctx ends (then it returns the
 // current status and ctx's error).
 func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
-	b, err := s.lookup(id)
-	if err != nil {
-		return engine.BatchStatus{}, err
-	}
-	select {
-	case <-b.done:
-		return b.status(), nil
-	case <-ctx.Done():
-		return b.status(), fmt.Errorf("tcp: wait for batch %d: %w", id, ctx.Err())
-	}
+	return s.batches.Wait(ctx, id)
 }
 
 // Cancel stops sending the batch's frames that are not on the wire yet. The
 // batch ends Canceled if any frame was skipped, Completed if all had already
 // landed, Failed if one failed. Errors: ErrUnknownBatch.
 func (s *segment) Cancel(id engine.BatchID) error {
-	b, err := s.lookup(id)
+	b, err := s.batches.Get(id)
 	if err != nil {
 		return err
 	}
@@ -376,15 +365,7 @@ func (s *segment) Cancel(id engine.BatchID) error {
 // Release forgets a terminal batch. Releasing a pending batch is ignored (its
 // memory is still in use; Cancel and Wait first).
 func (s *segment) Release(id engine.BatchID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if b, ok := s.batches[id]; ok {
-		select {
-		case <-b.done:
-			delete(s.batches, id)
-		default:
-		}
-	}
+	s.batches.Release(id)
 }
 
 // Close closes every stream; pending batches fail with an error wrapping

@@ -92,45 +92,77 @@ func checkRow(b []byte, seed uint64) int {
 }
 
 // forRows calls f for every head row this pool holds for the request's pages
-// (pages[k] is the request's logical page k).
-func forRows(p *KVPool, pages []int32, f func(row []byte, layer, kv, token, head int) bool) {
+// (pages[k] is the request's logical page k). A device pool is staged item by
+// item through a host copy (ReadAt, then WriteAt when write is set); errors
+// come only from those copies.
+func forRows(p *KVPool, pages []int32, write bool, f func(row []byte, layer, kv, token, head int) bool) error {
 	l := p.layout
-	mem := p.Bytes()
+	host := p.Bytes()
 	hb, tb, il := l.HeadBytes(), l.TokenBytes(), l.ItemLen()
+	var item []byte
+	if host == nil {
+		item = make([]byte, il)
+	}
 	for i := 0; i < l.NumBuffers(); i++ {
 		layer, kv := l.BufferLayer(i)
 		boff := l.BufferOffset(i)
 		for k, pg := range pages {
 			poff := boff + uint64(pg)*il
+			mem, base := host, poff
+			if host == nil {
+				if err := p.ReadAt(item, poff); err != nil {
+					return err
+				}
+				mem, base = item, 0
+			}
+			stop := false
+		rows:
 			for t := 0; t < l.PageSize; t++ {
-				toff := poff + uint64(t)*tb
+				toff := base + uint64(t)*tb
 				for h := 0; h < l.HeadsPerRank; h++ {
 					o := toff + uint64(h)*hb
 					if !f(mem[o:o+hb], layer, kv, k*l.PageSize+t, l.GlobalHead(h)) {
-						return
+						stop = true
+						break rows
 					}
 				}
 			}
+			if host == nil && write {
+				if err := p.WriteAt(item, poff); err != nil {
+					return err
+				}
+			}
+			if stop {
+				return nil
+			}
 		}
 	}
+	return nil
 }
 
 // FillPattern writes the test pattern of request room into the pool's pages
 // (every layer buffer, every token slot of every page, every head this rank
-// holds), as if the prefill had computed the KV.
-func FillPattern(p *KVPool, room uint64, pages []int32) {
-	forRows(p, pages, func(row []byte, layer, kv, token, head int) bool {
+// holds), as if the prefill had computed the KV. For a device pool the
+// pattern goes through host copies; their errors are returned (a host pool
+// never fails).
+func FillPattern(p *KVPool, room uint64, pages []int32) error {
+	err := forRows(p, pages, true, func(row []byte, layer, kv, token, head int) bool {
 		fillRow(row, PatternSeed(room, layer, kv, token, head))
 		return true
 	})
+	if err != nil {
+		return fmt.Errorf("engine: fill the test pattern for room %d: %w", room, err)
+	}
+	return nil
 }
 
 // VerifyPattern checks every byte of the request's pages against the test
 // pattern of room; the error names the first wrong row (layer, K/V, token,
-// head, byte offset) and counts rows checked.
+// head, byte offset) and counts rows checked. A device pool is read
+// through host copies; a failed copy is returned as an error too.
 func VerifyPattern(p *KVPool, room uint64, pages []int32) error {
 	var err error
-	forRows(p, pages, func(row []byte, layer, kv, token, head int) bool {
+	cerr := forRows(p, pages, false, func(row []byte, layer, kv, token, head int) bool {
 		if off := checkRow(row, PatternSeed(room, layer, kv, token, head)); off >= 0 {
 			kvs := "K"
 			if p.layout.Model.MLA {
@@ -143,5 +175,8 @@ func VerifyPattern(p *KVPool, room uint64, pages []int32) error {
 		}
 		return true
 	})
+	if cerr != nil {
+		return fmt.Errorf("engine: verify room %d: %w", room, cerr)
+	}
 	return err
 }

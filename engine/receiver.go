@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"time"
 
@@ -512,7 +511,12 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 			r.failLocal(fmt.Errorf("%w: room %d: producer %d sent no checksum although the decode asked for one", ErrChecksum, r.room, t.producer))
 			return
 		}
-		if got := r.checksum(t, pages); got != rec.Checksum {
+		got, err := r.checksum(t, pages)
+		if err != nil {
+			r.failLocal(fmt.Errorf("engine: room %d: producer %d: checksum of the received pages: %w", r.room, t.producer, err))
+			return
+		}
+		if got != rec.Checksum {
 			r.failLocal(fmt.Errorf("%w: room %d: producer %d: record says %#08x, received bytes give %#08x", ErrChecksum, r.room, t.producer, rec.Checksum, got))
 			return
 		}
@@ -533,27 +537,33 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 
 // checksum recomputes the producer's CRC32C over the received bytes in the
 // canonical order (see Sender.checksum).
-func (r *Receiver) checksum(t *recvTarget, pages []int32) uint32 {
+func (r *Receiver) checksum(t *recvTarget, pages []int32) (uint32, error) {
 	l := r.m.layout
-	mem := r.m.cfg.Pool.Bytes()
+	pool := r.m.cfg.Pool
 	dTok := l.TokenBytes()
 	var crc uint32
+	var scratch []byte
+	var err error
 	for _, pg := range pages {
 		for i := 0; i < t.src.NumBuffers(); i++ {
 			layer, kv := t.src.BufferLayer(i)
 			di, _ := l.BufferIndex(layer, kv)
 			off := l.BufferOffset(di) + uint64(pg)*l.ItemLen()
 			if t.slice.Length == dTok {
-				crc = crc32.Update(crc, castagnoli, mem[off:off+l.ItemLen()])
+				if crc, err = pool.crcUpdate(crc, off, l.ItemLen(), &scratch); err != nil {
+					return 0, err
+				}
 				continue
 			}
 			for tk := 0; tk < l.PageSize; tk++ {
 				o := off + uint64(tk)*dTok + t.slice.DstOffset
-				crc = crc32.Update(crc, castagnoli, mem[o:o+t.slice.Length])
+				if crc, err = pool.crcUpdate(crc, o, t.slice.Length, &scratch); err != nil {
+					return 0, err
+				}
 			}
 		}
 	}
-	return crc
+	return crc, nil
 }
 
 func (r *Receiver) checkTimeout(now time.Time) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"sync"
 	"time"
@@ -621,7 +620,11 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	dstPages := d.msg.Pages[offset : offset+len(c.pages)]
 	reqs, nbytes := s.plan(p, c.pages, dstPages)
 	if d.msg.Checksum {
-		d.crc = s.checksum(p, c.pages, d.crc)
+		crc, err := s.checksum(p, c.pages, d.crc)
+		if err != nil {
+			return fmt.Errorf("engine: room %d: checksum of the sent pages: %w", s.room, err)
+		}
+		d.crc = crc
 	}
 	d.pages += uint32(len(c.pages))
 	d.bytes += nbytes
@@ -733,22 +736,28 @@ func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) 
 // checksum extends crc over the bytes this chunk sends, in the canonical
 // order the receiver recomputes: page by page, buffer by buffer (destination
 // order), token row by token row, the sliced bytes of each row.
-func (s *Sender) checksum(p *decodePeer, src []int32, crc uint32) uint32 {
+func (s *Sender) checksum(p *decodePeer, src []int32, crc uint32) (uint32, error) {
 	sl := s.m.layout
-	mem := s.m.cfg.Pool.Bytes()
+	pool := s.m.cfg.Pool
 	sTok := sl.TokenBytes()
+	var scratch []byte
+	var err error
 	for _, pg := range src {
 		for i := 0; i < sl.NumBuffers(); i++ {
 			off := sl.BufferOffset(i) + uint64(pg)*sl.ItemLen()
 			if p.slice.Length == sTok {
-				crc = crc32.Update(crc, castagnoli, mem[off:off+sl.ItemLen()])
+				if crc, err = pool.crcUpdate(crc, off, sl.ItemLen(), &scratch); err != nil {
+					return 0, err
+				}
 				continue
 			}
 			for t := 0; t < sl.PageSize; t++ {
 				r := off + uint64(t)*sTok + p.slice.SrcOffset
-				crc = crc32.Update(crc, castagnoli, mem[r:r+p.slice.Length])
+				if crc, err = pool.crcUpdate(crc, r, p.slice.Length, &scratch); err != nil {
+					return 0, err
+				}
 			}
 		}
 	}
-	return crc
+	return crc, nil
 }

@@ -146,6 +146,9 @@ cat "$OUTDIR/topo.log" >>"$LOG"
 step topo-json 30 "$ROOT" "$K" topo --json
 step cuda-tests 150 "$ROOT/cuda" "$T/cuda.test" -test.v -test.count=1 -test.timeout 140s
 step gpucheck 150 "$ROOT" "$K" gpucheck --require --size-mib 256 --staging-mib 512 --timeout 60s
+# The real prefill/decode processes with their KV pools in device memory
+# (filled and verified through host copies, CRC32C checked; tcp bounce).
+step demo-device 90 "$ROOT" "$K" demo --device cuda:0 --requests 8 --pool-mb 512 --checksum --no-progress --seed 7
 step gputopo-tests 30 "$ROOT/cuda/gputopo" "$T/cuda_gputopo.test" -test.v -test.count=1
 step engine-ring-gpu 60 "$ROOT/engine" "$T/engine.test" -test.v -test.count=1 -test.run 'Ring'
 step tcp-tests 120 "$ROOT/engine/tcp" "$T/engine_tcp.test" -test.v -test.count=1 -test.timeout 110s
@@ -161,6 +164,8 @@ step engine-tests 150 "$ROOT/engine" "$T/engine.test" -test.count=1 -test.v -tes
 	grep -A 40 '^CHECK' "$OUTDIR/gpucheck.log" || echo "(no gpucheck table: see gpucheck.log)"
 	grep -h '^STAGING' "$OUTDIR/cuda-tests.log" 2>/dev/null | head -1
 	grep -h 'GPU read bootstrap_room' "$OUTDIR/engine-ring-gpu.log" 2>/dev/null | head -3 | sed 's/^ *//'
+	echo "== kvxfer demo --device cuda:0 (device-memory KV pools, real sender/receiver)"
+	grep -E '^(transport|requests|bytes|GB/s|transfer latency|failures) ' "$OUTDIR/demo-device.log" 2>/dev/null || echo "(no demo summary: see demo-device.log)"
 	echo
 	echo "== gpu-check summary (commit $(cat "$WORK/COMMIT"), lib mode: $LIBMODE, $(elapsed) s of ${BUDGET} s)"
 	printf '%-16s %-5s %5s  %s\n' STEP RESULT SECS NOTE

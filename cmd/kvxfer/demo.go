@@ -24,6 +24,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -46,6 +47,7 @@ type demoFlags struct {
 	chunkPages  int
 	noProgress  bool
 	childLog    string
+	device      string
 }
 
 func init() {
@@ -86,6 +88,7 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 	fs.IntVar(&f.chunkPages, "chunk-pages", 0, "prefill sends each request in chunks of this many pages (0 = one chunk)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar")
 	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
+	fs.StringVar(&f.device, "device", "", "KV pools of every rank in host memory (empty) or on CUDA device cuda:N (patterns filled and verified through host copies; transports that cannot move device memory are not used)")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -255,6 +258,13 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	case f.requests < 0:
 		return fmt.Errorf("--requests %d: must be >= 0", f.requests)
 	}
+	if _, onDevice, err := parseDevice(f.device); err != nil {
+		return err
+	} else if onDevice {
+		if err := cuda.Available(); err != nil {
+			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pools in host memory)", f.device, err)
+		}
+	}
 	model, err := engine.LookupModel(f.model)
 	if err != nil {
 		return err
@@ -317,6 +327,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
 		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
 		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String()}
+	if f.device != "" {
+		common = append(common, "--device", f.device)
+	}
 	var children, prefills, decodes []*child
 	defer func() {
 		var wg sync.WaitGroup

@@ -90,22 +90,29 @@ func TestDecodeRingPlacement(t *testing.T) {
 		}
 	})
 	t.Run("fake CUDA", func(t *testing.T) {
-		gcc, err := exec.LookPath("gcc")
-		if err != nil {
-			t.Skipf("fake CUDA libraries need gcc: %v", err)
-		}
-		dir := t.TempDir()
-		for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
-			if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-				t.Fatalf("gcc %s: %v\n%s", src, err, out)
-			}
-		}
-		got := decodeReadyRing(t, "KVXFER_CUDART="+filepath.Join(dir, "libcudart.so.13"), "KVXFER_LIBCUDA="+filepath.Join(dir, "libcuda.so.1"),
-			"KVXFER_NVRTC="+filepath.Join(dir, "none.so"))
-		if got != "gpu" {
+		if got := decodeReadyRing(t, fakeCUDAEnv(t)...); got != "gpu" {
 			t.Fatalf("ring = %q with (fake) CUDA present, want gpu", got)
 		}
 	})
+}
+
+// fakeCUDAEnv builds the fake CUDA libraries of cuda/testdata with gcc and
+// returns the environment that makes a kvxfer process load them. It skips
+// without gcc.
+func fakeCUDAEnv(t *testing.T) []string {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skipf("fake CUDA libraries need gcc: %v", err)
+	}
+	dir := t.TempDir()
+	for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
+		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
+			t.Fatalf("gcc %s: %v\n%s", src, err, out)
+		}
+	}
+	return []string{"KVXFER_CUDART=" + filepath.Join(dir, "libcudart.so.13"), "KVXFER_LIBCUDA=" + filepath.Join(dir, "libcuda.so.1"),
+		"KVXFER_NVRTC=" + filepath.Join(dir, "none.so")}
 }
 
 // lockedBuffer is a bytes.Buffer safe for the exec copier goroutine and the test.

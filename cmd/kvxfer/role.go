@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
@@ -43,6 +45,7 @@ type roleFlags struct {
 	ringSlots        int
 	chunkPages       int
 	prefault         bool
+	device           string
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -66,6 +69,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.IntVar(&f.ppSize, "pp-size", 1, "pipeline-parallel size of this instance")
 	fs.IntVar(&f.ppRank, "pp-rank", 0, "pipeline-parallel rank of this process")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool size of this rank in MiB")
+	fs.StringVar(&f.device, "device", "", "where the KV pool lives: host memory (empty, the default) or cuda:N (device memory on CUDA device N; needs the NVIDIA driver, and only transports that can move device memory are used)")
 	fs.BoolVar(&f.prefault, "prefault", false, "make the KV pool resident at start (madvise POPULATE_WRITE) so transfers pay no first-touch page faults")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
@@ -189,7 +193,19 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if err != nil {
 		return err
 	}
-	pool, err := engine.NewKVPool(layout, role.String()+"-kv-pool")
+	dev, onDevice, err := parseDevice(f.device)
+	if err != nil {
+		return err
+	}
+	var pool *engine.KVPool
+	if onDevice {
+		if err := cuda.Available(); err != nil {
+			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
+		}
+		pool, err = engine.NewDeviceKVPool(layout, role.String()+"-kv-pool", dev)
+	} else {
+		pool, err = engine.NewKVPool(layout, role.String()+"-kv-pool")
+	}
 	if err != nil {
 		return err
 	}
@@ -206,14 +222,23 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if err != nil {
 		return err
 	}
+	if onDevice {
+		if ts, err = deviceTransports(ts, f.transport, f.device); err != nil {
+			return err
+		}
+	}
 	defer closeAll(ts)
+	ring := engine.RingAllocator(engine.AutoRingMemory)
+	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
+		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
+	}
 	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
 		// the shm transport can share it by fd either way.
-		RingAlloc: engine.AutoRingMemory}
+		RingAlloc: ring}
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
 	}
@@ -341,7 +366,9 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 	var r replyLine
 	if f.fill {
 		t := time.Now()
-		engine.FillPattern(pool, q.Room, src)
+		if err := engine.FillPattern(pool, q.Room, src); err != nil {
+			return fail(err)
+		}
 		r.FillUS = time.Since(t).Microseconds()
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+time.Second)
@@ -429,4 +456,45 @@ func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLi
 	}
 	out.OK = true
 	return out
+}
+
+// parseDevice parses --device: "" or "host" for host memory, "cuda:N" for
+// CUDA device N.
+func parseDevice(s string) (dev int, onDevice bool, err error) {
+	if s == "" || s == "host" {
+		return -1, false, nil
+	}
+	n, ok := strings.CutPrefix(s, "cuda:")
+	if ok {
+		if d, err := strconv.Atoi(n); err == nil && d >= 0 {
+			return d, true, nil
+		}
+	}
+	return 0, false, fmt.Errorf("--device %q: want host or cuda:N (N a CUDA device ordinal, e.g. cuda:0)", s)
+}
+
+// deviceTransports keeps the transports that can register device memory
+// (engine.CapDeviceMemory) and closes the rest. With an explicit --transport
+// list every named transport must qualify; with auto at least one must.
+func deviceTransports(ts []engine.Transport, spec, device string) ([]engine.Transport, error) {
+	var keep, drop []engine.Transport
+	var names []string
+	for _, t := range ts {
+		if t.Capabilities().Has(engine.CapDeviceMemory) {
+			keep = append(keep, t)
+			continue
+		}
+		drop = append(drop, t)
+		names = append(names, t.Name())
+	}
+	if len(keep) == 0 || (len(drop) > 0 && spec != "" && spec != "auto") {
+		closeAll(ts)
+		return nil, fmt.Errorf("--device %s: transport(s) %s cannot move device memory; use --transport tcp (bounce through pinned memory) or rdma (GPUDirect), or drop --device",
+			device, strings.Join(names, ","))
+	}
+	closeAll(drop)
+	if len(drop) > 0 {
+		slog.Info("transports without device-memory support are not used with --device", "device", device, "dropped", names)
+	}
+	return keep, nil
 }

@@ -301,6 +301,14 @@ func (c *Client) RankInfo(ctx context.Context, dp, cp, tp, pp int) (*PrefillRank
 		return nil, fmt.Errorf("bootstrap: GET %s/route rank (dp=%d cp=%d tp=%d pp=%d): bad answer rank_ip=%q rank_port=%d",
 			c.addr, dp, cp, tp, pp, ri.RankIP, ri.RankPort)
 	}
+	// A server other than kvxfer's may store any string: refuse hosts no
+	// connection can reach rather than dial them.
+	host, err := validHost(ri.RankIP)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/route rank (dp=%d cp=%d tp=%d pp=%d): bad answer rank_ip: %w (the prefill rank registered an unusable address; fix its host setting)",
+			c.addr, dp, cp, tp, pp, err)
+	}
+	ri.RankIP = host
 	return &ri, nil
 }
 

@@ -70,6 +70,11 @@ func FuzzPutRoute(f *testing.F) {
 	f.Add(`{}`)
 	f.Add(`[1,2]`)
 	f.Add(`{"rank_port":1e400}`)
+	// Unusable rank_ip values (400) next to usable ones (200).
+	for _, ip := range []string{"999.1.1.1", "1.2.3", "01.02.03.04", "0.0.0.0", "::", "[::]", "224.0.0.1", "0x7f.1",
+		"[::1]", "fe80::1%eth0", "prefill-0.svc.cluster.local"} {
+		f.Add(strings.Replace(rankIPBody(`"`+ip+`"`), `"attn_tp_size":1,"attn_tp_rank":0`, `"attn_tp_size":2,"attn_tp_rank":1`, 1))
+	}
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, body string) {
 		before := s.Snapshot()

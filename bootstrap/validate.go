@@ -124,8 +124,9 @@ func optBool(m map[string]json.RawMessage, field string) (bool, error) {
 // ParseRegisterRequest decodes and validates a PUT /route body. Every field
 // is type-checked (integers must be JSON integers) and range-checked: sizes
 // in [1, MaxParallelSize] with dp·cp·tp·pp ≤ MaxRanks, each rank in [0, size),
-// rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip an IPv4
-// or IPv6 address (brackets are removed) or an RFC 1123 hostname,
+// rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip a
+// usable IPv4 or IPv6 address (brackets are removed; not unspecified,
+// multicast or broadcast) or an RFC 1123 hostname (see validHost),
 // kv_cache_dtype present (string or null). Unknown keys are ignored, as a
 // newer SGLang may add some. The error message names the field.
 func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
@@ -237,37 +238,95 @@ func printable(s string) bool {
 	return true
 }
 
-// validHost accepts an IPv4/IPv6 address (IPv6 optionally bracketed, zone
-// allowed) or an RFC 1123 hostname and returns it unbracketed.
+// rankIPWant is what validHost accepts, for error messages.
+const rankIPWant = "want an IPv4 address (dotted quad 0-255, no leading zeros), an IPv6 address " +
+	"(brackets optional, zone allowed), neither unspecified (0.0.0.0, ::) nor multicast/broadcast, " +
+	"or an RFC 1123 hostname (letters, digits, '-', '_' in dot-separated labels; the last label not all-numeric)"
+
+// validHost accepts a host a decode can connect to: an IPv4 address in
+// canonical dotted-quad form, an IPv6 address (optionally bracketed, zone
+// allowed), or an RFC 1123 hostname; it returns the host unbracketed.
+// Loopback is allowed (single-node and tests). Rejected: the unspecified
+// addresses (0.0.0.0, ::, and ::ffff:0.0.0.0), multicast and the IPv4
+// limited broadcast, since no connection can reach a rank there, and
+// all-numeric dotted strings that are not valid IPv4 ("999.1.1.1", "1.2.3",
+// "01.02.03.04"): RFC 1123 §2.1 rules them out as hostnames, and resolvers
+// would read some of them as inet_aton shorthands for other addresses.
+// Underscores are tolerated in labels (container and service names use them).
 func validHost(h string) (string, error) {
-	if len(h) > 2 && h[0] == '[' && h[len(h)-1] == ']' {
-		inner := h[1 : len(h)-1]
-		if a, err := netip.ParseAddr(inner); err == nil && a.Is6() {
-			return inner, nil
-		}
-		return "", fmt.Errorf("%q: brackets only around an IPv6 address", truncate(h))
-	}
-	if _, err := netip.ParseAddr(h); err == nil {
-		return h, nil
+	bad := func() (string, error) {
+		return "", fmt.Errorf("%q is not a usable address; %s", truncate(h), rankIPWant)
 	}
 	if h == "" {
-		return "", fmt.Errorf("empty; want an IP address or hostname")
+		return "", fmt.Errorf("empty; %s", rankIPWant)
 	}
-	if len(h) > 253 {
-		return "", fmt.Errorf("hostname longer than 253 characters")
+	if len(h) >= 2 && h[0] == '[' && h[len(h)-1] == ']' {
+		inner := h[1 : len(h)-1]
+		if a, err := netip.ParseAddr(inner); err == nil && a.Is6() {
+			if !usableIP(a) {
+				return bad()
+			}
+			return inner, nil
+		}
+		return "", fmt.Errorf("%q: brackets only around an IPv6 address; %s", truncate(h), rankIPWant)
 	}
-	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+	if a, err := netip.ParseAddr(h); err == nil {
+		if !usableIP(a) {
+			return bad()
+		}
+		return h, nil
+	}
+	if !isHostname(h) {
+		return bad()
+	}
+	return h, nil
+}
+
+// usableIP reports whether a can be a unicast connection target.
+func usableIP(a netip.Addr) bool {
+	u := a.Unmap()
+	return !u.IsUnspecified() && !u.IsMulticast() && u != netip.AddrFrom4([4]byte{255, 255, 255, 255})
+}
+
+// isHostname reports whether h is an RFC 1123 hostname: at most 253
+// characters (plus an optional final dot), labels of 1–63 letters, digits,
+// '-' or '_' not starting or ending with '-', and a last label that is not
+// all-numeric (nor a 0x hex number), so that no numeric address form passes.
+func isHostname(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	labels := strings.Split(h, ".")
+	for _, label := range labels {
 		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return "", fmt.Errorf("%q is neither an IP address nor a valid hostname", truncate(h))
+			return false
 		}
 		for i := 0; i < len(label); i++ {
 			c := label[i]
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return "", fmt.Errorf("%q is neither an IP address nor a valid hostname", truncate(h))
+				return false
 			}
 		}
 	}
-	return h, nil
+	return !numericLabel(labels[len(labels)-1])
+}
+
+// numericLabel reports whether l is a decimal number or a 0x hex number,
+// the forms inet_aton reads as (part of) an IPv4 address.
+func numericLabel(l string) bool {
+	digits := l
+	hex := false
+	if len(l) >= 2 && l[0] == '0' && (l[1] == 'x' || l[1] == 'X') {
+		digits, hex = l[2:], true
+	}
+	for i := 0; i < len(digits); i++ {
+		c := digits[i]
+		if !(c >= '0' && c <= '9' || hex && (c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F')) {
+			return false
+		}
+	}
+	return true
 }
 
 // parseRoom decodes one bootstrap_room: a JSON integer in [0, 2^63−1].

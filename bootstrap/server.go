@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -94,6 +95,7 @@ type metrics struct {
 	dpRegs      prometheus.Counter
 	dpQueries   prometheus.Counter
 	dpRooms     prometheus.Counter
+	dpDropped   prometheus.Counter
 	tableSize   prometheus.Gauge
 	expected    prometheus.Gauge
 	roomsSize   prometheus.Gauge
@@ -111,7 +113,7 @@ func newMetrics() metrics {
 	}, []string{"kind", "result"})
 	dp := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvxfer_bootstrap_dp_rank_requests_total",
-		Help: "Room→dp-rank registry calls: register, query, and rooms asked by queries.",
+		Help: "Room→dp-rank registry calls: register, query, rooms asked by queries, and rooms_dropped (entries whose dp_rank was out of range of the topology that became known).",
 	}, []string{"op"})
 	m := metrics{
 		reg:         reg,
@@ -126,6 +128,7 @@ func newMetrics() metrics {
 		dpRegs:      dp.WithLabelValues("register"),
 		dpQueries:   dp.WithLabelValues("query"),
 		dpRooms:     dp.WithLabelValues("rooms_queried"),
+		dpDropped:   dp.WithLabelValues("rooms_dropped"),
 		unauth: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_bootstrap_unauthorized_total",
 			Help: "Mutating requests refused with 401 (bearer token missing or wrong).",
@@ -508,9 +511,38 @@ func (s *Server) apply(r RegisterRequest) (replaced bool, err error) {
 		s.log.Info("rank registered", "rank", coord.String(), "endpoint", info.Endpoint(),
 			"registered", len(s.table), "expected", nt.total)
 	}
+	if s.topo == nil || s.topo.dpSize != nt.dpSize {
+		s.dropRoomsOutOfRangeLocked(nt.dpSize)
+	}
 	s.topo = nt
 	s.rebuildInfoLocked()
 	return exists, nil
+}
+
+// dropRoomsOutOfRangeLocked deletes the room→dp-rank entries whose dp_rank
+// is not below dpSize: they were registered before the topology was known
+// (accepted, as SGLang does) or under an earlier one, and name a DP rank
+// that does not exist. Each drop is counted in
+// kvxfer_bootstrap_dp_rank_requests_total{op="rooms_dropped"} and the total
+// logged. The caller holds s.mu (write); s.roomMu is taken here (lock order
+// s.mu, then s.roomMu).
+func (s *Server) dropRoomsOutOfRangeLocked(dpSize int) {
+	s.roomMu.Lock()
+	dropped := 0
+	for r, e := range s.rooms {
+		if e.dp >= dpSize {
+			delete(s.rooms, r)
+			dropped++
+		}
+	}
+	n := len(s.rooms)
+	s.roomMu.Unlock()
+	if dropped > 0 {
+		s.m.dpDropped.Add(float64(dropped))
+		s.m.roomsSize.Set(float64(n))
+		s.log.Warn("dropped room→dp-rank entries with a dp_rank outside the registered topology",
+			"dropped", dropped, "dp_size", dpSize, "remaining", n)
+	}
 }
 
 // rebuildInfoLocked re-encodes the topology answer and updates the gauges.
@@ -618,6 +650,12 @@ func (s *Server) handleDeleteRoute(c echo.Context) error {
 	return text(c, http.StatusOK, "OK")
 }
 
+// handleRegisterDPRank serves POST /register_dp_rank: it records room →
+// prefill DP rank. With a topology registered, a dp_rank ≥ dp_size is a 400.
+// Before any rank has registered the entry is accepted, as SGLang accepts
+// it (spec §2.2), but kept only while it fits: when the topology becomes
+// known (or its dp_size changes) entries with dp_rank ≥ dp_size are dropped
+// and counted (op="rooms_dropped"), and /query_dp_ranks never answers one.
 func (s *Server) handleRegisterDPRank(c echo.Context) error {
 	if !s.authorized(c) {
 		return text(c, http.StatusUnauthorized, "Unauthorized")
@@ -630,19 +668,23 @@ func (s *Server) handleRegisterDPRank(c echo.Context) error {
 	if err != nil {
 		return badRequest(c, err)
 	}
+	// The check and the insert happen under s.mu (read) so that a topology
+	// registered meanwhile cannot miss this entry when it drops out-of-range
+	// ones (apply holds s.mu for writing while it drops).
 	s.mu.RLock()
 	dpSize := 0
 	if s.topo != nil {
 		dpSize = s.topo.dpSize
 	}
-	s.mu.RUnlock()
 	if dpSize > 0 && dp >= dpSize {
+		s.mu.RUnlock()
 		return badRequest(c, fieldErr("dp_rank", "%d must be < the registered dp_size %d", dp, dpSize))
 	}
 	s.roomMu.Lock()
 	if _, ok := s.rooms[room]; !ok && len(s.rooms) >= s.opts.MaxRooms {
 		n := len(s.rooms)
 		s.roomMu.Unlock()
+		s.mu.RUnlock()
 		return text(c, http.StatusTooManyRequests, fmt.Sprintf(
 			"room→dp-rank registry full (%d live entries, limit %d); entries expire after %s — retry later, or raise the limit / lower the TTL",
 			n, s.opts.MaxRooms, s.opts.EntryTTL))
@@ -650,11 +692,16 @@ func (s *Server) handleRegisterDPRank(c echo.Context) error {
 	s.rooms[room] = roomEntry{dp: dp, at: time.Now()}
 	n := len(s.rooms)
 	s.roomMu.Unlock()
+	s.mu.RUnlock()
 	s.m.roomsSize.Set(float64(n))
 	s.m.dpRegs.Inc()
 	return text(c, http.StatusOK, "OK")
 }
 
+// handleQueryDPRanks serves POST /query_dp_ranks: a JSON object mapping
+// each known, unexpired room (decimal string) to its DP rank; unknown rooms
+// are omitted, as in SGLang. A dp_rank not below the registered dp_size is
+// never answered.
 func (s *Server) handleQueryDPRanks(c echo.Context) error {
 	body, err := s.readBody(c)
 	if err != nil {
@@ -670,10 +717,18 @@ func (s *Server) handleQueryDPRanks(c echo.Context) error {
 	out = append(out, '{')
 	seen := make(map[uint64]struct{}, len(rooms))
 	cutoff := time.Now().Add(-s.opts.EntryTTL)
+	// Belt and braces: never answer a dp_rank the topology does not have
+	// (entries out of range are dropped when the topology becomes known).
+	dpSize := math.MaxInt
+	s.mu.RLock()
+	if s.topo != nil {
+		dpSize = s.topo.dpSize
+	}
+	s.mu.RUnlock()
 	s.roomMu.Lock()
 	for _, r := range rooms {
 		e, ok := s.rooms[r]
-		if !ok || e.at.Before(cutoff) {
+		if !ok || e.at.Before(cutoff) || e.dp >= dpSize {
 			continue
 		}
 		if _, dup := seen[r]; dup {

@@ -368,20 +368,72 @@ func (s *Server) authorized(c echo.Context) bool {
 
 func text(c echo.Context, code int, msg string) error { return c.Blob(code, ctText, []byte(msg)) }
 
+// badRequest answers err as plain text: 413 for an oversized body, else 400.
 func badRequest(c echo.Context, err error) error {
+	var tl *bodyTooLargeError
+	if errors.As(err, &tl) {
+		return text(c, http.StatusRequestEntityTooLarge, err.Error())
+	}
 	return text(c, http.StatusBadRequest, err.Error())
 }
 
-// readBody reads the request body up to MaxBodyBytes.
+// maxDrainBytes bounds how much of an oversized body the server reads and
+// discards (never stores) before answering 413, so that a client still
+// sending gets the answer rather than a connection reset. Past the bound
+// (or when Content-Length already says so) the answer is sent with
+// "Connection: close" and the rest is not read; the server's ReadTimeout
+// bounds slow senders.
+const maxDrainBytes = 64 << 20
+
+// bodyTooLargeError is a body over Options.MaxBodyBytes (answered 413).
+type bodyTooLargeError struct{ limit int64 }
+
+// Error names the limit and what to do.
+func (e *bodyTooLargeError) Error() string {
+	size := fmt.Sprintf("%d bytes", e.limit)
+	if e.limit >= 1<<20 && e.limit%(1<<20) == 0 {
+		size += fmt.Sprintf(" (%d MiB)", e.limit>>20)
+	}
+	return "body: larger than the limit of " + size +
+		"; send less per request (e.g. fewer bootstrap_rooms per /query_dp_ranks call)"
+}
+
+// readBody reads the request body up to MaxBodyBytes into memory. A larger
+// body (by Content-Length or by what arrives) gives a *bodyTooLargeError;
+// its remainder is discarded up to maxDrainBytes first (not when the client
+// waits for "100 Continue": it then never sends the body).
 func (s *Server) readBody(c echo.Context) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(c.Request().Body, s.opts.MaxBodyBytes+1))
+	req := c.Request()
+	limit := s.opts.MaxBodyBytes
+	tooLarge := &bodyTooLargeError{limit: limit}
+	if req.ContentLength > limit {
+		if strings.EqualFold(req.Header.Get("Expect"), "100-continue") || req.ContentLength > limit+maxDrainBytes {
+			c.Response().Header().Set(echo.HeaderConnection, "close")
+		} else {
+			s.drainBody(c)
+		}
+		return nil, tooLarge
+	}
+	b, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
 		return nil, fieldErr("body", "read failed: %v", err)
 	}
-	if int64(len(b)) > s.opts.MaxBodyBytes {
-		return nil, fieldErr("body", "larger than %d bytes", s.opts.MaxBodyBytes)
+	if int64(len(b)) > limit {
+		s.drainBody(c)
+		return nil, tooLarge
 	}
 	return b, nil
+}
+
+// drainBody discards up to maxDrainBytes of the rest of the request body;
+// when more remains (or reading fails) the answer closes the connection.
+func (s *Server) drainBody(c echo.Context) {
+	n, err := io.CopyN(io.Discard, c.Request().Body, maxDrainBytes)
+	if err != io.EOF {
+		c.Response().Header().Set(echo.HeaderConnection, "close")
+	}
+	s.log.Warn("request body over the limit", "method", c.Request().Method, "path", c.Request().URL.Path,
+		"remote", c.RealIP(), "limit", s.opts.MaxBodyBytes, "discarded", n)
 }
 
 func (s *Server) handleRoute(c echo.Context) error {

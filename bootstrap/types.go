@@ -248,7 +248,8 @@ type Options struct {
 	// MaxRooms bounds the live room→dp-rank entries; 0 means 1,000,000. A
 	// registration beyond it gets 429 until entries expire.
 	MaxRooms int
-	// MaxBodyBytes bounds request bodies; 0 means 8 MiB.
+	// MaxBodyBytes bounds request bodies in bytes; 0 means 8 MiB. A larger
+	// body is answered 413 Request Entity Too Large naming the limit.
 	MaxBodyBytes int64
 	// ShutdownTimeout bounds graceful shutdown; 0 means 5 s.
 	ShutdownTimeout time.Duration

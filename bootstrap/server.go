@@ -11,10 +11,12 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -266,10 +268,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
 		host = host[1 : len(host)-1]
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(s.opts.Port)))
+	ln, err := listen(host, s.opts.Port)
 	if err != nil {
-		return fmt.Errorf("bootstrap: listen on %s: %w (is another bootstrap server using this port? pick another with --port)",
-			net.JoinHostPort(host, strconv.Itoa(s.opts.Port)), err)
+		return err
 	}
 	s.addrMu.Lock()
 	s.addr = ln.Addr().String()
@@ -337,6 +338,41 @@ func (s *Server) Start(ctx context.Context) error {
 	stopSweep()
 	<-sweepDone
 	return result
+}
+
+// hostHint says which listen hosts work.
+const hostHint = "pass 127.0.0.1 (this machine only), 0.0.0.0 or :: (every interface), " +
+	"or an address of one of this machine's interfaces (see `ip -brief addr`)"
+
+// listen opens the TCP listener on host:port. Its errors say what went
+// wrong: a host that is neither an IP address nor a hostname, a host that
+// does not resolve or is not an address of this machine (with the hosts
+// that work), a port in use (another server?), or a privileged port.
+func listen(host string, port int) (net.Listener, error) {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil && !isHostname(host) {
+			// Checked before resolving: "999.1.1.1" would otherwise go to DNS.
+			return nil, fmt.Errorf("bootstrap: listen on %s: host %q is neither an IP address (IPv4 as a dotted quad 0-255 without leading zeros, or IPv6) nor a hostname; %s",
+				addr, truncate(host), hostHint)
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln, nil
+	}
+	var dnsErr *net.DNSError
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (is another bootstrap server using this port? pick another with --port, or 0 for a free one)", addr, err)
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (host %q is not an address of this machine; %s)", addr, err, host, hostHint)
+	case errors.As(err, &dnsErr):
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (host %q does not resolve to an address of this machine; %s)", addr, err, host, hostHint)
+	case errors.Is(err, syscall.EACCES):
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (ports below 1024 need privileges; pick one ≥ 1024 with --port)", addr, err)
+	}
+	return nil, fmt.Errorf("bootstrap: listen on %s: %w", addr, err)
 }
 
 // Addr returns the bound "host:port" (a kernel-chosen port when Options.Port

@@ -76,7 +76,7 @@ var bootstrapTableCmd = &cobra.Command{
 
 func init() {
 	f := bootstrapCmd.Flags()
-	f.StringVar(&bsFlags.host, "host", envOr("KVXFER_BOOTSTRAP_HOST", "127.0.0.1"), "listen host; 0.0.0.0 or :: for every interface (env KVXFER_BOOTSTRAP_HOST)")
+	f.StringVar(&bsFlags.host, "host", envOr("KVXFER_BOOTSTRAP_HOST", "127.0.0.1"), "listen host: 127.0.0.1 (this machine only), 0.0.0.0 or :: (every interface), or an address of a local interface (env KVXFER_BOOTSTRAP_HOST)")
 	f.IntVar(&bsFlags.port, "port", bootstrap.DefaultPort, "listen port, SGLang's --disaggregation-bootstrap-port; 0 picks a free one (env KVXFER_BOOTSTRAP_PORT)")
 	f.DurationVar(&bsFlags.entryTTL, "entry-ttl", bootstrap.DefaultEntryTTL, "lifetime of room→dp-rank entries (env KVXFER_BOOTSTRAP_ENTRY_TTL, SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL in seconds)")
 	f.StringVar(&bsFlags.authToken, "auth-token", "", "require this bearer token on PUT/DELETE /route and POST /register_dp_rank; off when empty (env KVXFER_BOOTSTRAP_AUTH_TOKEN, SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; prefer the env, flags show in ps)")

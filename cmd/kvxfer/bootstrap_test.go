@@ -121,3 +121,22 @@ func TestBootstrapCommandServes(t *testing.T) {
 		t.Fatal("kvxfer bootstrap did not stop within 10 s")
 	}
 }
+
+// TestBootstrapBadHost: `kvxfer bootstrap --host 999.1.1.1` says the host is
+// unusable and what to pass, without the port-in-use hint.
+func TestBootstrapBadHost(t *testing.T) {
+	for _, host := range []string{"999.1.1.1", "192.0.2.1"} {
+		cmd, f := newBootstrapTestCmd(t, "--port", "0")
+		f.host, f.compat = host, bootstrap.CompatSGLang0094505
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := runBootstrap(ctx, cmd, *f)
+		cancel()
+		if err == nil {
+			t.Fatalf("--host %s: server started", host)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, host) || !strings.Contains(msg, "127.0.0.1") || !strings.Contains(msg, "0.0.0.0") || strings.Contains(msg, "another bootstrap server") {
+			t.Errorf("--host %s: %q, want the host named with the hosts that work and no port hint", host, msg)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -266,6 +267,9 @@ type Sender struct {
 	cancel   context.CancelFunc
 	finished chan struct{}
 	statusTo map[string]bool
+	// sent counts the KV bytes written to destinations by completed
+	// transfer batches (the metadata record not included).
+	sent atomic.Uint64
 }
 
 // NewSender creates the sender for room (any value in [0, 2^63-1], 0
@@ -426,6 +430,11 @@ func (s *Sender) TransportNames() []string {
 	slices.Sort(out)
 	return out
 }
+
+// BytesSent is the KV bytes (page data, summed over all destinations; the
+// metadata record not counted) that completed transfer batches of this
+// sender wrote so far. After Success it is the request's total.
+func (s *Sender) BytesSent() uint64 { return s.sent.Load() }
 
 func (s *Sender) hasDst(ep string) bool {
 	s.mu.Lock()
@@ -650,6 +659,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	if err := s.run(p, b); err != nil {
 		return err
 	}
+	s.sent.Add(nbytes)
 	if stage >= 0 {
 		cb := &TransferBatch{Requests: []WriteRequest{{Local: s.m.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}

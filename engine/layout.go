@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 )
@@ -54,15 +55,30 @@ func BuiltinModels() []string {
 }
 
 // LookupModel returns a built-in model by name (case-insensitive; "_" and
-// "-" are equivalent) or, when nameOrPath names an existing file, loads it as
-// a Hugging Face config.json. Errors list the built-in names.
+// "-" are equivalent) or, when nameOrPath names an existing file (or a
+// directory holding config.json), loads it as a Hugging Face config.json.
+// A name with a path separator or a .json suffix that does not exist is
+// reported as a missing file; other errors list the built-in names.
 func LookupModel(nameOrPath string) (ModelConfig, error) {
 	key := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(nameOrPath)), "_", "-")
 	if m, ok := builtinModels[key]; ok {
 		return m, nil
 	}
-	if st, err := os.Stat(nameOrPath); err == nil && !st.IsDir() {
+	st, err := os.Stat(nameOrPath)
+	if err == nil && st.IsDir() {
+		// A model directory: its config.json.
+		dir := nameOrPath
+		nameOrPath = filepath.Join(dir, "config.json")
+		if st, err = os.Stat(nameOrPath); err != nil {
+			return ModelConfig{}, fmt.Errorf("engine: model %q is a directory without a config.json: give the path of a Hugging Face config.json or a built-in name (%s)", dir, strings.Join(BuiltinModels(), ", "))
+		}
+	}
+	if err == nil && !st.IsDir() {
 		return LoadHFConfig(nameOrPath)
+	}
+	if strings.ContainsRune(nameOrPath, '/') || strings.ContainsRune(nameOrPath, filepath.Separator) || strings.HasSuffix(strings.ToLower(nameOrPath), ".json") {
+		// Meant as a path, not a name.
+		return ModelConfig{}, fmt.Errorf("engine: model config %s: %w (give an existing Hugging Face config.json, or a built-in name: %s)", nameOrPath, err, strings.Join(BuiltinModels(), ", "))
 	}
 	return ModelConfig{}, fmt.Errorf("engine: unknown model %q: give a built-in name (%s) or the path of a Hugging Face config.json", nameOrPath, strings.Join(BuiltinModels(), ", "))
 }
@@ -366,4 +382,29 @@ func (l *Layout) GlobalHead(h int) int {
 		return l.TPRank*l.HeadsPerRank + h
 	}
 	return (l.TPRank / (l.TPSize / total)) % total
+}
+
+// KVCacheDtypes lists the --kv-cache-dtype strings kvxfer accepts, in the
+// order help text shows them: SGLang's choices for --kv-cache-dtype ("auto" =
+// the model's torch_dtype; the fp8 formats store one byte per element) plus
+// the explicit 16- and 32-bit names. Prefill and decode compare the string
+// itself (spec/sglang-bootstrap.md §4.2), so "bf16" and "bfloat16" do not match each other.
+var KVCacheDtypes = []string{"auto", "fp8_e4m3", "fp8_e5m2", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32"}
+
+// KVCacheDtypeBytes returns the bytes per KV element that --kv-cache-dtype s
+// selects: 0 for "auto" (keep the model's torch_dtype size), 1 for the fp8
+// formats, 2 for bf16/fp16, 4 for fp32. Any other string (the empty one
+// included) is an error listing KVCacheDtypes.
+func KVCacheDtypeBytes(s string) (int, error) {
+	switch s {
+	case "auto":
+		return 0, nil
+	case "fp8_e4m3", "fp8_e5m2":
+		return 1, nil
+	case "bf16", "bfloat16", "fp16", "float16":
+		return 2, nil
+	case "fp32", "float32":
+		return 4, nil
+	}
+	return 0, fmt.Errorf("engine: kv cache dtype %q: want one of %s", s, strings.Join(KVCacheDtypes, ", "))
 }

@@ -151,6 +151,10 @@ type regSet struct {
 type pushSock struct {
 	mu   sync.Mutex
 	sock *zmq.Socket
+	// unreachable is set while the socket's connection attempts fail (ZMQ
+	// EVENT_CONNECT_RETRIED with no EVENT_CONNECTED since), so a peer
+	// timeout can say the peer is gone rather than silent.
+	unreachable bool
 }
 
 // Manager is one rank's KV transfer manager: it owns the control PULL socket,
@@ -374,7 +378,9 @@ func (m *Manager) bind() error {
 		return fmt.Errorf("engine: control socket endpoint %q: %w", ep, err)
 	}
 	m.port, _ = strconv.Atoi(p)
-	m.host = m.cfg.ControlHost
+	// Advertise a reachable address: a wildcard bind (0.0.0.0, ::) is
+	// advertised as loopback, as SGLang's register_to_bootstrap does (spec §2.1).
+	m.host = bootstrap.RegisterHost(m.cfg.ControlHost)
 	m.endpoint = "tcp://" + net.JoinHostPort(m.host, p)
 	return nil
 }
@@ -568,7 +574,7 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 
 // watch attaches a ZMQ socket monitor (disconnect events) to s.
 func (m *Manager) watch(s *zmq.Socket, addr string) (*zmq.Socket, error) {
-	if err := s.Monitor(addr, zmq.EVENT_DISCONNECTED); err != nil {
+	if err := s.Monitor(addr, zmq.EVENT_DISCONNECTED|zmq.EVENT_CONNECT_RETRIED|zmq.EVENT_CONNECTED); err != nil {
 		return nil, err
 	}
 	pair, err := m.zctx.NewSocket(zmq.PAIR)
@@ -613,10 +619,30 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 			go m.peerLost(ep, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
 			return
 		}
+		if ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_CONNECTED {
+			ps.mu.Lock()
+			ps.unreachable = ev == zmq.EVENT_CONNECT_RETRIED
+			ps.mu.Unlock()
+			continue
+		}
 		if ev == zmq.EVENT_MONITOR_STOPPED {
 			return
 		}
 	}
+}
+
+// pushUnreachable reports whether the PUSH socket to endpoint exists and its
+// connection attempts are failing (see pushSock.unreachable).
+func (m *Manager) pushUnreachable(endpoint string) bool {
+	m.mu.Lock()
+	ps := m.push[endpoint]
+	m.mu.Unlock()
+	if ps == nil {
+		return false
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.unreachable
 }
 
 // dropPush closes the cached PUSH socket of a lost peer.
@@ -764,6 +790,10 @@ func (m *Manager) monitorLoop() {
 			_ = m.send(ep, ping, true)
 		}
 		for _, ep := range dead {
+			if m.pushUnreachable(ep) {
+				m.peerLost(ep, fmt.Errorf("%w: %s peer %s: its control socket could not be reached for more than %s, every connection attempt failed (the process exited or was killed, or its host is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout))
+				continue
+			}
 			m.peerLost(ep, fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout))
 		}
 		for _, s := range ss {

@@ -15,10 +15,23 @@ func init() {
 metadata ring, opens the data transports and binds its ZMQ control socket.
 Then it reads requests from stdin, one JSON object per line:
 {"room": <bootstrap_room>, "tokens": <prompt length>, "bootstrap": "host:port"}
-("bootstrap" defaults to --bootstrap). For each it pre-allocates pages,
-resolves the producer ranks through the bootstrap server, sends TRANSFER,
-waits for every producer's Success with a verified metadata record, optionally
-verifies every byte (--verify) and prints one JSON result line to stdout.`,
+("room" 0 … 2^63-1 and "tokens" >= 1 are required; "bootstrap" defaults to
+--bootstrap). For each it pre-allocates pages, resolves the producer ranks
+through the bootstrap server, sends TRANSFER, waits for every producer's
+Success with a verified metadata record and optionally verifies every byte
+(--verify).
+
+stdout: first {"event":"ready", "endpoint": ..., "transports": [...],
+"ring": "gpu"|"host"} (no room key), then exactly one JSON result line per
+non-blank input line, in completion order: {"line": N, "room": R, "ok":
+true|false, "error": "...", "pages": P, "bytes": <KV bytes received>,
+"transfer_us": T, ...}. A line that is not a valid request gets a result with
+ok false and an error naming what is wrong (and no room key when the room
+could not be read).
+
+EOF on stdin shuts the rank down once every request has finished. Exit status:
+0 when every request succeeded, 1 when any failed (after all input was
+processed) or the rank could not start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runRole(engine.RoleDecode, &f) },
 	}

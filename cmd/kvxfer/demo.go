@@ -71,20 +71,20 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), &f) },
 	}
 	fs := cmd.Flags()
-	fs.IntVar(&f.requests, "requests", 6, "number of requests (with --trace: the first N; 0 = the whole trace)")
+	fs.IntVar(&f.requests, "requests", 6, "number of requests, >= 1 (with --trace: the first N of the trace; 0 = the whole trace, only with --trace)")
 	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSONL trace (e.g. ../shared/data/traces/conversation_trace.jsonl)")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name or Hugging Face config.json path")
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill attention-TP size (processes per PP stage)")
 	fs.IntVar(&f.prefillPP, "prefill-pp", 1, "prefill pipeline-parallel size")
 	fs.IntVar(&f.decodeTP, "decode-tp", 1, "decode attention-TP size (processes)")
-	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens")
+	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens (>= 1)")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool per rank in MiB (caps the prompt length)")
 	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
 	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, or a comma list")
 	fs.BoolVar(&f.checksum, "checksum", false, "CRC32C over the transferred bytes, checked by the decode before Success (every byte is verified against the pattern anyway)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the summary and per-request results as JSON to this file")
 	fs.Uint64Var(&f.seed, "seed", 0, "workload and room seed (0 = random)")
-	fs.DurationVar(&f.timeout, "timeout", 120*time.Second, "per-request bootstrap and waiting timeout")
+	fs.DurationVar(&f.timeout, "timeout", 120*time.Second, "per-request bootstrap and waiting timeout (> 0)")
 	fs.IntVar(&f.chunkPages, "chunk-pages", 0, "prefill sends each request in chunks of this many pages (0 = one chunk)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar")
 	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
@@ -133,13 +133,19 @@ func (c *child) readLoop(r io.Reader) {
 			slog.Warn("unparsable line from child", "child", c.name, "line", sc.Text())
 			continue
 		}
-		if l.Ready {
+		if l.Event == readyEvent {
 			c.ready <- l
 			continue
 		}
+		if l.Room == nil {
+			// Only a line the child could not read has no room; the demo
+			// writes well-formed lines, so this is a bug worth seeing.
+			slog.Warn("result line without a room from child", "child", c.name, "line", sc.Text())
+			continue
+		}
 		c.mu.Lock()
-		ch := c.wait[l.Room]
-		delete(c.wait, l.Room)
+		ch := c.wait[*l.Room]
+		delete(c.wait, *l.Room)
 		c.mu.Unlock()
 		if ch != nil {
 			ch <- l
@@ -152,7 +158,7 @@ func (c *child) readLoop(r io.Reader) {
 	c.mu.Lock()
 	c.dead = fmt.Errorf("%s: %w", c.name, err)
 	for room, ch := range c.wait {
-		ch <- replyLine{Room: room, Error: c.dead.Error()}
+		ch <- replyLine{Room: new(room), Error: c.dead.Error()}
 	}
 	c.wait = map[uint64]chan replyLine{}
 	c.mu.Unlock()
@@ -165,7 +171,7 @@ func (c *child) submit(q requestLine) <-chan replyLine {
 	c.mu.Lock()
 	if c.dead != nil {
 		c.mu.Unlock()
-		ch <- replyLine{Room: q.Room, Error: c.dead.Error()}
+		ch <- replyLine{Room: new(q.Room), Error: c.dead.Error()}
 		return ch
 	}
 	c.wait[q.Room] = ch
@@ -178,7 +184,7 @@ func (c *child) submit(q requestLine) <-chan replyLine {
 		c.mu.Lock()
 		if c.wait[q.Room] == ch {
 			delete(c.wait, q.Room)
-			ch <- replyLine{Room: q.Room, Error: fmt.Sprintf("%s: write request: %v", c.name, err)}
+			ch <- replyLine{Room: new(q.Room), Error: fmt.Sprintf("%s: write request: %v", c.name, err)}
 		}
 		c.mu.Unlock()
 	}
@@ -205,11 +211,14 @@ func (c *child) stop(grace time.Duration) {
 
 // demoResult is one request's outcome.
 type demoResult struct {
-	Room       uint64  `json:"room"`
-	Tokens     int     `json:"tokens"`
-	Capped     bool    `json:"capped,omitempty"`
-	Pages      int     `json:"pages"`
-	Bytes      uint64  `json:"bytes"`
+	Room   uint64 `json:"room"`
+	Tokens int    `json:"tokens"`
+	Capped bool   `json:"capped,omitempty"`
+	Pages  int    `json:"pages"`
+	Bytes  uint64 `json:"bytes"`
+	// SentBytes is the KV bytes the prefill ranks report sending (equal to
+	// Bytes, the decode side's count, when the transfer is whole).
+	SentBytes  uint64  `json:"sent_bytes"`
 	TransferMS float64 `json:"transfer_ms"`
 	DecodeMS   float64 `json:"decode_wait_ms"`
 	OK         bool    `json:"ok"`
@@ -250,13 +259,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	switch {
-	case f.prefillTP < 1 || f.prefillPP < 1 || f.decodeTP < 1:
-		return fmt.Errorf("--prefill-tp, --prefill-pp and --decode-tp must be >= 1")
-	case f.concurrency < 1:
-		return fmt.Errorf("--concurrency %d: must be >= 1", f.concurrency)
-	case f.requests < 0:
-		return fmt.Errorf("--requests %d: must be >= 0", f.requests)
+	if err := validateDemoFlags(f); err != nil {
+		return err
 	}
 	if _, onDevice, err := parseDevice(f.device); err != nil {
 		return err
@@ -279,11 +283,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		if err != nil {
 			return err
 		}
-		ps := f.pageSize
-		if ps == 0 {
-			ps = engine.DefaultPageSize
-		}
-		capTokens = min(capTokens, n*ps/f.concurrency)
+		capTokens = min(capTokens, n*f.pageSize/f.concurrency)
 	}
 	if capTokens < 1 {
 		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, model.Name, f.concurrency)
@@ -300,11 +300,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		}
 		wl = "trace " + f.trace
 	} else {
-		n := f.requests
-		if n == 0 {
-			n = 6
-		}
-		reqs = workload.Generate(n, seed, 64, 0)
+		reqs = workload.Generate(f.requests, seed, 64, 0)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -436,10 +432,13 @@ func runDemo(parent context.Context, f *demoFlags) error {
 					res.Bytes += r.Bytes
 					res.Pages += r.Pages
 					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
-				} else if !r.Dummy {
-					res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
-					if len(r.Transports) > 0 {
-						res.Transport = strings.Join(r.Transports, ",")
+				} else {
+					res.SentBytes += r.Bytes
+					if !r.Dummy {
+						res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
+						if len(r.Transports) > 0 {
+							res.Transport = strings.Join(r.Transports, ",")
+						}
 					}
 				}
 			}
@@ -503,6 +502,68 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	return nil
 }
 
+// validateDemoFlags checks the demo's flags before any process starts, so a
+// bad value gives one error naming the demo flag (not the children's).
+func validateDemoFlags(f *demoFlags) error {
+	switch {
+	case f.prefillTP < 1 || f.prefillPP < 1 || f.decodeTP < 1:
+		return fmt.Errorf("--prefill-tp %d, --prefill-pp %d, --decode-tp %d: each must be >= 1", f.prefillTP, f.prefillPP, f.decodeTP)
+	case f.concurrency < 1:
+		return fmt.Errorf("--concurrency %d: must be >= 1", f.concurrency)
+	case f.requests < 0:
+		return fmt.Errorf("--requests %d: must be >= 0 (0 = the whole trace, with --trace)", f.requests)
+	case f.requests == 0 && f.trace == "":
+		return fmt.Errorf("--requests 0 means the whole trace and needs --trace FILE; without a trace give --requests >= 1")
+	case f.pageSize < 1:
+		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d)", f.pageSize, engine.DefaultPageSize)
+	case f.poolMB < 1:
+		return fmt.Errorf("--pool-mb %d: must be >= 1 MiB", f.poolMB)
+	case f.timeout <= 0:
+		return fmt.Errorf("--timeout %s: must be > 0 (the per-request bootstrap and waiting timeout, e.g. 120s)", f.timeout)
+	case f.chunkPages < 0:
+		return fmt.Errorf("--chunk-pages %d: must be >= 0 (0 = one chunk)", f.chunkPages)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(f.childLog)); err != nil {
+		return fmt.Errorf("--child-log-level %q: want debug, info, warn or error", f.childLog)
+	}
+	return checkTransportSpec(f.transport)
+}
+
+// checkTransportSpec checks a --transport value before ranks start: "auto"
+// (or empty) needs one usable transport; a comma list may name only
+// registered transports, each usable on this host.
+func checkTransportSpec(spec string) error {
+	known := engine.Transports()
+	if spec == "" || spec == "auto" {
+		var reasons []string
+		for _, n := range known {
+			err := engine.ProbeTransport(n)
+			if err == nil {
+				return nil
+			}
+			reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
+		}
+		return fmt.Errorf("--transport auto: no transport is usable on this host (%s)", strings.Join(reasons, "; "))
+	}
+	var usable []string
+	for _, n := range known {
+		if engine.ProbeTransport(n) == nil {
+			usable = append(usable, n)
+		}
+	}
+	for _, n := range strings.Split(spec, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(known, n) {
+			return fmt.Errorf("--transport %q: unknown transport %q (want auto or a comma list of %s)", spec, n, strings.Join(known, ", "))
+		}
+		if err := engine.ProbeTransport(n); err != nil {
+			return fmt.Errorf("--transport %s: %v (usable here: %s; or use auto)", n, err, strings.Join(usable, ", "))
+		}
+	}
+	return nil
+}
+
 // percentile returns the p-th percentile (nearest rank) of sorted xs.
 func percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
@@ -512,10 +573,17 @@ func percentile(xs []float64, p float64) float64 {
 	return xs[max(0, min(k, len(xs)-1))]
 }
 
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
 func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "model\t%s (prefill tp %d × pp %d → decode tp %d, page %d tokens)\n", s.Model, s.PrefillTP, s.PrefillPP, s.DecodeTP, s.PageSize)
-	fmt.Fprintf(tw, "transport\t%s (offered %s); checksum %v (CRC32C %s)\n", strings.Join(s.Used, ","), strings.Join(s.Transports, ","), s.Checksum, s.CRC32CPath)
+	fmt.Fprintf(tw, "transport\t%s (offered %s); checksum %s (CRC32C available: %s)\n", strings.Join(s.Used, ","), strings.Join(s.Transports, ","), onOff(s.Checksum), strings.NewReplacer("(", "", ")", "").Replace(s.CRC32CPath))
 	fmt.Fprintf(tw, "workload\t%s; prompts capped at %d tokens (%d capped)\n", s.Workload, s.MaxTokens, s.CappedRequests)
 	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
 	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)

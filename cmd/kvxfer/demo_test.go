@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
 )
 
 // TestMain lets the demo re-execute this test binary as `kvxfer prefill` /
@@ -57,7 +60,8 @@ func TestDemoTopologies(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got struct {
-				Summary demoSummary `json:"summary"`
+				Summary  demoSummary  `json:"summary"`
+				Requests []demoResult `json:"requests"`
 			}
 			if err := json.Unmarshal(b, &got); err != nil {
 				t.Fatal(err)
@@ -66,19 +70,82 @@ func TestDemoTopologies(t *testing.T) {
 			if s.Requests != 3 || s.Verified != 3 || s.Failures != 0 || s.Bytes == 0 || len(s.Used) == 0 {
 				t.Fatalf("summary %+v", s)
 			}
+			for _, r := range got.Requests {
+				// What the prefill ranks say they sent is what the decode
+				// ranks received (prefill result line "bytes").
+				if r.SentBytes != r.Bytes || r.Bytes == 0 {
+					t.Errorf("room %d: prefill sent %d bytes, decode received %d", r.Room, r.SentBytes, r.Bytes)
+				}
+			}
 		})
 	}
 }
 
 func TestDemoRejectsBadFlags(t *testing.T) {
-	for _, f := range []*demoFlags{
-		{requests: 1, model: "llama-3.1-8b", prefillTP: 0, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16},
-		{requests: 1, model: "no-such-model", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16},
-		{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 0, poolMB: 16},
-		{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16, trace: "/nonexistent.jsonl"},
-	} {
-		if err := runDemo(context.Background(), f); err == nil {
-			t.Errorf("flags %+v accepted", f)
+	good := func() demoFlags {
+		return demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16,
+			pageSize: 16, timeout: time.Minute, transport: "auto", childLog: "warn"}
+	}
+	cases := []struct {
+		name   string
+		mod    func(*demoFlags)
+		errHas string
+	}{
+		{"prefill tp 0", func(f *demoFlags) { f.prefillTP = 0 }, "--prefill-tp 0"},
+		{"model", func(f *demoFlags) { f.model = "no-such-model" }, "unknown model"},
+		{"model path", func(f *demoFlags) { f.model = "/nonexistent/config.json" }, "no such file"},
+		{"concurrency", func(f *demoFlags) { f.concurrency = 0 }, "--concurrency 0"},
+		{"trace", func(f *demoFlags) { f.trace = "/nonexistent.jsonl" }, "nonexistent.jsonl"},
+		{"requests -1", func(f *demoFlags) { f.requests = -1 }, "--requests -1"},
+		{"requests 0 without trace", func(f *demoFlags) { f.requests = 0 }, "needs --trace"},
+		{"page 0", func(f *demoFlags) { f.pageSize = 0 }, "--page-size 0"},
+		{"page -4", func(f *demoFlags) { f.pageSize = -4 }, "--page-size -4"},
+		{"timeout 0", func(f *demoFlags) { f.timeout = 0 }, "--timeout 0s"},
+		{"pool", func(f *demoFlags) { f.poolMB = 0 }, "--pool-mb 0"},
+		{"chunk", func(f *demoFlags) { f.chunkPages = -2 }, "--chunk-pages -2"},
+		{"child log", func(f *demoFlags) { f.childLog = "loud" }, "--child-log-level"},
+		{"transport unknown", func(f *demoFlags) { f.transport = "foo" }, `unknown transport "foo"`},
+		{"transport in list", func(f *demoFlags) { f.transport = "tcp,foo" }, `unknown transport "foo"`},
+	}
+	for _, c := range cases {
+		f := good()
+		c.mod(&f)
+		err := runDemo(context.Background(), &f)
+		if err == nil || !strings.Contains(err.Error(), c.errHas) {
+			t.Errorf("%s: err %v, want one containing %q", c.name, err, c.errHas)
+		}
+	}
+	f := good()
+	if err := validateDemoFlags(&f); err != nil {
+		t.Errorf("good flags rejected: %v", err)
+	}
+}
+
+// TestCheckTransportSpec: an unusable transport (rdma without a device) is
+// refused up front with the probe's reason and the usable ones.
+func TestCheckTransportSpec(t *testing.T) {
+	for _, spec := range []string{"auto", "", "tcp", "tcp,shm"} {
+		if err := checkTransportSpec(spec); err != nil {
+			t.Errorf("%q: %v", spec, err)
+		}
+	}
+	if err := engine.ProbeTransport("rdma"); err != nil {
+		if err2 := checkTransportSpec("rdma"); err2 == nil || !strings.Contains(err2.Error(), "usable here") {
+			t.Errorf("rdma unusable (%v) but checkTransportSpec says %v", err, err2)
+		}
+	}
+}
+
+func TestPrintSummaryChecksum(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		var b strings.Builder
+		printSummary(&b, demoSummary{PageSize: 16, Checksum: on, CRC32CPath: "hardware (SSE4.2 CRC32)"}, nil)
+		want := "checksum off (CRC32C available: hardware SSE4.2 CRC32)"
+		if on {
+			want = "checksum on (CRC32C available: hardware SSE4.2 CRC32)"
+		}
+		if !strings.Contains(b.String(), want) || !strings.Contains(b.String(), "page 16 tokens") {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
 		}
 	}
 }

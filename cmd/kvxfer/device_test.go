@@ -87,7 +87,8 @@ func TestDeviceFlag(t *testing.T) {
 		if err := cuda.Available(); err == nil || !errors.Is(err, cuda.ErrNotSupported) {
 			t.Skipf("CUDA is usable here (%v)", err)
 		}
-		f := &demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16, device: "cuda:0"}
+		f := &demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16, device: "cuda:0",
+			pageSize: 16, timeout: time.Minute, transport: "auto", childLog: "warn"}
 		err := runDemo(context.Background(), f)
 		if err == nil || !strings.Contains(err.Error(), "CUDA is not usable") || !strings.Contains(err.Error(), "drop --device") {
 			t.Fatalf("demo --device cuda:0 without CUDA = %v, want a clear refusal", err)

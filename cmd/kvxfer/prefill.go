@@ -14,10 +14,21 @@ func init() {
 		Long: `Run one prefill rank (one process per TP/PP rank). It allocates its KV pool,
 opens the data transports, binds its ZMQ control socket and registers it with
 the bootstrap server (PUT /route). Then it reads requests from stdin, one JSON
-object per line: {"room": <bootstrap_room>, "tokens": <prompt length>}. For each
-it fills the request's pages with the test pattern, waits for the decode
-ranks' TRANSFER, writes the pages and the metadata record, and prints one JSON
-result line to stdout. EOF on stdin shuts the rank down.`,
+object per line: {"room": <bootstrap_room 0 … 2^63-1>, "tokens": <prompt length
+>= 1>}; both keys are required. For each it fills the request's pages with the
+test pattern, waits for the decode ranks' TRANSFER, writes the pages and the
+metadata record.
+
+stdout: first {"event":"ready", "endpoint": ..., "transports": [...]} (no
+room key), then exactly one JSON result line per non-blank input line, in
+completion order: {"line": N, "room": R, "ok": true|false, "error": "...",
+"pages": P, "bytes": <KV bytes sent>, "transfer_us": T, ...}. A line that is
+not a valid request gets a result with ok false and an error naming what is
+wrong (and no room key when the room could not be read).
+
+EOF on stdin shuts the rank down once every request has finished. Exit status:
+0 when every request succeeded, 1 when any failed (after all input was
+processed) or the rank could not start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runRole(engine.RolePrefill, &f) },
 	}

@@ -62,7 +62,7 @@ func decodeReadyRing(t *testing.T, env ...string) string {
 	}()
 	select {
 	case r, ok := <-lines:
-		if !ok || !r.Ready {
+		if !ok || r.Event != readyEvent {
 			t.Fatalf("decode gave no ready line (%+v)\n%s", r, stderr.String())
 		}
 		return r.Ring

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,7 +60,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	} else {
 		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
 		fs.BoolVar(&f.checksum, "checksum", false, "ask producers for a CRC32C over the transferred bytes and check it before Success")
-		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the test pattern (for `kvxfer demo`)")
+		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the prefill's --fill test pattern (what kvxfer demo does)")
 		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
 	}
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(engine.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
@@ -73,7 +74,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.BoolVar(&f.prefault, "prefault", false, "make the KV pool resident at start (madvise POPULATE_WRITE) so transfers pay no first-touch page faults")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
-	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "--kv-cache-dtype string; prefill and decode must match")
+	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(engine.KVCacheDtypes, ", ")+
+		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
 	boot, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", engine.DefaultBootstrapTimeout)
 	wait, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", engine.DefaultWaitingTimeout)
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
@@ -123,11 +125,38 @@ func closeAll(ts []engine.Transport) {
 	}
 }
 
-// roleLayout builds the rank's layout from the flags.
+// validateRoleFlags checks the flags runRole cannot take as given; each
+// error names the flag, the bad value and what is accepted.
+func validateRoleFlags(f *roleFlags) error {
+	switch {
+	case f.pageSize < 1:
+		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d; prefill and decode must match)", f.pageSize, engine.DefaultPageSize)
+	case f.chunkPages < 0:
+		return fmt.Errorf("--chunk-pages %d: must be >= 0 (0 = send each request in one chunk)", f.chunkPages)
+	case f.bootstrapTimeout <= 0 || f.waitingTimeout <= 0:
+		return fmt.Errorf("--bootstrap-timeout %s and --waiting-timeout %s must both be > 0", f.bootstrapTimeout, f.waitingTimeout)
+	case f.peerTimeout <= 0:
+		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
+	}
+	if _, err := engine.KVCacheDtypeBytes(f.kvDtype); err != nil {
+		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(engine.KVCacheDtypes, ", "))
+	}
+	return nil
+}
+
+// roleLayout builds the rank's layout from the flags; a --kv-cache-dtype
+// other than auto sets the bytes per KV element.
 func roleLayout(f *roleFlags) (*engine.Layout, error) {
 	m, err := engine.LookupModel(f.model)
 	if err != nil {
 		return nil, err
+	}
+	eb, err := engine.KVCacheDtypeBytes(f.kvDtype)
+	if err != nil {
+		return nil, err
+	}
+	if eb > 0 {
+		m.DtypeBytes = eb
 	}
 	o := engine.LayoutOptions{PageSize: f.pageSize, TPSize: f.tpSize, TPRank: f.tpRank, PPSize: f.ppSize, PPRank: f.ppRank}
 	if f.poolMB <= 0 {
@@ -144,7 +173,9 @@ func roleLayout(f *roleFlags) (*engine.Layout, error) {
 	return engine.NewLayout(m, o)
 }
 
-// requestLine is one request on a role's stdin (JSON lines).
+// requestLine is one request on a role's stdin (JSON lines):
+// {"room": <bootstrap_room>, "tokens": <prompt length>} and, for a decode,
+// optionally "bootstrap": "host:port".
 type requestLine struct {
 	// Room is the request's bootstrap_room.
 	Room uint64 `json:"room"`
@@ -154,21 +185,36 @@ type requestLine struct {
 	Bootstrap string `json:"bootstrap,omitempty"`
 }
 
-// replyLine is one result on a role's stdout (JSON lines).
+// readyEvent is the Event of the one line a rank prints when it serves
+// requests; result lines have no event field.
+const readyEvent = "ready"
+
+// replyLine is one line on a role's stdout (JSON lines): first the ready line
+// ({"event":"ready", ...}, no room key), then exactly one result line per
+// non-blank input line, in completion order, carrying the input's line
+// number and (when the line named one) its room.
 type replyLine struct {
-	Ready      bool     `json:"ready,omitempty"`
+	// Event is "ready" on the startup line and empty (omitted) on results.
+	Event string `json:"event,omitempty"`
+	// Line is the 1-based stdin line number a result answers.
+	Line       int      `json:"line,omitempty"`
 	Endpoint   string   `json:"endpoint,omitempty"`
 	Transports []string `json:"transports,omitempty"`
 	// Ring (decode's ready line) is where the metadata ring lives: "gpu"
 	// (pinned and mapped, a kernel can read it) or "host".
-	Ring       string `json:"ring,omitempty"`
-	Role       string `json:"role"`
-	TPRank     int    `json:"tp_rank"`
-	PPRank     int    `json:"pp_rank"`
-	Room       uint64 `json:"room"`
-	OK         bool   `json:"ok"`
-	Error      string `json:"error,omitempty"`
-	Pages      int    `json:"pages"`
+	Ring   string `json:"ring,omitempty"`
+	Role   string `json:"role"`
+	TPRank int    `json:"tp_rank"`
+	PPRank int    `json:"pp_rank"`
+	// Room is the request's bootstrap_room; absent on the ready line and on
+	// results for lines whose room could not be read.
+	Room *uint64 `json:"room,omitempty"`
+	OK   bool    `json:"ok"`
+	// Error says what failed (never empty when OK is false).
+	Error string `json:"error,omitempty"`
+	Pages int    `json:"pages"`
+	// Bytes is the KV bytes moved: what the prefill rank wrote (all
+	// destinations) or what the decode rank received.
 	Bytes      uint64 `json:"bytes"`
 	Dummy      bool   `json:"dummy,omitempty"`
 	TransferUS int64  `json:"transfer_us"`
@@ -186,8 +232,8 @@ func runRole(role engine.Role, f *roleFlags) error {
 			return err
 		}
 	}
-	if f.bootstrapTimeout <= 0 || f.waitingTimeout <= 0 {
-		return fmt.Errorf("--bootstrap-timeout and --waiting-timeout must be > 0")
+	if err := validateRoleFlags(f); err != nil {
+		return err
 	}
 	layout, err := roleLayout(f)
 	if err != nil {
@@ -248,7 +294,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	defer m.Close()
 	out := &lineWriter{w: os.Stdout}
-	ready := replyLine{Ready: true, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), OK: true}
+	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames()}
 	if r := m.Ring(); r != nil {
 		ready.Ring = "host"
 		if r.RingMem().DevicePtr() != 0 {
@@ -260,38 +306,71 @@ func runRole(role engine.Role, f *roleFlags) error {
 	slog.Info("rank serving requests from stdin", "role", role, "control", m.Endpoint(), "model", layout.Model.Name,
 		"pages", layout.NumPages, "item_len", layout.ItemLen(), "crc32c", engine.CRC32CPath())
 
-	lines := make(chan requestLine)
+	lines := make(chan inputLine)
 	readErr := make(chan error, 1)
 	go func() {
-		readErr <- readRequests(os.Stdin, lines)
+		readErr <- readRequests(os.Stdin, role, lines)
 	}()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	var total, failed atomic.Int64
+	var rerr error
+loop:
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case err := <-readErr:
-			wg.Wait()
-			return err
-		case q := <-lines:
+			break loop
+		case rerr = <-readErr:
+			break loop
+		case in := <-lines:
+			total.Add(1)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				var r replyLine
-				if role == engine.RolePrefill {
-					r = prefillOne(ctx, m, f, q)
-				} else {
-					r = decodeOne(ctx, m, f, q)
+				switch {
+				case in.err != nil:
+					r = replyLine{Error: fmt.Sprintf("line %d: %v", in.n, in.err)}
+				case role == engine.RolePrefill:
+					r = prefillOne(ctx, m, f, in.q)
+				default:
+					r = decodeOne(ctx, m, f, in.q)
 				}
-				r.Role, r.TPRank, r.PPRank, r.Room = role.String(), layout.TPRank, layout.PPRank, q.Room
+				r.Role, r.TPRank, r.PPRank, r.Line = role.String(), layout.TPRank, layout.PPRank, in.n
+				if in.hasRoom {
+					r.Room = new(in.q.Room)
+				}
+				if !r.OK {
+					if r.Error == "" {
+						r.Error = "failed without a reason (report this as a bug)"
+					}
+					failed.Add(1)
+				}
 				out.write(r)
 			}()
 		}
 	}
+	wg.Wait()
+	if rerr != nil {
+		return fmt.Errorf("reading requests from stdin: %w", rerr)
+	}
+	if n := failed.Load(); n > 0 {
+		return fmt.Errorf("%d of %d requests failed (see the error field of their result lines)", n, total.Load())
+	}
+	return nil
 }
 
-func readRequests(r io.Reader, out chan<- requestLine) error {
+// inputLine is one non-blank stdin line: its 1-based number and either the
+// parsed request or why it is not one (hasRoom: the room was read anyway).
+type inputLine struct {
+	n       int
+	q       requestLine
+	hasRoom bool
+	err     error
+}
+
+// readRequests sends every non-blank line of r, parsed or not, to out; it
+// returns at EOF (nil) or on a read error (a line over 1 MiB included).
+func readRequests(r io.Reader, role engine.Role, out chan<- inputLine) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 4096), 1<<20)
 	n := 0
@@ -301,14 +380,62 @@ func readRequests(r io.Reader, out chan<- requestLine) error {
 		if text == "" {
 			continue
 		}
-		var q requestLine
-		if err := json.Unmarshal([]byte(text), &q); err != nil || q.Tokens <= 0 {
-			slog.Error("bad request line (want {\"room\": N, \"tokens\": N})", "line", n, "err", err)
-			continue
-		}
-		out <- q
+		q, hasRoom, err := parseRequest(text, role)
+		out <- inputLine{n: n, q: q, hasRoom: hasRoom, err: err}
 	}
 	return sc.Err()
+}
+
+// maxRoom is the largest bootstrap_room (rooms are 63-bit, engine.NewSender).
+const maxRoom = 1<<63 - 1
+
+// parseRequest decodes one request line. room (0 included) and tokens (>= 1)
+// are required; "bootstrap" is a decode-only field; any other key is an
+// error. hasRoom reports whether q.Room was read, even when err is set.
+func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, err error) {
+	var raw struct {
+		Room      json.RawMessage `json:"room"`
+		Tokens    json.RawMessage `json:"tokens"`
+		Bootstrap *string         `json:"bootstrap"`
+	}
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.DisallowUnknownFields()
+	want := `{"room": N, "tokens": N}`
+	if role == engine.RoleDecode {
+		want = `{"room": N, "tokens": N, "bootstrap": "host:port" (optional)}`
+	}
+	if err := dec.Decode(&raw); err != nil {
+		return q, false, fmt.Errorf("not a request object: %v (want %s)", err, want)
+	}
+	if dec.More() {
+		return q, false, fmt.Errorf("text after the request object (one JSON object per line, want %s)", want)
+	}
+	if raw.Room == nil {
+		return q, false, fmt.Errorf(`missing "room" (the request's bootstrap_room, 0 … 2^63-1; want %s)`, want)
+	}
+	room, err := strconv.ParseUint(string(raw.Room), 10, 64)
+	if err != nil || room > maxRoom {
+		return q, false, fmt.Errorf(`"room" %s: want an integer 0 … 2^63-1`, raw.Room)
+	}
+	q.Room, hasRoom = room, true
+	if raw.Tokens == nil {
+		return q, true, fmt.Errorf(`missing "tokens" (the prompt length, >= 1; want %s)`, want)
+	}
+	tokens, err := strconv.ParseInt(string(raw.Tokens), 10, 32)
+	if err != nil || tokens < 1 {
+		return q, true, fmt.Errorf(`"tokens" %s: want an integer >= 1 (the prompt length)`, raw.Tokens)
+	}
+	q.Tokens = int(tokens)
+	if raw.Bootstrap != nil {
+		if role != engine.RoleDecode {
+			return q, true, fmt.Errorf(`"bootstrap" is a decode request field; a prefill rank registers with its --bootstrap server`)
+		}
+		if *raw.Bootstrap == "" {
+			return q, true, fmt.Errorf(`"bootstrap" is empty: want host:port, or leave the key out to use --bootstrap`)
+		}
+		q.Bootstrap = *raw.Bootstrap
+	}
+	return q, true, nil
 }
 
 type lineWriter struct {
@@ -317,10 +444,25 @@ type lineWriter struct {
 }
 
 func (l *lineWriter) write(v any) {
-	b, _ := json.Marshal(v)
+	var b strings.Builder
+	enc := json.NewEncoder(&b) // one line, "\n"-terminated
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, _ = l.w.Write(append(b, '\n'))
+	_, _ = io.WriteString(l.w, b.String())
+}
+
+// readyLine is the first stdout line of a rank: {"event":"ready", ...}
+// with no room key, so it cannot be taken for a request's result.
+type readyLine struct {
+	Event      string   `json:"event"`
+	Role       string   `json:"role"`
+	TPRank     int      `json:"tp_rank"`
+	PPRank     int      `json:"pp_rank"`
+	Endpoint   string   `json:"endpoint"`
+	Transports []string `json:"transports"`
+	Ring       string   `json:"ring,omitempty"`
 }
 
 // allocWait allocates pages, waiting for finished requests to free some.
@@ -409,7 +551,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 		}
 		return fail(fmt.Errorf("room %d: sender still %s after the waiting timeout", q.Room, st))
 	}
-	r.OK, r.Pages, r.Transports = true, len(src), s.TransportNames()
+	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), s.BytesSent()
 	return r
 }
 

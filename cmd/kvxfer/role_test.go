@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+func TestParseRequest(t *testing.T) {
+	cases := []struct {
+		line    string
+		role    engine.Role
+		want    requestLine
+		hasRoom bool
+		errHas  string // "" = valid
+	}{
+		{`{"room":0,"tokens":1}`, engine.RoleDecode, requestLine{Room: 0, Tokens: 1}, true, ""},
+		{`{"room":9223372036854775807,"tokens":5,"bootstrap":"h:1"}`, engine.RoleDecode, requestLine{Room: 1<<63 - 1, Tokens: 5, Bootstrap: "h:1"}, true, ""},
+		{`{"room":60,"tokens":0}`, engine.RoleDecode, requestLine{Room: 60}, true, `"tokens" 0`},
+		{`{"room":60,"tokens":-1}`, engine.RolePrefill, requestLine{Room: 60}, true, `"tokens" -1`},
+		{`{"room":60,"tokens":1.5}`, engine.RolePrefill, requestLine{Room: 60}, true, `"tokens" 1.5`},
+		{`{"room":60}`, engine.RolePrefill, requestLine{Room: 60}, true, `missing "tokens"`},
+		{`{"tokens":5}`, engine.RoleDecode, requestLine{}, false, `missing "room"`},
+		{`{"room":-3,"tokens":5}`, engine.RoleDecode, requestLine{}, false, `"room" -3`},
+		{`{"room":9223372036854775808,"tokens":5}`, engine.RoleDecode, requestLine{}, false, `"room" 9223372036854775808`},
+		{`{"room":"7","tokens":5}`, engine.RoleDecode, requestLine{}, false, `"room" "7"`},
+		{`{"room":null,"tokens":5}`, engine.RoleDecode, requestLine{}, false, `"room" null`},
+		{` { "room" : 3 , "tokens" :	8 } `, engine.RolePrefill, requestLine{Room: 3, Tokens: 8}, true, ""},
+		{`{"room":1,"tokens":5,"tokenz":1}`, engine.RoleDecode, requestLine{}, false, `unknown field "tokenz"`},
+		{`{"room":1,"tokens":5} {"room":2}`, engine.RoleDecode, requestLine{}, false, "text after"},
+		{`garbage`, engine.RoleDecode, requestLine{}, false, "not a request object"},
+		{`{"room":1,"tokens":5,"bootstrap":"h:1"}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 5}, true, "decode request field"},
+		{`{"room":1,"tokens":5,"bootstrap":""}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 5}, true, "empty"},
+	}
+	for _, c := range cases {
+		q, hasRoom, err := parseRequest(c.line, c.role)
+		if c.errHas == "" {
+			if err != nil || q != c.want || !hasRoom {
+				t.Errorf("%s: got %+v %v %v, want %+v", c.line, q, hasRoom, err, c.want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.errHas) || strings.Contains(err.Error(), "<nil>") {
+			t.Errorf("%s: err %v, want one containing %q", c.line, err, c.errHas)
+		}
+		if hasRoom != c.hasRoom || (hasRoom && q.Room != c.want.Room) {
+			t.Errorf("%s: hasRoom %v room %d, want %v %d", c.line, hasRoom, q.Room, c.hasRoom, c.want.Room)
+		}
+	}
+}
+
+func TestValidateRoleFlags(t *testing.T) {
+	good := func() roleFlags {
+		return roleFlags{pageSize: 16, kvDtype: "auto", bootstrapTimeout: time.Second, waitingTimeout: time.Second, peerTimeout: time.Second}
+	}
+	cases := []struct {
+		name   string
+		mod    func(*roleFlags)
+		errHas string
+	}{
+		{"defaults", func(*roleFlags) {}, ""},
+		{"fp8", func(f *roleFlags) { f.kvDtype = "fp8_e4m3" }, ""},
+		{"page 0", func(f *roleFlags) { f.pageSize = 0 }, "--page-size 0"},
+		{"page -4", func(f *roleFlags) { f.pageSize = -4 }, "--page-size -4"},
+		{"dtype empty", func(f *roleFlags) { f.kvDtype = "" }, `--kv-cache-dtype ""`},
+		{"dtype bogus", func(f *roleFlags) { f.kvDtype = "bogus" }, "fp8_e4m3"},
+		{"chunk", func(f *roleFlags) { f.chunkPages = -1 }, "--chunk-pages"},
+		{"waiting", func(f *roleFlags) { f.waitingTimeout = 0 }, "--waiting-timeout"},
+		{"peer", func(f *roleFlags) { f.peerTimeout = 0 }, "--peer-timeout"},
+	}
+	for _, c := range cases {
+		f := good()
+		c.mod(&f)
+		err := validateRoleFlags(&f)
+		if (c.errHas == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.errHas)) {
+			t.Errorf("%s: err %v, want %q", c.name, err, c.errHas)
+		}
+	}
+}
+
+// TestRoleStdinProtocol runs `kvxfer decode` (this test binary) with good and
+// bad request lines: one ready line with event=ready and no room, exactly
+// one result per non-blank input line, and exit status 1 because some failed.
+func TestRoleStdinProtocol(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, exe, "decode", "--pool-mb", "16", "--transport", "tcp", "--log-level", "error",
+		"--bootstrap", "127.0.0.1:1", "--bootstrap-timeout", "1s", "--waiting-timeout", "1s")
+	cmd.Env = append(os.Environ(), "KVXFER_TEST_AS_CLI=1")
+	in := strings.Join([]string{`{"room":60,"tokens":0}`, `{"tokens":5}`, ``, `garbage`, `{"room":7,"tokens":-1}`}, "\n") + "\n"
+	cmd.Stdin = strings.NewReader(in)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v (want status 1); stderr %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "4 of 4 requests failed") {
+		t.Errorf("stderr %q lacks the failure count", stderr.String())
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	var lines []map[string]any
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("stdout line %q: %v", sc.Text(), err)
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 5 {
+		t.Fatalf("%d stdout lines, want 1 ready + 4 results:\n%s", len(lines), out)
+	}
+	if lines[0]["event"] != "ready" || lines[0]["room"] != nil {
+		t.Errorf("ready line %v: want event=ready and no room", lines[0])
+	}
+	seen := map[float64]map[string]any{}
+	for _, l := range lines[1:] {
+		seen[l["line"].(float64)] = l
+		e, _ := l["error"].(string)
+		if l["ok"] != false || e == "" || strings.Contains(e, "<nil>") || l["event"] != nil {
+			t.Errorf("result %v: want ok false with an error", l)
+		}
+	}
+	for n, room := range map[float64]any{1: 60.0, 2: nil, 4: nil, 5: 7.0} {
+		if l, ok := seen[n]; !ok || l["room"] != room {
+			t.Errorf("line %v: result %v, want room %v", n, l, room)
+		}
+	}
+}
+
+// FuzzParseRequest: any stdin line gives a request or an error, never a
+// panic; accepted requests are within range; errors are never empty.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{`{"room":0,"tokens":1}`, `{"room":60,"tokens":0}`, `{"tokens":5}`, `garbage`, `{"room":1,"tokens":2,"bootstrap":"h:1"}`, `{}`, `[]`, `null`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		for _, role := range []engine.Role{engine.RolePrefill, engine.RoleDecode} {
+			q, _, err := parseRequest(line, role)
+			if err != nil {
+				if err.Error() == "" || strings.Contains(err.Error(), "<nil>") {
+					t.Fatalf("%q: empty error", line)
+				}
+				continue
+			}
+			if q.Tokens < 1 || q.Room > maxRoom || (role == engine.RolePrefill && q.Bootstrap != "") {
+				t.Fatalf("%q accepted as %+v", line, q)
+			}
+		}
+	})
+}

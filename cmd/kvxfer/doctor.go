@@ -22,7 +22,10 @@ import (
 // doctorItem is one line of `kvxfer doctor`.
 type doctorItem struct {
 	Component string `json:"component"`
-	// Status is "ok", "missing" (not supported here, with the reason) or
+	// Status is "ok" (present and usable), "warn" (present, but a setting
+	// limits it; the detail says what to change), "missing" (not installed
+	// or no such device here; the detail says how to get it), "n/a" (does
+	// not apply on this host, e.g. a transport whose hardware is absent) or
 	// "error" (the probe itself failed).
 	Status string `json:"status"`
 	Detail string `json:"detail"`
@@ -65,7 +68,7 @@ func runDoctor() []doctorItem {
 	add("libzmq", "ok", fmt.Sprintf("%d.%d.%d", maj, min, pat))
 
 	if devs, err := ibverbs.Devices(); errors.Is(err, syscall.ENOSYS) {
-		add("libibverbs", "missing", "library loaded, but the kernel has no RDMA support (ib_uverbs not loaded): "+err.Error())
+		add("libibverbs", "warn", "library loaded, but the kernel has no RDMA support ("+err.Error()+"): load ib_uverbs and a NIC driver (or rdma_rxe for Soft-RoCE) to use the rdma transport")
 	} else if err != nil {
 		add("libibverbs", "error", err.Error())
 	} else {
@@ -110,15 +113,20 @@ func runDoctor() []doctorItem {
 		st := "ok"
 		detail := fmt.Sprintf("%d KiB", rl.Cur>>10)
 		if rl.Cur < 1<<30 {
-			st = "missing"
-			detail += " (RDMA pins KV pools: raise with `ulimit -l unlimited`, LimitMEMLOCK=infinity or --ulimit memlock=-1)"
+			const raise = "raise it with ulimit -l unlimited, systemd LimitMEMLOCK=infinity or docker --ulimit memlock=-1"
+			if engine.ProbeTransport("rdma") == nil {
+				st = "warn"
+				detail += ": too low for RDMA, which pins the KV pools; " + raise
+			} else {
+				detail += ": enough without RDMA (only RDMA pins the KV pools); before using RDMA " + raise
+			}
 		}
 		add("memlock limit", st, detail)
 	}
 
 	for _, name := range engine.Transports() {
 		if err := engine.ProbeTransport(name); err != nil {
-			add("transport "+name, "missing", err.Error())
+			add("transport "+name, "n/a", err.Error())
 		} else {
 			add("transport "+name, "ok", "usable")
 		}

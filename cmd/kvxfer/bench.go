@@ -6,10 +6,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/bench"
+	"github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -98,6 +100,12 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 			if err != nil {
 				return err
 			}
+			// Report the streams each case really used, not 0 = default.
+			for i := range rep.Results {
+				if r := &rep.Results[i]; r.Streams == 0 {
+					r.Streams = effectiveStreams(r.Transport)
+				}
+			}
 			if err := bench.WriteTable(cmd.OutOrStdout(), rep); err != nil {
 				return err
 			}
@@ -144,7 +152,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, rdma); unavailable ones are skipped with the reason")
 	f.StringVar(&sizes, "sizes", "4K,64K,1M,4M,16M,64M", "block sizes (bytes per WriteRequest), e.g. 4K,1M,64M")
 	f.StringVar(&depths, "depths", "1,8", "batch depths: WriteRequests per transfer batch")
-	f.StringVar(&streams, "streams", "0", "engine.Options.Streams values (tcp connections, shm copy goroutines; 0 = transport default)")
+	f.StringVar(&streams, "streams", "0", "engine.Options.Streams values (tcp connections, shm copy goroutines, rdma QPs; 0 = the transport's default, and the table shows the count used)")
 	f.IntVar(&cfg.Inflight, "inflight", def.Inflight, "transfer batches kept submitted at once")
 	f.IntVar(&cfg.Reps, "reps", def.Reps, "timed repetitions per case (median and min–max reported)")
 	f.IntVar(&cfg.Warmup, "warmup", def.Warmup, "untimed warm-up batches per case")
@@ -160,4 +168,21 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.BoolVar(&quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
 	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
 	rootCmd.AddCommand(cmd)
+}
+
+// effectiveStreams is the stream count a transport uses when
+// engine.Options.Streams is 0: tcp.DefaultStreams connections per segment,
+// min(4, GOMAXPROCS) shm copy goroutines (engine/shm OptCopyThreads), 2 RDMA
+// QPs per device per peer (rdma/transport.go); 0 for a transport it does
+// not know.
+func effectiveStreams(transport string) int {
+	switch transport {
+	case "tcp":
+		return tcp.DefaultStreams
+	case "shm":
+		return min(4, runtime.GOMAXPROCS(0))
+	case "rdma":
+		return 2
+	}
+	return 0
 }

@@ -97,8 +97,10 @@ func WriteTable(w io.Writer, r *Report) error {
 	return nil
 }
 
+// fmtRatio prints a ratio as "1.23×", or "–" when there is none: NaN, Inf, or
+// not positive (e.g. the memcpy baseline was skipped with --no-memcpy).
 func fmtRatio(x float64) string {
-	if math.IsNaN(x) || math.IsInf(x, 0) {
+	if math.IsNaN(x) || math.IsInf(x, 0) || x <= 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f×", x)

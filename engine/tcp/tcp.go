@@ -420,7 +420,16 @@ type receiver struct {
 	vecs         []unix.Iovec
 	readFn       func(fd uintptr) bool // rx.readv, bound once
 	rd           readState
+	want         int              // bytes fill still needs (SO_RCVLOWAT target)
+	lowat        int              // SO_RCVLOWAT now set on the socket (0 = default 1)
+	resetFn      func(fd uintptr) // rx.resetLowat, bound once
 }
+
+// maxRcvLowat caps the SO_RCVLOWAT the receiver sets while it waits for a
+// payload, bytes: the kernel then wakes it once per this much data instead
+// of once per segment, which saves wakeups and window-update work. It stays
+// well below the receive buffer so the wait always ends.
+const maxRcvLowat = 256 << 10
 
 // The receiver holds back at most maxPendingAcks acks covering less than
 // maxPendingAckBytes of payload before writing them; it always writes them
@@ -588,6 +597,16 @@ func (rx *receiver) readv(fd uintptr) bool {
 		case errno == unix.EAGAIN && len(rx.ackBuf) > 0:
 			rx.rd = readState{idle: true}
 			return true
+		case errno == unix.EAGAIN:
+			// About to wait: ask the kernel to wake us only when (up
+			// to maxRcvLowat of) the bytes still needed are there,
+			// then read again in case they arrived meanwhile.
+			if want := max(1, min(rx.want, maxRcvLowat)); want != max(1, rx.lowat) {
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, want) == nil {
+					rx.lowat = want
+					continue
+				}
+			}
 		}
 		rx.rd = readState{n: n, errno: errno}
 		return errno != unix.EAGAIN
@@ -602,6 +621,7 @@ func (rx *receiver) readv(fd uintptr) bool {
 // is io.ErrUnexpectedEOF.
 func (rx *receiver) fill(iov [][]byte, need int) (int, error) {
 	got := 0
+	defer rx.clearLowat() // other readers of rx.c must not wait on it
 	for got < need {
 		for len(iov) > 0 && len(iov[0]) == 0 {
 			iov = iov[1:]
@@ -617,6 +637,7 @@ func (rx *receiver) fill(iov [][]byte, need int) (int, error) {
 		if rx.readFn == nil {
 			rx.readFn = rx.readv // allocated once, not per call
 		}
+		rx.want = need - got
 		rerr := rx.raw.Read(rx.readFn)
 		n, errno, idle := rx.rd.n, rx.rd.errno, rx.rd.idle
 		clear(v)
@@ -647,6 +668,23 @@ func (rx *receiver) fill(iov [][]byte, need int) (int, error) {
 		}
 	}
 	return got, nil
+}
+
+// clearLowat puts SO_RCVLOWAT back to the default (1 byte) if fill raised it.
+func (rx *receiver) clearLowat() {
+	if rx.lowat <= 1 {
+		return
+	}
+	if rx.resetFn == nil {
+		rx.resetFn = rx.resetLowat
+	}
+	rx.raw.Control(rx.resetFn)
+}
+
+func (rx *receiver) resetLowat(fd uintptr) {
+	if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, 1) == nil {
+		rx.lowat = 0
+	}
 }
 
 // toDevice receives n bytes into device region r at off through the bounce

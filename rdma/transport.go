@@ -87,11 +87,14 @@ func regDevice(pd *ibverbs.PD, nic string, m engine.Memory, off, n uint64) (*ibv
 	return nil, &deviceRegError{nic: nic, gpu: m.Device, addr: ptr, length: n, dmaBuf: dmaErr, plain: fmt.Errorf("ibv_reg_mr: %w", err)}
 }
 
+// DefaultStreams is the number of RC QPs per device per peer when
+// engine.Options.Streams is 0.
+const DefaultStreams = 2
+
 // Defaults of the Options.Extra settings.
 const (
 	defaultSliceSize = 1 << 20 // bytes per RDMA WRITE when striping
 	defaultSQDepth   = 256     // send WRs in flight per QP
-	defaultStreams   = 2       // QPs per device per peer
 	defaultTimeout   = 14      // QP ACK timeout code: 4.096 us * 2^14 ~ 67 ms
 	defaultRetry     = 7       // transport retries before IBV_WC_RETRY_EXC_ERR
 )
@@ -126,7 +129,7 @@ func parseConfig(o engine.Options) (config, error) {
 		c.stall = d
 	}
 	if c.streams <= 0 {
-		c.streams = defaultStreams
+		c.streams = DefaultStreams
 	}
 	num := func(key string, lo, hi uint64, dst func(uint64)) error {
 		s, ok := o.Extra[key]

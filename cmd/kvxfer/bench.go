@@ -6,12 +6,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/bench"
+	"github.com/kvxfer/kvxfer/engine/shm"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -171,18 +172,17 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 }
 
 // effectiveStreams is the stream count a transport uses when
-// engine.Options.Streams is 0: tcp.DefaultStreams connections per segment,
-// min(4, GOMAXPROCS) shm copy goroutines (engine/shm OptCopyThreads), 2 RDMA
-// QPs per device per peer (rdma/transport.go); 0 for a transport it does
-// not know.
+// engine.Options.Streams is 0, taken from the transports' own defaults: tcp
+// connections per segment, shm copy goroutines, RDMA QPs per device per peer;
+// 0 for a transport it does not know.
 func effectiveStreams(transport string) int {
 	switch transport {
 	case "tcp":
 		return tcp.DefaultStreams
 	case "shm":
-		return min(4, runtime.GOMAXPROCS(0))
+		return shm.DefaultCopyThreads()
 	case "rdma":
-		return 2
+		return rdma.DefaultStreams
 	}
 	return 0
 }

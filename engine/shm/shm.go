@@ -168,7 +168,7 @@ func New(opts engine.Options) (engine.Transport, error) {
 		segments:    map[*segment]struct{}{},
 	}
 	if t.copyThreads <= 0 {
-		t.copyThreads = min(4, runtime.GOMAXPROCS(0))
+		t.copyThreads = DefaultCopyThreads()
 	}
 	if v, ok := opts.Extra[OptCopyThreads]; ok {
 		n, err := strconv.Atoi(v)
@@ -370,3 +370,7 @@ func CommittedBytes(t engine.Transport) (n uint64, ok bool) {
 	}
 	return atomic.LoadUint64(&st.ctlWord[ctlCommitted]), true
 }
+
+// DefaultCopyThreads is the number of goroutines that copy one large batch
+// when engine.Options.Streams is 0: min(4, GOMAXPROCS).
+func DefaultCopyThreads() int { return min(4, runtime.GOMAXPROCS(0)) }

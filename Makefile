@@ -16,6 +16,7 @@ build: deps ## build bin/kvxfer
 	$(GO) build -o $(BIN)/kvxfer ./cmd/kvxfer
 
 test: deps ## run every test (race detector on)
+	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' (diff: go mod tidy -diff)"; exit 1; }
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -112,7 +112,7 @@ func normalizeAddr(addr string) (string, error) {
 	if err != nil || p < 1 || p > 65535 {
 		return "", fmt.Errorf("bootstrap: address %q: port %q is not in 1–65535", addr, port)
 	}
-	return joinHostPort(host, p), nil
+	return JoinHostPort(host, p), nil
 }
 
 // Addr returns the server address as "host:port" (IPv6 bracketed).

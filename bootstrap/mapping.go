@@ -161,7 +161,7 @@ func LeaderBootstrapAddr(distInitAddr string, bootstrapPort int) (string, error)
 	if bootstrapPort < 1 || bootstrapPort > 65535 {
 		return "", fmt.Errorf("bootstrap: leader bootstrap port %d out of range 1–65535", bootstrapPort)
 	}
-	return joinHostPort(host, bootstrapPort), nil
+	return JoinHostPort(host, bootstrapPort), nil
 }
 
 // RegisterHost returns the host a single-node prefill rank registers to,
@@ -177,9 +177,9 @@ func RegisterHost(listenHost string) string {
 	return listenHost
 }
 
-// joinHostPort formats host:port, bracketing IPv6 hosts (and tolerating an
-// already-bracketed host).
-func joinHostPort(host string, port int) string {
+// JoinHostPort formats "host:port", bracketing IPv6 hosts (and tolerating
+// an already-bracketed host), the form every kvxfer address takes.
+func JoinHostPort(host string, port int) string {
 	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
 		host = host[1 : len(host)-1]
 	}

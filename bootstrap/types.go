@@ -1,20 +1,22 @@
-// Package bootstrap is kvxfer's bootstrap directory: an SGLang-compatible
-// HTTP server that prefill ranks register with and decode ranks resolve
-// against, its client, and the pure rank-mapping rule that tells a decode rank
-// which prefill ranks hold its slice of the KV cache.
+// Package bootstrap is the client side of kvxfer's bootstrap directory:
+// the SGLang wire types (RegisterRequest, PrefillServerInfo,
+// PrefillRankInfo), their validating parsers, the HTTP client prefill and
+// decode ranks use (Client), and the pure rank-mapping rule that tells a
+// decode rank which prefill ranks hold its slice of the KV cache
+// (TargetRanks). The server lives in package bootstrap/server, so ranks that
+// only register and resolve do not link its HTTP framework and metrics.
 //
 // Protocol facts (routes, JSON keys, status codes, the 503 readiness rule, the
 // room→dp-rank registry and its TTL, the rank-mapping table) come from
 // /work/shared/spec/sglang-bootstrap.md §2–§4, which was written from SGLang's
 // python/sglang/srt/disaggregation/common/conn.py at commit 0094505d. Where
-// SGLang answers 500 to malformed input, this server answers 400 naming the
-// field; valid input gets SGLang's exact codes and key sets.
+// SGLang answers 500 to malformed input, kvxfer's server answers 400 naming
+// the field; valid input gets SGLang's exact codes and key sets.
 package bootstrap
 
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -202,7 +204,7 @@ type PrefillRankInfo struct {
 
 // Endpoint returns "tcp://host:port" with IPv6 hosts bracketed, the ZMQ form.
 func (r PrefillRankInfo) Endpoint() string {
-	return "tcp://" + joinHostPort(r.RankIP, r.RankPort)
+	return "tcp://" + JoinHostPort(r.RankIP, r.RankPort)
 }
 
 // Coord is one prefill rank's position in the table
@@ -221,42 +223,6 @@ type Coord struct {
 // String formats the coordinates as SGLang's 404 text does.
 func (c Coord) String() string {
 	return fmt.Sprintf("dp_rank=%d cp_rank=%d tp_rank=%d pp_rank=%d", c.DP, c.CP, c.TP, c.PP)
-}
-
-// Options configure a Server. The zero value serves on all interfaces at a
-// kernel-chosen port with the pinned SGLang key set, a 120 s room TTL and no
-// authentication; `kvxfer bootstrap` defaults the port to DefaultPort.
-type Options struct {
-	// Host is the listen host (IP or hostname; "" = all interfaces).
-	Host string
-	// Port is the listen port, 0–65535; 0 lets the kernel pick one
-	// (Server.Addr reports it). SGLang's default is DefaultPort.
-	Port int
-	// EntryTTL is the room→dp-rank entry lifetime; 0 means DefaultEntryTTL.
-	EntryTTL time.Duration
-	// AuthToken, when non-empty, requires "Authorization: Bearer <token>" on
-	// the mutating routes (PUT/DELETE /route, POST /register_dp_rank); a
-	// missing or wrong token gets 401 "Unauthorized". Compared in constant time.
-	AuthToken string
-	// Compat selects the PrefillServerInfo key set: CompatSGLang0094505 (the
-	// default when empty) or CompatSGLangNewest.
-	Compat string
-	// DistInitAddr, when set, is the multi-node prefill's --dist-init-addr;
-	// the server reports it in the X-Kvxfer-Dist-Init-Addr header so that
-	// followers can check they reached the right leader (Client.CheckLeader).
-	DistInitAddr string
-	// MaxRooms bounds the live room→dp-rank entries; 0 means 1,000,000. A
-	// registration beyond it gets 429 until entries expire.
-	MaxRooms int
-	// MaxBodyBytes bounds request bodies in bytes; 0 means 8 MiB. A larger
-	// body is answered 413 Request Entity Too Large naming the limit.
-	MaxBodyBytes int64
-	// ShutdownTimeout bounds graceful shutdown; 0 means 5 s.
-	ShutdownTimeout time.Duration
-	// RequestLog enables one slog line per request (debug level).
-	RequestLog bool
-	// Logger receives the server's logs; nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // DecodeRank describes the decode rank that is resolving its producers
@@ -322,4 +288,39 @@ type Targets struct {
 	// RequiredPrefillResponseNum is how many distinct producer Success
 	// statuses the decode must collect for a room.
 	RequiredPrefillResponseNum int
+}
+
+// TableSnapshot is the GET /v1/table answer (a kvxfer extension for
+// diagnosis): the whole directory at one instant.
+type TableSnapshot struct {
+	// Compat is the PrefillServerInfo key set this server emits.
+	Compat string `json:"compat"`
+	// Ready is true when every distinct rank has registered (GET /route answers 200).
+	Ready bool `json:"ready"`
+	// Registered is the number of distinct ranks registered.
+	Registered int `json:"registered"`
+	// Expected is dp·cp·tp·pp of the topology (0 before the first registration).
+	Expected int `json:"expected"`
+	// Topology is the PrefillServerInfo the server would answer, or null.
+	Topology *PrefillServerInfo `json:"topology"`
+	// Ranks lists every registered rank, sorted by (dp, cp, tp, pp).
+	Ranks []TableRank `json:"ranks"`
+	// Missing lists the coordinates not yet registered (at most 1024).
+	Missing []Coord `json:"missing"`
+	// DPRooms is the number of live room→dp-rank entries.
+	DPRooms int `json:"dp_rooms"`
+	// EntryTTLSeconds is the room→dp-rank entry lifetime in seconds.
+	EntryTTLSeconds float64 `json:"entry_ttl_seconds"`
+	// DistInitAddr is the multi-node leader address the server was given, or "".
+	DistInitAddr string `json:"dist_init_addr,omitempty"`
+}
+
+// TableRank is one registered rank in a TableSnapshot.
+type TableRank struct {
+	Coord
+	PrefillRankInfo
+	// RegisteredAt is the time of the latest registration (RFC 3339).
+	RegisteredAt time.Time `json:"registered_at"`
+	// Reregistrations counts registrations that replaced this entry.
+	Reregistrations int `json:"reregistrations"`
 }

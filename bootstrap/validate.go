@@ -19,18 +19,29 @@ const (
 	MaxRanks = 1 << 20
 )
 
-// fieldError is a 400 answer naming the offending field.
-type fieldError struct {
-	field string
-	msg   string
+// FieldError is a malformed request naming the offending field; the
+// server answers it with 400 and its text. Returned (as error) by the Parse*
+// functions of this package.
+type FieldError struct {
+	// Field is the JSON key or query parameter, e.g. "rank_port",
+	// "bootstrap_rooms[3]" or "prefill_dp_rank".
+	Field string
+	// Msg says what is wrong and what is accepted.
+	Msg string
+	// Missing is true when the field is absent or empty (GET /route answers
+	// SGLang's "Missing inputs for bootstrap server." then).
+	Missing bool
 }
 
 // Error formats "field: message".
-func (e *fieldError) Error() string { return e.field + ": " + e.msg }
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-func fieldErr(field, format string, args ...any) error {
-	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+// NewFieldError returns a *FieldError for field with a formatted message.
+func NewFieldError(field, format string, args ...any) error {
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
+
+func fieldErr(field, format string, args ...any) error { return NewFieldError(field, format, args...) }
 
 // jsonObject parses body as one JSON object and returns its raw members.
 func jsonObject(body []byte, what string) (map[string]json.RawMessage, error) {
@@ -276,7 +287,7 @@ func validHost(h string) (string, error) {
 		}
 		return h, nil
 	}
-	if !isHostname(h) {
+	if !IsHostname(h) {
 		return bad()
 	}
 	return h, nil
@@ -288,11 +299,11 @@ func usableIP(a netip.Addr) bool {
 	return !u.IsUnspecified() && !u.IsMulticast() && u != netip.AddrFrom4([4]byte{255, 255, 255, 255})
 }
 
-// isHostname reports whether h is an RFC 1123 hostname: at most 253
+// IsHostname reports whether h is an RFC 1123 hostname: at most 253
 // characters (plus an optional final dot), labels of 1–63 letters, digits,
 // '-' or '_' not starting or ending with '-', and a last label that is not
 // all-numeric (nor a 0x hex number), so that no numeric address form passes.
-func isHostname(h string) bool {
+func IsHostname(h string) bool {
 	h = strings.TrimSuffix(h, ".")
 	if h == "" || len(h) > 253 {
 		return false
@@ -417,11 +428,12 @@ func parseRoomsSlow(raw json.RawMessage) ([]uint64, error) {
 	return rooms, nil
 }
 
-// parseRankQueryRaw is ParseRankQuery over a raw query string. Plain
+// ParseRankQueryString is ParseRankQuery over a raw (still escaped) query
+// string, as the server's hot GET /route path receives it. Plain
 // queries (no escapes, '+' or ';') are scanned without allocating; others go
 // through url.ParseQuery. As with url.Values.Get, the first value of a
 // repeated parameter wins.
-func parseRankQueryRaw(raw string) (Coord, bool, error) {
+func ParseRankQueryString(raw string) (Coord, bool, error) {
 	if strings.ContainsAny(raw, "%+;") {
 		v, _ := url.ParseQuery(raw)
 		return ParseRankQuery(v.Get)
@@ -471,7 +483,7 @@ func ParseRankQuery(get func(string) string) (c Coord, all bool, err error) {
 	for i, n := range names {
 		s := get(n)
 		if s == "" {
-			return c, false, &fieldError{field: n, msg: "missing"}
+			return c, false, &FieldError{Field: n, Msg: "missing", Missing: true}
 		}
 		x, err := strconv.Atoi(s)
 		if err != nil || x < -1 || x >= MaxRanks {

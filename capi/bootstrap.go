@@ -6,13 +6,13 @@ import (
 	"context"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 )
 
 // bootstrapObj is one kvx_bootstrap_t: an embedded bootstrap server serving
 // from a goroutine until stop.
 type bootstrapObj struct {
-	srv    *bootstrap.Server
+	srv    *server.Server
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -23,7 +23,7 @@ func startBootstrap(host string, port int) (*bootstrapObj, error) {
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	srv := bootstrap.NewServer(bootstrap.Options{Host: host, Port: port})
+	srv := server.New(server.Options{Host: host, Port: port})
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &bootstrapObj{srv: srv, cancel: cancel, done: make(chan error, 1)}
 	go func() { b.done <- srv.Start(ctx) }()

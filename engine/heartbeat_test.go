@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 )
 
@@ -19,7 +19,7 @@ import (
 func stoppableBootstrap(t *testing.T, port int) (string, func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: port})
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: port})
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
 	select {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 )
@@ -22,7 +22,7 @@ var (
 func startBootstrap(t *testing.T) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: 0})
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(ctx) }()
 	select {

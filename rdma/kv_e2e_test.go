@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -29,7 +29,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 	defer cancel()
 
 	bctx, bcancel := context.WithCancel(ctx)
-	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: 0})
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
 	done := make(chan error, 1)
 	go func() { done <- srv.Start(bctx) }()
 	select {

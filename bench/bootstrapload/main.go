@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 )
 
 type config struct {
@@ -304,7 +305,7 @@ func serveChild(kind string, tp int) error {
 	errc := make(chan error, 1)
 	switch kind {
 	case "ours":
-		srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Logger: slog.New(slog.DiscardHandler)})
+		srv := server.New(server.Options{Host: "127.0.0.1", Logger: slog.New(slog.DiscardHandler)})
 		go func() { errc <- srv.Start(ctx) }()
 		select {
 		case <-srv.Ready():

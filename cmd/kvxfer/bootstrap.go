@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 )
 
 // bootstrapFlags are the `kvxfer bootstrap` settings; flags win over the
@@ -140,7 +141,7 @@ func runBootstrap(ctx context.Context, cmd *cobra.Command, f bootstrapFlags) err
 	if err := applyBootstrapEnv(cmd, &f, os.Getenv); err != nil {
 		return err
 	}
-	s := bootstrap.NewServer(bootstrap.Options{
+	s := server.New(server.Options{
 		Host: f.host, Port: f.port, EntryTTL: f.entryTTL, AuthToken: f.authToken,
 		Compat: f.compat, DistInitAddr: f.distInitAddr, RequestLog: f.requestLog,
 	})

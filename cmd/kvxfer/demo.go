@@ -23,7 +23,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
@@ -308,7 +308,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 
 	// Bootstrap server.
-	srv := bootstrap.NewServer(bootstrap.Options{Host: "127.0.0.1", Port: 0})
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
 	sctx, cancelSrv := context.WithCancel(context.Background())
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Start(sctx) }()

@@ -1,4 +1,4 @@
-package bootstrap
+package server
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 // BenchmarkGetRouteRank measures the per-rank GET /route handler in process
 // (no sockets): routing, query parsing, the table lookup and the write.
 func BenchmarkGetRouteRank(b *testing.B) {
-	s := NewServer(Options{Logger: quiet})
+	s := New(Options{Logger: quiet})
 	for tp := range 8 {
 		if err := s.Register(reg(8, tp, 9000+tp)); err != nil {
 			b.Fatal(err)
@@ -33,7 +33,7 @@ func BenchmarkGetRouteRank(b *testing.B) {
 
 // BenchmarkQueryDPRanks10k measures one 10,000-room /query_dp_ranks answer in process.
 func BenchmarkQueryDPRanks10k(b *testing.B) {
-	s := NewServer(Options{Logger: quiet})
+	s := New(Options{Logger: quiet})
 	body := []byte(`{"bootstrap_rooms":[`)
 	for i := range 10000 {
 		if i > 0 {

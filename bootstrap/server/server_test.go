@@ -1,4 +1,4 @@
-package bootstrap
+package server
 
 import (
 	"context"
@@ -16,11 +16,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
 )
 
 // startServer runs a server on 127.0.0.1 at a kernel-chosen port and stops it
 // when the test ends.
-func startServer(t *testing.T, opts Options) (*Server, *Client) {
+func startServer(t *testing.T, opts Options) (*Server, *bootstrap.Client) {
 	t.Helper()
 	if opts.Host == "" {
 		opts.Host = "127.0.0.1"
@@ -28,7 +30,7 @@ func startServer(t *testing.T, opts Options) (*Server, *Client) {
 	if opts.Logger == nil && !testing.Verbose() {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := NewServer(opts)
+	s := New(opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Start(ctx) }()
@@ -52,16 +54,16 @@ func startServer(t *testing.T, opts Options) (*Server, *Client) {
 			t.Error("server did not shut down within 10 s")
 		}
 	})
-	c, err := NewClient(s.Addr(), WithAuthToken(opts.AuthToken), WithRegisterTimeout(5*time.Second),
-		WithBackoff(5*time.Millisecond, 50*time.Millisecond))
+	c, err := bootstrap.NewClient(s.Addr(), bootstrap.WithAuthToken(opts.AuthToken), bootstrap.WithRegisterTimeout(5*time.Second),
+		bootstrap.WithBackoff(5*time.Millisecond, 50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, c
 }
 
-func reg(tpSize, tpRank, port int) RegisterRequest {
-	return RegisterRequest{
+func reg(tpSize, tpRank, port int) bootstrap.RegisterRequest {
+	return bootstrap.RegisterRequest{
 		AttnTPSize: tpSize, AttnTPRank: tpRank, AttnCPSize: 1, AttnDPSize: 1, PPSize: 1, SystemDPSize: 1,
 		RankIP: "127.0.0.1", RankPort: port, PageSize: 16, KVCacheDtype: ptr("auto"),
 		LoadBalanceMethod: "follow_bootstrap_room", PrefillHTTPPort: ptr(30000),
@@ -99,8 +101,8 @@ const topoQuery = "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-
 func TestReadinessCountsDistinctRanks(t *testing.T) {
 	s, c := startServer(t, Options{})
 	ctx := ctxT(t)
-	if _, err := c.ServerInfo(ctx); !errors.Is(err, ErrNotReady) {
-		t.Fatalf("ServerInfo on empty table: %v, want ErrNotReady", err)
+	if _, err := c.ServerInfo(ctx); !errors.Is(err, bootstrap.ErrNotReady) {
+		t.Fatalf("ServerInfo on empty table: %v, want bootstrap.ErrNotReady", err)
 	}
 	// Rank 0 of 2 registers three times (retries): SGLang would count 3 ≥ 2.
 	for i := range 3 {
@@ -112,12 +114,12 @@ func TestReadinessCountsDistinctRanks(t *testing.T) {
 	if code != 503 || body != "Prefill server not fully registered yet (1 workers registered)." {
 		t.Fatalf("after duplicate registrations: %d %q, want 503 with SGLang's text", code, body)
 	}
-	if _, err := c.RankInfo(ctx, 0, 0, 0, 0); !errors.Is(err, ErrNotReady) {
-		t.Fatalf("RankInfo before ready: %v, want ErrNotReady", err)
+	if _, err := c.RankInfo(ctx, 0, 0, 0, 0); !errors.Is(err, bootstrap.ErrNotReady) {
+		t.Fatalf("RankInfo before ready: %v, want bootstrap.ErrNotReady", err)
 	}
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	if _, err := c.WaitReady(short, 5*time.Millisecond); !errors.Is(err, ErrNotReady) {
-		t.Fatalf("WaitReady with a rank missing: %v, want ErrNotReady", err)
+	if _, err := c.WaitReady(short, 5*time.Millisecond); !errors.Is(err, bootstrap.ErrNotReady) {
+		t.Fatalf("WaitReady with a rank missing: %v, want bootstrap.ErrNotReady", err)
 	}
 	cancel()
 	if err := c.Register(ctx, reg(2, 1, 41000)); err != nil {
@@ -140,17 +142,17 @@ func TestReadinessCountsDistinctRanks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := PrefillServerInfo{AttnTPSize: 2, AttnCPSize: 1, DPSize: 1, PPSize: 1, PageSize: ptr(16),
+	want := bootstrap.PrefillServerInfo{AttnTPSize: 2, AttnCPSize: 1, DPSize: 1, PPSize: 1, PageSize: ptr(16),
 		KVCacheDtype: ptr("auto"), FollowBootstrapRoom: true, PrefillHTTPPort: ptr(30000)}
 	if !reflect.DeepEqual(*info, want) {
 		t.Fatalf("ServerInfo = %+v, want %+v", *info, want)
 	}
 	ri, err := c.RankInfo(ctx, 0, 0, 0, 0)
-	if err != nil || *ri != (PrefillRankInfo{"127.0.0.1", 40002}) {
+	if err != nil || *ri != (bootstrap.PrefillRankInfo{RankIP: "127.0.0.1", RankPort: 40002}) {
 		t.Fatalf("RankInfo(0,0,0,0) = %+v, %v; want the latest registration (port 40002)", ri, err)
 	}
-	if _, err := c.RankInfo(ctx, 0, 0, 5, 0); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("RankInfo of unregistered rank: %v, want ErrNotFound", err)
+	if _, err := c.RankInfo(ctx, 0, 0, 5, 0); !errors.Is(err, bootstrap.ErrNotFound) {
+		t.Fatalf("RankInfo of unregistered rank: %v, want bootstrap.ErrNotFound", err)
 	}
 	code, _, body = raw(t, "GET", "http://"+s.Addr()+"/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=5&target_pp_rank=0", "")
 	if code != 404 || body != "Bootstrap info not found for dp_rank=0 cp_rank=0 tp_rank=5 pp_rank=0" {
@@ -163,7 +165,7 @@ func TestKeySets(t *testing.T) {
 	for _, tc := range []struct {
 		compat string
 		extra  []string
-	}{{"", nil}, {CompatSGLangNewest, []string{"decode_allocation_policy"}}} {
+	}{{"", nil}, {bootstrap.CompatSGLangNewest, []string{"decode_allocation_policy"}}} {
 		t.Run("compat="+tc.compat, func(t *testing.T) {
 			s, c := startServer(t, Options{Compat: tc.compat})
 			r := reg(1, 0, 5000)
@@ -235,7 +237,7 @@ func TestRestartReregistersWithNewPort(t *testing.T) {
 // TestRegisterRetriesUntilServerAnswers puts a front that answers 503 twice
 // before passing requests to the real handler.
 func TestRegisterRetriesUntilServerAnswers(t *testing.T) {
-	s := NewServer(Options{Logger: quiet})
+	s := New(Options{Logger: quiet})
 	var calls atomic.Int32
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) <= 2 {
@@ -245,7 +247,7 @@ func TestRegisterRetriesUntilServerAnswers(t *testing.T) {
 		s.Handler().ServeHTTP(w, r)
 	}))
 	defer front.Close()
-	c, err := NewClient(front.Listener.Addr().String(), WithBackoff(time.Millisecond, 5*time.Millisecond))
+	c, err := bootstrap.NewClient(front.Listener.Addr().String(), bootstrap.WithBackoff(time.Millisecond, 5*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,18 +267,18 @@ func TestRegisterDeadlineIsNamed(t *testing.T) {
 		http.Error(w, "down", http.StatusBadGateway)
 	}))
 	defer front.Close()
-	c, _ := NewClient(front.Listener.Addr().String(), WithRegisterTimeout(time.Second), WithBackoff(time.Millisecond, 10*time.Millisecond))
+	c, _ := bootstrap.NewClient(front.Listener.Addr().String(), bootstrap.WithRegisterTimeout(time.Second), bootstrap.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	err := c.Register(ctxT(t), reg(1, 0, 7000))
-	if !errors.Is(err, ErrRegisterDeadline) || !strings.Contains(err.Error(), "HTTP 502") || !strings.Contains(err.Error(), "attempts") {
-		t.Fatalf("err = %v, want ErrRegisterDeadline naming attempts and the last HTTP 502", err)
+	if !errors.Is(err, bootstrap.ErrRegisterDeadline) || !strings.Contains(err.Error(), "HTTP 502") || !strings.Contains(err.Error(), "attempts") {
+		t.Fatalf("err = %v, want bootstrap.ErrRegisterDeadline naming attempts and the last HTTP 502", err)
 	}
 	// Nothing listening: the deadline error names the transport failure.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	c, _ = NewClient(addr, WithRegisterTimeout(100*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
-	if err := c.Register(ctxT(t), reg(1, 0, 7000)); !errors.Is(err, ErrRegisterDeadline) || !strings.Contains(err.Error(), addr) {
-		t.Fatalf("err = %v, want ErrRegisterDeadline naming %s", err, addr)
+	c, _ = bootstrap.NewClient(addr, bootstrap.WithRegisterTimeout(100*time.Millisecond), bootstrap.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	if err := c.Register(ctxT(t), reg(1, 0, 7000)); !errors.Is(err, bootstrap.ErrRegisterDeadline) || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("err = %v, want bootstrap.ErrRegisterDeadline naming %s", err, addr)
 	}
 }
 
@@ -285,8 +287,8 @@ func TestRegisterBadRequestNotRetried(t *testing.T) {
 	r := reg(1, 0, 7000)
 	r.AttnTPRank = 3
 	err := c.Register(ctxT(t), r)
-	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "attn_tp_rank") {
-		t.Fatalf("err = %v, want ErrBadRequest naming attn_tp_rank", err)
+	if !errors.Is(err, bootstrap.ErrBadRequest) || !strings.Contains(err.Error(), "attn_tp_rank") {
+		t.Fatalf("err = %v, want bootstrap.ErrBadRequest naming attn_tp_rank", err)
 	}
 	if s.Snapshot().Registered != 0 {
 		t.Fatal("invalid registration entered the table")
@@ -374,8 +376,8 @@ func TestAloneRankMayChangeTopology(t *testing.T) {
 	r2.AttnTPSize = 2
 	if err := c.Register(ctx, reg(2, 1, 6003)); err != nil {
 		// tp size 2 rank 1 vs table tp 1 (one rank): conflict because coordinates differ.
-		if !errors.Is(err, ErrConflict) {
-			t.Fatalf("err = %v, want ErrConflict", err)
+		if !errors.Is(err, bootstrap.ErrConflict) {
+			t.Fatalf("err = %v, want bootstrap.ErrConflict", err)
 		}
 	} else {
 		t.Fatal("conflicting registration accepted")
@@ -431,11 +433,11 @@ func TestDeregister(t *testing.T) {
 	if err := c.Deregister(ctx, 0, 0, 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.ServerInfo(ctx); !errors.Is(err, ErrNotReady) {
-		t.Fatalf("after deregistration: %v, want ErrNotReady", err)
+	if _, err := c.ServerInfo(ctx); !errors.Is(err, bootstrap.ErrNotReady) {
+		t.Fatalf("after deregistration: %v, want bootstrap.ErrNotReady", err)
 	}
-	if err := c.Deregister(ctx, 0, 0, 1, 0); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("second deregistration: %v, want ErrNotFound", err)
+	if err := c.Deregister(ctx, 0, 0, 1, 0); !errors.Is(err, bootstrap.ErrNotFound) {
+		t.Fatalf("second deregistration: %v, want bootstrap.ErrNotFound", err)
 	}
 	if err := c.Deregister(ctx, 0, 0, 0, 0); err != nil {
 		t.Fatal(err)
@@ -471,12 +473,12 @@ func TestAuth(t *testing.T) {
 	if err := c.Register(ctx, reg(1, 0, 6001)); err != nil {
 		t.Fatal(err)
 	}
-	noTok, _ := NewClient(s.Addr())
+	noTok, _ := bootstrap.NewClient(s.Addr())
 	if _, err := noTok.ServerInfo(ctx); err != nil { // read routes stay open
 		t.Fatal(err)
 	}
-	if err := noTok.Register(ctx, reg(1, 0, 6002)); !errors.Is(err, ErrUnauthorized) {
-		t.Fatalf("Register without token: %v, want ErrUnauthorized", err)
+	if err := noTok.Register(ctx, reg(1, 0, 6002)); !errors.Is(err, bootstrap.ErrUnauthorized) {
+		t.Fatalf("Register without token: %v, want bootstrap.ErrUnauthorized", err)
 	}
 }
 
@@ -496,7 +498,7 @@ func TestDPRankRegistry(t *testing.T) {
 	if err != nil || info.FollowBootstrapRoom || info.DPSize != 4 {
 		t.Fatalf("info %+v %v", info, err)
 	}
-	if _, ok := SelectDPRank(*info, 5); ok {
+	if _, ok := bootstrap.SelectDPRank(*info, 5); ok {
 		t.Fatal("SelectDPRank must defer to the registry when the prefill does not follow the room")
 	}
 	const n = 10000
@@ -579,22 +581,22 @@ func TestCheckLeader(t *testing.T) {
 	leader, _ := startServer(t, Options{DistInitAddr: "10.0.0.1:5000"})
 	other, _ := startServer(t, Options{})
 	ctx := ctxT(t)
-	c, _ := NewClient(leader.Addr())
+	c, _ := bootstrap.NewClient(leader.Addr())
 	if err := c.CheckLeader(ctx, "10.0.0.1:5000"); err != nil {
 		t.Fatalf("CheckLeader on the leader: %v", err)
 	}
-	if err := c.CheckLeader(ctx, "10.0.0.2:5000"); !errors.Is(err, ErrWrongLeader) || !strings.Contains(err.Error(), "10.0.0.1:5000") {
+	if err := c.CheckLeader(ctx, "10.0.0.2:5000"); !errors.Is(err, bootstrap.ErrWrongLeader) || !strings.Contains(err.Error(), "10.0.0.1:5000") {
 		t.Fatalf("CheckLeader with another dist-init-addr: %v", err)
 	}
-	c2, _ := NewClient(other.Addr()) // a follower that was given the wrong port
-	if err := c2.CheckLeader(ctx, "10.0.0.1:5000"); !errors.Is(err, ErrWrongLeader) || !strings.Contains(err.Error(), other.Addr()) {
+	c2, _ := bootstrap.NewClient(other.Addr()) // a follower that was given the wrong port
+	if err := c2.CheckLeader(ctx, "10.0.0.1:5000"); !errors.Is(err, bootstrap.ErrWrongLeader) || !strings.Contains(err.Error(), other.Addr()) {
 		t.Fatalf("CheckLeader on a non-leader: %v", err)
 	}
 	// The address a follower derives from dist-init-addr + the leader's port.
 	_, port, _ := net.SplitHostPort(leader.Addr())
 	var p int
 	fmt.Sscan(port, &p)
-	addr, err := LeaderBootstrapAddr("127.0.0.1:29500", p)
+	addr, err := bootstrap.LeaderBootstrapAddr("127.0.0.1:29500", p)
 	if err != nil || addr != leader.Addr() {
 		t.Fatalf("LeaderBootstrapAddr = %q, %v; want %q", addr, err, leader.Addr())
 	}
@@ -606,11 +608,11 @@ func TestStartErrors(t *testing.T) {
 	var p int
 	fmt.Sscan(port, &p)
 	ctx := ctxT(t)
-	err := NewServer(Options{Host: "127.0.0.1", Port: p, Logger: quiet}).Start(ctx)
+	err := New(Options{Host: "127.0.0.1", Port: p, Logger: quiet}).Start(ctx)
 	if err == nil || !strings.Contains(err.Error(), "listen on 127.0.0.1:"+port) {
 		t.Fatalf("second server on the same port: %v, want a listen error naming the address", err)
 	}
-	if err := NewServer(Options{Compat: "sglang-9", Logger: quiet}).Start(ctx); err == nil || !strings.Contains(err.Error(), "sglang-9") {
+	if err := New(Options{Compat: "sglang-9", Logger: quiet}).Start(ctx); err == nil || !strings.Contains(err.Error(), "sglang-9") {
 		t.Fatalf("bad compat: %v", err)
 	}
 	if err := s.Start(ctx); err == nil {
@@ -652,12 +654,12 @@ func TestEndToEndResolve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dp, ok := SelectDPRank(*info, 99)
+	dp, ok := bootstrap.SelectDPRank(*info, 99)
 	if !ok || dp != 0 {
 		t.Fatalf("SelectDPRank = %d, %v", dp, ok)
 	}
-	d := DecodeRank{AttnTPSize: 2, AttnTPRank: 1, AttnCPSize: 1, PPSize: 1, IsMLA: true, PageSize: 16, KVCacheDtype: "auto"}
-	tg, err := TargetRanks(*info, d, dp)
+	d := bootstrap.DecodeRank{AttnTPSize: 2, AttnTPRank: 1, AttnCPSize: 1, PPSize: 1, IsMLA: true, PageSize: 16, KVCacheDtype: "auto"}
+	tg, err := bootstrap.TargetRanks(*info, d, dp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -694,7 +696,7 @@ func TestConcurrentRegistrations(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := c.ServerInfo(ctx); err != nil && !errors.Is(err, ErrNotReady) {
+			if _, err := c.ServerInfo(ctx); err != nil && !errors.Is(err, bootstrap.ErrNotReady) {
 				errs <- err
 				return
 			}
@@ -741,7 +743,7 @@ func TestNewFollowerClient(t *testing.T) {
 		fmt.Sscan(p, &n)
 		return n
 	}
-	c, err := NewFollowerClient(ctx, "127.0.0.1:29500", port(leader))
+	c, err := bootstrap.NewFollowerClient(ctx, "127.0.0.1:29500", port(leader))
 	if err != nil || c.Addr() != leader.Addr() {
 		t.Fatalf("follower client: %v, %v", c, err)
 	}
@@ -749,8 +751,8 @@ func TestNewFollowerClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A follower given another instance's port.
-	if _, err := NewFollowerClient(ctx, "127.0.0.1:29500", port(other)); !errors.Is(err, ErrWrongLeader) {
-		t.Fatalf("wrong port: %v, want ErrWrongLeader", err)
+	if _, err := bootstrap.NewFollowerClient(ctx, "127.0.0.1:29500", port(other)); !errors.Is(err, bootstrap.ErrWrongLeader) {
+		t.Fatalf("wrong port: %v, want bootstrap.ErrWrongLeader", err)
 	}
 	// A follower given a port nobody serves.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -758,7 +760,7 @@ func TestNewFollowerClient(t *testing.T) {
 	ln.Close()
 	var dead int
 	fmt.Sscan(p, &dead)
-	_, err = NewFollowerClient(ctx, "127.0.0.1:29500", dead, WithRegisterTimeout(100*time.Millisecond), WithBackoff(time.Millisecond, 10*time.Millisecond))
+	_, err = bootstrap.NewFollowerClient(ctx, "127.0.0.1:29500", dead, bootstrap.WithRegisterTimeout(100*time.Millisecond), bootstrap.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	if err == nil || !strings.Contains(err.Error(), "no leader bootstrap server") || !strings.Contains(err.Error(), p) {
 		t.Fatalf("dead port: %v", err)
 	}
@@ -780,3 +782,5 @@ func TestRoomRegistryBound(t *testing.T) {
 		t.Fatalf("third room: %d %q, want 429", code, body)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -1,4 +1,13 @@
-package bootstrap
+// Package server is kvxfer's bootstrap directory server: an SGLang-compatible
+// HTTP server (echo) that the prefill ranks of one instance register with and
+// decode ranks resolve against, with Prometheus metrics. Its wire types,
+// parsers and client are in package bootstrap; ranks import only that.
+//
+// Routes (spec §2.2, /work/shared/spec/sglang-bootstrap.md): PUT/GET /route,
+// POST /register_dp_rank, POST /query_dp_ranks, GET /health — SGLang's shapes
+// and codes (from common/conn.py at commit 0094505d) — plus kvxfer's
+// extensions DELETE /route, GET /v1/table and GET /metrics.
+package server
 
 import (
 	"context"
@@ -19,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,10 +40,46 @@ const (
 	ctJSON = "application/json; charset=utf-8"
 )
 
+// Options configure a Server. The zero value serves on all interfaces at a
+// kernel-chosen port with the pinned SGLang key set, a 120 s room TTL and no
+// authentication; `kvxfer bootstrap` defaults the port to DefaultPort.
+type Options struct {
+	// Host is the listen host (IP or hostname; "" = all interfaces).
+	Host string
+	// Port is the listen port, 0–65535; 0 lets the kernel pick one
+	// (Server.Addr reports it). SGLang's default is DefaultPort.
+	Port int
+	// EntryTTL is the room→dp-rank entry lifetime; 0 means DefaultEntryTTL.
+	EntryTTL time.Duration
+	// AuthToken, when non-empty, requires "Authorization: Bearer <token>" on
+	// the mutating routes (PUT/DELETE /route, POST /register_dp_rank); a
+	// missing or wrong token gets 401 "Unauthorized". Compared in constant time.
+	AuthToken string
+	// Compat selects the PrefillServerInfo key set: CompatSGLang0094505 (the
+	// default when empty) or CompatSGLangNewest.
+	Compat string
+	// DistInitAddr, when set, is the multi-node prefill's --dist-init-addr;
+	// the server reports it in the X-Kvxfer-Dist-Init-Addr header so that
+	// followers can check they reached the right leader (Client.CheckLeader).
+	DistInitAddr string
+	// MaxRooms bounds the live room→dp-rank entries; 0 means 1,000,000. A
+	// registration beyond it gets 429 until entries expire.
+	MaxRooms int
+	// MaxBodyBytes bounds request bodies in bytes; 0 means 8 MiB. A larger
+	// body is answered 413 Request Entity Too Large naming the limit.
+	MaxBodyBytes int64
+	// ShutdownTimeout bounds graceful shutdown; 0 means 5 s.
+	ShutdownTimeout time.Duration
+	// RequestLog enables one slog line per request (debug level).
+	RequestLog bool
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
 // Server is the bootstrap directory of one prefill instance. Routes
 // (spec §2.2): PUT/GET /route, POST /register_dp_rank, POST /query_dp_ranks,
 // GET /health — SGLang's shapes and codes — plus kvxfer's extensions
-// DELETE /route, GET /v1/table and GET /metrics. Create with NewServer,
+// DELETE /route, GET /v1/table and GET /metrics. Create with New,
 // run with Start. Safe for concurrent use.
 type Server struct {
 	opts Options
@@ -48,7 +94,7 @@ type Server struct {
 
 	mu    sync.RWMutex
 	topo  *topology
-	table map[Coord]*rankEntry
+	table map[bootstrap.Coord]*rankEntry
 	// infoJSON is the pre-encoded topology answer, rebuilt on change.
 	infoJSON []byte
 
@@ -70,7 +116,7 @@ type topology struct {
 }
 
 type rankEntry struct {
-	info         PrefillRankInfo
+	info         bootstrap.PrefillRankInfo
 	json         []byte
 	registeredAt time.Time
 	updates      int
@@ -161,14 +207,14 @@ func newMetrics() metrics {
 	return m
 }
 
-// NewServer builds a server from opts (see Options for the defaults). It does
+// New builds a server from opts (see Options for the defaults). It does
 // not listen yet; call Start. An unknown Compat value is reported by Start.
-func NewServer(opts Options) *Server {
+func New(opts Options) *Server {
 	if opts.EntryTTL <= 0 {
-		opts.EntryTTL = DefaultEntryTTL
+		opts.EntryTTL = bootstrap.DefaultEntryTTL
 	}
 	if opts.Compat == "" {
-		opts.Compat = CompatSGLang0094505
+		opts.Compat = bootstrap.CompatSGLang0094505
 	}
 	if opts.MaxRooms <= 0 {
 		opts.MaxRooms = 1_000_000
@@ -186,7 +232,7 @@ func NewServer(opts Options) *Server {
 		opts:  opts,
 		log:   opts.Logger.With("component", "bootstrap"),
 		ready: make(chan struct{}),
-		table: make(map[Coord]*rankEntry),
+		table: make(map[bootstrap.Coord]*rankEntry),
 		rooms: make(map[uint64]roomEntry),
 		m:     newMetrics(),
 	}
@@ -196,7 +242,7 @@ func NewServer(opts Options) *Server {
 	if opts.DistInitAddr != "" {
 		e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
 			return func(c echo.Context) error {
-				c.Response().Header().Set(HeaderDistInitAddr, opts.DistInitAddr)
+				c.Response().Header().Set(bootstrap.HeaderDistInitAddr, opts.DistInitAddr)
 				return next(c)
 			}
 		})
@@ -257,9 +303,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.started = true
 	s.addrMu.Unlock()
-	if s.opts.Compat != CompatSGLang0094505 && s.opts.Compat != CompatSGLangNewest {
+	if s.opts.Compat != bootstrap.CompatSGLang0094505 && s.opts.Compat != bootstrap.CompatSGLangNewest {
 		return fmt.Errorf("bootstrap: unknown compat %q; want %q (default) or %q",
-			s.opts.Compat, CompatSGLang0094505, CompatSGLangNewest)
+			s.opts.Compat, bootstrap.CompatSGLang0094505, bootstrap.CompatSGLangNewest)
 	}
 	if s.opts.Port < 0 || s.opts.Port > 65535 {
 		return fmt.Errorf("bootstrap: port %d out of range 0–65535", s.opts.Port)
@@ -351,10 +397,10 @@ const hostHint = "pass 127.0.0.1 (this machine only), 0.0.0.0 or :: (every inter
 func listen(host string, port int) (net.Listener, error) {
 	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	if host != "" {
-		if _, err := netip.ParseAddr(host); err != nil && !isHostname(host) {
+		if _, err := netip.ParseAddr(host); err != nil && !bootstrap.IsHostname(host) {
 			// Checked before resolving: "999.1.1.1" would otherwise go to DNS.
 			return nil, fmt.Errorf("bootstrap: listen on %s: host %q is neither an IP address (IPv4 as a dotted quad 0-255 without leading zeros, or IPv6) nor a hostname; %s",
-				addr, truncate(host), hostHint)
+				addr, short(host), hostHint)
 		}
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -373,6 +419,14 @@ func listen(host string, port int) (net.Listener, error) {
 		return nil, fmt.Errorf("bootstrap: listen on %s: %w (ports below 1024 need privileges; pick one ≥ 1024 with --port)", addr, err)
 	}
 	return nil, fmt.Errorf("bootstrap: listen on %s: %w", addr, err)
+}
+
+// short truncates s to 40 bytes for an error message.
+func short(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
 }
 
 // Addr returns the bound "host:port" (a kernel-chosen port when Options.Port
@@ -452,7 +506,7 @@ func (s *Server) readBody(c echo.Context) ([]byte, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(req.Body, limit+1))
 	if err != nil {
-		return nil, fieldErr("body", "read failed: %v", err)
+		return nil, bootstrap.NewFieldError("body", "read failed: %v", err)
 	}
 	if int64(len(b)) > limit {
 		s.drainBody(c)
@@ -491,8 +545,8 @@ func (s *Server) handlePutRoute(c echo.Context) error {
 	}
 	body, err := s.readBody(c)
 	if err == nil {
-		var r RegisterRequest
-		r, err = ParseRegisterRequest(body)
+		var r bootstrap.RegisterRequest
+		r, err = bootstrap.ParseRegisterRequest(body)
 		if err == nil {
 			return s.register(c, r)
 		}
@@ -505,12 +559,12 @@ func (s *Server) handlePutRoute(c echo.Context) error {
 // Register adds or replaces one rank in the table directly (the handler's
 // logic without HTTP). It returns an error wrapping ErrConflict when the
 // rank's topology disagrees with the table's.
-func (s *Server) Register(r RegisterRequest) error {
+func (s *Server) Register(r bootstrap.RegisterRequest) error {
 	_, err := s.apply(r)
 	return err
 }
 
-func (s *Server) register(c echo.Context, r RegisterRequest) error {
+func (s *Server) register(c echo.Context, r bootstrap.RegisterRequest) error {
 	replaced, err := s.apply(r)
 	if err != nil {
 		s.m.regConflict.Inc()
@@ -525,7 +579,7 @@ func (s *Server) register(c echo.Context, r RegisterRequest) error {
 	return text(c, http.StatusOK, "OK")
 }
 
-func newTopology(r RegisterRequest) *topology {
+func newTopology(r bootstrap.RegisterRequest) *topology {
 	t := &topology{
 		tpSize: r.AttnTPSize, cpSize: r.AttnCPSize, dpSize: r.DPSize(), ppSize: r.PPSize,
 		pageSize: r.PageSize, kvCacheDtype: r.KVCacheDtype, follow: r.FollowBootstrapRoom(),
@@ -569,10 +623,10 @@ func (a *topology) conflict(b *topology) string {
 // the same coordinates replaces the endpoint (a restarted rank with a new
 // port) and does not change the count. A rank that is alone in the table may
 // change the topology (the whole instance restarted with a new config).
-func (s *Server) apply(r RegisterRequest) (replaced bool, err error) {
+func (s *Server) apply(r bootstrap.RegisterRequest) (replaced bool, err error) {
 	nt := newTopology(r)
-	coord := Coord{DP: r.DPRank(), CP: r.AttnCPRank, TP: r.AttnTPRank, PP: r.PPRank}
-	info := PrefillRankInfo{RankIP: r.RankIP, RankPort: r.RankPort}
+	coord := bootstrap.Coord{DP: r.DPRank(), CP: r.AttnCPRank, TP: r.AttnTPRank, PP: r.PPRank}
+	info := bootstrap.PrefillRankInfo{RankIP: r.RankIP, RankPort: r.RankPort}
 	js, err := json.Marshal(info)
 	if err != nil {
 		return false, err
@@ -584,7 +638,7 @@ func (s *Server) apply(r RegisterRequest) (replaced bool, err error) {
 		if msg := s.topo.conflict(nt); msg != "" {
 			if !(exists && len(s.table) == 1) {
 				return false, fmt.Errorf("%w: rank %s: %s (%d ranks registered with the table's topology; deregister them with DELETE /route or restart the bootstrap server)",
-					ErrConflict, coord, msg, len(s.table))
+					bootstrap.ErrConflict, coord, msg, len(s.table))
 			}
 		} else if s.topo.httpPort != nil {
 			nt.httpPort = s.topo.httpPort // first writer wins, as SGLang
@@ -645,19 +699,19 @@ func (s *Server) rebuildInfoLocked() {
 	info := s.topo.serverInfo(s.opts.Compat)
 	b, err := json.Marshal(info)
 	if err != nil { // cannot happen: plain types only
-		s.log.Error("encode PrefillServerInfo", "err", err)
+		s.log.Error("encode bootstrap.PrefillServerInfo", "err", err)
 	}
 	s.infoJSON = b
 }
 
-func (t *topology) serverInfo(compat string) PrefillServerInfo {
+func (t *topology) serverInfo(compat string) bootstrap.PrefillServerInfo {
 	ps := t.pageSize
-	info := PrefillServerInfo{
+	info := bootstrap.PrefillServerInfo{
 		AttnTPSize: t.tpSize, AttnCPSize: t.cpSize, DPSize: t.dpSize, PPSize: t.ppSize,
 		PageSize: &ps, KVCacheDtype: t.kvCacheDtype, FollowBootstrapRoom: t.follow,
 		EnableDSACacheLayerSplit: t.dsaSplit, PrefillHTTPPort: t.httpPort,
 	}
-	if compat == CompatSGLangNewest {
+	if compat == bootstrap.CompatSGLangNewest {
 		early := "early"
 		info.DecodeAllocationPolicy = &early
 	}
@@ -674,11 +728,11 @@ func (s *Server) notReady(c echo.Context) error {
 }
 
 func (s *Server) handleGetRoute(c echo.Context) error {
-	coord, all, err := parseRankQueryRaw(c.Request().URL.RawQuery)
+	coord, all, err := bootstrap.ParseRankQueryString(c.Request().URL.RawQuery)
 	if err != nil {
 		s.m.lookBad.Inc()
-		var fe *fieldError
-		if errors.As(err, &fe) && fe.msg == "missing" {
+		var fe *bootstrap.FieldError
+		if errors.As(err, &fe) && fe.Missing {
 			return text(c, http.StatusBadRequest, "Missing inputs for bootstrap server.")
 		}
 		return badRequest(c, err)
@@ -712,9 +766,9 @@ func (s *Server) handleDeleteRoute(c echo.Context) error {
 	if !s.authorized(c) {
 		return text(c, http.StatusUnauthorized, "Unauthorized")
 	}
-	coord, all, err := parseRankQueryRaw(c.Request().URL.RawQuery)
+	coord, all, err := bootstrap.ParseRankQueryString(c.Request().URL.RawQuery)
 	if err == nil && all {
-		err = fieldErr("prefill_dp_rank", "DELETE /route needs one rank's coordinates, not the all -1 topology form")
+		err = bootstrap.NewFieldError("prefill_dp_rank", "DELETE /route needs one rank's coordinates, not the all -1 topology form")
 	}
 	if err != nil {
 		return badRequest(c, err)
@@ -752,7 +806,7 @@ func (s *Server) handleRegisterDPRank(c echo.Context) error {
 	if err != nil {
 		return badRequest(c, err)
 	}
-	room, dp, err := ParseRegisterDPRank(body)
+	room, dp, err := bootstrap.ParseRegisterDPRank(body)
 	if err != nil {
 		return badRequest(c, err)
 	}
@@ -766,7 +820,7 @@ func (s *Server) handleRegisterDPRank(c echo.Context) error {
 	}
 	if dpSize > 0 && dp >= dpSize {
 		s.mu.RUnlock()
-		return badRequest(c, fieldErr("dp_rank", "%d must be < the registered dp_size %d", dp, dpSize))
+		return badRequest(c, bootstrap.NewFieldError("dp_rank", "%d must be < the registered dp_size %d", dp, dpSize))
 	}
 	s.roomMu.Lock()
 	if _, ok := s.rooms[room]; !ok && len(s.rooms) >= s.opts.MaxRooms {
@@ -795,7 +849,7 @@ func (s *Server) handleQueryDPRanks(c echo.Context) error {
 	if err != nil {
 		return badRequest(c, err)
 	}
-	rooms, err := ParseQueryDPRanks(body)
+	rooms, err := bootstrap.ParseQueryDPRanks(body)
 	if err != nil {
 		return badRequest(c, err)
 	}
@@ -867,51 +921,16 @@ func (s *Server) expireRooms(now time.Time) {
 	s.m.roomsSize.Set(float64(n))
 }
 
-// TableSnapshot is the GET /v1/table answer (a kvxfer extension for
-// diagnosis): the whole directory at one instant.
-type TableSnapshot struct {
-	// Compat is the PrefillServerInfo key set this server emits.
-	Compat string `json:"compat"`
-	// Ready is true when every distinct rank has registered (GET /route answers 200).
-	Ready bool `json:"ready"`
-	// Registered is the number of distinct ranks registered.
-	Registered int `json:"registered"`
-	// Expected is dp·cp·tp·pp of the topology (0 before the first registration).
-	Expected int `json:"expected"`
-	// Topology is the PrefillServerInfo the server would answer, or null.
-	Topology *PrefillServerInfo `json:"topology"`
-	// Ranks lists every registered rank, sorted by (dp, cp, tp, pp).
-	Ranks []TableRank `json:"ranks"`
-	// Missing lists the coordinates not yet registered (at most 1024).
-	Missing []Coord `json:"missing"`
-	// DPRooms is the number of live room→dp-rank entries.
-	DPRooms int `json:"dp_rooms"`
-	// EntryTTLSeconds is the room→dp-rank entry lifetime in seconds.
-	EntryTTLSeconds float64 `json:"entry_ttl_seconds"`
-	// DistInitAddr is the multi-node leader address the server was given, or "".
-	DistInitAddr string `json:"dist_init_addr,omitempty"`
-}
-
-// TableRank is one registered rank in a TableSnapshot.
-type TableRank struct {
-	Coord
-	PrefillRankInfo
-	// RegisteredAt is the time of the latest registration (RFC 3339).
-	RegisteredAt time.Time `json:"registered_at"`
-	// Reregistrations counts registrations that replaced this entry.
-	Reregistrations int `json:"reregistrations"`
-}
-
 // Snapshot returns the current directory (what GET /v1/table serves).
-func (s *Server) Snapshot() TableSnapshot {
+func (s *Server) Snapshot() bootstrap.TableSnapshot {
 	s.mu.RLock()
-	snap := TableSnapshot{
+	snap := bootstrap.TableSnapshot{
 		Compat: s.opts.Compat, Ready: s.readyLocked(), Registered: len(s.table),
 		EntryTTLSeconds: s.opts.EntryTTL.Seconds(), DistInitAddr: s.opts.DistInitAddr,
-		Ranks: make([]TableRank, 0, len(s.table)), Missing: []Coord{},
+		Ranks: make([]bootstrap.TableRank, 0, len(s.table)), Missing: []bootstrap.Coord{},
 	}
 	for c, e := range s.table {
-		snap.Ranks = append(snap.Ranks, TableRank{Coord: c, PrefillRankInfo: e.info, RegisteredAt: e.registeredAt, Reregistrations: e.updates})
+		snap.Ranks = append(snap.Ranks, bootstrap.TableRank{Coord: c, PrefillRankInfo: e.info, RegisteredAt: e.registeredAt, Reregistrations: e.updates})
 	}
 	if s.topo != nil {
 		snap.Expected = s.topo.total
@@ -923,7 +942,7 @@ func (s *Server) Snapshot() TableSnapshot {
 			for cp := 0; cp < t.cpSize; cp++ {
 				for tp := 0; tp < t.tpSize; tp++ {
 					for pp := 0; pp < t.ppSize; pp++ {
-						c := Coord{dp, cp, tp, pp}
+						c := bootstrap.Coord{DP: dp, CP: cp, TP: tp, PP: pp}
 						if _, ok := s.table[c]; !ok {
 							snap.Missing = append(snap.Missing, c)
 							if len(snap.Missing) >= 1024 {
@@ -939,7 +958,7 @@ func (s *Server) Snapshot() TableSnapshot {
 	s.roomMu.Lock()
 	snap.DPRooms = len(s.rooms)
 	s.roomMu.Unlock()
-	slices.SortFunc(snap.Ranks, func(a, b TableRank) int {
+	slices.SortFunc(snap.Ranks, func(a, b bootstrap.TableRank) int {
 		for _, d := range [4]int{a.DP - b.DP, a.CP - b.CP, a.TP - b.TP, a.PP - b.PP} {
 			if d != 0 {
 				return d

@@ -1,4 +1,4 @@
-package bootstrap
+package server
 
 import (
 	"context"
@@ -39,7 +39,7 @@ func TestListenErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := NewServer(Options{Host: tc.host, Port: tc.port, Logger: quiet}).Start(ctx)
+		err := New(Options{Host: tc.host, Port: tc.port, Logger: quiet}).Start(ctx)
 		cancel()
 		if err == nil {
 			t.Errorf("host %s port %d: Start succeeded", tc.host, tc.port)

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -62,10 +63,12 @@ func WithBackoff(initial, max time.Duration) ClientOption {
 	return func(c *Client) { c.backoffInitial, c.backoffMax = initial, max }
 }
 
-// NewClient returns a client for the bootstrap server at addr: "host:port",
-// with an IPv6 host bracketed ("[::1]:8998") or not ("::1:8998", split at the
-// last colon); an "http://" prefix is accepted. It fails on an unparsable
-// address or a port outside 1–65535.
+// NewClient returns a client for the bootstrap server at addr: "host:port"
+// with an IPv6 host bracketed ("[::1]:8998"); an "http://" prefix is
+// accepted. It fails at once, naming the address and the accepted form, on
+// an unparsable address, a missing port or one outside 1–65535, and on an
+// unbracketed IPv6 address: "::1:8998" is ambiguous (is 8998 the port or the
+// last group?), so it is refused with the bracketed form to use instead.
 func NewClient(addr string, opts ...ClientOption) (*Client, error) {
 	hp, err := normalizeAddr(addr)
 	if err != nil {
@@ -97,12 +100,30 @@ func NewClient(addr string, opts ...ClientOption) (*Client, error) {
 func normalizeAddr(addr string) (string, error) {
 	a := strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
 	a = strings.TrimSuffix(a, "/")
-	host, port, err := net.SplitHostPort(a)
-	if err != nil && strings.Count(a, ":") > 1 && !strings.Contains(a, "[") {
+	if strings.Count(a, ":") > 1 && !strings.HasPrefix(a, "[") {
+		// An unbracketed IPv6 address, with or without a port: never guess.
 		i := strings.LastIndexByte(a, ':')
-		host, port, err = a[:i], a[i+1:], nil
+		head, tail := a[:i], a[i+1:]
+		p, perr := strconv.Atoi(tail)
+		whole, werr := netip.ParseAddr(a)
+		if ip, err := netip.ParseAddr(head); err == nil && perr == nil && p >= 1 && p <= 65535 {
+			alt := ""
+			if werr == nil {
+				alt = fmt.Sprintf(", or [%s]:PORT if %s is the whole address", a, a)
+			}
+			return "", fmt.Errorf("bootstrap: address %q: an IPv6 address must be bracketed: write [%s]:%s%s", addr, ip, tail, alt)
+		}
+		if werr == nil {
+			return "", fmt.Errorf("bootstrap: address %q has no port; want [%s]:PORT, e.g. [%s]:%d", addr, whole, whole, DefaultPort)
+		}
+		return "", fmt.Errorf("bootstrap: address %q: want host:port with an IPv6 host bracketed, e.g. [::1]:%d", addr, DefaultPort)
 	}
+	host, port, err := net.SplitHostPort(a)
 	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) && ae.Err == "missing port in address" {
+			return "", fmt.Errorf("bootstrap: address %q has no port; want host:port, e.g. %s", addr, JoinHostPort(a, DefaultPort))
+		}
 		return "", fmt.Errorf("bootstrap: address %q: want host:port (IPv6 as [addr]:port): %v", addr, err)
 	}
 	if host == "" {

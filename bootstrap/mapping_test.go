@@ -232,9 +232,12 @@ func TestNormalizeAddr(t *testing.T) {
 	cases := map[string]string{
 		"127.0.0.1:8998":        "127.0.0.1:8998",
 		"[::1]:8998":            "[::1]:8998",
-		"::1:8998":              "[::1]:8998",
+		"::1:8998":              "",
 		"http://host:1/":        "host:1",
-		"fd00::2:3:4:8998":      "[fd00::2:3:4]:8998",
+		"fd00::2:3:4:8998":      "",
+		"::1":                   "",
+		"127.0.0.1":             "",
+		"[::1]":                 "",
 		"bad":                   "",
 		"host:0":                "",
 		"host:99999":            "",
@@ -252,6 +255,24 @@ func TestNormalizeAddr(t *testing.T) {
 		}
 		if err != nil || got != want {
 			t.Errorf("normalizeAddr(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+// TestAddressFormHints: the IPv6 forms issue 18 names are refused at once
+// with the form to use (not after a register deadline).
+func TestAddressFormHints(t *testing.T) {
+	for in, hint := range map[string]string{
+		"::1:8998":         "[::1]:8998",
+		"fd00::2:3:4:8998": "[fd00::2:3:4]:8998",
+		"::1":              "[::1]:8998",
+		"[fd00::2]":        "[fd00::2]:8998",
+		"10.0.0.1":         "10.0.0.1:8998",
+		"::zz:1":           "[::1]:8998",
+	} {
+		_, err := NewClient(in)
+		if err == nil || !strings.Contains(err.Error(), hint) {
+			t.Errorf("NewClient(%q) = %v, want an error suggesting %s", in, err, hint)
 		}
 	}
 }

@@ -88,7 +88,8 @@ type RegisterRequest struct {
 	// AttnDPSize is the attention-DP size; it is the instance's dp_size when
 	// SystemDPSize == 1.
 	AttnDPSize int `json:"attn_dp_size"`
-	// AttnDPRank is the DP table key when SystemDPSize == 1.
+	// AttnDPRank is the DP table key when SystemDPSize == 1; otherwise it is
+	// not read.
 	AttnDPRank int `json:"attn_dp_rank"`
 	// PPSize is the pipeline-parallel size (≥ 1).
 	PPSize int `json:"pp_size"`
@@ -97,7 +98,8 @@ type RegisterRequest struct {
 	// SystemDPSize is 1 when DP-attention is on, else --dp-size; when > 1 it is
 	// the instance's dp_size.
 	SystemDPSize int `json:"system_dp_size"`
-	// SystemDPRank is the DP table key when SystemDPSize != 1.
+	// SystemDPRank is the DP table key when SystemDPSize != 1; otherwise it
+	// is not read (SGLang under DP attention sends the attention-DP rank here).
 	SystemDPRank int `json:"system_dp_rank"`
 	// RankIP is the host of this rank's control (ZMQ PULL) socket: an IPv4 or
 	// IPv6 address (unbracketed) or a hostname.

@@ -134,7 +134,11 @@ func optBool(m map[string]json.RawMessage, field string) (bool, error) {
 
 // ParseRegisterRequest decodes and validates a PUT /route body. Every field
 // is type-checked (integers must be JSON integers) and range-checked: sizes
-// in [1, MaxParallelSize] with dp·cp·tp·pp ≤ MaxRanks, each rank in [0, size),
+// in [1, MaxParallelSize] with dp·cp·tp·pp ≤ MaxRanks, each rank in [0, size)
+// — of the two DP ranks only the table key (attn_dp_rank when
+// system_dp_size is 1, else system_dp_rank; the other is ignored as SGLang
+// ignores it, so a DP-attention rank filing system_dp_rank = its attention-DP
+// rank is accepted),
 // rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip a
 // usable IPv4 or IPv6 address (brackets are removed; not unspecified,
 // multicast or broadcast) or an RFC 1123 hostname (see validHost),
@@ -164,24 +168,30 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 			return r, err
 		}
 	}
+	// The DP table key is attn_dp_rank when system_dp_size is 1 (DP
+	// attention, or no DP), else system_dp_rank (spec §2.3); SGLang never
+	// reads the other one, and under DP attention it files system_dp_rank
+	// equal to the attention-DP rank with system_dp_size 1. Only the key is
+	// checked against its size: the other field need only be a rank number.
+	dpAttn := r.SystemDPSize == 1
 	ranks := []struct {
 		dst  *int
 		name string
-		size int
+		size int // 0: not a table key, any value in [0, MaxParallelSize]
 		of   string
 	}{
 		{&r.AttnTPRank, "attn_tp_rank", r.AttnTPSize, "attn_tp_size"},
 		{&r.AttnCPRank, "attn_cp_rank", r.AttnCPSize, "attn_cp_size"},
-		{&r.AttnDPRank, "attn_dp_rank", r.AttnDPSize, "attn_dp_size"},
+		{&r.AttnDPRank, "attn_dp_rank", keySize(dpAttn, r.AttnDPSize), "attn_dp_size (the DP table key while system_dp_size is 1)"},
 		{&r.PPRank, "pp_rank", r.PPSize, "pp_size"},
-		{&r.SystemDPRank, "system_dp_rank", r.SystemDPSize, "system_dp_size"},
+		{&r.SystemDPRank, "system_dp_rank", keySize(!dpAttn, r.SystemDPSize), "system_dp_size"},
 	}
 	for _, f := range ranks {
 		v, err := reqInt(m, f.name, 0, MaxParallelSize)
 		if err != nil {
 			return r, err
 		}
-		if v >= f.size {
+		if f.size > 0 && v >= f.size {
 			return r, fieldErr(f.name, "%d must be < %s %d", v, f.of, f.size)
 		}
 		*f.dst = v
@@ -238,6 +248,14 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		r.PrefillHTTPPort = &p
 	}
 	return r, nil
+}
+
+// keySize returns size when the field is a table key, else 0 (unchecked).
+func keySize(isKey bool, size int) int {
+	if isKey {
+		return size
+	}
+	return 0
 }
 
 func printable(s string) bool {

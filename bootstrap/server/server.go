@@ -78,8 +78,8 @@ type Options struct {
 
 // Server is the bootstrap directory of one prefill instance. Routes
 // (spec §2.2): PUT/GET /route, POST /register_dp_rank, POST /query_dp_ranks,
-// GET /health — SGLang's shapes and codes — plus kvxfer's extensions
-// DELETE /route, GET /v1/table and GET /metrics. Create with New,
+// GET and HEAD /health — SGLang's shapes and codes — plus kvxfer's
+// extensions DELETE /route, GET /v1/table and GET /metrics. Create with New,
 // run with Start. Safe for concurrent use.
 type Server struct {
 	opts Options
@@ -261,9 +261,16 @@ func New(opts Options) *Server {
 	e.Any("/route", s.handleRoute)
 	e.POST("/register_dp_rank", s.handleRegisterDPRank)
 	e.POST("/query_dp_ranks", s.handleQueryDPRanks)
-	e.GET("/health", func(c echo.Context) error { return c.Blob(http.StatusOK, ctText, []byte("OK")) })
-	e.GET("/v1/table", s.handleTable)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{})))
+	// GET routes answer HEAD too, as aiohttp's add_get does (SGLang's
+	// /health; load balancers probe with HEAD): same status and headers, no
+	// body (net/http drops it).
+	health := func(c echo.Context) error { return c.Blob(http.StatusOK, ctText, []byte("OK")) }
+	metrics := echo.WrapHandler(promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	for _, m := range []string{http.MethodGet, http.MethodHead} {
+		e.Add(m, "/health", health)
+		e.Add(m, "/v1/table", s.handleTable)
+		e.Add(m, "/metrics", metrics)
+	}
 	s.e = e
 	return s
 }

@@ -412,6 +412,12 @@ func TestRouteQueryErrors(t *testing.T) {
 		{"POST", "/register_dp_rank", 400, "bootstrap_room"},
 		{"DELETE", "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", 400, "prefill_dp_rank"},
 		{"DELETE", "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=3&target_pp_rank=0", 404, "tp_rank=3"},
+		// HEAD: aiohttp answers it on every add_get route (SGLang's /health,
+		// which load balancers probe); /route is add_route("*"), whose
+		// handler answers 405 to anything but GET/PUT.
+		{"HEAD", "/health", 200, ""},
+		{"HEAD", "/v1/table", 200, ""},
+		{"HEAD", "/route", 405, ""},
 	}
 	bodies := map[int]string{13: `{}`, 14: `{"dp_rank":0}`}
 	for i, tc := range cases {

@@ -17,6 +17,16 @@ import (
 	"time"
 )
 
+// Connection bounds of a Client's private transport (per directory).
+const (
+	maxIdleConns = 4
+	maxConns     = 16
+)
+
+// TokenEnvHint names where a rank takes the directory's bearer token from;
+// a 401 answer's error repeats it.
+const TokenEnvHint = "--bootstrap-auth-token or the environment variable KVXFER_BOOTSTRAP_AUTH_TOKEN (or SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)"
+
 // HeaderDistInitAddr is the response header in which a server started with
 // Options.DistInitAddr reports it (a kvxfer extension; SGLang sends none).
 const HeaderDistInitAddr = "X-Kvxfer-Dist-Init-Addr"
@@ -87,9 +97,14 @@ func NewClient(addr string, opts ...ClientOption) (*Client, error) {
 	}
 	if c.hc == nil {
 		c.hc = &http.Client{Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: c.requestTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 16,
+			Proxy:       nil,
+			DialContext: (&net.Dialer{Timeout: c.requestTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			// One directory, a few requests in flight at most once identical
+			// lookups are coalesced: bound the connections (a cold burst of
+			// rooms used to leave ~130 idle ones, issue 13). Requests beyond
+			// MaxConnsPerHost wait for a free connection within their timeout.
+			MaxIdleConnsPerHost: maxIdleConns,
+			MaxConnsPerHost:     maxConns,
 			IdleConnTimeout:     90 * time.Second,
 		}}
 	}
@@ -151,11 +166,17 @@ type StatusError struct {
 	Code int
 	// Body is the server's message (trimmed to 512 bytes).
 	Body string
+	// Hint says what to do, when the code alone says it (401: the token).
+	Hint string
 }
 
-// Error formats the op, address, code and the server's message.
+// Error formats the op, address, code, the server's message and the hint.
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("bootstrap: %s %s: HTTP %d: %s", e.Op, e.Addr, e.Code, e.Body)
+	msg := fmt.Sprintf("bootstrap: %s %s: HTTP %d: %s", e.Op, e.Addr, e.Code, e.Body)
+	if e.Hint != "" {
+		msg += " (" + e.Hint + ")"
+	}
+	return msg
 }
 
 // Is maps the status code to the package sentinels.
@@ -215,7 +236,15 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		if len(msg) > 512 {
 			msg = msg[:512] + "…"
 		}
-		return nil, resp.Header, &StatusError{Op: method + " " + path, Addr: c.addr, Code: resp.StatusCode, Body: msg}
+		se := &StatusError{Op: method + " " + path, Addr: c.addr, Code: resp.StatusCode, Body: msg}
+		if resp.StatusCode == http.StatusUnauthorized {
+			if auth && c.token != "" {
+				se.Hint = "the directory refused this rank's bearer token: give every rank the token the bootstrap server was started with, through " + TokenEnvHint
+			} else {
+				se.Hint = "the directory requires a token: set " + TokenEnvHint + " to the bootstrap server's token"
+			}
+		}
+		return nil, resp.Header, se
 	}
 	return data, resp.Header, nil
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 )
@@ -77,8 +78,16 @@ type ManagerConfig struct {
 	// among them by registry priority. The manager does not close them.
 	Transports []Transport
 	// BootstrapAddr (prefill only) is the bootstrap server "host:port" the
-	// rank registers its control endpoint with (PUT /route).
+	// rank registers its control endpoint with (PUT /route); an IPv6 host is
+	// bracketed ("[fd00::2]:8998"). NewManager refuses a malformed address
+	// at once.
 	BootstrapAddr string
+	// BootstrapAuthToken is sent as "Authorization: Bearer <token>" on the
+	// directory's mutating routes (PUT/DELETE /route, POST
+	// /register_dp_rank), as SGLang's newest bootstrap server requires
+	// (spec §2.8). Empty sends none; a server that requires one then answers
+	// 401, reported as "the directory requires a token".
+	BootstrapAuthToken string
 	// DPRank and DPSize place a prefill rank in its instance's DP group
 	// (defaults 0 and 1).
 	DPRank, DPSize int
@@ -188,6 +197,14 @@ type Manager struct {
 	dpeers    map[string]*decodePeer                // prefill: registered decode ranks
 	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
 	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
+	dir       *bootstrap.Client                     // prefill: the directory this rank registers with
+
+	// flights coalesces identical directory lookups in flight (decode:
+	// topology per address, endpoint per rank; receiver.go).
+	flights singleflight.Group
+	// life ends when the manager closes; shared lookups run under it.
+	life     context.Context
+	stopLife context.CancelFunc
 
 	done  chan struct{}
 	wg    sync.WaitGroup
@@ -224,6 +241,15 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.WaitingTimeout == 0 {
 		if cfg.WaitingTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", DefaultWaitingTimeout); err != nil {
 			return nil, err
+		}
+	}
+	var dir *bootstrap.Client
+	if cfg.Role == RolePrefill {
+		// Checked before any memory is set up: a malformed address (e.g. an
+		// unbracketed IPv6 host) fails at once, not at the register deadline.
+		if dir, err = bootstrap.NewClient(cfg.BootstrapAddr, bootstrap.WithRegisterTimeout(cfg.BootstrapTimeout),
+			bootstrap.WithAuthToken(cfg.BootstrapAuthToken)); err != nil {
+			return nil, fmt.Errorf("engine: prefill manager: %w", err)
 		}
 	}
 	if cfg.HeartbeatInterval <= 0 {
@@ -269,7 +295,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		ppeers:    map[string]*prefillPeer{},
 		bcache:    map[string]*instanceInfo{},
 		done:      make(chan struct{}),
+		dir:       dir,
 	}
+	m.life, m.stopLife = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
 		if !ok {
@@ -386,16 +414,13 @@ func (m *Manager) bind() error {
 }
 
 func (m *Manager) registerBootstrap(ctx context.Context) error {
-	c, err := bootstrap.NewClient(m.cfg.BootstrapAddr, bootstrap.WithRegisterTimeout(m.cfg.BootstrapTimeout))
-	if err != nil {
-		return err
-	}
+	c := m.dir
 	l := m.layout
 	dtype := m.cfg.KVCacheDtype
 	req := bootstrap.RegisterRequest{
 		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
 		AttnDPSize: m.cfg.DPSize, AttnDPRank: m.cfg.DPRank, PPSize: l.PPSize, PPRank: l.PPRank,
-		SystemDPSize: 1, SystemDPRank: 0, RankIP: m.host, RankPort: m.port,
+		SystemDPSize: 1, SystemDPRank: m.cfg.DPRank, RankIP: m.host, RankPort: m.port, // as SGLang files DP attention
 		PageSize: l.PageSize, KVCacheDtype: &dtype,
 	}
 	if err := c.Register(ctx, req); err != nil {
@@ -460,12 +485,10 @@ func (m *Manager) Close() error {
 	for _, r := range rs {
 		r.failLocal(ErrManagerClosed)
 	}
-	if m.cfg.Role == RolePrefill {
-		if c, err := bootstrap.NewClient(m.cfg.BootstrapAddr); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = c.Deregister(ctx, m.cfg.DPRank, 0, m.layout.TPRank, m.layout.PPRank)
-			cancel()
-		}
+	if m.dir != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = m.dir.Deregister(ctx, m.cfg.DPRank, 0, m.layout.TPRank, m.layout.PPRank)
+		cancel()
 	}
 	m.teardown()
 	return nil
@@ -477,6 +500,7 @@ func (m *Manager) teardown() {
 	default:
 		close(m.done)
 	}
+	m.stopLife()
 	m.wg.Wait()
 	m.monWG.Wait()
 	m.hbWG.Wait()

@@ -16,6 +16,7 @@ import (
 // peer it names is lost, or when its bootstrap server fails the heartbeat
 // (heartbeat.go).
 type instanceInfo struct {
+	m      *Manager
 	addr   string
 	client *bootstrap.Client
 	info   *bootstrap.PrefillServerInfo
@@ -63,6 +64,12 @@ func retry(ctx context.Context, what string, f func(context.Context) error) erro
 	}
 }
 
+// instance returns the cached bootstrap info of addr, fetching the topology
+// on a miss. Concurrent misses for one address share one fetch (one
+// GET /route topology query however many rooms arrive at once, issue 13);
+// the fetch runs under the manager's lifetime bounded by BootstrapTimeout,
+// not under the first caller's ctx, so a room that gives up early does not
+// fail the others. Each caller waits at most until its own ctx ends.
 func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, error) {
 	m.mu.Lock()
 	inst := m.bcache[addr]
@@ -70,34 +77,66 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 	if inst != nil {
 		return inst, nil
 	}
-	c, err := bootstrap.NewClient(addr)
-	if err != nil {
-		return nil, err
-	}
-	var info *bootstrap.PrefillServerInfo
-	err = retry(ctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
-		var err error
-		info, err = c.ServerInfo(ctx)
-		return err
+	v, err := m.lookup(ctx, "topology "+addr, func(fctx context.Context) (any, error) {
+		m.mu.Lock()
+		cur := m.bcache[addr]
+		m.mu.Unlock()
+		if cur != nil {
+			return cur, nil
+		}
+		c, err := bootstrap.NewClient(addr, bootstrap.WithAuthToken(m.cfg.BootstrapAuthToken))
+		if err != nil {
+			return nil, err
+		}
+		var info *bootstrap.PrefillServerInfo
+		err = retry(fctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
+			var err error
+			info, err = c.ServerInfo(ctx)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, m: m}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if cur := m.bcache[addr]; cur != nil {
+			return cur, nil
+		}
+		if m.closed {
+			return nil, ErrManagerClosed
+		}
+		m.bcache[addr] = inst
+		m.startHeartbeatLocked(inst)
+		return inst, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	inst = &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}}
-	m.mu.Lock()
-	if cur := m.bcache[addr]; cur != nil {
-		inst = cur
-	} else if m.closed {
-		m.mu.Unlock()
-		return nil, ErrManagerClosed
-	} else {
-		m.bcache[addr] = inst
-		m.startHeartbeatLocked(inst)
-	}
-	m.mu.Unlock()
-	return inst, nil
+	return v.(*instanceInfo), nil
 }
 
+// lookup runs fetch once for all concurrent callers with the same key
+// (singleflight) under a context that ends with the manager or after
+// BootstrapTimeout; each caller returns when the shared fetch ends or its
+// own ctx does.
+func (m *Manager) lookup(ctx context.Context, key string, fetch func(context.Context) (any, error)) (any, error) {
+	ch := m.flights.DoChan(key, func() (any, error) {
+		fctx, cancel := context.WithTimeout(m.life, m.cfg.BootstrapTimeout)
+		defer cancel()
+		return fetch(fctx)
+	})
+	select {
+	case r := <-ch:
+		return r.Val, r.Err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %s: %w", ErrTimeout, key, context.Cause(ctx))
+	}
+}
+
+// rank returns the control endpoint of the prefill rank at c, asking the
+// directory on a miss; concurrent misses for the same rank share one
+// GET /route (see Manager.lookup).
 func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, error) {
 	i.mu.Lock()
 	ep, ok := i.ranks[c]
@@ -105,20 +144,32 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 	if ok {
 		return ep, nil
 	}
-	var ri *bootstrap.PrefillRankInfo
-	err := retry(ctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
-		var err error
-		ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
-		return err
+	v, err := i.m.lookup(ctx, "rank "+c.String()+" at "+i.addr, func(fctx context.Context) (any, error) {
+		i.mu.Lock()
+		ep, ok := i.ranks[c]
+		i.mu.Unlock()
+		if ok {
+			return ep, nil
+		}
+		var ri *bootstrap.PrefillRankInfo
+		err := retry(fctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
+			var err error
+			ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		ep = ri.Endpoint()
+		i.mu.Lock()
+		i.ranks[c] = ep
+		i.mu.Unlock()
+		return ep, nil
 	})
 	if err != nil {
 		return "", err
 	}
-	ep = ri.Endpoint()
-	i.mu.Lock()
-	i.ranks[c] = ep
-	i.mu.Unlock()
-	return ep, nil
+	return v.(string), nil
 }
 
 // ensureRegistered sends REGISTER (our KV args and, per transport, endpoint

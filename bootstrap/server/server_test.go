@@ -483,8 +483,15 @@ func TestAuth(t *testing.T) {
 	if _, err := noTok.ServerInfo(ctx); err != nil { // read routes stay open
 		t.Fatal(err)
 	}
-	if err := noTok.Register(ctx, reg(1, 0, 6002)); !errors.Is(err, bootstrap.ErrUnauthorized) {
-		t.Fatalf("Register without token: %v, want bootstrap.ErrUnauthorized", err)
+	err := noTok.Register(ctx, reg(1, 0, 6002))
+	if !errors.Is(err, bootstrap.ErrUnauthorized) || !strings.Contains(err.Error(), "the directory requires a token") ||
+		!strings.Contains(err.Error(), "KVXFER_BOOTSTRAP_AUTH_TOKEN") {
+		t.Fatalf("Register without token: %v, want bootstrap.ErrUnauthorized saying the directory requires a token and naming KVXFER_BOOTSTRAP_AUTH_TOKEN", err)
+	}
+	wrong, _ := bootstrap.NewClient(s.Addr(), bootstrap.WithAuthToken("guess"))
+	err = wrong.Deregister(ctx, 0, 0, 0, 0)
+	if !errors.Is(err, bootstrap.ErrUnauthorized) || !strings.Contains(err.Error(), "refused this rank's bearer token") {
+		t.Fatalf("Deregister with a wrong token: %v, want ErrUnauthorized saying the token was refused", err)
 	}
 }
 

@@ -118,10 +118,7 @@ func applyBootstrapEnv(cmd *cobra.Command, f *bootstrapFlags, getenv func(string
 		}
 	}
 	if !changed("auth-token") {
-		f.authToken = getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN")
-		if f.authToken == "" {
-			f.authToken = getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")
-		}
+		f.authToken = bootstrapToken("", getenv)
 	}
 	if f.entryTTL <= 0 {
 		return fmt.Errorf("--entry-ttl %s: want a positive duration", f.entryTTL)

@@ -48,6 +48,7 @@ type demoFlags struct {
 	noProgress  bool
 	childLog    string
 	device      string
+	authToken   string
 }
 
 func init() {
@@ -89,6 +90,8 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar")
 	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
 	fs.StringVar(&f.device, "device", "", "KV pools of every rank in host memory (empty) or on CUDA device cuda:N (patterns filled and verified through host copies; transports that cannot move device memory are not used)")
+	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
+		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -105,8 +108,13 @@ type child struct {
 	exit  chan struct{}
 }
 
-func startChild(ctx context.Context, exe, name string, args []string) (*child, error) {
+// startChild starts `exe args...` with this process's environment plus env
+// ("NAME=value" entries, which win).
+func startChild(ctx context.Context, exe, name string, args, env []string) (*child, error) {
 	cmd := exec.Command(exe, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -308,7 +316,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 
 	// Bootstrap server.
-	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
+	token := bootstrapToken(f.authToken, os.Getenv)
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0, AuthToken: token})
 	sctx, cancelSrv := context.WithCancel(context.Background())
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Start(sctx) }()
@@ -326,6 +335,10 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	if f.device != "" {
 		common = append(common, "--device", f.device)
 	}
+	var childEnv []string
+	if token != "" {
+		childEnv = []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN=" + token}
+	}
 	var children, prefills, decodes []*child
 	defer func() {
 		var wg sync.WaitGroup
@@ -340,7 +353,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			args := append([]string{"prefill"}, common...)
 			args = append(args, "--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp),
 				"--pp-size", strconv.Itoa(f.prefillPP), "--pp-rank", strconv.Itoa(pp), "--chunk-pages", strconv.Itoa(f.chunkPages))
-			c, err := startChild(ctx, exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args)
+			c, err := startChild(ctx, exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args, childEnv)
 			if err != nil {
 				return err
 			}
@@ -351,7 +364,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	for tp := 0; tp < f.decodeTP; tp++ {
 		args := append([]string{"decode"}, common...)
 		args = append(args, "--tp-size", strconv.Itoa(f.decodeTP), "--tp-rank", strconv.Itoa(tp), "--verify", "--checksum="+strconv.FormatBool(f.checksum))
-		c, err := startChild(ctx, exe, fmt.Sprintf("decode tp%d", tp), args)
+		c, err := startChild(ctx, exe, fmt.Sprintf("decode tp%d", tp), args, childEnv)
 		if err != nil {
 			return err
 		}

@@ -46,6 +46,29 @@ func envOr(name, def string) string {
 	return def
 }
 
+// bootstrapTokenEnv are the environment variables a rank, the demo and
+// `kvxfer bootstrap` read the directory's bearer token from, in order:
+// kvxfer's name, then SGLang's (spec §2.8).
+var bootstrapTokenEnv = []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN", "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"}
+
+// bootstrapToken returns flag when set, else the first non-empty
+// bootstrapTokenEnv variable, else "" (no token).
+func bootstrapToken(flag string, getenv func(string) string) string {
+	if flag != "" {
+		return flag
+	}
+	for _, name := range bootstrapTokenEnv {
+		if v := getenv(name); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// tokenFlagHelp is the help text of --bootstrap-auth-token.
+const tokenFlagHelp = "bearer token the bootstrap directory requires on its mutating routes (PUT/DELETE /route, POST /register_dp_rank); " +
+	"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN (prefer the env: flags show in ps)"
+
 func main() {
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvxfer:", err)

@@ -47,6 +47,7 @@ type roleFlags struct {
 	chunkPages       int
 	prefault         bool
 	device           string
+	authToken        string
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -73,6 +74,12 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.StringVar(&f.device, "device", "", "where the KV pool lives: host memory (empty, the default) or cuda:N (device memory on CUDA device N; needs the NVIDIA driver, and only transports that can move device memory are used)")
 	fs.BoolVar(&f.prefault, "prefault", false, "make the KV pool resident at start (madvise POPULATE_WRITE) so transfers pay no first-touch page faults")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
+	if role == engine.RolePrefill {
+		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp)
+	} else {
+		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp+
+			"; a decode sends it on the same routes, which SGLang's protocol has it call none of today, so one environment can configure every rank")
+	}
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(engine.KVCacheDtypes, ", ")+
 		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
@@ -279,7 +286,8 @@ func runRole(role engine.Role, f *roleFlags) error {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
 	}
 	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
-		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv),
+		KVCacheDtype:       f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so

@@ -26,6 +26,8 @@ var (
 	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.commit)-engine.RecordCommitOffset]
 	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.checksum)-32]
 	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.byte_count)-24]
+	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.token_count)-engine.RecordTokenCountOffset]
+	_ = same{}[unsafe.Offsetof(C.kvx_meta_record{}.epoch)-engine.RecordEpochOffset]
 	_ = same{}[C.KVX_RECORD_SIZE-engine.RecordSize]
 	_ = same{}[C.KVX_RECORD_COMMIT_MAGIC^engine.RecordCommitMagic]
 	_ = same{}[C.KVX_RECORD_FLAG_CHECKSUM^engine.RecordFlagChecksum]

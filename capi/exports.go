@@ -635,6 +635,26 @@ func kvx_kv_receiver_init(receiver C.kvx_room_t, pages *C.int32_t, n C.uint32_t)
 	return finish(nil)
 }
 
+//export kvx_kv_set_tokens
+func kvx_kv_set_tokens(h C.kvx_room_t, tokens C.uint32_t) (rc C.int) {
+	const op = "kvx_kv_set_tokens"
+	defer guard(op, &rc)
+	r, ok := rooms.get(uint64(h))
+	if !ok {
+		return finish(badHandle(op, "room", uint64(h)))
+	}
+	var err error
+	if r.sender != nil {
+		err = r.sender.SetTokens(int(tokens))
+	} else {
+		err = r.recv.SetTokens(int(tokens))
+	}
+	if err != nil {
+		return finish(failWrap(stInvalidArgument, err, "%s", op))
+	}
+	return finish(nil)
+}
+
 //export kvx_kv_poll
 func kvx_kv_poll(h C.kvx_room_t, state *C.int32_t) (rc C.int) {
 	const op = "kvx_kv_poll"

@@ -11,9 +11,9 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "1"        (ControlVersion, ASCII decimal)
-//	frame 2: message type ("REGISTER", "TRANSFER", "ABORT", "STATUS",
-//	         "HANDSHAKE", "HANDSHAKE_ACK", "PING")
+//	frame 1: "2"        (ControlVersion, ASCII decimal)
+//	frame 2: message type ("REGISTER", "TRANSFER", "ABORT", "ABORT_ACK",
+//	         "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING")
 //
 // followed by the type's fields, one per frame. Scalars are ASCII decimals;
 // arrays are little-endian packed integers (SGLang's conventions), so a
@@ -22,8 +22,10 @@ import (
 const (
 	// ControlMagic is frame 0 of every control message.
 	ControlMagic = "KVXFER"
-	// ControlVersion is the protocol version in frame 1.
-	ControlVersion = 1
+	// ControlVersion is the protocol version in frame 1. Version 2 added the
+	// segment epoch (REGISTER, TRANSFER, ABORT, STATUS, HANDSHAKE,
+	// HANDSHAKE_ACK), the token count (TRANSFER) and ABORT_ACK.
+	ControlVersion = 2
 )
 
 // Control message types (frame 2).
@@ -31,6 +33,7 @@ const (
 	MsgRegister     = "REGISTER"
 	MsgTransfer     = "TRANSFER"
 	MsgAbort        = "ABORT"
+	MsgAbortAck     = "ABORT_ACK"
 	MsgStatus       = "STATUS"
 	MsgHandshake    = "HANDSHAKE"
 	MsgHandshakeAck = "HANDSHAKE_ACK"
@@ -65,7 +68,11 @@ func badFrame(msg string, idx int, format string, a ...any) error {
 //	11 item_len (bytes per page per buffer)   12 num_pages
 //	13 heads_per_rank
 //	14 buffer_offsets  packed u64: byte offset of each layer buffer in the KV region
-//	15 ring_slots    16 transport count n, then per transport 3 frames:
+//	15 ring_slots
+//	16 epoch         segment epoch (>= 1) of this registration: the data path
+//	                 the prefill opens for it carries it (SegmentInfo.Epoch),
+//	                 and so do TRANSFER, the metadata record and ABORT_ACK
+//	17 transport count n, then per transport 3 frames:
 //	   name, endpoint blob, region table (packed: u32 count, then per region
 //	   u32 id, u64 addr, u64 length, u8 kind, u32 key length, key bytes);
 //	   region 0 is the KV pool, region 1 the metadata ring.
@@ -80,7 +87,11 @@ type RegisterMsg struct {
 	HeadsPerRank                   int
 	BufferOffsets                  []uint64
 	RingSlots                      int
-	Transports                     []TransportOffer
+	// Epoch is the segment epoch of this registration (>= 1). A decode
+	// registers again, with a new epoch, after it fenced the previous data
+	// path to this prefill rank.
+	Epoch      uint64
+	Transports []TransportOffer
 }
 
 // TransportOffer is one transport a decode rank opened: its name, its
@@ -99,6 +110,9 @@ type TransportOffer struct {
 //	5 destination page indices, packed int32 ("" for a dummy producer)
 //	6 metadata ring slot ("" for a dummy)   7 slot generation
 //	8 required_dst_info_num   9 checksum wanted (0/1)
+//	10 epoch: the registration's segment epoch (RegisterMsg.Epoch)
+//	11 tokens: the request's token count as the decode knows it (0 = not
+//	   declared); a producer that declared another count fails the room
 type TransferMsg struct {
 	Room               uint64
 	Endpoint           string
@@ -108,41 +122,76 @@ type TransferMsg struct {
 	Generation         uint64
 	RequiredDstInfoNum int
 	Checksum           bool
+	Epoch              uint64
+	Tokens             int
 }
 
-// AbortMsg (either direction): 3 room, 4 sender endpoint, 5 reason.
+// AbortMsg (either direction): 3 room, 4 sender endpoint, 5 reason, 6 epoch
+// (decode → prefill: the registration epoch the room used, 0 when unknown;
+// prefill → decode: 0). From a decode it means: the room failed here, stop
+// writing and answer ABORT_ACK after your last write.
 type AbortMsg struct {
 	Room     uint64
 	Endpoint string
 	Reason   string
+	Epoch    uint64
 }
 
-// StatusMsg (prefill → decode, spec §5.2.3): 3 room, 4 KVPoll state (ASCII
-// decimal), 5 producer rank, 6 prefill endpoint, 7 failure reason ("" on
-// Success).
+// AbortAckMsg (prefill → decode): the producer will write nothing more for
+// the room. 3 room, 4 prefill endpoint, 5 producer rank, 6 epoch of the
+// data path it wrote through (0 when it never had one), 7 clean (1: every
+// transfer batch of the room ended while the data path was healthy, so no
+// byte is still on its way; 0: a batch was abandoned or the data path broke,
+// and the decode must fence the epoch before reusing the room's pages),
+// 8 detail text.
+type AbortAckMsg struct {
+	Room     uint64
+	Endpoint string
+	Producer int
+	Epoch    uint64
+	Clean    bool
+	Detail   string
+}
+
+// StatusMsg: 3 room, 4 KVPoll state (ASCII decimal), 5 rank, 6 sender
+// endpoint, 7 failure reason ("" on Success), 8 epoch.
+//
+// Prefill → decode (spec §5.2.3): the producer's outcome; 5 is the producer
+// rank, 8 the data-path epoch it wrote through. Success means every page and
+// the metadata record landed.
+//
+// Decode → prefill: the decode's verdict, sent once it verified the room
+// (Success; a failure is sent as ABORT); 5 is the decode's TP rank, 8 the
+// registration epoch. A prefill reports Success only after this verdict, so
+// both sides report the same outcome.
 type StatusMsg struct {
 	Room     uint64
 	State    KVPoll
 	Producer int
 	Endpoint string
 	Reason   string
+	Epoch    uint64
 }
 
 // HandshakeMsg (prefill → decode, transports with CapHandshake): 3 prefill
-// endpoint, 4 transport name, 5 Segment.HandshakeReply blob. The decode feeds
-// it to the transport's Acceptor.Accept and answers HANDSHAKE_ACK.
+// endpoint, 4 transport name, 5 Segment.HandshakeReply blob, 6 epoch of the
+// registration the segment was opened for. The decode feeds it to the
+// transport's Acceptor.Accept (only for its current epoch with that prefill)
+// and answers HANDSHAKE_ACK.
 type HandshakeMsg struct {
 	Endpoint  string
 	Transport string
 	Reply     []byte
+	Epoch     uint64
 }
 
 // HandshakeAckMsg (decode → prefill): 3 decode endpoint, 4 transport name,
-// 5 error text ("" when Accept succeeded).
+// 5 error text ("" when Accept succeeded), 6 epoch (echoed from HANDSHAKE).
 type HandshakeAckMsg struct {
 	Endpoint  string
 	Transport string
 	Err       string
+	Epoch     uint64
 }
 
 // PingMsg (either direction, every heartbeat interval): 3 sender endpoint.
@@ -169,7 +218,7 @@ func (m *RegisterMsg) Encode() [][]byte {
 	f := header(MsgRegister)
 	f = append(f, []byte(m.Endpoint), deci(m.TPRank), deci(m.TPSize), deci(m.StartLayer), deci(m.EndLayer), deci(m.NumLayer),
 		b01(m.MLA), deci(m.PageSize), dec(m.ItemLen), deci(m.NumPages), deci(m.HeadsPerRank), PackU64(m.BufferOffsets),
-		deci(m.RingSlots), deci(len(m.Transports)))
+		deci(m.RingSlots), dec(m.Epoch), deci(len(m.Transports)))
 	for _, t := range m.Transports {
 		f = append(f, []byte(t.Name), t.Endpoint, PackRegions([]RegionDesc{t.KV, t.Ring}))
 	}
@@ -183,27 +232,33 @@ func (m *TransferMsg) Encode() [][]byte {
 	if m.Dummy {
 		pages, slot = []byte{}, []byte{}
 	}
-	return append(f, dec(m.Room), []byte(m.Endpoint), pages, slot, dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum))
+	return append(f, dec(m.Room), []byte(m.Endpoint), pages, slot, dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum),
+		dec(m.Epoch), deci(m.Tokens))
 }
 
 // Encode returns the message's frames.
 func (m *AbortMsg) Encode() [][]byte {
-	return append(header(MsgAbort), dec(m.Room), []byte(m.Endpoint), []byte(m.Reason))
+	return append(header(MsgAbort), dec(m.Room), []byte(m.Endpoint), []byte(m.Reason), dec(m.Epoch))
+}
+
+// Encode returns the message's frames.
+func (m *AbortAckMsg) Encode() [][]byte {
+	return append(header(MsgAbortAck), dec(m.Room), []byte(m.Endpoint), deci(m.Producer), dec(m.Epoch), b01(m.Clean), []byte(m.Detail))
 }
 
 // Encode returns the message's frames.
 func (m *StatusMsg) Encode() [][]byte {
-	return append(header(MsgStatus), dec(m.Room), deci(int(m.State)), deci(m.Producer), []byte(m.Endpoint), []byte(m.Reason))
+	return append(header(MsgStatus), dec(m.Room), deci(int(m.State)), deci(m.Producer), []byte(m.Endpoint), []byte(m.Reason), dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
 func (m *HandshakeMsg) Encode() [][]byte {
-	return append(header(MsgHandshake), []byte(m.Endpoint), []byte(m.Transport), m.Reply)
+	return append(header(MsgHandshake), []byte(m.Endpoint), []byte(m.Transport), m.Reply, dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
 func (m *HandshakeAckMsg) Encode() [][]byte {
-	return append(header(MsgHandshakeAck), []byte(m.Endpoint), []byte(m.Transport), []byte(m.Err))
+	return append(header(MsgHandshakeAck), []byte(m.Endpoint), []byte(m.Transport), []byte(m.Err), dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
@@ -224,7 +279,7 @@ func ControlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgTransfer, MsgAbort, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
+	case MsgRegister, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, trunc(parts[2]))
@@ -238,8 +293,8 @@ func trunc(b []byte) string {
 }
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
-// *TransferMsg, *AbortMsg, *StatusMsg, *HandshakeMsg, *HandshakeAckMsg,
-// *PingMsg. Errors wrap ErrBadFrame.
+// *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
+// *HandshakeAckMsg, *PingMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := ControlType(parts)
 	if err != nil {
@@ -252,6 +307,8 @@ func DecodeControl(parts [][]byte) (any, error) {
 		return DecodeTransfer(parts)
 	case MsgAbort:
 		return DecodeAbort(parts)
+	case MsgAbortAck:
+		return DecodeAbortAck(parts)
 	case MsgStatus:
 		return DecodeStatus(parts)
 	case MsgHandshake:
@@ -332,9 +389,15 @@ func (r *frameReader) endpoint(i int) string {
 
 const maxRoom = 1<<63 - 1
 
+// maxEpoch bounds a segment epoch on the wire; maxTokens a token count.
+const (
+	maxEpoch  = 1<<63 - 1
+	maxTokens = 1<<31 - 1
+)
+
 // DecodeRegister decodes a REGISTER message. Errors wrap ErrBadFrame.
 func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
-	r, err := newReader(parts, MsgRegister, 17, false)
+	r, err := newReader(parts, MsgRegister, 18, false)
 	if err != nil {
 		return nil, err
 	}
@@ -351,8 +414,9 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 		NumPages:     r.int(12, maxPages, "num_pages"),
 		HeadsPerRank: r.int(13, 1<<16, "heads_per_rank"),
 		RingSlots:    r.int(15, 1<<20, "ring_slots"),
+		Epoch:        r.uint(16, maxEpoch, "epoch"),
 	}
-	n := r.int(16, maxTransports, "transport count")
+	n := r.int(17, maxTransports, "transport count")
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -363,6 +427,8 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 		r.fail(6, "layers [%d, %d) not inside [0, %d)", m.StartLayer, m.EndLayer, m.NumLayer)
 	case m.PageSize == 0 || m.ItemLen == 0 || m.NumPages == 0 || m.HeadsPerRank == 0 || m.RingSlots == 0:
 		r.fail(10, "page_size, item_len, num_pages, heads_per_rank and ring_slots must be > 0")
+	case m.Epoch == 0:
+		r.fail(16, "epoch must be >= 1")
 	}
 	offs, err := UnpackU64(parts[14], maxBuffers)
 	if err != nil {
@@ -376,14 +442,14 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 	if r.err == nil && len(offs) != want {
 		r.fail(14, "buffer_offsets has %d entries, want %d for layers [%d, %d)", len(offs), want, m.StartLayer, m.EndLayer)
 	}
-	if r.err == nil && len(parts) != 17+3*n {
-		r.fail(16, "%d transports need %d frames, message has %d", n, 17+3*n, len(parts))
+	if r.err == nil && len(parts) != 18+3*n {
+		r.fail(17, "%d transports need %d frames, message has %d", n, 18+3*n, len(parts))
 	}
 	if r.err != nil {
 		return nil, r.err
 	}
 	for k := 0; k < n; k++ {
-		i := 17 + 3*k
+		i := 18 + 3*k
 		name := r.str(i, "transport name")
 		if len(parts[i+1]) > maxBlobBytes {
 			r.fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), maxBlobBytes)
@@ -407,7 +473,7 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 
 // DecodeTransfer decodes a TRANSFER message. Errors wrap ErrBadFrame.
 func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
-	r, err := newReader(parts, MsgTransfer, 10, true)
+	r, err := newReader(parts, MsgTransfer, 12, true)
 	if err != nil {
 		return nil, err
 	}
@@ -417,9 +483,14 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		Generation:         r.uint(7, 1<<63, "generation"),
 		RequiredDstInfoNum: r.int(8, 1<<16, "required_dst_info_num"),
 		Checksum:           r.bool(9, "checksum"),
+		Epoch:              r.uint(10, maxEpoch, "epoch"),
+		Tokens:             r.int(11, maxTokens, "tokens"),
 	}
 	if r.err == nil && m.RequiredDstInfoNum == 0 {
 		r.fail(8, "required_dst_info_num must be >= 1")
+	}
+	if r.err == nil && m.Epoch == 0 {
+		r.fail(10, "epoch must be >= 1")
 	}
 	if len(parts[5]) == 0 && len(parts[6]) == 0 {
 		m.Dummy = true
@@ -445,11 +516,25 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 
 // DecodeAbort decodes an ABORT message. Errors wrap ErrBadFrame.
 func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
-	r, err := newReader(parts, MsgAbort, 6, true)
+	r, err := newReader(parts, MsgAbort, 7, true)
 	if err != nil {
 		return nil, err
 	}
-	m := &AbortMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.str(5, "reason")}
+	m := &AbortMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.str(5, "reason"), Epoch: r.uint(6, maxEpoch, "epoch")}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodeAbortAck decodes an ABORT_ACK message. Errors wrap ErrBadFrame.
+func DecodeAbortAck(parts [][]byte) (*AbortAckMsg, error) {
+	r, err := newReader(parts, MsgAbortAck, 9, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &AbortAckMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Producer: r.int(5, 1<<30, "producer rank"),
+		Epoch: r.uint(6, maxEpoch, "epoch"), Clean: r.bool(7, "clean"), Detail: r.str(8, "detail")}
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -458,7 +543,7 @@ func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
 
 // DecodeStatus decodes a STATUS message. Errors wrap ErrBadFrame.
 func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
-	r, err := newReader(parts, MsgStatus, 8, true)
+	r, err := newReader(parts, MsgStatus, 9, true)
 	if err != nil {
 		return nil, err
 	}
@@ -468,6 +553,7 @@ func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
 		Producer: r.int(5, 1<<30, "producer rank"),
 		Endpoint: r.endpoint(6),
 		Reason:   r.str(7, "reason"),
+		Epoch:    r.uint(8, maxEpoch, "epoch"),
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -477,11 +563,11 @@ func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
 
 // DecodeHandshake decodes a HANDSHAKE message. Errors wrap ErrBadFrame.
 func DecodeHandshake(parts [][]byte) (*HandshakeMsg, error) {
-	r, err := newReader(parts, MsgHandshake, 6, true)
+	r, err := newReader(parts, MsgHandshake, 7, true)
 	if err != nil {
 		return nil, err
 	}
-	m := &HandshakeMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport")}
+	m := &HandshakeMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Epoch: r.uint(6, maxEpoch, "epoch")}
 	if len(parts[5]) > maxBlobBytes {
 		r.fail(5, "reply blob of %d bytes, longer than %d", len(parts[5]), maxBlobBytes)
 	}
@@ -494,11 +580,11 @@ func DecodeHandshake(parts [][]byte) (*HandshakeMsg, error) {
 
 // DecodeHandshakeAck decodes a HANDSHAKE_ACK message. Errors wrap ErrBadFrame.
 func DecodeHandshakeAck(parts [][]byte) (*HandshakeAckMsg, error) {
-	r, err := newReader(parts, MsgHandshakeAck, 6, true)
+	r, err := newReader(parts, MsgHandshakeAck, 7, true)
 	if err != nil {
 		return nil, err
 	}
-	m := &HandshakeAckMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Err: r.str(5, "error")}
+	m := &HandshakeAckMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Err: r.str(5, "error"), Epoch: r.uint(6, maxEpoch, "epoch")}
 	if r.err != nil {
 		return nil, r.err
 	}

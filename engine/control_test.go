@@ -11,7 +11,7 @@ import (
 
 func sampleRegister() *RegisterMsg {
 	return &RegisterMsg{Endpoint: "tcp://127.0.0.1:5555", TPRank: 1, TPSize: 2, StartLayer: 0, EndLayer: 2, NumLayer: 2,
-		PageSize: 16, ItemLen: 4096, NumPages: 100, HeadsPerRank: 4, BufferOffsets: []uint64{0, 409600, 819200, 1228800}, RingSlots: 64,
+		PageSize: 16, ItemLen: 4096, NumPages: 100, HeadsPerRank: 4, BufferOffsets: []uint64{0, 409600, 819200, 1228800}, RingSlots: 64, Epoch: 77,
 		Transports: []TransportOffer{
 			{Name: "tcp", Endpoint: []byte("127.0.0.1:4000"), KV: RegionDesc{ID: 1, Addr: 0x7f0000000000, Length: 1638400}, Ring: RegionDesc{ID: 2, Addr: 0x7f1000000000, Length: 4096}},
 			{Name: "rdma", Endpoint: []byte{0, 1, 2, 255}, KV: RegionDesc{ID: 7, Length: 1638400, Kind: MemoryCUDA, Key: []byte{9, 9}}, Ring: RegionDesc{ID: 8, Length: 4096, Key: []byte{1}}},
@@ -21,13 +21,16 @@ func sampleRegister() *RegisterMsg {
 func TestControlRoundTrip(t *testing.T) {
 	msgs := []interface{ Encode() [][]byte }{
 		sampleRegister(),
-		&TransferMsg{Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true},
-		&TransferMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1},
+		&TransferMsg{Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true, Epoch: 5, Tokens: 61},
+		&TransferMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1, Epoch: 1<<63 - 1},
+		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout", Epoch: 9},
 		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout"},
-		&StatusMsg{Room: 42, State: KVSuccess, Producer: 3, Endpoint: "tcp://h:2"},
+		&AbortAckMsg{Room: 42, Endpoint: "tcp://h:2", Producer: 3, Epoch: 9, Clean: true},
+		&AbortAckMsg{Room: 0, Endpoint: "tcp://h:2", Epoch: 0, Detail: "batch abandoned"},
+		&StatusMsg{Room: 42, State: KVSuccess, Producer: 3, Endpoint: "tcp://h:2", Epoch: 4},
 		&StatusMsg{Room: 43, State: KVFailed, Producer: 0, Endpoint: "tcp://h:2", Reason: "batch failed"},
-		&HandshakeMsg{Endpoint: "tcp://h:2", Transport: "rdma", Reply: []byte{1, 2, 3}},
-		&HandshakeAckMsg{Endpoint: "tcp://h:1", Transport: "rdma", Err: ""},
+		&HandshakeMsg{Endpoint: "tcp://h:2", Transport: "rdma", Reply: []byte{1, 2, 3}, Epoch: 3},
+		&HandshakeAckMsg{Endpoint: "tcp://h:1", Transport: "rdma", Err: "", Epoch: 3},
 		&PingMsg{Endpoint: "tcp://h:1"},
 	}
 	for _, m := range msgs {
@@ -55,15 +58,27 @@ func TestControlRejects(t *testing.T) {
 	}{
 		{"empty", nil, "0 frames"},
 		{"magic", mod(0, "NixlMsgGuard"), "want magic"},
-		{"version", mod(1, "2"), "protocol version \"2\" not supported"},
+		{"version", mod(1, "1"), "protocol version \"1\" not supported"},
 		{"type", mod(2, "FOO"), "unknown message type"},
 		{"room sign", mod(3, "-1"), "room"},
 		{"room overflow", mod(3, "9223372036854775808"), "out of range"},
 		{"room spaces", mod(3, " 1"), "ASCII decimal"},
 		{"state", mod(4, "5"), "state"},
 		{"endpoint", mod(6, ""), "endpoint is empty"},
-		{"frames", good[:7], "want 8"},
-		{"odd pages", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1}).Encode()[:5], "want 10"},
+		{"frames", good[:7], "want 9"},
+		{"odd pages", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:5], "want 12"},
+		{"transfer epoch 0", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1}).Encode(), "epoch must be >= 1"},
+		{"register epoch 0", func() [][]byte { m := sampleRegister(); m.Epoch = 0; return m.Encode() }(), "epoch must be >= 1"},
+		{"tokens sign", func() [][]byte {
+			f := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
+			f[11] = []byte("-3")
+			return f
+		}(), "tokens"},
+		{"ack clean", func() [][]byte {
+			f := (&AbortAckMsg{Room: 1, Endpoint: "e"}).Encode()
+			f[7] = []byte("2")
+			return f
+		}(), "clean"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -73,7 +88,7 @@ func TestControlRejects(t *testing.T) {
 			}
 		})
 	}
-	tr := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1, -2}, Slot: 1, RequiredDstInfoNum: 1}).Encode()
+	tr := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1, -2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
 	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "negative") {
 		t.Fatalf("negative page accepted: %v", err)
 	}
@@ -94,7 +109,8 @@ func TestControlRejects(t *testing.T) {
 }
 
 func TestRecordRoundTrip(t *testing.T) {
-	r := MetaRecord{Room: 0, Generation: 5, PageCount: 3, Producer: 2, ByteCount: 1 << 33, Checksum: 0xdeadbeef, Flags: RecordFlagChecksum}
+	r := MetaRecord{Room: 0, Generation: 5, PageCount: 3, Producer: 2, ByteCount: 1 << 33, Checksum: 0xdeadbeef, Flags: RecordFlagChecksum,
+		TokenCount: 45, Epoch: 1<<40 + 3}
 	b := make([]byte, RecordSize)
 	r.EncodeBody(b)
 	got, err := DecodeRecord(b)
@@ -107,7 +123,10 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil || !got.Committed() || got != r {
 		t.Fatalf("got %+v %v, want %+v", got, err, r)
 	}
-	b[40] = 1
+	if b[RecordTokenCountOffset] != 45 || b[RecordEpochOffset] != 3 || b[RecordEpochOffset+5] != 1 {
+		t.Fatalf("token_count/epoch not at their documented offsets: % x", b)
+	}
+	b[44] = 1
 	if _, err := DecodeRecord(b); err == nil {
 		t.Fatal("non-zero reserved bytes accepted")
 	}
@@ -290,11 +309,12 @@ func TestPageAllocator(t *testing.T) {
 func FuzzDecodeControl(f *testing.F) {
 	for _, m := range []interface{ Encode() [][]byte }{
 		sampleRegister(),
-		&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1},
-		&StatusMsg{Room: 1, State: KVSuccess, Endpoint: "tcp://h:1"},
-		&AbortMsg{Room: 1, Endpoint: "e", Reason: "r"},
-		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}},
-		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma"},
+		&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 3, Tokens: 7},
+		&StatusMsg{Room: 1, State: KVSuccess, Endpoint: "tcp://h:1", Epoch: 2},
+		&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 4},
+		&AbortAckMsg{Room: 1, Endpoint: "e", Producer: 1, Epoch: 4, Clean: true, Detail: "d"},
+		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}, Epoch: 1},
+		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
 	} {
 		f.Add(bytes.Join(m.Encode(), []byte{0}))
@@ -329,7 +349,7 @@ func FuzzDecodeRegister(f *testing.F) {
 }
 
 func FuzzDecodeTransfer(f *testing.F) {
-	f.Add(bytes.Join((&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1}).Encode()[3:], []byte{0}))
+	f.Add(bytes.Join((&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 2, Tokens: 8}).Encode()[3:], []byte{0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeTransfer(append(header(MsgTransfer), bytes.Split(data, []byte{0})...))
 		if err == nil {
@@ -338,7 +358,7 @@ func FuzzDecodeTransfer(f *testing.F) {
 					t.Fatalf("accepted negative page %d", p)
 				}
 			}
-			if m.Room > maxRoom || m.RequiredDstInfoNum < 1 {
+			if m.Room > maxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 {
 				t.Fatalf("accepted %+v", m)
 			}
 		}
@@ -346,7 +366,7 @@ func FuzzDecodeTransfer(f *testing.F) {
 }
 
 func FuzzDecodeStatus(f *testing.F) {
-	f.Add(bytes.Join((&StatusMsg{Room: 1, State: KVFailed, Producer: 2, Endpoint: "e", Reason: "x"}).Encode()[3:], []byte{0}))
+	f.Add(bytes.Join((&StatusMsg{Room: 1, State: KVFailed, Producer: 2, Endpoint: "e", Reason: "x", Epoch: 3}).Encode()[3:], []byte{0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeStatus(append(header(MsgStatus), bytes.Split(data, []byte{0})...))
 		if err == nil && !m.State.Valid() {
@@ -356,13 +376,18 @@ func FuzzDecodeStatus(f *testing.F) {
 }
 
 func FuzzDecodeAbortHandshakePing(f *testing.F) {
-	f.Add(uint8(0), []byte("1\x00e\x00reason"))
-	f.Add(uint8(1), []byte("e\x00rdma\x00\x01\x02"))
-	f.Add(uint8(2), []byte("e\x00rdma\x00"))
+	f.Add(uint8(0), []byte("1\x00e\x00reason\x005"))
+	f.Add(uint8(1), []byte("e\x00rdma\x00\x01\x02\x003"))
+	f.Add(uint8(2), []byte("e\x00rdma\x00\x003"))
 	f.Add(uint8(3), []byte("e"))
+	f.Add(uint8(4), []byte("1\x00e\x002\x009\x001\x00detail"))
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		rest := bytes.Split(data, []byte{0})
-		switch which % 4 {
+		switch which % 5 {
+		case 4:
+			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && m.Room > maxRoom {
+				t.Fatalf("accepted room %d", m.Room)
+			}
 		case 0:
 			_, _ = DecodeAbort(append(header(MsgAbort), rest...))
 		case 1:

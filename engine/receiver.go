@@ -35,10 +35,12 @@ func (i *instanceInfo) names(ep string) bool {
 	return false
 }
 
-// prefillPeer is a prefill rank this decode registered (REGISTER sent once).
+// prefillPeer is a prefill rank this decode registered with (REGISTER sent
+// once per epoch). epoch names the data path of that registration.
 type prefillPeer struct {
-	done chan struct{}
-	err  error
+	done  chan struct{}
+	err   error
+	epoch uint64
 }
 
 // retry calls f until it succeeds, fails with a non-retryable error, or ctx
@@ -173,25 +175,25 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 }
 
 // ensureRegistered sends REGISTER (our KV args and, per transport, endpoint
-// and regions) to a prefill rank once per connection.
-func (m *Manager) ensureRegistered(ctx context.Context, ep string) error {
+// and regions) to a prefill rank once per epoch and returns the epoch.
+func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, error) {
 	m.mu.Lock()
 	p := m.ppeers[ep]
 	owner := p == nil
 	if owner {
-		p = &prefillPeer{done: make(chan struct{})}
+		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch()}
 		m.ppeers[ep] = p
 	}
 	m.mu.Unlock()
 	if !owner {
 		select {
 		case <-p.done:
-			return p.err
+			return p.epoch, p.err
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 	}
-	p.err = m.register(ctx, ep)
+	p.err = m.register(ctx, ep, p.epoch)
 	if p.err != nil {
 		m.mu.Lock()
 		if m.ppeers[ep] == p {
@@ -204,14 +206,14 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) error {
 		m.mu.Unlock()
 	}
 	close(p.done)
-	return p.err
+	return p.epoch, p.err
 }
 
-func (m *Manager) register(ctx context.Context, ep string) error {
+func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
 	l := m.layout
 	msg := &RegisterMsg{Endpoint: m.endpoint, TPRank: l.TPRank, TPSize: l.TPSize, StartLayer: l.StartLayer, EndLayer: l.EndLayer,
 		NumLayer: l.Model.NumLayers, MLA: l.Model.MLA, PageSize: l.PageSize, ItemLen: l.ItemLen(), NumPages: l.NumPages,
-		HeadsPerRank: l.HeadsPerRank, RingSlots: m.ring.Slots()}
+		HeadsPerRank: l.HeadsPerRank, RingSlots: m.ring.Slots(), Epoch: epoch}
 	for i := 0; i < l.NumBuffers(); i++ {
 		msg.BufferOffsets = append(msg.BufferOffsets, l.BufferOffset(i))
 	}
@@ -239,6 +241,8 @@ func (m *Manager) handleHandshake(v *HandshakeMsg) {
 	}
 	if acc == nil {
 		errText = fmt.Sprintf("decode has no transport %q that accepts handshakes", v.Transport)
+	} else if cur := m.currentEpoch(v.Endpoint); cur != v.Epoch {
+		errText = fmt.Sprintf("handshake for epoch %d, but this decode's registration with %s is epoch %d (stale segment; it registers again)", v.Epoch, v.Endpoint, cur)
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		if err := acc.Accept(ctx, v.Endpoint, v.Reply); err != nil {
@@ -249,7 +253,18 @@ func (m *Manager) handleHandshake(v *HandshakeMsg) {
 	if errText != "" {
 		m.log.Warn("handshake failed", "prefill", v.Endpoint, "transport", v.Transport, "err", errText)
 	}
-	_ = m.send(v.Endpoint, (&HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText}).Encode(), false)
+	_ = m.send(v.Endpoint, (&HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText, Epoch: v.Epoch}).Encode(), false)
+}
+
+// currentEpoch returns the epoch of this decode's registration with the
+// prefill rank ep (0 when there is none).
+func (m *Manager) currentEpoch(ep string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p := m.ppeers[ep]; p != nil {
+		return p.epoch
+	}
+	return 0
 }
 
 // recvTarget is one prefill rank a Receiver gets KV (or a dummy) from.
@@ -261,6 +276,7 @@ type recvTarget struct {
 	slice    HeadSlice
 	slot     int
 	gen      uint64
+	epoch    uint64 // registration epoch with this producer
 	done     bool
 }
 
@@ -285,6 +301,8 @@ type Receiver struct {
 	pages       []int32
 	pagesSet    chan struct{}
 	initDone    bool
+	tokens      int // declared token count (0: none)
+	transferred bool
 	targets     []*recvTarget
 	resolved    bool
 	sentAt      time.Time
@@ -340,6 +358,24 @@ func (r *Receiver) Failure() error { _, err := r.st.get(); return err }
 // returns the state.
 func (r *Receiver) Wait(ctx context.Context, want KVPoll) KVPoll { return waitPoll(ctx, r.st, want) }
 
+// SetTokens declares the request's token count (prompt length, >= 1). It
+// travels in TRANSFER and is checked against the token_count of every
+// producer's metadata record: a producer that declared another count fails
+// the room, naming both (a prefill that declared none is not checked). Call
+// it before Init; errors: tokens < 1, or TRANSFER already sent.
+func (r *Receiver) SetTokens(tokens int) error {
+	if tokens < 1 || tokens > maxTokens {
+		return fmt.Errorf("engine: receiver room %d: token count %d, want 1..%d", r.room, tokens, maxTokens)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.transferred {
+		return fmt.Errorf("engine: receiver room %d: SetTokens after TRANSFER was sent (call it before Init)", r.room)
+	}
+	r.tokens = tokens
+	return nil
+}
+
 // Init gives the destination pages (indices into this rank's pool, in token
 // order; pages may be non-contiguous) and lets the receiver send TRANSFER as
 // soon as its producers are resolved. Errors: a page out of range, Init
@@ -376,12 +412,14 @@ func (r *Receiver) run() {
 	r.mu.Lock()
 	ts := r.targets
 	pages := r.pages
+	tokens := r.tokens
+	r.transferred = true
 	r.sentAt = time.Now()
 	r.mu.Unlock()
 	r.st.advance(KVTransferring)
 	for _, t := range ts {
 		msg := &TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
-			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum}
+			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens}
 		if err := r.m.send(t.endpoint, msg.Encode(), false); err != nil {
 			r.failLocal(fmt.Errorf("engine: room %d: TRANSFER to prefill %s: %w", r.room, t.endpoint, err))
 			return
@@ -457,9 +495,11 @@ func (r *Receiver) resolve() error {
 		return fmt.Errorf("engine: room %d: %d real producers but required_prefill_response_num is %d (unsupported CP layout?)", r.room, real, tg.RequiredPrefillResponseNum)
 	}
 	for _, t := range ts {
-		if err := m.ensureRegistered(ctx, t.endpoint); err != nil {
+		ep, err := m.ensureRegistered(ctx, t.endpoint)
+		if err != nil {
 			return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
 		}
+		t.epoch = ep
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -547,10 +587,18 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 	case int(rec.Producer) != t.producer || v.Producer != t.producer:
 		r.failLocal(fmt.Errorf("engine: room %d: metadata slot %d written by producer %d (STATUS from %d), expected producer %d", r.room, t.slot, rec.Producer, v.Producer, t.producer))
 		return
+	case rec.Epoch != t.epoch || v.Epoch != t.epoch:
+		r.failLocal(fmt.Errorf("engine: room %d: metadata slot %d came through data-path epoch %d (STATUS says %d), but the registration with prefill rank %d is epoch %d: a stale writer's record, not this room's", r.room, t.slot, rec.Epoch, v.Epoch, t.producer, t.epoch))
+		return
 	}
 	r.mu.Lock()
 	pages := r.pages
+	tokens := r.tokens
 	r.mu.Unlock()
+	if tokens != 0 && rec.TokenCount != 0 && int(rec.TokenCount) != tokens {
+		r.failLocal(fmt.Errorf("engine: room %d: token count mismatch: prefill rank %d covered %d tokens, the decode expects %d (the same request must reach both sides with the same prompt length)", r.room, t.producer, rec.TokenCount, tokens))
+		return
+	}
 	nbuf := t.src.NumBuffers()
 	wantBytes := uint64(len(pages)) * uint64(r.m.layout.PageSize) * t.slice.Length * uint64(nbuf)
 	if rec.PageCount != uint32(len(pages)) || rec.ByteCount != wantBytes {

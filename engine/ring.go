@@ -27,13 +27,25 @@ import (
 //	|     24 |    8 | byte_count   | payload bytes this producer wrote to this decode rank     |
 //	|     32 |    4 | checksum     | CRC32C (Castagnoli) of those bytes in canonical order     |
 //	|     36 |    4 | flags        | bit 0: checksum is set                                    |
-//	|     40 |   16 | reserved     | zero                                                      |
+//	|     40 |    4 | token_count  | tokens (prompt length) the producer covered; 0 = undeclared |
+//	|     44 |    4 | reserved     | zero                                                      |
+//	|     48 |    8 | epoch        | segment epoch of the data path the producer wrote through |
 //	|     56 |    8 | commit       | RecordCommitMagic XOR generation; written last           |
+//
+// The decode accepts a record only when the commit word matches the slot's
+// generation AND the body names its room, the epoch under which it registered
+// with that producer (REGISTER/TRANSFER), the producer rank, and the page,
+// byte and (when both sides declared it) token counts it expects: a record
+// from another room or another (fenced) data path never commits a slot.
 const (
 	// RecordSize is the size of one metadata record in bytes.
 	RecordSize = 64
 	// RecordCommitOffset is the byte offset of the commit word.
 	RecordCommitOffset = 56
+	// RecordTokenCountOffset is the byte offset of token_count (u32).
+	RecordTokenCountOffset = 40
+	// RecordEpochOffset is the byte offset of epoch (u64).
+	RecordEpochOffset = 48
 	// RecordCommitMagic XOR the generation is the committed value.
 	RecordCommitMagic uint64 = 0x4B5658434F4D4954 // "KVXCOMIT"
 	// RecordFlagChecksum marks a record whose checksum field is set.
@@ -50,7 +62,15 @@ type MetaRecord struct {
 	ByteCount  uint64
 	Checksum   uint32
 	Flags      uint32
-	Commit     uint64
+	// TokenCount is the number of tokens (prompt length) the producer's
+	// pages cover, as the prefill declared it (Sender.SetTokens); 0 when it
+	// declared none.
+	TokenCount uint32
+	// Epoch is the segment epoch of the data path the record (and the
+	// producer's KV writes) went through: the epoch the decode chose when it
+	// registered with the producer (RegisterMsg.Epoch).
+	Epoch  uint64
+	Commit uint64
 }
 
 // Committed reports whether the commit word matches the generation.
@@ -70,7 +90,9 @@ func (r MetaRecord) EncodeBody(b []byte) {
 	binary.LittleEndian.PutUint64(b[24:], r.ByteCount)
 	binary.LittleEndian.PutUint32(b[32:], r.Checksum)
 	binary.LittleEndian.PutUint32(b[36:], r.Flags)
-	clear(b[40:56])
+	binary.LittleEndian.PutUint32(b[RecordTokenCountOffset:], r.TokenCount)
+	clear(b[44:48])
+	binary.LittleEndian.PutUint64(b[RecordEpochOffset:], r.Epoch)
 }
 
 // EncodeCommit writes the commit word for the record's generation into
@@ -80,15 +102,15 @@ func (r MetaRecord) EncodeCommit(b []byte) {
 }
 
 // DecodeRecord parses a record from b. It fails only when b is shorter than
-// RecordSize or the reserved bytes are not zero (a corrupt slot); a record
-// that is not committed decodes fine (check Committed).
+// RecordSize or the reserved bytes 44–47 are not zero (a corrupt slot); a
+// record that is not committed decodes fine (check Committed).
 func DecodeRecord(b []byte) (MetaRecord, error) {
 	if len(b) < RecordSize {
 		return MetaRecord{}, fmt.Errorf("engine: metadata record: %d bytes, want %d", len(b), RecordSize)
 	}
-	for _, c := range b[40:56] {
+	for _, c := range b[44:48] {
 		if c != 0 {
-			return MetaRecord{}, errors.New("engine: metadata record: reserved bytes 40-55 are not zero (corrupt slot)")
+			return MetaRecord{}, errors.New("engine: metadata record: reserved bytes 44-47 are not zero (corrupt slot)")
 		}
 	}
 	return MetaRecord{
@@ -99,6 +121,8 @@ func DecodeRecord(b []byte) (MetaRecord, error) {
 		ByteCount:  binary.LittleEndian.Uint64(b[24:]),
 		Checksum:   binary.LittleEndian.Uint32(b[32:]),
 		Flags:      binary.LittleEndian.Uint32(b[36:]),
+		TokenCount: binary.LittleEndian.Uint32(b[RecordTokenCountOffset:]),
+		Epoch:      binary.LittleEndian.Uint64(b[RecordEpochOffset:]),
 		Commit:     binary.LittleEndian.Uint64(b[56:]),
 	}, nil
 }

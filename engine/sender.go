@@ -106,7 +106,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.KV, o.Ring}})
+			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.KV, o.Ring}, Epoch: v.Epoch})
 			cancel()
 			if err != nil {
 				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
@@ -118,7 +118,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 			m.log.Debug("segment open", "decode", v.Endpoint, "transport", o.Name)
 			if rs.caps.Has(CapHandshake) {
 				reply := seg.HandshakeReply()
-				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply}).Encode(), false); err != nil {
+				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply, Epoch: v.Epoch}).Encode(), false); err != nil {
 					return err
 				}
 				return nil // ready closes on HANDSHAKE_ACK
@@ -145,7 +145,7 @@ func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
 		return
 	}
 	p.mu.Lock()
-	ok := p.seg != nil && p.offer.Name == v.Transport
+	ok := p.seg != nil && p.offer.Name == v.Transport && p.reg.Epoch == v.Epoch
 	p.mu.Unlock()
 	if !ok {
 		return
@@ -165,11 +165,15 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 	reject := func(reason string) {
 		m.log.Warn("rejected TRANSFER", "decode", v.Endpoint, "room", v.Room, "reason", reason)
 		go func() {
-			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason}).Encode(), false)
+			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
 		}()
 	}
 	if p == nil {
 		reject("prefill got TRANSFER before REGISTER from " + v.Endpoint)
+		return
+	}
+	if v.Epoch != p.reg.Epoch {
+		reject(fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode's registration here is epoch %d (stale; the decode registers again)", v.Epoch, p.reg.Epoch))
 		return
 	}
 	if !v.Dummy {
@@ -259,6 +263,7 @@ type Sender struct {
 	dsts     map[string]*senderDst
 	required int
 	numPages int // from Init; -1 unknown
+	tokens   int // from SetTokens; 0 undeclared
 	queued   int // pages queued by Send
 	lastSeen bool
 	closed   bool
@@ -380,6 +385,39 @@ func (s *Sender) Init(numPages int) error {
 	return nil
 }
 
+// SetTokens declares the request's token count (prompt length, >= 1): it is
+// written into the metadata record (token_count) and checked against the
+// count each decode declared in TRANSFER; a mismatch fails the room on both
+// sides, naming both counts. Call it before Send.
+func (s *Sender) SetTokens(tokens int) error {
+	if tokens < 1 || tokens > maxTokens {
+		return fmt.Errorf("engine: sender room %d: token count %d, want 1..%d", s.room, tokens, maxTokens)
+	}
+	s.mu.Lock()
+	s.tokens = tokens
+	err := s.tokenMismatchLocked()
+	s.mu.Unlock()
+	if err != nil {
+		s.fail(err)
+		return err
+	}
+	return nil
+}
+
+// tokenMismatchLocked returns an error naming both counts when a decode's
+// TRANSFER declared a token count other than the sender's; s.mu held.
+func (s *Sender) tokenMismatchLocked() error {
+	if s.tokens == 0 {
+		return nil
+	}
+	for ep, d := range s.dsts {
+		if d.msg.Tokens != 0 && d.msg.Tokens != s.tokens {
+			return fmt.Errorf("engine: room %d: token count mismatch: prefill covers %d tokens, decode %s expects %d (the same request must reach both sides with the same prompt length)", s.room, s.tokens, ep, d.msg.Tokens)
+		}
+	}
+	return nil
+}
+
 func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	s.mu.Lock()
 	if s.closed {
@@ -398,7 +436,12 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	}
 	n := len(s.dsts)
 	req := s.required
+	tokErr := s.tokenMismatchLocked()
 	s.mu.Unlock()
+	if tokErr != nil {
+		s.fail(tokErr)
+		return
+	}
 	for _, sz := range sizes {
 		if sz != sizes[0] {
 			s.fail(fmt.Errorf("engine: room %d: decode ranks asked for different page counts %v", s.room, sizes))
@@ -534,17 +577,17 @@ func (s *Sender) fail(err error) bool {
 	s.cancel()
 	s.m.log.Warn("sender failed", "room", s.room, "err", err)
 	s.mu.Lock()
-	var eps []string
+	var ds []*senderDst
 	for ep, d := range s.dsts {
 		if !d.msg.Dummy && !s.statusTo[ep] {
 			s.statusTo[ep] = true
-			eps = append(eps, ep)
+			ds = append(ds, d)
 		}
 	}
 	s.mu.Unlock()
-	for _, ep := range eps {
+	for _, d := range ds {
 		go func() {
-			_ = s.m.send(ep, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error()}).Encode(), false)
+			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false)
 		}()
 	}
 	return true
@@ -603,7 +646,7 @@ func (s *Sender) worker() {
 				if already {
 					continue
 				}
-				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint}).Encode(), false); err != nil {
+				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), false); err != nil {
 					s.fail(err)
 					return
 				}
@@ -646,7 +689,11 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		}
 		stage = i
 		defer s.m.stageRelease(i)
-		rec := MetaRecord{Room: s.room, Generation: d.msg.Generation, PageCount: d.pages, Producer: uint32(s.m.producerRank()), ByteCount: d.bytes}
+		s.mu.Lock()
+		tokens := s.tokens
+		s.mu.Unlock()
+		rec := MetaRecord{Room: s.room, Generation: d.msg.Generation, PageCount: d.pages, Producer: uint32(s.m.producerRank()), ByteCount: d.bytes,
+			TokenCount: uint32(tokens), Epoch: d.msg.Epoch}
 		if d.msg.Checksum {
 			rec.Checksum, rec.Flags = d.crc, RecordFlagChecksum
 		}

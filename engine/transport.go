@@ -192,6 +192,12 @@ type SegmentInfo struct {
 	Endpoint []byte
 	// Regions are the receiver's registered regions this segment may write.
 	Regions []RegionDesc
+	// Epoch is the segment epoch the receiver chose for this data path (the
+	// KV manager's REGISTER epoch; see NewEpoch). A transport that fences
+	// (Fencer) carries it on the data path, and its receiving side refuses
+	// writes of an epoch it has fenced or never admitted. 0 means no epoch:
+	// raw transport users that never fence.
+	Epoch uint64
 }
 
 // Transport moves bytes by one-sided WRITEs from registered local memory into a

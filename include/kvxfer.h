@@ -534,6 +534,15 @@ KVX_API int kvx_kv_receiver_init(kvx_room_t receiver, const int32_t *pages,
                                  uint32_t n);
 #endif
 
+/* Sender or receiver: declare the request's token count (prompt length,
+ * >= 1). The prefill writes it into the metadata record (token_count) and the
+ * decode sends it in TRANSFER; when both sides declared one and they differ
+ * the room fails on both sides, the error naming both counts. Call it before
+ * kvx_kv_sender_send / kvx_kv_receiver_init. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_set_tokens(kvx_room_t room, uint32_t tokens);
+#endif
+
 /* Sender or receiver: the current KVPoll state (kvx_kvpoll) in *state.
  * Non-blocking. When the state is FAILED, the return value is still KVX_OK
  * and kvx_kv_failure tells why. Thread-safe. */
@@ -572,8 +581,11 @@ KVX_API int kvx_kv_close(kvx_room_t room);
 /* Metadata record (one ring slot), as written by the producer into the     */
 /* decode's metadata ring. Little-endian, 64 bytes, one cache line. The      */
 /* producer writes bytes 0-55, waits for that batch to complete, then writes */
-/* commit (= KVX_RECORD_COMMIT_MAGIC ^ generation) last. Layout from         */
-/* engine/ring.go.                                                           */
+/* commit (= KVX_RECORD_COMMIT_MAGIC ^ generation) last. The decode accepts  */
+/* a record only when commit matches the slot's generation AND room, epoch,  */
+/* producer, page/byte counts and (when both sides declared it) token_count  */
+/* are the ones it expects, so a record from another room or from a fenced   */
+/* data path (older epoch) never commits a slot. Layout from engine/ring.go. */
 /* ------------------------------------------------------------------------ */
 #define KVX_RECORD_SIZE 64
 #define KVX_RECORD_COMMIT_MAGIC 0x4B5658434F4D4954ULL /* "KVXCOMIT" */
@@ -587,7 +599,9 @@ typedef struct kvx_meta_record {
     uint64_t byte_count;  /* 24: payload bytes this producer wrote */
     uint32_t checksum;    /* 32: CRC32C (Castagnoli) of those bytes */
     uint32_t flags;       /* 36: bit 0: checksum is set */
-    uint8_t reserved[16]; /* 40: zero */
+    uint32_t token_count; /* 40: tokens (prompt length) the producer covered; 0 = undeclared */
+    uint32_t reserved;    /* 44: zero */
+    uint64_t epoch;       /* 48: segment epoch of the producer's data path (REGISTER epoch) */
     uint64_t commit;      /* 56: KVX_RECORD_COMMIT_MAGIC ^ generation; written last */
 } kvx_meta_record;
 

@@ -508,6 +508,9 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 	if err := s.Init(n); err != nil {
 		return fail(err)
 	}
+	if err := s.SetTokens(q.Tokens); err != nil {
+		return fail(err)
+	}
 	src, err := allocWait(ctx, pool, n, f.waitingTimeout)
 	if err != nil {
 		return fail(err)
@@ -583,6 +586,9 @@ func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLi
 	}
 	defer r.Close()
 	t0 := time.Now()
+	if err := r.SetTokens(q.Tokens); err != nil {
+		return fail(err)
+	}
 	if err := r.Init(pages); err != nil {
 		return fail(err)
 	}

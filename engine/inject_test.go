@@ -9,50 +9,22 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 )
 
-// roomRewriter is a transport decorator that rewrites the bootstrap_room of
-// every metadata record a sender writes (the record body is the 56-byte
-// write at a slot boundary), as a metadata-slot collision would: the KV and
-// the record land, but the record names another request.
-type roomRewriter struct {
-	engine.Transport
-	rewritten atomic.Int64
-}
-
-type rewriteSeg struct {
-	engine.Segment
-	t *roomRewriter
-}
-
-func (r *roomRewriter) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
-	s, err := r.Transport.OpenSegment(ctx, info)
-	if err != nil {
-		return nil, err
-	}
-	return &rewriteSeg{Segment: s, t: r}, nil
-}
-
-func (s *rewriteSeg) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
-	for _, w := range b.Requests {
-		if w.Length == engine.RecordCommitOffset && w.RemoteOffset%engine.RecordSize == 0 && w.Count <= 1 {
-			addr := w.Local // registered staging memory (mmap, not Go heap)
-			rec := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), engine.RecordSize)
-			room := binary.LittleEndian.Uint64(rec)
-			binary.LittleEndian.PutUint64(rec, room^(1<<40|1))
-			s.t.rewritten.Add(1)
-		}
-	}
-	return s.Segment.Submit(ctx, b)
-}
-
 func TestRoomMismatchDetected(t *testing.T) {
 	addr := startBootstrap(t)
-	rw := &roomRewriter{}
+	// Rewrite the bootstrap_room of every record, as a metadata-slot
+	// collision would: the KV and the record land, but the record names
+	// another request.
+	var rewritten atomic.Int64
+	rw := &recordEditor{edit: func(rec []byte) {
+		room := binary.LittleEndian.Uint64(rec)
+		binary.LittleEndian.PutUint64(rec, room^(1<<40|1))
+		rewritten.Add(1)
+	}}
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
 		wrap: func(tr engine.Transport) engine.Transport { rw.Transport = tr; return rw }})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})}
@@ -70,7 +42,7 @@ func TestRoomMismatchDetected(t *testing.T) {
 		}
 		recvs.Close()
 	}
-	if got := rw.rewritten.Load(); got != n {
+	if got := rewritten.Load(); got != n {
 		t.Fatalf("rewrote %d records, want %d", got, n)
 	}
 }

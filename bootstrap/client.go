@@ -155,8 +155,8 @@ func normalizeAddr(addr string) (string, error) {
 func (c *Client) Addr() string { return c.addr }
 
 // StatusError is a non-2xx answer from the server. It matches ErrNotReady
-// (503), ErrNotFound (404), ErrUnauthorized (401), ErrConflict (409) and
-// ErrBadRequest (400) with errors.Is.
+// (503), ErrNotFound (404), ErrUnauthorized (401), ErrConflict (409),
+// ErrReplaced (412) and ErrBadRequest (400) with errors.Is.
 type StatusError struct {
 	// Op is the request, e.g. "GET /route".
 	Op string
@@ -192,6 +192,8 @@ func (e *StatusError) Is(target error) bool {
 		return e.Code == http.StatusConflict
 	case ErrBadRequest:
 		return e.Code == http.StatusBadRequest
+	case ErrReplaced:
+		return e.Code == http.StatusPreconditionFailed
 	}
 	return false
 }
@@ -309,12 +311,45 @@ func rankQuery(dp, cp, tp, pp int) url.Values {
 	}
 }
 
-// Deregister removes the rank at (dp, cp, tp, pp) with DELETE /route (a
-// kvxfer extension; SGLang servers answer 405). Call it on clean shutdown.
-// The error wraps ErrNotFound when no such rank is registered.
-func (c *Client) Deregister(ctx context.Context, dp, cp, tp, pp int) error {
-	_, _, err := c.do(ctx, http.MethodDelete, "/route", rankQuery(dp, cp, tp, pp), nil, true)
+// Deregister removes the rank at `at` with DELETE /route (a kvxfer
+// extension; SGLang servers answer 405). Call it on clean shutdown. With a
+// non-empty instanceID the delete is conditional: the server removes the
+// entry only while it still names that instance, so a replaced rank's exit
+// never removes its successor (the error then wraps ErrReplaced and names
+// the entry's instance). The error wraps ErrNotFound when no rank is
+// registered there.
+func (c *Client) Deregister(ctx context.Context, at Coord, instanceID string) error {
+	q := rankQuery(at.DP, at.CP, at.TP, at.PP)
+	if instanceID != "" {
+		q.Set("instance_id", instanceID)
+	}
+	_, _, err := c.do(ctx, http.MethodDelete, "/route", q, nil, true)
 	return err
+}
+
+// HeaderEntry is set on GET /v1/entry's 404 answers ("absent"), telling a
+// kvxfer server's "no entry" from a server without the route.
+const HeaderEntry = "X-Kvxfer-Entry"
+
+// Entry fetches the directory's entry at `at` with GET /v1/entry (a kvxfer
+// extension), whether or not the directory is ready (GET /route answers 503
+// until every rank registered): a rank uses it to check that the directory
+// still names it. Errors wrap ErrNotFound (no entry there) or
+// ErrUnsupported (the server has no such route: not a kvxfer directory).
+func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
+	data, hdr, err := c.do(ctx, http.MethodGet, "/v1/entry", rankQuery(at.DP, at.CP, at.TP, at.PP), nil, false)
+	if err != nil {
+		var se *StatusError
+		if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) && hdr.Get(HeaderEntry) == "" {
+			return nil, fmt.Errorf("%w: GET %s/v1/entry: %v", ErrUnsupported, c.addr, err)
+		}
+		return nil, err
+	}
+	var e TableRank
+	if err := json.Unmarshal(data, &e); err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/v1/entry %s: decode: %w", c.addr, at, err)
+	}
+	return &e, nil
 }
 
 // ServerInfo fetches the prefill topology (GET /route with all four

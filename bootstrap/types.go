@@ -71,6 +71,16 @@ var (
 	// ErrMismatch: prefill and decode cannot be paired (page_size or
 	// kv_cache_dtype differ, TP sizes not divisible, CP/PP unsupported).
 	ErrMismatch = errors.New("bootstrap: prefill/decode pairing unsupported")
+	// ErrReplaced: the server answered 412 — the entry at the rank's
+	// coordinates names another instance: a PUT from an instance older
+	// (lower epoch) than the entry's, or a conditional DELETE whose
+	// instance_id is not the entry's. The rank was replaced (a rolling
+	// restart); it must not take the coordinates back. The wrapping error
+	// names the entry's instance and endpoint.
+	ErrReplaced = errors.New("bootstrap: rank replaced by another instance")
+	// ErrUnsupported: the server does not offer a kvxfer extension route
+	// (e.g. an SGLang bootstrap server has no GET /v1/entry).
+	ErrUnsupported = errors.New("bootstrap: route not offered by this server (not a kvxfer directory)")
 )
 
 // RegisterRequest is the PUT /route body a prefill rank sends (spec §2.3).
@@ -118,6 +128,15 @@ type RegisterRequest struct {
 	EnableDSACacheLayerSplit bool `json:"enable_dsa_cache_layer_split"`
 	// PrefillHTTPPort is the prefill's HTTP API port, or nil.
 	PrefillHTTPPort *int `json:"prefill_http_port,omitempty"`
+	// InstanceID identifies the rank's process (a kvxfer extension; SGLang
+	// ranks send none): at most 64 characters of [A-Za-z0-9._:-]. With it,
+	// the server refuses a PUT from an instance older than the entry's
+	// (ErrReplaced) and DELETE can be made conditional on it.
+	InstanceID string `json:"instance_id,omitempty"`
+	// Epoch orders instances of the same coordinates (a kvxfer extension):
+	// kvxfer ranks send their start time in Unix nanoseconds, so a
+	// replacement started later wins. 0 when not sent.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // DPSize returns the instance's dp_size as SGLang derives it: AttnDPSize when
@@ -196,12 +215,19 @@ type PrefillServerInfo struct {
 }
 
 // PrefillRankInfo is the per-rank GET /route answer: the control-socket
-// endpoint of one prefill rank (spec §2.6). Exactly these two keys.
+// endpoint of one prefill rank (spec §2.6): exactly SGLang's two keys for a
+// rank that registered without an instance id (every SGLang rank), plus
+// instance_id and epoch for a kvxfer rank (an SGLang decode reads the answer
+// as a dict and ignores them).
 type PrefillRankInfo struct {
 	// RankIP is the rank's host (IP or hostname, IPv6 unbracketed).
 	RankIP string `json:"rank_ip"`
 	// RankPort is the rank's control port, 1–65535.
 	RankPort int `json:"rank_port"`
+	// InstanceID is the registering process's instance id, or "".
+	InstanceID string `json:"instance_id,omitempty"`
+	// Epoch is the registering instance's epoch, or 0.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Endpoint returns "tcp://host:port" with IPv6 hosts bracketed, the ZMQ form.

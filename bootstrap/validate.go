@@ -142,7 +142,9 @@ func optBool(m map[string]json.RawMessage, field string) (bool, error) {
 // rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip a
 // usable IPv4 or IPv6 address (brackets are removed; not unspecified,
 // multicast or broadcast) or an RFC 1123 hostname (see validHost),
-// kv_cache_dtype present (string or null). Unknown keys are ignored, as a
+// kv_cache_dtype present (string or null), instance_id (kvxfer's, optional)
+// per ValidInstanceID and epoch (optional) in [0, 2^63−1]. Unknown keys are
+// ignored, as a
 // newer SGLang may add some. The error message names the field.
 func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 	var r RegisterRequest
@@ -236,6 +238,26 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 	if r.EnableDSACacheLayerSplit, err = optBool(m, "enable_dsa_cache_layer_split"); err != nil {
 		return r, err
 	}
+	id, _, err := optString(m, "instance_id")
+	if err != nil {
+		return r, err
+	}
+	if id != nil {
+		if !ValidInstanceID(*id) {
+			return r, fieldErr("instance_id", "%q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", truncate(*id))
+		}
+		r.InstanceID = *id
+	}
+	if raw, ok := m["epoch"]; ok && !isNull(raw) {
+		v, err := parseInt("epoch", raw)
+		if err != nil {
+			return r, err
+		}
+		if v < 0 {
+			return r, fieldErr("epoch", "%d is negative; want an integer in [0, 2^63-1]", v)
+		}
+		r.Epoch = uint64(v)
+	}
 	if raw, ok := m["prefill_http_port"]; ok && !isNull(raw) {
 		v, err := parseInt("prefill_http_port", raw)
 		if err != nil {
@@ -256,6 +278,21 @@ func keySize(isKey bool, size int) int {
 		return size
 	}
 	return 0
+}
+
+// ValidInstanceID reports whether id is a usable instance id: 1–64
+// characters of letters, digits, '.', '_', ':' or '-'.
+func ValidInstanceID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func printable(s string) bool {

@@ -55,6 +55,7 @@ type rankOpts struct {
 	transports       []string      // default: tcp
 	envTimeouts      bool          // leave zero timeouts to the SGLang env variables
 	bootHB           time.Duration // decode: BootstrapHeartbeatInterval (0: default)
+	dirCheck         time.Duration // prefill: DirectoryCheckInterval (0: default)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -86,7 +87,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	}
 	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
-		BootstrapHeartbeatInterval: o.bootHB}
+		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck}
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}

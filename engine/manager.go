@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -131,6 +132,13 @@ type ManagerConfig struct {
 	// Checksum (decode) asks producers for a CRC32C over the transferred
 	// bytes and verifies it before Success.
 	Checksum bool
+	// InstanceID is this rank's instance id (1–64 of [A-Za-z0-9._:-]);
+	// empty picks a random one. See Manager.InstanceID.
+	InstanceID string
+	// DirectoryCheckInterval (prefill) is how often the rank checks that
+	// its bootstrap directory still names it and registers again if not
+	// (DefaultDirectoryCheckInterval when 0; negative disables).
+	DirectoryCheckInterval time.Duration
 	// Logger receives the manager's logs (slog.Default when nil).
 	Logger *slog.Logger
 }
@@ -198,6 +206,12 @@ type Manager struct {
 	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
 	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
 	dir       *bootstrap.Client                     // prefill: the directory this rank registers with
+
+	instanceID string
+	epoch      uint64
+	reregs     atomic.Int64  // prefill: re-registrations (reregister.go)
+	watchStop  chan struct{} // prefill: stops watchDirectory
+	watchDone  chan struct{} // closed when watchDirectory returned
 
 	// flights coalesces identical directory lookups in flight (decode:
 	// topology per address, endpoint per rank; receiver.go).
@@ -281,21 +295,33 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.DirectoryCheckInterval == 0 {
+		cfg.DirectoryCheckInterval = DefaultDirectoryCheckInterval
+	}
+	if cfg.InstanceID == "" {
+		if cfg.InstanceID, err = newInstanceID(); err != nil {
+			return nil, err
+		}
+	} else if !bootstrap.ValidInstanceID(cfg.InstanceID) {
+		return nil, fmt.Errorf("engine: manager: instance id %q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", cfg.InstanceID)
+	}
 	l := cfg.Pool.Layout()
 	m := &Manager{
 		cfg: cfg, layout: l,
-		log:       cfg.Logger.With("role", cfg.Role.String(), "tp", l.TPRank, "pp", l.PPRank),
-		push:      map[string]*pushSock{},
-		lastSeen:  map[string]time.Time{},
-		senders:   map[uint64]*Sender{},
-		receivers: map[uint64]*Receiver{},
-		pending:   map[uint64]map[string]pendingTransfer{},
-		aborted:   map[uint64]time.Time{},
-		dpeers:    map[string]*decodePeer{},
-		ppeers:    map[string]*prefillPeer{},
-		bcache:    map[string]*instanceInfo{},
-		done:      make(chan struct{}),
-		dir:       dir,
+		log:        cfg.Logger.With("role", cfg.Role.String(), "tp", l.TPRank, "pp", l.PPRank),
+		push:       map[string]*pushSock{},
+		lastSeen:   map[string]time.Time{},
+		senders:    map[uint64]*Sender{},
+		receivers:  map[uint64]*Receiver{},
+		pending:    map[uint64]map[string]pendingTransfer{},
+		aborted:    map[uint64]time.Time{},
+		dpeers:     map[string]*decodePeer{},
+		ppeers:     map[string]*prefillPeer{},
+		bcache:     map[string]*instanceInfo{},
+		done:       make(chan struct{}),
+		dir:        dir,
+		instanceID: cfg.InstanceID,
+		epoch:      uint64(time.Now().UnixNano()),
 	}
 	m.life, m.stopLife = context.WithCancel(context.Background())
 	ok := false
@@ -317,9 +343,10 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		if err := m.registerBootstrap(ctx); err != nil {
 			return nil, err
 		}
+		m.startDirectoryWatch()
 	}
 	ok = true
-	m.log.Info("KV manager ready", "control", m.endpoint, "transports", m.TransportNames(), "pool_bytes", l.PoolBytes(), "item_len", l.ItemLen())
+	m.log.Info("KV manager ready", "control", m.endpoint, "instance", m.instanceID, "transports", m.TransportNames(), "pool_bytes", l.PoolBytes(), "item_len", l.ItemLen())
 	return m, nil
 }
 
@@ -413,22 +440,6 @@ func (m *Manager) bind() error {
 	return nil
 }
 
-func (m *Manager) registerBootstrap(ctx context.Context) error {
-	c := m.dir
-	l := m.layout
-	dtype := m.cfg.KVCacheDtype
-	req := bootstrap.RegisterRequest{
-		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
-		AttnDPSize: m.cfg.DPSize, AttnDPRank: m.cfg.DPRank, PPSize: l.PPSize, PPRank: l.PPRank,
-		SystemDPSize: 1, SystemDPRank: m.cfg.DPRank, RankIP: m.host, RankPort: m.port, // as SGLang files DP attention
-		PageSize: l.PageSize, KVCacheDtype: &dtype,
-	}
-	if err := c.Register(ctx, req); err != nil {
-		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", l.TPRank, l.PPRank, err)
-	}
-	return nil
-}
-
 // Endpoint returns the manager's control endpoint "tcp://host:port".
 func (m *Manager) Endpoint() string { return m.endpoint }
 
@@ -486,9 +497,20 @@ func (m *Manager) Close() error {
 		r.failLocal(ErrManagerClosed)
 	}
 	if m.dir != nil {
+		m.stopDirectoryWatch()
+		// Conditional on our instance id: a successor that took over these
+		// coordinates (rolling restart) keeps its entry.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = m.dir.Deregister(ctx, m.cfg.DPRank, 0, m.layout.TPRank, m.layout.PPRank)
+		err := m.dir.Deregister(ctx, m.coord(), m.instanceID)
 		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, bootstrap.ErrReplaced):
+			m.log.Info("left the directory entry in place: a newer instance holds these coordinates", "err", err)
+		case errors.Is(err, bootstrap.ErrNotFound):
+		default:
+			m.log.Debug("deregistration failed", "err", err)
+		}
 	}
 	m.teardown()
 	return nil
@@ -501,6 +523,7 @@ func (m *Manager) teardown() {
 		close(m.done)
 	}
 	m.stopLife()
+	m.stopDirectoryWatch()
 	m.wg.Wait()
 	m.monWG.Wait()
 	m.hbWG.Wait()

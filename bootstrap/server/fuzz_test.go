@@ -60,8 +60,9 @@ func checkTableIntact(t *testing.T, s *Server) {
 }
 
 // FuzzPutRoute feeds arbitrary PUT /route bodies: never a 5xx, a 200 only
-// for bodies ParseRegisterRequest accepts, and the table stays consistent;
-// a rejected body leaves the table unchanged.
+// for bodies ParseRegisterRequest accepts (409/412 for valid ones the table
+// refuses), and the table stays consistent; a rejected body leaves the table
+// unchanged.
 func FuzzPutRoute(f *testing.F) {
 	f.Add(`{"attn_tp_size":2,"attn_tp_rank":1,"attn_cp_size":1,"attn_cp_rank":0,"attn_dp_size":1,"attn_dp_rank":0,"pp_size":1,"pp_rank":0,"system_dp_size":1,"system_dp_rank":0,"rank_ip":"198.51.100.77","rank_port":65001,"page_size":16,"kv_cache_dtype":"auto","load_balance_method":"round_robin","prefill_http_port":30000}`)
 	f.Add(`{"attn_tp_size":1,"attn_tp_rank":0,"attn_cp_size":1,"attn_cp_rank":0,"attn_dp_size":1,"attn_dp_rank":0,"pp_size":1,"pp_rank":0,"system_dp_size":1,"system_dp_rank":0,"rank_ip":"::1","rank_port":1,"page_size":1,"kv_cache_dtype":null}`)
@@ -74,6 +75,8 @@ func FuzzPutRoute(f *testing.F) {
 		"[::1]", "fe80::1%eth0", "prefill-0.svc.cluster.local"} {
 		f.Add(strings.Replace(rankIPBody(`"`+ip+`"`), `"attn_tp_size":1,"attn_tp_rank":0`, `"attn_tp_size":2,"attn_tp_rank":1`, 1))
 	}
+	f.Add(strings.Replace(rankIPBody(`"10.0.0.9"`), `{`, `{"instance_id":"a-1","epoch":9,`, 1))
+	f.Add(strings.Replace(rankIPBody(`"10.0.0.9"`), `{`, `{"instance_id":"b:2","epoch":3,`, 1))
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, body string) {
 		before := s.Snapshot()
@@ -82,7 +85,7 @@ func FuzzPutRoute(f *testing.F) {
 			t.Fatalf("PUT %q → %d %q", body, w.Code, w.Body.String())
 		}
 		_, perr := bootstrap.ParseRegisterRequest([]byte(body))
-		if (perr != nil && w.Code != 400) || (perr == nil && w.Code != 200 && w.Code != 409) {
+		if (perr != nil && w.Code != 400) || (perr == nil && w.Code != 200 && w.Code != 409 && w.Code != 412) {
 			t.Fatalf("PUT %q → %d %q, parser says %v", body, w.Code, w.Body.String(), perr)
 		}
 		if w.Code != 200 {
@@ -96,8 +99,9 @@ func FuzzPutRoute(f *testing.F) {
 	})
 }
 
-// FuzzRouteQuery feeds arbitrary GET and DELETE /route query strings: never
-// a 5xx, and only SGLang's codes (200, 400, 404, 503).
+// FuzzRouteQuery feeds arbitrary GET and DELETE /route and GET /v1/entry
+// query strings: never a 5xx, and only SGLang's codes (200, 400, 404, 503)
+// plus 412 for a conditional DELETE naming another instance.
 func FuzzRouteQuery(f *testing.F) {
 	f.Add("prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1")
 	f.Add("prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0")
@@ -105,16 +109,24 @@ func FuzzRouteQuery(f *testing.F) {
 	f.Add("prefill_dp_rank=%zz")
 	f.Add("prefill_dp_rank=99999999999999999999999&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0")
 	f.Add("")
+	f.Add("prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0&instance_id=p1")
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, q string) {
 		for _, m := range []string{http.MethodGet, http.MethodDelete} {
 			w := serve(s, m, "/route?"+q, "")
 			switch w.Code {
 			case 200, 400, 404, 503:
+			case 412:
+				if m != http.MethodDelete {
+					t.Fatalf("%s /route?%s → 412", m, q)
+				}
 			default:
 				t.Fatalf("%s /route?%s → %d %q", m, q, w.Code, w.Body.String())
 			}
 			checkTableIntact(t, s)
+		}
+		if w := serve(s, http.MethodGet, "/v1/entry?"+q, ""); w.Code != 200 && w.Code != 400 && w.Code != 404 {
+			t.Fatalf("GET /v1/entry?%s → %d %q", q, w.Code, w.Body.String())
 		}
 		// Re-fill the table so later inputs see a ready server again.
 		for tp := range 2 {

@@ -79,7 +79,8 @@ type Options struct {
 // Server is the bootstrap directory of one prefill instance. Routes
 // (spec §2.2): PUT/GET /route, POST /register_dp_rank, POST /query_dp_ranks,
 // GET and HEAD /health — SGLang's shapes and codes — plus kvxfer's
-// extensions DELETE /route, GET /v1/table and GET /metrics. Create with New,
+// extensions DELETE /route (conditional on instance_id), GET /v1/table,
+// GET /v1/entry and GET /metrics. Create with New,
 // run with Start. Safe for concurrent use.
 type Server struct {
 	opts Options
@@ -128,32 +129,34 @@ type roomEntry struct {
 }
 
 type metrics struct {
-	reg         *prometheus.Registry
-	regOK       prometheus.Counter
-	regReplaced prometheus.Counter
-	regBad      prometheus.Counter
-	regConflict prometheus.Counter
-	unauth      prometheus.Counter
-	deregs      prometheus.Counter
-	lookTopo    prometheus.Counter
-	lookRank    prometheus.Counter
-	lookMiss    prometheus.Counter
-	lookBad     prometheus.Counter
-	notReady    prometheus.Counter
-	dpRegs      prometheus.Counter
-	dpQueries   prometheus.Counter
-	dpRooms     prometheus.Counter
-	dpDropped   prometheus.Counter
-	tableSize   prometheus.Gauge
-	expected    prometheus.Gauge
-	roomsSize   prometheus.Gauge
+	reg           *prometheus.Registry
+	regOK         prometheus.Counter
+	regReplaced   prometheus.Counter
+	regBad        prometheus.Counter
+	regConflict   prometheus.Counter
+	regSuperseded prometheus.Counter
+	delRefused    prometheus.Counter
+	unauth        prometheus.Counter
+	deregs        prometheus.Counter
+	lookTopo      prometheus.Counter
+	lookRank      prometheus.Counter
+	lookMiss      prometheus.Counter
+	lookBad       prometheus.Counter
+	notReady      prometheus.Counter
+	dpRegs        prometheus.Counter
+	dpQueries     prometheus.Counter
+	dpRooms       prometheus.Counter
+	dpDropped     prometheus.Counter
+	tableSize     prometheus.Gauge
+	expected      prometheus.Gauge
+	roomsSize     prometheus.Gauge
 }
 
 func newMetrics() metrics {
 	reg := prometheus.NewRegistry()
 	registrations := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvxfer_bootstrap_registrations_total",
-		Help: "PUT /route registrations by result (ok, replaced, bad_request, conflict).",
+		Help: "PUT /route registrations by result (ok, replaced, bad_request, conflict, superseded: from an instance older than the entry's, refused).",
 	}, []string{"result"})
 	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvxfer_bootstrap_lookups_total",
@@ -164,19 +167,20 @@ func newMetrics() metrics {
 		Help: "Room→dp-rank registry calls: register, query, rooms asked by queries, and rooms_dropped (entries whose dp_rank was out of range of the topology that became known).",
 	}, []string{"op"})
 	m := metrics{
-		reg:         reg,
-		regOK:       registrations.WithLabelValues("ok"),
-		regReplaced: registrations.WithLabelValues("replaced"),
-		regBad:      registrations.WithLabelValues("bad_request"),
-		regConflict: registrations.WithLabelValues("conflict"),
-		lookTopo:    lookups.WithLabelValues("topology", "ok"),
-		lookRank:    lookups.WithLabelValues("rank", "ok"),
-		lookMiss:    lookups.WithLabelValues("rank", "not_found"),
-		lookBad:     lookups.WithLabelValues("any", "bad_request"),
-		dpRegs:      dp.WithLabelValues("register"),
-		dpQueries:   dp.WithLabelValues("query"),
-		dpRooms:     dp.WithLabelValues("rooms_queried"),
-		dpDropped:   dp.WithLabelValues("rooms_dropped"),
+		reg:           reg,
+		regOK:         registrations.WithLabelValues("ok"),
+		regReplaced:   registrations.WithLabelValues("replaced"),
+		regBad:        registrations.WithLabelValues("bad_request"),
+		regConflict:   registrations.WithLabelValues("conflict"),
+		regSuperseded: registrations.WithLabelValues("superseded"),
+		lookTopo:      lookups.WithLabelValues("topology", "ok"),
+		lookRank:      lookups.WithLabelValues("rank", "ok"),
+		lookMiss:      lookups.WithLabelValues("rank", "not_found"),
+		lookBad:       lookups.WithLabelValues("any", "bad_request"),
+		dpRegs:        dp.WithLabelValues("register"),
+		dpQueries:     dp.WithLabelValues("query"),
+		dpRooms:       dp.WithLabelValues("rooms_queried"),
+		dpDropped:     dp.WithLabelValues("rooms_dropped"),
 		unauth: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_bootstrap_unauthorized_total",
 			Help: "Mutating requests refused with 401 (bearer token missing or wrong).",
@@ -184,6 +188,10 @@ func newMetrics() metrics {
 		deregs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_bootstrap_deregistrations_total",
 			Help: "DELETE /route calls that removed a rank.",
+		}),
+		delRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvxfer_bootstrap_deregistrations_refused_total",
+			Help: "Conditional DELETE /route calls that left the entry in place: it names another instance (the caller was replaced).",
 		}),
 		notReady: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_bootstrap_not_ready_total",
@@ -202,7 +210,7 @@ func newMetrics() metrics {
 			Help: "Live entries in the room→dp-rank registry.",
 		}),
 	}
-	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.notReady, m.tableSize, m.expected, m.roomsSize,
+	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.delRefused, m.notReady, m.tableSize, m.expected, m.roomsSize,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
@@ -269,6 +277,7 @@ func New(opts Options) *Server {
 	for _, m := range []string{http.MethodGet, http.MethodHead} {
 		e.Add(m, "/health", health)
 		e.Add(m, "/v1/table", s.handleTable)
+		e.Add(m, "/v1/entry", s.handleEntry)
 		e.Add(m, "/metrics", metrics)
 	}
 	s.e = e
@@ -573,6 +582,11 @@ func (s *Server) Register(r bootstrap.RegisterRequest) error {
 
 func (s *Server) register(c echo.Context, r bootstrap.RegisterRequest) error {
 	replaced, err := s.apply(r)
+	if errors.Is(err, bootstrap.ErrReplaced) {
+		s.m.regSuperseded.Inc()
+		s.log.Warn("registration from a replaced instance refused", "remote", c.RealIP(), "err", err)
+		return text(c, http.StatusPreconditionFailed, err.Error())
+	}
 	if err != nil {
 		s.m.regConflict.Inc()
 		s.log.Warn("registration conflicts with topology", "remote", c.RealIP(), "err", err)
@@ -584,6 +598,14 @@ func (s *Server) register(c echo.Context, r bootstrap.RegisterRequest) error {
 		s.m.regOK.Inc()
 	}
 	return text(c, http.StatusOK, "OK")
+}
+
+// superseded reports whether a registration `nu` must be refused because
+// the entry `cur` names another instance with a higher epoch (its
+// successor). Registrations without an instance id (SGLang's) replace
+// unconditionally, as in SGLang.
+func superseded(cur, nu bootstrap.PrefillRankInfo) bool {
+	return cur.InstanceID != "" && nu.InstanceID != "" && cur.InstanceID != nu.InstanceID && cur.Epoch > nu.Epoch
 }
 
 func newTopology(r bootstrap.RegisterRequest) *topology {
@@ -633,7 +655,7 @@ func (a *topology) conflict(b *topology) string {
 func (s *Server) apply(r bootstrap.RegisterRequest) (replaced bool, err error) {
 	nt := newTopology(r)
 	coord := bootstrap.Coord{DP: r.DPRank(), CP: r.AttnCPRank, TP: r.AttnTPRank, PP: r.PPRank}
-	info := bootstrap.PrefillRankInfo{RankIP: r.RankIP, RankPort: r.RankPort}
+	info := bootstrap.PrefillRankInfo{RankIP: r.RankIP, RankPort: r.RankPort, InstanceID: r.InstanceID, Epoch: r.Epoch}
 	js, err := json.Marshal(info)
 	if err != nil {
 		return false, err
@@ -641,6 +663,10 @@ func (s *Server) apply(r bootstrap.RegisterRequest) (replaced bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old, exists := s.table[coord]
+	if exists && superseded(old.info, info) {
+		return false, fmt.Errorf("%w: rank %s is registered by instance %s (epoch %d) at %s, newer than this instance %s (epoch %d): this rank was replaced; stop it rather than take the coordinates back",
+			bootstrap.ErrReplaced, coord, old.info.InstanceID, old.info.Epoch, old.info.Endpoint(), info.InstanceID, info.Epoch)
+	}
 	if s.topo != nil {
 		if msg := s.topo.conflict(nt); msg != "" {
 			if !(exists && len(s.table) == 1) {
@@ -777,11 +803,29 @@ func (s *Server) handleDeleteRoute(c echo.Context) error {
 	if err == nil && all {
 		err = bootstrap.NewFieldError("prefill_dp_rank", "DELETE /route needs one rank's coordinates, not the all -1 topology form")
 	}
+	want := c.QueryParam("instance_id")
+	if err == nil && c.QueryParams().Has("instance_id") && !bootstrap.ValidInstanceID(want) {
+		err = bootstrap.NewFieldError("instance_id", "%q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", short(want))
+	}
 	if err != nil {
 		return badRequest(c, err)
 	}
 	s.mu.Lock()
-	_, ok := s.table[coord]
+	ent, ok := s.table[coord]
+	if ok && want != "" && ent.info.InstanceID != want {
+		// Conditional delete: the entry names another instance (the
+		// caller's successor, or a rank without an id): leave it.
+		cur := ent.info
+		s.mu.Unlock()
+		s.m.delRefused.Inc()
+		holder := "a rank without an instance id"
+		if cur.InstanceID != "" {
+			holder = fmt.Sprintf("instance %s (epoch %d)", cur.InstanceID, cur.Epoch)
+		}
+		s.log.Info("conditional deregistration left the entry in place", "rank", coord.String(), "caller", want, "entry", cur.InstanceID, "endpoint", cur.Endpoint())
+		return text(c, http.StatusPreconditionFailed, fmt.Sprintf("%s: rank %s is now registered by %s at %s, not by instance %s; entry left in place",
+			bootstrap.ErrReplaced, coord, holder, cur.Endpoint(), want))
+	}
 	if ok {
 		delete(s.table, coord)
 		if len(s.table) == 0 {
@@ -974,6 +1018,32 @@ func (s *Server) Snapshot() bootstrap.TableSnapshot {
 		return 0
 	})
 	return snap
+}
+
+// handleEntry serves GET /v1/entry?<the four rank coordinates> (a kvxfer
+// extension): the entry at those coordinates as a TableRank, whether or not
+// the directory is ready, or 404 with HeaderEntry "absent". Ranks poll it to
+// notice a directory that lost them (restart) or names another instance.
+func (s *Server) handleEntry(c echo.Context) error {
+	coord, all, err := bootstrap.ParseRankQueryString(c.Request().URL.RawQuery)
+	if err == nil && all {
+		err = bootstrap.NewFieldError("prefill_dp_rank", "GET /v1/entry needs one rank's coordinates, not the all -1 topology form")
+	}
+	if err != nil {
+		return badRequest(c, err)
+	}
+	s.mu.RLock()
+	ent := s.table[coord]
+	var tr bootstrap.TableRank
+	if ent != nil {
+		tr = bootstrap.TableRank{Coord: coord, PrefillRankInfo: ent.info, RegisteredAt: ent.registeredAt, Reregistrations: ent.updates}
+	}
+	s.mu.RUnlock()
+	if ent == nil {
+		c.Response().Header().Set(bootstrap.HeaderEntry, "absent")
+		return text(c, http.StatusNotFound, "Bootstrap info not found for "+coord.String())
+	}
+	return c.JSON(http.StatusOK, tr)
 }
 
 func (s *Server) handleTable(c echo.Context) error {

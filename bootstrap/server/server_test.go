@@ -436,16 +436,16 @@ func TestDeregister(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Deregister(ctx, 0, 0, 1, 0); err != nil {
+	if err := c.Deregister(ctx, bootstrap.Coord{DP: 0, CP: 0, TP: 1, PP: 0}, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.ServerInfo(ctx); !errors.Is(err, bootstrap.ErrNotReady) {
 		t.Fatalf("after deregistration: %v, want bootstrap.ErrNotReady", err)
 	}
-	if err := c.Deregister(ctx, 0, 0, 1, 0); !errors.Is(err, bootstrap.ErrNotFound) {
+	if err := c.Deregister(ctx, bootstrap.Coord{DP: 0, CP: 0, TP: 1, PP: 0}, ""); !errors.Is(err, bootstrap.ErrNotFound) {
 		t.Fatalf("second deregistration: %v, want bootstrap.ErrNotFound", err)
 	}
-	if err := c.Deregister(ctx, 0, 0, 0, 0); err != nil {
+	if err := c.Deregister(ctx, bootstrap.Coord{DP: 0, CP: 0, TP: 0, PP: 0}, ""); err != nil {
 		t.Fatal(err)
 	}
 	// Empty table: a new topology is accepted.
@@ -489,7 +489,7 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("Register without token: %v, want bootstrap.ErrUnauthorized saying the directory requires a token and naming KVXFER_BOOTSTRAP_AUTH_TOKEN", err)
 	}
 	wrong, _ := bootstrap.NewClient(s.Addr(), bootstrap.WithAuthToken("guess"))
-	err = wrong.Deregister(ctx, 0, 0, 0, 0)
+	err = wrong.Deregister(ctx, bootstrap.Coord{DP: 0, CP: 0, TP: 0, PP: 0}, "")
 	if !errors.Is(err, bootstrap.ErrUnauthorized) || !strings.Contains(err.Error(), "refused this rank's bearer token") {
 		t.Fatalf("Deregister with a wrong token: %v, want ErrUnauthorized saying the token was refused", err)
 	}

@@ -48,6 +48,7 @@ type roleFlags struct {
 	prefault         bool
 	device           string
 	authToken        string
+	dirCheck         time.Duration
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -57,6 +58,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.IntVar(&f.dpSize, "dp-size", 1, "prefill attention-DP size")
 		fs.IntVar(&f.dpRank, "dp-rank", 0, "prefill attention-DP rank")
 		fs.IntVar(&f.chunkPages, "chunk-pages", 0, "send each request in chunks of this many pages (0 = one chunk)")
+		fs.DurationVar(&f.dirCheck, "directory-check-interval", engine.DefaultDirectoryCheckInterval,
+			"how often this rank checks that the bootstrap directory still names it (±20% jitter) and registers again when it does not (a restarted directory); 0 disables")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
 	} else {
 		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
@@ -144,6 +147,8 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--bootstrap-timeout %s and --waiting-timeout %s must both be > 0", f.bootstrapTimeout, f.waitingTimeout)
 	case f.peerTimeout <= 0:
 		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
+	case f.dirCheck < 0:
+		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	}
 	if _, err := engine.KVCacheDtypeBytes(f.kvDtype); err != nil {
 		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(engine.KVCacheDtypes, ", "))
@@ -207,6 +212,8 @@ type replyLine struct {
 	Line       int      `json:"line,omitempty"`
 	Endpoint   string   `json:"endpoint,omitempty"`
 	Transports []string `json:"transports,omitempty"`
+	// Instance (ready line) is the rank's instance id.
+	Instance string `json:"instance,omitempty"`
 	// Ring (decode's ready line) is where the metadata ring lives: "gpu"
 	// (pinned and mapped, a kernel can read it) or "host".
 	Ring   string `json:"ring,omitempty"`
@@ -286,8 +293,8 @@ func runRole(role engine.Role, f *roleFlags) error {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
 	}
 	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
-		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv),
-		KVCacheDtype:       f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
+		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
@@ -296,13 +303,16 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
 	}
+	if cfg.DirectoryCheckInterval == 0 {
+		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
+	}
 	m, err := engine.NewManager(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	out := &lineWriter{w: os.Stdout}
-	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames()}
+	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID()}
 	if r := m.Ring(); r != nil {
 		ready.Ring = "host"
 		if r.RingMem().DevicePtr() != 0 {
@@ -471,6 +481,9 @@ type readyLine struct {
 	Endpoint   string   `json:"endpoint"`
 	Transports []string `json:"transports"`
 	Ring       string   `json:"ring,omitempty"`
+	// Instance is the rank's instance id (published in a prefill's
+	// directory entry).
+	Instance string `json:"instance"`
 }
 
 // allocWait allocates pages, waiting for finished requests to free some.

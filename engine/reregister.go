@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+)
+
+// DefaultDirectoryCheckInterval is how often a prefill rank checks that its
+// bootstrap directory still names it (GET /v1/entry), jittered by ±20 %.
+const DefaultDirectoryCheckInterval = 2 * time.Second
+
+// newInstanceID returns a random 24-hex-character instance id.
+func newInstanceID() (string, error) {
+	var b [12]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("engine: instance id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// InstanceID returns this rank's instance id: random per Manager (or
+// ManagerConfig.InstanceID), published in a prefill's directory entry
+// (instance_id) and used to make its deregistration conditional. Peers use
+// it to tell this process from another at the same endpoint.
+func (m *Manager) InstanceID() string { return m.instanceID }
+
+// Epoch returns this rank's epoch: its start time in Unix nanoseconds, so
+// an instance that replaces another at the same coordinates (a rolling
+// restart) has the higher one. Published in the directory entry.
+func (m *Manager) Epoch() uint64 { return m.epoch }
+
+// registerRequest is this prefill rank's PUT /route body.
+func (m *Manager) registerRequest() bootstrap.RegisterRequest {
+	l := m.layout
+	dtype := m.cfg.KVCacheDtype
+	return bootstrap.RegisterRequest{
+		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
+		AttnDPSize: m.cfg.DPSize, AttnDPRank: m.cfg.DPRank, PPSize: l.PPSize, PPRank: l.PPRank,
+		SystemDPSize: 1, SystemDPRank: m.cfg.DPRank, // as SGLang files DP attention
+		RankIP: m.host, RankPort: m.port, PageSize: l.PageSize, KVCacheDtype: &dtype,
+		InstanceID: m.instanceID, Epoch: m.epoch,
+	}
+}
+
+// coord is this prefill rank's directory coordinates.
+func (m *Manager) coord() bootstrap.Coord {
+	return bootstrap.Coord{DP: m.cfg.DPRank, CP: 0, TP: m.layout.TPRank, PP: m.layout.PPRank}
+}
+
+func (m *Manager) registerBootstrap(ctx context.Context) error {
+	if err := m.dir.Register(ctx, m.registerRequest()); err != nil {
+		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", m.layout.TPRank, m.layout.PPRank, err)
+	}
+	return nil
+}
+
+// startDirectoryWatch starts the prefill's directory check (see
+// watchDirectory) unless disabled.
+func (m *Manager) startDirectoryWatch() {
+	m.watchStop, m.watchDone = make(chan struct{}), make(chan struct{})
+	if m.cfg.DirectoryCheckInterval < 0 {
+		close(m.watchDone)
+		return
+	}
+	go m.watchDirectory()
+}
+
+// stopDirectoryWatch stops the check and waits for it (idempotent), so a
+// deregistration that follows cannot be undone by a re-registration.
+func (m *Manager) stopDirectoryWatch() {
+	if m.watchStop == nil {
+		return
+	}
+	select {
+	case <-m.watchStop:
+	default:
+		close(m.watchStop)
+	}
+	<-m.watchDone
+}
+
+// watchDirectory makes a prefill rank notice a directory that lost it and
+// register again (issue 18): every DirectoryCheckInterval (±20 %) it reads
+// its entry (GET /v1/entry). An absent entry (the directory restarted, or
+// the entry was removed) or one naming an older instance is re-registered
+// at once; one naming a newer instance means this rank was replaced (a
+// rolling restart): it says so and stops checking, leaving the successor
+// in place. A directory without /v1/entry (SGLang's) is re-registered once
+// each time it answers again after failing, i.e. after a restart.
+func (m *Manager) watchDirectory() {
+	defer close(m.watchDone)
+	every := m.cfg.DirectoryCheckInterval
+	down := false // the last check could not reach the directory
+	for {
+		t := time.NewTimer(time.Duration(float64(every) * (0.8 + 0.4*rand.Float64())))
+		select {
+		case <-m.watchStop:
+			t.Stop()
+			return
+		case <-m.done:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(m.life, max(2*every, 2*time.Second))
+		stop, reached := m.checkDirectory(ctx, down)
+		cancel()
+		down = !reached
+		if stop {
+			return
+		}
+	}
+}
+
+// checkDirectory runs one check; it reports whether to stop checking (this
+// rank was replaced) and whether the directory answered.
+func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reached bool) {
+	at := m.coord()
+	e, err := m.dir.Entry(ctx, at)
+	switch {
+	case err == nil && e.InstanceID == m.instanceID:
+		if wasDown {
+			m.log.Info("bootstrap directory answers again and still names this rank", "bootstrap", m.dir.Addr())
+		}
+		return false, true
+	case err == nil && e.Epoch > m.epoch:
+		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it gets no new rooms and stops re-registering (stop this process)",
+			"bootstrap", m.dir.Addr(), "rank", at.String(), "successor", e.InstanceID, "successor_epoch", e.Epoch,
+			"successor_endpoint", e.Endpoint(), "instance", m.instanceID, "epoch", m.epoch)
+		return true, true
+	case err == nil:
+		return m.reregister(ctx, fmt.Sprintf("the entry names an older instance %q at %s", e.InstanceID, e.Endpoint())), true
+	case errors.Is(err, bootstrap.ErrNotFound):
+		return m.reregister(ctx, "the directory has no entry for this rank (restarted, or the entry was removed)"), true
+	case errors.Is(err, bootstrap.ErrUnsupported):
+		if wasDown {
+			return m.reregister(ctx, "the directory (without GET /v1/entry) answers again after failing: it may have restarted"), true
+		}
+		return false, true
+	}
+	var se *bootstrap.StatusError
+	if errors.As(err, &se) {
+		m.log.Warn("bootstrap directory check failed", "bootstrap", m.dir.Addr(), "err", err)
+		return false, true
+	}
+	if !wasDown {
+		m.log.Warn("bootstrap directory unreachable; will register again when it answers", "bootstrap", m.dir.Addr(), "err", err)
+	}
+	return false, false
+}
+
+// reregister PUTs this rank's entry again; it reports whether to stop
+// checking (the directory says a newer instance holds the coordinates).
+func (m *Manager) reregister(ctx context.Context, why string) (stop bool) {
+	t := time.Now()
+	err := m.dir.Register(ctx, m.registerRequest())
+	switch {
+	case err == nil:
+		m.log.Info("registered again with the bootstrap directory", "bootstrap", m.dir.Addr(), "why", why, "took", time.Since(t).Round(time.Millisecond))
+		m.reregs.Add(1)
+		return false
+	case errors.Is(err, bootstrap.ErrReplaced):
+		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it stops re-registering (stop this process)",
+			"bootstrap", m.dir.Addr(), "err", err)
+		return true
+	}
+	m.log.Warn("registering again with the bootstrap directory failed; retrying at the next check", "bootstrap", m.dir.Addr(), "why", why, "err", err)
+	return false
+}
+
+// Reregistrations returns how many times this prefill rank registered again
+// after noticing the directory had lost it.
+func (m *Manager) Reregistrations() int64 { return m.reregs.Load() }

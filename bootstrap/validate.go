@@ -309,6 +309,12 @@ const rankIPWant = "want an IPv4 address (dotted quad 0-255, no leading zeros), 
 	"(brackets optional, zone allowed), neither unspecified (0.0.0.0, ::) nor multicast/broadcast, " +
 	"or an RFC 1123 hostname (letters, digits, '-', '_' in dot-separated labels; the last label not all-numeric)"
 
+// ValidateHost checks that h is a host a peer can connect to (see
+// validHost: an IPv4 or IPv6 address, brackets optional, that is not a
+// wildcard, multicast or broadcast, or an RFC 1123 hostname) and returns it
+// unbracketed; the error says what is accepted.
+func ValidateHost(h string) (string, error) { return validHost(h) }
+
 // validHost accepts a host a decode can connect to: an IPv4 address in
 // canonical dotted-quad form, an IPv6 address (optionally bracketed, zone
 // allowed), or an RFC 1123 hostname; it returns the host unbracketed.

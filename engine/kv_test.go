@@ -56,6 +56,8 @@ type rankOpts struct {
 	envTimeouts      bool          // leave zero timeouts to the SGLang env variables
 	bootHB           time.Duration // decode: BootstrapHeartbeatInterval (0: default)
 	dirCheck         time.Duration // prefill: DirectoryCheckInterval (0: default)
+	host             string        // control and data listen host (default 127.0.0.1)
+	advertise        string        // AdvertiseHost of the manager and transports
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -75,8 +77,13 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		o.transports = []string{"tcp"}
 	}
 	var trs []engine.Transport
+	topts := engine.DefaultOptions()
+	if o.host != "" {
+		topts.ListenHost = o.host
+	}
+	topts.AdvertiseHost = o.advertise
 	for i, name := range o.transports {
-		tr, err := engine.OpenTransport(name, engine.DefaultOptions())
+		tr, err := engine.OpenTransport(name, topts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +94,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	}
 	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
-		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck}
+		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise}
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
 // Role is a KV manager's side of the transfer.
@@ -95,10 +97,19 @@ type ManagerConfig struct {
 	// KVCacheDtype is the --kv-cache-dtype string both sides must agree on
 	// ("auto" when empty).
 	KVCacheDtype string
-	// ControlHost is the host the ZMQ PULL socket binds and advertises
-	// (default 127.0.0.1). ControlPort 0 picks a free port.
+	// ControlHost is the host the ZMQ PULL socket binds (default
+	// 127.0.0.1): an IPv4 or IPv6 address (brackets optional), a hostname,
+	// or a wildcard (0.0.0.0; :: for IPv6 and IPv4). ControlPort 0 picks a
+	// free port.
 	ControlHost string
 	ControlPort int
+	// AdvertiseHost is the host this rank's control endpoint is published
+	// as (the prefill's rank_ip, the decode's endpoint in REGISTER). Empty:
+	// ControlHost, except that a wildcard ControlHost advertises the address
+	// of the default-route interface (else the first non-loopback address;
+	// loopback only when nothing else exists, with a warning) — never
+	// loopback silently.
+	AdvertiseHost string
 	// BootstrapTimeout bounds a sender's wait for its destinations and a
 	// receiver's producer resolution. 0: env
 	// SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (seconds), else 300 s.
@@ -172,6 +183,13 @@ type pushSock struct {
 	// EVENT_CONNECT_RETRIED with no EVENT_CONNECTED since), so a peer
 	// timeout can say the peer is gone rather than silent.
 	unreachable bool
+	// connected is set once a connection succeeded: a peer that was never
+	// reached is reported as "could not be reached" (wrong address, nothing
+	// listening, no route), not as a process that exited.
+	connected bool
+	// dialErr is what a plain TCP dial to the endpoint answered after the
+	// first failed attempt (e.g. "connection refused"), for the report.
+	dialErr string
 }
 
 // Manager is one rank's KV transfer manager: it owns the control PULL socket,
@@ -295,6 +313,11 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.AdvertiseHost != "" {
+		if cfg.AdvertiseHost, err = bootstrap.ValidateHost(cfg.AdvertiseHost); err != nil {
+			return nil, fmt.Errorf("engine: manager: advertise host: %w", err)
+		}
+	}
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = DefaultDirectoryCheckInterval
 	}
@@ -412,17 +435,19 @@ func (m *Manager) bind() error {
 	_ = s.SetLinger(0)
 	_ = s.SetRcvtimeo(100 * time.Millisecond)
 	_ = s.SetRcvhwm(100000)
+	// Every control socket is IPv6-enabled (ZMQ_IPV6): it then binds and
+	// connects IPv6 and IPv4 endpoints alike (a PUSH without it never
+	// connects to a "tcp://[::1]:port" peer).
+	if err := s.SetIpv6(true); err != nil {
+		return fmt.Errorf("engine: zmq PULL socket: enable IPv6: %w", err)
+	}
 	port := "*"
 	if m.cfg.ControlPort > 0 {
 		port = strconv.Itoa(m.cfg.ControlPort)
 	}
-	bindHost := m.cfg.ControlHost
-	if ip := net.ParseIP(bindHost); ip != nil && ip.To4() == nil {
-		_ = s.SetIpv6(true)
-		bindHost = "[" + bindHost + "]"
-	}
-	if err := s.Bind("tcp://" + bindHost + ":" + port); err != nil {
-		return fmt.Errorf("engine: bind control socket on %s:%s: %w (is the host an address of this machine?)", m.cfg.ControlHost, port, err)
+	bindHost := strings.Trim(m.cfg.ControlHost, "[]")
+	if err := s.Bind("tcp://" + bracket(bindHost) + ":" + port); err != nil {
+		return fmt.Errorf("engine: bind control socket on %s port %s: %w (is the host an address of this machine? IPv6 addresses need IPv6 enabled on the interface)", m.cfg.ControlHost, port, err)
 	}
 	ep, err := s.GetLastEndpoint()
 	if err != nil {
@@ -433,11 +458,38 @@ func (m *Manager) bind() error {
 		return fmt.Errorf("engine: control socket endpoint %q: %w", ep, err)
 	}
 	m.port, _ = strconv.Atoi(p)
-	// Advertise a reachable address: a wildcard bind (0.0.0.0, ::) is
-	// advertised as loopback, as SGLang's register_to_bootstrap does (spec §2.1).
-	m.host = bootstrap.RegisterHost(m.cfg.ControlHost)
+	m.host = m.advertiseHost(bindHost)
 	m.endpoint = "tcp://" + net.JoinHostPort(m.host, p)
 	return nil
+}
+
+// advertiseHost returns the host this rank publishes: AdvertiseHost, the
+// bind host, or for a wildcard bind the address hostaddr.Pick chooses
+// (SGLang advertises loopback there, which no peer on another host reaches).
+func (m *Manager) advertiseHost(bindHost string) string {
+	if h := strings.Trim(m.cfg.AdvertiseHost, "[]"); h != "" {
+		return h
+	}
+	if !hostaddr.IsWildcard(bindHost) {
+		return bindHost
+	}
+	c := hostaddr.Pick(bindHost)
+	if c.Loopback {
+		m.log.Warn("control socket bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set the advertise host)",
+			"bind", bindHost, "advertised", c.Host)
+	} else {
+		m.log.Info("control socket bound to a wildcard advertises the address chosen for it (set the advertise host to choose another)",
+			"bind", bindHost, "advertised", c.Host, "interface", c.Iface, "how", c.How)
+	}
+	return c.Host
+}
+
+// bracket encloses an IPv6 address in brackets (for "host:port" forms).
+func bracket(h string) string {
+	if strings.Contains(h, ":") {
+		return "[" + h + "]"
+	}
+	return h
 }
 
 // Endpoint returns the manager's control endpoint "tcp://host:port".
@@ -578,6 +630,11 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		_ = s.SetLinger(0)
 		_ = s.SetSndtimeo(controlSendTimeout)
 		_ = s.SetImmediate(false)
+		if err := s.SetIpv6(true); err != nil { // see bind
+			_ = s.Close()
+			m.mu.Unlock()
+			return fmt.Errorf("engine: zmq PUSH socket: enable IPv6: %w", err)
+		}
 		m.monN++
 		mon, merr := m.watch(s, fmt.Sprintf("inproc://kvxfer-mon-%p-%d", m, m.monN))
 		if err := s.Connect(endpoint); err != nil {
@@ -669,7 +726,24 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 		if ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_CONNECTED {
 			ps.mu.Lock()
 			ps.unreachable = ev == zmq.EVENT_CONNECT_RETRIED
+			probe := ps.unreachable && !ps.connected && ps.dialErr == ""
+			if ev == zmq.EVENT_CONNECTED {
+				ps.connected = true
+			}
 			ps.mu.Unlock()
+			if probe {
+				// ZMQ reports a retry, not why: ask the OS once (refused,
+				// no route, timeout) so the failure can say it.
+				ps.mu.Lock()
+				ps.dialErr = "probing"
+				ps.mu.Unlock()
+				go func() {
+					why := dialProbe(ep)
+					ps.mu.Lock()
+					ps.dialErr = why
+					ps.mu.Unlock()
+				}()
+			}
 			continue
 		}
 		if ev == zmq.EVENT_MONITOR_STOPPED {
@@ -678,18 +752,55 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 	}
 }
 
-// pushUnreachable reports whether the PUSH socket to endpoint exists and its
-// connection attempts are failing (see pushSock.unreachable).
-func (m *Manager) pushUnreachable(endpoint string) bool {
+// pushState reports whether the PUSH socket to endpoint exists with its
+// connection attempts failing (see pushSock.unreachable), whether it was
+// ever connected, and what a plain dial answered.
+func (m *Manager) pushState(endpoint string) (unreachable, connected bool, dialErr string) {
 	m.mu.Lock()
 	ps := m.push[endpoint]
 	m.mu.Unlock()
 	if ps == nil {
-		return false
+		return false, false, ""
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	return ps.unreachable
+	return ps.unreachable, ps.connected, ps.dialErr
+}
+
+// dialProbe dials a "tcp://host:port" endpoint once and returns why it
+// failed ("" when it connected).
+func dialProbe(ep string) string {
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(ep, "tcp://"), time.Second)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Err != nil {
+			return op.Err.Error()
+		}
+		return err.Error()
+	}
+	_ = c.Close()
+	return ""
+}
+
+// lostError words a peer that PeerTimeout declared lost: one never reached
+// (its address is wrong or nothing listens), one reached before whose
+// reconnections fail (it exited or its host is down), or one connected
+// but silent (hung or partitioned).
+func (m *Manager) lostError(ep string) error {
+	unreachable, connected, dialErr := m.pushState(ep)
+	why := ""
+	if dialErr != "" && dialErr != "probing" {
+		why = " (" + dialErr + ")"
+	}
+	switch {
+	case unreachable && !connected:
+		return fmt.Errorf("%w: %s peer %s could not be reached: no connection to its control socket succeeded in %s%s; check that address (host, port, IPv6 brackets) and that the process listens there and is reachable from this host",
+			ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+	case unreachable:
+		return fmt.Errorf("%w: %s peer %s was reached before, but every reconnection for more than %s failed%s (the process exited or was killed, or its host is down)",
+			ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+	}
+	return fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
 }
 
 // dropPush closes the cached PUSH socket of a lost peer.
@@ -837,11 +948,7 @@ func (m *Manager) monitorLoop() {
 			_ = m.send(ep, ping, true)
 		}
 		for _, ep := range dead {
-			if m.pushUnreachable(ep) {
-				m.peerLost(ep, fmt.Errorf("%w: %s peer %s: its control socket could not be reached for more than %s, every connection attempt failed (the process exited or was killed, or its host is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout))
-				continue
-			}
-			m.peerLost(ep, fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout))
+			m.peerLost(ep, m.lostError(ep))
 		}
 		for _, s := range ss {
 			s.checkTimeout(now)

@@ -15,6 +15,12 @@ type Options struct {
 	ListenHost string
 	// ListenPort is the data port (0 = any free port).
 	ListenPort int
+	// AdvertiseHost is the host peers are told to connect to (IP or
+	// hostname). Empty: ListenHost, except that a wildcard ListenHost
+	// (0.0.0.0, ::) advertises the address of the default-route interface
+	// (else the first non-loopback address; loopback only when there is
+	// nothing else, with a warning).
+	AdvertiseHost string
 	// Streams is the number of parallel connections (or QPs) per peer; 0 means
 	// the transport's default.
 	Streams int

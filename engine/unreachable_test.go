@@ -54,7 +54,8 @@ func TestDeadRegisteredPrefillUnreachable(t *testing.T) {
 	if st != engine.KVFailed || !errors.Is(err, engine.ErrPeerLost) {
 		t.Fatalf("receiver for a dead prefill: %s %v, want Failed with ErrPeerLost", st, err)
 	}
-	if !strings.Contains(err.Error(), "could not be reached") || strings.Contains(err.Error(), "hung") {
-		t.Fatalf("failure %q: want the unreachable reason, not the silent one", err)
+	if msg := err.Error(); !strings.Contains(msg, "could not be reached") || !strings.Contains(msg, "connection refused") ||
+		strings.Contains(msg, "hung") || strings.Contains(msg, "exited") {
+		t.Fatalf("failure %q: want the unreachable reason with the dial's answer (connection refused), not the silent or exited one", err)
 	}
 }

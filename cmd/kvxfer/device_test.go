@@ -95,7 +95,7 @@ func TestDeviceFlag(t *testing.T) {
 		}
 	})
 	t.Run("shm with device memory", func(t *testing.T) {
-		ts, err := openTransports("shm", "127.0.0.1")
+		ts, err := openTransports("shm", "127.0.0.1", "")
 		if err != nil {
 			t.Skip(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
@@ -49,6 +50,7 @@ type roleFlags struct {
 	device           string
 	authToken        string
 	dirCheck         time.Duration
+	advertiseHost    string
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -83,7 +85,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp+
 			"; a decode sends it on the same routes, which SGLang's protocol has it call none of today, so one environment can configure every rank")
 	}
-	fs.StringVar(&f.host, "host", "127.0.0.1", "address for the control (ZMQ) and data listeners; peers must reach it")
+	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
+	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(engine.KVCacheDtypes, ", ")+
 		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
 	boot, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", engine.DefaultBootstrapTimeout)
@@ -95,13 +98,14 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 
 // openTransports opens the named transports ("auto" = every registered one
 // whose probe passes). It fails only when none opens.
-func openTransports(spec, host string) ([]engine.Transport, error) {
+func openTransports(spec, host, advertise string) ([]engine.Transport, error) {
 	names := engine.Transports()
 	if spec != "" && spec != "auto" {
 		names = strings.Split(spec, ",")
 	}
 	opts := engine.DefaultOptions()
-	opts.ListenHost = host
+	opts.ListenHost = strings.Trim(host, "[]")
+	opts.AdvertiseHost = advertise
 	var ts []engine.Transport
 	var reasons []string
 	for _, n := range names {
@@ -149,6 +153,11 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
+	}
+	if f.advertiseHost != "" {
+		if _, err := bootstrap.ValidateHost(f.advertiseHost); err != nil {
+			return fmt.Errorf("--advertise-host (or KVXFER_ADVERTISE_HOST) %q: %v", f.advertiseHost, err)
+		}
 	}
 	if _, err := engine.KVCacheDtypeBytes(f.kvDtype); err != nil {
 		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(engine.KVCacheDtypes, ", "))
@@ -278,7 +287,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 			slog.Debug("KV pool prefaulted", "bytes", layout.PoolBytes(), "took", time.Since(t))
 		}
 	}
-	ts, err := openTransports(f.transport, f.host)
+	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
 	if err != nil {
 		return err
 	}
@@ -294,7 +303,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
-		KVCacheDtype: f.kvDtype, ControlHost: f.host, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so

@@ -41,6 +41,7 @@
 package tcp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -58,6 +60,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
 // Name is the registry name of this transport.
@@ -136,9 +139,11 @@ var (
 // opts.ListenHost:opts.ListenPort ("127.0.0.1" and a free port by default).
 // opts.Streams sets connections per segment (0 = DefaultStreams, max 64).
 // opts.Extra["ack_timeout"] (Go duration, e.g. "5s") overrides
-// DefaultAckTimeout; opts.Extra["advertise_host"] is the host Endpoint
-// advertises (for a wildcard ListenHost). Errors: an invalid option or a listen failure (port in
-// use: pick another or use 0).
+// DefaultAckTimeout. Endpoint advertises opts.AdvertiseHost (or the legacy
+// opts.Extra["advertise_host"]) when set; a wildcard ListenHost (0.0.0.0, ::)
+// otherwise advertises the default-route interface's address (logged; a
+// warning when only loopback is left). Errors: an invalid option or a listen
+// failure (port in use: pick another or use 0).
 func New(opts engine.Options) (*Transport, error) {
 	host := opts.ListenHost
 	if host == "" {
@@ -168,9 +173,20 @@ func New(opts engine.Options) (*Transport, error) {
 		return nil, fmt.Errorf("tcp: listen on %s: %w (use port 0 for a free port)", addr, err)
 	}
 	endpoint := ln.Addr().String()
-	if h := opts.Extra["advertise_host"]; h != "" {
-		_, port, _ := net.SplitHostPort(endpoint)
-		endpoint = net.JoinHostPort(h, port)
+	_, port, _ := net.SplitHostPort(endpoint)
+	switch adv := cmp.Or(opts.AdvertiseHost, opts.Extra["advertise_host"]); {
+	case adv != "":
+		endpoint = net.JoinHostPort(strings.Trim(adv, "[]"), port)
+	case hostaddr.IsWildcard(host):
+		c := hostaddr.Pick(host)
+		endpoint = net.JoinHostPort(c.Host, port)
+		if c.Loopback {
+			slog.Warn("tcp: data listener bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set an advertise host)",
+				"listen", ln.Addr().String(), "advertised", endpoint)
+		} else {
+			slog.Info("tcp: data listener bound to a wildcard advertises the address chosen for it", "listen", ln.Addr().String(),
+				"advertised", endpoint, "interface", c.Iface, "how", c.How)
+		}
 	}
 	t := &Transport{
 		endpoint:   endpoint,
@@ -298,10 +314,9 @@ func (t *Transport) lookupLocal(addr uintptr, n uint64) (*region, error) {
 	return r, nil
 }
 
-// Endpoint returns the data listener's "host:port" (the same for every peer).
-// The host is Options.Extra["advertise_host"] when set, else the listen
-// address; a wildcard listen address (0.0.0.0 or ::) without advertise_host
-// only works on the same host.
+// Endpoint returns the data listener's "host:port" (the same for every peer,
+// IPv6 bracketed): the advertise host when set, else the listen address,
+// else for a wildcard listen address the address chosen by New.
 func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	t.mu.RLock()
 	closed := t.closed

@@ -1,0 +1,148 @@
+// Package hostaddr picks the address a listener bound to a wildcard host
+// (0.0.0.0 or ::) advertises to its peers: the address of the interface
+// that holds the default route, else the first non-loopback address, and
+// loopback only when the host has nothing else (issue 13: a prefill bound to
+// 0.0.0.0 used to register rank_ip 127.0.0.1, which no decode on another
+// host can reach).
+package hostaddr
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// IsWildcard reports whether host binds every interface: "0.0.0.0", "::"
+// or "[::]" (and their other spellings, e.g. "0:0::0").
+func IsWildcard(host string) bool {
+	h := strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	a, err := netip.ParseAddr(h)
+	return err == nil && a.Unmap().IsUnspecified()
+}
+
+// Choice is the address Pick chose and why.
+type Choice struct {
+	// Host is the IP address to advertise (IPv6 unbracketed).
+	Host string
+	// Iface is the interface holding it ("" when not known).
+	Iface string
+	// How says how it was chosen: "default route", "first non-loopback
+	// address" or "loopback: no other address".
+	How string
+	// Loopback is true when only a loopback address was left: peers on
+	// other hosts cannot reach it (callers warn).
+	Loopback bool
+}
+
+// system is what Pick reads from the host; tests replace it.
+type system struct {
+	// routeSource returns the source address the kernel uses toward a
+	// public destination of the network ("udp4" or "udp6"): the address on
+	// the default route's interface.
+	routeSource func(network string) (netip.Addr, bool)
+	// addrs lists the interfaces' addresses in interface-index order.
+	addrs func() []ifaceAddr
+}
+
+type ifaceAddr struct {
+	iface string
+	up    bool
+	loop  bool
+	addr  netip.Addr
+}
+
+var host = system{routeSource: routeSource, addrs: interfaceAddrs}
+
+// Pick chooses the address to advertise for a listener bound to the wildcard
+// bind: "0.0.0.0" looks at IPv4 addresses only, "::" at IPv6 first and then
+// IPv4 (a dual-stack listener accepts both). Link-local addresses are never
+// chosen (they need a zone peers do not know).
+func Pick(bind string) Choice { return host.pick(bind) }
+
+func (s system) pick(bind string) Choice {
+	h := strings.TrimSuffix(strings.TrimPrefix(bind, "["), "]")
+	families := []string{"udp4"}
+	if a, err := netip.ParseAddr(h); err == nil && a.Is6() && !a.Is4In6() {
+		families = []string{"udp6", "udp4"}
+	}
+	all := s.addrs()
+	ifaceOf := func(a netip.Addr) string {
+		for _, x := range all {
+			if x.addr == a {
+				return x.iface
+			}
+		}
+		return ""
+	}
+	for _, fam := range families {
+		if a, ok := s.routeSource(fam); ok && usable(a) {
+			return Choice{Host: a.String(), Iface: ifaceOf(a), How: "default route"}
+		}
+	}
+	for _, fam := range families {
+		for _, x := range all {
+			if x.up && !x.loop && usable(x.addr) && is6(fam) == x.addr.Is6() {
+				return Choice{Host: x.addr.String(), Iface: x.iface, How: "first non-loopback address"}
+			}
+		}
+	}
+	lo := "127.0.0.1"
+	if is6(families[0]) {
+		lo = "::1"
+	}
+	return Choice{Host: lo, Iface: ifaceOf(netip.MustParseAddr(lo)), How: "loopback: no other address", Loopback: true}
+}
+
+func is6(network string) bool { return network == "udp6" }
+
+// usable reports whether peers can be told to connect to a.
+func usable(a netip.Addr) bool {
+	return a.IsValid() && !a.IsUnspecified() && !a.IsLoopback() && !a.IsLinkLocalUnicast() && !a.IsMulticast()
+}
+
+// routeSource asks the kernel which source address it would use toward a
+// public address (a UDP "connect" sends nothing): the address on the
+// interface of the default route, policy routing included.
+func routeSource(network string) (netip.Addr, bool) {
+	dst := "8.8.8.8:53"
+	if network == "udp6" {
+		dst = "[2001:4860:4860::8888]:53"
+	}
+	c, err := net.Dial(network, dst)
+	if err != nil {
+		return netip.Addr{}, false // no route of this family
+	}
+	defer c.Close()
+	ua, ok := c.LocalAddr().(*net.UDPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ua.IP)
+	return a.Unmap(), ok
+}
+
+func interfaceAddrs() []ifaceAddr {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil
+	}
+	var out []ifaceAddr
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(ipn.IP)
+			if !ok {
+				continue
+			}
+			out = append(out, ifaceAddr{iface: ifc.Name, up: ifc.Flags&net.FlagUp != 0, loop: ifc.Flags&net.FlagLoopback != 0, addr: ip.Unmap()})
+		}
+	}
+	return out
+}

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 //export kvx_bootstrap_start
@@ -412,9 +413,9 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 	}
 	k, err := newKV(e, kvConfig{
 		modelName: goStr(cfg.model),
-		model: engine.ModelConfig{Name: "capi", NumLayers: int(cfg.num_layers), NumKVHeads: int(cfg.num_kv_heads),
+		model: workload.ModelConfig{Name: "capi", NumLayers: int(cfg.num_layers), NumKVHeads: int(cfg.num_kv_heads),
 			HeadDim: int(cfg.head_dim), DtypeBytes: int(cfg.dtype_bytes)},
-		layout: engine.LayoutOptions{PageSize: int(cfg.page_size), TPSize: int(cfg.tp_size), TPRank: int(cfg.tp_rank),
+		layout: workload.LayoutOptions{PageSize: int(cfg.page_size), TPSize: int(cfg.tp_size), TPRank: int(cfg.tp_rank),
 			PPSize: int(cfg.pp_size), PPRank: int(cfg.pp_rank), NumPages: int(cfg.num_pages)},
 		dpSize:           int(cfg.dp_size),
 		dpRank:           int(cfg.dp_rank),
@@ -459,9 +460,12 @@ func kvx_kv_pool(kv C.kvx_kv_t, addr *unsafe.Pointer, length *C.uint64_t) (rc C.
 	case length == nil:
 		return finish(nullArg(op, "len"))
 	}
-	b := k.pool.Bytes() // mmap memory outside the Go heap
-	*addr = unsafe.Pointer(unsafe.SliceData(b))
-	*length = C.uint64_t(len(b))
+	if k.pool == nil {
+		return finish(fail(stInvalidArgument, "%s: this KV manager runs on the caller's buffers (kv_data_ptrs); the library allocated no pool", op))
+	}
+	b := k.pool.Buffer(0).Memory // the contiguous block's first byte: mmap memory outside the Go heap
+	*addr = unsafe.Pointer(unsafe.SliceData(b.Bytes()))
+	*length = C.uint64_t(k.pool.Layout().PoolBytes())
 	return finish(nil)
 }
 
@@ -476,13 +480,16 @@ func kvx_kv_layout_get(kv C.kvx_kv_t, out *C.kvx_kv_layout) (rc C.int) {
 	case out == nil:
 		return finish(nullArg(op, "out"))
 	}
-	l := k.mgr.Layout()
-	out.item_len = C.uint64_t(l.ItemLen())
-	out.buffer_len = C.uint64_t(l.BufferLen())
-	out.pool_len = C.uint64_t(l.PoolBytes())
-	out.num_buffers = C.uint32_t(l.NumBuffers())
-	out.num_pages = C.uint32_t(l.NumPages)
-	out.page_size = C.uint32_t(l.PageSize)
+	g := k.mgr.Geometry()
+	out.item_len = C.uint64_t(g.KVItemLens[0])
+	out.buffer_len = C.uint64_t(uint64(g.NumPages()) * g.KVItemLens[0])
+	out.pool_len = 0
+	if k.pool != nil {
+		out.pool_len = C.uint64_t(k.pool.Layout().PoolBytes())
+	}
+	out.num_buffers = C.uint32_t(len(g.KVItemLens))
+	out.num_pages = C.uint32_t(g.NumPages())
+	out.page_size = C.uint32_t(g.PageSize)
 	out.reserved = 0
 	return finish(nil)
 }
@@ -527,7 +534,7 @@ func kvx_kv_sender_init(sender C.kvx_room_t, numPages C.uint32_t) (rc C.int) {
 	case numPages > 1<<30:
 		return finish(fail(stInvalidArgument, "%s: num_pages %d is over the limit of 2^30", op, numPages))
 	}
-	if err := r.sender.Init(int(numPages)); err != nil {
+	if err := r.sender.Init(int(numPages), -1); err != nil {
 		return finish(failWrap(stInvalidArgument, err, "%s", op))
 	}
 	return finish(nil)
@@ -554,7 +561,7 @@ func kvx_kv_sender_send(sender C.kvx_room_t, pages *C.int32_t, n C.uint32_t, las
 	if n > 0 {
 		ps = append(ps, unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
 	}
-	if err := checkPageList(op, ps, r.kv.mgr.Layout().NumPages); err != nil {
+	if err := checkPageList(op, ps, r.kv.mgr.NumPages()); err != nil {
 		return finish(err)
 	}
 	if err := r.sender.Send(ps, last != 0); err != nil {
@@ -622,7 +629,7 @@ func kvx_kv_receiver_init(receiver C.kvx_room_t, pages *C.int32_t, n C.uint32_t)
 		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n))
 	}
 	ps := append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
-	if err := checkPageList(op, ps, r.kv.mgr.Layout().NumPages); err != nil {
+	if err := checkPageList(op, ps, r.kv.mgr.NumPages()); err != nil {
 		return finish(err)
 	}
 	if err := r.recv.Init(ps); err != nil {

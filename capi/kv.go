@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // Handle tables of the KV-room API.
@@ -18,11 +19,12 @@ var (
 	rooms = newTable[*roomObj]()
 )
 
-// kvObj is one kvx_kv_t: a rank's engine.Manager and the KV pool it owns.
+// kvObj is one kvx_kv_t: a rank's engine.Manager and, when the library
+// allocated them (kvx_kv_config without buffers), its KV buffers.
 type kvObj struct {
 	eng  *engineObj
 	mgr  *engine.Manager
-	pool *engine.KVPool
+	pool *workload.KVBuffers // nil: the caller owns the buffers
 
 	mu     sync.Mutex
 	closed bool
@@ -32,8 +34,8 @@ type kvObj struct {
 // kvConfig is kvx_kv_config in Go types.
 type kvConfig struct {
 	modelName                        string
-	model                            engine.ModelConfig
-	layout                           engine.LayoutOptions
+	model                            workload.ModelConfig
+	layout                           workload.LayoutOptions
 	dpSize, dpRank                   int
 	checksum                         bool
 	kvCacheDtype, controlHost        string
@@ -45,17 +47,18 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 	const op = "kvx_kv_create"
 	m := c.model
 	if c.modelName != "" {
-		mc, err := engine.LookupModel(c.modelName)
+		mc, err := workload.LookupModel(c.modelName)
 		if err != nil {
 			return nil, failWrap(stInvalidArgument, err, "%s: model", op)
 		}
 		m = mc
 	}
-	l, err := engine.NewLayout(m, c.layout)
+	l, err := workload.NewLayout(m, c.layout)
 	if err != nil {
 		return nil, failWrap(stInvalidArgument, err, "%s", op)
 	}
-	pool, err := engine.NewKVPool(l, "capi-kv")
+	// One contiguous block, so kvx_kv_pool can present it as one pool.
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "capi-kv", Device: -1, Contiguous: true})
 	if err != nil {
 		return nil, failWrap(stInvalidArgument, err, "%s: KV pool of %d bytes", op, l.PoolBytes())
 	}
@@ -75,7 +78,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 	}
 	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
 		Role:             role,
-		Pool:             pool,
+		KV:               pool.Args(),
 		Transports:       []engine.Transport{e.tr},
 		BootstrapAddr:    e.bootstrapAddr,
 		DPRank:           c.dpRank,
@@ -116,8 +119,10 @@ func (k *kvObj) close() error {
 		}
 	}
 	err := k.mgr.Close()
-	if cerr := k.pool.Close(); err == nil {
-		err = cerr
+	if k.pool != nil {
+		if cerr := k.pool.Close(); err == nil {
+			err = cerr
+		}
 	}
 	return err
 }
@@ -229,7 +234,7 @@ func kvCode(err error) (status, bool) {
 func checkPageList(op string, pages []int32, numPages int) error {
 	for i, p := range pages {
 		if p < 0 || int(p) >= numPages {
-			return fail(stInvalidArgument, "%s: pages[%d] = %d is outside the pool of %d pages", op, i, p, numPages)
+			return fail(stInvalidArgument, "%s: pages[%d] = %d is beyond the KV buffers of %d pages", op, i, p, numPages)
 		}
 	}
 	return nil

@@ -11,9 +11,9 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "2"        (ControlVersion, ASCII decimal)
-//	frame 2: message type ("REGISTER", "TRANSFER", "ABORT", "ABORT_ACK",
-//	         "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING")
+//	frame 1: "3"        (ControlVersion, ASCII decimal)
+//	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
+//	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING")
 //
 // followed by the type's fields, one per frame. Scalars are ASCII decimals;
 // arrays are little-endian packed integers (SGLang's conventions), so a
@@ -24,13 +24,18 @@ const (
 	ControlMagic = "KVXFER"
 	// ControlVersion is the protocol version in frame 1. Version 2 added the
 	// segment epoch (REGISTER, TRANSFER, ABORT, STATUS, HANDSHAKE,
-	// HANDSHAKE_ACK), the token count (TRANSFER) and ABORT_ACK.
-	ControlVersion = 2
+	// HANDSHAKE_ACK), the token count (TRANSFER) and ABORT_ACK. Version 3:
+	// caller-owned buffers: REGISTER carries the decode's Geometry
+	// (per-buffer item lengths) and one region per buffer, REGISTER_ACK
+	// answers with the prefill's, TRANSFER carries the aux index, state
+	// indices and decode prefix.
+	ControlVersion = 3
 )
 
 // Control message types (frame 2).
 const (
 	MsgRegister     = "REGISTER"
+	MsgRegisterAck  = "REGISTER_ACK"
 	MsgTransfer     = "TRANSFER"
 	MsgAbort        = "ABORT"
 	MsgAbortAck     = "ABORT_ACK"
@@ -45,7 +50,7 @@ const (
 	maxPages       = 1 << 24
 	maxBuffers     = 1 << 16
 	maxTransports  = 8
-	maxRegions     = 64
+	maxRegions     = 3*maxBuffers + 1
 	maxKeyBytes    = 1 << 16
 	maxBlobBytes   = 1 << 20
 	maxStringBytes = 4096
@@ -58,35 +63,33 @@ func badFrame(msg string, idx int, format string, a ...any) error {
 	return fmt.Errorf("%w: %s frame %d: %s", ErrBadFrame, msg, idx, fmt.Sprintf(format, a...))
 }
 
-// RegisterMsg (decode → prefill, once per connection): the decode rank's KV
-// arguments, as SGLang's KV-args registration (spec §5.2.1) carries them.
+// Geometry frames (16, in REGISTER and REGISTER_ACK; see Geometry):
 //
-//	3 endpoint       decode control endpoint "tcp://ip:port" (its session id)
-//	4 tp_rank        5 tp_size
-//	6 start_layer    7 end_layer      8 num_layers (model total)
-//	9 mla (0/1)      10 page_size (tokens)
-//	11 item_len (bytes per page per buffer)   12 num_pages
-//	13 heads_per_rank
-//	14 buffer_offsets  packed u64: byte offset of each layer buffer in the KV region
-//	15 ring_slots
-//	16 epoch         segment epoch (>= 1) of this registration: the data path
-//	                 the prefill opens for it carries it (SegmentInfo.Epoch),
-//	                 and so do TRANSFER, the metadata record and ABORT_ACK
-//	17 transport count n, then per transport 3 frames:
+//	tp_rank, tp_size, pp_rank, pp_size, start_layer, end_layer, mla (0/1),
+//	page_size (tokens), kv_head_num, total_kv_head_num (ASCII decimals), then
+//	packed u64 lists: kv_item_lens, kv_items (pages per buffer),
+//	aux_item_lens, aux_items (rows), state_item_lens, state_items (slots).
+const geometryFrames = 16
+
+// RegisterMsg (decode → prefill, once per connection): the decode rank's KV
+// arguments, as SGLang's KV-args registration (spec §5.2.1) carries them,
+// with one region ID and item length per buffer.
+//
+//	3 endpoint        decode control endpoint "tcp://ip:port" (its session id)
+//	4–19 geometry     the decode's Geometry (16 frames, see geometryFrames)
+//	20 ring_slots
+//	21 epoch          segment epoch (>= 1) of this registration: the data path
+//	                  the prefill opens for it carries it (SegmentInfo.Epoch),
+//	                  and so do TRANSFER, the metadata record and ABORT_ACK
+//	22 transport count n, then per transport 3 frames:
 //	   name, endpoint blob, region table (packed: u32 count, then per region
 //	   u32 id, u64 addr, u64 length, u8 kind, u32 key length, key bytes);
-//	   region 0 is the KV pool, region 1 the metadata ring.
+//	   region 0 is the metadata ring, then one per KV buffer, one per aux
+//	   buffer and one per state buffer, in KVArgs order.
 type RegisterMsg struct {
-	Endpoint                       string
-	TPRank, TPSize                 int
-	StartLayer, EndLayer, NumLayer int
-	MLA                            bool
-	PageSize                       int
-	ItemLen                        uint64
-	NumPages                       int
-	HeadsPerRank                   int
-	BufferOffsets                  []uint64
-	RingSlots                      int
+	Endpoint  string
+	Geometry  Geometry
+	RingSlots int
 	// Epoch is the segment epoch of this registration (>= 1). A decode
 	// registers again, with a new epoch, after it fenced the previous data
 	// path to this prefill rank.
@@ -94,14 +97,39 @@ type RegisterMsg struct {
 	Transports []TransportOffer
 }
 
+// RegisterAckMsg (prefill → decode, answering REGISTER): whether the prefill
+// accepts the decode's KV arguments, and its own geometry, so the decode can
+// pair buffers and check records exactly as the prefill writes them.
+//
+//	3 prefill endpoint   4 refusal ("" = accepted; else why, naming both sides)
+//	5–20 geometry        the prefill's Geometry
+//	21 epoch             the REGISTER's epoch, echoed
+type RegisterAckMsg struct {
+	Endpoint string
+	Err      string
+	Geometry Geometry
+	Epoch    uint64
+}
+
 // TransportOffer is one transport a decode rank opened: its name, its
-// endpoint blob (Transport.Endpoint) and its registered regions (KV pool,
-// metadata ring).
+// endpoint blob (Transport.Endpoint) and its registered regions: the
+// metadata ring and one region per KV, aux and state buffer.
 type TransportOffer struct {
 	Name     string
 	Endpoint []byte
-	KV       RegionDesc
 	Ring     RegionDesc
+	KV       []RegionDesc
+	Aux      []RegionDesc
+	State    []RegionDesc
+}
+
+// regions is the offer's region table in wire order.
+func (t TransportOffer) regions() []RegionDesc {
+	out := make([]RegionDesc, 0, 1+len(t.KV)+len(t.Aux)+len(t.State))
+	out = append(out, t.Ring)
+	out = append(out, t.KV...)
+	out = append(out, t.Aux...)
+	return append(out, t.State...)
 }
 
 // TransferMsg (decode → prefill, per request and per producer; spec §5.2.2):
@@ -113,6 +141,10 @@ type TransportOffer struct {
 //	10 epoch: the registration's segment epoch (RegisterMsg.Epoch)
 //	11 tokens: the request's token count as the decode knows it (0 = not
 //	   declared); a producer that declared another count fails the room
+//	12 aux index: the decode's aux row this producer writes ("" = none)
+//	13 state indices, packed int32 ("" = none)
+//	14 decode_prefix_len: prompt tokens the decode already holds (whole
+//	   pages); Pages are those of the tokens after them
 type TransferMsg struct {
 	Room               uint64
 	Endpoint           string
@@ -124,6 +156,12 @@ type TransferMsg struct {
 	Checksum           bool
 	Epoch              uint64
 	Tokens             int
+	// AuxIndex is the decode's aux row, or -1 when this producer writes none.
+	AuxIndex int
+	// StateIndices are the decode's state slots (nil: none).
+	StateIndices []int32
+	// PrefixTokens is SGLang's decode_prefix_len.
+	PrefixTokens int
 }
 
 // AbortMsg (either direction): 3 room, 4 sender endpoint, 5 reason, 6 epoch
@@ -213,27 +251,41 @@ func b01(v bool) []byte {
 	return []byte("0")
 }
 
+func encodeGeometry(f [][]byte, g *Geometry) [][]byte {
+	return append(f, deci(g.TPRank), deci(g.TPSize), deci(g.PPRank), deci(g.PPSize), deci(g.StartLayer), deci(g.EndLayer), b01(g.MLA),
+		deci(g.PageSize), deci(g.KVHeadNum), deci(g.TotalKVHeadNum), PackU64(g.KVItemLens), PackU64(g.KVItems),
+		PackU64(g.AuxItemLens), PackU64(g.AuxItems), PackU64(g.StateItemLens), PackU64(g.StateItems))
+}
+
 // Encode returns the message's frames.
 func (m *RegisterMsg) Encode() [][]byte {
-	f := header(MsgRegister)
-	f = append(f, []byte(m.Endpoint), deci(m.TPRank), deci(m.TPSize), deci(m.StartLayer), deci(m.EndLayer), deci(m.NumLayer),
-		b01(m.MLA), deci(m.PageSize), dec(m.ItemLen), deci(m.NumPages), deci(m.HeadsPerRank), PackU64(m.BufferOffsets),
-		deci(m.RingSlots), dec(m.Epoch), deci(len(m.Transports)))
+	f := append(header(MsgRegister), []byte(m.Endpoint))
+	f = encodeGeometry(f, &m.Geometry)
+	f = append(f, deci(m.RingSlots), dec(m.Epoch), deci(len(m.Transports)))
 	for _, t := range m.Transports {
-		f = append(f, []byte(t.Name), t.Endpoint, PackRegions([]RegionDesc{t.KV, t.Ring}))
+		f = append(f, []byte(t.Name), t.Endpoint, PackRegions(t.regions()))
 	}
 	return f
 }
 
 // Encode returns the message's frames.
+func (m *RegisterAckMsg) Encode() [][]byte {
+	f := append(header(MsgRegisterAck), []byte(m.Endpoint), []byte(m.Err))
+	return append(encodeGeometry(f, &m.Geometry), dec(m.Epoch))
+}
+
+// Encode returns the message's frames.
 func (m *TransferMsg) Encode() [][]byte {
 	f := header(MsgTransfer)
-	pages, slot := PackI32(m.Pages), deci(m.Slot)
+	pages, slot, aux, state := PackI32(m.Pages), deci(m.Slot), []byte{}, PackI32(m.StateIndices)
+	if m.AuxIndex >= 0 {
+		aux = deci(m.AuxIndex)
+	}
 	if m.Dummy {
-		pages, slot = []byte{}, []byte{}
+		pages, slot, aux, state = []byte{}, []byte{}, []byte{}, []byte{}
 	}
 	return append(f, dec(m.Room), []byte(m.Endpoint), pages, slot, dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum),
-		dec(m.Epoch), deci(m.Tokens))
+		dec(m.Epoch), deci(m.Tokens), aux, state, deci(m.PrefixTokens))
 }
 
 // Encode returns the message's frames.
@@ -279,7 +331,7 @@ func ControlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
+	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, trunc(parts[2]))
@@ -293,7 +345,7 @@ func trunc(b []byte) string {
 }
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
-// *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
+// *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
 // *HandshakeAckMsg, *PingMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := ControlType(parts)
@@ -303,6 +355,8 @@ func DecodeControl(parts [][]byte) (any, error) {
 	switch t {
 	case MsgRegister:
 		return DecodeRegister(parts)
+	case MsgRegisterAck:
+		return DecodeRegisterAck(parts)
 	case MsgTransfer:
 		return DecodeTransfer(parts)
 	case MsgAbort:
@@ -395,61 +449,94 @@ const (
 	maxTokens = 1<<31 - 1
 )
 
+// geometry reads the 16 geometry frames starting at frame i and checks them:
+// ranks inside their sizes, a non-empty layer range, positive page size and
+// heads, one KV item length and count per buffer of the layer range, and
+// non-zero item lengths and counts everywhere.
+func (r *frameReader) geometry(i int) Geometry {
+	g := Geometry{
+		TPRank:         r.int(i, 1<<16, "tp_rank"),
+		TPSize:         r.int(i+1, 1<<16, "tp_size"),
+		PPRank:         r.int(i+2, 1<<16, "pp_rank"),
+		PPSize:         r.int(i+3, 1<<16, "pp_size"),
+		StartLayer:     r.int(i+4, 1<<16, "start_layer"),
+		EndLayer:       r.int(i+5, 1<<16, "end_layer"),
+		MLA:            r.bool(i+6, "mla"),
+		PageSize:       r.int(i+7, 1<<20, "page_size"),
+		KVHeadNum:      r.int(i+8, 1<<16, "kv_head_num"),
+		TotalKVHeadNum: r.int(i+9, 1<<16, "total_kv_head_num"),
+	}
+	lists := []*[]uint64{&g.KVItemLens, &g.KVItems, &g.AuxItemLens, &g.AuxItems, &g.StateItemLens, &g.StateItems}
+	names := []string{"kv_item_lens", "kv_items", "aux_item_lens", "aux_items", "state_item_lens", "state_items"}
+	for k, l := range lists {
+		vs, err := UnpackU64(r.parts[i+10+k], maxBuffers)
+		if err != nil {
+			r.fail(i+10+k, "%s: %v", names[k], err)
+			return g
+		}
+		for _, v := range vs {
+			if v == 0 || v > 1<<46 {
+				r.fail(i+10+k, "%s: entry %d out of range [1, 2^46]", names[k], v)
+				return g
+			}
+		}
+		if len(vs) > 0 {
+			*l = vs
+		}
+	}
+	if r.err != nil {
+		return g
+	}
+	want := g.EndLayer - g.StartLayer
+	if !g.MLA {
+		want *= 2
+	}
+	switch {
+	case g.TPSize == 0 || g.TPRank >= g.TPSize:
+		r.fail(i, "tp_rank %d not in [0, tp_size %d)", g.TPRank, g.TPSize)
+	case g.PPSize == 0 || g.PPRank >= g.PPSize:
+		r.fail(i+2, "pp_rank %d not in [0, pp_size %d)", g.PPRank, g.PPSize)
+	case g.StartLayer >= g.EndLayer:
+		r.fail(i+4, "layers [%d, %d) are empty", g.StartLayer, g.EndLayer)
+	case g.PageSize == 0 || g.KVHeadNum == 0 || g.TotalKVHeadNum == 0:
+		r.fail(i+7, "page_size, kv_head_num and total_kv_head_num must be > 0")
+	case len(g.KVItemLens) != want || len(g.KVItems) != want:
+		r.fail(i+10, "%d KV item lengths and %d counts, want %d each for layers [%d, %d) (mla %v)", len(g.KVItemLens), len(g.KVItems), want, g.StartLayer, g.EndLayer, g.MLA)
+	case len(g.AuxItemLens) != len(g.AuxItems):
+		r.fail(i+12, "%d aux item lengths but %d row counts", len(g.AuxItemLens), len(g.AuxItems))
+	case len(g.StateItemLens) != len(g.StateItems):
+		r.fail(i+14, "%d state item lengths but %d slot counts", len(g.StateItemLens), len(g.StateItems))
+	}
+	return g
+}
+
 // DecodeRegister decodes a REGISTER message. Errors wrap ErrBadFrame.
 func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
-	r, err := newReader(parts, MsgRegister, 18, false)
+	const fixed = 4 + geometryFrames + 3 // header, endpoint, geometry, ring_slots, epoch, transport count
+	r, err := newReader(parts, MsgRegister, fixed, false)
 	if err != nil {
 		return nil, err
 	}
-	m := &RegisterMsg{
-		Endpoint:     r.endpoint(3),
-		TPRank:       r.int(4, 1<<16, "tp_rank"),
-		TPSize:       r.int(5, 1<<16, "tp_size"),
-		StartLayer:   r.int(6, 1<<16, "start_layer"),
-		EndLayer:     r.int(7, 1<<16, "end_layer"),
-		NumLayer:     r.int(8, 1<<16, "num_layers"),
-		MLA:          r.bool(9, "mla"),
-		PageSize:     r.int(10, 1<<20, "page_size"),
-		ItemLen:      r.uint(11, 1<<40, "item_len"),
-		NumPages:     r.int(12, maxPages, "num_pages"),
-		HeadsPerRank: r.int(13, 1<<16, "heads_per_rank"),
-		RingSlots:    r.int(15, 1<<20, "ring_slots"),
-		Epoch:        r.uint(16, maxEpoch, "epoch"),
-	}
-	n := r.int(17, maxTransports, "transport count")
-	if r.err != nil {
-		return nil, r.err
-	}
+	m := &RegisterMsg{Endpoint: r.endpoint(3), Geometry: r.geometry(4)}
+	m.RingSlots = r.int(fixed-3, 1<<20, "ring_slots")
+	m.Epoch = r.uint(fixed-2, maxEpoch, "epoch")
+	n := r.int(fixed-1, maxTransports, "transport count")
 	switch {
-	case m.TPSize == 0 || m.TPRank >= m.TPSize:
-		r.fail(4, "tp_rank %d not in [0, tp_size %d)", m.TPRank, m.TPSize)
-	case m.StartLayer >= m.EndLayer || m.EndLayer > m.NumLayer:
-		r.fail(6, "layers [%d, %d) not inside [0, %d)", m.StartLayer, m.EndLayer, m.NumLayer)
-	case m.PageSize == 0 || m.ItemLen == 0 || m.NumPages == 0 || m.HeadsPerRank == 0 || m.RingSlots == 0:
-		r.fail(10, "page_size, item_len, num_pages, heads_per_rank and ring_slots must be > 0")
+	case r.err != nil:
+	case m.RingSlots == 0:
+		r.fail(fixed-3, "ring_slots must be > 0")
 	case m.Epoch == 0:
-		r.fail(16, "epoch must be >= 1")
-	}
-	offs, err := UnpackU64(parts[14], maxBuffers)
-	if err != nil {
-		r.fail(14, "buffer_offsets: %v", err)
-	}
-	m.BufferOffsets = offs
-	want := m.EndLayer - m.StartLayer
-	if !m.MLA {
-		want *= 2
-	}
-	if r.err == nil && len(offs) != want {
-		r.fail(14, "buffer_offsets has %d entries, want %d for layers [%d, %d)", len(offs), want, m.StartLayer, m.EndLayer)
-	}
-	if r.err == nil && len(parts) != 18+3*n {
-		r.fail(17, "%d transports need %d frames, message has %d", n, 18+3*n, len(parts))
+		r.fail(fixed-2, "epoch must be >= 1")
+	case len(parts) != fixed+3*n:
+		r.fail(fixed-1, "%d transports need %d frames, message has %d", n, fixed+3*n, len(parts))
 	}
 	if r.err != nil {
 		return nil, r.err
 	}
+	g := &m.Geometry
+	nkv, naux, nst := len(g.KVItemLens), len(g.AuxItemLens), len(g.StateItemLens)
 	for k := 0; k < n; k++ {
-		i := 18 + 3*k
+		i := fixed + 3*k
 		name := r.str(i, "transport name")
 		if len(parts[i+1]) > maxBlobBytes {
 			r.fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), maxBlobBytes)
@@ -457,8 +544,8 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 		regs, err := UnpackRegions(parts[i+2])
 		if err != nil {
 			r.fail(i+2, "region table: %v", err)
-		} else if len(regs) != 2 {
-			r.fail(i+2, "region table has %d regions, want 2 (KV pool, metadata ring)", len(regs))
+		} else if len(regs) != 1+nkv+naux+nst {
+			r.fail(i+2, "region table has %d regions, want %d (metadata ring, %d KV, %d aux, %d state buffers)", len(regs), 1+nkv+naux+nst, nkv, naux, nst)
 		}
 		if name == "" {
 			r.fail(i, "transport name is empty")
@@ -466,14 +553,29 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 		if r.err != nil {
 			return nil, r.err
 		}
-		m.Transports = append(m.Transports, TransportOffer{Name: name, Endpoint: append([]byte(nil), parts[i+1]...), KV: regs[0], Ring: regs[1]})
+		m.Transports = append(m.Transports, TransportOffer{Name: name, Endpoint: append([]byte(nil), parts[i+1]...), Ring: regs[0],
+			KV: regs[1 : 1+nkv], Aux: regs[1+nkv : 1+nkv+naux], State: regs[1+nkv+naux:]})
+	}
+	return m, nil
+}
+
+// DecodeRegisterAck decodes a REGISTER_ACK message. Errors wrap ErrBadFrame.
+func DecodeRegisterAck(parts [][]byte) (*RegisterAckMsg, error) {
+	r, err := newReader(parts, MsgRegisterAck, 6+geometryFrames, true)
+	if err != nil {
+		return nil, err
+	}
+	m := &RegisterAckMsg{Endpoint: r.endpoint(3), Err: r.str(4, "refusal"), Geometry: r.geometry(5)}
+	m.Epoch = r.uint(5+geometryFrames, maxEpoch, "epoch")
+	if r.err != nil {
+		return nil, r.err
 	}
 	return m, nil
 }
 
 // DecodeTransfer decodes a TRANSFER message. Errors wrap ErrBadFrame.
 func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
-	r, err := newReader(parts, MsgTransfer, 12, true)
+	r, err := newReader(parts, MsgTransfer, 15, true)
 	if err != nil {
 		return nil, err
 	}
@@ -485,6 +587,8 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		Checksum:           r.bool(9, "checksum"),
 		Epoch:              r.uint(10, maxEpoch, "epoch"),
 		Tokens:             r.int(11, maxTokens, "tokens"),
+		AuxIndex:           -1,
+		PrefixTokens:       r.int(14, maxTokens, "decode_prefix_len"),
 	}
 	if r.err == nil && m.RequiredDstInfoNum == 0 {
 		r.fail(8, "required_dst_info_num must be >= 1")
@@ -507,6 +611,22 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 			}
 		}
 		m.Pages = pages
+		if len(parts[12]) > 0 {
+			m.AuxIndex = r.int(12, 1<<31-1, "aux index")
+		}
+		st, err := UnpackI32(parts[13], maxPages)
+		if err != nil {
+			r.fail(13, "state indices: %v", err)
+		}
+		for _, p := range st {
+			if p < 0 {
+				r.fail(13, "state index %d is negative", p)
+				break
+			}
+		}
+		if len(st) > 0 {
+			m.StateIndices = st
+		}
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -3,26 +3,42 @@ package engine
 import (
 	"bytes"
 	"errors"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
 )
 
+func sampleGeometry() Geometry {
+	return Geometry{TPRank: 1, TPSize: 2, PPRank: 0, PPSize: 1, StartLayer: 0, EndLayer: 2, PageSize: 16, KVHeadNum: 4, TotalKVHeadNum: 8,
+		KVItemLens: []uint64{4096, 4096, 4096, 4096}, KVItems: []uint64{100, 100, 100, 99},
+		AuxItemLens: []uint64{64, 512}, AuxItems: []uint64{32, 32}}
+}
+
 func sampleRegister() *RegisterMsg {
-	return &RegisterMsg{Endpoint: "tcp://127.0.0.1:5555", TPRank: 1, TPSize: 2, StartLayer: 0, EndLayer: 2, NumLayer: 2,
-		PageSize: 16, ItemLen: 4096, NumPages: 100, HeadsPerRank: 4, BufferOffsets: []uint64{0, 409600, 819200, 1228800}, RingSlots: 64, Epoch: 77,
+	kv := func(base RegionID, kind MemoryKind, key []byte) []RegionDesc {
+		var out []RegionDesc
+		for i := range 4 {
+			out = append(out, RegionDesc{ID: base + RegionID(i), Addr: 0x7f0000000000 + uint64(i)<<20, Length: 409600, Kind: kind, Key: key})
+		}
+		return out
+	}
+	aux := []RegionDesc{{ID: 20, Addr: 0x7f2000000000, Length: 2048}, {ID: 21, Addr: 0x7f3000000000, Length: 16384}}
+	return &RegisterMsg{Endpoint: "tcp://127.0.0.1:5555", Geometry: sampleGeometry(), RingSlots: 64, Epoch: 77,
 		Transports: []TransportOffer{
-			{Name: "tcp", Endpoint: []byte("127.0.0.1:4000"), KV: RegionDesc{ID: 1, Addr: 0x7f0000000000, Length: 1638400}, Ring: RegionDesc{ID: 2, Addr: 0x7f1000000000, Length: 4096}},
-			{Name: "rdma", Endpoint: []byte{0, 1, 2, 255}, KV: RegionDesc{ID: 7, Length: 1638400, Kind: MemoryCUDA, Key: []byte{9, 9}}, Ring: RegionDesc{ID: 8, Length: 4096, Key: []byte{1}}},
+			{Name: "tcp", Endpoint: []byte("127.0.0.1:4000"), Ring: RegionDesc{ID: 2, Addr: 0x7f1000000000, Length: 4096}, KV: kv(3, MemoryHost, nil), Aux: aux, State: []RegionDesc{}},
+			{Name: "rdma", Endpoint: []byte{0, 1, 2, 255}, Ring: RegionDesc{ID: 8, Length: 4096, Key: []byte{1}}, KV: kv(9, MemoryCUDA, []byte{9, 9}), Aux: aux, State: []RegionDesc{}},
 		}}
 }
 
 func TestControlRoundTrip(t *testing.T) {
 	msgs := []interface{ Encode() [][]byte }{
 		sampleRegister(),
-		&TransferMsg{Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true, Epoch: 5, Tokens: 61},
-		&TransferMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1, Epoch: 1<<63 - 1},
+		&RegisterAckMsg{Endpoint: "tcp://h:2", Geometry: sampleGeometry(), Epoch: 77},
+		&RegisterAckMsg{Endpoint: "tcp://h:2", Err: "aux buffer counts differ", Geometry: sampleGeometry(), Epoch: 1},
+		&TransferMsg{Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true, Epoch: 5, Tokens: 61, AuxIndex: -1},
+		&TransferMsg{Room: 3, Endpoint: "tcp://[::1]:9", Pages: []int32{8}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 5, StateIndices: []int32{2, 0}, PrefixTokens: 512},
+		&TransferMsg{Room: 4, Endpoint: "tcp://[::1]:9", Pages: []int32{}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 0, PrefixTokens: 64},
+		&TransferMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1, Epoch: 1<<63 - 1, AuxIndex: -1},
 		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout", Epoch: 9},
 		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout"},
 		&AbortAckMsg{Room: 42, Endpoint: "tcp://h:2", Producer: 3, Epoch: 9, Clean: true},
@@ -58,7 +74,7 @@ func TestControlRejects(t *testing.T) {
 	}{
 		{"empty", nil, "0 frames"},
 		{"magic", mod(0, "NixlMsgGuard"), "want magic"},
-		{"version", mod(1, "1"), "protocol version \"1\" not supported"},
+		{"version", mod(1, "2"), "protocol version \"2\" not supported"},
 		{"type", mod(2, "FOO"), "unknown message type"},
 		{"room sign", mod(3, "-1"), "room"},
 		{"room overflow", mod(3, "9223372036854775808"), "out of range"},
@@ -66,7 +82,7 @@ func TestControlRejects(t *testing.T) {
 		{"state", mod(4, "5"), "state"},
 		{"endpoint", mod(6, ""), "endpoint is empty"},
 		{"frames", good[:7], "want 9"},
-		{"odd pages", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:5], "want 12"},
+		{"odd pages", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:5], "want 15"},
 		{"transfer epoch 0", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1}).Encode(), "epoch must be >= 1"},
 		{"register epoch 0", func() [][]byte { m := sampleRegister(); m.Epoch = 0; return m.Encode() }(), "epoch must be >= 1"},
 		{"tokens sign", func() [][]byte {
@@ -96,15 +112,45 @@ func TestControlRejects(t *testing.T) {
 	if _, err := DecodeTransfer(tr); err == nil {
 		t.Fatal("3-byte page array accepted")
 	}
-	reg := sampleRegister().Encode()
-	reg[14] = reg[14][:8]
-	if _, err := DecodeRegister(reg); err == nil || !strings.Contains(err.Error(), "buffer_offsets has 1 entries, want 4") {
-		t.Fatalf("short offsets: %v", err)
+	tr = (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: -1, StateIndices: []int32{-1}}).Encode()
+	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "state index -1 is negative") {
+		t.Fatalf("negative state index accepted: %v", err)
 	}
-	reg = sampleRegister().Encode()
+	tr[12] = []byte("x")
+	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "aux index") {
+		t.Fatalf("bad aux index accepted: %v", err)
+	}
+	regCases := []struct {
+		frame int
+		val   []byte
+		want  string
+	}{
+		{14, PackU64([]uint64{4096}), "1 KV item lengths and 4 counts, want 4 each"},
+		{15, PackU64([]uint64{1, 2, 3, 0}), "kv_items: entry 0 out of range"},
+		{16, PackU64([]uint64{64}), "1 aux item lengths but 2 row counts"},
+		{8, []byte("2"), "layers [2, 2) are empty"},
+		{6, []byte("1"), "pp_rank 1 not in [0, pp_size 1)"},
+		{12, []byte("0"), "kv_head_num and total_kv_head_num must be > 0"},
+		{20, []byte("0"), "ring_slots must be > 0"},
+		{21, []byte("0"), "epoch must be >= 1"},
+	}
+	for _, c := range regCases {
+		reg := sampleRegister().Encode()
+		reg[c.frame] = c.val
+		if _, err := DecodeRegister(reg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("REGISTER frame %d = %q: err %v, want %q", c.frame, c.val, err, c.want)
+		}
+	}
+	reg := sampleRegister().Encode()
 	reg[len(reg)-1] = reg[len(reg)-1][:10]
 	if _, err := DecodeRegister(reg); err == nil || !strings.Contains(err.Error(), "region table") {
 		t.Fatalf("short region table: %v", err)
+	}
+	// A table missing one buffer's region is refused, naming the expected count.
+	o := sampleRegister()
+	o.Transports[0].KV = o.Transports[0].KV[:3]
+	if _, err := DecodeRegister(o.Encode()); err == nil || !strings.Contains(err.Error(), "region table has 6 regions, want 7 (metadata ring, 4 KV, 2 aux, 0 state buffers)") {
+		t.Fatalf("missing KV region: %v", err)
 	}
 }
 
@@ -166,150 +212,11 @@ func TestMetaRing(t *testing.T) {
 	}
 }
 
-func TestLayouts(t *testing.T) {
-	cases := []struct {
-		model           string
-		tp, tpRank, pp  int
-		ppRank          int
-		itemLen         uint64
-		buffers, layers int
-		start           int
-	}{
-		{"llama-3.1-8b", 1, 0, 1, 0, 16 * 8 * 128 * 2, 64, 32, 0},
-		{"llama-3.1-8b", 2, 1, 1, 0, 16 * 4 * 128 * 2, 64, 32, 0},
-		{"llama-3.1-8b", 16, 3, 1, 0, 16 * 1 * 128 * 2, 64, 32, 0}, // GQA replicas
-		{"llama-3.1-70b", 1, 0, 2, 1, 16 * 8 * 128 * 2, 80, 40, 40},
-		{"qwen2.5-7b", 1, 0, 3, 2, 16 * 4 * 128 * 2, 18, 9, 19},
-		{"qwen3-32b", 8, 7, 1, 0, 16 * 1 * 128 * 2, 128, 64, 0},
-		{"deepseek-v3", 8, 5, 1, 0, 16 * 576 * 2, 61, 61, 0}, // MLA: replicated latent
-	}
-	for _, c := range cases {
-		m, err := LookupModel(c.model)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := NewLayout(m, LayoutOptions{TPSize: c.tp, TPRank: c.tpRank, PPSize: c.pp, PPRank: c.ppRank, NumPages: 10})
-		if err != nil {
-			t.Fatalf("%s: %v", c.model, err)
-		}
-		if l.ItemLen() != c.itemLen || l.NumBuffers() != c.buffers || l.Layers() != c.layers || l.StartLayer != c.start {
-			t.Errorf("%s tp %d/%d pp %d/%d: item %d buffers %d layers %d start %d; want %d %d %d %d", c.model, c.tpRank, c.tp, c.ppRank, c.pp,
-				l.ItemLen(), l.NumBuffers(), l.Layers(), l.StartLayer, c.itemLen, c.buffers, c.layers, c.start)
-		}
-		if l.PoolBytes() != uint64(c.buffers)*10*c.itemLen {
-			t.Errorf("%s: pool bytes %d", c.model, l.PoolBytes())
-		}
-	}
-	m, _ := LookupModel("llama-3.1-8b")
-	for _, o := range []LayoutOptions{{TPSize: 3, NumPages: 1}, {TPSize: 2, TPRank: 2, NumPages: 1}, {PPSize: 33, NumPages: 1}, {NumPages: 0}} {
-		if _, err := NewLayout(m, o); err == nil {
-			t.Errorf("layout %+v accepted", o)
-		}
-	}
-	if _, err := LookupModel("gpt-9"); err == nil || !strings.Contains(err.Error(), "llama-3.1-8b") {
-		t.Errorf("unknown model error does not list the built-ins: %v", err)
-	}
-}
-
-func TestSliceHeads(t *testing.T) {
-	m := ModelConfig{NumLayers: 2, NumKVHeads: 8, HeadDim: 128, DtypeBytes: 2}
-	lay := func(tp, r int) *Layout {
-		l, err := NewLayout(m, LayoutOptions{TPSize: tp, TPRank: r, NumPages: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	hb := uint64(256)
-	cases := []struct {
-		src, dst       *Layout
-		srcOff, dstOff uint64
-		length         uint64
-	}{
-		{lay(1, 0), lay(1, 0), 0, 0, 8 * hb},
-		{lay(2, 0), lay(1, 0), 0, 0, 4 * hb},
-		{lay(2, 1), lay(1, 0), 0, 4 * hb, 4 * hb},
-		{lay(1, 0), lay(2, 1), 4 * hb, 0, 4 * hb},
-		{lay(4, 3), lay(2, 1), 0, 2 * hb, 2 * hb},
-		{lay(2, 1), lay(16, 15), 3 * hb, 0, hb}, // decode rank 15 holds head 7 = src rank 1's head 3
-	}
-	for i, c := range cases {
-		s, err := SliceHeads(c.src, c.dst)
-		if err != nil || s.SrcOffset != c.srcOff || s.DstOffset != c.dstOff || s.Length != c.length {
-			t.Errorf("case %d: %+v %v; want src %d dst %d len %d", i, s, err, c.srcOff, c.dstOff, c.length)
-		}
-	}
-}
-
-func TestLoadHFConfig(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := dir + "/" + name
-		if err := osWriteFile(p, body); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	m, err := LoadHFConfig(write("llama.json", `{"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "torch_dtype": "bfloat16"}`))
-	if err != nil || m.NumLayers != 32 || m.NumKVHeads != 8 || m.HeadDim != 128 || m.DtypeBytes != 2 || m.MLA {
-		t.Fatalf("llama config: %+v %v", m, err)
-	}
-	m, err = LoadHFConfig(write("ds.json", `{"num_hidden_layers": 61, "num_attention_heads": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}`))
-	if err != nil || !m.MLA || m.HeadDim != 576 || m.NumKVHeads != 1 {
-		t.Fatalf("deepseek config: %+v %v", m, err)
-	}
-	m, err = LookupModel(write("vl.json", `{"text_config": {"num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 64}}`))
-	if err != nil || m.NumLayers != 4 || m.HeadDim != 64 {
-		t.Fatalf("nested text_config: %+v %v", m, err)
-	}
-	for body, want := range map[string]string{
-		`{"num_attention_heads": 4}`: "num_hidden_layers",
-		`{"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100}`:                      "not a positive multiple",
-		`{"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8, "torch_dtype": "int4"}`: "torch_dtype",
-		`[1,2]`: "not valid JSON",
-	} {
-		if _, err := LoadHFConfig(write("bad.json", body)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: err %v, want %q", body, err, want)
-		}
-	}
-}
-
-func TestPageAllocator(t *testing.T) {
-	a := NewPageAllocator(8)
-	p1, err := a.Alloc(3)
-	if err != nil || !reflect.DeepEqual(p1, []int32{0, 1, 2}) {
-		t.Fatalf("alloc 3: %v %v", p1, err)
-	}
-	p2, _ := a.Alloc(4)
-	if _, err := a.Alloc(2); !errors.Is(err, ErrPoolExhausted) {
-		t.Fatalf("over-allocation: %v", err)
-	}
-	if err := a.Free([]int32{1}); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Free([]int32{1}); err == nil {
-		t.Fatal("double free accepted")
-	}
-	if err := a.Free([]int32{8}); err == nil {
-		t.Fatal("out-of-range free accepted")
-	}
-	if err := a.Free([]int32{0, 0}); err == nil || a.FreePages() != 2 {
-		t.Fatalf("duplicate in one free: %v, free %d", err, a.FreePages())
-	}
-	p3, _ := a.Alloc(2)
-	if !reflect.DeepEqual(p3, []int32{1, 7}) {
-		t.Fatalf("lowest-first after free: %v", p3)
-	}
-	_ = p2
-	if _, err := a.Alloc(-1); err == nil {
-		t.Fatal("negative count accepted")
-	}
-}
-
 func FuzzDecodeControl(f *testing.F) {
 	for _, m := range []interface{ Encode() [][]byte }{
 		sampleRegister(),
-		&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 3, Tokens: 7},
+		&RegisterAckMsg{Endpoint: "tcp://h:2", Geometry: sampleGeometry(), Epoch: 2},
+		&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 3, Tokens: 7, AuxIndex: 3, StateIndices: []int32{1}, PrefixTokens: 16},
 		&StatusMsg{Room: 1, State: KVSuccess, Endpoint: "tcp://h:1", Epoch: 2},
 		&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 4},
 		&AbortAckMsg{Room: 1, Endpoint: "e", Producer: 1, Epoch: 4, Clean: true, Detail: "d"},
@@ -342,14 +249,33 @@ func FuzzDecodeRegister(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		parts := append(header(MsgRegister), bytes.Split(data, []byte{0})...)
 		m, err := DecodeRegister(parts)
-		if err == nil && (m.TPRank >= m.TPSize || m.StartLayer >= m.EndLayer || len(m.Transports) > maxTransports) {
+		if err != nil {
+			return
+		}
+		g := m.Geometry
+		if g.TPRank >= g.TPSize || g.StartLayer >= g.EndLayer || len(m.Transports) > maxTransports || len(g.KVItemLens) != len(g.KVItems) || m.Epoch < 1 {
 			t.Fatalf("accepted inconsistent REGISTER %+v", m)
+		}
+		for _, o := range m.Transports {
+			if len(o.KV) != len(g.KVItemLens) || len(o.Aux) != len(g.AuxItemLens) || len(o.State) != len(g.StateItemLens) {
+				t.Fatalf("accepted a region table that does not match the buffers: %+v", o)
+			}
+		}
+	})
+}
+
+func FuzzDecodeRegisterAck(f *testing.F) {
+	f.Add(bytes.Join((&RegisterAckMsg{Endpoint: "tcp://h:2", Err: "x", Geometry: sampleGeometry(), Epoch: 3}).Encode()[3:], []byte{0}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := DecodeRegisterAck(append(header(MsgRegisterAck), bytes.Split(data, []byte{0})...))
+		if err == nil && (m.Geometry.PPRank >= m.Geometry.PPSize || m.Geometry.PageSize == 0 || len(m.Geometry.AuxItemLens) != len(m.Geometry.AuxItems)) {
+			t.Fatalf("accepted inconsistent REGISTER_ACK %+v", m)
 		}
 	})
 }
 
 func FuzzDecodeTransfer(f *testing.F) {
-	f.Add(bytes.Join((&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 2, Tokens: 8}).Encode()[3:], []byte{0}))
+	f.Add(bytes.Join((&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 2, Tokens: 8, AuxIndex: 2, StateIndices: []int32{4}, PrefixTokens: 32}).Encode()[3:], []byte{0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeTransfer(append(header(MsgTransfer), bytes.Split(data, []byte{0})...))
 		if err == nil {
@@ -358,7 +284,12 @@ func FuzzDecodeTransfer(f *testing.F) {
 					t.Fatalf("accepted negative page %d", p)
 				}
 			}
-			if m.Room > maxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 {
+			for _, p := range m.StateIndices {
+				if p < 0 {
+					t.Fatalf("accepted negative state index %d", p)
+				}
+			}
+			if m.Room > maxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 || m.PrefixTokens < 0 || m.AuxIndex < -1 {
 				t.Fatalf("accepted %+v", m)
 			}
 		}
@@ -410,8 +341,6 @@ func FuzzUnpackRegions(f *testing.F) {
 	})
 }
 
-func (o TransportOffer) regions() []RegionDesc { return []RegionDesc{o.KV, o.Ring} }
-
 func FuzzDecodeRecord(f *testing.F) {
 	b := make([]byte, RecordSize)
 	r := MetaRecord{Room: 3, Generation: 1, PageCount: 2}
@@ -433,5 +362,3 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
-
-func osWriteFile(p, body string) error { return os.WriteFile(p, []byte(body), 0o644) }

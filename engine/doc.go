@@ -4,7 +4,14 @@
 // control channel, the metadata ring, and the per-request Sender/Receiver
 // state machines that report KVPoll states.
 //
-// Memory that a transport keeps (KV pools, metadata rings) is never Go heap:
+// The KV memory belongs to the caller (a serving engine): a Manager is built
+// from KVArgs, SGLang's per-rank list of KV, aux and state buffers with their
+// item lengths and the rank's placement, and derives every size it needs
+// from them (Geometry); it knows no model. It registers each buffer with
+// each transport, exchanges the geometry with its peers (REGISTER,
+// REGISTER_ACK) and pairs buffers and head slices per buffer (PairBuffers).
+//
+// Memory that a transport keeps (KV buffers, metadata rings) is never Go heap:
 // use AllocHost (memfd + mmap), C memory or CUDA memory. Every resource has an
 // idempotent Close.
 package engine

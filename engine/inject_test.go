@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 func TestRoomMismatchDetected(t *testing.T) {
@@ -75,7 +76,7 @@ func transferOneExpectFail(t *testing.T, addr string, pre, dec []*rank, room uin
 	}
 	sp, _ := pre[0].pool.Alloc(pages)
 	defer pre[0].pool.Free(sp)
-	engine.FillPattern(pre[0].pool, room, sp)
+	_ = workload.FillPattern(pre[0].pool, room, sp, 0)
 	if err := s.Send(sp, true); err != nil {
 		t.Fatal(err)
 	}

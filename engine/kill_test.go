@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // TestMain lets the test binary act as a prefill rank in its own process
@@ -34,11 +35,11 @@ func helperPrefill() error {
 	if err != nil {
 		return err
 	}
-	l, err := engine.NewLayout(smallGQA, engine.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 256})
+	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 256})
 	if err != nil {
 		return err
 	}
-	pool, err := engine.NewKVPool(l, "helper")
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "helper", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
 	if err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func helperPrefill() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, Pool: pool, Transports: []engine.Transport{tr},
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []engine.Transport{tr},
 		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second})
 	if err != nil {
 		return err
@@ -64,7 +65,9 @@ func helperPrefill() error {
 	if err != nil {
 		return err
 	}
-	engine.FillPattern(pool, room, src)
+	if err := workload.FillPattern(pool, room, src, 0); err != nil {
+		return err
+	}
 	if err := s.Send(src[:len(src)/2], false); err != nil {
 		return err
 	}

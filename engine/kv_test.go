@@ -12,11 +12,12 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 var (
-	smallGQA = engine.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
-	smallMLA = engine.ModelConfig{Name: "tiny-mla", NumLayers: 3, NumKVHeads: 1, HeadDim: 36, DtypeBytes: 2, MLA: true, KVLoraRank: 32, QKRopeHeadDim: 4}
+	smallGQA = workload.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
+	smallMLA = workload.ModelConfig{Name: "tiny-mla", NumLayers: 3, NumKVHeads: 1, HeadDim: 36, DtypeBytes: 2, MLA: true, KVLoraRank: 32, QKRopeHeadDim: 4}
 )
 
 func startBootstrap(t *testing.T) string {
@@ -38,12 +39,12 @@ func startBootstrap(t *testing.T) string {
 
 type rank struct {
 	m    *engine.Manager
-	pool *engine.KVPool
+	pool *workload.KVBuffers
 }
 
 type rankOpts struct {
 	role             engine.Role
-	model            engine.ModelConfig
+	model            workload.ModelConfig
 	tp, tpRank       int
 	pp, ppRank       int
 	pages            int
@@ -65,11 +66,11 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	if o.pages == 0 {
 		o.pages = 64
 	}
-	l, err := engine.NewLayout(o.model, engine.LayoutOptions{PageSize: 4, TPSize: o.tp, TPRank: o.tpRank, PPSize: o.pp, PPRank: o.ppRank, NumPages: o.pages})
+	l, err := workload.NewLayout(o.model, workload.LayoutOptions{PageSize: 4, TPSize: o.tp, TPRank: o.tpRank, PPSize: o.pp, PPRank: o.ppRank, NumPages: o.pages})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := engine.NewKVPool(l, "test")
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "test", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		}
 		trs = append(trs, tr)
 	}
-	cfg := engine.ManagerConfig{Role: o.role, Pool: pool, Transports: trs, BootstrapAddr: o.addr,
+	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise}
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
@@ -119,7 +120,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 }
 
 // topology builds prefill ranks (ptp × ppp) and decode ranks (dtp).
-func topology(t *testing.T, model engine.ModelConfig, ptp, ppp, dtp int, checksum bool) (addr string, pre, dec []*rank) {
+func topology(t *testing.T, model workload.ModelConfig, ptp, ppp, dtp int, checksum bool) (addr string, pre, dec []*rank) {
 	t.Helper()
 	addr = startBootstrap(t)
 	for tp := 0; tp < ptp; tp++ {
@@ -184,7 +185,10 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 				return
 			}
 			defer p.pool.Free(src)
-			engine.FillPattern(p.pool, room, src)
+			if err := workload.FillPattern(p.pool, room, src, 0); err != nil {
+				t.Error(err)
+				return
+			}
 			half := len(src) / 2
 			if err := s.Send(src[:half], false); err != nil {
 				t.Error(err)
@@ -202,7 +206,7 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 	for i, r := range recvs {
 		r.Wait(ctx, engine.KVSuccess)
 		if r.Poll() == engine.KVSuccess {
-			if err := engine.VerifyPattern(dec[i].pool, room, dpages[i]); err != nil {
+			if err := workload.VerifyPattern(dec[i].pool, room, dpages[i], 0); err != nil {
 				t.Error(err)
 			}
 		}
@@ -214,7 +218,7 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 func TestTransferTopologies(t *testing.T) {
 	cases := []struct {
 		name          string
-		model         engine.ModelConfig
+		model         workload.ModelConfig
 		ptp, ppp, dtp int
 		checksum      bool
 	}{

@@ -74,9 +74,13 @@ var (
 type ManagerConfig struct {
 	// Role is prefill or decode.
 	Role Role
-	// Pool is the rank's KV pool; its Layout gives the TP/PP position. The
-	// manager registers it with every transport and never frees it.
-	Pool *KVPool
+	// KV are the rank's KV arguments (SGLang's KVArgs): the caller's KV, aux
+	// and state buffers and the rank's placement. The manager registers every
+	// buffer with every transport that can move it (a transport that cannot,
+	// e.g. shm with device memory, is left out and logged; none left is an
+	// error naming each transport's refusal), deregisters them on Close and
+	// never frees them.
+	KV KVArgs
 	// Transports are the opened transports (at least one); the manager picks
 	// among them by registry priority. The manager does not close them.
 	Transports []Transport
@@ -168,12 +172,20 @@ func EnvSeconds(name string, def time.Duration) (time.Duration, error) {
 	return time.Duration(f * float64(time.Second)), nil
 }
 
-// regSet is what one transport registered for this manager.
+// regSet is what one transport registered for this manager: one region per
+// KV, aux and state buffer (KVArgs order) and the metadata memory.
 type regSet struct {
-	t    Transport
-	kv   RegionDesc
-	aux  RegionDesc // decode: metadata ring; prefill: record staging
-	caps Caps
+	t     Transport
+	kv    []RegionDesc
+	aux   []RegionDesc
+	state []RegionDesc
+	meta  RegionDesc // decode: metadata ring; prefill: record staging
+	caps  Caps
+}
+
+// all lists every region of the set (for deregistration).
+func (r *regSet) all() []RegionDesc {
+	return append(append(append([]RegionDesc{r.meta}, r.kv...), r.aux...), r.state...)
 }
 
 type pushSock struct {
@@ -199,7 +211,7 @@ type pushSock struct {
 type Manager struct {
 	cfg      ManagerConfig
 	log      *slog.Logger
-	layout   *Layout
+	geo      *Geometry
 	zctx     *zmq.Context
 	pull     *zmq.Socket
 	endpoint string // tcp://host:port of our PULL socket
@@ -250,13 +262,17 @@ type pendingTransfer struct {
 	at  time.Time
 }
 
-// NewManager binds the control socket, registers the pool (and the ring or
-// the record staging buffer) with every transport, starts the control and
+// NewManager validates the KV arguments (errors wrap ErrBadKVArgs), binds the
+// control socket, registers every buffer (and the ring or the record staging
+// buffer) with every transport that can move it, starts the control and
 // heartbeat loops, and for a prefill registers with the bootstrap server
-// (retrying until BootstrapTimeout). Errors name the failing step.
+// (retrying until BootstrapTimeout). It allocates no KV memory. Errors name
+// the failing step.
 func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
-	if cfg.Pool == nil {
-		return nil, errors.New("engine: manager: a KV pool is required")
+	cfg.KV = cloneArgs(cfg.KV)
+	geo, err := cfg.KV.Geometry()
+	if err != nil {
+		return nil, err
 	}
 	if len(cfg.Transports) == 0 {
 		return nil, errors.New("engine: manager: at least one transport is required (e.g. engine.OpenTransport(\"auto\", ...))")
@@ -264,7 +280,6 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Role == RolePrefill && cfg.BootstrapAddr == "" {
 		return nil, errors.New("engine: prefill manager: a bootstrap address is required")
 	}
-	var err error
 	if cfg.BootstrapTimeout == 0 {
 		if cfg.BootstrapTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", DefaultBootstrapTimeout); err != nil {
 			return nil, err
@@ -328,10 +343,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	} else if !bootstrap.ValidInstanceID(cfg.InstanceID) {
 		return nil, fmt.Errorf("engine: manager: instance id %q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", cfg.InstanceID)
 	}
-	l := cfg.Pool.Layout()
 	m := &Manager{
-		cfg: cfg, layout: l,
-		log:        cfg.Logger.With("role", cfg.Role.String(), "tp", l.TPRank, "pp", l.PPRank),
+		cfg: cfg, geo: geo,
+		log:        cfg.Logger.With("role", cfg.Role.String(), "tp", geo.TPRank, "pp", geo.PPRank),
 		push:       map[string]*pushSock{},
 		lastSeen:   map[string]time.Time{},
 		senders:    map[uint64]*Sender{},
@@ -369,19 +383,29 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		m.startDirectoryWatch()
 	}
 	ok = true
-	m.log.Info("KV manager ready", "control", m.endpoint, "instance", m.instanceID, "transports", m.TransportNames(), "pool_bytes", l.PoolBytes(), "item_len", l.ItemLen())
+	m.log.Info("KV manager ready", "control", m.endpoint, "instance", m.instanceID, "transports", m.TransportNames(), "kv_buffers", len(cfg.KV.KVBuffers),
+		"aux_buffers", len(cfg.KV.AuxBuffers), "state_buffers", len(cfg.KV.StateBuffers), "pages", geo.NumPages(), "layers", fmt.Sprintf("[%d,%d)", geo.StartLayer, geo.EndLayer),
+		"item_len", geo.KVItemLens[0], "gpu_id", cfg.KV.GPUID, "ib_device", cfg.KV.IBDevice)
 	return m, nil
 }
 
+// cloneArgs copies the buffer lists so the caller may reuse its slices.
+func cloneArgs(a KVArgs) KVArgs {
+	a.KVBuffers = slices.Clone(a.KVBuffers)
+	a.AuxBuffers = slices.Clone(a.AuxBuffers)
+	a.StateBuffers = slices.Clone(a.StateBuffers)
+	return a
+}
+
 func (m *Manager) setupMemory() error {
-	var aux Memory
+	var meta Memory
 	if m.cfg.Role == RoleDecode {
 		r, err := NewMetaRing(m.cfg.RingSlots, m.cfg.RingAlloc)
 		if err != nil {
 			return err
 		}
 		m.ring = r
-		aux = r.Memory()
+		meta = r.Memory()
 	} else {
 		b, err := AllocHost("record-staging", defaultStagingSlots*RecordSize)
 		if err != nil {
@@ -391,23 +415,82 @@ func (m *Manager) setupMemory() error {
 		for i := defaultStagingSlots - 1; i >= 0; i-- {
 			m.stFree = append(m.stFree, i)
 		}
-		aux = b.Memory()
+		meta = b.Memory()
 	}
 	ts := slices.Clone(m.cfg.Transports)
 	slices.SortStableFunc(ts, func(a, b Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
+	var refused []string
 	for _, t := range ts {
-		kv, err := t.RegisterMemory(m.cfg.Pool.Memory())
+		rs, err := m.registerAll(t, meta)
 		if err != nil {
-			return fmt.Errorf("engine: register KV pool (%d bytes) with %s: %w", m.cfg.Pool.Memory().Length, t.Name(), err)
+			refused = append(refused, err.Error())
+			continue
 		}
-		ax, err := t.RegisterMemory(aux)
-		if err != nil {
-			_ = t.DeregisterMemory(kv.ID)
-			return fmt.Errorf("engine: register metadata memory with %s: %w", t.Name(), err)
-		}
-		m.regs = append(m.regs, &regSet{t: t, kv: kv, aux: ax, caps: t.Capabilities()})
+		m.regs = append(m.regs, rs)
+	}
+	if len(m.regs) == 0 {
+		return fmt.Errorf("engine: no transport can register this rank's buffers: %s", strings.Join(refused, "; "))
+	}
+	for _, r := range refused {
+		m.log.Warn("transport left out: it cannot register every buffer", "reason", r)
 	}
 	return nil
+}
+
+// registerAll registers the metadata memory and every KV, aux and state
+// buffer with t; on any refusal it deregisters what it registered and returns
+// an error naming the transport and the buffer.
+func (m *Manager) registerAll(t Transport, meta Memory) (*regSet, error) {
+	rs := &regSet{t: t, caps: t.Capabilities()}
+	var done []RegionID
+	undo := func() {
+		for _, id := range done {
+			_ = t.DeregisterMemory(id)
+		}
+	}
+	reg := func(what string, mem Memory) (RegionDesc, error) {
+		d, err := t.RegisterMemory(mem)
+		if err != nil {
+			undo()
+			return RegionDesc{}, fmt.Errorf("%s cannot register %s (%s, %d bytes at %#x): %w", t.Name(), what, memWhere(mem), mem.Length, mem.Addr, err)
+		}
+		done = append(done, d.ID)
+		return d, nil
+	}
+	var err error
+	if rs.meta, err = reg("the metadata memory", meta); err != nil {
+		return nil, err
+	}
+	for i, b := range m.cfg.KV.KVBuffers {
+		d, err := reg(m.geo.bufferName(i), b.Memory)
+		if err != nil {
+			return nil, err
+		}
+		rs.kv = append(rs.kv, d)
+	}
+	for i, b := range m.cfg.KV.AuxBuffers {
+		d, err := reg(fmt.Sprintf("aux buffer %d", i), b.Memory)
+		if err != nil {
+			return nil, err
+		}
+		rs.aux = append(rs.aux, d)
+	}
+	for i, b := range m.cfg.KV.StateBuffers {
+		d, err := reg(fmt.Sprintf("state buffer %d", i), b.Memory)
+		if err != nil {
+			return nil, err
+		}
+		rs.state = append(rs.state, d)
+	}
+	return rs, nil
+}
+
+// memWhere is "host" or "cuda:N".
+func memWhere(mem Memory) string {
+	if mem.Kind == MemoryCUDA {
+		return fmt.Sprintf("cuda:%d", mem.Device)
+	}
+	return mem.Kind.String()
 }
 
 // transportPriority orders names by the registry (highest first → lowest
@@ -498,11 +581,24 @@ func (m *Manager) Endpoint() string { return m.endpoint }
 // ControlPort returns the bound control port.
 func (m *Manager) ControlPort() int { return m.port }
 
-// Layout returns the pool layout.
-func (m *Manager) Layout() *Layout { return m.layout }
+// KVArgs returns a copy of the rank's KV arguments.
+func (m *Manager) KVArgs() KVArgs { return cloneArgs(m.cfg.KV) }
 
-// Pool returns the KV pool.
-func (m *Manager) Pool() *KVPool { return m.cfg.Pool }
+// Geometry returns the rank's geometry derived from its KV arguments (do not
+// modify it).
+func (m *Manager) Geometry() *Geometry { return m.geo }
+
+// NumPages is the pages every KV buffer holds: page indices given to Send and
+// SendMetadata must be below it.
+func (m *Manager) NumPages() int { return m.geo.NumPages() }
+
+// PageSize is tokens per page.
+func (m *Manager) PageSize() int { return m.geo.PageSize }
+
+// PagesForTokens is ceil(tokens / page size) (SGLang kv_to_page_num).
+func (m *Manager) PagesForTokens(tokens int) int {
+	return (tokens + m.geo.PageSize - 1) / m.geo.PageSize
+}
 
 // Role returns the manager's role.
 func (m *Manager) Role() Role { return m.cfg.Role }
@@ -600,8 +696,9 @@ func (m *Manager) teardown() {
 		m.zctx = nil
 	}
 	for _, r := range m.regs {
-		_ = r.t.DeregisterMemory(r.kv.ID)
-		_ = r.t.DeregisterMemory(r.aux.ID)
+		for _, d := range r.all() {
+			_ = r.t.DeregisterMemory(d.ID)
+		}
 	}
 	m.regs = nil
 	if m.ring != nil {
@@ -869,6 +966,13 @@ func (m *Manager) dispatch(parts [][]byte) {
 			return
 		}
 		m.handleRegister(v)
+	case *RegisterAckMsg:
+		if m.cfg.Role != RoleDecode {
+			m.log.Warn("dropped REGISTER_ACK: this rank is a prefill", "from", v.Endpoint)
+			return
+		}
+		m.touch(v.Endpoint)
+		m.handleRegisterAck(v)
 	case *TransferMsg:
 		if m.cfg.Role != RolePrefill {
 			m.log.Warn("dropped TRANSFER: this rank is a decode", "from", v.Endpoint)
@@ -981,6 +1085,12 @@ func (m *Manager) peerLost(ep string, err error) {
 	}
 	dp := m.dpeers[ep]
 	delete(m.dpeers, ep)
+	if pp := m.ppeers[ep]; pp != nil && pp.ack != nil {
+		select { // a registration waiting for REGISTER_ACK ends now
+		case pp.ack <- ackResult{err: err}:
+		default:
+		}
+	}
 	delete(m.ppeers, ep)
 	for addr, inst := range m.bcache {
 		if inst.names(ep) {

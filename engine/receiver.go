@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,11 +37,20 @@ func (i *instanceInfo) names(ep string) bool {
 }
 
 // prefillPeer is a prefill rank this decode registered with (REGISTER sent
-// once per epoch). epoch names the data path of that registration.
+// once per epoch, answered by REGISTER_ACK with the prefill's geometry).
+// epoch names the data path of that registration.
 type prefillPeer struct {
 	done  chan struct{}
 	err   error
 	epoch uint64
+	geo   *Geometry // the prefill's, from REGISTER_ACK
+	ack   chan ackResult
+}
+
+// ackResult is a REGISTER_ACK, or why none will come (the peer was lost).
+type ackResult struct {
+	msg *RegisterAckMsg
+	err error
 }
 
 // retry calls f until it succeeds, fails with a non-retryable error, or ctx
@@ -174,26 +184,50 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 	return v.(string), nil
 }
 
-// ensureRegistered sends REGISTER (our KV args and, per transport, endpoint
-// and regions) to a prefill rank once per epoch and returns the epoch.
-func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, error) {
+// ensureRegistered sends REGISTER (our geometry and, per transport, endpoint
+// and regions) to a prefill rank once per epoch and waits for its
+// REGISTER_ACK; it returns the epoch and the prefill's geometry, or its
+// refusal.
+func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geometry, error) {
 	m.mu.Lock()
 	p := m.ppeers[ep]
 	owner := p == nil
 	if owner {
-		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch()}
+		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch(), ack: make(chan ackResult, 1)}
 		m.ppeers[ep] = p
 	}
 	m.mu.Unlock()
 	if !owner {
 		select {
 		case <-p.done:
-			return p.epoch, p.err
+			return p.epoch, p.geo, p.err
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, nil, ctx.Err()
 		}
 	}
 	p.err = m.register(ctx, ep, p.epoch)
+	if p.err == nil {
+		// Watch the peer while waiting: a silent or dead prefill is lost
+		// after PeerTimeout (or at once on disconnect) and ends the wait.
+		m.mu.Lock()
+		if _, ok := m.lastSeen[ep]; !ok {
+			m.lastSeen[ep] = time.Now()
+		}
+		m.mu.Unlock()
+		select {
+		case a := <-p.ack:
+			switch {
+			case a.err != nil:
+				p.err = a.err
+			case a.msg.Err != "":
+				p.err = fmt.Errorf("engine: prefill %s refused this decode's registration: %s", ep, a.msg.Err)
+			default:
+				p.geo = &a.msg.Geometry
+			}
+		case <-ctx.Done():
+			p.err = fmt.Errorf("%w: prefill %s did not answer REGISTER (no REGISTER_ACK): %v", ErrTimeout, ep, ctx.Err())
+		}
+	}
 	if p.err != nil {
 		m.mu.Lock()
 		if m.ppeers[ep] == p {
@@ -206,24 +240,34 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, erro
 		m.mu.Unlock()
 	}
 	close(p.done)
-	return p.epoch, p.err
+	return p.epoch, p.geo, p.err
+}
+
+// handleRegisterAck hands a prefill's REGISTER_ACK to the registration
+// waiting for it (dropped when none waits, or for another epoch).
+func (m *Manager) handleRegisterAck(v *RegisterAckMsg) {
+	m.mu.Lock()
+	p := m.ppeers[v.Endpoint]
+	m.mu.Unlock()
+	if p == nil || p.ack == nil || p.epoch != v.Epoch {
+		m.log.Debug("REGISTER_ACK without a registration in progress for its epoch", "from", v.Endpoint, "epoch", v.Epoch)
+		return
+	}
+	select {
+	case p.ack <- ackResult{msg: v}:
+	default:
+	}
 }
 
 func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
-	l := m.layout
-	msg := &RegisterMsg{Endpoint: m.endpoint, TPRank: l.TPRank, TPSize: l.TPSize, StartLayer: l.StartLayer, EndLayer: l.EndLayer,
-		NumLayer: l.Model.NumLayers, MLA: l.Model.MLA, PageSize: l.PageSize, ItemLen: l.ItemLen(), NumPages: l.NumPages,
-		HeadsPerRank: l.HeadsPerRank, RingSlots: m.ring.Slots(), Epoch: epoch}
-	for i := 0; i < l.NumBuffers(); i++ {
-		msg.BufferOffsets = append(msg.BufferOffsets, l.BufferOffset(i))
-	}
+	msg := &RegisterMsg{Endpoint: m.endpoint, Geometry: *m.geo, RingSlots: m.ring.Slots(), Epoch: epoch}
 	for _, r := range m.regs {
 		blob, err := r.t.Endpoint(ctx, ep)
 		if err != nil {
 			m.log.Warn("transport cannot prepare an endpoint", "transport", r.t.Name(), "prefill", ep, "err", err)
 			continue
 		}
-		msg.Transports = append(msg.Transports, TransportOffer{Name: r.t.Name(), Endpoint: blob, KV: r.kv, Ring: r.aux})
+		msg.Transports = append(msg.Transports, TransportOffer{Name: r.t.Name(), Endpoint: blob, Ring: r.meta, KV: r.kv, Aux: r.aux, State: r.state})
 	}
 	if len(msg.Transports) == 0 {
 		return fmt.Errorf("engine: no transport could prepare an endpoint for prefill %s", ep)
@@ -272,12 +316,14 @@ type recvTarget struct {
 	rank     bootstrap.TargetRank
 	endpoint string
 	producer int
-	src      *Layout
-	slice    HeadSlice
+	geo      *Geometry    // the producer's (REGISTER_ACK)
+	pairs    []BufferPair // its KV buffers → ours
+	extras   bool         // it writes the aux row and state slots
 	slot     int
 	gen      uint64
 	epoch    uint64 // registration epoch with this producer
 	done     bool
+	bytes    uint64 // KV bytes its record states (after acceptance)
 }
 
 // Receiver is the decode side of one request (SGLang's KVReceiver). On
@@ -297,12 +343,19 @@ type Receiver struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	dpRank int // prefill DP rank given by the caller (-1: resolve)
+
 	mu          sync.Mutex
 	pages       []int32
+	auxIndex    int
+	state       []int32
+	prefix      int
 	pagesSet    chan struct{}
+	resolvedEPs []string // producers looked up so far (told on a resolve failure)
 	initDone    bool
 	tokens      int // declared token count (0: none)
 	transferred bool
+	latency     time.Duration
 	targets     []*recvTarget
 	resolved    bool
 	sentAt      time.Time
@@ -314,9 +367,17 @@ type Receiver struct {
 
 // NewReceiver creates the receiver for room (any value in [0, 2^63-1], 0
 // included) whose prefill instance registers at bootstrapAddr ("host:port")
-// and starts resolving its producers. It fails at once with ErrRoomActive
-// when a receiver for the room is active on this rank.
+// and starts resolving its producers (the prefill DP rank from the bootstrap
+// server). It fails at once with ErrRoomActive when a receiver for the room
+// is active on this rank.
 func (m *Manager) NewReceiver(bootstrapAddr string, room uint64) (*Receiver, error) {
+	return m.NewReceiverDP(bootstrapAddr, room, -1)
+}
+
+// NewReceiverDP is NewReceiver with the prefill DP rank the router chose
+// (SGLang KVReceiver.init(prefill_dp_rank)); prefillDPRank < 0 resolves it
+// as NewReceiver does.
+func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank int) (*Receiver, error) {
 	if m.cfg.Role != RoleDecode {
 		return nil, errors.New("engine: NewReceiver on a prefill manager (use NewSender)")
 	}
@@ -327,7 +388,7 @@ func (m *Manager) NewReceiver(bootstrapAddr string, room uint64) (*Receiver, err
 		return nil, errors.New("engine: NewReceiver: bootstrap address is empty (want host:port)")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Receiver{m: m, addr: bootstrapAddr, room: room, st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{})}
+	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -370,19 +431,39 @@ func (r *Receiver) SetTokens(tokens int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.transferred {
-		return fmt.Errorf("engine: receiver room %d: SetTokens after TRANSFER was sent (call it before Init)", r.room)
+		return fmt.Errorf("engine: receiver room %d: SetTokens after TRANSFER was sent (call it before Init or SendMetadata)", r.room)
 	}
 	r.tokens = tokens
 	return nil
 }
 
-// Init gives the destination pages (indices into this rank's pool, in token
-// order; pages may be non-contiguous) and lets the receiver send TRANSFER as
-// soon as its producers are resolved. Errors: a page out of range, Init
-// called twice, or the receiver already failed.
-func (r *Receiver) Init(pages []int32) error {
-	if err := checkPages(pages, r.m.layout.NumPages); err != nil {
+// Init is SendMetadata(pages, -1, nil, 0): the whole prompt's destination
+// pages, no aux row, no state, no prefix.
+func (r *Receiver) Init(pages []int32) error { return r.SendMetadata(pages, -1, nil, 0) }
+
+// SendMetadata (SGLang send_metadata(kv_indices, aux_index, state_indices,
+// decode_prefix_len)) gives the destination pages of the prompt tokens after
+// prefixTokens (indices into this rank's KV buffers, in token order; may be
+// non-contiguous), the aux row the request's aux data lands in (-1: none),
+// the state slots (nil: none) and the prompt tokens this rank already holds
+// (whole pages; their pages are not sent), and lets the receiver send
+// TRANSFER as soon as its producers are resolved. Errors: a page beyond a
+// buffer, an aux index beyond the aux buffers, a state index beyond the
+// state buffers, a prefix that is negative or not whole pages, a second
+// call, or the receiver already failed.
+func (r *Receiver) SendMetadata(pages []int32, auxIndex int, stateIndices []int32, prefixTokens int) error {
+	g := r.m.geo
+	if err := checkPages(pages, g); err != nil {
 		return fmt.Errorf("engine: receiver room %d: %w", r.room, err)
+	}
+	if err := checkAux(auxIndex, g); err != nil {
+		return fmt.Errorf("engine: receiver room %d: %w", r.room, err)
+	}
+	if err := checkState(stateIndices, g); err != nil {
+		return fmt.Errorf("engine: receiver room %d: %w", r.room, err)
+	}
+	if prefixTokens < 0 || prefixTokens%g.PageSize != 0 {
+		return fmt.Errorf("engine: receiver room %d: decode_prefix_len %d: want whole pages of %d tokens (>= 0)", r.room, prefixTokens, g.PageSize)
 	}
 	if p, err := r.st.get(); p == KVFailed {
 		return fmt.Errorf("engine: receiver room %d already failed: %w", r.room, err)
@@ -390,17 +471,94 @@ func (r *Receiver) Init(pages []int32) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.initDone {
-		return fmt.Errorf("engine: receiver room %d: Init called twice", r.room)
+		return fmt.Errorf("engine: receiver room %d: SendMetadata called twice", r.room)
 	}
 	r.initDone = true
 	r.pages = append([]int32(nil), pages...)
+	r.auxIndex, r.state, r.prefix = max(auxIndex, -1), slices.Clone(stateIndices), prefixTokens
 	close(r.pagesSet)
 	return nil
 }
 
+// AuxIndex is the aux row given to SendMetadata (-1: none).
+func (r *Receiver) AuxIndex() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.auxIndex
+}
+
+// AuxRow returns a copy of the request's row of aux buffer i once the
+// receiver reached Success (the prefill wrote it after the KV and before its
+// metadata record's commit word). Errors: not Success yet, no aux row asked
+// for, i out of range, or a failed device copy.
+func (r *Receiver) AuxRow(i int) ([]byte, error) {
+	if p := r.Poll(); p != KVSuccess {
+		return nil, fmt.Errorf("engine: receiver room %d: aux row read in state %s; it is valid at Success", r.room, p)
+	}
+	aux := r.AuxIndex()
+	bufs := r.m.cfg.KV.AuxBuffers
+	switch {
+	case aux < 0:
+		return nil, fmt.Errorf("engine: receiver room %d: no aux row was asked for (SendMetadata aux_index -1)", r.room)
+	case i < 0 || i >= len(bufs):
+		return nil, fmt.Errorf("engine: receiver room %d: aux buffer %d not in [0, %d)", r.room, i, len(bufs))
+	}
+	var scratch []byte
+	b, err := readMem(bufs[i].Memory, uint64(aux)*bufs[i].ItemLen, bufs[i].ItemLen, &scratch)
+	if err != nil {
+		return nil, fmt.Errorf("engine: receiver room %d: aux buffer %d row %d: %w", r.room, i, aux, err)
+	}
+	return slices.Clone(b), nil
+}
+
+// TransferMetric returns the room's transfer figures so far: Latency from
+// SendMetadata to Success (0 before), the KV bytes the producers' records
+// state, aux and state bytes, pages, and the prefix and the bytes it saved.
+func (r *Receiver) TransferMetric() TransferMetric {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mt := TransferMetric{Latency: r.latency, Pages: len(r.pages), PrefixTokens: r.prefix}
+	ps := r.m.geo.PageSize
+	prefixPages := uint64(r.prefix / ps)
+	for _, t := range r.targets {
+		mt.Bytes += t.bytes
+		for _, pr := range t.pairs {
+			mt.SkippedBytes += prefixPages * pr.PageBytes(ps)
+		}
+		if t.extras && t.done {
+			mt.AuxBytes += r.extrasBytesLocked()
+		}
+	}
+	return mt
+}
+
+// extrasBytesLocked is the aux and state bytes one request moves.
+func (r *Receiver) extrasBytesLocked() uint64 {
+	var n uint64
+	if r.auxIndex >= 0 {
+		for _, b := range r.m.cfg.KV.AuxBuffers {
+			n += b.ItemLen
+		}
+	}
+	for _, b := range r.m.cfg.KV.StateBuffers {
+		n += uint64(len(r.state)) * b.ItemLen
+	}
+	return n
+}
+
 func (r *Receiver) run() {
 	if err := r.resolve(); err != nil {
-		r.failLocal(err)
+		if r.failLocal(err) {
+			// Producers already looked up learn the room's outcome now
+			// (e.g. a refused registration) instead of at their
+			// bootstrap timeout.
+			r.mu.Lock()
+			eps := r.resolvedEPs
+			r.mu.Unlock()
+			for _, ep := range eps {
+				_ = r.m.send(ep, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: err.Error()}).Encode(), true)
+			}
+		}
 		return
 	}
 	r.st.advance(KVWaitingForInput)
@@ -411,7 +569,7 @@ func (r *Receiver) run() {
 	}
 	r.mu.Lock()
 	ts := r.targets
-	pages := r.pages
+	pages, aux, state, prefix := r.pages, r.auxIndex, r.state, r.prefix
 	tokens := r.tokens
 	r.transferred = true
 	r.sentAt = time.Now()
@@ -419,7 +577,10 @@ func (r *Receiver) run() {
 	r.st.advance(KVTransferring)
 	for _, t := range ts {
 		msg := &TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
-			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens}
+			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix}
+		if t.extras {
+			msg.AuxIndex, msg.StateIndices = aux, state
+		}
 		if err := r.m.send(t.endpoint, msg.Encode(), false); err != nil {
 			r.failLocal(fmt.Errorf("engine: room %d: TRANSFER to prefill %s: %w", r.room, t.endpoint, err))
 			return
@@ -429,13 +590,23 @@ func (r *Receiver) run() {
 	left := r.remaining
 	r.mu.Unlock()
 	if left == 0 {
-		r.st.advance(KVSuccess)
+		r.succeed()
 	}
+}
+
+// succeed records the latency and moves to Success.
+func (r *Receiver) succeed() {
+	r.mu.Lock()
+	if !r.sentAt.IsZero() && r.latency == 0 {
+		r.latency = time.Since(r.sentAt)
+	}
+	r.mu.Unlock()
+	r.st.advance(KVSuccess)
 }
 
 func (r *Receiver) resolve() error {
 	m := r.m
-	l := m.layout
+	g := m.geo
 	ctx, cancel := context.WithTimeout(r.ctx, m.cfg.BootstrapTimeout)
 	defer cancel()
 	inst, err := m.instance(ctx, r.addr)
@@ -443,6 +614,12 @@ func (r *Receiver) resolve() error {
 		return fmt.Errorf("engine: room %d: could not fetch prefill parallel info from %s: %w", r.room, r.addr, err)
 	}
 	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
+	if r.dpRank >= 0 {
+		if r.dpRank >= max(inst.info.DPSize, 1) {
+			return fmt.Errorf("engine: room %d: prefill dp rank %d given, but the prefill instance at %s has dp size %d", r.room, r.dpRank, r.addr, inst.info.DPSize)
+		}
+		dp, ok = r.dpRank, true
+	}
 	if !ok {
 		err := retry(ctx, fmt.Sprintf("query the prefill dp rank of room %d at %s", r.room, r.addr), func(ctx context.Context) error {
 			got, err := inst.client.QueryDPRanks(ctx, []uint64{r.room})
@@ -460,8 +637,8 @@ func (r *Receiver) resolve() error {
 			return err
 		}
 	}
-	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1,
-		PPSize: l.PPSize, PPRank: l.PPRank, IsMLA: l.Model.MLA, PageSize: l.PageSize, KVCacheDtype: m.cfg.KVCacheDtype}, dp)
+	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: g.TPSize, AttnTPRank: g.TPRank, AttnCPSize: 1,
+		PPSize: g.PPSize, PPRank: g.PPRank, IsMLA: g.MLA, PageSize: g.PageSize, KVCacheDtype: m.cfg.KVCacheDtype}, dp)
 	if err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
@@ -471,19 +648,10 @@ func (r *Receiver) resolve() error {
 		if err != nil {
 			return fmt.Errorf("engine: room %d: could not fetch bootstrap info for %s: %w", r.room, tr.Coord(), err)
 		}
-		t := &recvTarget{rank: tr, endpoint: ep, producer: ProducerRank(tr.TP, inst.info.PPSize, tr.PP)}
-		if !tr.Dummy {
-			src, err := NewLayout(l.Model, LayoutOptions{PageSize: l.PageSize, TPSize: inst.info.AttnTPSize, TPRank: tr.TP, PPSize: inst.info.PPSize, PPRank: tr.PP, NumPages: 1})
-			if err != nil {
-				return fmt.Errorf("engine: room %d: producer %s: %w", r.room, tr.Coord(), err)
-			}
-			sl, err := SliceHeads(src, l)
-			if err != nil {
-				return fmt.Errorf("engine: room %d: producer %s: %w", r.room, tr.Coord(), err)
-			}
-			t.src, t.slice = src, sl
-		}
-		ts = append(ts, t)
+		ts = append(ts, &recvTarget{rank: tr, endpoint: ep, producer: ProducerRank(tr.TP, inst.info.PPSize, tr.PP)})
+		r.mu.Lock()
+		r.resolvedEPs = append(r.resolvedEPs, ep)
+		r.mu.Unlock()
 	}
 	real := 0
 	for _, t := range ts {
@@ -494,12 +662,26 @@ func (r *Receiver) resolve() error {
 	if real != tg.RequiredPrefillResponseNum {
 		return fmt.Errorf("engine: room %d: %d real producers but required_prefill_response_num is %d (unsupported CP layout?)", r.room, real, tg.RequiredPrefillResponseNum)
 	}
+	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
 	for _, t := range ts {
-		ep, err := m.ensureRegistered(ctx, t.endpoint)
+		ep, pg, err := m.ensureRegistered(ctx, t.endpoint)
 		if err != nil {
 			return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
 		}
 		t.epoch = ep
+		if t.rank.Dummy {
+			continue
+		}
+		if t.pairs, err = PairBuffers(pg, g, t.endpoint, m.endpoint); err != nil {
+			return fmt.Errorf("engine: room %d: %w", r.room, err)
+		}
+		t.geo = pg
+		if pg.EndLayer == g.EndLayer && (writer == nil || pg.TPRank < writer.geo.TPRank) {
+			writer = t
+		}
+	}
+	if writer != nil {
+		writer.extras = true
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -599,8 +781,10 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 		r.failLocal(fmt.Errorf("engine: room %d: token count mismatch: prefill rank %d covered %d tokens, the decode expects %d (the same request must reach both sides with the same prompt length)", r.room, t.producer, rec.TokenCount, tokens))
 		return
 	}
-	nbuf := t.src.NumBuffers()
-	wantBytes := uint64(len(pages)) * uint64(r.m.layout.PageSize) * t.slice.Length * uint64(nbuf)
+	var wantBytes uint64
+	for _, pr := range t.pairs {
+		wantBytes += uint64(len(pages)) * pr.PageBytes(r.m.geo.PageSize)
+	}
 	if rec.PageCount != uint32(len(pages)) || rec.ByteCount != wantBytes {
 		r.failLocal(fmt.Errorf("engine: room %d: producer %d wrote %d pages / %d bytes, expected %d pages / %d bytes", r.room, t.producer, rec.PageCount, rec.ByteCount, len(pages), wantBytes))
 		return
@@ -626,39 +810,57 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 		return
 	}
 	t.done = true
+	t.bytes = rec.ByteCount
 	r.remaining--
 	left := r.remaining
 	r.mu.Unlock()
 	if left == 0 {
-		r.st.advance(KVSuccess)
+		r.succeed()
 	}
 }
 
 // checksum recomputes the producer's CRC32C over the received bytes in the
-// canonical order (see Sender.checksum).
+// canonical order (see Sender.checksum and Sender.extrasChecksum).
 func (r *Receiver) checksum(t *recvTarget, pages []int32) (uint32, error) {
-	l := r.m.layout
-	pool := r.m.cfg.Pool
-	dTok := l.TokenBytes()
+	kv := r.m.cfg.KV
+	ps := r.m.geo.PageSize
 	var crc uint32
 	var scratch []byte
 	var err error
 	for _, pg := range pages {
-		for i := 0; i < t.src.NumBuffers(); i++ {
-			layer, kv := t.src.BufferLayer(i)
-			di, _ := l.BufferIndex(layer, kv)
-			off := l.BufferOffset(di) + uint64(pg)*l.ItemLen()
-			if t.slice.Length == dTok {
-				if crc, err = pool.crcUpdate(crc, off, l.ItemLen(), &scratch); err != nil {
+		for _, pr := range t.pairs {
+			mem := kv.KVBuffers[pr.Dst].Memory
+			off := uint64(pg) * pr.DstItem
+			if pr.Full {
+				if crc, err = crcMem(crc, mem, off, pr.DstItem, &scratch); err != nil {
 					return 0, err
 				}
 				continue
 			}
-			for tk := 0; tk < l.PageSize; tk++ {
-				o := off + uint64(tk)*dTok + t.slice.DstOffset
-				if crc, err = pool.crcUpdate(crc, o, t.slice.Length, &scratch); err != nil {
+			for tk := 0; tk < ps; tk++ {
+				if crc, err = crcMem(crc, mem, off+uint64(tk)*pr.DstToken+pr.Slice.DstOffset, pr.Slice.Length, &scratch); err != nil {
 					return 0, err
 				}
+			}
+		}
+	}
+	if !t.extras {
+		return crc, nil
+	}
+	r.mu.Lock()
+	aux, state := r.auxIndex, r.state
+	r.mu.Unlock()
+	if aux >= 0 {
+		for _, b := range kv.AuxBuffers {
+			if crc, err = crcMem(crc, b.Memory, uint64(aux)*b.ItemLen, b.ItemLen, &scratch); err != nil {
+				return 0, err
+			}
+		}
+	}
+	for _, b := range kv.StateBuffers {
+		for _, x := range state {
+			if crc, err = crcMem(crc, b.Memory, uint64(x)*b.ItemLen, b.ItemLen, &scratch); err != nil {
+				return 0, err
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // recordEditor is a transport decorator that edits the body of every
@@ -79,7 +80,7 @@ func transferTokens(t *testing.T, addr string, pre, dec *rank, room uint64, page
 	if st := s.Wait(ctx, engine.KVWaitingForInput); st == engine.KVWaitingForInput {
 		sp, _ := pre.pool.Alloc(pages)
 		t.Cleanup(func() { pre.pool.Free(sp) })
-		engine.FillPattern(pre.pool, room, sp)
+		_ = workload.FillPattern(pre.pool, room, sp, 0)
 		_ = s.Send(sp, true)
 	}
 	s.Wait(ctx, engine.KVSuccess)

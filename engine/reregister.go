@@ -38,7 +38,7 @@ func (m *Manager) Epoch() uint64 { return m.epoch }
 
 // registerRequest is this prefill rank's PUT /route body.
 func (m *Manager) registerRequest() bootstrap.RegisterRequest {
-	l := m.layout
+	l := m.geo
 	dtype := m.cfg.KVCacheDtype
 	return bootstrap.RegisterRequest{
 		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
@@ -51,12 +51,12 @@ func (m *Manager) registerRequest() bootstrap.RegisterRequest {
 
 // coord is this prefill rank's directory coordinates.
 func (m *Manager) coord() bootstrap.Coord {
-	return bootstrap.Coord{DP: m.cfg.DPRank, CP: 0, TP: m.layout.TPRank, PP: m.layout.PPRank}
+	return bootstrap.Coord{DP: m.cfg.DPRank, CP: 0, TP: m.geo.TPRank, PP: m.geo.PPRank}
 }
 
 func (m *Manager) registerBootstrap(ctx context.Context) error {
 	if err := m.dir.Register(ctx, m.registerRequest()); err != nil {
-		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", m.layout.TPRank, m.layout.PPRank, err)
+		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", m.geo.TPRank, m.geo.PPRank, err)
 	}
 	return nil
 }

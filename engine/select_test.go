@@ -12,6 +12,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // sendOne runs one request (1 prefill, 1 decode) to Success and returns the
@@ -38,14 +39,14 @@ func sendOne(t *testing.T, addr string, p, d *rank, room uint64) []string {
 	}
 	sp, _ := p.pool.Alloc(3)
 	defer p.pool.Free(sp)
-	engine.FillPattern(p.pool, room, sp)
+	_ = workload.FillPattern(p.pool, room, sp, 0)
 	if err := s.Send(sp, true); err != nil {
 		t.Fatal(err)
 	}
 	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
 		t.Fatalf("receiver %s %v", st, r.Failure())
 	}
-	if err := engine.VerifyPattern(d.pool, room, dp); err != nil {
+	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
 		t.Fatal(err)
 	}
 	s.Wait(ctx, engine.KVSuccess)

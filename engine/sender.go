@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,8 +14,7 @@ import (
 // decodePeer is a decode rank that sent REGISTER to this prefill rank.
 type decodePeer struct {
 	reg       *RegisterMsg
-	dst       *Layout // the decode's geometry (model from the prefill)
-	slice     HeadSlice
+	pairs     []BufferPair // this rank's KV buffers → the decode's (PairBuffers)
 	offer     TransportOffer
 	local     *regSet
 	seg       Segment
@@ -55,8 +55,10 @@ func (p *decodePeer) setSegment(seg Segment, o TransportOffer, rs *regSet) bool 
 	return true
 }
 
-// handleRegister records a decode rank and opens a segment to it with the
-// highest-priority transport both sides have whose OpenSegment succeeds.
+// handleRegister records a decode rank, pairs its buffers with this rank's
+// (PairBuffers), answers REGISTER_ACK (accepted, or the refusal naming both
+// sides) and opens a segment to it with the highest-priority transport both
+// sides have whose OpenSegment succeeds.
 func (m *Manager) handleRegister(v *RegisterMsg) {
 	p := &decodePeer{reg: v, ready: make(chan struct{})}
 	m.mu.Lock()
@@ -68,6 +70,20 @@ func (m *Manager) handleRegister(v *RegisterMsg) {
 		old.close()
 	}
 	go func() {
+		pairs, err := PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)
+		ack := &RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch}
+		if err != nil {
+			ack.Err = err.Error()
+		}
+		if serr := m.send(v.Endpoint, ack.Encode(), false); serr != nil && err == nil {
+			err = serr
+		}
+		if err != nil {
+			m.log.Warn("refused decode rank", "decode", v.Endpoint, "err", err)
+			p.markReady(err)
+			return
+		}
+		p.pairs = pairs
 		if err := m.connectPeer(p); err != nil {
 			m.log.Warn("cannot reach decode rank", "decode", v.Endpoint, "err", err)
 			p.markReady(err)
@@ -77,28 +93,6 @@ func (m *Manager) handleRegister(v *RegisterMsg) {
 
 func (m *Manager) connectPeer(p *decodePeer) error {
 	v := p.reg
-	src := m.layout
-	if v.MLA != src.Model.MLA || v.PageSize != src.PageSize {
-		return fmt.Errorf("engine: decode %s layout differs: mla %v page size %d, prefill mla %v page size %d (run both with the same --model and --page-size)", v.Endpoint, v.MLA, v.PageSize, src.Model.MLA, src.PageSize)
-	}
-	dst := &Layout{Model: src.Model, PageSize: v.PageSize, TPSize: v.TPSize, TPRank: v.TPRank, PPSize: 1, HeadsPerRank: v.HeadsPerRank,
-		StartLayer: v.StartLayer, EndLayer: v.EndLayer, NumPages: v.NumPages}
-	if v.NumLayer != src.Model.NumLayers || dst.ItemLen() != v.ItemLen {
-		return fmt.Errorf("engine: decode %s model differs: %d layers, item_len %d bytes; prefill expects %d layers, item_len %d bytes for tp %d (run both with the same --model)", v.Endpoint, v.NumLayer, v.ItemLen, src.Model.NumLayers, dst.ItemLen(), v.TPSize)
-	}
-	if src.StartLayer < v.StartLayer || src.EndLayer > v.EndLayer {
-		return fmt.Errorf("engine: decode %s holds layers [%d, %d), prefill sends [%d, %d)", v.Endpoint, v.StartLayer, v.EndLayer, src.StartLayer, src.EndLayer)
-	}
-	for i, off := range v.BufferOffsets {
-		if off+dst.BufferLen() < off {
-			return fmt.Errorf("engine: decode %s buffer %d offset %d overflows", v.Endpoint, i, off)
-		}
-	}
-	sl, err := SliceHeads(src, dst)
-	if err != nil {
-		return err
-	}
-	p.dst, p.slice = dst, sl
 	var reasons []string
 	for _, rs := range m.regs {
 		for _, o := range v.Transports {
@@ -106,7 +100,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.KV, o.Ring}, Epoch: v.Epoch})
+			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: o.regions(), Epoch: v.Epoch})
 			cancel()
 			if err != nil {
 				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
@@ -177,12 +171,8 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 		return
 	}
 	if !v.Dummy {
-		if err := checkPages(v.Pages, p.reg.NumPages); err != nil {
-			reject("destination " + err.Error())
-			return
-		}
-		if v.Slot >= p.reg.RingSlots {
-			reject(fmt.Sprintf("metadata slot %d outside the decode's ring of %d", v.Slot, p.reg.RingSlots))
+		if err := checkTransfer(v, &p.reg.Geometry, p.reg.RingSlots); err != nil {
+			reject(fmt.Sprintf("decode %s: %v", v.Endpoint, err))
 			return
 		}
 	}
@@ -204,17 +194,68 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 	s.addDst(v, p)
 }
 
-func checkPages(pages []int32, n int) error {
+// checkPages refuses a page index beyond any KV buffer of g, naming the
+// smallest buffer.
+func checkPages(pages []int32, g *Geometry) error {
+	n := g.NumPages()
 	for _, pg := range pages {
 		if pg < 0 || int(pg) >= n {
-			return fmt.Errorf("page %d outside the pool of %d pages", pg, n)
+			i := slices.Index(g.KVItems, slices.Min(g.KVItems))
+			return fmt.Errorf("page index %d is beyond %s, which holds %d pages", pg, g.bufferName(i), n)
 		}
 	}
 	return nil
 }
 
+// checkIndices refuses aux rows or state slots beyond the buffers of g.
+func checkAux(aux int, g *Geometry) error {
+	switch {
+	case aux < 0:
+		return nil
+	case len(g.AuxItems) == 0:
+		return fmt.Errorf("aux index %d given, but there are no aux buffers", aux)
+	case aux >= g.AuxRows():
+		i := slices.Index(g.AuxItems, slices.Min(g.AuxItems))
+		return fmt.Errorf("aux index %d is beyond aux buffer %d, which holds %d rows", aux, i, g.AuxRows())
+	}
+	return nil
+}
+
+func checkState(idx []int32, g *Geometry) error {
+	if len(idx) > 0 && len(g.StateItems) == 0 {
+		return fmt.Errorf("%d state indices given, but there are no state buffers", len(idx))
+	}
+	for _, x := range idx {
+		if x < 0 || int(x) >= g.StateSlots() {
+			i := slices.Index(g.StateItems, slices.Min(g.StateItems))
+			return fmt.Errorf("state index %d is beyond state buffer %d, which holds %d slots", x, i, g.StateSlots())
+		}
+	}
+	return nil
+}
+
+// checkTransfer validates a non-dummy TRANSFER against the decode's geometry.
+func checkTransfer(v *TransferMsg, g *Geometry, ringSlots int) error {
+	if err := checkPages(v.Pages, g); err != nil {
+		return fmt.Errorf("destination %w", err)
+	}
+	if v.Slot >= ringSlots {
+		return fmt.Errorf("metadata slot %d outside the decode's ring of %d", v.Slot, ringSlots)
+	}
+	if err := checkAux(v.AuxIndex, g); err != nil {
+		return err
+	}
+	if err := checkState(v.StateIndices, g); err != nil {
+		return err
+	}
+	if v.PrefixTokens%g.PageSize != 0 {
+		return fmt.Errorf("decode_prefix_len %d is not whole pages of %d tokens", v.PrefixTokens, g.PageSize)
+	}
+	return nil
+}
+
 func (m *Manager) producerRank() int {
-	return ProducerRank(m.layout.TPRank, m.layout.PPSize, m.layout.PPRank)
+	return ProducerRank(m.geo.TPRank, m.geo.PPSize, m.geo.PPRank)
 }
 
 func (m *Manager) stageAcquire() (int, error) {
@@ -248,11 +289,35 @@ type chunk struct {
 	last  bool
 }
 
+// TransferMetric is one room's transfer figures (SGLang's
+// get_transfer_metric: transfer_latency_s, transfer_total_bytes), plus what
+// decode prefix reuse saved.
+type TransferMetric struct {
+	// Latency is, on a sender, first Send → Success; on a receiver,
+	// SendMetadata → Success. 0 until Success.
+	Latency time.Duration
+	// Bytes is the KV bytes moved: on a sender, written to all destinations
+	// by completed transfer batches; on a receiver, what its producers'
+	// metadata records state.
+	Bytes uint64
+	// AuxBytes is the aux-row and state bytes moved.
+	AuxBytes uint64
+	// Pages is the pages moved per destination (after the prefix).
+	Pages int
+	// PrefixTokens is the decode_prefix_len: tokens the decode already held,
+	// whose pages were not sent.
+	PrefixTokens int
+	// SkippedBytes is the KV bytes the prefix saved: what a full transfer
+	// would have moved on top of Bytes.
+	SkippedBytes uint64
+}
+
 // Sender is the prefill side of one request (SGLang's KVSender): it waits for
 // required_dst_info_num TRANSFER frames (Bootstrapping → WaitingForInput),
-// then Send writes the pages, last the metadata record, then STATUS
-// (Transferring → Success). Any error makes it Failed (sticky) and sends a
-// Failed STATUS to every non-dummy destination. Safe for concurrent use.
+// then Send writes the pages, with the last chunk the aux row and state
+// slots, then the metadata record, then STATUS (Transferring → Success). Any
+// error makes it Failed (sticky) and sends a Failed STATUS to every
+// non-dummy destination. Safe for concurrent use.
 type Sender struct {
 	m       *Manager
 	room    uint64
@@ -264,17 +329,22 @@ type Sender struct {
 	required int
 	numPages int // from Init; -1 unknown
 	tokens   int // from SetTokens; 0 undeclared
+	auxIndex int // from Init; -1 none
+	state    []int32
 	queued   int // pages queued by Send
 	lastSeen bool
 	closed   bool
+	started  time.Time
+	latency  time.Duration
 	queue    chan chunk
 	ctx      context.Context
 	cancel   context.CancelFunc
 	finished chan struct{}
 	statusTo map[string]bool
 	// sent counts the KV bytes written to destinations by completed
-	// transfer batches (the metadata record not included).
-	sent atomic.Uint64
+	// transfer batches (the metadata record not included); auxSent the aux
+	// and state bytes.
+	sent, auxSent atomic.Uint64
 }
 
 // NewSender creates the sender for room (any value in [0, 2^63-1], 0
@@ -289,7 +359,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		return nil, fmt.Errorf("engine: bootstrap_room %d exceeds 2^63-1", room)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1,
+	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1, auxIndex: -1,
 		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{}}
 	m.mu.Lock()
 	if m.closed {
@@ -373,15 +443,110 @@ func (s *Sender) DstPages() int {
 	return 0
 }
 
-// Init declares how many pages the request has (SGLang sender.init); each
-// non-dummy destination's page list must have that length. Optional.
-func (s *Sender) Init(numPages int) error {
+// HasRealDst reports whether any destination wants data from this rank
+// (false when every destination is a dummy: MLA with prefill TP > decode TP).
+// Meaningful once Poll is WaitingForInput.
+func (s *Sender) HasRealDst() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.dsts {
+		if !d.msg.Dummy {
+			return true
+		}
+	}
+	return false
+}
+
+// PopDecodePrefixLen returns the prompt tokens the decode already holds
+// (SGLang pop_decode_prefix_len, from TRANSFER's decode_prefix_len; 0 when
+// no destination stated one). Only the pages after them are sent. Call it
+// once Poll is WaitingForInput; unlike SGLang's dict pop it does not clear
+// the value.
+func (s *Sender) PopDecodePrefixLen() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prefixLocked()
+}
+
+func (s *Sender) prefixLocked() int {
+	for _, d := range s.dsts {
+		if !d.msg.Dummy {
+			return d.msg.PrefixTokens
+		}
+	}
+	return 0
+}
+
+// Init declares the request (SGLang sender.init(num_kv_indices, aux_index)):
+// numPages pages will be sent (the pages after the decode's prefix; each
+// non-dummy destination's page list must have that length), and auxIndex is
+// this rank's aux row of the request (-1: none), which is written to the
+// decode's aux row with the last chunk. Call it before the first Send.
+// Errors: a negative page count, an aux index beyond the aux buffers (or
+// given without aux buffers), or Send already called.
+func (s *Sender) Init(numPages, auxIndex int) error {
 	if numPages < 0 {
 		return fmt.Errorf("engine: sender room %d: page count %d < 0", s.room, numPages)
 	}
+	if err := checkAux(auxIndex, s.m.geo); err != nil {
+		return fmt.Errorf("engine: sender room %d: %w", s.room, err)
+	}
 	s.mu.Lock()
-	s.numPages = numPages
+	defer s.mu.Unlock()
+	if !s.started.IsZero() {
+		return fmt.Errorf("engine: sender room %d: Init after Send", s.room)
+	}
+	s.numPages, s.auxIndex = numPages, max(auxIndex, -1)
+	return nil
+}
+
+// InitTokens is Init for a prompt of promptTokens tokens: it sends the pages
+// after the decode's prefix, ceil((promptTokens − PopDecodePrefixLen()) /
+// page size), and returns that count. Call it once Poll is WaitingForInput.
+// A prefix longer than the prompt fails the sender (the decode is told,
+// with both counts) and is returned as the error.
+func (s *Sender) InitTokens(promptTokens, auxIndex int) (int, error) {
+	if p, err := s.st.get(); p == KVFailed {
+		return 0, fmt.Errorf("engine: sender room %d already failed: %w", s.room, err)
+	} else if p < KVWaitingForInput {
+		return 0, fmt.Errorf("engine: sender room %d: state %s; the decode's prefix is known once WaitingForInput", s.room, p)
+	}
+	if promptTokens < 0 {
+		return 0, fmt.Errorf("engine: sender room %d: prompt of %d tokens", s.room, promptTokens)
+	}
+	s.mu.Lock()
+	prefix := s.prefixLocked()
+	var eps []string
+	for ep, d := range s.dsts {
+		if !d.msg.Dummy {
+			eps = append(eps, ep)
+		}
+	}
 	s.mu.Unlock()
+	if prefix > promptTokens {
+		slices.Sort(eps)
+		err := fmt.Errorf("engine: room %d: decode %s states a prefix of %d tokens, longer than the prefill's prompt of %d tokens", s.room, strings.Join(eps, ","), prefix, promptTokens)
+		s.fail(err)
+		return 0, err
+	}
+	n := s.m.PagesForTokens(promptTokens - prefix)
+	return n, s.Init(n, auxIndex)
+}
+
+// SetStateIndices gives this rank's state slots of the request (SGLang
+// send(…, state_indices)): with the last chunk, slot idx[k] of every state
+// buffer is copied to the decode's state slot k. Call it before the last
+// Send. Errors: an index beyond the state buffers (or no state buffers).
+func (s *Sender) SetStateIndices(idx []int32) error {
+	if err := checkState(idx, s.m.geo); err != nil {
+		return fmt.Errorf("engine: sender room %d: %w", s.room, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastSeen {
+		return fmt.Errorf("engine: sender room %d: state indices after the last chunk", s.room)
+	}
+	s.state = slices.Clone(idx)
 	return nil
 }
 
@@ -428,10 +593,21 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	if s.required == 0 || v.RequiredDstInfoNum > s.required {
 		s.required = v.RequiredDstInfoNum
 	}
-	var sizes []int
+	var first *TransferMsg
+	var bad error
 	for _, d := range s.dsts {
-		if !d.msg.Dummy {
-			sizes = append(sizes, len(d.msg.Pages))
+		if d.msg.Dummy {
+			continue
+		}
+		if first == nil {
+			first = d.msg
+			continue
+		}
+		switch {
+		case len(d.msg.Pages) != len(first.Pages):
+			bad = fmt.Errorf("engine: room %d: decode ranks asked for different page counts: %s %d, %s %d", s.room, first.Endpoint, len(first.Pages), d.msg.Endpoint, len(d.msg.Pages))
+		case d.msg.PrefixTokens != first.PrefixTokens:
+			bad = fmt.Errorf("engine: room %d: decode ranks state different prefixes: %s %d tokens, %s %d tokens", s.room, first.Endpoint, first.PrefixTokens, d.msg.Endpoint, d.msg.PrefixTokens)
 		}
 	}
 	n := len(s.dsts)
@@ -442,11 +618,9 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 		s.fail(tokErr)
 		return
 	}
-	for _, sz := range sizes {
-		if sz != sizes[0] {
-			s.fail(fmt.Errorf("engine: room %d: decode ranks asked for different page counts %v", s.room, sizes))
-			return
-		}
+	if bad != nil {
+		s.fail(bad)
+		return
 	}
 	if n >= req {
 		s.st.advance(KVWaitingForInput)
@@ -475,9 +649,27 @@ func (s *Sender) TransportNames() []string {
 }
 
 // BytesSent is the KV bytes (page data, summed over all destinations; the
-// metadata record not counted) that completed transfer batches of this
-// sender wrote so far. After Success it is the request's total.
+// metadata record and aux rows not counted) that completed transfer batches
+// of this sender wrote so far. After Success it is the request's total.
 func (s *Sender) BytesSent() uint64 { return s.sent.Load() }
+
+// TransferMetric returns the room's transfer figures so far (Latency is set
+// at Success).
+func (s *Sender) TransferMetric() TransferMetric {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mt := TransferMetric{Latency: s.latency, Bytes: s.sent.Load(), AuxBytes: s.auxSent.Load(), Pages: max(s.queued, 0), PrefixTokens: s.prefixLocked()}
+	prefixPages := uint64(mt.PrefixTokens / s.m.geo.PageSize)
+	for _, d := range s.dsts {
+		if d.msg.Dummy || d.peer.pairs == nil {
+			continue
+		}
+		for _, pr := range d.peer.pairs {
+			mt.SkippedBytes += prefixPages * pr.PageBytes(s.m.geo.PageSize)
+		}
+	}
+	return mt
+}
 
 func (s *Sender) hasDst(ep string) bool {
 	s.mu.Lock()
@@ -486,11 +678,13 @@ func (s *Sender) hasDst(ep string) bool {
 	return ok
 }
 
-// Send queues a chunk of source pages (indices into this rank's pool, in
-// request order); pages map one-to-one onto the next unsent destination
-// pages. last marks the final chunk, after which the metadata record and
-// STATUS follow. It returns at once; errors are immediate validation failures
-// (wrong state, page out of range, more pages than the decode asked for).
+// Send queues a chunk of source pages (indices into this rank's KV buffers,
+// in request order, starting after the decode's prefix); pages map
+// one-to-one onto the next unsent destination pages. last marks the final
+// chunk (it may be empty), after which the aux row, the state slots, the
+// metadata record and STATUS follow. It returns at once; errors are
+// immediate validation failures (wrong state, a page beyond a buffer, more
+// pages than the decode asked for).
 func (s *Sender) Send(pages []int32, last bool) error {
 	p, err := s.st.get()
 	if p == KVFailed {
@@ -499,7 +693,7 @@ func (s *Sender) Send(pages []int32, last bool) error {
 	if p < KVWaitingForInput {
 		return fmt.Errorf("engine: send room %d: state %s; wait for WaitingForInput (every decode destination known) first", s.room, p)
 	}
-	if err := checkPages(pages, s.m.layout.NumPages); err != nil {
+	if err := checkPages(pages, s.m.geo); err != nil {
 		return fmt.Errorf("engine: send room %d: source %w", s.room, err)
 	}
 	s.mu.Lock()
@@ -515,7 +709,7 @@ func (s *Sender) Send(pages []int32, last bool) error {
 	}
 	if s.numPages >= 0 && want >= 0 && s.numPages != want {
 		s.mu.Unlock()
-		err := fmt.Errorf("engine: send room %d: Init declared %d pages, the decode pre-allocated %d", s.room, s.numPages, want)
+		err := fmt.Errorf("engine: send room %d: Init declared %d pages, the decode pre-allocated %d (after a prefix of %d tokens)", s.room, s.numPages, want, s.prefixLocked())
 		s.fail(err)
 		return err
 	}
@@ -524,6 +718,9 @@ func (s *Sender) Send(pages []int32, last bool) error {
 		err := fmt.Errorf("engine: send room %d: %d pages sent in total, the decode pre-allocated %d", s.room, s.queued+len(pages), want)
 		s.fail(err)
 		return err
+	}
+	if s.started.IsZero() {
+		s.started = time.Now()
 	}
 	s.queued += len(pages)
 	s.lastSeen = last
@@ -651,6 +848,11 @@ func (s *Sender) worker() {
 					return
 				}
 			}
+			s.mu.Lock()
+			if !s.started.IsZero() {
+				s.latency = time.Since(s.started)
+			}
+			s.mu.Unlock()
 			s.st.advance(KVSuccess)
 			return
 		}
@@ -658,7 +860,8 @@ func (s *Sender) worker() {
 }
 
 // transferChunk writes one chunk to one destination: KV runs (plus, for the
-// last chunk, the record body) in one batch, then the commit word.
+// last chunk, the aux row, the state slots and the record body) in one
+// batch, then, once that batch completed, the commit word.
 func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	p := d.peer
 	select {
@@ -682,7 +885,19 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	d.bytes += nbytes
 	b := &TransferBatch{Requests: reqs}
 	stage := -1
+	var extra uint64
 	if c.last {
+		ex, n, err := s.extras(d)
+		if err != nil {
+			return err
+		}
+		b.Requests = append(b.Requests, ex...)
+		extra = n
+		if d.msg.Checksum {
+			if d.crc, err = s.extrasChecksum(d, d.crc); err != nil {
+				return fmt.Errorf("engine: room %d: checksum of the aux row and state: %w", s.room, err)
+			}
+		}
 		i, err := s.m.stageAcquire()
 		if err != nil {
 			return err
@@ -707,6 +922,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		return err
 	}
 	s.sent.Add(nbytes)
+	s.auxSent.Add(extra)
 	if stage >= 0 {
 		cb := &TransferBatch{Requests: []WriteRequest{{Local: s.m.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}
@@ -715,6 +931,70 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		}
 	}
 	return nil
+}
+
+// extras plans the last chunk's aux-row and state writes to d: row
+// s.auxIndex of every aux buffer to the decode's row d.msg.AuxIndex, and
+// state slot s.state[k] of every state buffer to the decode's slot
+// d.msg.StateIndices[k]. Errors name both sides when the decode asks for
+// what this sender was not given.
+func (s *Sender) extras(d *senderDst) ([]WriteRequest, uint64, error) {
+	s.mu.Lock()
+	aux, state := s.auxIndex, s.state
+	s.mu.Unlock()
+	p := d.peer
+	var reqs []WriteRequest
+	var n uint64
+	if d.msg.AuxIndex >= 0 {
+		if aux < 0 {
+			return nil, 0, fmt.Errorf("engine: room %d: decode %s asked for aux row %d, but this prefill sender has no aux_index (give one to Init)", s.room, d.msg.Endpoint, d.msg.AuxIndex)
+		}
+		for i, b := range s.m.cfg.KV.AuxBuffers {
+			reqs = append(reqs, WriteRequest{Local: b.Addr + uintptr(uint64(aux)*b.ItemLen), Remote: p.offer.Aux[i].ID,
+				RemoteOffset: uint64(d.msg.AuxIndex) * b.ItemLen, Length: b.ItemLen})
+			n += b.ItemLen
+		}
+	}
+	if len(d.msg.StateIndices) > 0 {
+		if len(state) != len(d.msg.StateIndices) {
+			return nil, 0, fmt.Errorf("engine: room %d: decode %s gave %d state indices, this prefill sender has %d (SetStateIndices)", s.room, d.msg.Endpoint, len(d.msg.StateIndices), len(state))
+		}
+		for i, b := range s.m.cfg.KV.StateBuffers {
+			for k, src := range state {
+				reqs = append(reqs, WriteRequest{Local: b.Addr + uintptr(uint64(src)*b.ItemLen), Remote: p.offer.State[i].ID,
+					RemoteOffset: uint64(d.msg.StateIndices[k]) * b.ItemLen, Length: b.ItemLen})
+				n += b.ItemLen
+			}
+		}
+	}
+	return reqs, n, nil
+}
+
+// extrasChecksum extends crc over the aux row and state slots in the order
+// extras writes them (the receiver recomputes the same order).
+func (s *Sender) extrasChecksum(d *senderDst, crc uint32) (uint32, error) {
+	s.mu.Lock()
+	aux, state := s.auxIndex, s.state
+	s.mu.Unlock()
+	var scratch []byte
+	var err error
+	if d.msg.AuxIndex >= 0 {
+		for _, b := range s.m.cfg.KV.AuxBuffers {
+			if crc, err = crcMem(crc, b.Memory, uint64(aux)*b.ItemLen, b.ItemLen, &scratch); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if len(d.msg.StateIndices) > 0 {
+		for _, b := range s.m.cfg.KV.StateBuffers {
+			for _, src := range state {
+				if crc, err = crcMem(crc, b.Memory, uint64(src)*b.ItemLen, b.ItemLen, &scratch); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	return crc, nil
 }
 
 func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
@@ -748,41 +1028,34 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 	}
 }
 
-// plan builds the write requests for one chunk: for every local layer buffer,
-// runs of pages contiguous on both sides coalesced into one request, or, when
+// plan builds the write requests for one chunk: for every buffer pair, runs
+// of pages contiguous on both sides coalesced into one request, or, when
 // heads are sliced (TP mismatch, non-MLA), one strided request per run whose
 // blocks are the token rows (spec §6.3–6.4).
 func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) {
-	sl := s.m.layout
-	dl := p.dst
-	base := s.m.cfg.Pool.Addr()
-	sItem, dItem := sl.ItemLen(), dl.ItemLen()
-	sTok, dTok := sl.TokenBytes(), dl.TokenBytes()
-	full := p.slice.Length == sTok && sTok == dTok
+	ps := uint64(s.m.geo.PageSize)
+	bufs := s.m.cfg.KV.KVBuffers
 	var reqs []WriteRequest
 	var total uint64
-	dLayers := p.reg.EndLayer - p.reg.StartLayer
-	for i := 0; i < sl.NumBuffers(); i++ {
-		layer, kv := sl.BufferLayer(i)
-		di := kv*dLayers + layer - p.reg.StartLayer
-		sOff := sl.BufferOffset(i)
-		dOff := p.reg.BufferOffsets[di]
+	for _, pr := range p.pairs {
+		base := bufs[pr.Src].Addr
+		remote := p.offer.KV[pr.Dst].ID
 		for j := 0; j < len(src); {
 			k := j + 1
 			for k < len(src) && src[k] == src[k-1]+1 && dst[k] == dst[k-1]+1 {
 				k++
 			}
 			n := uint64(k - j)
-			local := base + uintptr(sOff+uint64(src[j])*sItem)
-			remote := dOff + uint64(dst[j])*dItem
-			if full {
-				reqs = append(reqs, WriteRequest{Local: local, Remote: p.offer.KV.ID, RemoteOffset: remote, Length: n * sItem})
-				total += n * sItem
+			local := base + uintptr(uint64(src[j])*pr.SrcItem)
+			roff := uint64(dst[j]) * pr.DstItem
+			if pr.Full {
+				reqs = append(reqs, WriteRequest{Local: local, Remote: remote, RemoteOffset: roff, Length: n * pr.SrcItem})
+				total += n * pr.SrcItem
 			} else {
-				rows := n * uint64(sl.PageSize)
-				reqs = append(reqs, WriteRequest{Local: local + uintptr(p.slice.SrcOffset), Remote: p.offer.KV.ID, RemoteOffset: remote + p.slice.DstOffset,
-					Length: p.slice.Length, Count: uint32(rows), LocalStride: sTok, RemoteStride: dTok})
-				total += rows * p.slice.Length
+				rows := n * ps
+				reqs = append(reqs, WriteRequest{Local: local + uintptr(pr.Slice.SrcOffset), Remote: remote, RemoteOffset: roff + pr.Slice.DstOffset,
+					Length: pr.Slice.Length, Count: uint32(rows), LocalStride: pr.SrcToken, RemoteStride: pr.DstToken})
+				total += rows * pr.Slice.Length
 			}
 			j = k
 		}
@@ -791,26 +1064,25 @@ func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) 
 }
 
 // checksum extends crc over the bytes this chunk sends, in the canonical
-// order the receiver recomputes: page by page, buffer by buffer (destination
-// order), token row by token row, the sliced bytes of each row.
+// order the receiver recomputes: page by page, buffer pair by buffer pair,
+// token row by token row, the sliced bytes of each row.
 func (s *Sender) checksum(p *decodePeer, src []int32, crc uint32) (uint32, error) {
-	sl := s.m.layout
-	pool := s.m.cfg.Pool
-	sTok := sl.TokenBytes()
+	bufs := s.m.cfg.KV.KVBuffers
+	ps := s.m.geo.PageSize
 	var scratch []byte
 	var err error
 	for _, pg := range src {
-		for i := 0; i < sl.NumBuffers(); i++ {
-			off := sl.BufferOffset(i) + uint64(pg)*sl.ItemLen()
-			if p.slice.Length == sTok {
-				if crc, err = pool.crcUpdate(crc, off, sl.ItemLen(), &scratch); err != nil {
+		for _, pr := range p.pairs {
+			mem := bufs[pr.Src].Memory
+			off := uint64(pg) * pr.SrcItem
+			if pr.Full {
+				if crc, err = crcMem(crc, mem, off, pr.SrcItem, &scratch); err != nil {
 					return 0, err
 				}
 				continue
 			}
-			for t := 0; t < sl.PageSize; t++ {
-				r := off + uint64(t)*sTok + p.slice.SrcOffset
-				if crc, err = pool.crcUpdate(crc, r, p.slice.Length, &scratch); err != nil {
+			for t := 0; t < ps; t++ {
+				if crc, err = crcMem(crc, mem, off+uint64(t)*pr.SrcToken+pr.Slice.SrcOffset, pr.Slice.Length, &scratch); err != nil {
 					return 0, err
 				}
 			}

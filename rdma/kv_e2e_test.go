@@ -11,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/rdma"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // TestKVTransferOverRDMA runs the engine's prefill Sender and decode Receiver
@@ -24,7 +25,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		}
 		t.Skipf("%v (run `make test-rdma` for the Soft-RoCE VM)", err)
 	}
-	model := engine.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
+	model := workload.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -44,14 +45,14 @@ func TestKVTransferOverRDMA(t *testing.T) {
 
 	type rank struct {
 		m    *engine.Manager
-		pool *engine.KVPool
+		pool *workload.KVBuffers
 	}
 	newRank := func(role engine.Role, tp, tpRank int) *rank {
-		l, err := engine.NewLayout(model, engine.LayoutOptions{PageSize: 4, TPSize: tp, TPRank: tpRank, PPSize: 1, NumPages: 64})
+		l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: 4, TPSize: tp, TPRank: tpRank, PPSize: 1, NumPages: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
-		pool, err := engine.NewKVPool(l, "rdma-e2e")
+		pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "rdma-e2e", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +60,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: []engine.Transport{tr}, BootstrapAddr: addr,
+		cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []engine.Transport{tr}, BootstrapAddr: addr,
 			BootstrapTimeout: 30 * time.Second, WaitingTimeout: 60 * time.Second}
 		if role == engine.RoleDecode {
 			cfg.BootstrapAddr = ""
@@ -116,7 +117,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 				return
 			}
 			defer p.pool.Free(src)
-			engine.FillPattern(p.pool, room, src)
+			_ = workload.FillPattern(p.pool, room, src, 0)
 			if err := s.Send(src, true); err != nil {
 				errs <- err
 				return
@@ -135,7 +136,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 	if st := r.Poll(); st != engine.KVSuccess {
 		t.Fatalf("receiver state %s: %v", st, r.Failure())
 	}
-	if err := engine.VerifyPattern(dec.pool, room, dpages); err != nil {
+	if err := workload.VerifyPattern(dec.pool, room, dpages, 0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -78,7 +78,7 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill attention-TP size (processes per PP stage)")
 	fs.IntVar(&f.prefillPP, "prefill-pp", 1, "prefill pipeline-parallel size")
 	fs.IntVar(&f.decodeTP, "decode-tp", 1, "decode attention-TP size (processes)")
-	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens (>= 1)")
+	fs.IntVar(&f.pageSize, "page-size", workload.DefaultPageSize, "KV page size in tokens (>= 1)")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool per rank in MiB (caps the prompt length)")
 	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
 	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, or a comma list")
@@ -277,17 +277,17 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pools in host memory)", f.device, err)
 		}
 	}
-	model, err := engine.LookupModel(f.model)
+	model, err := workload.LookupModel(f.model)
 	if err != nil {
 		return err
 	}
 	// Token capacity of the smallest pool, shared by the requests in flight.
 	capTokens := 1 << 30
-	for _, o := range []engine.LayoutOptions{
+	for _, o := range []workload.LayoutOptions{
 		{PageSize: f.pageSize, TPSize: f.prefillTP, PPSize: f.prefillPP},
 		{PageSize: f.pageSize, TPSize: f.decodeTP, PPSize: 1},
 	} {
-		n, err := engine.PagesForBytes(model, o, uint64(f.poolMB)<<20)
+		n, err := workload.PagesForBytes(model, o, uint64(f.poolMB)<<20)
 		if err != nil {
 			return err
 		}
@@ -528,7 +528,7 @@ func validateDemoFlags(f *demoFlags) error {
 	case f.requests == 0 && f.trace == "":
 		return fmt.Errorf("--requests 0 means the whole trace and needs --trace FILE; without a trace give --requests >= 1")
 	case f.pageSize < 1:
-		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d)", f.pageSize, engine.DefaultPageSize)
+		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d)", f.pageSize, workload.DefaultPageSize)
 	case f.poolMB < 1:
 		return fmt.Errorf("--pool-mb %d: must be >= 1 MiB", f.poolMB)
 	case f.timeout <= 0:

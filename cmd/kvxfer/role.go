@@ -24,6 +24,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // roleFlags are the flags shared by `kvxfer prefill` and `kvxfer decode`.
@@ -45,6 +46,7 @@ type roleFlags struct {
 	verify           bool
 	fill             bool
 	ringSlots        int
+	auxRows          int
 	chunkPages       int
 	prefault         bool
 	device           string
@@ -69,8 +71,9 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the prefill's --fill test pattern (what kvxfer demo does)")
 		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
 	}
-	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(engine.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
-	fs.IntVar(&f.pageSize, "page-size", engine.DefaultPageSize, "KV page size in tokens (must match the peer)")
+	fs.IntVar(&f.auxRows, "aux-rows", 1024, "rows of each aux (metadata) buffer: requests in flight at once on this rank")
+	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(workload.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
+	fs.IntVar(&f.pageSize, "page-size", workload.DefaultPageSize, "KV page size in tokens (must match the peer)")
 	fs.IntVar(&f.tpSize, "tp-size", 1, "attention-TP size of this instance")
 	fs.IntVar(&f.tpRank, "tp-rank", 0, "attention-TP rank of this process")
 	fs.IntVar(&f.ppSize, "pp-size", 1, "pipeline-parallel size of this instance")
@@ -87,7 +90,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	}
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
-	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(engine.KVCacheDtypes, ", ")+
+	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(workload.KVCacheDtypes, ", ")+
 		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
 	boot, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", engine.DefaultBootstrapTimeout)
 	wait, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", engine.DefaultWaitingTimeout)
@@ -144,7 +147,7 @@ func closeAll(ts []engine.Transport) {
 func validateRoleFlags(f *roleFlags) error {
 	switch {
 	case f.pageSize < 1:
-		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d; prefill and decode must match)", f.pageSize, engine.DefaultPageSize)
+		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d; prefill and decode must match)", f.pageSize, workload.DefaultPageSize)
 	case f.chunkPages < 0:
 		return fmt.Errorf("--chunk-pages %d: must be >= 0 (0 = send each request in one chunk)", f.chunkPages)
 	case f.bootstrapTimeout <= 0 || f.waitingTimeout <= 0:
@@ -153,37 +156,39 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
+	case f.auxRows < 1 || f.auxRows > 1<<20:
+		return fmt.Errorf("--aux-rows %d: must be 1 … 2^20", f.auxRows)
 	}
 	if f.advertiseHost != "" {
 		if _, err := bootstrap.ValidateHost(f.advertiseHost); err != nil {
 			return fmt.Errorf("--advertise-host (or KVXFER_ADVERTISE_HOST) %q: %v", f.advertiseHost, err)
 		}
 	}
-	if _, err := engine.KVCacheDtypeBytes(f.kvDtype); err != nil {
-		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(engine.KVCacheDtypes, ", "))
+	if _, err := workload.KVCacheDtypeBytes(f.kvDtype); err != nil {
+		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(workload.KVCacheDtypes, ", "))
 	}
 	return nil
 }
 
 // roleLayout builds the rank's layout from the flags; a --kv-cache-dtype
 // other than auto sets the bytes per KV element.
-func roleLayout(f *roleFlags) (*engine.Layout, error) {
-	m, err := engine.LookupModel(f.model)
+func roleLayout(f *roleFlags) (*workload.Layout, error) {
+	m, err := workload.LookupModel(f.model)
 	if err != nil {
 		return nil, err
 	}
-	eb, err := engine.KVCacheDtypeBytes(f.kvDtype)
+	eb, err := workload.KVCacheDtypeBytes(f.kvDtype)
 	if err != nil {
 		return nil, err
 	}
 	if eb > 0 {
 		m.DtypeBytes = eb
 	}
-	o := engine.LayoutOptions{PageSize: f.pageSize, TPSize: f.tpSize, TPRank: f.tpRank, PPSize: f.ppSize, PPRank: f.ppRank}
+	o := workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.tpSize, TPRank: f.tpRank, PPSize: f.ppSize, PPRank: f.ppRank}
 	if f.poolMB <= 0 {
 		return nil, fmt.Errorf("--pool-mb %d: must be > 0", f.poolMB)
 	}
-	n, err := engine.PagesForBytes(m, o, uint64(f.poolMB)<<20)
+	n, err := workload.PagesForBytes(m, o, uint64(f.poolMB)<<20)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +196,7 @@ func roleLayout(f *roleFlags) (*engine.Layout, error) {
 		return nil, fmt.Errorf("--pool-mb %d holds no page of %s (raise --pool-mb)", f.poolMB, m.Name)
 	}
 	o.NumPages = n
-	return engine.NewLayout(m, o)
+	return workload.NewLayout(m, o)
 }
 
 // requestLine is one request on a role's stdin (JSON lines):
@@ -238,11 +243,17 @@ type replyLine struct {
 	Pages int    `json:"pages"`
 	// Bytes is the KV bytes moved: what the prefill rank wrote (all
 	// destinations) or what the decode rank received.
-	Bytes      uint64 `json:"bytes"`
-	Dummy      bool   `json:"dummy,omitempty"`
-	TransferUS int64  `json:"transfer_us"`
-	FillUS     int64  `json:"fill_us,omitempty"`
-	VerifyUS   int64  `json:"verify_us,omitempty"`
+	Bytes uint64 `json:"bytes"`
+	// AuxBytes is the aux-row bytes moved with the KV.
+	AuxBytes uint64 `json:"aux_bytes,omitempty"`
+	// PrefixTokens is the prompt tokens the decode already held (not sent);
+	// SkippedBytes the KV bytes that saved.
+	PrefixTokens int    `json:"prefix_tokens,omitempty"`
+	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
+	Dummy        bool   `json:"dummy,omitempty"`
+	TransferUS   int64  `json:"transfer_us"`
+	FillUS       int64  `json:"fill_us,omitempty"`
+	VerifyUS     int64  `json:"verify_us,omitempty"`
 }
 
 // runRole runs a prefill or decode rank: it serves request lines from stdin
@@ -266,25 +277,26 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if err != nil {
 		return err
 	}
-	var pool *engine.KVPool
 	if onDevice {
 		if err := cuda.Available(); err != nil {
 			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
 		}
-		pool, err = engine.NewDeviceKVPool(layout, role.String()+"-kv-pool", dev)
-	} else {
-		pool, err = engine.NewKVPool(layout, role.String()+"-kv-pool")
 	}
+	// The rank's KV memory, laid out as a serving engine lays it out: one
+	// buffer per layer for K and for V (or per layer for MLA), plus SGLang's
+	// aux (metadata) buffers; the KV manager only registers them.
+	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	rows := workload.NewPageAllocator(f.auxRows)
 	if f.prefault {
 		t := time.Now()
 		if err := pool.Prefault(); err != nil {
-			slog.Warn("KV pool not prefaulted; the first transfers will be slower", "err", err)
+			slog.Warn("KV buffers not prefaulted; the first transfers will be slower", "err", err)
 		} else {
-			slog.Debug("KV pool prefaulted", "bytes", layout.PoolBytes(), "took", time.Since(t))
+			slog.Debug("KV buffers prefaulted", "bytes", layout.PoolBytes(), "took", time.Since(t))
 		}
 	}
 	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
@@ -301,7 +313,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
 	}
-	cfg := engine.ManagerConfig{Role: role, Pool: pool, Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
+	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
@@ -358,9 +370,9 @@ loop:
 				case in.err != nil:
 					r = replyLine{Error: fmt.Sprintf("line %d: %v", in.n, in.err)}
 				case role == engine.RolePrefill:
-					r = prefillOne(ctx, m, f, in.q)
+					r = prefillOne(ctx, m, pool, rows, f, in.q)
 				default:
-					r = decodeOne(ctx, m, f, in.q)
+					r = decodeOne(ctx, m, pool, rows, f, in.q)
 				}
 				r.Role, r.TPRank, r.PPRank, r.Line = role.String(), layout.TPRank, layout.PPRank, in.n
 				if in.hasRoom {
@@ -495,19 +507,23 @@ type readyLine struct {
 	Instance string `json:"instance"`
 }
 
-// allocWait allocates pages, waiting for finished requests to free some.
-func allocWait(ctx context.Context, pool *engine.KVPool, n int, limit time.Duration) ([]int32, error) {
-	if n > pool.Capacity() {
-		return nil, fmt.Errorf("request needs %d pages, the pool holds %d (raise --pool-mb)", n, pool.Capacity())
+// allocWait allocates n items from a (KV pages or aux rows; what names them
+// in errors), waiting for finished requests to free some.
+func allocWait(ctx context.Context, a *workload.PageAllocator, what string, n int, limit time.Duration) ([]int32, error) {
+	if n > a.Capacity() {
+		if what == "pages" {
+			return nil, fmt.Errorf("request needs %d pages, the KV buffers hold %d (raise --pool-mb)", n, a.Capacity())
+		}
+		return nil, fmt.Errorf("request needs %d %s, there are %d", n, what, a.Capacity())
 	}
 	deadline := time.Now().Add(limit)
 	for {
-		p, err := pool.Alloc(n)
+		p, err := a.Alloc(n)
 		if err == nil {
 			return p, nil
 		}
-		if !errors.Is(err, engine.ErrPoolExhausted) || time.Now().After(deadline) {
-			return nil, err
+		if !errors.Is(err, workload.ErrPoolExhausted) || time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -517,31 +533,37 @@ func allocWait(ctx context.Context, pool *engine.KVPool, n int, limit time.Durat
 	}
 }
 
-func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLine) replyLine {
-	l := m.Layout()
-	pool := m.Pool()
-	n := l.PagesForTokens(q.Tokens)
+func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, f *roleFlags, q requestLine) replyLine {
+	n := m.PagesForTokens(q.Tokens)
 	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
 	s, err := m.NewSender(q.Room)
 	if err != nil {
 		return fail(err)
 	}
 	defer s.Close()
-	if err := s.Init(n); err != nil {
-		return fail(err)
-	}
 	if err := s.SetTokens(q.Tokens); err != nil {
 		return fail(err)
 	}
-	src, err := allocWait(ctx, pool, n, f.waitingTimeout)
+	// The prefill computes the whole prompt's KV (here: the test pattern)
+	// and its aux row while the decode resolves; only the pages after the
+	// decode's prefix are sent.
+	src, err := allocWait(ctx, pool.PageAllocator, "pages", n, f.waitingTimeout)
 	if err != nil {
 		return fail(err)
 	}
 	defer pool.Free(src)
+	aux, err := allocWait(ctx, rows, "aux rows", 1, f.waitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Free(aux)
 	var r replyLine
 	if f.fill {
 		t := time.Now()
-		if err := engine.FillPattern(pool, q.Room, src); err != nil {
+		if err := workload.FillPattern(pool, q.Room, src, 0); err != nil {
+			return fail(err)
+		}
+		if err := workload.FillAux(pool, q.Room, int(aux[0])); err != nil {
 			return fail(err)
 		}
 		r.FillUS = time.Since(t).Microseconds()
@@ -555,10 +577,16 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 		}
 		return fail(fmt.Errorf("room %d: sender still %s after the bootstrap timeout", q.Room, st))
 	}
-	if s.DstPages() == 0 {
+	if !s.HasRealDst() {
 		// A dummy rank (MLA with prefill TP > decode TP): nothing to send.
 		r.Dummy = true
 		src = src[:0]
+	} else {
+		send, err := s.InitTokens(q.Tokens, int(aux[0]))
+		if err != nil {
+			return fail(err)
+		}
+		src = src[len(src)-send:]
 	}
 	t0 := time.Now()
 	chunk := f.chunkPages
@@ -584,24 +612,29 @@ func prefillOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestL
 		}
 		return fail(fmt.Errorf("room %d: sender still %s after the waiting timeout", q.Room, st))
 	}
-	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), s.BytesSent()
+	mt := s.TransferMetric()
+	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
+	r.PrefixTokens, r.SkippedBytes, r.AuxBytes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes
 	return r
 }
 
-func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLine) replyLine {
-	l := m.Layout()
-	pool := m.Pool()
-	n := l.PagesForTokens(q.Tokens)
+func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, f *roleFlags, q requestLine) replyLine {
+	n := m.PagesForTokens(q.Tokens)
 	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
 	addr := q.Bootstrap
 	if addr == "" {
 		addr = f.bootstrap
 	}
-	pages, err := allocWait(ctx, pool, n, f.waitingTimeout)
+	pages, err := allocWait(ctx, pool.PageAllocator, "pages", n, f.waitingTimeout)
 	if err != nil {
 		return fail(err)
 	}
 	defer pool.Free(pages)
+	aux, err := allocWait(ctx, rows, "aux rows", 1, f.waitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Free(aux)
 	r, err := m.NewReceiver(addr, q.Room)
 	if err != nil {
 		return fail(err)
@@ -611,7 +644,7 @@ func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLi
 	if err := r.SetTokens(q.Tokens); err != nil {
 		return fail(err)
 	}
-	if err := r.Init(pages); err != nil {
+	if err := r.SendMetadata(pages, int(aux[0]), nil, 0); err != nil {
 		return fail(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+f.waitingTimeout)
@@ -624,10 +657,14 @@ func decodeOne(ctx context.Context, m *engine.Manager, f *roleFlags, q requestLi
 		}
 		return fail(fmt.Errorf("room %d: receiver still %s", q.Room, st))
 	}
-	out.Bytes = uint64(n) * l.ItemLen() * uint64(l.NumBuffers())
+	mt := r.TransferMetric()
+	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
 	if f.verify {
 		t := time.Now()
-		if err := engine.VerifyPattern(pool, q.Room, pages); err != nil {
+		if err := workload.VerifyPattern(pool, q.Room, pages, 0); err != nil {
+			return fail(err)
+		}
+		if err := workload.VerifyAux(pool, q.Room, int(aux[0])); err != nil {
 			return fail(err)
 		}
 		out.VerifyUS = time.Since(t).Microseconds()

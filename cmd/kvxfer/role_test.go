@@ -60,7 +60,7 @@ func TestParseRequest(t *testing.T) {
 
 func TestValidateRoleFlags(t *testing.T) {
 	good := func() roleFlags {
-		return roleFlags{pageSize: 16, kvDtype: "auto", bootstrapTimeout: time.Second, waitingTimeout: time.Second, peerTimeout: time.Second}
+		return roleFlags{pageSize: 16, kvDtype: "auto", bootstrapTimeout: time.Second, waitingTimeout: time.Second, peerTimeout: time.Second, auxRows: 8}
 	}
 	cases := []struct {
 		name   string
@@ -76,6 +76,7 @@ func TestValidateRoleFlags(t *testing.T) {
 		{"chunk", func(f *roleFlags) { f.chunkPages = -1 }, "--chunk-pages"},
 		{"waiting", func(f *roleFlags) { f.waitingTimeout = 0 }, "--waiting-timeout"},
 		{"peer", func(f *roleFlags) { f.peerTimeout = 0 }, "--peer-timeout"},
+		{"aux rows", func(f *roleFlags) { f.auxRows = 0 }, "--aux-rows 0"},
 	}
 	for _, c := range cases {
 		f := good()

@@ -1,0 +1,524 @@
+package engine_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// hostBuf is a fake buffer description at addr (never dereferenced: only
+// Geometry is called on these).
+func hostBuf(addr uintptr, length, item uint64) engine.Buffer {
+	return engine.Buffer{Memory: engine.Memory{Addr: addr, Length: length, Kind: engine.MemoryHost, FD: -1}, ItemLen: item}
+}
+
+func TestKVArgsGeometryRefusals(t *testing.T) {
+	good := func() engine.KVArgs {
+		// 2 layers, K and V, 4 pages of 4 tokens × 2 heads × 8 bytes.
+		var kv []engine.Buffer
+		for i := range 4 {
+			kv = append(kv, hostBuf(uintptr(0x10000+i*0x1000), 4*64, 64))
+		}
+		return engine.KVArgs{KVBuffers: kv, AuxBuffers: []engine.Buffer{hostBuf(0x20000, 8*32, 32)}, PageSize: 4, KVHeadNum: 2, TotalKVHeadNum: 4, TPSize: 2, EngineRank: 1, GPUID: -1}
+	}
+	g, err := func() (*engine.Geometry, error) { a := good(); return a.Geometry() }()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Layers() != 2 || g.NumPages() != 4 || g.AuxRows() != 8 || g.TPRank != 1 || g.TotalKVHeadNum != 4 {
+		t.Fatalf("geometry %+v", g)
+	}
+	cases := []struct {
+		name string
+		mod  func(*engine.KVArgs)
+		want string
+	}{
+		{"no buffers", func(a *engine.KVArgs) { a.KVBuffers = nil }, "no KV buffers"},
+		{"odd MHA count", func(a *engine.KVArgs) { a.KVBuffers = a.KVBuffers[:3] }, "3 KV buffers: an MHA/GQA rank gives K buffers then V buffers"},
+		{"zero length", func(a *engine.KVArgs) { a.KVBuffers[1].Length = 0 }, "KV buffer 1 (layer 1 K): address 0x11000, length 0"},
+		{"zero item", func(a *engine.KVArgs) { a.AuxBuffers[0].ItemLen = 0 }, "aux buffer 0: item length is 0"},
+		{"smaller than an item", func(a *engine.KVArgs) { a.KVBuffers[2].Length = 10 }, "KV buffer 2 (layer 0 V): 10 bytes hold no item of 64 bytes"},
+		{"not whole heads", func(a *engine.KVArgs) { a.KVBuffers[3].ItemLen = 60; a.KVBuffers[3].Length = 600 }, "item length 60 bytes is not page_size 4 × kv_head_num 2 whole head rows"},
+		{"overlap", func(a *engine.KVArgs) { a.AuxBuffers[0].Addr = 0x10000 + 0x1000 + 100 }, "overlaps KV buffer 1 (layer 1 K)"},
+		{"page size", func(a *engine.KVArgs) { a.PageSize = 0 }, "page_size 0"},
+		{"rank", func(a *engine.KVArgs) { a.EngineRank = 2 }, "engine_rank 2 not in [0, tp size 2)"},
+		{"heads", func(a *engine.KVArgs) { a.KVHeadNum = 4 }, "kv_head_num 4, but total_kv_head_num 4 over tp size 2 gives 2 heads per rank"},
+		{"mla heads", func(a *engine.KVArgs) { a.MLA = true }, "kv_head_num 2 on an MLA rank"},
+		{"gpu", func(a *engine.KVArgs) {
+			a.GPUID = 1
+			a.KVBuffers[0].Kind, a.KVBuffers[0].Device = engine.MemoryCUDA, 0
+		}, "is on cuda:0, but the rank's gpu_id is 1"},
+	}
+	for _, c := range cases {
+		a := good()
+		c.mod(&a)
+		_, err := a.Geometry()
+		if err == nil || !errors.Is(err, engine.ErrBadKVArgs) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err %v, want ErrBadKVArgs containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+// geometryOf is the Geometry a workload layout's buffers would give (no
+// memory is allocated: the addresses are fake).
+func geometryOf(t *testing.T, m workload.ModelConfig, tp, rank, pp, ppRank int, aux []uint64) *engine.Geometry {
+	t.Helper()
+	l, err := workload.NewLayout(m, workload.LayoutOptions{PageSize: 4, TPSize: tp, TPRank: rank, PPSize: pp, PPRank: ppRank, NumPages: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := m.NumKVHeads
+	a := engine.KVArgs{PageSize: 4, KVHeadNum: l.HeadsPerRank, TotalKVHeadNum: total, TPSize: tp, EngineRank: rank, PPSize: pp, PPRank: ppRank,
+		PrefillStartLayer: l.StartLayer, MLA: m.MLA, GPUID: -1}
+	for i := 0; i < l.NumBuffers(); i++ {
+		a.KVBuffers = append(a.KVBuffers, hostBuf(uintptr(1<<20+i<<16), l.BufferLen(), l.ItemLen()))
+	}
+	for i, n := range aux {
+		a.AuxBuffers = append(a.AuxBuffers, hostBuf(uintptr(1<<30+i<<16), 4*n, n))
+	}
+	g, err := a.Geometry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestPairBuffersSlices(t *testing.T) {
+	m := workload.ModelConfig{NumLayers: 2, NumKVHeads: 8, HeadDim: 128, DtypeBytes: 2}
+	geo := func(tp, r int) *engine.Geometry { return geometryOf(t, m, tp, r, 1, 0, nil) }
+	hb := uint64(256)
+	cases := []struct {
+		src, dst       *engine.Geometry
+		srcOff, dstOff uint64
+		length         uint64
+	}{
+		{geo(1, 0), geo(1, 0), 0, 0, 8 * hb},
+		{geo(2, 0), geo(1, 0), 0, 0, 4 * hb},
+		{geo(2, 1), geo(1, 0), 0, 4 * hb, 4 * hb},
+		{geo(1, 0), geo(2, 1), 4 * hb, 0, 4 * hb},
+		{geo(4, 3), geo(2, 1), 0, 2 * hb, 2 * hb},
+		{geo(2, 1), geo(16, 15), 3 * hb, 0, hb}, // decode rank 15 holds head 7 = src rank 1's head 3
+	}
+	for i, c := range cases {
+		ps, err := engine.PairBuffers(c.src, c.dst, "P", "D")
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		if len(ps) != 4 {
+			t.Fatalf("case %d: %d pairs", i, len(ps))
+		}
+		for _, p := range ps {
+			s := p.Slice
+			if p.Src != p.Dst || s.SrcOffset != c.srcOff || s.DstOffset != c.dstOff || s.Length != c.length {
+				t.Errorf("case %d buffer %d: %+v; want src %d dst %d len %d", i, p.Src, p, c.srcOff, c.dstOff, c.length)
+			}
+		}
+	}
+	// PP: a stage's buffers map onto the decode's full list (K then V).
+	src, dst := geometryOf(t, workload.ModelConfig{NumLayers: 5, NumKVHeads: 2, HeadDim: 8, DtypeBytes: 2}, 1, 0, 2, 1, nil),
+		geometryOf(t, workload.ModelConfig{NumLayers: 5, NumKVHeads: 2, HeadDim: 8, DtypeBytes: 2}, 1, 0, 1, 0, nil)
+	ps, err := engine.PairBuffers(src, dst, "P", "D")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stage 1 of 2 holds layers [3, 5): its K buffers go to decode 3, 4; V to 8, 9.
+	if got := []int{ps[0].Dst, ps[1].Dst, ps[2].Dst, ps[3].Dst}; got[0] != 3 || got[1] != 4 || got[2] != 8 || got[3] != 9 || !ps[0].Full {
+		t.Fatalf("pp pairs %+v", ps)
+	}
+}
+
+func TestPairBuffersRefusals(t *testing.T) {
+	gqa := workload.ModelConfig{NumLayers: 2, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
+	aux := []uint64{64, 512}
+	base := func() (*engine.Geometry, *engine.Geometry) {
+		return geometryOf(t, gqa, 1, 0, 1, 0, aux), geometryOf(t, gqa, 1, 0, 1, 0, aux)
+	}
+	cases := []struct {
+		name string
+		mod  func(src, dst *engine.Geometry)
+		want string
+	}{
+		{"mla", func(s, d *engine.Geometry) { d.MLA = true }, "prefill MLA is false (4 KV buffers), decode MLA is true"},
+		{"page size", func(s, d *engine.Geometry) { d.PageSize = 8 }, "page size differs: prefill 4 tokens, decode 8 tokens"},
+		{"heads", func(s, d *engine.Geometry) { d.TotalKVHeadNum = 8 }, "total KV heads differ: prefill 4, decode 8"},
+		{"layers", func(s, d *engine.Geometry) { s.StartLayer, s.EndLayer = 1, 3 }, "prefill holds layers [1, 3), decode holds [0, 2)"},
+		{"item lens", func(s, d *engine.Geometry) { d.KVItemLens[2] = 256 }, "prefill KV buffer 2 (layer 0 V) is 512 bytes per page, decode KV buffer 2 (layer 0 V) is 256 bytes per page"},
+		{"aux count", func(s, d *engine.Geometry) { d.AuxItemLens, d.AuxItems = d.AuxItemLens[:1], d.AuxItems[:1] }, "aux buffer counts differ: prefill has 2, decode has 1"},
+		{"aux item", func(s, d *engine.Geometry) { d.AuxItemLens[1] = 256 }, "aux buffer 1 item lengths differ: prefill 512 bytes, decode 256 bytes"},
+		{"state tp", func(s, d *engine.Geometry) {
+			s.StateItemLens, d.StateItemLens = []uint64{64}, []uint64{64}
+			d.TPSize, d.KVHeadNum = 2, 2
+		}, "state buffers do not support different TP sizes"},
+		{"head bytes", func(s, d *engine.Geometry) {
+			d.TPSize, d.KVHeadNum = 2, 2
+			for i := range d.KVItemLens {
+				d.KVItemLens[i] = 4 * 2 * 8 // 8 bytes per head instead of 32
+			}
+		}, "bytes per head differ: prefill KV buffer 0 (layer 0 K) holds 128 bytes per token over 4 heads, decode KV buffer 0 (layer 0 K) holds 16 bytes per token over 2 heads"},
+	}
+	for _, c := range cases {
+		s, d := base()
+		c.mod(s, d)
+		_, err := engine.PairBuffers(s, d, "tcp://p:1", "tcp://d:2")
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "prefill tcp://p:1 and decode tcp://d:2") {
+			t.Errorf("%s: err %v, want one naming both ranks and %q", c.name, err, c.want)
+		}
+	}
+}
+
+// auxModel is a model whose ranks differ only in their aux lists.
+type sideOpts struct {
+	model workload.ModelConfig
+	aux   []workload.AuxBuffer
+}
+
+// newBufRank is newRank with a chosen model and aux list for one side.
+func newBufRank(t *testing.T, role engine.Role, addr string, o sideOpts, checksum bool) *rank {
+	t.Helper()
+	l, err := workload.NewLayout(o.model, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "buf", Device: -1, Aux: o.aux, AuxRows: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []engine.Transport{tr}, BootstrapAddr: addr, Checksum: checksum,
+		BootstrapTimeout: 20 * time.Second, WaitingTimeout: 20 * time.Second}
+	if role == engine.RoleDecode {
+		cfg.BootstrapAddr = ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := engine.NewManager(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(); tr.Close(); pool.Close() })
+	return &rank{m: m, pool: pool}
+}
+
+// TestRegistrationRefusedNamesBothSides: prefill and decode whose buffer
+// lists differ fail at registration (REGISTER_ACK), on both sides, with an
+// error naming both ranks and the difference; nothing is transferred.
+func TestRegistrationRefusedNamesBothSides(t *testing.T) {
+	cases := []struct {
+		name     string
+		pre, dec sideOpts
+		want     string
+	}{
+		{"aux count", sideOpts{smallGQA, workload.DefaultAux}, sideOpts{smallGQA, workload.DefaultAux[:6]}, "aux buffer counts differ: prefill has 7, decode has 6"},
+		{"kv item lens", sideOpts{smallGQA, workload.DefaultAux},
+			sideOpts{workload.ModelConfig{Name: "half", NumLayers: 4, NumKVHeads: 4, HeadDim: 8, DtypeBytes: 2}, workload.DefaultAux},
+			"prefill KV buffer 0 (layer 0 K) is 512 bytes per page, decode KV buffer 0 (layer 0 K) is 256 bytes per page"},
+		{"kv buffer count", sideOpts{smallGQA, workload.DefaultAux},
+			sideOpts{workload.ModelConfig{Name: "shallow", NumLayers: 2, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}, workload.DefaultAux},
+			"prefill holds layers [0, 4), decode holds [0, 2)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addr := startBootstrap(t)
+			p := newBufRank(t, engine.RolePrefill, addr, c.pre, false)
+			d := newBufRank(t, engine.RoleDecode, addr, c.dec, false)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := p.m.NewSender(31)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			r, err := d.m.NewReceiver(addr, 31)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			pg, _ := d.pool.Alloc(2)
+			if err := r.Init(pg); err != nil {
+				t.Fatal(err)
+			}
+			if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+				t.Fatalf("receiver %s, want Failed", st)
+			}
+			msg := r.Failure().Error()
+			if !strings.Contains(msg, c.want) || !strings.Contains(msg, p.m.Endpoint()) || !strings.Contains(msg, d.m.Endpoint()) || !strings.Contains(msg, "refused this decode's registration") {
+				t.Fatalf("receiver failure %q: want %q naming prefill %s and decode %s", msg, c.want, p.m.Endpoint(), d.m.Endpoint())
+			}
+			// The prefill learns the same outcome at once (ABORT with the
+			// refusal), not at its bootstrap timeout.
+			if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(s.Failure(), engine.ErrAborted) || !strings.Contains(s.Failure().Error(), c.want) {
+				t.Fatalf("sender %s %v, want Failed/ErrAborted with %q", st, s.Failure(), c.want)
+			}
+		})
+	}
+}
+
+// transferWith runs one request whose decode states prefixPages pages it
+// already holds (filled here with the earlier room's pattern) and an aux
+// row; it returns the two ranks' metrics after checking the whole prompt and
+// the aux row on the decode.
+func transferWith(t *testing.T, addr string, p, d *rank, room, earlier uint64, tokens, prefixPages int) (engine.TransferMetric, engine.TransferMetric) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ps := d.m.PageSize()
+	total := d.m.PagesForTokens(tokens)
+	dpages, err := d.pool.Alloc(total)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.pool.Free(dpages)
+	if err := workload.FillPattern(d.pool, earlier, dpages[:prefixPages], 0); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.SendMetadata(dpages[prefixPages:], 3, nil, prefixPages*ps); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s: %v", st, s.Failure())
+	}
+	if got := s.PopDecodePrefixLen(); got != prefixPages*ps {
+		t.Fatalf("PopDecodePrefixLen %d, want %d", got, prefixPages*ps)
+	}
+	src, err := p.pool.Alloc(total)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.pool.Free(src)
+	// The prefill computed the whole prompt; the prefix pages hold the same
+	// tokens' KV of this room, which the decode does not want.
+	if err := workload.FillPattern(p.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.FillAux(p.pool, room, 1); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.InitTokens(tokens, 1)
+	if err != nil || n != total-prefixPages {
+		t.Fatalf("InitTokens: %d pages, %v; want %d", n, err, total-prefixPages)
+	}
+	if err := s.Send(src[prefixPages:prefixPages+n/2], false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(src[prefixPages+n/2:], true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("receiver %s: %v", st, r.Failure())
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("sender %s: %v", st, s.Failure())
+	}
+	// The whole prompt: the held prefix is the earlier room's, the rest this room's.
+	if err := workload.VerifyPattern(d.pool, earlier, dpages[:prefixPages], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.VerifyPattern(d.pool, room, dpages[prefixPages:], prefixPages); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.VerifyAux(d.pool, room, 3); err != nil {
+		t.Fatal(err)
+	}
+	row, err := r.AuxRow(0)
+	if err != nil || !bytes.Equal(row, p.pool.AuxRow(0, 1)) {
+		t.Fatalf("AuxRow(0) = %x, %v; want the prefill's row %x", row, err, p.pool.AuxRow(0, 1))
+	}
+	return s.TransferMetric(), r.TransferMetric()
+}
+
+func TestAuxRowAndPrefixReuse(t *testing.T) {
+	for _, checksum := range []bool{false, true} {
+		addr := startBootstrap(t)
+		p := newBufRank(t, engine.RolePrefill, addr, sideOpts{smallGQA, workload.DefaultAux}, false)
+		d := newBufRank(t, engine.RoleDecode, addr, sideOpts{smallGQA, workload.DefaultAux}, checksum)
+		item := p.pool.Layout().ItemLen() * uint64(p.pool.Layout().NumBuffers())
+		var auxRow uint64
+		for _, a := range workload.DefaultAux {
+			auxRow += a.RowBytes
+		}
+		for _, c := range []struct {
+			tokens, prefix int
+		}{{30, 0}, {30, 3}, {32, 8}} { // 8 pages of 4 tokens; the last: everything held
+			sm, rm := transferWith(t, addr, p, d, uint64(100+c.prefix), 7, c.tokens, c.prefix)
+			sent := uint64(8-c.prefix) * item
+			if sm.Bytes != sent || rm.Bytes != sent || sm.SkippedBytes != uint64(c.prefix)*item || rm.SkippedBytes != sm.SkippedBytes ||
+				sm.PrefixTokens != 4*c.prefix || rm.PrefixTokens != sm.PrefixTokens || sm.AuxBytes != auxRow || rm.AuxBytes != auxRow ||
+				sm.Latency <= 0 || rm.Latency <= 0 || sm.Pages != 8-c.prefix {
+				t.Errorf("checksum %v prefix %d: sender %+v receiver %+v; want %d bytes sent, %d skipped, %d aux", checksum, c.prefix, sm, rm, sent, uint64(c.prefix)*item, auxRow)
+			}
+		}
+	}
+}
+
+// TestRequestRefusals: bad indices and prefixes are refused before anything
+// moves, and a prefix longer than the prompt fails both sides naming both
+// counts.
+func TestRequestRefusals(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newBufRank(t, engine.RolePrefill, addr, sideOpts{smallGQA, workload.DefaultAux}, false)
+	d := newBufRank(t, engine.RoleDecode, addr, sideOpts{smallGQA, workload.DefaultAux}, false)
+	r, err := d.m.NewReceiver(addr, 41)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, c := range []struct {
+		pages  []int32
+		aux    int
+		state  []int32
+		prefix int
+		want   string
+	}{
+		{[]int32{1, 32}, -1, nil, 0, "page index 32 is beyond KV buffer 0 (layer 0 K), which holds 32 pages"},
+		{[]int32{1}, 4, nil, 0, "aux index 4 is beyond aux buffer 0, which holds 4 rows"},
+		{[]int32{1}, -1, []int32{0}, 0, "1 state indices given, but there are no state buffers"},
+		{[]int32{1}, -1, nil, 6, "decode_prefix_len 6: want whole pages of 4 tokens"},
+		{[]int32{1}, -1, nil, -4, "decode_prefix_len -4"},
+	} {
+		if err := r.SendMetadata(c.pages, c.aux, c.state, c.prefix); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("SendMetadata(%v, %d, %v, %d): %v, want %q", c.pages, c.aux, c.state, c.prefix, err, c.want)
+		}
+	}
+	// A prefix of 8 pages (32 tokens) for a 20-token prompt.
+	pg, _ := d.pool.Alloc(1)
+	if err := r.SendMetadata(pg, 0, nil, 32); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.m.NewSender(41)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s: %v", st, s.Failure())
+	}
+	if err := s.Init(1, 4); err == nil || !strings.Contains(err.Error(), "aux index 4 is beyond aux buffer 0") {
+		t.Fatalf("Init with aux 4: %v", err)
+	}
+	if err := s.Send([]int32{99}, true); err == nil || !strings.Contains(err.Error(), "page index 99 is beyond") {
+		t.Fatalf("Send of page 99: %v", err)
+	}
+	_, err = s.InitTokens(20, 0)
+	want := "states a prefix of 32 tokens, longer than the prefill's prompt of 20 tokens"
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), d.m.Endpoint()) {
+		t.Fatalf("InitTokens(20): %v, want %q naming the decode", err, want)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r.Failure().Error(), want) || !strings.Contains(r.Failure().Error(), p.m.Endpoint()) {
+		t.Fatalf("receiver %s %v, want Failed with %q naming the prefill", st, r.Failure(), want)
+	}
+	if s.Poll() != engine.KVFailed {
+		t.Fatalf("sender %s, want Failed", s.Poll())
+	}
+
+	// The decode asks for an aux row the prefill sender was not given.
+	r2, err := d.m.NewReceiver(addr, 42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r2.SendMetadata(pg, 2, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := p.m.NewSender(42)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	s2.Wait(ctx, engine.KVWaitingForInput)
+	src, _ := p.pool.Alloc(1)
+	if err := s2.Init(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	want = "asked for aux row 2, but this prefill sender has no aux_index"
+	if st := r2.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r2.Failure().Error(), want) {
+		t.Fatalf("receiver %s %v, want Failed with %q", st, r2.Failure(), want)
+	}
+	if _, err := r2.AuxRow(0); err == nil {
+		t.Fatal("AuxRow of a failed receiver")
+	}
+}
+
+// TestTransportRefusesBuffers: a transport that cannot move a buffer (shm
+// and device memory, shm and memory without a backing fd, tcp and device
+// memory without the CUDA bounce) is left out; none left is an error that
+// names every transport and the buffer it refused.
+func TestTransportRefusesBuffers(t *testing.T) {
+	open := func(names ...string) []engine.Transport {
+		var ts []engine.Transport
+		for _, n := range names {
+			tr, err := engine.OpenTransport(n, engine.DefaultOptions())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tr.Close() })
+			ts = append(ts, tr)
+		}
+		return ts
+	}
+	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "refuse", Device: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// Host memory without an fd (as malloc'ed memory): shm is left out.
+	args := pool.Args()
+	for i := range args.KVBuffers {
+		args.KVBuffers[i].FD = -1
+	}
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: args, Transports: open("shm", "tcp")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.TransportNames(); len(got) != 1 || got[0] != "tcp" {
+		t.Fatalf("transports %v, want [tcp] (shm cannot share memory without an fd)", got)
+	}
+	m.Close()
+
+	// Device memory (fake addresses: refused before anything touches them).
+	dev := pool.Args()
+	for i := range dev.KVBuffers {
+		dev.KVBuffers[i].Memory = engine.Memory{Addr: uintptr(0x7000_0000_0000 + i<<20), Length: l.BufferLen(), Kind: engine.MemoryCUDA, Device: 0, FD: -1}
+	}
+	dev.GPUID = 0
+	_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: dev, Transports: open("shm")})
+	if err == nil || !strings.Contains(err.Error(), "shm cannot register KV buffer 0 (layer 0 K) (cuda:0") {
+		t.Fatalf("device buffers on shm: %v, want a refusal naming shm and the buffer", err)
+	}
+	if !strings.Contains(err.Error(), "no transport can register") {
+		t.Fatalf("refusal %q does not say no transport is left", err)
+	}
+	if _, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: engine.KVArgs{}, Transports: open("tcp")}); !errors.Is(err, engine.ErrBadKVArgs) {
+		t.Fatalf("empty KV args: %v, want ErrBadKVArgs", err)
+	}
+}

@@ -17,15 +17,21 @@ import (
 //     required_dst_info_num 1; responses 1 for MLA (the others are dummy),
 //     P/D otherwise (hybrid MLA counts as non-MLA).
 //
+// (All divisions are integer divisions.)
+//
 // CP: prefill CP 1 → [decode cp rank]; else [0] unless all CP ranks transfer
 // (AllCPRanksTransfer, IsHybridMLA or info.EnableDSACacheLayerSplit), then
 // [0 … Pcp−1] and responses ×= Pcp. PP: equal sizes → [decode pp rank];
 // decode PP 1 → [0 … Ppp−1] and responses ×= Ppp. Ranks lists, for each CP
 // rank, for each TP rank, the PP ranks from high to low, all at dp = dpRank.
 //
+// TP sizes where neither divides the other are mapped as SGLang maps them,
+// with integer division (D > P: ratio D // P; D < P: r = P // D).
+//
 // Errors wrap ErrMismatch and name both sides: page_size or kv_cache_dtype
-// differ (when both sides state them), TP sizes not divisible, decode CP size
-// ≠ 1, PP sizes neither equal nor decode 1, or a rank/size out of range.
+// differ (when both sides state them), a decode rank that SGLang's integer
+// division maps past the prefill's TP ranks, decode CP size ≠ 1, PP sizes
+// neither equal nor decode 1, or a rank/size out of range.
 func TargetRanks(info PrefillServerInfo, d DecodeRank, dpRank int) (*Targets, error) {
 	if info.AttnTPSize < 1 || info.AttnCPSize < 1 || info.DPSize < 1 || info.PPSize < 1 {
 		return nil, fmt.Errorf("%w: prefill sizes must be ≥ 1 (attn_tp_size=%d attn_cp_size=%d dp_size=%d pp_size=%d)",
@@ -69,15 +75,23 @@ func TargetRanks(info PrefillServerInfo, d DecodeRank, dpRank int) (*Targets, er
 	case D == P:
 		t.TargetTPRanks = []int{e}
 	case D > P:
-		if D%P != 0 {
-			return nil, fmt.Errorf("%w: decode attn_tp_size %d is not a multiple of prefill attn_tp_size %d", ErrMismatch, D, P)
+		// SGLang's integer division: with D not a multiple of P the ratio
+		// rounds down, and the last decode ranks map past the prefill's
+		// ranks (SGLang then fails their lookups with 404): refuse those
+		// ranks here, naming both sizes.
+		tp := e / (D / P)
+		if tp >= P {
+			return nil, fmt.Errorf("%w: decode attn_tp_size %d and prefill attn_tp_size %d: SGLang's mapping sends decode tp rank %d to prefill tp rank %d, which does not exist (decode rank // (%d // %d)); use TP sizes where one divides the other",
+				ErrMismatch, D, P, e, tp, D, P)
 		}
-		t.TargetTPRanks = []int{e / (D / P)}
+		t.TargetTPRanks = []int{tp}
 		t.RequiredDstInfoNum = D / P
 	default: // D < P
-		if P%D != 0 {
-			return nil, fmt.Errorf("%w: prefill attn_tp_size %d is not a multiple of decode attn_tp_size %d", ErrMismatch, P, D)
-		}
+		// SGLang's integer division: with P not a multiple of D, prefill
+		// ranks past D·(P // D) are never contacted. Whether the ranks
+		// contacted hold every KV head this decode rank needs is the head
+		// layout's question, checked when the producers are resolved (MLA
+		// replicates the KV, so any one rank serves).
 		r := P / D
 		t.TargetTPRanks = make([]int, r)
 		for i := range r {

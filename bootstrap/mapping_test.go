@@ -131,6 +131,41 @@ func TestTargetRanks(t *testing.T) {
 	}
 }
 
+// TestTargetRanksNonDividing: TP sizes where neither divides the other map
+// as SGLang's _resolve_rank_mapping computes them (integer division).
+func TestTargetRanksNonDividing(t *testing.T) {
+	cases := []struct {
+		name       string
+		P, D, e    int
+		mla        bool
+		tps        []int
+		dst, resps int
+	}{
+		// P=3, D=2: r = 1; decode e takes [e]; prefill rank 2 is never contacted.
+		{"prefill 3 decode 2 rank 0", 3, 2, 0, false, []int{0}, 1, 1},
+		{"prefill 3 decode 2 rank 1", 3, 2, 1, false, []int{1}, 1, 1},
+		{"prefill 3 decode 2 mla", 3, 2, 1, true, []int{1}, 1, 1},
+		// P=5, D=2: r = 2.
+		{"prefill 5 decode 2 rank 1", 5, 2, 1, false, []int{2, 3}, 1, 2},
+		// P=2, D=3: ratio 1; ranks 0, 1 map to 0, 1 (rank 2 is refused).
+		{"prefill 2 decode 3 rank 1", 2, 3, 1, false, []int{1}, 1, 1},
+		// P=4, D=6: ratio 1; rank 3 maps to 3.
+		{"prefill 4 decode 6 rank 3", 4, 6, 3, true, []int{3}, 1, 1},
+	}
+	for _, tc := range cases {
+		d := decode(tc.D, tc.e)
+		d.IsMLA = tc.mla
+		got, err := TargetRanks(prefill(tc.P, 1, 1, 1), d, 0)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if !reflect.DeepEqual(got.TargetTPRanks, tc.tps) || got.RequiredDstInfoNum != tc.dst || got.RequiredPrefillResponseNum != tc.resps {
+			t.Errorf("%s: tp ranks %v dst %d responses %d, want %v %d %d", tc.name, got.TargetTPRanks, got.RequiredDstInfoNum, got.RequiredPrefillResponseNum, tc.tps, tc.dst, tc.resps)
+		}
+	}
+}
+
 func TestTargetRanksRejects(t *testing.T) {
 	cases := []struct {
 		name string
@@ -141,8 +176,7 @@ func TestTargetRanksRejects(t *testing.T) {
 	}{
 		{"page size", prefill(1, 1, 1, 1), func() DecodeRank { d := decode(1, 0); d.PageSize = 32; return d }(), 0, []string{"page_size", "prefill 16", "decode 32"}},
 		{"dtype auto vs bfloat16", prefill(1, 1, 1, 1), func() DecodeRank { d := decode(1, 0); d.KVCacheDtype = "bfloat16"; return d }(), 0, []string{"kv_cache_dtype", `"auto"`, `"bfloat16"`}},
-		{"decode TP 3 vs prefill 2", prefill(2, 1, 1, 1), decode(3, 0), 0, []string{"decode attn_tp_size 3", "prefill attn_tp_size 2"}},
-		{"prefill TP 6 vs decode 4", prefill(6, 1, 1, 1), decode(4, 0), 0, []string{"prefill attn_tp_size 6", "decode attn_tp_size 4"}},
+		{"decode TP 3 vs prefill 2, rank 2 maps past prefill", prefill(2, 1, 1, 1), decode(3, 2), 0, []string{"decode attn_tp_size 3", "prefill attn_tp_size 2", "prefill tp rank 2"}},
 		{"decode CP 2", prefill(1, 2, 1, 1), func() DecodeRank { d := decode(1, 0); d.AttnCPSize = 2; return d }(), 0, []string{"decode attn_cp_size is 2"}},
 		{"PP 2 vs 4", prefill(1, 1, 1, 4), func() DecodeRank { d := decode(1, 0); d.PPSize = 2; return d }(), 0, []string{"decode pp_size 2", "prefill pp_size 4"}},
 		{"dp out of range", prefill(1, 1, 2, 1), decode(1, 0), 2, []string{"dp rank 2", "[0, 2)"}},

@@ -639,6 +639,9 @@ func (r *Receiver) resolve() error {
 	}
 	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: g.TPSize, AttnTPRank: g.TPRank, AttnCPSize: 1,
 		PPSize: g.PPSize, PPRank: g.PPRank, IsMLA: g.MLA, PageSize: g.PageSize, KVCacheDtype: m.cfg.KVCacheDtype}, dp)
+	if err == nil {
+		err = checkProducersCovered(inst.info.AttnTPSize, g.TPSize)
+	}
 	if err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
@@ -682,6 +685,9 @@ func (r *Receiver) resolve() error {
 	}
 	if writer != nil {
 		writer.extras = true
+	}
+	if err := checkHeadCoverage(g, ts); err != nil {
+		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -1,0 +1,87 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+var sixHeads = workload.ModelConfig{Name: "six-heads", NumLayers: 2, NumKVHeads: 6, HeadDim: 8, DtypeBytes: 2}
+
+// failsNaming runs one receiver on d for room and wants it Failed, with an
+// error naming every string in want, well before the peer timeout (the
+// refusal comes at resolution, before any TRANSFER).
+func failsNaming(t *testing.T, addr string, d *rank, room uint64, want ...string) {
+	t.Helper()
+	r, err := d.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, err := d.pool.Alloc(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.pool.Free(pg)
+	if err := r.Init(pg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("decode tp rank %d: %s (%v), want Failed", d.m.Geometry().TPRank, st, r.Failure())
+	}
+	for _, w := range want {
+		if !strings.Contains(r.Failure().Error(), w) {
+			t.Fatalf("decode tp rank %d: failure %q does not name %q", d.m.Geometry().TPRank, r.Failure(), w)
+		}
+	}
+}
+
+// TestNonDividingTP: TP sizes where neither divides the other are mapped as
+// SGLang maps them; where that mapping cannot serve a decode rank whole the
+// room fails at resolution naming both sizes, and where it can (MLA, decode
+// ranks inside the prefill's range) the KV is transferred and verified.
+func TestNonDividingTP(t *testing.T) {
+	t.Run("prefill 3 decode 2 GQA", func(t *testing.T) {
+		addr, _, dec := topology(t, sixHeads, 3, 1, 2, false)
+		for _, d := range dec {
+			failsNaming(t, addr, d, 31, "prefill attn_tp_size 3", "decode attn_tp_size 2")
+		}
+	})
+	t.Run("prefill 2 decode 3 GQA", func(t *testing.T) {
+		addr, pre, dec := topology(t, sixHeads, 2, 1, 3, false)
+		// Decode rank 0 holds heads 0-1, all on prefill rank 0: served.
+		for _, r := range transferOne(t, addr, pre[:1], dec[:1], 32, 3) {
+			if r.Poll() != engine.KVSuccess {
+				t.Fatalf("decode rank 0: %s %v", r.Poll(), r.Failure())
+			}
+		}
+		// Decode rank 1 holds heads 2-3, split over prefill ranks 0 and 1,
+		// but SGLang's mapping gives it prefill rank 1 only; rank 2 maps
+		// past the prefill's ranks.
+		failsNaming(t, addr, dec[1], 33, "prefill", "tp 2", "decode tp 3")
+		failsNaming(t, addr, dec[2], 34, "decode attn_tp_size 3", "prefill attn_tp_size 2")
+	})
+	t.Run("prefill 2 decode 3 MLA", func(t *testing.T) {
+		addr, pre, dec := topology(t, smallMLA, 2, 1, 3, false)
+		// MLA rows are replicated: decode ranks 0 and 1 get prefill ranks
+		// 0 and 1 whole.
+		for _, r := range transferOne(t, addr, pre, dec[:2], 35, 3) {
+			if r.Poll() != engine.KVSuccess {
+				t.Fatalf("%s %v", r.Poll(), r.Failure())
+			}
+		}
+		failsNaming(t, addr, dec[2], 36, "decode attn_tp_size 3", "prefill attn_tp_size 2")
+	})
+	t.Run("prefill 3 decode 2 MLA", func(t *testing.T) {
+		addr, _, dec := topology(t, smallMLA, 3, 1, 2, false)
+		for _, d := range dec {
+			failsNaming(t, addr, d, 37, "prefill attn_tp_size 3", "decode attn_tp_size 2", "prefill tp ranks 2…2")
+		}
+	})
+}

@@ -10,7 +10,10 @@ import (
 	"github.com/kvxfer/kvxfer/workload"
 )
 
-var sixHeads = workload.ModelConfig{Name: "six-heads", NumLayers: 2, NumKVHeads: 6, HeadDim: 8, DtypeBytes: 2}
+var (
+	sixHeads    = workload.ModelConfig{Name: "six-heads", NumLayers: 2, NumKVHeads: 6, HeadDim: 8, DtypeBytes: 2}
+	twelveHeads = workload.ModelConfig{Name: "twelve-heads", NumLayers: 2, NumKVHeads: 12, HeadDim: 8, DtypeBytes: 2}
+)
 
 // failsNaming runs one receiver on d for room and wants it Failed, with an
 // error naming every string in want, well before the peer timeout (the
@@ -66,6 +69,19 @@ func TestNonDividingTP(t *testing.T) {
 		// past the prefill's ranks.
 		failsNaming(t, addr, dec[1], 33, "prefill", "tp 2", "decode tp 3")
 		failsNaming(t, addr, dec[2], 34, "decode attn_tp_size 3", "prefill attn_tp_size 2")
+	})
+	t.Run("prefill 4 decode 6 GQA", func(t *testing.T) {
+		addr, pre, dec := topology(t, twelveHeads, 4, 1, 6, false)
+		// Decode rank 0 keeps heads 0-1 and gets prefill rank 0's 0-2: served.
+		for _, r := range transferOne(t, addr, pre[:1], dec[:1], 38, 3) {
+			if r.Poll() != engine.KVSuccess {
+				t.Fatalf("decode rank 0: %s %v", r.Poll(), r.Failure())
+			}
+		}
+		// Decode rank 2 keeps heads 4-5; SGLang's slice takes heads 7-8
+		// from prefill rank 2: they fit the rows, but are the wrong heads.
+		failsNaming(t, addr, dec[2], 39, "prefill attn_tp_size 4", "decode attn_tp_size 6", "KV head 7", "keeps head 4")
+		failsNaming(t, addr, dec[5], 40, "decode attn_tp_size 6", "prefill attn_tp_size 4")
 	})
 	t.Run("prefill 2 decode 3 MLA", func(t *testing.T) {
 		addr, pre, dec := topology(t, smallMLA, 2, 1, 3, false)

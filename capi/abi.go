@@ -37,4 +37,7 @@ var (
 	_ = same{}[C.KVX_KVPOLL_TRANSFERRING-int(engine.KVTransferring)]
 	_ = same{}[C.KVX_KVPOLL_SUCCESS-int(engine.KVSuccess)]
 	_ = same{}[unsafe.Sizeof(C.kvx_write_request{})-48]
+	_ = same{}[C.KVX_REGION_PEER_ADDRESS-uint32(peerAddressRegion)]
+	_ = same{}[unsafe.Offsetof(C.kvx_engine_config{}.local_hostname)-C.KVX_ENGINE_CONFIG_SIZE_V1]
+	_ = same{}[unsafe.Sizeof(C.kvx_region_info{})-24]
 )

@@ -14,6 +14,8 @@ import "C"
 
 import (
 	"context"
+	"os"
+	"sort"
 	"time"
 	"unsafe"
 
@@ -65,17 +67,36 @@ func kvx_engine_create(cfg *C.kvx_engine_config, out *C.kvx_engine_t) (rc C.int)
 	if out == nil {
 		return finish(nullArg(op, "out"))
 	}
-	if uintptr(cfg.struct_size) < unsafe.Sizeof(*cfg) {
-		return finish(fail(stInvalidArgument, "%s: cfg->struct_size is %d, want sizeof(kvx_engine_config) = %d (zero-initialise the struct and set struct_size)", op, cfg.struct_size, unsafe.Sizeof(*cfg)))
+	if cfg.struct_size < C.KVX_ENGINE_CONFIG_SIZE_V1 || uintptr(cfg.struct_size) > unsafe.Sizeof(*cfg) {
+		return finish(fail(stInvalidArgument, "%s: cfg->struct_size is %d, want sizeof(kvx_engine_config) = %d (or %d from a 0.1 header); zero-initialise the struct and set struct_size", op, cfg.struct_size, unsafe.Sizeof(*cfg), C.KVX_ENGINE_CONFIG_SIZE_V1))
 	}
-	e, err := newEngine(engineConfig{
+	ec := engineConfig{
 		role:          int32(cfg.role),
 		transport:     goStr(cfg.transport),
 		listenHost:    goStr(cfg.listen_host),
 		listenPort:    int(cfg.listen_port),
 		bootstrapAddr: goStr(cfg.bootstrap_addr),
 		streams:       int(cfg.streams),
-	})
+	}
+	// Fields appended after 0.1: read only what the caller's struct holds.
+	has := func(off, size uintptr) bool { return uintptr(cfg.struct_size) >= off+size }
+	metaSet := false
+	if has(unsafe.Offsetof(cfg.local_hostname), unsafe.Sizeof(cfg.local_hostname)) {
+		ec.localHostname = goStr(cfg.local_hostname)
+	}
+	if has(unsafe.Offsetof(cfg.metadata_server), unsafe.Sizeof(cfg.metadata_server)) && cfg.metadata_server != nil {
+		ec.metadataServer, metaSet = goStr(cfg.metadata_server), true
+	}
+	if has(unsafe.Offsetof(cfg.segment_name), unsafe.Sizeof(cfg.segment_name)) {
+		ec.segmentName = goStr(cfg.segment_name)
+	}
+	if has(unsafe.Offsetof(cfg.rpc_timeout_ms), unsafe.Sizeof(cfg.rpc_timeout_ms)) {
+		ec.rpcTimeout = time.Duration(cfg.rpc_timeout_ms) * time.Millisecond
+	}
+	if !metaSet {
+		ec.metadataServer = os.Getenv("KVXFER_METADATA")
+	}
+	e, err := newEngine(ec)
 	if err != nil {
 		return finish(err)
 	}
@@ -109,6 +130,32 @@ func kvx_engine_transport(eng C.kvx_engine_t, buf *C.char, capacity C.size_t, ne
 		return finish(badHandle(op, "engine", uint64(eng)))
 	}
 	return finish(writeOut(op, []byte(e.tr.Name()), true, unsafe.Pointer(buf), capacity, needed))
+}
+
+//export kvx_engine_rpc_port
+func kvx_engine_rpc_port(eng C.kvx_engine_t, port *C.uint16_t) (rc C.int) {
+	const op = "kvx_engine_rpc_port"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case port == nil:
+		return finish(nullArg(op, "port"))
+	}
+	*port = C.uint16_t(e.te.RPCPort())
+	return finish(nil)
+}
+
+//export kvx_engine_segment_name
+func kvx_engine_segment_name(eng C.kvx_engine_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_engine_segment_name"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	return finish(writeOut(op, []byte(e.te.Name()), true, unsafe.Pointer(buf), capacity, needed))
 }
 
 //export kvx_engine_set_notify
@@ -251,6 +298,121 @@ func kvx_segment_open(eng C.kvx_engine_t, blob unsafe.Pointer, length C.size_t, 
 		return finish(err)
 	}
 	*out = C.kvx_segment_t(h)
+	return finish(nil)
+}
+
+//export kvx_segment_open_name
+func kvx_segment_open_name(eng C.kvx_engine_t, name *C.char, out *C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_open_name"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case name == nil:
+		return finish(nullArg(op, "name"))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	h, err := e.openSegmentName(uint64(eng), goStr(name))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_segment_t(h)
+	return finish(nil)
+}
+
+//export kvx_segment_regions
+func kvx_segment_regions(seg C.kvx_segment_t, out *C.kvx_region_info, capacity C.uint32_t, n *C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_regions"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case n == nil:
+		return finish(nullArg(op, "n"))
+	case out == nil && capacity > 0:
+		return finish(nullArg(op, "out"))
+	}
+	regs := s.seg.Descriptor().Regions
+	sort.Slice(regs, func(i, j int) bool { return regs[i].ID < regs[j].ID })
+	*n = C.uint32_t(len(regs))
+	if capacity > 0 {
+		dst := unsafe.Slice(out, int(capacity))
+		for i := 0; i < len(regs) && i < int(capacity); i++ {
+			dst[i] = C.kvx_region_info{addr: C.uint64_t(regs[i].Addr), length: C.uint64_t(regs[i].Length),
+				region: C.uint32_t(regs[i].ID), kind: C.int32_t(regs[i].Kind)}
+		}
+	}
+	return finish(nil)
+}
+
+//export kvx_segment_refresh
+func kvx_segment_refresh(seg C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_refresh"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	if !ok {
+		return finish(badHandle(op, "segment", uint64(seg)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.eng.timeout)
+	defer cancel()
+	if err := s.seg.Refresh(ctx); err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_segment_read
+func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_read"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case reqs == nil:
+		return finish(nullArg(op, "reqs"))
+	case n == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 requests", op))
+	case n > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
+	}
+	in := unsafe.Slice(reqs, int(n))
+	rr := make([]engine.ReadRequest, len(in))
+	var byAddr []engine.PeerRead
+	var at []int
+	for i, r := range in {
+		if r.count > 1 {
+			return finish(fail(stInvalidArgument, "%s: request %d has count %d; reads are contiguous (count 0 or 1)", op, i, r.count))
+		}
+		w := engine.WriteRequest{Local: uintptr(r.local_addr), Length: uint64(r.length)}
+		if err := s.eng.checkLocal(op, i, w); err != nil {
+			return finish(err)
+		}
+		rr[i] = engine.ReadRequest{Local: uintptr(r.local_addr), Remote: engine.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
+		if r.remote_region == C.KVX_REGION_PEER_ADDRESS {
+			byAddr = append(byAddr, engine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
+			at = append(at, i)
+		}
+	}
+	timeout := s.eng.timeout
+	if timeoutMS > 0 {
+		timeout = time.Duration(timeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for k, pr := range byAddr {
+		id, off, err := s.seg.Translate(ctx, pr.PeerAddr, pr.Length)
+		if err != nil {
+			return finish(failWrap(stOK, err, "%s: request %d", op, at[k]))
+		}
+		rr[at[k]].Remote, rr[at[k]].RemoteOffset = id, off
+	}
+	if err := s.seg.ReadRegions(ctx, rr); err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
 	return finish(nil)
 }
 

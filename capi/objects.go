@@ -4,9 +4,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,43 +29,54 @@ var (
 // caller.
 const opTimeout = 30 * time.Second
 
-// engineObj is one kvx_engine_t: a transport instance plus the regions and
-// segments opened through it.
+// engineObj is one kvx_engine_t: an engine.TransferEngine (transport,
+// registered regions, segment name, RPC listener, optional metadata store)
+// plus the segments opened through it.
 type engineObj struct {
 	role          int32
 	bootstrapAddr string
+	te            *engine.TransferEngine
 	tr            engine.Transport
+	meta          engine.SegmentDirectory // nil in P2P mode; closed with the engine
+	metaClose     func() error
+	timeout       time.Duration
 	notify        *notifier
 
 	mu       sync.Mutex
 	closed   bool
-	regions  map[engine.RegionID]regionInfo
 	segments map[uint64]struct{}
-}
-
-type regionInfo struct {
-	mem  engine.Memory
-	desc engine.RegionDesc
 }
 
 // engineConfig is kvx_engine_config in Go types.
 type engineConfig struct {
-	role          int32
-	transport     string
-	listenHost    string
-	listenPort    int
-	bootstrapAddr string
-	streams       int
+	role           int32
+	transport      string
+	listenHost     string
+	listenPort     int
+	bootstrapAddr  string
+	streams        int
+	localHostname  string
+	metadataServer string
+	segmentName    string
+	rpcTimeout     time.Duration
 }
 
 func newEngine(cfg engineConfig) (*engineObj, error) {
+	const op = "kvx_engine_create"
 	if cfg.role != 0 && cfg.role != 1 {
-		return nil, fail(stInvalidArgument, "kvx_engine_create: role %d is not KVX_ROLE_PREFILL (0) or KVX_ROLE_DECODE (1)", cfg.role)
+		return nil, fail(stInvalidArgument, "%s: role %d is not KVX_ROLE_PREFILL (0) or KVX_ROLE_DECODE (1)", op, cfg.role)
 	}
 	if cfg.bootstrapAddr != "" {
 		if _, _, err := splitHostPort(cfg.bootstrapAddr); err != nil {
-			return nil, failWrap(stInvalidArgument, err, "kvx_engine_create: bootstrap_addr %q", cfg.bootstrapAddr)
+			return nil, failWrap(stInvalidArgument, err, "%s: bootstrap_addr %q", op, cfg.bootstrapAddr)
 		}
+	}
+	if cfg.rpcTimeout <= 0 {
+		cfg.rpcTimeout = engine.DefaultRPCTimeout
+	}
+	meta, metaClose, err := openMetadata(cfg.metadataServer, cfg.rpcTimeout)
+	if err != nil {
+		return nil, err
 	}
 	opts := engine.DefaultOptions()
 	if cfg.listenHost != "" {
@@ -80,25 +90,51 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	}
 	tr, err := engine.OpenTransport(name, opts)
 	if err != nil {
+		if metaClose != nil {
+			_ = metaClose()
+		}
 		code := stUnavailable
 		if strings.Contains(err.Error(), "unknown transport") {
 			code = stInvalidArgument
 		}
-		return nil, failWrap(code, err, "kvx_engine_create: transport %q (compiled in: %s)", name, strings.Join(engine.Transports(), ", "))
+		return nil, failWrap(code, err, "%s: transport %q (compiled in: %s)", op, name, strings.Join(engine.Transports(), ", "))
 	}
-	e := &engineObj{
+	local := cfg.localHostname
+	if local == "" {
+		local = opts.ListenHost
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.rpcTimeout)
+	defer cancel()
+	te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{
+		Transport: tr, LocalHostname: local, SegmentName: cfg.segmentName, Directory: meta,
+		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices,
+	})
+	if err != nil { // NewTransferEngine closed the transport
+		if metaClose != nil {
+			_ = metaClose()
+		}
+		code := stOK
+		if !errors.Is(err, engine.ErrMetadataUnavailable) {
+			code = stInvalidArgument
+		}
+		return nil, failWrap(code, err, "%s: local_hostname %q", op, local)
+	}
+	return &engineObj{
 		role:          cfg.role,
 		bootstrapAddr: cfg.bootstrapAddr,
+		te:            te,
 		tr:            tr,
-		regions:       map[engine.RegionID]regionInfo{},
+		meta:          meta,
+		metaClose:     metaClose,
+		timeout:       cfg.rpcTimeout,
 		segments:      map[uint64]struct{}{},
-	}
-	e.notify = newNotifier()
-	return e, nil
+		notify:        newNotifier(),
+	}, nil
 }
 
-// close closes the engine's segments (failing their pending batches), its
-// transport and its notifier.
+// close closes the engine's KV managers (and their rooms), segments,
+// batches and transfer engine (transport, RPC listener, published
+// descriptor), its metadata store connection and its notifier.
 func (e *engineObj) close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -130,7 +166,12 @@ func (e *engineObj) close() error {
 			s.close()
 		}
 	}
-	err := e.tr.Close()
+	err := e.te.Close()
+	if e.metaClose != nil {
+		if merr := e.metaClose(); err == nil {
+			err = merr
+		}
+	}
 	e.notify.stop()
 	return err
 }
@@ -179,164 +220,122 @@ func (e *engineObj) register(addr uintptr, n uint64, loc string) (engine.RegionI
 		}
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
 		return 0, fail(stClosed, "kvx_register_memory: engine is destroyed")
 	}
-	for id, r := range e.regions {
-		if r.mem.Kind == m.Kind && r.mem.Device == m.Device && addr < r.mem.Addr+uintptr(r.mem.Length) && r.mem.Addr < addr+uintptr(n) {
-			return 0, fail(stInvalidArgument, "kvx_register_memory: range [%#x, +%d) overlaps region %d [%#x, +%d); deregister it first or register one range covering both", addr, n, id, r.mem.Addr, r.mem.Length)
-		}
-	}
-	desc, err := e.tr.RegisterMemory(m)
+	desc, err := e.te.RegisterMemory(m)
 	if err != nil {
-		return 0, failWrap(stOK, err, "kvx_register_memory: %s range [%#x, +%d bytes) on transport %s", loc, addr, n, e.tr.Name())
+		code := stOK
+		if errors.Is(err, engine.ErrRegionOverlap) {
+			code = stInvalidArgument
+		}
+		return 0, failWrap(code, err, "kvx_register_memory: %s range [%#x, +%d bytes) on transport %s", loc, addr, n, e.tr.Name())
 	}
-	e.regions[desc.ID] = regionInfo{mem: m, desc: desc}
 	return desc.ID, nil
 }
 
 func (e *engineObj) deregister(id engine.RegionID) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
 		return fail(stClosed, "kvx_deregister_memory: engine is destroyed")
 	}
-	if _, ok := e.regions[id]; !ok {
-		return fail(stUnknownRegion, "kvx_deregister_memory: region %d is not registered with this engine (already deregistered?)", id)
-	}
-	delete(e.regions, id)
-	if err := e.tr.DeregisterMemory(id); err != nil {
+	if err := e.te.DeregisterMemory(id); err != nil {
 		return failWrap(stOK, err, "kvx_deregister_memory: region %d", id)
 	}
 	return nil
 }
 
-// checkLocal verifies that every block a request reads lies inside one
-// registered local region.
-func (e *engineObj) checkLocal(i int, r engine.WriteRequest) error {
+// checkLocal verifies that every block a request reads (or, for a read,
+// fills) lies inside one registered local region.
+func (e *engineObj) checkLocal(op string, i int, r engine.WriteRequest) error {
 	if r.Length == 0 {
-		return fail(stInvalidArgument, "kvx_batch_submit: request %d has length 0 bytes", i)
+		return fail(stInvalidArgument, "%s: request %d has length 0 bytes", op, i)
 	}
 	span := r.Length
 	if r.Blocks() > 1 {
 		span = (r.Blocks()-1)*r.LocalStride + r.Length
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, reg := range e.regions {
-		m := reg.mem
-		if r.Local >= m.Addr && uint64(r.Local-m.Addr) <= m.Length && span <= m.Length-uint64(r.Local-m.Addr) {
-			return nil
-		}
+	if _, _, ok := e.te.LocalRegion(r.Local, span); ok {
+		return nil
 	}
-	return fail(stNotRegistered, "kvx_batch_submit: request %d reads [%#x, +%d bytes), which is not inside memory registered with the sending engine (call kvx_register_memory first)", i, r.Local, span)
+	return fail(stNotRegistered, "%s: request %d uses local [%#x, +%d bytes), which is not inside memory registered with this engine (call kvx_register_memory first)", op, i, r.Local, span)
 }
 
-// segmentDesc is the blob kvx_segment_export writes: what a sender needs to
-// open a segment. JSON keeps it debuggable; it is opaque to C callers.
-type segmentDesc struct {
-	Version   int                 `json:"v"`
-	Transport string              `json:"transport"`
-	Peer      string              `json:"peer"`
-	Endpoint  []byte              `json:"endpoint"`
-	Regions   []engine.RegionDesc `json:"regions"`
-}
-
-// segmentDescVersion is the blob format version; decoders refuse others.
-const segmentDescVersion = 1
-
-// maxSegmentDesc bounds the blob a sender accepts (1 MiB).
-const maxSegmentDesc = 1 << 20
+// maxSegmentDesc bounds the blob kvx_segment_open accepts.
+const maxSegmentDesc = engine.MaxSegmentDescriptorBytes
 
 func (e *engineObj) exportSegment(peer string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
 	defer cancel()
-	ep, err := e.tr.Endpoint(ctx, peer)
+	d, err := e.te.Describe(ctx, peer)
 	if err != nil {
-		return nil, failWrap(stOK, err, "kvx_segment_export: endpoint of transport %s for peer %q", e.tr.Name(), peer)
+		return nil, failWrap(stOK, err, "kvx_segment_export: peer %q", peer)
 	}
-	e.mu.Lock()
-	d := segmentDesc{Version: segmentDescVersion, Transport: e.tr.Name(), Peer: peer, Endpoint: ep}
-	for _, r := range e.regions {
-		d.Regions = append(d.Regions, r.desc)
-	}
-	e.mu.Unlock()
-	sort.Slice(d.Regions, func(i, j int) bool { return d.Regions[i].ID < d.Regions[j].ID })
-	return json.Marshal(d)
+	return d.Encode(), nil
 }
 
-// decodeSegmentDesc parses and validates a blob from kvx_segment_export.
-func decodeSegmentDesc(b []byte) (segmentDesc, error) {
-	var d segmentDesc
-	if len(b) == 0 {
-		return d, fail(stInvalidArgument, "segment descriptor is empty (pass the bytes kvx_segment_export wrote)")
-	}
-	if len(b) > maxSegmentDesc {
-		return d, fail(stInvalidArgument, "segment descriptor is %d bytes, over the %d-byte limit", len(b), maxSegmentDesc)
-	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		return d, failWrap(stInvalidArgument, err, "segment descriptor is not a kvx_segment_export blob")
-	}
-	if d.Version != segmentDescVersion {
-		return d, fail(stInvalidArgument, "segment descriptor version %d is not %d (sender and receiver run different kvxfer versions)", d.Version, segmentDescVersion)
-	}
-	if d.Transport == "" || len(d.Endpoint) == 0 {
-		return d, fail(stInvalidArgument, "segment descriptor has no transport or endpoint")
-	}
-	seen := map[engine.RegionID]bool{}
-	for _, r := range d.Regions {
-		if r.Length == 0 {
-			return d, fail(stInvalidArgument, "segment descriptor: region %d has length 0", r.ID)
-		}
-		if seen[r.ID] {
-			return d, fail(stInvalidArgument, "segment descriptor: region %d listed twice", r.ID)
-		}
-		seen[r.ID] = true
-	}
-	return d, nil
-}
-
-// segmentObj is one kvx_segment_t.
+// segmentObj is one kvx_segment_t: an engine.RemoteSegment.
 type segmentObj struct {
-	eng     *engineObj
-	engH    uint64
-	seg     engine.Segment
-	regions map[engine.RegionID]engine.RegionDesc
+	eng  *engineObj
+	engH uint64
+	seg  *engine.RemoteSegment
 
 	mu      sync.Mutex
 	closed  bool
 	batches map[uint64]struct{}
 }
 
-func (e *engineObj) openSegment(engH uint64, blob []byte) (uint64, error) {
-	d, err := decodeSegmentDesc(blob)
-	if err != nil {
-		return 0, failWrap(stOK, err, "kvx_segment_open")
-	}
-	if d.Transport != e.tr.Name() {
-		return 0, fail(stInvalidArgument, "kvx_segment_open: descriptor is for transport %q but this engine runs %q; create both engines with the same transport", d.Transport, e.tr.Name())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	seg, err := e.tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: d.Endpoint, Regions: d.Regions})
-	if err != nil {
-		return 0, failWrap(stOK, err, "kvx_segment_open: connect to receiver over %s", d.Transport)
-	}
-	s := &segmentObj{eng: e, engH: engH, seg: seg, regions: map[engine.RegionID]engine.RegionDesc{}, batches: map[uint64]struct{}{}}
-	for _, r := range d.Regions {
-		s.regions[r.ID] = r
-	}
+// addSegment registers an opened segment under a new handle.
+func (e *engineObj) addSegment(op string, engH uint64, rs *engine.RemoteSegment) (uint64, error) {
+	s := &segmentObj{eng: e, engH: engH, seg: rs, batches: map[uint64]struct{}{}}
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closed {
-		e.mu.Unlock()
-		seg.Close()
-		return 0, fail(stClosed, "kvx_segment_open: engine destroyed during the call")
+		_ = rs.Close()
+		return 0, fail(stClosed, "%s: engine destroyed during the call", op)
 	}
 	h := segments.add(s)
 	e.segments[h] = struct{}{}
-	e.mu.Unlock()
 	return h, nil
+}
+
+func (e *engineObj) openSegment(engH uint64, blob []byte) (uint64, error) {
+	const op = "kvx_segment_open"
+	d, err := engine.DecodeSegmentDescriptor(blob)
+	if err != nil {
+		return 0, failWrap(stInvalidArgument, err, "%s: not a kvx_segment_export blob", op)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	defer cancel()
+	rs, err := e.te.OpenSegmentDescriptor(ctx, d)
+	if err != nil {
+		return 0, failWrap(openCode(err), err, "%s", op)
+	}
+	return e.addSegment(op, engH, rs)
+}
+
+func (e *engineObj) openSegmentName(engH uint64, name string) (uint64, error) {
+	const op = "kvx_segment_open_name"
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	defer cancel()
+	rs, err := e.te.OpenSegment(ctx, name)
+	if err != nil {
+		return 0, failWrap(openCode(err), err, "%s", op)
+	}
+	return e.addSegment(op, engH, rs)
+}
+
+// openCode picks the status of a failed open: a transport mismatch or
+// malformed name is the caller's argument, the rest follows codeOf.
+func openCode(err error) status {
+	if strings.Contains(err.Error(), "create both engines with the same transport") || strings.Contains(err.Error(), "segment name is") {
+		return stInvalidArgument
+	}
+	return stOK
 }
 
 // close closes the segment and its batches (failing pending ones).
@@ -384,20 +383,19 @@ type batchPart struct {
 }
 
 func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
-	for i, r := range reqs {
-		if err := b.seg.eng.checkLocal(i, r); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), b.seg.eng.timeout)
+	defer cancel()
+	for i := range reqs {
+		if err := b.seg.eng.checkLocal("kvx_batch_submit", i, reqs[i]); err != nil {
 			return err
 		}
-		rd, ok := b.seg.regions[r.Remote]
-		if !ok {
-			return fail(stUnknownRegion, "kvx_batch_submit: request %d names remote region %d, which the receiver had not registered when it exported the segment (register it before kvx_segment_export)", i, r.Remote)
-		}
-		end := r.RemoteOffset + r.Length
-		if r.Blocks() > 1 {
-			end = r.RemoteOffset + (r.Blocks()-1)*r.RemoteStride + r.Length
-		}
-		if end < r.RemoteOffset || end > rd.Length {
-			return fail(stOutOfBounds, "kvx_batch_submit: request %d writes up to byte %d of remote region %d, which has %d bytes", i, end, r.Remote, rd.Length)
+		if reqs[i].Remote == peerAddressRegion {
+			tr, err := b.seg.seg.Resolve(ctx, []engine.PeerWrite{{Local: reqs[i].Local, PeerAddr: reqs[i].RemoteOffset, Length: reqs[i].Length,
+				Count: reqs[i].Count, LocalStride: reqs[i].LocalStride, PeerStride: reqs[i].RemoteStride}})
+			if err != nil {
+				return failWrap(stOK, err, "kvx_batch_submit: request %d", i)
+			}
+			reqs[i] = tr[0]
 		}
 	}
 	b.mu.Lock()
@@ -409,12 +407,12 @@ func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
 		return fail(stBusy, "kvx_batch_submit: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", len(reqs), b.capacity, b.n)
 	}
 	tb := &engine.TransferBatch{Requests: reqs}
-	id, err := b.seg.seg.Submit(context.Background(), tb)
+	id, err := b.seg.seg.Submit(ctx, tb)
 	if err != nil {
 		return failWrap(stOK, err, "kvx_batch_submit: submit %d requests (%d bytes)", len(reqs), tb.Bytes())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &batchPart{first: b.n, count: uint32(len(reqs)), id: id, cancel: cancel, done: make(chan struct{})}
+	wctx, wcancel := context.WithCancel(context.Background())
+	p := &batchPart{first: b.n, count: uint32(len(reqs)), id: id, cancel: wcancel, done: make(chan struct{})}
 	for _, r := range reqs {
 		p.bytes = append(p.bytes, r.Bytes())
 	}
@@ -422,7 +420,7 @@ func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
 	b.n += uint32(len(reqs))
 	eng := b.seg.eng
 	go func() {
-		st, err := b.seg.seg.Wait(ctx, id)
+		st, err := b.seg.seg.Wait(wctx, id)
 		if err != nil && !st.State.Terminal() {
 			// The wait was abandoned (free or close); poll once more.
 			if s2, err2 := b.seg.seg.Poll(id); err2 == nil && s2.State.Terminal() {
@@ -585,14 +583,11 @@ func registeredAnywhere(addr uintptr, n uint64) (uint64, engine.RegionID, bool) 
 	}
 	engines.mu.Unlock()
 	for h, e := range all {
-		e.mu.Lock()
-		for id, r := range e.regions {
-			if addr < r.mem.Addr+uintptr(r.mem.Length) && r.mem.Addr < addr+uintptr(n) {
-				e.mu.Unlock()
-				return h, id, true
+		for _, r := range e.te.Regions() {
+			if uint64(addr) < r.Addr+r.Length && r.Addr < uint64(addr)+n {
+				return h, r.ID, true
 			}
 		}
-		e.mu.Unlock()
 	}
 	return 0, 0, false
 }

@@ -35,7 +35,9 @@ const (
 	stRoomMismatch    status = 16
 	stNotSupported    status = 17
 	stInternal        status = 18
-	stLast                   = stInternal
+	stNotFound        status = 19
+	stMetadata        status = 20
+	stLast                   = stMetadata
 	stFirstUnassigned        = stLast + 1
 )
 
@@ -49,6 +51,7 @@ var statusNames = map[status]string{
 	stTimeout: "KVX_ERR_TIMEOUT", stClosed: "KVX_ERR_CLOSED", stPeerLost: "KVX_ERR_PEER_LOST",
 	stCanceled: "KVX_ERR_CANCELED", stTransferFailed: "KVX_ERR_TRANSFER_FAILED", stBootstrap: "KVX_ERR_BOOTSTRAP",
 	stRoomMismatch: "KVX_ERR_ROOM_MISMATCH", stNotSupported: "KVX_ERR_NOT_SUPPORTED", stInternal: "KVX_ERR_INTERNAL",
+	stNotFound: "KVX_ERR_NOT_FOUND", stMetadata: "KVX_ERR_METADATA",
 }
 
 // apiError is an error with the status code the C caller gets.
@@ -95,6 +98,16 @@ func codeOf(err error) status {
 		return c
 	}
 	switch {
+	case errors.Is(err, engine.ErrSegmentNotFound):
+		return stNotFound
+	case errors.Is(err, engine.ErrMetadataUnavailable):
+		return stMetadata
+	case errors.Is(err, engine.ErrReadUnsupported):
+		return stNotSupported
+	case errors.Is(err, engine.ErrSegmentUnreachable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
+		return stTimeout
+	case errors.Is(err, engine.ErrSegmentUnreachable):
+		return stPeerLost
 	case errors.Is(err, engine.ErrOutOfBounds):
 		return stOutOfBounds
 	case errors.Is(err, engine.ErrUnknownRegion):

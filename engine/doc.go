@@ -11,6 +11,12 @@
 // each transport, exchanges the geometry with its peers (REGISTER,
 // REGISTER_ACK) and pairs buffers and head slices per buffer (PairBuffers).
 //
+// TransferEngine is the Mooncake-style node on top of one transport: named
+// segments ("host:rpc_port" by default), a ZeroMQ segment RPC listener that
+// hands peers its SegmentDescriptor, writes addressed by the peer's virtual
+// addresses (RemoteSegment translates them to region and offset), and an
+// optional SegmentDirectory (etcd, package metadata) to publish to.
+//
 // Memory that a transport keeps (KV buffers, metadata rings) is never Go heap:
 // use AllocHost (memfd + mmap), C memory or CUDA memory. Every resource has an
 // idempotent Close.

@@ -130,7 +130,12 @@ typedef enum kvx_status {
     /* The feature is not available in this build. */
     KVX_ERR_NOT_SUPPORTED = 17,
     /* An internal error (a bug); kvx_last_error says where. */
-    KVX_ERR_INTERNAL = 18
+    KVX_ERR_INTERNAL = 18,
+    /* No engine publishes a segment under this name in the metadata store. */
+    KVX_ERR_NOT_FOUND = 19,
+    /* The metadata server (etcd) cannot be reached or refused the request;
+     * kvx_last_error names its endpoints. */
+    KVX_ERR_METADATA = 20
 } kvx_status;
 
 /* ------------------------------------------------------------------------ */
@@ -202,7 +207,14 @@ typedef enum kvx_role {
 
 /* Engine configuration. Zero-initialise it, set struct_size to
  * sizeof(kvx_engine_config), then set the fields you need. Strings are
- * copied; NULL means the default. */
+ * copied; NULL means the default. Fields are only ever appended: a caller
+ * built against an older header passes its smaller struct_size (at least
+ * KVX_ENGINE_CONFIG_SIZE_V1) and gets the defaults of the newer fields.
+ *
+ * Every engine has a segment name and a segment RPC listener (Mooncake's
+ * P2PHANDSHAKE): peers open its segment by name (kvx_segment_open_name) and
+ * the listener hands them its segment descriptor (epoch, transport
+ * endpoint, registered regions with their base addresses). */
 typedef struct kvx_engine_config {
     uint32_t struct_size;       /* sizeof(kvx_engine_config) */
     int32_t role;               /* kvx_role */
@@ -212,7 +224,29 @@ typedef struct kvx_engine_config {
     uint16_t listen_port;       /* data-plane port; 0 = any free port */
     uint16_t reserved0;
     uint32_t streams;           /* parallel connections per peer; 0 = default */
+    /* --- end of KVX_ENGINE_CONFIG_SIZE_V1 (0.1.0) --- */
+    /* Mooncake's local_hostname: "host" or "host:rpc_port". The segment RPC
+     * listener binds there (0.0.0.0/:: = every interface, advertised as
+     * loopback); no port or port 0 = a free port (kvx_engine_rpc_port).
+     * NULL = listen_host, else 127.0.0.1. */
+    const char *local_hostname;
+    /* Where segment descriptors live. NULL: the environment variable
+     * KVXFER_METADATA, else P2P. "" or "P2PHANDSHAKE": P2P (peers are named
+     * "host:rpc_port" and answer over their RPC listener).
+     * "etcd://host:port[,host:port...][/prefix]": publish this engine's
+     * descriptor in etcd under a lease and resolve names there. */
+    const char *metadata_server;
+    /* The segment name peers open; NULL = "host:rpc_port" (required form in
+     * P2P mode; with etcd any unique string). */
+    const char *segment_name;
+    /* Bound on each segment RPC / metadata request (open, refresh, submit's
+     * address translation) in ms; 0 = 5000. */
+    uint32_t rpc_timeout_ms;
+    uint32_t reserved1;
 } kvx_engine_config;
+
+/* struct_size of the 0.1.0 kvx_engine_config (fields up to streams). */
+#define KVX_ENGINE_CONFIG_SIZE_V1 40
 
 /* Create an engine: opens the transport named by cfg->transport ("auto"
  * picks the highest-priority transport that can run here). Thread-safe. */
@@ -232,6 +266,20 @@ KVX_API int kvx_engine_destroy(kvx_engine_t engine);
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_engine_transport(kvx_engine_t engine, char *buf, size_t cap,
                                  size_t *needed);
+#endif
+
+/* The port of the engine's segment RPC listener (Mooncake's get_rpc_port).
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_rpc_port(kvx_engine_t engine, uint16_t *port);
+#endif
+
+/* Write the engine's segment name (NUL-terminated; "host:rpc_port" unless
+ * configured) into buf (same buffer rules as kvx_bootstrap_addr).
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_engine_segment_name(kvx_engine_t engine, char *buf, size_t cap,
+                                    size_t *needed);
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -290,6 +338,47 @@ KVX_API int kvx_segment_open(kvx_engine_t engine, const void *blob,
                              size_t len, kvx_segment_t *out);
 #endif
 
+/* SENDER side: open the segment named name (Mooncake's openSegment). In P2P
+ * mode name is the peer's "host:rpc_port" and its RPC listener answers; with
+ * a metadata server the name is resolved there and the engine watches it:
+ * when the peer restarts (new epoch) or vanishes (lease expired), the
+ * segment's transfers fail with KVX_ERR_PEER_LOST and it must be reopened.
+ * Bounded by rpc_timeout_ms. Errors: KVX_ERR_NOT_FOUND (no such name in the
+ * metadata store), KVX_ERR_METADATA (store unreachable), KVX_ERR_PEER_LOST
+ * (nothing answers at the name: connection refused), KVX_ERR_TIMEOUT (no
+ * answer in time), KVX_ERR_INVALID_ARGUMENT (bad name, transports differ).
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_open_name(kvx_engine_t engine, const char *name,
+                                  kvx_segment_t *out);
+#endif
+
+/* One region of a peer's segment descriptor. */
+typedef struct kvx_region_info {
+    uint64_t addr;   /* base virtual address in the peer process */
+    uint64_t length; /* bytes */
+    uint32_t region; /* kvx_region_t on the peer */
+    int32_t kind;    /* 0 host, 1 cuda */
+} kvx_region_info;
+
+/* Copy up to cap regions of the peer's descriptor (as last fetched), in
+ * registration order (ascending region ID), into out; *n gets the total
+ * count (call with cap 0 to size the array). The first is Mooncake's
+ * get_first_buffer_address. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_regions(kvx_segment_t segment, kvx_region_info *out,
+                                uint32_t cap, uint32_t *n);
+#endif
+
+/* Fetch the peer's descriptor again over its RPC listener (new regions
+ * become writable; a restarted peer makes the segment fail with
+ * KVX_ERR_PEER_LOST). Submits refresh on their own when an address or
+ * region misses, once per call. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_refresh(kvx_segment_t segment);
+#endif
+
+
 /* Close the segment; its pending batches fail and all its batch handles are
  * freed (later calls on them return KVX_ERR_BAD_HANDLE). Thread-safe; a
  * second call returns KVX_ERR_BAD_HANDLE. */
@@ -301,7 +390,15 @@ KVX_API int kvx_segment_close(kvx_segment_t segment);
  * sending engine) to byte remote_offset of the receiver's region
  * remote_region. count > 1 makes it strided: count blocks of length bytes,
  * block i read at local_addr + i*local_stride and written at
- * remote_offset + i*remote_stride (count 0 means 1). 48 bytes. */
+ * remote_offset + i*remote_stride (count 0 means 1). 48 bytes.
+ *
+ * remote_region == KVX_REGION_PEER_ADDRESS addresses the peer by virtual
+ * address (Mooncake's peer_buffer_address): remote_offset is then an address
+ * in the peer process, translated to (region, offset) with the segment's
+ * descriptor; all blocks must fall in one peer region. A range outside every
+ * region the peer registered (after one refresh of the descriptor) fails
+ * with KVX_ERR_OUT_OF_BOUNDS naming the peer, address and length. */
+#define KVX_REGION_PEER_ADDRESS 0xFFFFFFFFu
 typedef struct kvx_write_request {
     uint64_t local_addr;
     uint64_t remote_offset;
@@ -366,6 +463,19 @@ KVX_API int kvx_batch_cancel(kvx_batch_t batch);
  * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_free(kvx_batch_t batch);
+#endif
+
+/* Synchronous one-sided READ (Mooncake's transfer_sync_read): copy
+ * reqs[i].length bytes from the peer into local memory at
+ * reqs[i].local_addr, for each request; the remote side is named like a
+ * WRITE (remote_region + remote_offset, or KVX_REGION_PEER_ADDRESS);
+ * count must be 0 or 1. Only transports that map the peer's memory can
+ * read (shm); tcp and rdma move bytes by one-sided WRITE only and return
+ * KVX_ERR_NOT_SUPPORTED. Bounded by timeout_ms (0 = rpc_timeout_ms).
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_read(kvx_segment_t segment, const kvx_write_request *reqs,
+                             uint32_t n, uint32_t timeout_ms);
 #endif
 
 /* ------------------------------------------------------------------------ */

@@ -51,6 +51,8 @@ type slot struct {
 
 // segment is a sender's RC QPs to one receiver, striping each batch across
 // them in slices. One pump goroutine posts WRs and polls the CQs.
+var _ engine.RegionAdder = (*segment)(nil)
+
 type segment struct {
 	t       *Transport
 	peer    string
@@ -157,6 +159,32 @@ func (s *segment) destroy() {
 
 // HandshakeReply returns the sender QPs' info for the receiver's Accept.
 func (s *segment) HandshakeReply() []byte { return s.reply }
+
+// AddRegions adds receiver regions registered after the segment was opened
+// (engine.RegionAdder): their rkeys come from the descriptor's keys.
+// Regions already known are kept; a key that does not decode is an error
+// and nothing is added.
+func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+	add := map[engine.RegionID]remoteRegion{}
+	for _, rd := range regions {
+		k, err := decodeRegionKey(rd.Key)
+		if err != nil {
+			return fmt.Errorf("rdma: add region %d to segment to %s: %w", rd.ID, s.peer, err)
+		}
+		if engine.RegionID(k.ID) != rd.ID {
+			continue // as in OpenSegment: writes to it fail with ErrUnknownRegion
+		}
+		add[rd.ID] = remoteRegion{desc: rd, key: k}
+	}
+	s.t.mu.Lock() // Submit reads s.regions under t.mu
+	defer s.t.mu.Unlock()
+	for id, r := range add {
+		if _, ok := s.regions[id]; !ok {
+			s.regions[id] = r
+		}
+	}
+	return nil
+}
 
 // Submit validates b, cuts every block into slices of at most slice_size
 // bytes that never cross an MR boundary on either side, stripes them

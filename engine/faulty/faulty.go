@@ -121,8 +121,9 @@ type Transport struct {
 }
 
 var (
-	_ engine.Transport = (*Transport)(nil)
-	_ engine.Acceptor  = (*Transport)(nil)
+	_ engine.Transport   = (*Transport)(nil)
+	_ engine.Acceptor    = (*Transport)(nil)
+	_ engine.RegionAdder = (*segment)(nil)
 )
 
 // Wrap returns inner decorated with the given knobs. With no options it is a
@@ -272,6 +273,16 @@ type segment struct {
 
 // HandshakeReply forwards to the wrapped segment.
 func (s *segment) HandshakeReply() []byte { return s.inner.HandshakeReply() }
+
+// AddRegions forwards to the wrapped segment (engine.RegionAdder), or fails
+// when it cannot add regions.
+func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+	ra, ok := s.inner.(engine.RegionAdder)
+	if !ok {
+		return fmt.Errorf("faulty: add regions: transport %s cannot add regions to an open segment", s.t.inner.Name())
+	}
+	return ra.AddRegions(regions)
+}
 
 // Submit applies RejectAfter, FailAfter and CorruptData, then forwards.
 func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {

@@ -55,7 +55,11 @@ type segment struct {
 	running sync.WaitGroup // copy goroutines in flight; Close waits before unmapping
 }
 
-var _ engine.Segment = (*segment)(nil)
+var (
+	_ engine.Segment       = (*segment)(nil)
+	_ engine.RegionAdder   = (*segment)(nil)
+	_ engine.SegmentReader = (*segment)(nil)
+)
 
 type batch struct {
 	state    atomic.Uint32
@@ -149,35 +153,9 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		if _, dup := s.regions[d.ID]; dup {
 			return nil, fmt.Errorf("shm: segment info lists region %d twice", d.ID)
 		}
-		if d.Kind != engine.MemoryHost {
-			return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, engine.ErrUnsupportedMemory)
-		}
-		k, err := decodeKey(d.Key)
+		r, err := s.mapRegion(d)
 		if err != nil {
-			return nil, fmt.Errorf("shm: region %d: %w", d.ID, err)
-		}
-		if d.Length == 0 || d.Length > 1<<46 {
-			return nil, fmt.Errorf("shm: region %d: length %d bytes out of range", d.ID, d.Length)
-		}
-		// Trust the receiver's control slot over the advertised descriptor:
-		// a region it does not hold (or holds elsewhere) gets no mapping and
-		// is refused at Submit; a longer claim is cut to the true length.
-		length := d.Length
-		if int(d.ID) < MaxRegions {
-			trueLen := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)])
-			trueOff := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)+1])
-			if trueLen == 0 || trueOff != k.Offset {
-				s.regions[d.ID] = &remoteRegion{}
-				continue
-			}
-			length = min(length, trueLen)
-		} else {
-			s.regions[d.ID] = &remoteRegion{}
-			continue
-		}
-		r, err := mapPeerFD(pid, int(k.FD), k.Dev, k.Ino, k.Offset, length)
-		if err != nil {
-			return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
+			return nil, err
 		}
 		s.regions[d.ID] = r
 	}
@@ -194,6 +172,72 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	ok = true
 	go s.watch()
 	return s, nil
+}
+
+// mapRegion maps one receiver region named in a descriptor. A region the
+// receiver does not hold (or holds elsewhere) gets an empty entry, refused at
+// Submit; a longer claim is cut to the true length.
+func (s *segment) mapRegion(d engine.RegionDesc) (*remoteRegion, error) {
+	if d.Kind != engine.MemoryHost {
+		return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, engine.ErrUnsupportedMemory)
+	}
+	k, err := decodeKey(d.Key)
+	if err != nil {
+		return nil, fmt.Errorf("shm: region %d: %w", d.ID, err)
+	}
+	if d.Length == 0 || d.Length > 1<<46 {
+		return nil, fmt.Errorf("shm: region %d: length %d bytes out of range", d.ID, d.Length)
+	}
+	// Trust the receiver's control slot over the advertised descriptor.
+	if int(d.ID) >= MaxRegions {
+		return &remoteRegion{}, nil
+	}
+	trueLen := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)])
+	trueOff := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)+1])
+	if trueLen == 0 || trueOff != k.Offset {
+		return &remoteRegion{}, nil
+	}
+	length := min(d.Length, trueLen)
+	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
+	}
+	return r, nil
+}
+
+// AddRegions maps receiver regions registered after the segment was opened
+// (engine.RegionAdder). Regions already in the table (mapped or refused)
+// are kept as they are. Errors: a closed segment, a region that cannot be
+// mapped (nothing is added then).
+func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("shm: add regions: segment %w", engine.ErrClosed)
+	}
+	added := map[engine.RegionID]*remoteRegion{}
+	for _, d := range regions {
+		if _, ok := s.regions[d.ID]; ok {
+			continue
+		}
+		if _, ok := added[d.ID]; ok {
+			continue
+		}
+		r, err := s.mapRegion(d)
+		if err != nil {
+			for _, a := range added {
+				if a.mapping != nil {
+					unix.Munmap(a.mapping)
+				}
+			}
+			return err
+		}
+		added[d.ID] = r
+	}
+	for id, r := range added {
+		s.regions[id] = r
+	}
+	return nil
 }
 
 // mapPeerFD opens /proc/PID/fd/FD, checks it is the advertised file, and maps
@@ -356,6 +400,72 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		go s.copyAll(b, pieces, min(s.t.copyThreads, len(pieces)))
 	}
 	return id, nil
+}
+
+// Read copies each request's receiver range into local memory before it
+// returns (engine.SegmentReader). All requests are validated first: a
+// region not mapped or not live on the receiver fails with
+// engine.ErrUnknownRegion, a range past it or a local range outside this
+// transport's registrations with engine.ErrOutOfBounds, and nothing is
+// copied. A receiver that exits during the copy fails it with
+// engine.ErrPeerLost. ctx is checked between 1 MiB chunks.
+func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("shm: read: %w", err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("shm: read: segment %w", engine.ErrClosed)
+	}
+	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
+		s.mu.Unlock()
+		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
+	}
+	pieces := make([]piece, 0, len(reqs))
+	for i, r := range reqs {
+		rr, ok := s.regions[r.Remote]
+		var live uint64
+		if ok && rr.data != nil {
+			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
+		}
+		if live == 0 {
+			s.mu.Unlock()
+			return fmt.Errorf("shm: read %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+		}
+		limit := min(uint64(len(rr.data)), live)
+		if r.Length == 0 {
+			continue
+		}
+		if end, ok := spanEnd(r.RemoteOffset, 0, r.Length, 1); !ok || end > limit {
+			s.mu.Unlock()
+			return fmt.Errorf("shm: read %d: %d bytes at offset %d of region %d (%d bytes registered): %w", i, r.Length, r.RemoteOffset, r.Remote, limit, engine.ErrOutOfBounds)
+		}
+		if lEnd, ok := spanEnd(uint64(r.Local), 0, r.Length, 1); !ok || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
+			s.mu.Unlock()
+			return fmt.Errorf("shm: read %d: local range %#x + %d bytes is not inside a region registered with this transport: %w", i, r.Local, r.Length, engine.ErrOutOfBounds)
+		}
+		for c := uint64(0); c < r.Length; c += chunkBytes {
+			m := min(chunkBytes, r.Length-c)
+			pieces = append(pieces, piece{dst: hostBytes(r.Local+uintptr(c), m), src: rr.data[r.RemoteOffset+c : r.RemoteOffset+c+m]})
+		}
+	}
+	s.running.Add(1) // Close waits before unmapping
+	s.mu.Unlock()
+	defer s.running.Done()
+	for _, p := range pieces {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("shm: read stopped: %w", err)
+		}
+		if s.peerLost.Load() {
+			break
+		}
+		copy(p.dst, p.src)
+	}
+	if !s.alive() {
+		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport during the read: %w", s.peer.PID, engine.ErrPeerLost)
+	}
+	return nil
 }
 
 // spanEnd returns base + (n-1)*stride + length, and false on overflow.

@@ -127,11 +127,15 @@ type stream struct {
 	burst  []*frame
 }
 
+var _ engine.RegionAdder = (*segment)(nil)
+
 // segment is a sender's connection to one receiver.
 type segment struct {
-	t       *Transport
-	addr    string
-	remote  map[engine.RegionID]engine.RegionDesc
+	t    *Transport
+	addr string
+	// remote is the receiver's region table, replaced whole (copy on
+	// write) by AddRegions so Submit reads it without a lock.
+	remote  atomic.Pointer[map[engine.RegionID]engine.RegionDesc]
 	streams []*stream
 
 	mu      sync.Mutex // guards closed; Submit adds to batches under it
@@ -155,10 +159,12 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if closed {
 		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
 	}
-	s := &segment{t: t, addr: addr, remote: map[engine.RegionID]engine.RegionDesc{}, batches: engine.NewBatchTable[*batch]("tcp")}
+	s := &segment{t: t, addr: addr, batches: engine.NewBatchTable[*batch]("tcp")}
+	remote := make(map[engine.RegionID]engine.RegionDesc, len(info.Regions))
 	for _, d := range info.Regions {
-		s.remote[d.ID] = d
+		remote[d.ID] = d
 	}
+	s.remote.Store(&remote)
 	d := net.Dialer{KeepAlive: 5 * time.Second}
 	if _, ok := ctx.Deadline(); !ok {
 		d.Timeout = t.ackTimeout
@@ -201,6 +207,26 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	return s, nil
 }
 
+// AddRegions adds receiver regions registered after the segment was opened
+// (engine.RegionAdder); regions already in the table are kept as they are.
+// The receiver checks every write against its own registrations anyway.
+func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+	s.mu.Lock() // one writer at a time
+	defer s.mu.Unlock()
+	old := *s.remote.Load()
+	next := make(map[engine.RegionID]engine.RegionDesc, len(old)+len(regions))
+	for id, d := range old {
+		next[id] = d
+	}
+	for _, d := range regions {
+		if _, ok := next[d.ID]; !ok {
+			next[d.ID] = d
+		}
+	}
+	s.remote.Store(&next)
+	return nil
+}
+
 // HandshakeReply returns nil: TCP needs no second handshake step.
 func (s *segment) HandshakeReply() []byte { return nil }
 
@@ -214,7 +240,7 @@ func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
 	if blocks > 1 && r.RemoteStride < r.Length {
 		return nil, fmt.Errorf("tcp: request %d: remote stride %d < block length %d (blocks would overlap)", i, r.RemoteStride, r.Length)
 	}
-	desc, ok := s.remote[r.Remote]
+	desc, ok := (*s.remote.Load())[r.Remote]
 	if !ok {
 		return nil, fmt.Errorf("tcp: request %d: remote region %d on %s: %w (not in the segment's region table)", i, r.Remote, s.addr, engine.ErrUnknownRegion)
 	}

@@ -24,6 +24,9 @@
 //     BatchFailed, with an error wrapping ErrOutOfBounds or ErrUnknownRegion
 //     (either is accepted: RDMA NICs report both as a remote access error);
 //     no byte of the receiver's memory changes and the segment stays usable;
+//   - its Segments implement engine.RegionAdder: a region the receiver
+//     registers after the open is refused (ErrUnknownRegion) until
+//     AddRegions names it, then written like any other;
 //   - when the receiver closes (or is killed), pending and later batches fail
 //     with an error wrapping engine.ErrPeerLost (Submit may return it
 //     instead) within PeerLostWithin, never hang.
@@ -119,6 +122,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Trans
 		{"OutOfBoundsRefusedByReceiver", s.outOfBoundsReceiver},
 		{"UnknownRegion", s.unknownRegion},
 		{"DeregisteredRegion", s.deregistered},
+		{"RegionsAddedAfterOpen", s.regionsAdded},
 		{"ConcurrentBatches", s.concurrent},
 		{"PollWaitRelease", s.pollWaitRelease},
 		{"Cancel", s.cancel},
@@ -549,6 +553,48 @@ func (s *suite) deregistered(t *testing.T) {
 	}
 	e.refused(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 4096, 4096)}}, engine.ErrUnknownRegion, engine.ErrOutOfBounds)
 	e.verify()
+}
+
+func (s *suite) regionsAdded(t *testing.T) {
+	e := s.newEnv(t, 1<<16, 1<<16)
+	ra, ok := e.seg.(engine.RegionAdder)
+	if !ok {
+		t.Fatalf("%s segment does not implement engine.RegionAdder", e.s.Name())
+	}
+	late, err := engine.AllocHost("transporttest-late", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { late.Close() })
+	ld, err := e.r.RegisterMemory(late.Memory())
+	if err != nil {
+		t.Fatalf("receiver RegisterMemory (late region): %v", err)
+	}
+	t.Cleanup(func() { _ = e.r.DeregisterMemory(ld.ID) })
+	req := engine.WriteRequest{Local: e.src.Addr() + 512, Remote: ld.ID, RemoteOffset: 4096, Length: 8192}
+	if _, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req}}); !errors.Is(err, engine.ErrUnknownRegion) {
+		t.Fatalf("Submit to a region registered after the open, before AddRegions: err = %v, want ErrUnknownRegion", err)
+	}
+	if err := ra.AddRegions([]engine.RegionDesc{e.dstDesc, ld}); err != nil {
+		t.Fatalf("AddRegions: %v", err)
+	}
+	id, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req, e.write(0, 0, 4096)}})
+	if err != nil {
+		t.Fatalf("Submit after AddRegions: %v", err)
+	}
+	if st := e.wait(e.seg, id); st.State != engine.BatchCompleted {
+		t.Fatalf("batch after AddRegions: %v (%v), want completed", st.State, st.Err)
+	}
+	e.seg.Release(id)
+	e.expect(e.write(0, 0, 4096))
+	e.verify()
+	if got, want := late.Bytes()[4096:4096+8192], e.src.Bytes()[512:512+8192]; !bytes.Equal(got, want) {
+		t.Fatalf("late region: bytes differ from the source after the write")
+	}
+	if !bytes.Equal(late.Bytes()[:4096], make([]byte, 4096)) || !bytes.Equal(late.Bytes()[4096+8192:], make([]byte, len(late.Bytes())-4096-8192)) {
+		t.Fatalf("late region: bytes outside the written range changed")
+	}
+	e.refused(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: e.src.Addr(), Remote: ld.ID, RemoteOffset: uint64(late.Len()) - 8, Length: 16}}}, engine.ErrOutOfBounds)
 }
 
 func (s *suite) concurrent(t *testing.T) {

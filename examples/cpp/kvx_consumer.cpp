@@ -106,6 +106,109 @@ kvx_engine_t make_engine(int role, const std::string &bootstrap) {
     return e;
 }
 
+// Named segments (Mooncake's P2PHANDSHAKE): the decode engine's segment is
+// "127.0.0.1:rpc_port"; the prefill opens it by that name and writes by the
+// decode's virtual addresses (KVX_REGION_PEER_ADDRESS).
+void named_segments(kvx_engine_t prefill, kvx_engine_t decode, uint8_t *src, uint8_t *dst) {
+    uint16_t port = 0;
+    REQUIRE_OK(kvx_engine_rpc_port(decode, &port));
+    CHECK(port != 0);
+    size_t need = 0;
+    EXPECT_RC(kvx_engine_segment_name(decode, nullptr, 0, &need), KVX_ERR_BUFFER_TOO_SMALL);
+    std::string name(need, '\0');
+    REQUIRE_OK(kvx_engine_segment_name(decode, name.data(), name.size(), &need));
+    name.resize(need - 1);
+    CHECK(name == "127.0.0.1:" + std::to_string(port));
+
+    kvx_segment_t seg = 0;
+    REQUIRE_OK(kvx_segment_open_name(prefill, name.c_str(), &seg));
+    uint32_t n = 0;
+    REQUIRE_OK(kvx_segment_regions(seg, nullptr, 0, &n));
+    CHECK(n == 1);
+    kvx_region_info info[4];
+    REQUIRE_OK(kvx_segment_regions(seg, info, 4, &n));
+    CHECK(info[0].addr == reinterpret_cast<uint64_t>(dst) && info[0].length == kPoolPages * kPageSize && info[0].kind == 0);
+
+    auto dst_addr = [&](uint64_t page) { return reinterpret_cast<uint64_t>(dst + page * kPageSize); };
+    kvx_batch_t b = 0;
+    REQUIRE_OK(kvx_batch_alloc(seg, 8, &b));
+    // Source page 6 -> decode page 30, by the decode's virtual address.
+    kvx_write_request w = {reinterpret_cast<uint64_t>(src + 6 * kPageSize), dst_addr(30), kPageSize, 0, 0, KVX_REGION_PEER_ADDRESS, 1};
+    REQUIRE_OK(kvx_batch_submit(b, &w, 1));
+    REQUIRE_OK(kvx_batch_wait(b, 10000));
+    for (uint64_t i = 0; i < kPageSize; i++)
+        if (dst[30 * kPageSize + i] != pattern(6, i)) {
+            std::fprintf(stderr, "peer-address write: decode page 30 byte %llu wrong\n", (unsigned long long)i);
+            ++failures;
+            break;
+        }
+    // A range that runs off the decode's region: refused, message names the peer.
+    kvx_write_request off = {reinterpret_cast<uint64_t>(src), dst_addr(kPoolPages) - 8, 16, 0, 0, KVX_REGION_PEER_ADDRESS, 0};
+    EXPECT_RC(kvx_batch_submit(b, &off, 1), KVX_ERR_OUT_OF_BOUNDS);
+    CHECK(std::strstr(kvx_last_error(), name.c_str()) != nullptr);
+
+    // Memory the decode registers after the open is found (one refresh).
+    kvx_hostbuf_t late = 0;
+    void *lp = nullptr;
+    uint64_t llen = 0;
+    REQUIRE_OK(kvx_alloc_host("late", 2 * kPageSize, &late, &lp, &llen));
+    kvx_region_t lr = 0;
+    REQUIRE_OK(kvx_register_memory(decode, lp, llen, "cpu", &lr));
+    kvx_write_request lw = {reinterpret_cast<uint64_t>(src + 9 * kPageSize), reinterpret_cast<uint64_t>(lp) + kPageSize, kPageSize, 0, 0, KVX_REGION_PEER_ADDRESS, 0};
+    REQUIRE_OK(kvx_batch_submit(b, &lw, 1));
+    REQUIRE_OK(kvx_batch_wait(b, 10000));
+    auto *l8 = static_cast<const uint8_t *>(lp);
+    for (uint64_t i = 0; i < kPageSize; i++)
+        if (l8[kPageSize + i] != pattern(9, i) || l8[i] != 0) {
+            std::fprintf(stderr, "write into memory registered after the open: byte %llu wrong\n", (unsigned long long)i);
+            ++failures;
+            break;
+        }
+    REQUIRE_OK(kvx_segment_regions(seg, info, 4, &n));
+    CHECK(n == 2);
+
+    // READ (Mooncake's transfer_sync_read): shm maps the peer's memory;
+    // tcp/rdma are one-sided WRITE only.
+    kvx_write_request r = {reinterpret_cast<uint64_t>(src + 31 * kPageSize), dst_addr(30), kPageSize, 0, 0, KVX_REGION_PEER_ADDRESS, 0};
+    if (std::strcmp(g_transport, "shm") == 0) {
+        std::memset(src + 31 * kPageSize, 0, kPageSize);
+        REQUIRE_OK(kvx_segment_read(seg, &r, 1, 10000));
+        CHECK(std::memcmp(src + 31 * kPageSize, dst + 30 * kPageSize, kPageSize) == 0);
+        for (uint64_t i = 0; i < kPageSize; i++) src[31 * kPageSize + i] = pattern(31, i);
+    } else {
+        EXPECT_RC(kvx_segment_read(seg, &r, 1, 10000), KVX_ERR_NOT_SUPPORTED);
+    }
+    REQUIRE_OK(kvx_batch_free(b));
+    REQUIRE_OK(kvx_segment_close(seg));
+    REQUIRE_OK(kvx_deregister_memory(decode, lr));
+    REQUIRE_OK(kvx_free_host(late));
+
+    // Nothing listens at this name / not a host:port name.
+    EXPECT_RC(kvx_segment_open_name(prefill, "127.0.0.1:1", &seg), KVX_ERR_PEER_LOST);
+    EXPECT_RC(kvx_segment_open_name(prefill, "prefill-0", &seg), KVX_ERR_INVALID_ARGUMENT);
+    EXPECT_RC(kvx_segment_open_name(prefill, nullptr, &seg), KVX_ERR_INVALID_ARGUMENT);
+    EXPECT_RC(kvx_engine_rpc_port(0, &port), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_segment_regions(0, info, 1, &n), KVX_ERR_BAD_HANDLE);
+    EXPECT_RC(kvx_segment_refresh(0), KVX_ERR_BAD_HANDLE);
+    std::printf("named segments: opened %s by name, peer-address writes%s verified\n", name.c_str(),
+                std::strcmp(g_transport, "shm") == 0 ? " and a read" : "");
+}
+
+// A caller built against the 0.1 header passes the smaller struct.
+void old_config_size() {
+    kvx_engine_config cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    cfg.struct_size = KVX_ENGINE_CONFIG_SIZE_V1;
+    cfg.role = KVX_ROLE_DECODE;
+    cfg.transport = g_transport;
+    cfg.metadata_server = "etcd://ignored:1";  // past struct_size: not read
+    kvx_engine_t e = 0;
+    REQUIRE_OK(kvx_engine_create(&cfg, &e));
+    REQUIRE_OK(kvx_engine_destroy(e));
+    cfg.struct_size = KVX_ENGINE_CONFIG_SIZE_V1 - 8;
+    EXPECT_RC(kvx_engine_create(&cfg, &e), KVX_ERR_INVALID_ARGUMENT);
+}
+
 std::string bootstrap_address(kvx_bootstrap_t bs) {
     size_t need = 0;
     // Too-small buffer reports the size it needs.
@@ -680,6 +783,8 @@ int main(int argc, char **argv) {
     REQUIRE_OK(kvx_register_memory(decode, dst, dst_len, "cpu", &dst_region));
 
     batch_transfer(prefill, decode, s8, dst_region, static_cast<const uint8_t *>(dst));
+    named_segments(prefill, decode, s8, static_cast<uint8_t *>(dst));
+    old_config_size();
     kv_rooms(prefill, decode, addr);
     bad_arguments(decode);
 

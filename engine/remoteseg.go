@@ -1,0 +1,453 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strings"
+	"sync"
+)
+
+// RegionAdder is implemented by transport Segments whose region table can
+// grow after OpenSegment: AddRegions makes writes to the given regions of the
+// receiver valid on this segment (regions already known are ignored). The
+// receiver still checks every write. TransferEngine calls it when a refresh
+// of the peer's descriptor finds regions registered after the open.
+type RegionAdder interface {
+	AddRegions(regions []RegionDesc) error
+}
+
+// ReadRequest is one one-sided READ: Length bytes from byte RemoteOffset of
+// the receiver's region Remote into local address Local (inside memory
+// registered with the reading side's transport).
+type ReadRequest struct {
+	Local        uintptr
+	Remote       RegionID
+	RemoteOffset uint64
+	Length       uint64
+}
+
+// SegmentReader is implemented by transport Segments that can READ the
+// receiver's registered memory (shm, which maps it). Read copies every
+// request before it returns; nothing is read when validation fails (errors
+// wrap ErrUnknownRegion or ErrOutOfBounds), and a receiver that is gone
+// fails it with ErrPeerLost. tcp and rdma move bytes by one-sided WRITE
+// only and do not implement it.
+type SegmentReader interface {
+	Read(ctx context.Context, reqs []ReadRequest) error
+}
+
+// ErrReadUnsupported: the transport moves bytes by one-sided WRITE only
+// (tcp, rdma); reads need a transport that implements SegmentReader (shm).
+var ErrReadUnsupported = errors.New("transport cannot read: one-sided WRITE only")
+
+// PeerRead is one READ addressed by the peer's virtual address: Length
+// bytes from PeerAddr in the peer process into local address Local.
+type PeerRead struct {
+	Local    uintptr
+	PeerAddr uint64
+	Length   uint64
+}
+
+// PeerWrite is one WRITE addressed by the peer's virtual address (Mooncake's
+// peer_buffer_address): Length bytes from local address Local (inside memory
+// registered with the sending engine) to PeerAddr in the peer process. When
+// Count > 1 it is strided like WriteRequest: block i is read at
+// Local+i*LocalStride and written at PeerAddr+i*PeerStride; every block must
+// lie in the same peer region.
+type PeerWrite struct {
+	Local       uintptr
+	PeerAddr    uint64
+	Length      uint64
+	Count       uint32
+	LocalStride uint64
+	PeerStride  uint64
+}
+
+// RemoteSegment is a sender's open segment to a named peer engine: the
+// transport Segment plus the peer's descriptor, which translates peer
+// virtual addresses to (region, offset). A write that misses every known
+// region (or names an unknown region ID) refreshes the descriptor once over
+// the peer's RPC listener, so regions the peer registered after the open are
+// found.
+//
+// A RemoteSegment is safe for concurrent use. Close it when done
+// (idempotent); TransferEngine.Close closes it too.
+type RemoteSegment struct {
+	te   *TransferEngine
+	name string
+	seg  Segment
+
+	mu      sync.Mutex
+	desc    SegmentDescriptor
+	byID    map[RegionID]RegionDesc
+	stale   error
+	closed  bool
+	refresh sync.Mutex // one refresh at a time
+	gen     uint64     // bumped by every completed refresh (under mu)
+}
+
+var _ Segment = (*RemoteSegment)(nil)
+
+func (s *RemoteSegment) setDesc(d SegmentDescriptor) {
+	d.Regions = sortedCopy(d.Regions)
+	s.desc = d
+	s.byID = make(map[RegionID]RegionDesc, len(d.Regions))
+	for _, r := range d.Regions {
+		s.byID[r.ID] = r
+	}
+}
+
+// Name returns the segment name it was opened by.
+func (s *RemoteSegment) Name() string { return s.name }
+
+// Epoch returns the peer's epoch at open.
+func (s *RemoteSegment) Epoch() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.desc.Epoch
+}
+
+// Descriptor returns a copy of the peer's descriptor as last fetched.
+func (s *RemoteSegment) Descriptor() SegmentDescriptor {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.desc
+	d.Regions = append([]RegionDesc(nil), d.Regions...)
+	return d
+}
+
+// Err returns why the segment is stale (wrapping ErrSegmentStale), or nil.
+func (s *RemoteSegment) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stale
+}
+
+// usable returns the error a submit gets on a stale or closed segment.
+func (s *RemoteSegment) usable() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("engine: segment %q: %w", s.name, ErrClosed)
+	}
+	return s.stale
+}
+
+// invalidate marks the segment stale and closes its transport connection
+// (pending batches fail; the reason is reported with them).
+func (s *RemoteSegment) invalidate(reason error) {
+	s.mu.Lock()
+	if s.stale != nil || s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.stale = reason
+	s.mu.Unlock()
+	s.te.log.Warn("segment invalidated", "peer", s.name, "reason", reason)
+	_ = s.seg.Close()
+}
+
+// Refresh fetches the peer's descriptor again over its RPC listener and
+// adds the regions registered since (RegionAdder). A different epoch means
+// the peer restarted: the segment becomes stale and the error wraps
+// ErrSegmentStale. Errors also: the RPC errors, a transport that cannot add
+// regions to an open segment.
+func (s *RemoteSegment) Refresh(ctx context.Context) error {
+	s.mu.Lock()
+	gen := s.gen
+	s.mu.Unlock()
+	return s.refreshAfter(ctx, gen)
+}
+
+// refreshAfter refreshes unless a refresh completed since generation gen
+// (then the caller just retries with the newer table).
+func (s *RemoteSegment) refreshAfter(ctx context.Context, gen uint64) error {
+	s.refresh.Lock()
+	defer s.refresh.Unlock()
+	s.mu.Lock()
+	if s.gen != gen {
+		s.mu.Unlock()
+		return nil
+	}
+	rpc, epoch := s.desc.RPC, s.desc.Epoch
+	s.mu.Unlock()
+	if err := s.usable(); err != nil {
+		return err
+	}
+	d, err := s.te.describePeer(ctx, rpc, "")
+	if err != nil {
+		return fmt.Errorf("engine: segment %q: refresh descriptor: %w", s.name, err)
+	}
+	if d.Epoch != epoch {
+		reason := fmt.Errorf("engine: segment %q: the peer at %s restarted (epoch %#x → %#x); reopen the segment: %w: %w", s.name, rpc, epoch, d.Epoch, ErrSegmentStale, ErrPeerLost)
+		s.invalidate(reason)
+		return reason
+	}
+	s.mu.Lock()
+	var added []RegionDesc
+	for _, r := range d.Regions {
+		if _, ok := s.byID[r.ID]; !ok {
+			added = append(added, r)
+		}
+	}
+	s.mu.Unlock()
+	if len(added) > 0 {
+		ra, ok := s.seg.(RegionAdder)
+		if !ok {
+			return fmt.Errorf("engine: segment %q: the peer registered %d new regions but transport %s cannot add regions to an open segment; reopen the segment", s.name, len(added), s.te.tr.Name())
+		}
+		if err := ra.AddRegions(added); err != nil {
+			return fmt.Errorf("engine: segment %q: add %d new regions: %w", s.name, len(added), err)
+		}
+	}
+	s.mu.Lock()
+	s.setDesc(d)
+	s.gen++
+	s.mu.Unlock()
+	return nil
+}
+
+// lookupAddr translates [addr, addr+span) with the current table.
+func (s *RemoteSegment) lookupAddr(addr, span uint64) (RegionDesc, uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := FindRegion(s.desc.Regions, addr, span)
+	return r, s.gen, ok
+}
+
+// Translate maps the peer virtual address range [addr, addr+length) to the
+// region holding it and the offset inside it, refreshing the descriptor
+// once when no known region holds it. The error for a range outside every
+// registered region wraps ErrOutOfBounds and names the peer, the address,
+// the length and the peer's regions.
+func (s *RemoteSegment) Translate(ctx context.Context, addr, length uint64) (RegionID, uint64, error) {
+	if length == 0 {
+		return 0, 0, fmt.Errorf("engine: segment %q: peer address %#x: length is 0 bytes", s.name, addr)
+	}
+	r, gen, ok := s.lookupAddr(addr, length)
+	if !ok {
+		if err := s.refreshAfter(ctx, gen); err != nil {
+			return 0, 0, fmt.Errorf("engine: segment %q: peer address range [%#x, +%d bytes) is in no known region, and the refresh failed: %w", s.name, addr, length, err)
+		}
+		if r, _, ok = s.lookupAddr(addr, length); !ok {
+			return 0, 0, s.outside(addr, length)
+		}
+	}
+	return r.ID, addr - r.Addr, nil
+}
+
+// outside builds the error for a peer range in no registered region.
+func (s *RemoteSegment) outside(addr, length uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	for i, r := range s.desc.Regions {
+		if i == 8 {
+			fmt.Fprintf(&b, " …(%d more)", len(s.desc.Regions)-8)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d:[%#x, +%d)", r.ID, r.Addr, r.Length)
+	}
+	if b.Len() == 0 {
+		b.WriteString("none")
+	}
+	return fmt.Errorf("engine: segment %q (peer %s, epoch %#x): peer address range [%#x, +%d bytes) is not inside any region the peer registered (regions: %s); register that memory on the peer first: %w",
+		s.name, s.desc.RPC, s.desc.Epoch, addr, length, b.String(), ErrOutOfBounds)
+}
+
+// span returns the bytes from the first block's start to the last block's
+// end of a strided access, and false on overflow.
+func span(length uint64, count uint32, stride uint64) (uint64, bool) {
+	if count <= 1 {
+		return length, true
+	}
+	hi, lo := bits.Mul64(uint64(count-1), stride)
+	if hi != 0 {
+		return 0, false
+	}
+	n, c := bits.Add64(lo, length, 0)
+	return n, c == 0
+}
+
+// Resolve translates peer-addressed writes into region WriteRequests
+// (refreshing the descriptor once when a range misses).
+func (s *RemoteSegment) Resolve(ctx context.Context, ws []PeerWrite) ([]WriteRequest, error) {
+	out := make([]WriteRequest, len(ws))
+	for i, w := range ws {
+		n, ok := span(w.Length, w.Count, w.PeerStride)
+		if !ok {
+			return nil, fmt.Errorf("engine: segment %q: write %d: %d blocks of %d bytes with peer stride %d overflow: %w", s.name, i, w.Count, w.Length, w.PeerStride, ErrOutOfBounds)
+		}
+		id, off, err := s.Translate(ctx, w.PeerAddr, n)
+		if err != nil {
+			return nil, fmt.Errorf("write %d: %w", i, err)
+		}
+		out[i] = WriteRequest{Local: w.Local, Remote: id, RemoteOffset: off, Length: w.Length, Count: w.Count, LocalStride: w.LocalStride, RemoteStride: w.PeerStride}
+	}
+	return out, nil
+}
+
+// SubmitPeerWrites translates ws (Resolve) and submits them as one batch.
+func (s *RemoteSegment) SubmitPeerWrites(ctx context.Context, ws []PeerWrite) (BatchID, error) {
+	reqs, err := s.Resolve(ctx, ws)
+	if err != nil {
+		return 0, err
+	}
+	return s.Submit(ctx, &TransferBatch{Requests: reqs})
+}
+
+// Read copies the peer ranges of rs into local memory (Mooncake's
+// transfer_sync_read), translating peer virtual addresses as writes do. It
+// needs a transport whose segments implement SegmentReader (shm); on others
+// it fails with an error wrapping ErrReadUnsupported.
+func (s *RemoteSegment) Read(ctx context.Context, rs []PeerRead) error {
+	if err := s.readable(); err != nil {
+		return err
+	}
+	reqs := make([]ReadRequest, len(rs))
+	for i, r := range rs {
+		id, off, err := s.Translate(ctx, r.PeerAddr, r.Length)
+		if err != nil {
+			return fmt.Errorf("read %d: %w", i, err)
+		}
+		reqs[i] = ReadRequest{Local: r.Local, Remote: id, RemoteOffset: off, Length: r.Length}
+	}
+	return s.ReadRegions(ctx, reqs)
+}
+
+// readable fails when the segment is stale or closed, or its transport
+// cannot read.
+func (s *RemoteSegment) readable() error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	if _, ok := s.seg.(SegmentReader); !ok {
+		return fmt.Errorf("engine: segment %q: read: transport %s: %w; use shm between processes of one host, or have the peer write", s.name, s.te.tr.Name(), ErrReadUnsupported)
+	}
+	return nil
+}
+
+// ReadRegions copies region-addressed ranges of the peer into local memory
+// (see Read), refreshing the descriptor once for an unknown region ID.
+func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []ReadRequest) error {
+	if err := s.readable(); err != nil {
+		return err
+	}
+	check := &TransferBatch{Requests: make([]WriteRequest, len(reqs))}
+	for i, r := range reqs {
+		check.Requests[i] = WriteRequest{Local: r.Local, Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: r.Length}
+	}
+	if err := s.checkRegions(ctx, check); err != nil {
+		return err
+	}
+	if err := s.seg.(SegmentReader).Read(ctx, reqs); err != nil {
+		if st := s.Err(); st != nil {
+			return st
+		}
+		return fmt.Errorf("engine: segment %q: read: %w", s.name, err)
+	}
+	return nil
+}
+
+// checkRegions verifies every request names a known region and stays inside
+// it, refreshing the descriptor once for an unknown region ID.
+func (s *RemoteSegment) checkRegions(ctx context.Context, b *TransferBatch) error {
+	refreshed := false
+	for i := 0; i < len(b.Requests); i++ {
+		r := b.Requests[i]
+		s.mu.Lock()
+		rd, ok := s.byID[r.Remote]
+		gen := s.gen
+		s.mu.Unlock()
+		if !ok && !refreshed {
+			refreshed = true
+			if err := s.refreshAfter(ctx, gen); err != nil {
+				return fmt.Errorf("engine: segment %q: request %d names region %d, unknown here, and the refresh failed: %w", s.name, i, r.Remote, err)
+			}
+			i-- // look again
+			continue
+		}
+		if !ok {
+			return fmt.Errorf("engine: segment %q (epoch %#x): request %d: region %d is not registered on the peer: %w", s.name, s.Epoch(), i, r.Remote, ErrUnknownRegion)
+		}
+		n, ok := span(r.Length, r.Count, r.RemoteStride)
+		if !ok || r.RemoteOffset+n < r.RemoteOffset || r.RemoteOffset+n > rd.Length {
+			return fmt.Errorf("engine: segment %q: request %d writes %d×%d bytes at offset %d (stride %d) of region %d, which has %d bytes: %w",
+				s.name, i, r.Blocks(), r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, rd.Length, ErrOutOfBounds)
+		}
+	}
+	return nil
+}
+
+// Submit checks every request against the peer's regions (refreshing once
+// for an unknown region ID), then submits the batch on the transport
+// segment. A stale segment fails at once with its reason (ErrSegmentStale).
+func (s *RemoteSegment) Submit(ctx context.Context, b *TransferBatch) (BatchID, error) {
+	if err := s.usable(); err != nil {
+		return 0, err
+	}
+	if err := s.checkRegions(ctx, b); err != nil {
+		return 0, err
+	}
+	id, err := s.seg.Submit(ctx, b)
+	if err != nil {
+		if st := s.Err(); st != nil {
+			return 0, st
+		}
+		return 0, err
+	}
+	return id, nil
+}
+
+// explain adds the stale reason to a batch that failed because the segment
+// was invalidated.
+func (s *RemoteSegment) explain(st BatchStatus) BatchStatus {
+	if st.State == BatchFailed {
+		if reason := s.Err(); reason != nil && !errors.Is(st.Err, ErrSegmentStale) {
+			st.Err = fmt.Errorf("%w (batch: %v)", reason, st.Err)
+		}
+	}
+	return st
+}
+
+// HandshakeReply returns the transport segment's reply (already delivered
+// by OpenSegment).
+func (s *RemoteSegment) HandshakeReply() []byte { return s.seg.HandshakeReply() }
+
+// Poll returns the batch's state without blocking.
+func (s *RemoteSegment) Poll(id BatchID) (BatchStatus, error) {
+	st, err := s.seg.Poll(id)
+	return s.explain(st), err
+}
+
+// Wait blocks until the batch is terminal or ctx ends.
+func (s *RemoteSegment) Wait(ctx context.Context, id BatchID) (BatchStatus, error) {
+	st, err := s.seg.Wait(ctx, id)
+	return s.explain(st), err
+}
+
+// Cancel asks the batch to stop (best effort; keep polling).
+func (s *RemoteSegment) Cancel(id BatchID) error { return s.seg.Cancel(id) }
+
+// Release forgets a terminal batch.
+func (s *RemoteSegment) Release(id BatchID) { s.seg.Release(id) }
+
+// Close closes the transport segment (pending batches fail) and stops
+// watching the peer when no other segment of this engine is open to it.
+// Idempotent.
+func (s *RemoteSegment) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.te.forget(s)
+	return s.seg.Close()
+}

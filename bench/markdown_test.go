@@ -54,8 +54,11 @@ func TestTargetsAndRender(t *testing.T) {
 		},
 	}
 	ts := r.Targets()
-	if len(ts) != 4 {
+	if len(ts) != 6 {
 		t.Fatalf("%d targets", len(ts))
+	}
+	if ts[4].Missing == "" || ts[5].Missing == "" {
+		t.Errorf("small-write targets evaluated without 4K/32K results: %+v %+v", ts[4], ts[5])
 	}
 	if !ts[0].Met() || ts[0].Ratio() != 2 {
 		t.Errorf("tcp target %+v", ts[0])
@@ -73,6 +76,43 @@ func TestTargetsAndRender(t *testing.T) {
 	for _, want := range []string{"**missed**", "not evaluated", "2.00 (d8", "(2.00×)", "![bandwidth vs block size](results/bench.png)"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+func TestSmallWriteTargets(t *testing.T) {
+	res := func(block uint64, depth int, gbps float64) Result {
+		return Result{Case: Case{Transport: "tcp", BlockBytes: block, Depth: depth}, GBps: Stat{Median: gbps}}
+	}
+	r := &Report{Results: []Result{
+		res(TargetBlock, 1, 4.0), res(TargetBlock, 256, 2.0),
+		res(4<<10, 64, 3.9), res(4<<10, 256, 2.7), res(4<<10, 512, 2.9), // depth 64 does not count
+		res(32<<10, 256, 3.5),
+	}}
+	ts := r.Targets()
+	var small []Target
+	for _, x := range ts {
+		if strings.HasPrefix(x.What, "tcp 4K at depth") || strings.HasPrefix(x.What, "tcp 32K at depth") {
+			small = append(small, x)
+		}
+	}
+	if len(small) != 2 {
+		t.Fatalf("small-write targets: %+v", ts)
+	}
+	if small[0].Ours != 2.9 || small[0].Theirs != 4.0 || !small[0].Met() { // 0.725 >= 0.7
+		t.Errorf("4K target %+v: want best depth>=256 (2.9) over best 1M (4.0), met", small[0])
+	}
+	if small[1].Ratio() != 3.5/4.0 || small[1].Met() { // 0.875 < 0.9
+		t.Errorf("32K target %+v: want 0.875x, missed", small[1])
+	}
+	var out strings.Builder
+	r.Method.Config.Transports = []string{"tcp"}
+	if err := WriteTable(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"tcp 4K at depth ≥ 256 vs tcp 1M", "0.72×", "met", "0.88×", "MISSED"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
 }

@@ -13,7 +13,8 @@ import (
 // verification outcome, the median per-repetition ratio to the
 // single-goroutine memcpy baseline (Result.MemcpyRatio),
 // and the ratio to each peer series compared with the row's transport (at the
-// same block size). Then the peer runs and the hardware note.
+// same block size). Then the peer runs, the targets this run could evaluate
+// (Report.Targets) and the hardware note.
 func WriteTable(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	peerCols := map[string][]string{}
@@ -86,6 +87,24 @@ func WriteTable(w io.Writer, r *Report) error {
 			if p.Err != "" {
 				fmt.Fprintf(w, "peer %s at %s failed: %s\n", p.Label(), FormatSize(p.BlockBytes), p.Err)
 			}
+		}
+	}
+	if ts := r.Targets(); len(ts) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "target\tkvxfer GB/s\treference GB/s\tratio\twant\t")
+		for _, t := range ts {
+			if t.Missing != "" {
+				continue
+			}
+			verdict := "met"
+			if !t.Met() {
+				verdict = "MISSED"
+			}
+			fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t≥ %.1f× %s\t\n", t.What, t.Ours, t.Theirs, fmtRatio(t.Ratio()), t.Want, verdict)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
 		}
 	}
 	for _, s := range r.Skipped {

@@ -3,7 +3,10 @@ package tcp_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
@@ -167,4 +170,70 @@ func BenchmarkPipelined(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkScattered measures the KV-page shape: each op is one transfer
+// batch of `depth` requests of `block` bytes whose remote slots are a random
+// permutation of the window (nothing is contiguous), two batches in flight,
+// as `kvxfer bench` runs them. Besides GB/s it reports cpu-ns/B, the
+// process's user+system CPU time per payload byte (getrusage), which moves
+// far less than GB/s when the machine is shared.
+func BenchmarkScattered(b *testing.B) {
+	for _, block := range []int{4 << 10, 32 << 10, 1 << 20} {
+		for _, depth := range []int{1, 256} {
+			b.Run(fmt.Sprintf("block=%s/depth=%d", sizeName(block), depth), func(b *testing.B) {
+				window := min(block*depth*2, 128<<20)
+				seg, src, dst := benchPair(b, tcp.DefaultStreams, window)
+				ctx := context.Background()
+				slots := window / block
+				perm := rand.New(rand.NewPCG(1, 2)).Perm(slots)
+				batches := make([]*engine.TransferBatch, max(1, slots/depth))
+				for k := range batches {
+					tb := &engine.TransferBatch{}
+					for j := 0; j < depth; j++ {
+						i := (k*depth + j) % slots
+						tb.Requests = append(tb.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dst.ID,
+							RemoteOffset: uint64(perm[i] * block), Length: uint64(block)})
+					}
+					batches[k] = tb
+				}
+				var q []engine.BatchID
+				wait := func() {
+					if st, err := seg.Wait(ctx, q[0]); err != nil || st.State != engine.BatchCompleted {
+						b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
+					}
+					seg.Release(q[0])
+					q = q[1:]
+				}
+				b.SetBytes(int64(block * depth))
+				b.ReportAllocs()
+				cpu0 := cpuTime()
+				next := 0
+				for b.Loop() {
+					if len(q) == 2 {
+						wait()
+					}
+					id, err := seg.Submit(ctx, batches[next%len(batches)])
+					if err != nil {
+						b.Fatal(err)
+					}
+					next++
+					q = append(q, id)
+				}
+				for len(q) > 0 {
+					wait()
+				}
+				bytes := float64(block*depth) * float64(b.N)
+				b.ReportMetric(bytes/b.Elapsed().Seconds()/1e9, "GB/s")
+				b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/bytes, "cpu-ns/B")
+			})
+		}
+	}
+}
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

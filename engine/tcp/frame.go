@@ -11,18 +11,18 @@ import (
 // own format, versioned by the hello; nothing here comes from another project.
 //
 //	sender → receiver, once:   hello  (16 bytes)
-//	sender → receiver, repeat: header (48 bytes) + Count*Length payload bytes
+//	sender → receiver, repeat: header (48 bytes) [+ scatter table] + payload
 //	receiver → sender, repeat: ack    (24 bytes) + MsgLen bytes of UTF-8 text
 //
 // Hello:
 //
 //	0  [8]byte "KVXFTCP\x00"
-//	8  u16     protocol version (1)
+//	8  u16     protocol version (2; version 1 had no scatter frames)
 //	10 u16     stream index (informational)
 //	12 u32     reserved, 0
 //
-// Data-frame header (one per WriteRequest chunk; a strided request is ONE
-// header followed by its Count blocks back to back):
+// Data-frame header, kind 1 (write: one WriteRequest chunk; a strided
+// request is ONE header followed by its Count blocks back to back):
 //
 //	0  u32 magic 0x5758564B ("KVXW")
 //	4  u8  kind (1 = write)
@@ -35,6 +35,32 @@ import (
 //	32 u64 block length, bytes
 //	40 u64 remote stride between block starts, bytes (0 when count == 1)
 //
+// Data-frame header, kind 2 (scatter: many small contiguous writes of one
+// transfer batch, possibly to several regions, in one frame):
+//
+//	0  u32 magic 0x5758564B ("KVXW")
+//	4  u8  kind (2 = scatter)
+//	5  u8  flags (0)
+//	6  u16 reserved (0)
+//	8  u64 seq
+//	16 u32 reserved (0)
+//	20 u32 entry count n (1..maxScatterEntries)
+//	24 u64 total payload bytes (the sum of the entry lengths)
+//	32 u64 reserved (0)
+//	40 u64 reserved (0)
+//
+// followed by the scatter table, n entries of 16 bytes:
+//
+//	0  u32 remote region ID
+//	4  u32 length, bytes (>= 1)
+//	8  u64 offset in the region, bytes
+//
+// and then the n payloads back to back, in table order. The receiver reads
+// the table, checks every entry (region registered, range inside it) before
+// any byte lands, and reads the payload with vectored reads straight into
+// the destination ranges; one refused entry refuses the whole frame (its
+// payload is drained) with one ack naming the entry.
+//
 // Ack (one per data frame, in the order the frames arrived):
 //
 //	0  u32 magic 0x41585643 ("CVXA")
@@ -42,19 +68,25 @@ import (
 //	5  u8  reserved (0)
 //	6  u16 message length in bytes (<= maxAckMsg)
 //	8  u64 seq of the frame acknowledged
-//	16 u64 payload bytes that landed in the region
+//	16 u64 payload bytes that landed in the region(s)
 
 const (
 	helloSize  = 16
 	headerSize = 48
 	ackSize    = 24
+	entrySize  = 16 // one scatter-table entry
 
-	protoVersion = 1
+	protoVersion = 2
 
 	frameMagic = 0x5758564B
 	ackMagic   = 0x41585643
 
-	kindWrite = 1
+	kindWrite   = 1
+	kindScatter = 2
+
+	// maxScatterEntries bounds the entries of one scatter frame (its table
+	// is at most 16 KiB; its payload fits one readv of IOV_MAX slices).
+	maxScatterEntries = 1024
 
 	// maxAckMsg bounds the error text of an ack, bytes.
 	maxAckMsg = 1024
@@ -105,8 +137,11 @@ func decodeHello(b []byte) (hello, error) {
 	return h, nil
 }
 
-// header is a decoded data-frame header.
+// header is a decoded data-frame header. For a scatter frame (Kind ==
+// kindScatter) Count is the number of table entries, Length the total
+// payload in bytes, and Region, Offset and Stride are zero.
 type header struct {
+	Kind   uint8
 	Seq    uint64
 	Region uint32
 	Count  uint32
@@ -115,12 +150,32 @@ type header struct {
 	Stride uint64
 }
 
-// payload returns Count*Length in bytes.
-func (h header) payload() uint64 { return uint64(h.Count) * h.Length }
+// payload returns the payload bytes that follow the header (and the scatter
+// table): Count*Length for a write frame, Length for a scatter frame.
+func (h header) payload() uint64 {
+	if h.Kind == kindScatter {
+		return h.Length
+	}
+	return uint64(h.Count) * h.Length
+}
 
+// tableBytes returns the size of the scatter table after the header (0 for a
+// write frame).
+func (h header) tableBytes() int {
+	if h.Kind == kindScatter {
+		return int(h.Count) * entrySize
+	}
+	return 0
+}
+
+// encode writes the header; Kind 0 is encoded as kindWrite.
 func (h header) encode(b *[headerSize]byte) {
+	kind := h.Kind
+	if kind == 0 {
+		kind = kindWrite
+	}
 	binary.LittleEndian.PutUint32(b[0:], frameMagic)
-	b[4] = kindWrite
+	b[4] = kind
 	b[5] = 0
 	binary.LittleEndian.PutUint16(b[6:], 0)
 	binary.LittleEndian.PutUint64(b[8:], h.Seq)
@@ -133,7 +188,9 @@ func (h header) encode(b *[headerSize]byte) {
 
 // decodeHeader parses a data-frame header. An error (wrapping errProtocol)
 // means the stream is unusable: bad magic, unknown kind or flags, zero count,
-// or a payload over maxFramePayload. Bounds are not checked here.
+// a payload over maxFramePayload, or (scatter) more than maxScatterEntries
+// entries or reserved fields set. Bounds are not checked here. The returned
+// header has Kind set (kindWrite or kindScatter).
 func decodeHeader(b []byte) (header, error) {
 	if len(b) < headerSize {
 		return header{}, fmt.Errorf("%w: frame header is %d bytes, want %d", errProtocol, len(b), headerSize)
@@ -141,13 +198,14 @@ func decodeHeader(b []byte) (header, error) {
 	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
 		return header{}, fmt.Errorf("%w: bad frame magic %#08x, want %#08x (stream out of sync)", errProtocol, m, frameMagic)
 	}
-	if b[4] != kindWrite {
+	if b[4] != kindWrite && b[4] != kindScatter {
 		return header{}, fmt.Errorf("%w: unknown frame kind %d", errProtocol, b[4])
 	}
 	if b[5] != 0 || binary.LittleEndian.Uint16(b[6:]) != 0 {
 		return header{}, fmt.Errorf("%w: reserved frame bits set (flags %#x)", errProtocol, b[5])
 	}
 	h := header{
+		Kind:   b[4],
 		Seq:    binary.LittleEndian.Uint64(b[8:]),
 		Region: binary.LittleEndian.Uint32(b[16:]),
 		Count:  binary.LittleEndian.Uint32(b[20:]),
@@ -158,11 +216,71 @@ func decodeHeader(b []byte) (header, error) {
 	if h.Count == 0 {
 		return h, fmt.Errorf("%w: frame %d has block count 0", errProtocol, h.Seq)
 	}
+	if h.Kind == kindScatter {
+		switch {
+		case h.Count > maxScatterEntries:
+			return h, fmt.Errorf("%w: scatter frame %d has %d entries, the limit is %d", errProtocol, h.Seq, h.Count, maxScatterEntries)
+		case h.Region != 0 || h.Offset != 0 || h.Stride != 0:
+			return h, fmt.Errorf("%w: scatter frame %d has reserved header fields set", errProtocol, h.Seq)
+		case h.Length < uint64(h.Count) || h.Length > maxFramePayload:
+			return h, fmt.Errorf("%w: scatter frame %d declares %d payload bytes for %d entries (want %d..%d)",
+				errProtocol, h.Seq, h.Length, h.Count, h.Count, uint64(maxFramePayload))
+		}
+		return h, nil
+	}
 	hi, lo := bits.Mul64(uint64(h.Count), h.Length)
 	if hi != 0 || lo > maxFramePayload {
 		return h, fmt.Errorf("%w: frame %d payload %d x %d bytes exceeds the %d-byte limit", errProtocol, h.Seq, h.Count, h.Length, uint64(maxFramePayload))
 	}
 	return h, nil
+}
+
+// entry is one decoded scatter-table entry: Length bytes at Offset of
+// remote region Region.
+type entry struct {
+	Region uint32
+	Length uint32
+	Offset uint64
+}
+
+// end returns Offset+Length and false on overflow.
+func (e entry) end() (uint64, bool) {
+	end, c := bits.Add64(e.Offset, uint64(e.Length), 0)
+	return end, c == 0
+}
+
+// putEntry encodes e into b[0:entrySize].
+func putEntry(b []byte, e entry) {
+	binary.LittleEndian.PutUint32(b[0:], e.Region)
+	binary.LittleEndian.PutUint32(b[4:], e.Length)
+	binary.LittleEndian.PutUint64(b[8:], e.Offset)
+}
+
+// decodeTable parses the scatter table of h (h.Count entries of entrySize
+// bytes in b) into dst[:0] and returns it. An error wraps errProtocol: a
+// short table, an entry of length 0, or entry lengths that do not add up to
+// the header's payload (the receiver could not tell where the frame ends).
+// Regions and bounds are checked by the receiver, not here.
+func decodeTable(h header, b []byte, dst []entry) ([]entry, error) {
+	n := int(h.Count)
+	if len(b) < n*entrySize {
+		return dst[:0], fmt.Errorf("%w: scatter frame %d table is %d bytes, want %d", errProtocol, h.Seq, len(b), n*entrySize)
+	}
+	dst = dst[:0]
+	var sum uint64
+	for i := 0; i < n; i++ {
+		p := b[i*entrySize:]
+		e := entry{Region: binary.LittleEndian.Uint32(p[0:]), Length: binary.LittleEndian.Uint32(p[4:]), Offset: binary.LittleEndian.Uint64(p[8:])}
+		if e.Length == 0 {
+			return dst, fmt.Errorf("%w: scatter frame %d entry %d has length 0", errProtocol, h.Seq, i)
+		}
+		sum += uint64(e.Length) // n <= 1024 entries of < 4 GiB: no overflow
+		dst = append(dst, e)
+	}
+	if sum != h.Length {
+		return dst, fmt.Errorf("%w: scatter frame %d entries add up to %d bytes, header says %d", errProtocol, h.Seq, sum, h.Length)
+	}
+	return dst, nil
 }
 
 // span returns the end (exclusive) of the bytes the frame touches in its

@@ -3,15 +3,18 @@ package tcp
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []header{
-		{Seq: 1, Region: 3, Count: 1, Offset: 0, Length: 1 << 20},
-		{Seq: 1<<64 - 1, Region: 1<<32 - 1, Count: 2048, Offset: 12345, Length: 128, Stride: 384},
-		{Seq: 7, Region: 0, Count: 1, Offset: 1<<64 - 1, Length: 0},
+		{Kind: kindWrite, Seq: 1, Region: 3, Count: 1, Offset: 0, Length: 1 << 20},
+		{Kind: kindWrite, Seq: 1<<64 - 1, Region: 1<<32 - 1, Count: 2048, Offset: 12345, Length: 128, Stride: 384},
+		{Kind: kindWrite, Seq: 7, Region: 0, Count: 1, Offset: 1<<64 - 1, Length: 0},
+		{Kind: kindScatter, Seq: 8, Count: 3, Length: 3},
+		{Kind: kindScatter, Seq: 9, Count: maxScatterEntries, Length: maxFramePayload},
 	} {
 		var b [headerSize]byte
 		h.encode(&b)
@@ -132,6 +135,8 @@ func FuzzDecodeHeader(f *testing.F) {
 	header{Seq: 1, Region: 2, Count: 3, Offset: 4, Length: 5, Stride: 6}.encode(&b)
 	f.Add(b[:])
 	f.Add(make([]byte, headerSize))
+	header{Kind: kindScatter, Seq: 2, Count: 3, Length: 12288}.encode(&b)
+	f.Add(b[:])
 	f.Fuzz(func(t *testing.T, in []byte) {
 		h, err := decodeHeader(in)
 		if err != nil {
@@ -184,6 +189,150 @@ func FuzzDecodeHello(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if _, err := decodeHello(in); err != nil && !errors.Is(err, errProtocol) {
 			t.Fatalf("error does not wrap errProtocol: %v", err)
+		}
+	})
+}
+
+func TestDecodeTable(t *testing.T) {
+	h := header{Kind: kindScatter, Seq: 4, Count: 3, Length: 4096 + 7 + 1}
+	tb := make([]byte, 3*entrySize)
+	want := []entry{{Region: 1, Length: 4096, Offset: 1 << 40}, {Region: 2, Length: 7}, {Region: 1<<32 - 1, Length: 1, Offset: 1<<64 - 1}}
+	for i, e := range want {
+		putEntry(tb[i*entrySize:], e)
+	}
+	got, err := decodeTable(h, tb, nil)
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("decodeTable = %+v, %v; want %+v", got, err, want)
+	}
+	if _, ok := got[2].end(); ok {
+		t.Errorf("entry at offset 2^64-1 length 1: end() reported no overflow")
+	}
+	for _, tc := range []struct {
+		name string
+		h    header
+		b    []byte
+		msg  string
+	}{
+		{"short", h, tb[:40], "table is 40 bytes, want 48"},
+		{"sum", header{Kind: kindScatter, Count: 3, Length: 4105}, tb, "add up to 4104 bytes, header says 4105"},
+		{"zero", header{Kind: kindScatter, Count: 1, Length: 0}, make([]byte, entrySize), "length 0"},
+	} {
+		if _, err := decodeTable(tc.h, tc.b, nil); !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: err = %v, want errProtocol containing %q", tc.name, err, tc.msg)
+		}
+	}
+}
+
+func TestDecodeScatterHeaderErrors(t *testing.T) {
+	for _, tc := range []struct {
+		h   header
+		msg string
+	}{
+		{header{Kind: kindScatter, Count: maxScatterEntries + 1, Length: 1 << 20}, "the limit is 1024"},
+		{header{Kind: kindScatter, Count: 2, Length: 1}, "declares 1 payload bytes for 2 entries"},
+		{header{Kind: kindScatter, Count: 1, Length: maxFramePayload + 1}, "declares"},
+		{header{Kind: kindScatter, Count: 1, Length: 8, Offset: 1}, "reserved header fields"},
+		{header{Kind: kindScatter, Count: 1, Length: 8, Stride: 1}, "reserved header fields"},
+		{header{Kind: kindScatter, Count: 0, Length: 8}, "count 0"},
+	} {
+		var b [headerSize]byte
+		tc.h.encode(&b)
+		if _, err := decodeHeader(b[:]); !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%+v: err = %v, want errProtocol containing %q", tc.h, err, tc.msg)
+		}
+	}
+}
+
+func TestScatterLimit(t *testing.T) {
+	for _, tc := range []struct {
+		total   uint64
+		streams int
+		want    uint64
+	}{
+		{1 << 20, 4, 256 << 10},     // 4 KiB x 256: one frame per stream
+		{8 << 20, 4, 2 << 20},       // 32 KiB x 256
+		{64 << 10, 4, 256 << 10},    // small batch: one frame
+		{64 << 20, 4, 4 << 20},      // capped
+		{1 << 20, 1, 1 << 20},       // one stream
+		{1<<20 + 1, 4, 256<<10 + 1}, // rounds up: still 4 frames
+		{0, 4, 256 << 10},           // no small writes
+		{100 << 20, 64, 1600 << 10},
+		{400 << 20, 64, scatterMaxBytes},
+	} {
+		if got := scatterLimit(tc.total, tc.streams); got != tc.want {
+			t.Errorf("scatterLimit(%d, %d) = %d, want %d", tc.total, tc.streams, got, tc.want)
+		}
+	}
+	// The packer starts a new frame at the entry and byte limits.
+	p := packer{limit: 10}
+	var starts []bool
+	for _, n := range []uint64{4, 4, 2, 1, 10, 11} {
+		starts = append(starts, p.add(n))
+	}
+	if want := []bool{true, false, false, true, true, true}; !slices.Equal(starts, want) {
+		t.Errorf("packer starts = %v, want %v", starts, want)
+	}
+	p = packer{limit: 1 << 40}
+	n := 0
+	for i := 0; i < 3*maxScatterEntries; i++ {
+		if p.add(1) {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Errorf("%d one-byte writes made %d frames, want 3 (at most %d entries each)", 3*maxScatterEntries, n, maxScatterEntries)
+	}
+}
+
+// FuzzDecodeScatter: any header + table bytes either decode to entries
+// whose lengths are >= 1 and add up to the header's payload and that
+// re-encode to the same bytes, or fail with errProtocol; nothing panics.
+func FuzzDecodeScatter(f *testing.F) {
+	var hb [headerSize]byte
+	header{Kind: kindScatter, Seq: 1, Count: 2, Length: 4096 + 8}.encode(&hb)
+	tb := make([]byte, 2*entrySize)
+	putEntry(tb, entry{Region: 1, Length: 4096, Offset: 8192})
+	putEntry(tb[entrySize:], entry{Region: 2, Length: 8, Offset: 1<<64 - 4})
+	f.Add(append(hb[:], tb...))
+	f.Add(hb[:])
+	header{Kind: kindScatter, Seq: 1, Count: maxScatterEntries, Length: maxScatterEntries}.encode(&hb)
+	f.Add(append(hb[:], make([]byte, 100)...))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		h, err := decodeHeader(in)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("header error does not wrap errProtocol: %v", err)
+			}
+			return
+		}
+		if h.Kind != kindScatter {
+			return
+		}
+		if h.Count == 0 || h.Count > maxScatterEntries || h.Length < uint64(h.Count) || h.payload() > maxFramePayload || h.tableBytes() != int(h.Count)*entrySize {
+			t.Fatalf("accepted invalid scatter header %+v", h)
+		}
+		ents, err := decodeTable(h, in[headerSize:], nil)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("table error does not wrap errProtocol: %v", err)
+			}
+			return
+		}
+		var sum uint64
+		out := make([]byte, len(ents)*entrySize)
+		for i, e := range ents {
+			if e.Length == 0 {
+				t.Fatalf("accepted entry %d of length 0", i)
+			}
+			sum += uint64(e.Length)
+			putEntry(out[i*entrySize:], e)
+			e.end() // must not panic
+		}
+		if len(ents) != int(h.Count) || sum != h.Length {
+			t.Fatalf("%d entries of %d bytes accepted for header %+v", len(ents), sum, h)
+		}
+		if !bytes.Equal(out, in[headerSize:headerSize+len(out)]) {
+			t.Fatalf("table re-encodes differently")
 		}
 	})
 }

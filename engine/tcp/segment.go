@@ -83,7 +83,9 @@ func (b *batch) finish(bytes uint64, err error, skipped bool) {
 	close(b.done)
 }
 
-// frame is one header (+ payload) on one stream.
+// frame is one header (+ payload) on one stream: a write frame (one request
+// or chunk, local is its source region) or a scatter frame (many small
+// requests; local is nil, table and srcs describe them).
 type frame struct {
 	b      *batch
 	hdr    header
@@ -91,12 +93,28 @@ type frame struct {
 	off    uint64 // offset of block 0 in local
 	stride uint64 // local stride between blocks
 	bytes  uint64 // payload bytes
+	// scatter frames only: the encoded scatter table and each entry's
+	// source bytes in registered host memory, in table order.
+	table []byte
+	srcs  [][]byte
 	// wire is the encoded header, written by the writer for the kernel.
 	wire [headerSize]byte
 	// localErr is a sender-side failure while writing the payload (device
 	// copy); the frame was padded to keep the stream in sync and fails.
 	// Atomic: set by the writer, read by the ack reader.
 	localErr atomic.Pointer[error]
+}
+
+// device reports whether the frame's payload is read from device memory
+// (it then goes alone through the bounce buffer).
+func (f *frame) device() bool { return f.local != nil && f.local.buf == nil }
+
+// iovs is the number of slices the frame needs in a vectored write.
+func (f *frame) iovs() int {
+	if f.hdr.Kind == kindScatter {
+		return 2 + len(f.srcs)
+	}
+	return 1 + int(f.hdr.Count)
 }
 
 // stream is one data connection of a segment.
@@ -263,10 +281,55 @@ func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
 	return lr, nil
 }
 
+// Scatter frames: a request of one block of at most scatterEntryMax bytes,
+// from host memory to a host region, is a small write. A batch's small
+// writes travel packed, in batch order, in scatter frames of at most
+// maxScatterEntries entries; the payload per frame is the batch's small
+// bytes spread over the segment's streams, within [scatterMinBytes,
+// scatterMaxBytes] (see scatterLimit).
+const (
+	scatterEntryMax = 256 << 10
+	scatterMinBytes = 256 << 10
+	scatterMaxBytes = 4 << 20
+)
+
+// scatterLimit returns the payload cap of one scatter frame for a batch
+// with total bytes of small writes over streams connections: total/streams
+// (so every stream gets a share), at least scatterMinBytes (fewer, larger
+// frames when the batch is small) and at most scatterMaxBytes.
+func scatterLimit(total uint64, streams int) uint64 {
+	per := (total + uint64(streams) - 1) / uint64(max(streams, 1))
+	return min(max(per, scatterMinBytes), scatterMaxBytes)
+}
+
+// packer groups small writes into scatter frames of at most limit bytes.
+type packer struct {
+	limit   uint64
+	entries int
+	bytes   uint64
+}
+
+// add accounts for a small write of n bytes and reports whether it starts a
+// new scatter frame.
+func (p *packer) add(n uint64) bool {
+	if p.entries == 0 || p.entries == maxScatterEntries || p.bytes+n > p.limit {
+		p.entries, p.bytes = 1, n
+		return true
+	}
+	p.entries++
+	p.bytes += n
+	return false
+}
+
+// reset starts over with the same limit.
+func (p *packer) reset() { p.entries, p.bytes = 0, 0 }
+
 // Submit validates every request (remote region known and in bounds, local
 // range inside a registered region; errors wrap engine.ErrUnknownRegion or
-// engine.ErrOutOfBounds and nothing is sent), splits contiguous requests over
-// 4 MiB into 4 MiB frames, and queues the frames on the least-loaded streams.
+// engine.ErrOutOfBounds and nothing is sent), packs small writes (one block
+// of at most 256 KiB, host to host) into scatter frames of at most 1024
+// writes and 256 KiB..4 MiB (the batch's small bytes over the streams), splits contiguous requests over 4 MiB into 4 MiB frames,
+// and queues the frames on the least-loaded streams.
 // Errors also: a closed segment (ErrClosed), every stream lost (ErrPeerLost).
 func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {
 	if err := ctx.Err(); err != nil {
@@ -276,27 +339,72 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		return 0, errors.New("tcp: submit: nil batch")
 	}
 	// Validate everything first (nothing is sent on error), then build all
-	// frames in one allocation.
+	// frames in one allocation. Small contiguous host-to-host requests are
+	// packed into scatter frames (see scatterEntryMax, scatterFrameBytes).
 	locals := make([]*region, len(tb.Requests))
-	nframes := 0
+	small := make([]bool, len(tb.Requests))
+	nframes, nsmall := 0, 0
+	var smallBytes uint64
+	remote := *s.remote.Load()
 	for i, r := range tb.Requests {
 		lr, err := s.checkRequest(i, r)
 		if err != nil {
 			return 0, err
 		}
 		locals[i] = lr
-		if r.Blocks() > 1 {
+		switch {
+		case r.Blocks() == 1 && r.Length <= scatterEntryMax && lr.buf != nil && remote[r.Remote].Kind == engine.MemoryHost:
+			small[i] = true
+			nsmall++
+			smallBytes += r.Length
+		case r.Blocks() > 1:
 			nframes++
-		} else {
+		default:
 			nframes += int((r.Length + chunkSize - 1) / chunkSize)
+		}
+	}
+	if nsmall == 1 { // a lone small write: a plain write frame is cheaper
+		clear(small)
+		nsmall, smallBytes = 0, 0
+		nframes++
+	}
+	pk := packer{limit: scatterLimit(smallBytes, len(s.streams))}
+	for i := range small {
+		if small[i] && pk.add(tb.Requests[i].Length) {
+			nframes++
 		}
 	}
 	store := make([]frame, 0, nframes)
 	frames := make([]*frame, 0, nframes)
 	b := &batch{done: make(chan struct{})}
+	var (
+		srcs  = make([][]byte, 0, nsmall)
+		table = make([]byte, nsmall*entrySize)
+		cur   *frame
+	)
+	pk.reset()
 	for i, r := range tb.Requests {
 		lr := locals[i]
 		off := uint64(r.Local - lr.mem.Addr)
+		if small[i] {
+			if pk.add(r.Length) {
+				if cur != nil {
+					cur.table = table[:len(cur.srcs)*entrySize]
+					table = table[len(cur.table):]
+				}
+				store = append(store, frame{b: b, hdr: header{Kind: kindScatter}})
+				cur = &store[len(store)-1]
+				frames = append(frames, cur)
+				cur.srcs = srcs[len(srcs):len(srcs)]
+			}
+			putEntry(table[len(cur.srcs)*entrySize:], entry{Region: uint32(r.Remote), Length: uint32(r.Length), Offset: r.RemoteOffset})
+			srcs = append(srcs, lr.buf[off:off+r.Length])
+			cur.srcs = cur.srcs[:len(cur.srcs)+1]
+			cur.hdr.Count++
+			cur.hdr.Length += r.Length
+			cur.bytes += r.Length
+			continue
+		}
 		if r.Blocks() > 1 {
 			store = append(store, frame{b: b, local: lr, off: off, stride: r.LocalStride, bytes: r.Bytes(),
 				hdr: header{Region: uint32(r.Remote), Count: uint32(r.Blocks()), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}})
@@ -309,6 +417,9 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 				hdr: header{Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset + done, Length: n}})
 			frames = append(frames, &store[len(store)-1])
 		}
+	}
+	if cur != nil {
+		cur.table = table[:len(cur.srcs)*entrySize]
 	}
 	b.total = tb.Bytes()
 	b.frames = len(frames)
@@ -493,8 +604,8 @@ func (st *stream) writer() {
 				skipped = append(skipped, f)
 				continue
 			}
-			need := 1 + int(f.hdr.Count)
-			if len(burst) > 0 && (f.local.buf == nil || iovs+need > burstIOV || size+f.bytes > burstBytes) {
+			need := f.iovs()
+			if len(burst) > 0 && (f.device() || iovs+need > burstIOV || size+f.bytes > burstBytes) {
 				break
 			}
 			st.queue[0] = nil
@@ -508,7 +619,7 @@ func (st *stream) writer() {
 			burst = append(burst, f)
 			iovs += need
 			size += f.bytes
-			if f.local.buf == nil {
+			if f.device() {
 				break
 			}
 		}
@@ -532,13 +643,18 @@ func (st *stream) writer() {
 // alone in its burst) through the bounce buffer.
 func (st *stream) write(burst []*frame) error {
 	st.c.SetWriteDeadline(time.Now().Add(st.seg.t.ackTimeout))
-	if burst[0].local.buf != nil {
+	if !burst[0].device() {
 		// st.bufs is a field so WriteTo's pointer receiver does not make
 		// a per-call allocation; st.iov keeps the backing array.
 		st.iov = st.iov[:0]
 		for _, f := range burst {
 			f.hdr.encode(&f.wire)
 			st.iov = append(st.iov, f.wire[:])
+			if f.hdr.Kind == kindScatter {
+				st.iov = append(st.iov, f.table)
+				st.iov = append(st.iov, f.srcs...)
+				continue
+			}
 			for i := uint64(0); i < uint64(f.hdr.Count); i++ {
 				o := f.off + i*f.stride
 				st.iov = append(st.iov, f.local.buf[o:o+f.hdr.Length])
@@ -667,6 +783,9 @@ func (st *stream) ackErr(f *frame, a ack) error {
 		return nil
 	}
 	where := fmt.Sprintf("tcp: write to region %d at offset %d length %d x %d on %s refused", f.hdr.Region, f.hdr.Offset, f.hdr.Count, f.hdr.Length, st.seg.addr)
+	if f.hdr.Kind == kindScatter {
+		where = fmt.Sprintf("tcp: scatter frame of %d writes (%d bytes) on %s refused", f.hdr.Count, f.hdr.Length, st.seg.addr)
+	}
 	var sentinel error
 	switch a.Status {
 	case ackUnknownRegion:

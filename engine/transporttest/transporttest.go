@@ -117,6 +117,8 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Trans
 		{"RegisterDeregister", s.registerDeregister},
 		{"WriteSizes", s.writeSizes},
 		{"MultiRequestBatch", s.multiRequestBatch},
+		{"ScatteredSmallWrites", s.scattered},
+		{"ScatteredRefusedByReceiver", s.scatteredRefused},
 		{"Strided", s.strided},
 		{"OutOfBoundsRefusedBySender", s.outOfBoundsSender},
 		{"OutOfBoundsRefusedByReceiver", s.outOfBoundsReceiver},
@@ -158,6 +160,7 @@ type env struct {
 	seg      engine.Segment
 	peerSeq  int
 	expected []byte // what dstBuf must hold (guards included)
+	extra    []*extraRegion
 }
 
 // newEnv allocates a srcBytes source and a dstBytes receiver region (with
@@ -165,9 +168,7 @@ type env struct {
 // receiver with another, and opens a segment.
 func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
-	t.Cleanup(cancel)
-	e := &env{t: t, ctx: ctx}
+	e := &env{t: t}
 	var err error
 	if e.src, err = engine.AllocHost("transporttest-src", int64(srcBytes)); err != nil {
 		t.Fatal(err)
@@ -196,6 +197,11 @@ func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
 	fillRandom(e.dstBuf.Bytes(), 2)
 	e.dst = e.dstBuf.Bytes()[guard : guard+dstBytes]
 	e.expected = bytes.Clone(e.dstBuf.Bytes())
+	// The case deadline starts after the buffers are filled: faulting in
+	// 2 GiB for the large case can take a minute on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
+	t.Cleanup(cancel)
+	e.ctx = ctx
 
 	if e.srcDesc, err = e.s.RegisterMemory(e.src.Memory()); err != nil {
 		t.Fatalf("sender RegisterMemory(%d bytes): %v", srcBytes, err)
@@ -242,15 +248,53 @@ func (e *env) write(so, do, n int) engine.WriteRequest {
 	return engine.WriteRequest{Local: e.src.Addr() + uintptr(so), Remote: e.dstDesc.ID, RemoteOffset: uint64(do), Length: uint64(n)}
 }
 
-// expect records the effect of req on the expected receiver image.
+// expect records the effect of req on the expected receiver image (of the
+// env's region, or of an extra region when req names one).
 func (e *env) expect(req engine.WriteRequest) {
+	img := e.expected
+	for _, x := range e.extra {
+		if x.desc.ID == req.Remote {
+			img = x.expected
+		}
+	}
 	src := e.src.Bytes()
 	so := int(req.Local - e.src.Addr())
 	for i := 0; i < int(req.Blocks()); i++ {
 		s := so + i*int(req.LocalStride)
 		d := guard + int(req.RemoteOffset) + i*int(req.RemoteStride)
-		copy(e.expected[d:d+int(req.Length)], src[s:s+int(req.Length)])
+		copy(img[d:d+int(req.Length)], src[s:s+int(req.Length)])
 	}
+}
+
+// extraRegion is a second receiver region (with its own guards).
+type extraRegion struct {
+	buf      *engine.HostBuffer
+	desc     engine.RegionDesc
+	expected []byte
+}
+
+// addRegion allocates and registers another receiver region of n bytes
+// between guards, filled with a random pattern; verify checks it too.
+func (e *env) addRegion(n int) *extraRegion {
+	e.t.Helper()
+	buf, err := engine.AllocHost("transporttest-dst2", int64(n+2*guard))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { buf.Close() })
+	fillRandom(buf.Bytes(), uint64(10+len(e.extra)))
+	x := &extraRegion{buf: buf, expected: bytes.Clone(buf.Bytes())}
+	m := buf.Memory()
+	m.Addr += guard
+	m.FDOffset += guard
+	m.Length = uint64(n)
+	if x.desc, err = e.r.RegisterMemory(m); err != nil {
+		e.t.Fatalf("receiver RegisterMemory(second region, %d bytes): %v", n, err)
+	}
+	// Deregistered before the buffer is unmapped (cleanups run last first).
+	e.t.Cleanup(func() { e.r.DeregisterMemory(x.desc.ID) })
+	e.extra = append(e.extra, x)
+	return x
 }
 
 // run submits b on seg, waits, and requires BatchCompleted with every byte.
@@ -286,20 +330,29 @@ func (e *env) wait(seg engine.Segment, id engine.BatchID) engine.BatchStatus {
 	return st
 }
 
-// verify compares the receiver buffer (guards included) with the expected image.
+// verify compares the receiver buffers (guards included) with the expected
+// images.
 func (e *env) verify() {
 	e.t.Helper()
-	got := e.dstBuf.Bytes()
-	if bytes.Equal(got, e.expected) {
+	verifyImage(e.t, "receiver", e.dstBuf.Bytes(), e.expected)
+	for i, x := range e.extra {
+		verifyImage(e.t, fmt.Sprintf("receiver extra region %d", i+1), x.buf.Bytes(), x.expected)
+	}
+}
+
+// verifyImage compares got (a region between guards) with want.
+func verifyImage(t *testing.T, what string, got, want []byte) {
+	t.Helper()
+	if bytes.Equal(got, want) {
 		return
 	}
 	for i := range got {
-		if got[i] != e.expected[i] {
+		if got[i] != want[i] {
 			where := "inside the region"
-			if i < guard || i >= guard+len(e.dst) {
+			if i < guard || i >= len(got)-guard {
 				where = "OUTSIDE the registered region"
 			}
-			e.t.Fatalf("receiver byte %d (region offset %d, %s) = %#02x, want %#02x", i, i-guard, where, got[i], e.expected[i])
+			t.Fatalf("%s byte %d (region offset %d, %s) = %#02x, want %#02x", what, i, i-guard, where, got[i], want[i])
 		}
 	}
 }
@@ -424,6 +477,111 @@ func (s *suite) multiRequestBatch(t *testing.T) {
 	}
 	e.run(e.seg, &b)
 	e.verify()
+}
+
+// scattered sends the KV shape of a fragmented pool: one batch of many
+// small writes (1 B .. 64 KiB, mostly 4 KiB pages) to random slots of two
+// receiver regions in random order, so nothing is contiguous, mixed with a
+// large write, a strided request and a write just over 256 KiB; then a
+// batch of 2048 4 KiB pages in random order (more writes than one frame or
+// one work-request chain holds).
+func (s *suite) scattered(t *testing.T) {
+	const mib, slot = 1 << 20, 64 << 10
+	e := s.newEnv(t, 16*mib, 8*mib)
+	x := e.addRegion(12 * mib)
+	rng := rand.New(rand.NewPCG(11, 12))
+	sizes := []int{1, 7, 512, 4096, 4096, 4096, 4096, 4099, 16 << 10, 32 << 10, slot - 1, slot}
+	type dest struct {
+		id  engine.RegionID
+		off int
+	}
+	var slots []dest
+	for i := 0; i < 8*mib/slot; i++ {
+		slots = append(slots, dest{e.dstDesc.ID, i * slot}, dest{x.desc.ID, i * slot})
+	}
+	rng.Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+	var b engine.TransferBatch
+	for _, d := range slots {
+		n := sizes[rng.IntN(len(sizes))]
+		b.Requests = append(b.Requests, engine.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(16*mib-n)),
+			Remote: d.id, RemoteOffset: uint64(d.off + rng.IntN(slot-n+1)), Length: uint64(n)})
+	}
+	// Region x beyond 8 MiB: a large write, a strided one, one just over
+	// 256 KiB, at random places in the batch.
+	for _, r := range []engine.WriteRequest{
+		{Local: e.src.Addr() + 3, Remote: x.desc.ID, RemoteOffset: 8 * mib, Length: mib + 5},
+		{Local: e.src.Addr() + 999, Remote: x.desc.ID, RemoteOffset: 10 * mib, Length: 256, Count: 64, LocalStride: 512, RemoteStride: 1024},
+		{Local: e.src.Addr() + 77, Remote: x.desc.ID, RemoteOffset: 11 * mib, Length: 256<<10 + 1},
+	} {
+		i := rng.IntN(len(b.Requests) + 1)
+		b.Requests = append(b.Requests[:i], append([]engine.WriteRequest{r}, b.Requests[i:]...)...)
+	}
+	seg := e.open(e.dstDesc, x.desc)
+	defer seg.Close()
+	e.run(seg, &b)
+	e.verify()
+
+	t.Run("2048-pages", func(t *testing.T) {
+		e.t = t
+		var pages engine.TransferBatch
+		for _, p := range rng.Perm(8 * mib / 4096) {
+			pages.Requests = append(pages.Requests, e.write(rng.IntN(16*mib/4096)*4096, p*4096, 4096))
+		}
+		e.run(e.seg, &pages)
+		e.verify()
+	})
+}
+
+// scatteredRefused forges a SegmentInfo that claims a longer region and
+// sends a batch of many small writes of which one lies past the real end:
+// only the receiving side can refuse it. The batch must fail (with
+// ErrOutOfBounds or ErrUnknownRegion), no byte outside the regions may
+// change (writes of the batch inside them may or may not have landed), and
+// the segment must keep working.
+func (s *suite) scatteredRefused(t *testing.T) {
+	const mib = 1 << 20
+	e := s.newEnv(t, 4*mib, mib)
+	x := e.addRegion(mib)
+	forged := e.dstDesc
+	forged.Length += mib
+	seg := e.open(forged, x.desc)
+	defer seg.Close()
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, badAt := range []int{0, 100, 255} {
+		t.Run(fmt.Sprintf("bad=%d", badAt), func(t *testing.T) {
+			e.t = t
+			var b engine.TransferBatch
+			pages := rng.Perm(2 * mib / 4096)
+			for _, p := range pages[:256] {
+				id := e.dstDesc.ID
+				if p >= mib/4096 {
+					id, p = x.desc.ID, p-mib/4096
+				}
+				b.Requests = append(b.Requests, engine.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(4*mib/4096)*4096), Remote: id, RemoteOffset: uint64(p * 4096), Length: 4096})
+			}
+			free := pages[256] // a page no other write of the batch touches
+			if free >= mib/4096 {
+				free -= mib / 4096
+			}
+			b.Requests[badAt] = engine.WriteRequest{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: mib - 2048, Length: 4096}
+			e.refused(seg, &b, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+			// Inside the regions anything of this batch may have landed:
+			// take the regions as they are, check the guards.
+			copy(e.expected[guard:guard+mib], e.dst)
+			for _, y := range e.extra {
+				copy(y.expected[guard:len(y.expected)-guard], y.buf.Bytes()[guard:len(y.expected)-guard])
+			}
+			e.verify()
+			// The segment keeps working: the same batch, all in bounds.
+			b.Requests[badAt].Remote = e.dstDesc.ID
+			if pages[256] >= mib/4096 {
+				b.Requests[badAt].Remote = x.desc.ID
+			}
+			b.Requests[badAt].RemoteOffset = uint64(free * 4096)
+			e.run(seg, &b)
+			e.verify()
+		})
+	}
 }
 
 func (s *suite) strided(t *testing.T) {

@@ -115,10 +115,15 @@ const chatSigma = 0.9
 // Generate draws n chat-like requests: prompt lengths log-normal with mean
 // ChatMeanTokens, clamped to [minTokens, maxTokens] (maxTokens is the pool's
 // cap; ≤ 0 means no cap); output lengths log-normal around 300 tokens;
-// arrivals 1 s apart on average (exponential gaps). The same seed gives the
-// same requests.
+// arrivals 1 s apart on average (exponential gaps); hash_ids as in the
+// Mooncake traces (one per DefaultBlockTokens block): every prompt starts
+// with the same system-prompt block 0, and half of them continue one of the
+// 8 previous conversations (sharing its blocks up to the shorter prompt's
+// whole blocks). The same seed gives the same requests.
 func Generate(n int, seed uint64, minTokens, maxTokens int) []Request {
 	rng := rand.New(rand.NewPCG(seed, seed^0x6b7678666572))
+	hrng := rand.New(rand.NewPCG(seed^0x68617368, seed)) // hash ids: lengths stay as before
+	next := int64(1)
 	mu := math.Log(ChatMeanTokens) - chatSigma*chatSigma/2
 	out := make([]Request, n)
 	var ts float64
@@ -130,6 +135,21 @@ func Generate(n int, seed uint64, minTokens, maxTokens int) []Request {
 		}
 		o := int(math.Exp(math.Log(300) + 0.7*rng.NormFloat64()))
 		out[i] = Request{Timestamp: int64(ts), InputLength: in, OutputLength: max(o, 1)}
+		blocks := (in + DefaultBlockTokens - 1) / DefaultBlockTokens
+		ids := make([]int64, 0, blocks)
+		ids = append(ids, 0) // the shared system prompt
+		if i > 0 && hrng.IntN(2) == 0 {
+			prev := out[i-1-hrng.IntN(min(i, 8))]
+			// Only whole blocks are shared (a partial last block's id names
+			// its partial content).
+			shared := max(min(prev.InputLength, in)/DefaultBlockTokens, 1)
+			ids = append(ids, prev.HashIDs[1:shared]...)
+		}
+		for len(ids) < blocks {
+			ids = append(ids, next)
+			next++
+		}
+		out[i].HashIDs = ids[:blocks]
 		ts += rng.ExpFloat64() * 1000
 	}
 	return out

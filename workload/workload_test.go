@@ -1,7 +1,9 @@
 package workload
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -75,9 +77,28 @@ func TestGenerate(t *testing.T) {
 	}
 	a, b := Generate(10, 7, 1, 0), Generate(10, 7, 1, 0)
 	for i := range a {
-		if a[i].InputLength != b[i].InputLength {
+		if a[i].InputLength != b[i].InputLength || !slices.Equal(a[i].HashIDs, b[i].HashIDs) {
 			t.Fatal("same seed gave different requests")
 		}
+	}
+	// hash_ids as in the Mooncake traces: one per 512-token block, block 0
+	// shared, and whole blocks of earlier conversations shared.
+	whole := map[string]bool{}
+	sharedBlocks := 0
+	for _, r := range rs[:200] {
+		if len(r.HashIDs) != (r.InputLength+DefaultBlockTokens-1)/DefaultBlockTokens || r.HashIDs[0] != 0 {
+			t.Fatalf("%d tokens: hash_ids %v", r.InputLength, r.HashIDs)
+		}
+		for j := 1; j < r.InputLength/DefaultBlockTokens; j++ {
+			k := fmt.Sprint(r.HashIDs[:j+1])
+			if whole[k] {
+				sharedBlocks++
+			}
+			whole[k] = true
+		}
+	}
+	if sharedBlocks == 0 {
+		t.Fatal("no conversation shares a block beyond the system prompt")
 	}
 }
 

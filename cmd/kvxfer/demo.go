@@ -48,6 +48,7 @@ type demoFlags struct {
 	noProgress  bool
 	childLog    string
 	device      string
+	prefixMB    int
 	authToken   string
 }
 
@@ -62,12 +63,22 @@ loopback, and drive requests through them. Each request gets a random 63-bit
 bootstrap_room; every prefill rank fills its source pages with a deterministic
 pattern of (room, layer, token, head, offset), the decode ranks receive the
 pages, verify the metadata record (room, commit word, CRC32C) and every byte,
-and the demo prints a summary (requests, tokens, pages, bytes, GB/s, transfer
-latency p50/p99, failures). Exits non-zero if any request fails.
+and the demo prints a summary (requests, tokens, pages, bytes, prefix reuse,
+GB/s, transfer latency p50/p99, failures). Exits non-zero if any request fails.
+
+Every rank holds its KV as a serving engine does: one buffer per layer for K
+and for V (one per layer for MLA) plus SGLang's aux buffers, built by the
+workload package; an aux row travels with each request. Each decode rank keeps
+a prefix cache (--prefix-cache-mb) of the 512-token blocks it received, keyed
+by the requests' hash_ids chain, and asks the prefill only for the pages after
+the longest prefix it holds (SGLang's decode_prefix_len); verification still
+covers the whole prompt.
 
 Workload: --trace FILE reads a Mooncake JSONL trace (timestamp, input_length,
 output_length, hash_ids); without it a chat-like generator draws prompt
-lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
+lengths (mean ≈ 12k tokens) and hash_ids (a shared system-prompt block, half
+the prompts continuing an earlier conversation). Prompts longer than the pools
+allow are capped.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), &f) },
 	}
@@ -89,6 +100,7 @@ lengths (mean ≈ 12k tokens). Prompts longer than the pools allow are capped.`,
 	fs.IntVar(&f.chunkPages, "chunk-pages", 0, "prefill sends each request in chunks of this many pages (0 = one chunk)")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress bar")
 	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
+	fs.IntVar(&f.prefixMB, "prefix-cache-mb", 1024, "per decode rank, MiB of KV kept as a prefix cache of prompt blocks named by the workload's hash_ids (LRU): later requests ask the prefill only for the pages after the longest held prefix; 0 = off")
 	fs.StringVar(&f.device, "device", "", "KV pools of every rank in host memory (empty) or on CUDA device cuda:N (patterns filled and verified through host copies; transports that cannot move device memory are not used)")
 	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
 		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
@@ -232,6 +244,10 @@ type demoResult struct {
 	OK         bool    `json:"ok"`
 	Error      string  `json:"error,omitempty"`
 	Transport  string  `json:"transport,omitempty"`
+	// PrefixTokens is the prompt tokens the decode already held (not sent);
+	// SkippedBytes the KV bytes that saved (all decode ranks).
+	PrefixTokens int    `json:"prefix_tokens,omitempty"`
+	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
 }
 
 type demoSummary struct {
@@ -259,6 +275,14 @@ type demoSummary struct {
 	LatencyP50MS   float64  `json:"transfer_latency_p50_ms"`
 	LatencyP99MS   float64  `json:"transfer_latency_p99_ms"`
 	LatencyMaxMS   float64  `json:"transfer_latency_max_ms"`
+	// PrefixCacheBlocks is each decode rank's prefix cache (512-token
+	// blocks; 0 = off, PrefixNote says why); PrefixTokens the verified
+	// requests' held prompt tokens; FullBytes the KV bytes full transfers
+	// would have moved (Bytes + what the held prefixes saved).
+	PrefixCacheBlocks int    `json:"prefix_cache_blocks"`
+	PrefixNote        string `json:"prefix_note,omitempty"`
+	PrefixTokens      int64  `json:"prefix_tokens"`
+	FullBytes         uint64 `json:"full_bytes"`
 }
 
 func runDemo(parent context.Context, f *demoFlags) error {
@@ -295,6 +319,21 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 	if capTokens < 1 {
 		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, model.Name, f.concurrency)
+	}
+	// The decode's prefix cache: whole 512-token blocks (Mooncake hash_ids).
+	prefixBlocks, prefixNote := 0, ""
+	switch dl, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.decodeTP, NumPages: 1}); {
+	case err != nil:
+		return err
+	case f.prefixMB == 0:
+		prefixNote = "off (--prefix-cache-mb 0)"
+	case workload.DefaultBlockTokens%f.pageSize != 0:
+		prefixNote = fmt.Sprintf("off: --page-size %d does not divide the %d-token hash_ids blocks", f.pageSize, workload.DefaultBlockTokens)
+	default:
+		blockBytes := uint64(workload.DefaultBlockTokens/f.pageSize) * dl.ItemLen() * uint64(dl.NumBuffers())
+		if prefixBlocks = int((uint64(f.prefixMB) << 20) / blockBytes); prefixBlocks == 0 {
+			prefixNote = fmt.Sprintf("off: --prefix-cache-mb %d holds no %d-token block of %s (%d MiB)", f.prefixMB, workload.DefaultBlockTokens, model.Name, blockBytes>>20)
+		}
 	}
 	seed := f.seed
 	if seed == 0 {
@@ -364,6 +403,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	for tp := 0; tp < f.decodeTP; tp++ {
 		args := append([]string{"decode"}, common...)
 		args = append(args, "--tp-size", strconv.Itoa(f.decodeTP), "--tp-rank", strconv.Itoa(tp), "--verify", "--checksum="+strconv.FormatBool(f.checksum))
+		if prefixBlocks > 0 {
+			args = append(args, "--prefix-cache-blocks", strconv.Itoa(prefixBlocks), "--prefix-block-tokens", strconv.Itoa(workload.DefaultBlockTokens))
+		}
 		c, err := startChild(ctx, exe, fmt.Sprintf("decode tp%d", tp), args, childEnv)
 		if err != nil {
 			return err
@@ -407,6 +449,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		}
 	}
 	sem := make(chan struct{}, f.concurrency)
+	var decodeOrder sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, rq := range reqs {
@@ -426,9 +469,17 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			res := demoResult{Room: rooms[i], Tokens: min(tokens, capTokens), Capped: tokens > capTokens}
 			q := requestLine{Room: rooms[i], Tokens: res.Tokens}
 			var chs []<-chan replyLine
-			for _, c := range decodes {
-				chs = append(chs, c.submit(q))
+			dq := q
+			if prefixBlocks > 0 {
+				dq.HashIDs = rq.HashIDs
 			}
+			// Every decode rank sees the requests in the same order, so
+			// their prefix caches decide alike (as SGLang's TP ranks do).
+			decodeOrder.Lock()
+			for _, c := range decodes {
+				chs = append(chs, c.submit(dq))
+			}
+			decodeOrder.Unlock()
 			for _, c := range prefills {
 				chs = append(chs, c.submit(q))
 			}
@@ -443,6 +494,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 				}
 				if k < len(decodes) {
 					res.Bytes += r.Bytes
+					res.SkippedBytes += r.SkippedBytes
+					res.PrefixTokens = max(res.PrefixTokens, r.PrefixTokens)
 					res.Pages += r.Pages
 					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
 				} else {
@@ -469,7 +522,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 
 	sum := demoSummary{Model: model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
 		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
-		MaxTokens: capTokens, WallSeconds: wall.Seconds()}
+		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote}
 	var lats []float64
 	var latSum float64
 	for _, r := range results {
@@ -487,6 +540,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		sum.Tokens += int64(r.Tokens)
 		sum.Pages += int64(r.Pages)
 		sum.Bytes += r.Bytes
+		sum.PrefixTokens += int64(r.PrefixTokens)
+		sum.FullBytes += r.Bytes + r.SkippedBytes
 		lats = append(lats, r.TransferMS)
 		latSum += r.TransferMS
 	}
@@ -535,6 +590,8 @@ func validateDemoFlags(f *demoFlags) error {
 		return fmt.Errorf("--timeout %s: must be > 0 (the per-request bootstrap and waiting timeout, e.g. 120s)", f.timeout)
 	case f.chunkPages < 0:
 		return fmt.Errorf("--chunk-pages %d: must be >= 0 (0 = one chunk)", f.chunkPages)
+	case f.prefixMB < 0:
+		return fmt.Errorf("--prefix-cache-mb %d: must be >= 0 (0 = no prefix reuse)", f.prefixMB)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(f.childLog)); err != nil {
@@ -602,6 +659,7 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)
 	fmt.Fprintf(tw, "pages\t%d (decode side)\n", s.Pages)
 	fmt.Fprintf(tw, "bytes\t%d (%.2f GiB)\n", s.Bytes, float64(s.Bytes)/(1<<30))
+	fmt.Fprintf(tw, "prefix reuse\t%s\n", prefixLine(s))
 	fmt.Fprintf(tw, "wall time\t%.2f s\n", s.WallSeconds)
 	fmt.Fprintf(tw, "GB/s\t%.2f transfer (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n", s.TransferGBps, s.GoodputGBps)
 	fmt.Fprintf(tw, "transfer latency\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (prefill Send → Success)\n", s.LatencyP50MS, s.LatencyP99MS, s.LatencyMaxMS)
@@ -614,4 +672,21 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 			n++
 		}
 	}
+}
+
+// prefixLine is the summary's prefix-reuse line: held prompt tokens and the
+// KV bytes sent against what full transfers would have sent.
+func prefixLine(s demoSummary) string {
+	if s.PrefixCacheBlocks == 0 {
+		return s.PrefixNote
+	}
+	pct := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return 100 * a / b
+	}
+	return fmt.Sprintf("%d of %d prompt tokens already on the decode (%.1f%%; cache of %d blocks of %d tokens per decode rank); KV bytes sent %d (%.2f GiB) vs %d (%.2f GiB) for full transfers, %.1f%% saved",
+		s.PrefixTokens, s.Tokens, pct(float64(s.PrefixTokens), float64(s.Tokens)), s.PrefixCacheBlocks, workload.DefaultBlockTokens,
+		s.Bytes, float64(s.Bytes)/(1<<30), s.FullBytes, float64(s.FullBytes)/(1<<30), pct(float64(s.FullBytes-s.Bytes), float64(s.FullBytes)))
 }

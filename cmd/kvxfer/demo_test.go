@@ -81,6 +81,71 @@ func TestDemoTopologies(t *testing.T) {
 	}
 }
 
+// TestDemoPrefixReuse: with a trace whose prompts share hash_ids blocks, the
+// decode ranks hold the shared blocks, the prefill sends only what follows
+// them (its reported bytes equal the decode's), every prompt is verified
+// whole, and the summary counts the held tokens and the bytes saved.
+func TestDemoPrefixReuse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	dir := t.TempDir()
+	gqa := filepath.Join(dir, "gqa.json")
+	os.WriteFile(gqa, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644)
+	trace := filepath.Join(dir, "trace.jsonl")
+	// Held: request 2 holds blocks 0-1 (1024 tokens), requests 3 and 4 block 0.
+	os.WriteFile(trace, []byte(`{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 2]}
+{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 1, 3]}
+{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [0, 4, 5]}
+{"timestamp": 0, "input_length": 700, "output_length": 1, "hash_ids": [0, 6]}
+`), 0o644)
+	out := filepath.Join(dir, "out.json")
+	f := &demoFlags{requests: 0, trace: trace, model: gqa, prefillTP: 2, prefillPP: 1, decodeTP: 2, pageSize: 16, poolMB: 16, prefixMB: 8,
+		concurrency: 2, transport: "auto", checksum: true, jsonOut: out, seed: 3, timeout: 60 * time.Second, noProgress: true, childLog: "warn"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := runDemo(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Summary  demoSummary  `json:"summary"`
+		Requests []demoResult `json:"requests"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	s := got.Summary
+	if s.Verified != 4 || s.PrefixCacheBlocks == 0 || s.PrefixTokens != 2048 || s.FullBytes <= s.Bytes || s.CappedRequests != 0 {
+		t.Fatalf("summary %+v: want 4 verified, 2048 held prompt tokens, fewer bytes than full transfers", s)
+	}
+	// The first two run at once, in either order at the decode.
+	held := []int{got.Requests[0].PrefixTokens + got.Requests[1].PrefixTokens, got.Requests[2].PrefixTokens, got.Requests[3].PrefixTokens}
+	if held[0] != 1024 || held[1] != 512 || held[2] != 512 {
+		t.Errorf("held tokens per request %v, want [0+1024 in either order, 512, 512]", held)
+	}
+	for i, r := range got.Requests {
+		if r.SentBytes != r.Bytes || (r.PrefixTokens > 0) != (r.SkippedBytes > 0) {
+			t.Errorf("request %d: %+v", i, r)
+		}
+	}
+	// Bytes are whole pages: 8 buffers × 16 tokens × 8 heads × 64 × 2 bytes
+	// per page over both decode ranks; 251 prompt pages, 128 of them held.
+	const page = 8 * 16 * 8 * 64 * 2
+	if s.FullBytes != 251*page || s.Bytes != (251-128)*page {
+		t.Fatalf("bytes %d, full %d; want %d and %d", s.Bytes, s.FullBytes, (251-128)*page, 251*page)
+	}
+	var sb strings.Builder
+	printSummary(&sb, s, nil)
+	if !strings.Contains(sb.String(), "prefix reuse") || !strings.Contains(sb.String(), "2048 of 4000 prompt tokens already on the decode") {
+		t.Fatalf("summary lacks the prefix line:\n%s", sb.String())
+	}
+}
+
 func TestDemoRejectsBadFlags(t *testing.T) {
 	good := func() demoFlags {
 		return demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, concurrency: 1, poolMB: 16,
@@ -106,6 +171,7 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 		{"child log", func(f *demoFlags) { f.childLog = "loud" }, "--child-log-level"},
 		{"transport unknown", func(f *demoFlags) { f.transport = "foo" }, `unknown transport "foo"`},
 		{"transport in list", func(f *demoFlags) { f.transport = "tcp,foo" }, `unknown transport "foo"`},
+		{"prefix cache", func(f *demoFlags) { f.prefixMB = -1 }, "--prefix-cache-mb -1"},
 	}
 	for _, c := range cases {
 		f := good()

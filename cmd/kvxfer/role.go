@@ -47,6 +47,8 @@ type roleFlags struct {
 	fill             bool
 	ringSlots        int
 	auxRows          int
+	prefixBlocks     int
+	blockTokens      int
 	chunkPages       int
 	prefault         bool
 	device           string
@@ -70,6 +72,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.BoolVar(&f.checksum, "checksum", false, "ask producers for a CRC32C over the transferred bytes and check it before Success")
 		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the prefill's --fill test pattern (what kvxfer demo does)")
 		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
+		fs.IntVar(&f.prefixBlocks, "prefix-cache-blocks", 0, "keep the KV of up to this many prompt blocks (named by a request's hash_ids chain) and ask producers only for what follows the longest held prefix (SGLang decode_prefix_len); the KV buffers grow by this many blocks; 0 = off")
+		fs.IntVar(&f.blockTokens, "prefix-block-tokens", workload.DefaultBlockTokens, "tokens per hash_ids block (512 in the Mooncake traces; a whole number of pages)")
 	}
 	fs.IntVar(&f.auxRows, "aux-rows", 1024, "rows of each aux (metadata) buffer: requests in flight at once on this rank")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(workload.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
@@ -158,6 +162,10 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	case f.auxRows < 1 || f.auxRows > 1<<20:
 		return fmt.Errorf("--aux-rows %d: must be 1 … 2^20", f.auxRows)
+	case f.prefixBlocks < 0:
+		return fmt.Errorf("--prefix-cache-blocks %d: must be >= 0 (0 = off)", f.prefixBlocks)
+	case f.prefixBlocks > 0 && (f.blockTokens < 1 || f.blockTokens%f.pageSize != 0):
+		return fmt.Errorf("--prefix-block-tokens %d: must be a whole number of --page-size %d pages", f.blockTokens, f.pageSize)
 	}
 	if f.advertiseHost != "" {
 		if _, err := bootstrap.ValidateHost(f.advertiseHost); err != nil {
@@ -195,6 +203,9 @@ func roleLayout(f *roleFlags) (*workload.Layout, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("--pool-mb %d holds no page of %s (raise --pool-mb)", f.poolMB, m.Name)
 	}
+	if f.prefixBlocks > 0 {
+		n += f.prefixBlocks * f.blockTokens / f.pageSize // the prefix cache's blocks, on top of --pool-mb
+	}
 	o.NumPages = n
 	return workload.NewLayout(m, o)
 }
@@ -209,6 +220,10 @@ type requestLine struct {
 	Tokens int `json:"tokens"`
 	// Bootstrap optionally overrides the decode's --bootstrap address.
 	Bootstrap string `json:"bootstrap,omitempty"`
+	// HashIDs optionally name the prompt's blocks (Mooncake hash_ids, one
+	// per --prefix-block-tokens tokens); a decode with a prefix cache uses
+	// them, a prefill ignores them.
+	HashIDs []int64 `json:"hash_ids,omitempty"`
 }
 
 // readyEvent is the Event of the one line a rank prints when it serves
@@ -291,6 +306,12 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	defer pool.Close()
 	rows := workload.NewPageAllocator(f.auxRows)
+	var cache *workload.PrefixCache
+	if role == engine.RoleDecode && f.prefixBlocks > 0 {
+		if cache, err = workload.NewPrefixCache(pool.PageAllocator, f.pageSize, f.blockTokens, f.prefixBlocks); err != nil {
+			return err
+		}
+	}
 	if f.prefault {
 		t := time.Now()
 		if err := pool.Prefault(); err != nil {
@@ -363,6 +384,12 @@ loop:
 		case in := <-lines:
 			total.Add(1)
 			wg.Add(1)
+			// Prefix decisions are made here, in arrival order, so decode
+			// ranks fed the same lines decide alike (workload.PrefixCache).
+			var lease *workload.Lease
+			if cache != nil && in.err == nil {
+				lease = cache.Plan(in.q.Room, in.q.HashIDs, in.q.Tokens)
+			}
 			go func() {
 				defer wg.Done()
 				var r replyLine
@@ -372,7 +399,7 @@ loop:
 				case role == engine.RolePrefill:
 					r = prefillOne(ctx, m, pool, rows, f, in.q)
 				default:
-					r = decodeOne(ctx, m, pool, rows, f, in.q)
+					r = decodeOne(ctx, m, pool, rows, lease, f, in.q)
 				}
 				r.Role, r.TPRank, r.PPRank, r.Line = role.String(), layout.TPRank, layout.PPRank, in.n
 				if in.hasRoom {
@@ -436,6 +463,7 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		Room      json.RawMessage `json:"room"`
 		Tokens    json.RawMessage `json:"tokens"`
 		Bootstrap *string         `json:"bootstrap"`
+		HashIDs   []int64         `json:"hash_ids"`
 	}
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -474,6 +502,10 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		}
 		q.Bootstrap = *raw.Bootstrap
 	}
+	if len(raw.HashIDs) > 1<<20 {
+		return q, true, fmt.Errorf(`"hash_ids" has %d entries, more than %d`, len(raw.HashIDs), 1<<20)
+	}
+	q.HashIDs = raw.HashIDs
 	return q, true, nil
 }
 
@@ -618,18 +650,34 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	return r
 }
 
-func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, f *roleFlags, q requestLine) replyLine {
+// decodeOne receives one request. With a prefix cache lease it asks only
+// for the pages after the held prefix and, once Success, waits for the
+// prefix blocks' own requests so the whole prompt is verified.
+func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, lease *workload.Lease, f *roleFlags, q requestLine) (out replyLine) {
 	n := m.PagesForTokens(q.Tokens)
 	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
 	addr := q.Bootstrap
 	if addr == "" {
 		addr = f.bootstrap
 	}
-	pages, err := allocWait(ctx, pool.PageAllocator, "pages", n, f.waitingTimeout)
+	alloc := func(k int) ([]int32, error) { return allocWait(ctx, pool.PageAllocator, "pages", k, f.waitingTimeout) }
+	var pages []int32
+	var err error
+	prefix := 0
+	if lease != nil {
+		defer func() { lease.Finish(out.OK) }()
+		prefix = lease.PrefixTokens
+		pages, err = lease.Pages(ctx, alloc)
+	} else {
+		pages, err = alloc(n)
+		if err == nil {
+			defer pool.Free(pages)
+		}
+	}
 	if err != nil {
 		return fail(err)
 	}
-	defer pool.Free(pages)
+	held := prefix / m.PageSize()
 	aux, err := allocWait(ctx, rows, "aux rows", 1, f.waitingTimeout)
 	if err != nil {
 		return fail(err)
@@ -644,13 +692,13 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 	if err := r.SetTokens(q.Tokens); err != nil {
 		return fail(err)
 	}
-	if err := r.SendMetadata(pages, int(aux[0]), nil, 0); err != nil {
+	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
 		return fail(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+f.waitingTimeout)
 	st := r.Wait(wctx, engine.KVSuccess)
 	cancel()
-	out := replyLine{Pages: n, TransferUS: time.Since(t0).Microseconds()}
+	out = replyLine{Pages: n, TransferUS: time.Since(t0).Microseconds()}
 	if st != engine.KVSuccess {
 		if err := r.Failure(); err != nil {
 			return fail(err)
@@ -659,9 +707,29 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 	}
 	mt := r.TransferMetric()
 	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
+	// The held prefix is usable once the requests that receive it are done
+	// (it may have been counted while in flight).
+	var segs []workload.PrefixSegment
+	if lease != nil {
+		wctx, cancel := context.WithTimeout(ctx, f.waitingTimeout)
+		segs, err = lease.WaitPrefix(wctx)
+		cancel()
+		if err != nil {
+			return fail(err)
+		}
+	}
 	if f.verify {
 		t := time.Now()
-		if err := workload.VerifyPattern(pool, q.Room, pages, 0); err != nil {
+		// The whole prompt: held prefix blocks carry their own requests'
+		// pattern at the same token positions, the rest this room's.
+		{
+			for _, sg := range segs {
+				if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
+					return fail(fmt.Errorf("held prefix block: %w", err))
+				}
+			}
+		}
+		if err := workload.VerifyPattern(pool, q.Room, pages[held:], held); err != nil {
 			return fail(err)
 		}
 		if err := workload.VerifyAux(pool, q.Room, int(aux[0])); err != nil {

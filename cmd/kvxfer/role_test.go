@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -40,11 +41,14 @@ func TestParseRequest(t *testing.T) {
 		{`garbage`, engine.RoleDecode, requestLine{}, false, "not a request object"},
 		{`{"room":1,"tokens":5,"bootstrap":"h:1"}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 5}, true, "decode request field"},
 		{`{"room":1,"tokens":5,"bootstrap":""}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 5}, true, "empty"},
+		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
+		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
+		{`{"room":1,"tokens":5,"hash_ids":["a"]}`, engine.RoleDecode, requestLine{}, false, "not a request object"},
 	}
 	for _, c := range cases {
 		q, hasRoom, err := parseRequest(c.line, c.role)
 		if c.errHas == "" {
-			if err != nil || q != c.want || !hasRoom {
+			if err != nil || !reflect.DeepEqual(q, c.want) || !hasRoom {
 				t.Errorf("%s: got %+v %v %v, want %+v", c.line, q, hasRoom, err, c.want)
 			}
 			continue

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -41,33 +42,65 @@ type kvConfig struct {
 	kvCacheDtype, controlHost        string
 	controlPort                      int
 	bootstrapTimeout, waitingTimeout time.Duration
+	// args, when it has KV buffers, are the caller's buffers (0.2): the
+	// library allocates nothing.
+	args engine.KVArgs
+}
+
+// callerBuffers turns three parallel C arrays into buffers of one memory
+// kind; host buffers inside a kvx_alloc_host block get its memfd, so the
+// shm transport can share them.
+func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind engine.MemoryKind, dev int) ([]engine.Buffer, error) {
+	out := make([]engine.Buffer, n)
+	for i := range out {
+		if ptrs[i] == 0 || ptrs[i] > uint64(^uintptr(0)) {
+			return nil, fmt.Errorf("%s_data_ptrs[%d] = %#x is not an address", list, i, ptrs[i])
+		}
+		m := engine.Memory{Addr: uintptr(ptrs[i]), Length: lens[i], Kind: kind, Device: dev, FD: -1}
+		if kind == engine.MemoryHost {
+			if fd, off, ok := hostBufferFor(m.Addr, m.Length); ok {
+				m.FD, m.FDOffset = fd, off
+			}
+		}
+		out[i] = engine.Buffer{Memory: m, ItemLen: items[i]}
+	}
+	return out, nil
 }
 
 func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 	const op = "kvx_kv_create"
-	m := c.model
-	if c.modelName != "" {
-		mc, err := workload.LookupModel(c.modelName)
-		if err != nil {
-			return nil, failWrap(stInvalidArgument, err, "%s: model", op)
+	var pool *workload.KVBuffers
+	args := c.args
+	if len(args.KVBuffers) == 0 {
+		m := c.model
+		if c.modelName != "" {
+			mc, err := workload.LookupModel(c.modelName)
+			if err != nil {
+				return nil, failWrap(stInvalidArgument, err, "%s: model", op)
+			}
+			m = mc
 		}
-		m = mc
+		l, err := workload.NewLayout(m, c.layout)
+		if err != nil {
+			return nil, failWrap(stInvalidArgument, err, "%s", op)
+		}
+		// One contiguous block, so kvx_kv_pool can present it as one pool.
+		if pool, err = workload.NewKVBuffers(l, workload.BufferOptions{Name: "capi-kv", Device: -1, Contiguous: true}); err != nil {
+			return nil, failWrap(stInvalidArgument, err, "%s: KV pool of %d bytes", op, l.PoolBytes())
+		}
+		args = pool.Args()
 	}
-	l, err := workload.NewLayout(m, c.layout)
-	if err != nil {
-		return nil, failWrap(stInvalidArgument, err, "%s", op)
-	}
-	// One contiguous block, so kvx_kv_pool can present it as one pool.
-	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "capi-kv", Device: -1, Contiguous: true})
-	if err != nil {
-		return nil, failWrap(stInvalidArgument, err, "%s: KV pool of %d bytes", op, l.PoolBytes())
+	closePool := func() {
+		if pool != nil {
+			pool.Close()
+		}
 	}
 	role := engine.RolePrefill
 	if e.role == 1 {
 		role = engine.RoleDecode
 	}
 	if role == engine.RolePrefill && e.bootstrapAddr == "" {
-		pool.Close()
+		closePool()
 		return nil, fail(stInvalidArgument, "%s: the prefill engine has no bootstrap_addr; set kvx_engine_config.bootstrap_addr (e.g. from kvx_bootstrap_addr)", op)
 	}
 	ctx := context.Background()
@@ -78,7 +111,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 	}
 	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
 		Role:             role,
-		KV:               pool.Args(),
+		KV:               args,
 		Transports:       []engine.Transport{e.tr},
 		BootstrapAddr:    e.bootstrapAddr,
 		DPRank:           c.dpRank,
@@ -94,7 +127,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		RingAlloc: engine.AutoRingMemory,
 	})
 	if err != nil {
-		pool.Close()
+		closePool()
 		return nil, failWrap(stOK, err, "%s: %s KV manager", op, role)
 	}
 	return &kvObj{eng: e, mgr: mgr, pool: pool, rooms: map[uint64]struct{}{}}, nil
@@ -222,6 +255,8 @@ func kvCode(err error) (status, bool) {
 		return stBusy, true
 	case errors.Is(err, engine.ErrManagerClosed):
 		return stClosed, true
+	case errors.Is(err, engine.ErrBadKVArgs):
+		return stInvalidArgument, true
 	case errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrNotFound),
 		errors.Is(err, bootstrap.ErrUnauthorized), errors.Is(err, bootstrap.ErrConflict),
 		errors.Is(err, bootstrap.ErrBadRequest), errors.Is(err, bootstrap.ErrRegisterDeadline),

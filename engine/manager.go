@@ -419,23 +419,37 @@ func (m *Manager) setupMemory() error {
 	}
 	ts := slices.Clone(m.cfg.Transports)
 	slices.SortStableFunc(ts, func(a, b Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
-	var refused []string
+	var refused refusals
 	for _, t := range ts {
 		rs, err := m.registerAll(t, meta)
 		if err != nil {
-			refused = append(refused, err.Error())
+			refused = append(refused, err)
 			continue
 		}
 		m.regs = append(m.regs, rs)
 	}
 	if len(m.regs) == 0 {
-		return fmt.Errorf("engine: no transport can register this rank's buffers: %s", strings.Join(refused, "; "))
+		return fmt.Errorf("engine: no transport can register this rank's buffers: %w", refused)
 	}
 	for _, r := range refused {
 		m.log.Warn("transport left out: it cannot register every buffer", "reason", r)
 	}
 	return nil
 }
+
+// refusals are several transports' errors as one: the messages joined by
+// "; ", each still matched by errors.Is/As.
+type refusals []error
+
+func (r refusals) Error() string {
+	s := make([]string, len(r))
+	for i, e := range r {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (r refusals) Unwrap() []error { return r }
 
 // registerAll registers the metadata memory and every KV, aux and state
 // buffer with t; on any refusal it deregisters what it registered and returns

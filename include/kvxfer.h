@@ -30,7 +30,11 @@
  *     kvx_hostbuf_t handle: valid until kvx_free_host; the caller must
  *     deregister it from every engine first. The KV pool from kvx_kv_pool is
  *     owned by its KV manager: valid until kvx_kv_destroy (or the engine's
- *     kvx_engine_destroy).
+ *     kvx_engine_destroy). KV, aux and state buffers given in kvx_kv_config
+ *     (kv_data_ptrs, ...) stay owned by the caller: the manager registers
+ *     them and never frees them; they must stay allocated until
+ *     kvx_kv_destroy (or kvx_engine_destroy) returns. The pointer arrays
+ *     themselves are copied by kvx_kv_create.
  *  5. Output buffers (char *buf, size_t cap) are owned by the caller; the
  *     library writes at most cap bytes and reports the needed size.
  *  6. Strings returned as `const char *` (kvx_version, kvx_strerror) are
@@ -520,7 +524,7 @@ KVX_API int kvx_engine_set_notify(kvx_engine_t engine, kvx_notify_fn fn,
 /* receiver per bootstrap_room)                                               */
 /* ------------------------------------------------------------------------ */
 
-typedef uint64_t kvx_kv_t;   /* a rank's KV manager (owns its KV pool) */
+typedef uint64_t kvx_kv_t;   /* a rank's KV manager (on the caller's buffers, or owning its pool) */
 typedef uint64_t kvx_room_t; /* a KV sender (prefill) or receiver (decode) */
 
 /* KVPoll states, SGLang's values (base/conn.py KVPoll). States only move
@@ -533,10 +537,26 @@ typedef enum kvx_kvpoll {
     KVX_KVPOLL_SUCCESS = 4
 } kvx_kvpoll;
 
-/* KV manager configuration. Zero-initialise, set struct_size, then fill in.
- * The pool geometry is SGLang's KVArgs: MHA/GQA keeps 2 x layers buffers
- * (K_0..K_{L-1}, V_0..V_{L-1}), MLA one per layer; each buffer holds
- * num_pages items of item_len bytes (kvx_kv_layout). */
+/* KV manager configuration. Zero-initialise it, set struct_size to
+ * sizeof(kvx_kv_config), then set the fields you need. Fields are only ever
+ * appended: a caller built against an older header passes its smaller
+ * struct_size (at least KVX_KV_CONFIG_SIZE_V1) and the newer fields read as
+ * 0 / NULL.
+ *
+ * The KV memory is SGLang's KVArgs: MHA/GQA keeps 2 x layers buffers
+ * (K_0..K_{L-1}, V_0..V_{L-1}), MLA one per layer; each buffer holds pages of
+ * item_len bytes, token slot t of a page at t x item_len/page_size, the
+ * kv_head_num heads of a token back to back.
+ *
+ * Two ways to give it:
+ *  - the caller's own buffers (a serving engine's per-layer tensors): set
+ *    num_kv_buffers and the kv_data_ptrs/kv_data_lens/kv_item_lens arrays
+ *    (and aux_*, state_* when used), kv_head_num, total_kv_head_num, is_mla,
+ *    prefill_start_layer; model, num_layers, num_kv_heads, head_dim,
+ *    dtype_bytes and num_pages must then be 0/NULL and the library allocates
+ *    nothing. Buffers must not overlap.
+ *  - (0.1) a model: model (or num_layers/num_kv_heads/head_dim/dtype_bytes)
+ *    and num_pages; the library allocates one pool (kvx_kv_pool). */
 typedef struct kvx_kv_config {
     uint32_t struct_size;     /* sizeof(kvx_kv_config) */
     uint32_t page_size;       /* tokens per page; 0 = 16 */
@@ -561,10 +581,41 @@ typedef struct kvx_kv_config {
     uint32_t bootstrap_timeout_ms; /* 0 = env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT or 300 s */
     uint32_t waiting_timeout_ms;   /* 0 = env SGLANG_DISAGGREGATION_WAITING_TIMEOUT or 300 s */
     uint32_t reserved1;
+    /* --- end of KVX_KV_CONFIG_SIZE_V1 (0.1.0) --- */
+    /* Caller-owned buffers (SGLang KVArgs). Three parallel arrays per list:
+     * address, length in bytes, item length in bytes (KV: one page; aux: one
+     * request row, indexed by aux_index; state: one slot). The engine rank is
+     * tp_rank, the TP size tp_size, the PP place pp_rank/pp_size. */
+    uint32_t num_kv_buffers;        /* > 0 selects this way */
+    uint32_t num_aux_buffers;       /* 0 = no aux rows */
+    const uint64_t *kv_data_ptrs;   /* MHA: K of each layer, then V; MLA: one per layer */
+    const uint64_t *kv_data_lens;
+    const uint64_t *kv_item_lens;
+    const uint64_t *aux_data_ptrs;  /* host memory (SGLang's MetadataBuffers) */
+    const uint64_t *aux_data_lens;
+    const uint64_t *aux_item_lens;
+    uint32_t num_state_buffers;     /* 0 = no state (Mamba, SWA, ...) */
+    uint32_t kv_head_num;           /* heads per token row on this rank; 0 = 1 */
+    const uint64_t *state_data_ptrs; /* same memory as the KV buffers */
+    const uint64_t *state_data_lens;
+    const uint64_t *state_item_lens;
+    uint32_t total_kv_head_num;     /* the model's KV heads; 0 = kv_head_num x tp_size */
+    uint32_t is_mla;                /* 1: one latent buffer per layer, never head-sliced */
+    uint32_t prefill_start_layer;   /* model layer of KV buffer 0 (a PP stage's first) */
+    uint32_t system_dp_rank;        /* SGLang system_dp_rank (kept for the caller) */
+    const char *kv_location;        /* KV and state buffers: NULL/"host"/"cpu", or
+                                       "cuda:N" (device memory on GPU N = gpu_id; the
+                                       engine's transport must move device memory) */
+    const char *ib_device;          /* SGLang ib_device (informational); NULL = none */
 } kvx_kv_config;
 
-/* Pool geometry reported by kvx_kv_layout. Item (buffer b, page p) is the
- * item_len bytes at pool + b*buffer_len + p*item_len. */
+/* struct_size of the 0.1.0 kvx_kv_config (fields up to reserved1). */
+#define KVX_KV_CONFIG_SIZE_V1 96
+
+/* Geometry reported by kvx_kv_layout_get. For a library-allocated pool, item
+ * (buffer b, page p) is the item_len bytes at pool + b*buffer_len +
+ * p*item_len. With caller buffers: item_len is KV buffer 0's, num_pages the
+ * pages every KV buffer holds, buffer_len = num_pages x item_len, pool_len 0. */
 typedef struct kvx_kv_layout {
     uint64_t item_len;    /* bytes per page per buffer (SGLang kv_item_len) */
     uint64_t buffer_len;  /* bytes per buffer = num_pages * item_len */
@@ -575,10 +626,15 @@ typedef struct kvx_kv_layout {
     uint32_t reserved;
 } kvx_kv_layout;
 
-/* Create the rank's KV manager on an engine: allocates the KV pool (shareable
- * host memory), registers it with the engine's transport, binds the control
- * socket and, for a prefill engine, registers the rank with the engine's
- * bootstrap_addr (retrying until the bootstrap timeout). Thread-safe. */
+/* Create the rank's KV manager on an engine: registers the caller's buffers
+ * (or allocates the 0.1 pool, shareable host memory) with the engine's
+ * transport, binds the control socket and, for a prefill engine, registers
+ * the rank with the engine's bootstrap_addr (retrying until the bootstrap
+ * timeout). Refusals (KVX_ERR_INVALID_ARGUMENT, kvx_last_error says which
+ * buffer and why): zero-length or overlapping buffers, item lengths that are
+ * not whole head rows, both a model and buffers; KVX_ERR_UNSUPPORTED_MEMORY
+ * when the transport cannot move the buffers (e.g. shm and device memory, or
+ * shm and host memory not from kvx_alloc_host). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_create(kvx_engine_t engine, const kvx_kv_config *cfg,
                           kvx_kv_t *out);
@@ -593,7 +649,7 @@ KVX_API int kvx_kv_destroy(kvx_kv_t kv);
 
 /* The KV pool's address and size: owned by the manager, valid until
  * kvx_kv_destroy. The caller writes (prefill) or reads (decode) KV there.
- * Thread-safe. */
+ * KVX_ERR_INVALID_ARGUMENT for a manager on caller buffers. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_pool(kvx_kv_t kv, void **addr, uint64_t *len);
 #endif
@@ -610,10 +666,48 @@ KVX_API int kvx_kv_layout_get(kvx_kv_t kv, kvx_kv_layout *out);
 KVX_API int kvx_kv_sender_create(kvx_kv_t kv, uint64_t room, kvx_room_t *out);
 #endif
 
-/* PREFILL: declare the request's page count (optional; SGLang sender.init).
- * Thread-safe. */
+/* PREFILL: declare the request's page count (optional; SGLang sender.init
+ * without an aux row). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_init(kvx_room_t sender, uint32_t num_pages);
+#endif
+
+/* PREFILL: SGLang sender.init(num_kv_indices, aux_index): num_pages pages
+ * will be sent (those after the decode's prefix) and aux_index is this
+ * rank's aux row of the request (< 0: none); with the last chunk row
+ * aux_index of every aux buffer is written to the decode's row, after the KV
+ * and before the metadata record's commit word. Call before the first
+ * kvx_kv_sender_send. KVX_ERR_INVALID_ARGUMENT: aux_index beyond the aux
+ * buffers. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_init_aux(kvx_room_t sender, uint32_t num_pages,
+                                   int64_t aux_index);
+#endif
+
+/* PREFILL: kvx_kv_sender_init_aux for a prompt of prompt_tokens tokens:
+ * sends ceil((prompt_tokens - decode prefix) / page_size) pages, returned in
+ * *num_pages. Call once the state is WAITING_FOR_INPUT. A decode prefix
+ * longer than the prompt fails the room on both sides (the error names both
+ * counts). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_init_tokens(kvx_room_t sender, uint32_t prompt_tokens,
+                                      int64_t aux_index, uint32_t *num_pages);
+#endif
+
+/* PREFILL: SGLang pop_decode_prefix_len: the prompt tokens the decode
+ * already holds (0 when it stated none); only the pages after them are sent.
+ * Valid once the state is WAITING_FOR_INPUT. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_prefix_len(kvx_room_t sender, uint32_t *tokens);
+#endif
+
+/* PREFILL: this rank's state slots of the request (SGLang send(...,
+ * state_indices)): with the last chunk, slot state_indices[k] of every state
+ * buffer is copied to the decode's slot k. Call before the last
+ * kvx_kv_sender_send. The list is copied. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_state(kvx_room_t sender, const int32_t *state_indices,
+                                uint32_t n);
 #endif
 
 /* PREFILL: queue n source pages (pool page indices, request order); they map
@@ -636,19 +730,71 @@ KVX_API int kvx_kv_receiver_create(kvx_kv_t kv, const char *bootstrap_addr,
                                    uint64_t room, kvx_room_t *out);
 #endif
 
+/* DECODE: kvx_kv_receiver_create with the prefill DP rank the router chose
+ * (SGLang KVReceiver.init(prefill_dp_rank)); prefill_dp_rank < 0 resolves it
+ * through the bootstrap server. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_receiver_create_dp(kvx_kv_t kv, const char *bootstrap_addr,
+                                      uint64_t room, int32_t prefill_dp_rank,
+                                      kvx_room_t *out);
+#endif
+
 /* DECODE: give the n destination pages (pool page indices in token order,
  * may be non-contiguous); the receiver then asks its producers for the KV.
- * The list is copied. Once per receiver. Thread-safe. */
+ * The list is copied. Once per receiver (= kvx_kv_receiver_send_metadata
+ * with no aux row, no state, no prefix). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_receiver_init(kvx_room_t receiver, const int32_t *pages,
                                  uint32_t n);
+#endif
+
+/* DECODE: SGLang send_metadata(kv_indices, aux_index, state_indices,
+ * decode_prefix_len): pages are the destination pages of the prompt tokens
+ * after prefix_tokens (the tokens this rank already holds: whole pages; n may
+ * be 0 when only the aux row is missing), aux_index the row the request's aux
+ * data lands in (< 0: none), state_indices the state slots (NULL/0: none).
+ * Lists are copied. Once per receiver. KVX_ERR_INVALID_ARGUMENT names the
+ * index beyond a buffer or the prefix that is not whole pages. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_receiver_send_metadata(kvx_room_t receiver, const int32_t *pages,
+                                          uint32_t n, int64_t aux_index,
+                                          const int32_t *state_indices,
+                                          uint32_t n_state, uint32_t prefix_tokens);
+#endif
+
+/* DECODE: copy row aux_index of aux buffer `buffer` into buf once the state
+ * is SUCCESS (the aux row is also in the caller's own aux buffer).
+ * KVX_ERR_BUFFER_TOO_SMALL when cap is short; *needed (if not NULL) always
+ * gets the row size. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_receiver_aux_row(kvx_room_t receiver, uint32_t buffer,
+                                    void *buf, size_t cap, size_t *needed);
+#endif
+
+/* A room's transfer figures (SGLang get_transfer_metric). Set struct_size to
+ * sizeof(kvx_transfer_metric); fields are only ever appended. */
+typedef struct kvx_transfer_metric {
+    uint32_t struct_size;
+    uint32_t prefix_tokens;  /* decode_prefix_len: tokens not sent */
+    uint64_t latency_us;     /* sender: first send -> SUCCESS; receiver:
+                                send_metadata -> SUCCESS; 0 before SUCCESS */
+    uint64_t bytes;          /* KV bytes moved (all destinations / producers) */
+    uint64_t aux_bytes;      /* aux-row and state bytes moved */
+    uint64_t skipped_bytes;  /* KV bytes the prefix saved */
+    uint32_t pages;          /* pages moved per destination */
+    uint32_t reserved;
+} kvx_transfer_metric;
+
+/* Sender or receiver: the room's transfer figures so far. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_metric(kvx_room_t room, kvx_transfer_metric *out);
 #endif
 
 /* Sender or receiver: declare the request's token count (prompt length,
  * >= 1). The prefill writes it into the metadata record (token_count) and the
  * decode sends it in TRANSFER; when both sides declared one and they differ
  * the room fails on both sides, the error naming both counts. Call it before
- * kvx_kv_sender_send / kvx_kv_receiver_init. Thread-safe. */
+ * kvx_kv_sender_send / kvx_kv_receiver_init (or _send_metadata). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_set_tokens(kvx_room_t room, uint32_t tokens);
 #endif

@@ -6,13 +6,19 @@
 // request into it through the Mooncake-style batch API (open remote segment,
 // submit WRITEs, poll per-request status, free the batch) and the bytes are
 // verified page by page; then KV managers on both engines move room 42
-// through the KV-room API (and room 43 is aborted). Then every bad-argument path the header promises is
+// through the KV-room API (and room 43 is aborted). Then KV managers built
+// on buffers this program owns (per-layer K and V buffers and aux buffers,
+// as a serving engine holds them: std::vector, kvx_alloc_host memory for
+// shm, or cudaMalloc'ed memory where a GPU is usable) move a request with an
+// aux row and a decode prefix, and every refusal the header promises for
+// such buffers is checked. Then every bad-argument path the header promises is
 // exercised: each must return its error code (with a message), never crash.
 // Then in two processes: this process is the decode side and spawns itself
 // as a prefill child that writes through both APIs. argv[1] names the
 // transport (default tcp).
 #include <kvxfer.h>
 
+#include <dlfcn.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <iterator>
 #include <string>
 #include <thread>
@@ -485,6 +492,343 @@ void kv_rooms(kvx_engine_t prefill, kvx_engine_t decode, const std::string &boot
                 lay.num_buffers, notes.room_events.load(), kvx_strerror(KVX_ERR_CANCELED));
 }
 
+// ---------------------------------------------------------------------------
+// KV managers on the caller's own buffers (SGLang KVArgs).
+// ---------------------------------------------------------------------------
+
+// The CUDA runtime, loaded at run time so the consumer builds without a
+// toolkit. usable() is false (with the reason) when there is no library or
+// no device.
+struct Cudart {
+    void *lib = nullptr;
+    int (*get_device_count)(int *) = nullptr;
+    int (*malloc_)(void **, size_t) = nullptr;
+    int (*free_)(void *) = nullptr;
+    int (*memcpy_)(void *, const void *, size_t, int) = nullptr;
+    std::string why;
+    bool usable() {
+        for (const char *name : {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"})
+            if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+        if (lib == nullptr) {
+            why = "no libcudart";
+            return false;
+        }
+        get_device_count = reinterpret_cast<int (*)(int *)>(dlsym(lib, "cudaGetDeviceCount"));
+        malloc_ = reinterpret_cast<int (*)(void **, size_t)>(dlsym(lib, "cudaMalloc"));
+        free_ = reinterpret_cast<int (*)(void *)>(dlsym(lib, "cudaFree"));
+        memcpy_ = reinterpret_cast<int (*)(void *, const void *, size_t, int)>(dlsym(lib, "cudaMemcpy"));
+        int n = 0;
+        if (!get_device_count || !malloc_ || !free_ || !memcpy_ || get_device_count(&n) != 0 || n < 1) {
+            why = "libcudart without a usable device";
+            return false;
+        }
+        return true;
+    }
+};
+
+constexpr uint32_t kLayers = 2, kHeads = 2, kHeadDim = 64, kElem = 2, kTokensPerPage = 4, kBufPages = 16;
+constexpr uint64_t kItem = uint64_t(kTokensPerPage) * kHeads * kHeadDim * kElem;  // bytes per page per buffer
+constexpr uint32_t kBuffers = 2 * kLayers;                                         // K of each layer, then V
+constexpr uint64_t kAuxRows = 8;
+const uint64_t kAuxItem[2] = {64, 512};  // SGLang's output_ids row and a top-logprobs row
+
+// One rank's KV and aux memory, owned here: each buffer its own allocation.
+struct OwnedKV {
+    enum Kind { Vector, AllocHost, Device } kind;
+    Cudart *cuda = nullptr;
+    std::vector<std::vector<uint8_t>> vecs;  // Vector: KV buffers then aux buffers
+    std::vector<kvx_hostbuf_t> hbs;          // AllocHost
+    std::vector<void *> dev;                 // Device: KV buffers (aux stay in vecs)
+    std::vector<uint64_t> ptrs, lens, items, aux_ptrs, aux_lens, aux_items;
+
+    OwnedKV(Kind k, Cudart *c, const char *name) : kind(k), cuda(c) {
+        auto host = [&](uint64_t len) -> uint64_t {
+            if (kind == AllocHost) {
+                kvx_hostbuf_t hb = 0;
+                void *p = nullptr;
+                uint64_t got = 0;
+                REQUIRE_OK(kvx_alloc_host(name, len, &hb, &p, &got));
+                hbs.push_back(hb);
+                return reinterpret_cast<uint64_t>(p);
+            }
+            vecs.emplace_back(len, 0);
+            return reinterpret_cast<uint64_t>(vecs.back().data());
+        };
+        vecs.reserve(kBuffers + 2);
+        for (uint32_t b = 0; b < kBuffers; b++) {
+            uint64_t p = 0;
+            if (kind == Device) {
+                void *d = nullptr;
+                if (cuda->malloc_(&d, kBufPages * kItem) != 0) {
+                    std::fprintf(stderr, "cudaMalloc failed\n");
+                    std::exit(1);
+                }
+                std::vector<uint8_t> zero(kBufPages * kItem, 0);
+                cuda->memcpy_(d, zero.data(), zero.size(), 1 /* cudaMemcpyHostToDevice */);
+                dev.push_back(d);
+                p = reinterpret_cast<uint64_t>(d);
+            } else {
+                p = host(kBufPages * kItem);
+            }
+            ptrs.push_back(p);
+            lens.push_back(kBufPages * kItem);
+            items.push_back(kItem);
+        }
+        Kind auxKind = kind == Device ? Vector : kind;  // aux rows live in host memory
+        for (uint64_t it : kAuxItem) {
+            Kind saved = kind;
+            kind = auxKind;
+            aux_ptrs.push_back(host(kAuxRows * it));
+            kind = saved;
+            aux_lens.push_back(kAuxRows * it);
+            aux_items.push_back(it);
+        }
+    }
+    ~OwnedKV() {
+        for (void *d : dev) cuda->free_(d);
+        for (kvx_hostbuf_t hb : hbs) kvx_free_host(hb);
+    }
+    void write(uint32_t buf, uint64_t off, const std::vector<uint8_t> &b) {
+        if (kind == Device)
+            cuda->memcpy_(static_cast<uint8_t *>(dev[buf]) + off, b.data(), b.size(), 1);
+        else
+            std::memcpy(reinterpret_cast<uint8_t *>(ptrs[buf]) + off, b.data(), b.size());
+    }
+    std::vector<uint8_t> read(uint32_t buf, uint64_t off, uint64_t n) {
+        std::vector<uint8_t> b(n);
+        if (kind == Device)
+            cuda->memcpy_(b.data(), static_cast<uint8_t *>(dev[buf]) + off, n, 2 /* cudaMemcpyDeviceToHost */);
+        else
+            std::memcpy(b.data(), reinterpret_cast<uint8_t *>(ptrs[buf]) + off, n);
+        return b;
+    }
+    uint8_t *aux_row(int i, uint64_t row) { return reinterpret_cast<uint8_t *>(aux_ptrs[i]) + row * aux_items[i]; }
+    kvx_kv_config config(uint32_t naux) const {
+        kvx_kv_config cfg;
+        std::memset(&cfg, 0, sizeof cfg);
+        cfg.struct_size = sizeof cfg;
+        cfg.page_size = kTokensPerPage;
+        cfg.tp_size = 1;
+        cfg.checksum = 1;
+        cfg.bootstrap_timeout_ms = 20000;
+        cfg.waiting_timeout_ms = 20000;
+        cfg.num_kv_buffers = kBuffers;
+        cfg.kv_data_ptrs = ptrs.data();
+        cfg.kv_data_lens = lens.data();
+        cfg.kv_item_lens = items.data();
+        cfg.num_aux_buffers = naux;
+        cfg.aux_data_ptrs = aux_ptrs.data();
+        cfg.aux_data_lens = aux_lens.data();
+        cfg.aux_item_lens = aux_items.data();
+        cfg.kv_head_num = kHeads;
+        cfg.total_kv_head_num = kHeads;
+        cfg.kv_location = kind == Device ? "cuda:0" : nullptr;
+        return cfg;
+    }
+};
+
+bool has_text(const char *what) { return std::strstr(kvx_last_error(), what) != nullptr; }
+
+void owned_buffers() {
+    Cudart cuda;
+    OwnedKV::Kind kind = OwnedKV::Vector;
+    std::string where = "std::vector per buffer";
+    if (std::strcmp(g_transport, "shm") == 0) {
+        kind = OwnedKV::AllocHost;  // shm shares memory by fd: kvx_alloc_host memory
+        where = "kvx_alloc_host per buffer (shm shares memory by fd)";
+    } else if (cuda.usable()) {
+        kind = OwnedKV::Device;
+        where = "cudaMalloc per buffer on cuda:0";
+    } else {
+        std::printf("owned buffers: GPU part skipped (%s); host buffers instead\n", cuda.why.c_str());
+    }
+    kvx_bootstrap_t bs = 0;
+    REQUIRE_OK(kvx_bootstrap_start("127.0.0.1", 0, &bs));
+    std::string addr = bootstrap_address(bs);
+    kvx_engine_t prefill = make_engine(KVX_ROLE_PREFILL, addr);
+    kvx_engine_t decode = make_engine(KVX_ROLE_DECODE, addr);
+    auto pre = std::make_unique<OwnedKV>(kind, &cuda, "owned-prefill");
+    auto dec = std::make_unique<OwnedKV>(kind, &cuda, "owned-decode");
+    for (uint32_t b = 0; b < kBuffers; b++)
+        for (uint32_t p = 0; p < kBufPages; p++) {
+            std::vector<uint8_t> item(kItem);
+            for (uint64_t i = 0; i < kItem; i++) item[i] = pattern(b * 1000 + p + 300, i);
+            pre->write(b, p * kItem, item);
+        }
+    for (int a = 0; a < 2; a++)
+        for (uint64_t i = 0; i < kAuxItem[a]; i++) pre->aux_row(a, 3)[i] = pattern(900 + a, i);
+
+    kvx_kv_config pcfg = pre->config(2), dcfg = dec->config(2);
+    kvx_kv_t pkv = 0, dkv = 0;
+    REQUIRE_OK(kvx_kv_create(prefill, &pcfg, &pkv));
+    REQUIRE_OK(kvx_kv_create(decode, &dcfg, &dkv));
+    kvx_kv_layout lay;
+    REQUIRE_OK(kvx_kv_layout_get(dkv, &lay));
+    CHECK(lay.num_buffers == kBuffers && lay.num_pages == kBufPages && lay.item_len == kItem && lay.pool_len == 0);
+    void *pool = nullptr;
+    uint64_t plen = 0;
+    EXPECT_RC(kvx_kv_pool(dkv, &pool, &plen), KVX_ERR_INVALID_ARGUMENT);  // the caller owns the buffers
+
+    // Room 77: a 24-token prompt (6 pages) whose first 8 tokens (2 pages) the
+    // decode already holds; aux row 3 of the prefill lands in row 5.
+    kvx_room_t rx = 0, tx = 0;
+    REQUIRE_OK(kvx_kv_receiver_create_dp(dkv, nullptr, 77, -1, &rx));
+    const int32_t tail[4] = {9, 10, 11, 12};
+    const int32_t beyond[1] = {int32_t(kBufPages)};
+    EXPECT_RC(kvx_kv_receiver_send_metadata(rx, beyond, 1, 5, nullptr, 0, 8), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("beyond KV buffer"));
+    EXPECT_RC(kvx_kv_receiver_send_metadata(rx, tail, 4, int64_t(kAuxRows), nullptr, 0, 8), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("aux index 8 is beyond aux buffer"));
+    EXPECT_RC(kvx_kv_receiver_send_metadata(rx, tail, 4, 5, nullptr, 0, 6), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("whole pages"));
+    const int32_t slot[1] = {0};
+    EXPECT_RC(kvx_kv_receiver_send_metadata(rx, tail, 4, 5, slot, 1, 8), KVX_ERR_INVALID_ARGUMENT);  // no state buffers
+    REQUIRE_OK(kvx_kv_receiver_send_metadata(rx, tail, 4, 5, nullptr, 0, 8));
+    REQUIRE_OK(kvx_kv_sender_create(pkv, 77, &tx));
+    int32_t st = -1;
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+    uint32_t prefix = 0, npages = 0;
+    REQUIRE_OK(kvx_kv_sender_prefix_len(tx, &prefix));
+    CHECK(prefix == 8);
+    EXPECT_RC(kvx_kv_sender_init_aux(tx, 4, int64_t(kAuxRows)), KVX_ERR_INVALID_ARGUMENT);
+    REQUIRE_OK(kvx_kv_sender_init_tokens(tx, 24, 3, &npages));
+    CHECK(npages == 4);
+    const int32_t src[4] = {2, 3, 4, 5};  // the prompt's pages 2..5 on the prefill
+    REQUIRE_OK(kvx_kv_sender_send(tx, src, 4, 1));
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    if (st != KVX_KVPOLL_SUCCESS) std::fprintf(stderr, "receiver 77: state %d: %d %s\n", st, kvx_kv_failure(rx), kvx_last_error());
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    int bad = 0;
+    for (uint32_t b = 0; b < kBuffers; b++) {
+        for (int k = 0; k < 4; k++)
+            if (dec->read(b, uint64_t(tail[k]) * kItem, kItem) != pre->read(b, uint64_t(src[k]) * kItem, kItem)) ++bad;
+        // Pages the decode did not ask for (its held prefix would be there) stay as they were.
+        std::vector<uint8_t> rest = dec->read(b, 0, 9 * kItem);
+        for (uint8_t c : rest) bad += c != 0;
+    }
+    CHECK(bad == 0);
+    for (int a = 0; a < 2; a++) CHECK(std::memcmp(dec->aux_row(a, 5), pre->aux_row(a, 3), kAuxItem[a]) == 0);
+    std::vector<uint8_t> row(512);
+    size_t need = 0;
+    EXPECT_RC(kvx_kv_receiver_aux_row(rx, 1, row.data(), 16, &need), KVX_ERR_BUFFER_TOO_SMALL);
+    CHECK(need == 512);
+    REQUIRE_OK(kvx_kv_receiver_aux_row(rx, 1, row.data(), row.size(), &need));
+    CHECK(std::memcmp(row.data(), pre->aux_row(1, 3), 512) == 0);
+    for (kvx_room_t h : {tx, rx}) {
+        kvx_transfer_metric m;
+        std::memset(&m, 0, sizeof m);
+        m.struct_size = sizeof m;
+        REQUIRE_OK(kvx_kv_metric(h, &m));
+        CHECK(m.prefix_tokens == 8 && m.bytes == 4 * kBuffers * kItem && m.skipped_bytes == 2 * kBuffers * kItem &&
+              m.aux_bytes == kAuxItem[0] + kAuxItem[1] && m.pages == 4 && m.latency_us > 0);
+    }
+    REQUIRE_OK(kvx_kv_close(tx));
+    REQUIRE_OK(kvx_kv_close(rx));
+
+    // Room 78: the decode states a 16-token prefix of a 12-token prompt;
+    // both sides fail, naming both counts.
+    REQUIRE_OK(kvx_kv_receiver_create(dkv, nullptr, 78, &rx));
+    const int32_t one[1] = {13};
+    REQUIRE_OK(kvx_kv_receiver_send_metadata(rx, one, 1, -1, nullptr, 0, 16));
+    REQUIRE_OK(kvx_kv_sender_create(pkv, 78, &tx));
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+    EXPECT_RC(kvx_kv_sender_init_tokens(tx, 12, -1, &npages), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("prefix of 16 tokens, longer than the prefill's prompt of 12 tokens"));
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_FAILED);
+    kvx_kv_failure(rx);
+    CHECK(has_text("longer than the prefill's prompt"));
+    REQUIRE_OK(kvx_kv_close(tx));
+    REQUIRE_OK(kvx_kv_close(rx));
+
+    // A decode whose aux list differs (one buffer, the prefill has two) is
+    // refused at registration; both sides fail the room.
+    kvx_engine_t decode2 = make_engine(KVX_ROLE_DECODE, addr);
+    auto dec2 = std::make_unique<OwnedKV>(kind, &cuda, "owned-decode2");
+    kvx_kv_config d2 = dec2->config(1);
+    kvx_kv_t dkv2 = 0;
+    REQUIRE_OK(kvx_kv_create(decode2, &d2, &dkv2));
+    REQUIRE_OK(kvx_kv_receiver_create(dkv2, nullptr, 79, &rx));
+    REQUIRE_OK(kvx_kv_receiver_send_metadata(rx, one, 1, 0, nullptr, 0, 0));
+    REQUIRE_OK(kvx_kv_sender_create(pkv, 79, &tx));
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_FAILED);
+    kvx_kv_failure(rx);
+    CHECK(has_text("aux buffer counts differ: prefill has 2, decode has 1"));
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_FAILED);
+    REQUIRE_OK(kvx_kv_close(tx));
+    REQUIRE_OK(kvx_kv_close(rx));
+    REQUIRE_OK(kvx_kv_destroy(dkv2));
+    REQUIRE_OK(kvx_engine_destroy(decode2));
+    dec2.reset();
+
+    // Refusals at creation, naming the buffer.
+    kvx_kv_t bad_kv = 0;
+    std::vector<uint64_t> ptrs = dec->ptrs;
+    kvx_kv_config c = dec->config(2);
+    ptrs[1] = ptrs[0] + 100;
+    c.kv_data_ptrs = ptrs.data();
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("overlaps KV buffer 0"));
+    std::vector<uint64_t> lens = dec->lens;
+    lens[2] = 0;
+    c = dec->config(2);
+    c.kv_data_lens = lens.data();
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("length 0"));
+    c = dec->config(2);
+    c.model = "llama-3.1-8b";
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    c = dec->config(2);
+    c.kv_data_ptrs = nullptr;
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    // Device memory on a transport that cannot move it: fake device
+    // addresses are refused before anything touches them.
+    std::vector<uint64_t> fake;
+    for (uint32_t b = 0; b < kBuffers; b++) fake.push_back(0x7f0000000000ull + uint64_t(b) * (1u << 20));
+    c = dec->config(2);
+    c.kv_data_ptrs = fake.data();
+    c.kv_location = "cuda:0";
+    int rc = kvx_kv_create(decode, &c, &bad_kv);
+    CHECK(rc != KVX_OK && has_text("cannot register KV buffer 0 (layer 0 K)"));
+    if (std::strcmp(g_transport, "shm") == 0) CHECK(rc == KVX_ERR_UNSUPPORTED_MEMORY);
+
+    // A caller built against the 0.1 header: the smaller struct, the 0.1
+    // model fields; what lies past struct_size is not read.
+    kvx_kv_config old;
+    std::memset(&old, 0, sizeof old);
+    old.struct_size = KVX_KV_CONFIG_SIZE_V1;
+    old.num_layers = 2;
+    old.num_kv_heads = 2;
+    old.head_dim = 64;
+    old.dtype_bytes = 2;
+    old.page_size = 4;
+    old.num_pages = 8;
+    old.num_kv_buffers = 99;  // past KVX_KV_CONFIG_SIZE_V1: ignored
+    old.kv_data_ptrs = fake.data();
+    kvx_kv_t okv = 0;
+    REQUIRE_OK(kvx_kv_create(decode, &old, &okv));
+    REQUIRE_OK(kvx_kv_layout_get(okv, &lay));
+    CHECK(lay.num_buffers == 4 && lay.pool_len == 4 * 8 * lay.item_len);
+    REQUIRE_OK(kvx_kv_destroy(okv));
+    old.struct_size = KVX_KV_CONFIG_SIZE_V1 - 4;
+    EXPECT_RC(kvx_kv_create(decode, &old, &okv), KVX_ERR_INVALID_ARGUMENT);
+
+    REQUIRE_OK(kvx_kv_destroy(pkv));
+    REQUIRE_OK(kvx_kv_destroy(dkv));
+    REQUIRE_OK(kvx_engine_destroy(prefill));
+    REQUIRE_OK(kvx_engine_destroy(decode));
+    REQUIRE_OK(kvx_bootstrap_stop(bs));
+    pre.reset();
+    dec.reset();
+    std::printf("owned buffers (%s): room 77 with a 2-page prefix and aux row verified; prefix too long, aux list mismatch, "
+                "overlap, zero length, model+buffers, device memory and an old-size config checked\n",
+                where.c_str());
+}
+
 void bad_arguments(kvx_engine_t eng) {
     kvx_engine_t e = 0;
     EXPECT_RC(kvx_engine_create(nullptr, &e), KVX_ERR_INVALID_ARGUMENT);
@@ -786,6 +1130,7 @@ int main(int argc, char **argv) {
     named_segments(prefill, decode, s8, static_cast<uint8_t *>(dst));
     old_config_size();
     kv_rooms(prefill, decode, addr);
+    owned_buffers();
     bad_arguments(decode);
 
     REQUIRE_OK(kvx_deregister_memory(prefill, src_region));

@@ -298,6 +298,40 @@ func (ch *CompChannel) Wait(timeout time.Duration) error {
 	}
 }
 
+// FD returns the channel's file descriptor (non-blocking) so an event loop
+// can wait for it to become readable (Go's netpoller: dup it and hand the
+// copy to os.NewFile) and then call TryGet. The descriptor stays owned by
+// the channel: do not close it, and stop watching before Close.
+func (ch *CompChannel) FD() int {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return -1
+	}
+	return rawChannelFD(ch.ch)
+}
+
+// TryGet consumes and acknowledges one pending completion event without
+// blocking (ibv_get_cq_event on the non-blocking fd, then
+// ibv_ack_cq_events). It reports whether there was one; no pending event is
+// (false, nil). Errors: ErrClosed, or the *Error of ibv_get_cq_event.
+func (ch *CompChannel) TryGet() (bool, error) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return false, fmt.Errorf("%w: completion channel", ErrClosed)
+	}
+	cq, err := rawGetCQEvent(ch.ch)
+	if err != nil {
+		if e, ok := err.(*Error); ok && e.Errno == unix.EAGAIN {
+			return false, nil
+		}
+		return false, err
+	}
+	rawAckCQEvents(cq, 1)
+	return true, nil
+}
+
 // Close destroys the channel; idempotent. Destroy its CQs first.
 func (ch *CompChannel) Close() error {
 	ch.mu.Lock()

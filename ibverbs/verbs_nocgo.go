@@ -96,6 +96,12 @@ func (ch *CompChannel) Wait(timeout time.Duration) error { return ErrNoCgo }
 // Close returns nil.
 func (ch *CompChannel) Close() error { return nil }
 
+// FD returns -1: there is no channel without cgo.
+func (ch *CompChannel) FD() int { return -1 }
+
+// TryGet returns ErrNoCgo.
+func (ch *CompChannel) TryGet() (bool, error) { return false, ErrNoCgo }
+
 // CQ is a completion queue; unusable without cgo.
 type CQ struct{}
 

@@ -417,6 +417,20 @@ func TestCompChannel(t *testing.T) {
 	if err := ch.Wait(50 * time.Millisecond); !errors.Is(err, unix.ETIMEDOUT) {
 		t.Fatalf("Wait on idle channel = %v, want ETIMEDOUT", err)
 	}
+	if ok, err := ch.TryGet(); ok || err != nil {
+		t.Fatalf("TryGet on idle channel = %v, %v; want false, nil", ok, err)
+	}
+	if fd := ch.FD(); fd < 0 {
+		t.Fatalf("FD = %d", fd)
+	}
+	cq.Close()
+	ch.Close()
+	if ok, err := ch.TryGet(); ok || !errors.Is(err, ErrClosed) {
+		t.Fatalf("TryGet after Close = %v, %v; want ErrClosed", ok, err)
+	}
+	if fd := ch.FD(); fd != -1 {
+		t.Fatalf("FD after Close = %d, want -1", fd)
+	}
 }
 
 func TestPollNoAlloc(t *testing.T) {

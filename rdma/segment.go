@@ -2,7 +2,9 @@ package rdma
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -43,10 +45,32 @@ type batch struct {
 	doneCh   chan struct{}
 }
 
-type slot struct {
-	b      *batch
-	length uint32
+// chain is one posted WR chain: consecutive WRITEs of one batch on one QP,
+// posted with one ibv_post_send (one doorbell), of which only the last is
+// signaled. Its WR IDs are chainID<<chainIDShift | index in the chain.
+type chain struct {
+	b      *batch // nil while the slot is free
 	qi     int
+	wrs    int    // WRs in the chain: send-queue credits it holds
+	bytes  uint64 // payload of the chain
+	failed bool   // a WR of the chain completed in error
+}
+
+// postStats counts what the pump posted.
+type postStats struct {
+	chains, wrs uint64
+}
+
+// chainIDShift splits a WR ID into chain slot (high bits) and the WR's
+// index in its chain (low bits).
+const chainIDShift = 16
+
+// chainLen returns the most WRs one chain may hold for a send queue of
+// sqDepth WRs: a quarter of it (so up to four chains per QP are in flight
+// and the next is posted while earlier ones complete), at least 1, at most
+// 1<<chainIDShift.
+func chainLen(sqDepth int) int {
+	return min(max(1, sqDepth/4), 1<<chainIDShift)
 }
 
 // segment is a sender's RC QPs to one receiver, striping each batch across
@@ -60,15 +84,21 @@ type segment struct {
 	qps     []*sqp
 	cqs     []*ibverbs.CQ
 	regions map[engine.RegionID]remoteRegion
+	// cq_wait=event: one completion channel per CQ, watched by a notifier
+	// that signals cqev; the pump arms the CQs and sleeps on cqev.
+	chans []*ibverbs.CompChannel
+	notes []*cqNotifier
+	cqev  chan struct{}
 
 	mu      sync.Mutex
 	closed  bool
 	broken  error
 	batches map[engine.BatchID]*batch
 	nextID  engine.BatchID
-	slots   []slot
+	slots   []chain // chain slots, indexed by chain ID
 	free    []uint64
 	rr      int
+	posted  postStats // chains and WRs posted (tests check chaining)
 	wake    chan struct{}
 	stopped chan struct{}
 }
@@ -87,7 +117,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		return nil, fmt.Errorf("rdma: open segment: %w", err)
 	}
 	s := &segment{t: t, peer: h.QPs[0].GID, regions: map[engine.RegionID]remoteRegion{},
-		batches: map[engine.BatchID]*batch{}, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+		batches: map[engine.BatchID]*batch{}, wake: make(chan struct{}, 1), cqev: make(chan struct{}, 1), stopped: make(chan struct{})}
 	for _, rd := range info.Regions {
 		k, err := decodeRegionKey(rd.Key)
 		if err != nil {
@@ -116,11 +146,25 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		d := t.devs[di]
 		cq := cqByDev[di]
 		if cq == nil {
-			if cq, err = d.ctx.CreateCQ(t.cfg.sqDepth*perDev+16, nil); err != nil {
+			var ch *ibverbs.CompChannel
+			if t.cfg.cqEvents {
+				if ch, err = d.ctx.CreateCompChannel(); err != nil {
+					return fail(d, "create completion channel (set option cq_wait=poll to poll instead)", err)
+				}
+				s.chans = append(s.chans, ch)
+			}
+			if cq, err = d.ctx.CreateCQ(t.cfg.sqDepth*perDev+16, ch); err != nil {
 				return fail(d, "create CQ", err)
 			}
 			cqByDev[di] = cq
 			s.cqs = append(s.cqs, cq)
+			if ch != nil {
+				n, err := newCQNotifier(ch, s.cqev)
+				if err != nil {
+					return fail(d, "watch completion channel (set option cq_wait=poll to poll instead)", err)
+				}
+				s.notes = append(s.notes, n)
+			}
 		}
 		qp, err := d.pd.CreateQP(ibverbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, MaxSendWR: t.cfg.sqDepth, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
 		if err != nil {
@@ -137,8 +181,8 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		replies = append(replies, li)
 	}
 	s.reply = encodeHandshake(handshake{QPs: replies})
-	n := t.cfg.sqDepth * len(s.qps)
-	s.slots = make([]slot, n)
+	n := t.cfg.sqDepth * len(s.qps) // at most one chain per WR in flight
+	s.slots = make([]chain, n)
 	s.free = make([]uint64, n)
 	for i := range s.free {
 		s.free[i] = uint64(n - 1 - i)
@@ -149,11 +193,17 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 }
 
 func (s *segment) destroy() {
+	for _, n := range s.notes {
+		n.close()
+	}
 	for _, q := range s.qps {
 		_ = q.qp.Close()
 	}
 	for _, cq := range s.cqs {
 		_ = cq.Close()
+	}
+	for _, ch := range s.chans {
+		_ = ch.Close()
 	}
 }
 
@@ -280,6 +330,13 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 	return bt.id, nil
 }
 
+// stats returns what the pump has posted so far.
+func (s *segment) stats() postStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.posted
+}
+
 // finish makes a batch terminal; s.mu held.
 func (s *segment) finish(b *batch, st engine.BatchState, err error) {
 	if b.state.Terminal() {
@@ -320,13 +377,21 @@ func (s *segment) wcErr(q *sqp, wc *ibverbs.WC) error {
 }
 
 // pump posts queued slices within each QP's credits and polls completions
-// until the segment closes.
+// until the segment closes. Each QP's slices go out as chains (see chain):
+// a chain ends at a batch boundary, at chainLen WRs or when the QP's
+// credits (free send-queue entries) run out, so small writes cost one
+// doorbell and one completion per chain, not per write, and the WRs in
+// flight per QP never exceed sq_depth.
 func (s *segment) pump() {
 	defer close(s.stopped)
-	wrs := make([]ibverbs.SendWR, 64)
+	maxChain := chainLen(s.t.cfg.sqDepth)
+	wrs := make([]ibverbs.SendWR, maxChain)
 	wcs := make([]ibverbs.WC, 64)
 	idle := 0
 	lastProgress := time.Now()
+	events, armed := len(s.notes) > 0, false
+	wait := time.NewTimer(time.Hour)
+	defer wait.Stop()
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -336,38 +401,9 @@ func (s *segment) pump() {
 		work := false
 		for qi, q := range s.qps {
 			for q.credits > 0 && len(q.pending) > 0 && s.broken == nil {
-				n := 0
-				for n < len(wrs) && n < q.credits && len(q.pending) > 0 {
-					sl := q.pending[0]
-					q.pending = q.pending[1:]
-					sl.b.queued--
-					if sl.b.canceled || sl.b.err != nil {
-						s.settle(sl.b)
-						continue
-					}
-					id := s.free[len(s.free)-1]
-					s.free = s.free[:len(s.free)-1]
-					s.slots[id] = slot{b: sl.b, length: sl.length, qi: qi}
-					sl.b.inflight++
-					wrs[n] = ibverbs.SendWR{ID: id, Opcode: ibverbs.OpRDMAWrite, Flags: ibverbs.SendSignaled,
-						Addr: sl.local, Length: sl.length, LKey: sl.lkey, RemoteAddr: sl.raddr, RKey: sl.rkey}
-					n++
+				if s.postChain(qi, q, wrs[:min(maxChain, q.credits)]) {
+					work = true
 				}
-				if n == 0 {
-					break
-				}
-				ok, err := q.qp.PostSend(wrs[:n])
-				q.credits -= ok
-				for _, w := range wrs[ok:n] { // not posted: fail their batches
-					sl := s.slots[w.ID]
-					s.free = append(s.free, w.ID)
-					sl.b.inflight--
-					if sl.b.err == nil {
-						sl.b.err = fmt.Errorf("rdma: %s QP %d -> peer %s: post send: %w", q.dev.name, q.qp.QPN(), s.peer, err)
-					}
-					s.settle(sl.b)
-				}
-				work = true
 			}
 		}
 		inflight := len(s.free) < len(s.slots)
@@ -380,44 +416,27 @@ func (s *segment) pump() {
 		}
 		s.mu.Unlock()
 
-		for _, cq := range s.cqs {
+		for ci, cq := range s.cqs {
 			for {
 				n, err := cq.Poll(wcs)
-				if err != nil || n == 0 {
+				if err != nil {
+					// ibv_poll_cq itself failed (CQ overrun, device
+					// fatal): its completions cannot be trusted.
+					s.fail(fmt.Errorf("rdma: %s -> peer %s: poll CQ %d: %w (device error or CQ overrun; the segment is unusable, open a new one)",
+						s.qps[0].dev.name, s.peer, ci, err))
+					work = true
+					break
+				}
+				if n == 0 {
 					break
 				}
 				work = true
 				s.mu.Lock()
 				for i := 0; i < n; i++ {
-					wc := &wcs[i]
-					sl := s.slots[wc.WRID]
-					s.free = append(s.free, wc.WRID)
-					q := s.qps[sl.qi]
-					q.credits++
-					sl.b.inflight--
-					if e := wc.Err(); e != nil {
-						if s.broken == nil {
-							s.broken = s.wcErr(q, wc)
-						}
-						if sl.b.err == nil {
-							sl.b.err = s.broken
-						}
-					} else {
-						sl.b.done += uint64(sl.length)
-					}
-					s.settle(sl.b)
+					s.complete(&wcs[i])
 				}
 				if s.broken != nil { // a QP in ERR flushes the rest: fail queued work now
-					for _, q := range s.qps {
-						for _, p := range q.pending {
-							p.b.queued--
-							if p.b.err == nil {
-								p.b.err = s.broken
-							}
-							s.settle(p.b)
-						}
-						q.pending = nil
-					}
+					s.dropQueued()
 				}
 				s.mu.Unlock()
 			}
@@ -439,21 +458,186 @@ func (s *segment) pump() {
 			}
 			continue
 		}
-		// Completions pending: back off from 20 us to 1 ms between polls.
+		if events && idle >= pollBeforeSleep {
+			// Completions pending for a while: arm every CQ, poll once
+			// more (a completion that came before the arm raises no
+			// event), then sleep until an event, new work or the stall
+			// deadline.
+			if !armed {
+				for ci, cq := range s.cqs {
+					if err := cq.ReqNotify(false); err != nil {
+						s.fail(fmt.Errorf("rdma: %s -> peer %s: arm CQ %d (ibv_req_notify_cq): %w", s.qps[0].dev.name, s.peer, ci, err))
+					}
+				}
+				armed = true
+				continue
+			}
+			wait.Reset(max(time.Until(lastProgress.Add(s.t.cfg.stall)), 10*time.Millisecond))
+			select {
+			case <-s.cqev:
+				armed = false
+			case <-s.wake:
+			case <-wait.C:
+				if err := s.notifierDied(); err != nil {
+					slog.Warn("rdma: completion channel stopped; polling the CQs instead", "peer", s.peer, "err", err)
+					events = false
+				}
+			}
+			if !wait.Stop() {
+				select {
+				case <-wait.C:
+				default:
+				}
+			}
+			continue
+		}
+		// Completions pending: back off from 20 us to 1 ms between
+		// polls (cq_wait=poll: for good; event: pollBeforeSleep times,
+		// about 200 us, so a quick completion costs no event round trip).
 		idle++
 		time.Sleep(time.Duration(min(20*idle, 1000)) * time.Microsecond)
 	}
 }
 
-// stalled declares the peer lost after stall_timeout without completions:
-// QPs go to ERR (the driver flushes their WRs) and every unfinished batch
-// fails with ErrPeerLost now, not when (or if) the flushes arrive.
-func (s *segment) stalled() {
+// pollBeforeSleep is how many backoff polls (20, 40, 60, 80 us) the pump
+// makes with completions pending before it arms the CQs and sleeps on the
+// completion channel (cq_wait=event).
+const pollBeforeSleep = 4
+
+// notifierDied returns why a completion-channel notifier stopped, or nil if
+// all run.
+func (s *segment) notifierDied() error {
+	for _, n := range s.notes {
+		select {
+		case <-n.done:
+			if n.err != nil {
+				return n.err
+			}
+			return errors.New("completion channel watcher exited")
+		default:
+		}
+	}
+	return nil
+}
+
+// postChain takes up to len(wrs) queued slices of one batch from q (skipping
+// those of canceled or failed batches), posts them as one chain with only
+// the last WR signaled, and reports whether it took anything. s.mu held.
+func (s *segment) postChain(qi int, q *sqp, wrs []ibverbs.SendWR) bool {
+	var b *batch
+	n := 0
+	took := false
+	var bytes uint64
+	for n < len(wrs) && len(q.pending) > 0 {
+		sl := q.pending[0]
+		if b != nil && sl.b != b {
+			break // a chain never spans batches: each batch gets its own completion
+		}
+		q.pending[0] = slice{}
+		q.pending = q.pending[1:]
+		sl.b.queued--
+		took = true
+		if sl.b.canceled || sl.b.err != nil {
+			s.settle(sl.b)
+			continue
+		}
+		b = sl.b
+		wrs[n] = ibverbs.SendWR{Opcode: ibverbs.OpRDMAWrite, Addr: sl.local, Length: sl.length, LKey: sl.lkey, RemoteAddr: sl.raddr, RKey: sl.rkey}
+		bytes += uint64(sl.length)
+		n++
+	}
+	if n == 0 {
+		return took
+	}
+	id := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	s.slots[id] = chain{b: b, qi: qi, wrs: n, bytes: bytes}
+	for i := range wrs[:n] {
+		wrs[i].ID = id<<chainIDShift | uint64(i)
+	}
+	wrs[n-1].Flags = ibverbs.SendSignaled
+	b.inflight++
+	ok, err := q.qp.PostSend(wrs[:n])
+	if err == nil {
+		q.credits -= n
+		s.posted.chains++
+		s.posted.wrs += uint64(n)
+		return true
+	}
+	perr := fmt.Errorf("rdma: %s QP %d -> peer %s: post send of %d WRs: %w", q.dev.name, q.qp.QPN(), s.peer, n, err)
+	if ok == 0 { // nothing posted: the batch fails, the QP is intact
+		s.slots[id] = chain{}
+		s.free = append(s.free, id)
+		b.inflight--
+		if b.err == nil {
+			b.err = perr
+		}
+		s.settle(b)
+		return true
+	}
+	// Part of the chain was posted without its signaled tail: those WRs
+	// will never report completion, so the QP's accounting is lost.
+	s.failLocked(fmt.Errorf("%w (%d of them posted; the segment is unusable, open a new one)", perr, ok))
+	return true
+}
+
+// complete accounts for one work completion. s.mu held.
+func (s *segment) complete(wc *ibverbs.WC) {
+	id, idx := wc.WRID>>chainIDShift, int(wc.WRID&(1<<chainIDShift-1))
+	if id >= uint64(len(s.slots)) || s.slots[id].b == nil {
+		return // a second completion for a retired chain (error then flush)
+	}
+	c := &s.slots[id]
+	q := s.qps[c.qi]
+	if e := wc.Err(); e != nil {
+		if s.broken == nil {
+			s.broken = s.wcErr(q, wc)
+		}
+		if c.b.err == nil {
+			c.b.err = s.broken
+		}
+		c.failed = true
+		if idx != c.wrs-1 {
+			// An unsignaled WR failed; the tail's flush completion
+			// retires the chain (or stalled does, if none comes).
+			return
+		}
+	} else if !c.failed {
+		c.b.done += c.bytes
+	}
+	q.credits += c.wrs
+	c.b.inflight--
+	s.settle(c.b)
+	*c = chain{}
+	s.free = append(s.free, id)
+}
+
+// dropQueued fails every queued (not posted) slice with s.broken. s.mu held.
+func (s *segment) dropQueued() {
+	for _, q := range s.qps {
+		for _, p := range q.pending {
+			p.b.queued--
+			if p.b.err == nil {
+				p.b.err = s.broken
+			}
+			s.settle(p.b)
+		}
+		q.pending = nil
+	}
+}
+
+// fail breaks the segment with err: QPs to ERR, every unfinished batch
+// fails now (completions may never come).
+func (s *segment) fail(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.failLocked(err)
+}
+
+// failLocked is fail with s.mu held.
+func (s *segment) failLocked(err error) {
 	if s.broken == nil {
-		s.broken = fmt.Errorf("rdma: %s -> peer %s: no completion for %v with %d WRs in flight (receiver closed, died or unreachable): %w",
-			s.qps[0].dev.name, s.peer, s.t.cfg.stall, len(s.slots)-len(s.free), engine.ErrPeerLost)
+		s.broken = err
 	}
 	for _, q := range s.qps {
 		_ = q.qp.ToError()
@@ -468,6 +652,16 @@ func (s *segment) stalled() {
 		}
 		s.finish(b, engine.BatchFailed, b.err)
 	}
+}
+
+// stalled declares the peer lost after stall_timeout without completions:
+// QPs go to ERR (the driver flushes their WRs) and every unfinished batch
+// fails with ErrPeerLost now, not when (or if) the flushes arrive.
+func (s *segment) stalled() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failLocked(fmt.Errorf("rdma: %s -> peer %s: no completion for %v with %d WR chains in flight (receiver closed, died or unreachable): %w",
+		s.qps[0].dev.name, s.peer, s.t.cfg.stall, len(s.slots)-len(s.free), engine.ErrPeerLost))
 }
 
 func (s *segment) get(id engine.BatchID) (*batch, error) {

@@ -116,11 +116,23 @@ type config struct {
 	// 4.096 us * 2^qp_timeout * (retry_cnt+1)); this is the backstop for
 	// devices that retry silently (rxe on Linux 6.1 was seen to).
 	stall time.Duration
+	// cqEvents ("cq_wait": "event", the default, or "poll"): a segment's
+	// pump sleeps on a completion channel (ibv_req_notify_cq, the channel
+	// fd in Go's netpoller) while WRs are in flight, instead of polling
+	// its CQs with a 20 us..1 ms backoff.
+	cqEvents bool
 }
 
 func parseConfig(o engine.Options) (config, error) {
 	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
-		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex, stall: 10 * time.Second}
+		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex, stall: 10 * time.Second, cqEvents: true}
+	switch v := o.Extra["cq_wait"]; v {
+	case "", "event":
+	case "poll":
+		c.cqEvents = false
+	default:
+		return c, fmt.Errorf("rdma: option cq_wait=%q: want event (sleep on a completion channel) or poll", v)
+	}
 	if v, ok := o.Extra["stall_timeout"]; ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 10*time.Millisecond {
@@ -261,7 +273,10 @@ type peerConn struct {
 // New opens the rdma transport on every usable device (o.Devices filters by
 // name, o.GIDIndex >= 0 forces a GID index, o.Streams sets QPs per device per
 // peer; Extra keys: slice_size, sq_depth, qp_timeout, retry_cnt,
-// max_mr_size, stall_timeout). Errors wrap engine.ErrUnavailable when no device is usable.
+// max_mr_size, stall_timeout, cq_wait = event|poll). Each batch's writes are
+// posted per QP as chains of up to sq_depth/4 WRs with only the last one
+// signaled (one doorbell and one completion per chain), at most sq_depth
+// WRs in flight per QP. Errors wrap engine.ErrUnavailable when no device is usable.
 func New(o engine.Options) (*Transport, error) {
 	cfg, err := parseConfig(o)
 	if err != nil {

@@ -5,9 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,6 +70,9 @@ func TestParseConfig(t *testing.T) {
 		{map[string]string{"max_mr_size": "lots"}, false},
 		{map[string]string{"stall_timeout": "2s"}, true},
 		{map[string]string{"stall_timeout": "forever"}, false},
+		{map[string]string{"cq_wait": "poll"}, true},
+		{map[string]string{"cq_wait": "event"}, true},
+		{map[string]string{"cq_wait": "spin"}, false},
 	} {
 		_, err := parseConfig(engine.Options{Extra: tc.extra, GIDIndex: -1})
 		if (err == nil) != tc.ok {
@@ -190,25 +196,44 @@ func TestDeviceMemoryWithoutDmaBuf(t *testing.T) {
 	t.Log(err)
 }
 
-// TestBandwidth reports the transport's RDMA WRITE bandwidth (1 MiB
-// requests, 16 per batch, one QP) for the side-by-side with ib_write_bw inside the
-// VM. It asserts nothing about speed; enable with KVXFER_RDMA_BW=<MiB>.
+// TestBandwidth reports the transport's RDMA WRITE bandwidth for the
+// side-by-side with ib_write_bw inside the VM: one QP, batches of 16 MiB of
+// KVXFER_RDMA_BW_BLOCK-byte writes (default 1 MiB; 4096 for the small-write
+// comparison) to a random permutation of the block slots of a 16 MiB
+// region, one batch at a time. It asserts nothing about speed; enable with
+// KVXFER_RDMA_BW=<MiB>.
 func TestBandwidth(t *testing.T) {
 	mib, _ := strconv.Atoi(os.Getenv("KVXFER_RDMA_BW"))
 	if mib <= 0 {
 		t.Skip("set KVXFER_RDMA_BW=<MiB to move> to measure")
 	}
+	block := 1 << 20
+	if v := os.Getenv("KVXFER_RDMA_BW_BLOCK"); v != "" {
+		var err error
+		if block, err = strconv.Atoi(v); err != nil || block < 1 || block > 16<<20 || (16<<20)%block != 0 {
+			t.Fatalf("KVXFER_RDMA_BW_BLOCK=%q: want a divisor of 16 MiB in bytes", v)
+		}
+	}
 	requireRDMA(t)
-	s, r := newT(t, 1, nil), newT(t, 1, nil)
+	// KVXFER_RDMA_BW_EXTRA: transport options as k=v,k=v (experiments).
+	var extra map[string]string
+	if v := os.Getenv("KVXFER_RDMA_BW_EXTRA"); v != "" {
+		extra = map[string]string{}
+		for _, kv := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			extra[k] = val
+		}
+	}
+	s, r := newT(t, 1, extra), newT(t, 1, extra)
 	const size = 16 << 20
 	src, dst := alloc(t, size), alloc(t, size)
 	seg, _, dd := pairUp(t, s, r, src, dst)
 	ctx := context.Background()
 	b := &engine.TransferBatch{}
-	for i := 0; i < 16; i++ {
-		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i<<20), Remote: dd.ID, RemoteOffset: uint64(i << 20), Length: 1 << 20})
+	for i, slot := range rand.New(rand.NewPCG(1, 2)).Perm(size / block) {
+		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dd.ID, RemoteOffset: uint64(slot * block), Length: uint64(block)})
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	for moved := 0; moved < mib; moved += 16 {
 		id, err := seg.Submit(ctx, b)
 		if err != nil {
@@ -221,5 +246,144 @@ func TestBandwidth(t *testing.T) {
 	}
 	el := time.Since(start)
 	gbps := float64(mib) * (1 << 20) * 8 / el.Seconds() / 1e9
-	fmt.Printf("KVXFER_BW_GBPS=%.4f (%d MiB in %v)\n", gbps, mib, el)
+	ps := seg.(*segment).stats()
+	fmt.Printf("KVXFER_BW_GBPS=%.4f (%d MiB in %v, %d-byte writes, %d WRs in %d chains, process CPU %v)\n", gbps, mib, el, block, ps.wrs, ps.chains, cpuTime()-cpu0)
+}
+
+// TestSmallBatchLatency reports the latency of KVXFER_RDMA_LAT sequential
+// batches of one 4 KiB write (Submit to Wait returning: the shape of a
+// metadata record after a room's KV) and the process CPU time per batch,
+// for comparing cq_wait=event with cq_wait=poll (KVXFER_RDMA_BW_EXTRA). It
+// asserts nothing about speed.
+func TestSmallBatchLatency(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("KVXFER_RDMA_LAT"))
+	if n <= 0 {
+		t.Skip("set KVXFER_RDMA_LAT=<batches> to measure")
+	}
+	requireRDMA(t)
+	extra := map[string]string{}
+	if v := os.Getenv("KVXFER_RDMA_BW_EXTRA"); v != "" {
+		for _, kv := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			extra[k] = val
+		}
+	}
+	s, r := newT(t, 1, extra), newT(t, 1, extra)
+	src, dst := alloc(t, 1<<20), alloc(t, 1<<20)
+	seg, _, dd := pairUp(t, s, r, src, dst)
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, n)
+	cpu0 := cpuTime()
+	for i := 0; i < n; i++ {
+		b := &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: dd.ID, RemoteOffset: uint64(i%256) * 4096, Length: 4096}}}
+		start := time.Now()
+		id, err := seg.Submit(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+			t.Fatalf("%+v %v", st, err)
+		}
+		lat = append(lat, time.Since(start))
+		seg.Release(id)
+	}
+	cpu := cpuTime() - cpu0
+	slices.Sort(lat)
+	fmt.Printf("KVXFER_LAT p50=%v p99=%v cpu/batch=%v (%d batches, extra %v)\n", lat[n/2], lat[n*99/100], cpu/time.Duration(n), n, extra)
+}
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func TestChainLen(t *testing.T) {
+	for _, tc := range []struct{ depth, want int }{{256, 64}, {4, 1}, {1, 1}, {16384, 4096}, {1 << 20, 1 << chainIDShift}} {
+		if got := chainLen(tc.depth); got != tc.want {
+			t.Errorf("chainLen(%d) = %d, want %d", tc.depth, got, tc.want)
+		}
+	}
+}
+
+// TestChainedSmallWrites sends 4096 scattered 4 KiB pages in one batch
+// over two QPs with a 16-deep send queue: the pump must post them as
+// chains of 4 WRs (one completion each), recycle credits hundreds of times,
+// and land every byte.
+func TestChainedSmallWrites(t *testing.T) {
+	requireRDMA(t)
+	extra := map[string]string{"sq_depth": "16"}
+	s, r := newT(t, 2, extra), newT(t, 2, extra)
+	const size, page = 16 << 20, 4096
+	src, dst := alloc(t, size), alloc(t, size)
+	for i := range src.Bytes() {
+		src.Bytes()[i] = byte(i*7 + i>>12)
+	}
+	seg, _, dd := pairUp(t, s, r, src, dst)
+	b := &engine.TransferBatch{}
+	for i, slot := range rand.New(rand.NewPCG(3, 4)).Perm(size / page) {
+		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*page), Remote: dd.ID, RemoteOffset: uint64(slot * page), Length: page})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id, err := seg.Submit(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := seg.Wait(ctx, id)
+	if err != nil || st.State != engine.BatchCompleted || st.BytesDone != size {
+		t.Fatalf("batch: %+v, %v", st, err)
+	}
+	for i, slot := range rand.New(rand.NewPCG(3, 4)).Perm(size / page) {
+		if !bytes.Equal(dst.Bytes()[slot*page:][:page], src.Bytes()[i*page:][:page]) {
+			t.Fatalf("page %d (slot %d) landed wrong", i, slot)
+		}
+	}
+	ps := seg.(*segment).stats()
+	if ps.wrs != size/page || ps.chains > ps.wrs/4+2 {
+		t.Fatalf("posted %d WRs in %d chains; want %d WRs in chains of 4 (sq_depth 16)", ps.wrs, ps.chains, size/page)
+	}
+	t.Logf("%d WRs in %d chains", ps.wrs, ps.chains)
+}
+
+// TestChainFailsMidChain deregisters the receiver's region and sends a
+// batch of 64 pages: the first WR of the chain (unsignaled) fails with a
+// remote access error and the rest is flushed. The batch must fail naming
+// the refusal well before the stall timeout, and the segment must refuse
+// new work as unusable.
+func TestChainFailsMidChain(t *testing.T) {
+	requireRDMA(t)
+	extra := map[string]string{"stall_timeout": "60s", "qp_timeout": "14", "retry_cnt": "7"}
+	s, r := newT(t, 1, extra), newT(t, 1, extra)
+	src, dst := alloc(t, 1<<20), alloc(t, 1<<20)
+	seg, _, dd := pairUp(t, s, r, src, dst)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := r.DeregisterMemory(dd.ID); err != nil {
+		t.Fatal(err)
+	}
+	b := &engine.TransferBatch{}
+	for i := 0; i < 64; i++ {
+		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*4096), Remote: dd.ID, RemoteOffset: uint64(i * 4096), Length: 4096})
+	}
+	start := time.Now()
+	id, err := seg.Submit(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := seg.Wait(ctx, id)
+	if err != nil || st.State != engine.BatchFailed || !(errors.Is(st.Err, engine.ErrUnknownRegion) || errors.Is(st.Err, engine.ErrOutOfBounds)) {
+		t.Fatalf("batch to a deregistered region: %+v, %v; want failed with ErrUnknownRegion/ErrOutOfBounds", st, err)
+	}
+	if el := time.Since(start); el > 30*time.Second {
+		t.Fatalf("the refused chain took %v to fail (stall timeout 60s): the tail's flush completion was not used", el)
+	}
+	if st.BytesDone != 0 {
+		t.Errorf("BytesDone = %d after a refused chain, want 0", st.BytesDone)
+	}
+	if _, err := seg.Submit(ctx, b); err == nil || !strings.Contains(err.Error(), "unusable") {
+		t.Fatalf("Submit after a failed chain = %v, want the segment reported unusable", err)
+	}
+	t.Log(st.Err)
 }

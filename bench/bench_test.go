@@ -173,6 +173,11 @@ func TestRunSmoke(t *testing.T) {
 	cfg.RepTime = 5 * time.Millisecond
 	cfg.MaxRegionBytes = 1 << 20
 	cfg.Transports = []string{"shm", "tcp", "nonesuch"}
+	model := filepath.Join(t.TempDir(), "tiny.json")
+	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.KVModel, cfg.KVTokens = model, 100
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	steps := 0
@@ -183,8 +188,14 @@ func TestRunSmoke(t *testing.T) {
 	if len(rep.Skipped) != 1 || !strings.Contains(rep.Skipped[0], "nonesuch") {
 		t.Errorf("skipped = %v, want the unknown transport", rep.Skipped)
 	}
-	if len(rep.Results) != 8 || steps != 9 {
-		t.Fatalf("%d results, %d progress calls; want 8 and 9", len(rep.Results), steps)
+	if len(rep.Results) != 8 || len(rep.KV) != 2 || steps != 11 {
+		t.Fatalf("%d results, %d KV cases, %d progress calls; want 8, 2 and 11", len(rep.Results), len(rep.KV), steps)
+	}
+	for _, k := range rep.KV {
+		// 100 tokens = 7 pages of 16 tokens × 4 buffers × 16 tokens × 2 heads × 16 × 2 bytes.
+		if k.Err != "" || !k.Verified || k.Buffers != 4 || k.Bytes != 7*4*16*2*16*2 || k.GBps.N != 2 || k.GBps.Median <= 0 {
+			t.Errorf("KV case %+v", k)
+		}
 	}
 	for _, r := range rep.Results {
 		if r.Err != "" || !r.Verified || len(r.Reps) != 2 || r.GBps.Median <= 0 || r.MemcpyGBps.N != 2 || r.MemcpyRatio.N != 2 || r.LatencyP99us < r.LatencyP50us {
@@ -203,6 +214,10 @@ func TestRunSmoke(t *testing.T) {
 	}
 	if !strings.Contains(tbl.String(), "shm") || !strings.Contains(tbl.String(), "64K") {
 		t.Errorf("table:\n%s", tbl.String())
+	}
+	tbl.Reset()
+	if err := WriteKVTable(&tbl, rep); err != nil || !strings.Contains(tbl.String(), "KV rooms") || strings.Count(tbl.String(), "tiny.json") != 2 {
+		t.Errorf("KV table (%v):\n%s", err, tbl.String())
 	}
 	dir := t.TempDir()
 	if err := rep.WriteJSON(filepath.Join(dir, "r.json")); err != nil {

@@ -53,6 +53,9 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 	// most, under similar machine load. Results are reported in Cases() order.
 	cases := cfg.Cases()
 	total := len(cases) + len(peers)*len(cfg.BlockSizes)
+	if cfg.KVModel != "" {
+		total += len(cfg.Transports)
+	}
 	step := 0
 	tell := func(label string) {
 		if progress != nil {
@@ -84,6 +87,15 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 		}
 	}
 	rep.Results, rep.Peers = results, peerRes
+	if cfg.KVModel != "" {
+		for _, t := range cfg.Transports {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bench: interrupted: %w", err)
+			}
+			tell(fmt.Sprintf("%s kv %s %d tokens", t, cfg.KVModel, cfg.KVTokens))
+			rep.KV = append(rep.KV, RunKV(ctx, cfg, t))
+		}
+	}
 	if progress != nil {
 		progress("done", total, total)
 	}

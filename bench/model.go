@@ -192,6 +192,8 @@ type Report struct {
 	Method  Method       `json:"method"`
 	Results []Result     `json:"results"`
 	Peers   []PeerResult `json:"peers,omitempty"`
+	// KV are the KV-room cases (Config.KVModel), one per transport.
+	KV []KVResult `json:"kv,omitempty"`
 	// Skipped lists transports that were asked for (or auto-selected) but
 	// could not run, with the reason.
 	Skipped  []string `json:"skipped,omitempty"`

@@ -44,6 +44,10 @@ type Config struct {
 	Peers bool `json:"peers"`
 	// CaseTimeout bounds one case (setup, reps, verification).
 	CaseTimeout time.Duration `json:"case_timeout_ns"`
+	// KVModel (a workload model name or config.json; "" = none) adds one
+	// KV-room case per transport (RunKV): requests of KVTokens tokens.
+	KVModel  string `json:"kv_model,omitempty"`
+	KVTokens int    `json:"kv_tokens,omitempty"`
 }
 
 // DefaultConfig is the matrix `kvxfer bench` runs without flags: block sizes
@@ -64,6 +68,8 @@ func DefaultConfig() Config {
 		Verify:         true,
 		Memcpy:         true,
 		CaseTimeout:    60 * time.Second,
+		KVModel:        DefaultKVModel,
+		KVTokens:       DefaultKVTokens,
 	}
 }
 
@@ -84,6 +90,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("bench: rep time %v: want > 0", c.RepTime)
 	case c.MaxRegionBytes < 4096:
 		return fmt.Errorf("bench: max region %d bytes: want >= 4096", c.MaxRegionBytes)
+	case c.KVModel != "" && (c.KVTokens < 1 || c.KVTokens > 1<<20):
+		return fmt.Errorf("bench: kv tokens %d: want 1..2^20 (or no --kv-model)", c.KVTokens)
 	}
 	seen := map[uint64]bool{}
 	for _, b := range c.BlockSizes {

@@ -522,3 +522,130 @@ func TestTransportRefusesBuffers(t *testing.T) {
 		t.Fatalf("empty KV args: %v, want ErrBadKVArgs", err)
 	}
 }
+
+// newStateRank is newBufRank with two state buffers (4 slots of 128 and 64
+// bytes) appended to the KV arguments; it returns them too.
+func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.Buffer) {
+	t.Helper()
+	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "state", Device: -1, Aux: workload.DefaultAux, AuxRows: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := pool.Args()
+	var states []engine.Buffer
+	for _, item := range []uint64{128, 64} {
+		h, err := engine.AllocHost("state", int64(4*item))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		m := h.Memory()
+		m.Length = 4 * item
+		states = append(states, engine.Buffer{Memory: m, ItemLen: item})
+	}
+	args.StateBuffers = states
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.ManagerConfig{Role: role, KV: args, Transports: []engine.Transport{tr}, BootstrapAddr: addr, Checksum: role == engine.RoleDecode,
+		BootstrapTimeout: 20 * time.Second, WaitingTimeout: 20 * time.Second}
+	if role == engine.RoleDecode {
+		cfg.BootstrapAddr = ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := engine.NewManager(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(); tr.Close(); pool.Close() })
+	return &rank{m: m, pool: pool}, states
+}
+
+// TestStateSlots: the prefill's state slots (SetStateIndices) land in the
+// decode's slots (SendMetadata) with the last chunk, checksummed; a count
+// mismatch fails both sides naming both counts.
+func TestStateSlots(t *testing.T) {
+	addr := startBootstrap(t)
+	p, pst := newStateRank(t, engine.RolePrefill, addr)
+	d, dst := newStateRank(t, engine.RoleDecode, addr)
+	for i, b := range pst {
+		mem := b.Bytes()
+		for k := range mem {
+			mem[k] = byte(i*100 + k*7 + 3)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run := func(room uint64, src, dstIdx []int32) (*engine.Sender, *engine.Receiver) {
+		r, err := d.m.NewReceiver(addr, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		pg, _ := d.pool.Alloc(2)
+		t.Cleanup(func() { d.pool.Free(pg) })
+		if err := r.SendMetadata(pg, 1, dstIdx, 0); err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.m.NewSender(room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		s.Wait(ctx, engine.KVWaitingForInput)
+		sp, _ := p.pool.Alloc(2)
+		t.Cleanup(func() { p.pool.Free(sp) })
+		if err := s.Init(2, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetStateIndices(src); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(sp, true); err != nil {
+			t.Fatal(err)
+		}
+		r.Wait(ctx, engine.KVSuccess)
+		s.Wait(ctx, engine.KVSuccess)
+		return s, r
+	}
+	s, r := run(61, []int32{1, 3}, []int32{2, 0})
+	if r.Poll() != engine.KVSuccess || s.Poll() != engine.KVSuccess {
+		t.Fatalf("receiver %s %v, sender %s %v", r.Poll(), r.Failure(), s.Poll(), s.Failure())
+	}
+	for i := range pst {
+		item := pst[i].ItemLen
+		src, got := pst[i].Bytes(), dst[i].Bytes()
+		if !bytes.Equal(got[2*item:3*item], src[1*item:2*item]) || !bytes.Equal(got[0:item], src[3*item:4*item]) {
+			t.Fatalf("state buffer %d: slots 2 and 0 do not hold the prefill's slots 1 and 3", i)
+		}
+		if !bytes.Equal(got[item:2*item], make([]byte, item)) {
+			t.Fatalf("state buffer %d: slot 1 was written", i)
+		}
+	}
+	if mt := r.TransferMetric(); mt.AuxBytes != 2*(128+64)+auxBytes() {
+		t.Fatalf("receiver metric %+v: want %d aux+state bytes", mt, 2*(128+64)+auxBytes())
+	}
+	if err := s.SetStateIndices([]int32{4}); err == nil || !strings.Contains(err.Error(), "state index 4 is beyond state buffer") {
+		t.Fatalf("state index 4: %v", err)
+	}
+	s, r = run(62, []int32{1}, []int32{2, 0})
+	want := "gave 2 state indices, this prefill sender has 1"
+	if r.Poll() != engine.KVFailed || !strings.Contains(r.Failure().Error(), want) || s.Poll() != engine.KVFailed {
+		t.Fatalf("receiver %s %v, sender %s: want both Failed with %q", r.Poll(), r.Failure(), s.Poll(), want)
+	}
+}
+
+// auxBytes is one row of every DefaultAux buffer.
+func auxBytes() uint64 {
+	var n uint64
+	for _, a := range workload.DefaultAux {
+		n += a.RowBytes
+	}
+	return n
+}

@@ -362,3 +362,32 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckTransfer: a TRANSFER naming a page, aux row or state slot beyond
+// the decode's registered buffers, a ring slot beyond its ring, or a prefix
+// that is not whole pages is refused (the prefill answers STATUS Failed with
+// this text), never turned into a write.
+func TestCheckTransfer(t *testing.T) {
+	g := sampleGeometry() // 99 pages (smallest KV buffer 3), 32 aux rows, no state
+	ok := TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{0, 98}, Slot: 63, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 31, PrefixTokens: 32}
+	if err := checkTransfer(&ok, &g, 64); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		mod  func(*TransferMsg)
+		want string
+	}{
+		{func(m *TransferMsg) { m.Pages = []int32{99} }, "destination page index 99 is beyond KV buffer 3 (layer 1 V), which holds 99 pages"},
+		{func(m *TransferMsg) { m.Slot = 64 }, "metadata slot 64 outside the decode's ring of 64"},
+		{func(m *TransferMsg) { m.AuxIndex = 32 }, "aux index 32 is beyond aux buffer 0, which holds 32 rows"},
+		{func(m *TransferMsg) { m.StateIndices = []int32{0} }, "1 state indices given, but there are no state buffers"},
+		{func(m *TransferMsg) { m.PrefixTokens = 20 }, "decode_prefix_len 20 is not whole pages of 16 tokens"},
+	}
+	for _, c := range cases {
+		m := ok
+		c.mod(&m)
+		if err := checkTransfer(&m, &g, 64); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("err %v, want %q", err, c.want)
+		}
+	}
+}

@@ -16,8 +16,10 @@ import (
 
 // TestKVTransferOverRDMA runs the engine's prefill Sender and decode Receiver
 // over the rdma transport only: 2 prefill TP ranks -> 1 decode rank, a
-// 4-layer GQA model, the decode pages fragmented; the receiver verifies the
-// room-tagged metadata record and the test verifies every KV byte.
+// 4-layer GQA model as per-layer K/V buffers (each its own registration, on
+// the decode split into MRs of at most max_mr_size = 8 KiB), the decode pages
+// fragmented, an aux row; the receiver verifies the room-tagged metadata
+// record and the test verifies every KV and aux byte.
 func TestKVTransferOverRDMA(t *testing.T) {
 	if err := rdma.Probe(); err != nil {
 		if os.Getenv("KVXFER_REQUIRE_RDMA") != "" {
@@ -56,7 +58,11 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := engine.OpenTransport("rdma", engine.DefaultOptions())
+		opts := engine.DefaultOptions()
+		if role == engine.RoleDecode {
+			opts.Extra = map[string]string{"max_mr_size": "8192"} // 32 KiB buffers: 4 MRs each
+		}
+		tr, err := engine.OpenTransport("rdma", opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +99,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := r.Init(dpages); err != nil {
+	if err := r.SendMetadata(dpages, 2, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -118,6 +124,11 @@ func TestKVTransferOverRDMA(t *testing.T) {
 			}
 			defer p.pool.Free(src)
 			_ = workload.FillPattern(p.pool, room, src, 0)
+			_ = workload.FillAux(p.pool, room, 1)
+			if err := s.Init(len(src), 1); err != nil {
+				errs <- err
+				return
+			}
 			if err := s.Send(src, true); err != nil {
 				errs <- err
 				return
@@ -137,6 +148,9 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		t.Fatalf("receiver state %s: %v", st, r.Failure())
 	}
 	if err := workload.VerifyPattern(dec.pool, room, dpages, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.VerifyAux(dec.pool, room, 2); err != nil {
 		t.Fatal(err)
 	}
 }

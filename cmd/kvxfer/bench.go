@@ -110,6 +110,9 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 			if err := bench.WriteTable(cmd.OutOrStdout(), rep); err != nil {
 				return err
 			}
+			if err := bench.WriteKVTable(cmd.OutOrStdout(), rep); err != nil {
+				return err
+			}
 			if jsonPath != "" {
 				if err := rep.WriteJSON(jsonPath); err != nil {
 					return err
@@ -156,6 +159,8 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.StringVar(&streams, "streams", "0", "engine.Options.Streams values (tcp connections, shm copy goroutines, rdma QPs; 0 = the transport's default, and the table shows the count used)")
 	f.IntVar(&cfg.Inflight, "inflight", def.Inflight, "transfer batches kept submitted at once")
 	f.IntVar(&cfg.Reps, "reps", def.Reps, "timed repetitions per case (median and min–max reported)")
+	f.StringVar(&cfg.KVModel, "kv-model", def.KVModel, "also measure the KV-room path per transport: prefill and decode KV managers on per-layer buffers of this model (built-in name or config.json), requests of --kv-tokens tokens; \"\" = skip")
+	f.IntVar(&cfg.KVTokens, "kv-tokens", def.KVTokens, "tokens per KV-room request (--kv-model)")
 	f.IntVar(&cfg.Warmup, "warmup", def.Warmup, "untimed warm-up batches per case")
 	f.DurationVar(&cfg.RepTime, "rep-time", def.RepTime, "minimum duration of one repetition (or --rep-bytes, whichever first)")
 	f.Uint64Var(&cfg.RepBytes, "rep-bytes", def.RepBytes, "bytes after which a repetition may end early")

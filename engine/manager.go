@@ -150,6 +150,10 @@ type ManagerConfig struct {
 	// InstanceID is this rank's instance id (1–64 of [A-Za-z0-9._:-]);
 	// empty picks a random one. See Manager.InstanceID.
 	InstanceID string
+	// NoPrefault skips making the host buffers (KV, aux, state, metadata)
+	// resident when they are registered (see Prefault). By default they are
+	// prefaulted, so the first room runs at the speed of the later ones.
+	NoPrefault bool
 	// DirectoryCheckInterval (prefill) is how often the rank checks that
 	// its bootstrap directory still names it and registers again if not
 	// (DefaultDirectoryCheckInterval when 0; negative disables).
@@ -417,6 +421,9 @@ func (m *Manager) setupMemory() error {
 		}
 		meta = b.Memory()
 	}
+	if !m.cfg.NoPrefault {
+		m.prefault(meta)
+	}
 	ts := slices.Clone(m.cfg.Transports)
 	slices.SortStableFunc(ts, func(a, b Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
 	var refused refusals
@@ -450,6 +457,33 @@ func (r refusals) Error() string {
 }
 
 func (r refusals) Unwrap() []error { return r }
+
+// prefault makes every host buffer and the metadata memory resident (see
+// Prefault) and logs how long it took; a failure is logged and only costs
+// the first room speed.
+func (m *Manager) prefault(meta Memory) {
+	t := time.Now()
+	var bytes uint64
+	all := []Memory{meta}
+	for _, list := range [][]Buffer{m.cfg.KV.KVBuffers, m.cfg.KV.AuxBuffers, m.cfg.KV.StateBuffers} {
+		for _, b := range list {
+			all = append(all, b.Memory)
+		}
+	}
+	for _, mem := range all {
+		if mem.Kind != MemoryHost {
+			continue
+		}
+		if err := Prefault(mem); err != nil {
+			m.log.Warn("host buffer not prefaulted; the first rooms will be slower", "err", err)
+			continue
+		}
+		bytes += mem.Length
+	}
+	if bytes > 0 {
+		m.log.Info("host buffers prefaulted", "bytes", bytes, "took", time.Since(t).Round(time.Millisecond))
+	}
+}
 
 // registerAll registers the metadata memory and every KV, aux and state
 // buffer with t; on any refusal it deregisters what it registered and returns

@@ -25,9 +25,15 @@ type HostBuffer struct {
 
 // AllocHost allocates size bytes (rounded up to the page size) of zeroed host
 // memory backed by a memfd named name (visible in /proc/PID/fd for debugging).
-// Errors: size <= 0, memfd_create or mmap failures (ENOMEM: lower the pool
-// size or raise the memlock/overcommit limits).
-func AllocHost(name string, size int64) (*HostBuffer, error) {
+// With WithPrefault the memory is resident and warm before it is returned
+// (see WithPrefault), so its first transfer runs at the speed of the later
+// ones. Errors: size <= 0, memfd_create or mmap failures (ENOMEM: lower the
+// pool size or raise the memlock/overcommit limits), a failed prefault.
+func AllocHost(name string, size int64, opts ...AllocOption) (*HostBuffer, error) {
+	var o allocOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if size <= 0 {
 		return nil, fmt.Errorf("engine: allocate %q: size must be > 0 bytes, got %d", name, size)
 	}
@@ -45,6 +51,13 @@ func AllocHost(name string, size int64) (*HostBuffer, error) {
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("engine: allocate %q (%d bytes): mmap: %w (lower the pool size or raise vm limits)", name, size, err)
+	}
+	if o.prefault {
+		if err := prefaultFresh(data); err != nil {
+			_ = unix.Munmap(data)
+			unix.Close(fd)
+			return nil, fmt.Errorf("engine: allocate %q (%d bytes): %w", name, size, err)
+		}
 	}
 	return &HostBuffer{data: data, fd: fd, name: name}, nil
 }

@@ -6,8 +6,6 @@ import (
 	"slices"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 )
@@ -127,6 +125,18 @@ type BufferOptions struct {
 	// Aux is the aux buffer list (nil: none) and AuxRows the rows of each.
 	Aux     []AuxBuffer
 	AuxRows int
+	// Prefault makes host buffers resident and warm at allocation
+	// (engine.WithPrefault), so the first transfer runs at the speed of the
+	// later ones; it costs about one memory pass at start.
+	Prefault bool
+}
+
+// allocOpts are the engine.AllocHost options these options ask for.
+func (o BufferOptions) allocOpts() []engine.AllocOption {
+	if o.Prefault {
+		return []engine.AllocOption{engine.WithPrefault()}
+	}
+	return nil
 }
 
 // KVBuffers is one rank's KV memory laid out as a serving engine lays it out
@@ -210,7 +220,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			}
 		}
 	} else if o.Contiguous {
-		h, err := engine.AllocHost(o.Name, int64(l.PoolBytes()))
+		h, err := engine.AllocHost(o.Name, int64(l.PoolBytes()), o.allocOpts()...)
 		if err != nil {
 			return nil, err
 		}
@@ -223,7 +233,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 	} else {
 		for i := 0; i < n; i++ {
 			layer, kv := l.BufferLayer(i)
-			h, err := engine.AllocHost(fmt.Sprintf("%s-%s%d", o.Name, kvName(l, kv), layer), int64(bl))
+			h, err := engine.AllocHost(fmt.Sprintf("%s-%s%d", o.Name, kvName(l, kv), layer), int64(bl), o.allocOpts()...)
 			if err != nil {
 				return nil, err
 			}
@@ -237,7 +247,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		if a.RowBytes == 0 {
 			return nil, fmt.Errorf("workload: aux buffer %q has 0-byte rows", a.Name)
 		}
-		h, err := engine.AllocHost(o.Name+"-aux-"+a.Name, int64(a.RowBytes)*int64(o.AuxRows))
+		h, err := engine.AllocHost(o.Name+"-aux-"+a.Name, int64(a.RowBytes)*int64(o.AuxRows), o.allocOpts()...)
 		if err != nil {
 			return nil, err
 		}
@@ -369,20 +379,15 @@ func (b *KVBuffers) WriteAt(i int, src []byte, off uint64) error {
 	return nil
 }
 
-// Prefault makes host buffers resident now (madvise MADV_POPULATE_WRITE,
-// Linux ≥ 5.14), so the first transfers do not pay one page fault per 4 KiB
-// on either side; device buffers are resident already (nil). Errors name the
-// cause; the buffers stay usable either way.
+// Prefault makes host buffers resident now (engine.Prefault: populate and
+// one write per page, contents kept), so the first transfers do not pay a
+// page fault per 4 KiB on this side; device buffers are resident already.
+// BufferOptions.Prefault does more, at allocation. Errors name the cause;
+// the buffers stay usable either way.
 func (b *KVBuffers) Prefault() error {
-	hs := append(slices.Clone(b.hosts), b.auxHost...)
-	var total int
-	for _, h := range hs {
-		if len(h.Bytes()) == 0 {
-			continue
-		}
-		total += len(h.Bytes())
-		if err := unix.Madvise(h.Bytes(), unix.MADV_POPULATE_WRITE); err != nil {
-			return fmt.Errorf("workload: prefault KV buffers (%d bytes): %w (kernel older than 5.14, or not enough memory)", total, err)
+	for _, h := range append(slices.Clone(b.hosts), b.auxHost...) {
+		if err := engine.Prefault(h.Memory()); err != nil {
+			return fmt.Errorf("workload: prefault KV buffers: %w", err)
 		}
 	}
 	return nil

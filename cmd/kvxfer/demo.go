@@ -50,6 +50,7 @@ type demoFlags struct {
 	device      string
 	prefixMB    int
 	authToken   string
+	prefault    bool
 }
 
 func init() {
@@ -93,6 +94,7 @@ allow are capped.`,
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool per rank in MiB (caps the prompt length)")
 	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
 	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, or a comma list")
+	fs.BoolVar(&f.prefault, "prefault", true, "ranks make their host buffers resident when they register them, so the first request runs at the speed of the rest (--prefault=false shows the cold first request)")
 	fs.BoolVar(&f.checksum, "checksum", false, "CRC32C over the transferred bytes, checked by the decode before Success (every byte is verified against the pattern anyway)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the summary and per-request results as JSON to this file")
 	fs.Uint64Var(&f.seed, "seed", 0, "workload and room seed (0 = random)")
@@ -283,6 +285,13 @@ type demoSummary struct {
 	PrefixNote        string `json:"prefix_note,omitempty"`
 	PrefixTokens      int64  `json:"prefix_tokens"`
 	FullBytes         uint64 `json:"full_bytes"`
+	// FirstMS is the transfer latency of the first request submitted (the
+	// cold one: connections, handshakes, first touch of the buffers), and
+	// LaterP50MS the median of the others; 0 when not measured.
+	FirstMS    float64 `json:"first_request_transfer_ms"`
+	LaterP50MS float64 `json:"later_requests_transfer_p50_ms"`
+	// Prefault is whether the ranks prefaulted their buffers (--prefault).
+	Prefault bool `json:"prefault"`
 }
 
 func runDemo(parent context.Context, f *demoFlags) error {
@@ -370,7 +379,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 
 	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
 		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
-		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String()}
+		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String(), "--prefault=" + strconv.FormatBool(f.prefault)}
 	if f.device != "" {
 		common = append(common, "--device", f.device)
 	}
@@ -523,9 +532,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	sum := demoSummary{Model: model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
 		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
 		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote}
-	var lats []float64
+	var lats, later []float64
 	var latSum float64
-	for _, r := range results {
+	for i, r := range results {
 		if r.Capped {
 			sum.CappedRequests++
 		}
@@ -544,7 +553,14 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		sum.FullBytes += r.Bytes + r.SkippedBytes
 		lats = append(lats, r.TransferMS)
 		latSum += r.TransferMS
+		if i == 0 {
+			sum.FirstMS = r.TransferMS
+		} else {
+			later = append(later, r.TransferMS)
+		}
 	}
+	slices.Sort(later)
+	sum.LaterP50MS, sum.Prefault = percentile(later, 50), f.prefault
 	slices.Sort(lats)
 	sum.LatencyP50MS, sum.LatencyP99MS = percentile(lats, 50), percentile(lats, 99)
 	if len(lats) > 0 {
@@ -663,6 +679,10 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	fmt.Fprintf(tw, "wall time\t%.2f s\n", s.WallSeconds)
 	fmt.Fprintf(tw, "GB/s\t%.2f transfer (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n", s.TransferGBps, s.GoodputGBps)
 	fmt.Fprintf(tw, "transfer latency\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (prefill Send → Success)\n", s.LatencyP50MS, s.LatencyP99MS, s.LatencyMaxMS)
+	if s.FirstMS > 0 && s.LaterP50MS > 0 {
+		fmt.Fprintf(tw, "first request\t%.1f ms transfer, %.2f× the later requests' p50 %.1f ms (buffers prefaulted: %s)\n",
+			s.FirstMS, s.FirstMS/s.LaterP50MS, s.LaterP50MS, onOff(s.Prefault))
+	}
 	fmt.Fprintf(tw, "failures\t%d\n", s.Failures)
 	_ = tw.Flush()
 	n := 0

@@ -84,7 +84,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.IntVar(&f.ppRank, "pp-rank", 0, "pipeline-parallel rank of this process")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool size of this rank in MiB")
 	fs.StringVar(&f.device, "device", "", "where the KV pool lives: host memory (empty, the default) or cuda:N (device memory on CUDA device N; needs the NVIDIA driver, and only transports that can move device memory are used)")
-	fs.BoolVar(&f.prefault, "prefault", false, "make the KV pool resident at start (madvise POPULATE_WRITE) so transfers pay no first-touch page faults")
+	fs.BoolVar(&f.prefault, "prefault", true, "make the host KV and aux buffers resident and warm when they are allocated and registered (populate, then one kernel and one user write per page), so the first room pays no first-touch faults and runs at the speed of the later ones; costs about one memory pass at start; --prefault=false skips it (faster start, slow first room)")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
 	if role == engine.RolePrefill {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp)
@@ -300,7 +300,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	// The rank's KV memory, laid out as a serving engine lays it out: one
 	// buffer per layer for K and for V (or per layer for MLA), plus SGLang's
 	// aux (metadata) buffers; the KV manager only registers them.
-	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows})
+	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows, Prefault: f.prefault})
 	if err != nil {
 		return err
 	}
@@ -310,14 +310,6 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if role == engine.RoleDecode && f.prefixBlocks > 0 {
 		if cache, err = workload.NewPrefixCache(pool.PageAllocator, f.pageSize, f.blockTokens, f.prefixBlocks); err != nil {
 			return err
-		}
-	}
-	if f.prefault {
-		t := time.Now()
-		if err := pool.Prefault(); err != nil {
-			slog.Warn("KV buffers not prefaulted; the first transfers will be slower", "err", err)
-		} else {
-			slog.Debug("KV buffers prefaulted", "bytes", layout.PoolBytes(), "took", time.Since(t))
 		}
 	}
 	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
@@ -337,7 +329,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum,
+		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
 		// the shm transport can share it by fd either way.

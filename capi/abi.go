@@ -41,5 +41,6 @@ var (
 	_ = same{}[unsafe.Offsetof(C.kvx_engine_config{}.local_hostname)-C.KVX_ENGINE_CONFIG_SIZE_V1]
 	_ = same{}[unsafe.Sizeof(C.kvx_region_info{})-24]
 	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.num_kv_buffers)-C.KVX_KV_CONFIG_SIZE_V1]
+	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.bootstrap_auth_token)-C.KVX_KV_CONFIG_SIZE_V2]
 	_ = same{}[unsafe.Sizeof(C.kvx_transfer_metric{})-48]
 )

@@ -589,6 +589,8 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 		controlPort:      int(c.control_port),
 		bootstrapTimeout: time.Duration(c.bootstrap_timeout_ms) * time.Millisecond,
 		waitingTimeout:   time.Duration(c.waiting_timeout_ms) * time.Millisecond,
+		authToken:        goStr(c.bootstrap_auth_token),
+		advertiseHost:    goStr(c.advertise_host),
 	}
 	if c.num_kv_buffers > 0 {
 		args, err := kvArgsFromC(&c)

@@ -3,9 +3,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -42,6 +44,9 @@ type kvConfig struct {
 	kvCacheDtype, controlHost        string
 	controlPort                      int
 	bootstrapTimeout, waitingTimeout time.Duration
+	// authToken and advertiseHost are kvx_kv_config's (0.3); empty falls
+	// back to the environment (envAuthToken, KVXFER_ADVERTISE_HOST).
+	authToken, advertiseHost string
 	// args, when it has KV buffers, are the caller's buffers (0.2): the
 	// library allocates nothing.
 	args engine.KVArgs
@@ -122,6 +127,10 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		BootstrapTimeout: c.bootstrapTimeout,
 		WaitingTimeout:   c.waitingTimeout,
 		Checksum:         c.checksum,
+		// The C ABI reads the environment for what the caller left unset,
+		// with the CLI's names.
+		BootstrapAuthToken: cmp.Or(c.authToken, os.Getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), os.Getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),
+		AdvertiseHost:      cmp.Or(c.advertiseHost, os.Getenv("KVXFER_ADVERTISE_HOST")),
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
 		RingAlloc: engine.AutoRingMemory,

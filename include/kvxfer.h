@@ -607,10 +607,22 @@ typedef struct kvx_kv_config {
                                        "cuda:N" (device memory on GPU N = gpu_id; the
                                        engine's transport must move device memory) */
     const char *ib_device;          /* SGLang ib_device (informational); NULL = none */
+    /* --- end of KVX_KV_CONFIG_SIZE_V2 (0.2.0) --- */
+    const char *bootstrap_auth_token; /* bearer token the bootstrap directory requires on
+                                         PUT/DELETE /route (SGLang's newest server always
+                                         does); NULL/"" = env KVXFER_BOOTSTRAP_AUTH_TOKEN,
+                                         then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN,
+                                         else none (a 401 then says the token is missing) */
+    const char *advertise_host;     /* host peers are told to connect to (rank_ip and
+                                       endpoints); NULL/"" = env KVXFER_ADVERTISE_HOST,
+                                       else control_host, and for a wildcard control_host
+                                       (0.0.0.0, ::) the default-route interface's address */
 } kvx_kv_config;
 
 /* struct_size of the 0.1.0 kvx_kv_config (fields up to reserved1). */
 #define KVX_KV_CONFIG_SIZE_V1 96
+/* struct_size of a 0.2 kvx_kv_config (up to ib_device). */
+#define KVX_KV_CONFIG_SIZE_V2 216
 
 /* Geometry reported by kvx_kv_layout_get. For a library-allocated pool, item
  * (buffer b, page p) is the item_len bytes at pool + b*buffer_len +

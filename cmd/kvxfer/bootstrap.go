@@ -37,9 +37,12 @@ var bootstrapCmd = &cobra.Command{
 	Long: `Run the bootstrap directory: prefill ranks register with PUT /route, decode
 ranks resolve the topology and each rank's endpoint with GET /route, rooms map
 to prefill DP ranks through /register_dp_rank and /query_dp_ranks, and /health
-answers heartbeats — SGLang's routes, bodies and status codes. kvxfer adds
-GET /v1/table (the whole directory), DELETE /route (deregistration) and
-/metrics (Prometheus).
+answers heartbeats (GET and HEAD) — SGLang's routes, bodies and status codes,
+DP-attention registrations included. kvxfer adds GET /v1/table (the whole
+directory), GET /v1/entry (one rank's entry, whether or not the directory is
+ready: ranks poll it and register again after a restart), DELETE /route
+(deregistration; with &instance_id= only while the entry still names that
+instance) and /metrics (Prometheus). --host :: serves IPv6 and IPv4.
 
 Environment (flags win): KVXFER_BOOTSTRAP_HOST, KVXFER_BOOTSTRAP_PORT,
 KVXFER_BOOTSTRAP_ENTRY_TTL (a duration such as 120s) or

@@ -158,6 +158,12 @@ type ManagerConfig struct {
 	// its bootstrap directory still names it and registers again if not
 	// (DefaultDirectoryCheckInterval when 0; negative disables).
 	DirectoryCheckInterval time.Duration
+	// Directory, when set, is where the rank publishes its segment
+	// descriptor (named by its control "host:port", under the directory's
+	// lease) and watches its peers' descriptors: a peer whose descriptor
+	// vanishes or changes epoch is lost at once (manager_dir.go). nil: no
+	// directory (the default). The manager does not close it.
+	Directory SegmentDirectory
 	// Logger receives the manager's logs (slog.Default when nil).
 	Logger *slog.Logger
 }
@@ -244,6 +250,7 @@ type Manager struct {
 	instanceID string
 	epoch      uint64
 	reregs     atomic.Int64  // prefill: re-registrations (reregister.go)
+	segdir     segDirState   // ManagerConfig.Directory state (manager_dir.go)
 	watchStop  chan struct{} // prefill: stops watchDirectory
 	watchDone  chan struct{} // closed when watchDirectory returned
 
@@ -375,6 +382,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		return nil, err
 	}
 	if err := m.bind(); err != nil {
+		return nil, err
+	}
+	if err := m.publishSegment(ctx); err != nil {
 		return nil, err
 	}
 	m.wg.Add(2)
@@ -720,6 +730,7 @@ func (m *Manager) teardown() {
 	}
 	m.stopLife()
 	m.stopDirectoryWatch()
+	m.stopSegmentDirectory()
 	m.wg.Wait()
 	m.monWG.Wait()
 	m.hbWG.Wait()
@@ -1140,6 +1151,7 @@ func (m *Manager) peerLost(ep string, err error) {
 		}
 	}
 	delete(m.ppeers, ep)
+	m.unwatchPeerAsync(ep)
 	for addr, inst := range m.bcache {
 		if inst.names(ep) {
 			delete(m.bcache, addr)

@@ -197,6 +197,9 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geo
 		m.ppeers[ep] = p
 	}
 	m.mu.Unlock()
+	if owner {
+		m.watchPeer(ep)
+	}
 	if !owner {
 		select {
 		case <-p.done:

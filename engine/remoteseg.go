@@ -176,6 +176,9 @@ func (s *RemoteSegment) refreshAfter(ctx context.Context, gen uint64) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
+	if rpc == "" {
+		return fmt.Errorf("engine: segment %q: the peer publishes no segment RPC address; its descriptor cannot be refreshed", s.name)
+	}
 	d, err := s.te.describePeer(ctx, rpc, "")
 	if err != nil {
 		return fmt.Errorf("engine: segment %q: refresh descriptor: %w", s.name, err)

@@ -26,8 +26,12 @@ type SegmentDescriptor struct {
 	// different epoch and a sender can tell it from the old one.
 	Epoch uint64
 	// RPC is the "host:port" of the engine's segment RPC listener (descriptor
-	// refresh, per-peer endpoints, handshake accept).
+	// refresh, per-peer endpoints, handshake accept); empty for a KV manager
+	// rank, which publishes its descriptor for liveness only (Kind).
 	RPC string
+	// Kind says what publishes the segment: "engine" (a TransferEngine),
+	// "prefill" or "decode" (a KV manager rank); informational.
+	Kind string
 	// Hostname and PID identify the process (informational, for listings).
 	Hostname string
 	PID      int
@@ -91,7 +95,8 @@ type wireDescriptor struct {
 	Version    int             `json:"v"`
 	Name       string          `json:"name"`
 	Epoch      uint64          `json:"epoch"`
-	RPC        string          `json:"rpc"`
+	RPC        string          `json:"rpc,omitempty"`
+	Kind       string          `json:"kind,omitempty"`
 	Hostname   string          `json:"hostname,omitempty"`
 	PID        int             `json:"pid,omitempty"`
 	Devices    []string        `json:"devices,omitempty"`
@@ -103,7 +108,7 @@ type wireDescriptor struct {
 // Encode returns the descriptor's wire form: JSON with a version field "v",
 // regions as {id, addr, length, kind ("host"|"cuda"), key (base64)}.
 func (d SegmentDescriptor) Encode() []byte {
-	w := wireDescriptor{Version: SegmentDescriptorVersion, Name: d.Name, Epoch: d.Epoch, RPC: d.RPC,
+	w := wireDescriptor{Version: SegmentDescriptorVersion, Name: d.Name, Epoch: d.Epoch, RPC: d.RPC, Kind: d.Kind,
 		Hostname: d.Hostname, PID: d.PID, Devices: d.Devices, Peer: d.PreparedFor,
 		Transports: make([]wireTransport, 0, len(d.Transports)), Regions: make([]wireRegion, 0, len(d.Regions))}
 	for _, t := range d.Transports {
@@ -121,7 +126,7 @@ func (d SegmentDescriptor) Encode() []byte {
 
 // DecodeSegmentDescriptor parses and validates a descriptor from Encode.
 // It refuses (with an error wrapping ErrBadDescriptor that names the field)
-// another version, an empty name or RPC address, a zero epoch, more than
+// another version, an empty name, a zero epoch, more than
 // MaxSegmentRegions regions, a zero-length or wrapping region, overlapping
 // regions, a duplicate region ID or transport, an unknown memory kind, and
 // input over MaxSegmentDescriptorBytes. Regions come back sorted by Addr.
@@ -148,8 +153,8 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 		return bad("name is empty or longer than %d bytes", maxSegmentNameBytes)
 	case w.Epoch == 0:
 		return bad("segment %q: epoch is 0", w.Name)
-	case w.RPC == "" || len(w.RPC) > maxSegmentNameBytes:
-		return bad("segment %q: rpc address is empty or longer than %d bytes", w.Name, maxSegmentNameBytes)
+	case len(w.RPC) > maxSegmentNameBytes || len(w.Kind) > 64:
+		return bad("segment %q: rpc address longer than %d bytes or kind longer than 64", w.Name, maxSegmentNameBytes)
 	case len(w.Transports) == 0 || len(w.Transports) > maxSegmentTransports:
 		return bad("segment %q: %d transports, want 1..%d", w.Name, len(w.Transports), maxSegmentTransports)
 	case len(w.Regions) > MaxSegmentRegions:
@@ -160,7 +165,7 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 	if len(w.Peer) > maxSegmentNameBytes {
 		return bad("segment %q: peer id longer than %d bytes", w.Name, maxSegmentNameBytes)
 	}
-	d = SegmentDescriptor{Name: w.Name, Epoch: w.Epoch, RPC: w.RPC, Hostname: w.Hostname, PID: w.PID, Devices: w.Devices, PreparedFor: w.Peer}
+	d = SegmentDescriptor{Name: w.Name, Epoch: w.Epoch, RPC: w.RPC, Kind: w.Kind, Hostname: w.Hostname, PID: w.PID, Devices: w.Devices, PreparedFor: w.Peer}
 	for i, t := range w.Transports {
 		if t.Name == "" || len(t.Name) > 64 {
 			return bad("segment %q: transport %d: name is empty or longer than 64 bytes", w.Name, i)

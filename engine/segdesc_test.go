@@ -10,7 +10,7 @@ import (
 
 func sampleDescriptor() SegmentDescriptor {
 	return SegmentDescriptor{
-		Name: "10.0.0.1:17000", Epoch: 0xfeed, RPC: "10.0.0.1:17000", Hostname: "h", PID: 7, Devices: []string{"mlx5_0"},
+		Name: "10.0.0.1:17000", Epoch: 0xfeed, RPC: "10.0.0.1:17000", Kind: "engine", Hostname: "h", PID: 7, Devices: []string{"mlx5_0"},
 		PreparedFor: "p#1",
 		Transports:  []SegmentTransport{{Name: "rdma", Endpoint: []byte{1, 2}, PerPeer: true}},
 		Regions: []RegionDesc{
@@ -47,7 +47,7 @@ func TestSegmentDescriptorRejects(t *testing.T) {
 		{"version", []byte(`{"v":2}`), "version 2"},
 		{"no name", mut(func(d *SegmentDescriptor) { d.Name = "" }), "name is empty"},
 		{"zero epoch", mut(func(d *SegmentDescriptor) { d.Epoch = 0 }), "epoch is 0"},
-		{"no rpc", mut(func(d *SegmentDescriptor) { d.RPC = "" }), "rpc address"},
+		{"long rpc", mut(func(d *SegmentDescriptor) { d.RPC = strings.Repeat("x", 2000) }), "rpc address"},
 		{"no transports", mut(func(d *SegmentDescriptor) { d.Transports = nil }), "0 transports"},
 		{"dup transport", mut(func(d *SegmentDescriptor) { d.Transports = append(d.Transports, d.Transports[0]) }), "listed twice"},
 		{"shared without endpoint", mut(func(d *SegmentDescriptor) { d.Transports[0] = SegmentTransport{Name: "tcp"} }), "no endpoint"},

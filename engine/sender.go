@@ -66,6 +66,7 @@ func (m *Manager) handleRegister(v *RegisterMsg) {
 	m.dpeers[v.Endpoint] = p
 	m.lastSeen[v.Endpoint] = time.Now()
 	m.mu.Unlock()
+	m.watchPeer(v.Endpoint)
 	if old != nil {
 		old.close()
 	}

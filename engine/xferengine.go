@@ -328,7 +328,7 @@ func (te *TransferEngine) baseDescriptor() SegmentDescriptor {
 	te.mu.Lock()
 	regs := te.regionsLocked()
 	te.mu.Unlock()
-	return SegmentDescriptor{Name: te.name, Epoch: te.epoch, RPC: te.RPCAddr(), Hostname: host, PID: os.Getpid(),
+	return SegmentDescriptor{Name: te.name, Epoch: te.epoch, RPC: te.RPCAddr(), Kind: "engine", Hostname: host, PID: os.Getpid(),
 		Devices: te.cfg.Devices, Regions: regs}
 }
 

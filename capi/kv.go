@@ -118,6 +118,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		Role:             role,
 		KV:               args,
 		Transports:       []engine.Transport{e.tr},
+		Directory:        e.meta,
 		BootstrapAddr:    e.bootstrapAddr,
 		DPRank:           c.dpRank,
 		DPSize:           c.dpSize,

@@ -3,10 +3,12 @@
 package main
 
 import (
-	"strings"
+	"context"
+	"errors"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/metadata"
 )
 
 // peerAddressRegion is KVX_REGION_PEER_ADDRESS: a kvx_write_request whose
@@ -14,13 +16,23 @@ import (
 const peerAddressRegion = engine.RegionID(0xFFFFFFFF)
 
 // openMetadata turns kvx_engine_config.metadata_server (or KVXFER_METADATA)
-// into a segment directory: nil for P2P ("", "P2PHANDSHAKE"), else the
-// backend the URL names. The close function is nil when there is nothing
-// to close.
+// into a segment directory: nil for P2P ("", "P2PHANDSHAKE"), else an etcd
+// store (lease TTL metadata.DefaultTTL) with its close function. An
+// unreachable etcd is KVX_ERR_METADATA, a malformed URL
+// KVX_ERR_INVALID_ARGUMENT.
 func openMetadata(url string, timeout time.Duration) (engine.SegmentDirectory, func() error, error) {
-	switch strings.TrimSpace(url) {
-	case "", "P2PHANDSHAKE", "p2p", "P2P":
+	if metadata.IsP2P(url) {
 		return nil, nil, nil
 	}
-	return nil, nil, fail(stNotSupported, "kvx_engine_create: metadata_server %q: this build supports P2P only (\"\" or \"P2PHANDSHAKE\")", url)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	s, err := metadata.Open(ctx, url, metadata.Options{Timeout: timeout})
+	if err != nil {
+		code := stInvalidArgument
+		if errors.Is(err, engine.ErrMetadataUnavailable) {
+			code = stMetadata
+		}
+		return nil, nil, failWrap(code, err, "kvx_engine_create: metadata_server %q", url)
+	}
+	return s, s.Close, nil
 }

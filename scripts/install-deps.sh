@@ -7,7 +7,10 @@
 #   scripts/install-deps.sh all        # everything
 set -euo pipefail
 
-base=(pkg-config libzmq3-dev libibverbs-dev ibverbs-providers cmake g++ make)
+# etcd-server: the metadata tests start real etcd processes (metadata/,
+# internal/etcdtest); Debian's package also enables an etcd service on
+# 127.0.0.1:2379, which the tests do not use (they pick free ports).
+base=(pkg-config libzmq3-dev libibverbs-dev ibverbs-providers cmake g++ make etcd-server)
 bench=(iperf3 ucx-utils wrk)
 rdmavm=(qemu-system-x86 busybox-static ibverbs-utils perftest cpio kmod xz-utils iproute2)
 

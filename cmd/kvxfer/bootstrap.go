@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -27,6 +28,8 @@ type bootstrapFlags struct {
 	compat       string
 	distInitAddr string
 	requestLog   bool
+	metadata     string
+	metadataTTL  time.Duration
 }
 
 var bsFlags bootstrapFlags
@@ -88,6 +91,7 @@ func init() {
 		"PrefillServerInfo key set: "+bootstrap.CompatSGLang0094505+" (pinned default) or "+bootstrap.CompatSGLangNewest+" (env KVXFER_BOOTSTRAP_COMPAT)")
 	f.StringVar(&bsFlags.distInitAddr, "dist-init-addr", envOr("KVXFER_DIST_INIT_ADDR", ""), "multi-node prefill leader address host:port; reported to followers for their leader check (env KVXFER_DIST_INIT_ADDR)")
 	f.BoolVar(&bsFlags.requestLog, "request-log", false, "log every request at debug level")
+	addMetadataFlags(f, &bsFlags.metadata, &bsFlags.metadataTTL)
 	bootstrapCmd.AddCommand(bootstrapTableCmd)
 	rootCmd.AddCommand(bootstrapCmd)
 }
@@ -137,6 +141,21 @@ func applyBootstrapEnv(cmd *cobra.Command, f *bootstrapFlags, getenv func(string
 	return nil
 }
 
+// publishedAddr is the bootstrap address as the fleet sees it: a wildcard
+// bind is published with this host's name.
+func publishedAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			return net.JoinHostPort(h, port)
+		}
+	}
+	return addr
+}
+
 func runBootstrap(ctx context.Context, cmd *cobra.Command, f bootstrapFlags) error {
 	if err := applyBootstrapEnv(cmd, &f, os.Getenv); err != nil {
 		return err
@@ -145,5 +164,27 @@ func runBootstrap(ctx context.Context, cmd *cobra.Command, f bootstrapFlags) err
 		Host: f.host, Port: f.port, EntryTTL: f.entryTTL, AuthToken: f.authToken,
 		Compat: f.compat, DistInitAddr: f.distInitAddr, RequestLog: f.requestLog,
 	})
-	return s.Start(ctx)
+	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
+	if err != nil {
+		return err
+	}
+	if store == nil {
+		return s.Start(ctx)
+	}
+	defer store.Close()
+	pctx, stopPub := context.WithCancel(ctx)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		select {
+		case <-s.Ready():
+		case <-pctx.Done():
+			return
+		}
+		store.PublishInstanceLoop(pctx, publishedAddr(s.Addr()), s.Snapshot, 0, 0)
+	}()
+	err = s.Start(ctx)
+	stopPub()
+	<-published
+	return err
 }

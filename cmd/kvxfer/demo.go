@@ -51,6 +51,8 @@ type demoFlags struct {
 	prefixMB    int
 	authToken   string
 	prefault    bool
+	metadata    string
+	metadataTTL time.Duration
 }
 
 func init() {
@@ -106,6 +108,7 @@ allow are capped.`,
 	fs.StringVar(&f.device, "device", "", "KV pools of every rank in host memory (empty) or on CUDA device cuda:N (patterns filled and verified through host copies; transports that cannot move device memory are not used)")
 	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
 		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
+	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
 	rootCmd.AddCommand(cmd)
 }
 
@@ -376,6 +379,17 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		return fmt.Errorf("bootstrap server: %w", err)
 	}
 	addr := srv.Addr()
+	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		defer store.Close()
+		pctx, stopPub := context.WithCancel(context.Background())
+		pubDone := make(chan struct{})
+		go func() { defer close(pubDone); store.PublishInstanceLoop(pctx, addr, srv.Snapshot, 0, 0) }()
+		defer func() { stopPub(); <-pubDone }()
+	}
 
 	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
 		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
@@ -384,8 +398,13 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		common = append(common, "--device", f.device)
 	}
 	var childEnv []string
+	if store != nil {
+		// Through the environment: the URL may carry credentials one day.
+		childEnv = append(childEnv, metadataEnv+"="+f.metadata)
+		common = append(common, "--metadata-ttl", f.metadataTTL.String())
+	}
 	if token != "" {
-		childEnv = []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN=" + token}
+		childEnv = append(childEnv, "KVXFER_BOOTSTRAP_AUTH_TOKEN="+token)
 	}
 	var children, prefills, decodes []*child
 	defer func() {

@@ -72,6 +72,9 @@ const tokenFlagHelp = "bearer token the bootstrap directory requires on its muta
 func main() {
 	if err := rootCmd.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvxfer:", err)
+		if _, stale := err.(errStale); stale {
+			os.Exit(3)
+		}
 		os.Exit(1)
 	}
 }

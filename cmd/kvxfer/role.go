@@ -55,6 +55,8 @@ type roleFlags struct {
 	authToken        string
 	dirCheck         time.Duration
 	advertiseHost    string
+	metadata         string
+	metadataTTL      time.Duration
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -101,6 +103,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
 	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
+	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
 }
 
 // openTransports opens the named transports ("auto" = every registered one
@@ -339,6 +342,14 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
+	}
+	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		defer store.Close()
+		cfg.Directory = store
 	}
 	m, err := engine.NewManager(ctx, cfg)
 	if err != nil {

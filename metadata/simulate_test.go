@@ -1,0 +1,42 @@
+package metadata_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/internal/etcdtest"
+	"github.com/kvxfer/kvxfer/metadata"
+)
+
+// TestSimulateSmall runs the scale simulation at a size CI affords.
+func TestSimulateSmall(t *testing.T) {
+	url := sharedURL(t)
+	r, err := metadata.Simulate(context.Background(), url, metadata.SimOptions{Ranks: 50, Clients: 5, Resolves: 200, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", r)
+	if r.Watchers != 49 || r.InvalidateAll <= 0 || r.ResolveP50 <= 0 || r.ResolveP99 < r.ResolveP50 {
+		t.Fatalf("implausible figures: %+v", r)
+	}
+}
+
+// BenchmarkFleet is the scale figure of bench/RESULTS.md: 1,000 simulated
+// ranks against one local etcd (started here on tmpfs).
+//
+//	go test ./metadata -run '^$' -bench Fleet -benchtime 1x
+func BenchmarkFleet(b *testing.B) {
+	c := etcdtest.Start(b, etcdtest.Options{HeartbeatMS: 100, ElectionMS: 1000})
+	for b.Loop() {
+		r, err := metadata.Simulate(context.Background(), c.URL("bench"), metadata.SimOptions{Ranks: 1000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(r.RegisterAll.Seconds()*1e3, "register_all_ms")
+		b.ReportMetric(float64(r.ResolveP50.Microseconds()), "resolve_p50_us")
+		b.ReportMetric(float64(r.ResolveP99.Microseconds()), "resolve_p99_us")
+		b.ReportMetric(float64(r.InvalidateAll.Microseconds()), "invalidate_all_us")
+		b.Logf("\n%s", r)
+	}
+}

@@ -209,8 +209,12 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 				rctx, cancel := context.WithTimeout(ctx, o.Timeout)
 				resp, err := cli(n).Get(rctx, key(i))
 				cancel()
-				if err != nil || len(resp.Kvs) != 1 {
-					errs <- fmt.Errorf("resolve rank %d: %v (%d keys)", i, err, len(resp.Kvs))
+				if err != nil {
+					errs <- fmt.Errorf("resolve rank %d: %w", i, err)
+					return
+				}
+				if len(resp.Kvs) != 1 {
+					errs <- fmt.Errorf("resolve rank %d: its key is gone: its lease expired (this machine could not keep %d leases alive over %d clients; use fewer --clients or a shorter run)", i, o.Ranks, o.Clients)
 					return
 				}
 				if _, err := engine.DecodeSegmentDescriptor(resp.Kvs[0].Value); err != nil {

@@ -47,6 +47,17 @@ func (m *Manager) publishSegment(ctx context.Context) error {
 	}
 	host, _ := os.Hostname()
 	d := SegmentDescriptor{Name: m.segmentName(), Epoch: m.epoch, Kind: m.cfg.Role.String(), Hostname: host, PID: os.Getpid()}
+	for _, dev := range strings.Split(m.cfg.KV.IBDevice, ",") {
+		if dev = strings.TrimSpace(dev); dev != "" {
+			d.Devices = append(d.Devices, dev)
+		}
+	}
+	for _, b := range m.cfg.KV.KVBuffers {
+		if b.Kind == MemoryCUDA {
+			d.Devices = append(d.Devices, fmt.Sprintf("cuda:%d", b.Device))
+			break
+		}
+	}
 	for _, r := range m.regs {
 		// Endpoints travel per peer in REGISTER; the descriptor lists the
 		// transports for listings.

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
 )
 
 // TransferEngineConfig configures a TransferEngine.
@@ -138,7 +140,7 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		return nil, fmt.Errorf("engine: transfer engine: zmq context: %w", err)
 	}
 	te.client = &rpcClient{zctx: te.zctx}
-	te.rpcHost = advertiseHost(host)
+	te.rpcHost = bootstrap.RegisterHost(host) // a wildcard bind is advertised as loopback
 	te.rpc, err = listenRPC(te.zctx, host, port, te.handleRPC, cfg.RPCTimeout, cfg.Logger)
 	if err != nil {
 		_ = te.zctx.Term()
@@ -186,18 +188,6 @@ func splitLocalHostname(s string) (string, int, error) {
 		return "", 0, fmt.Errorf("engine: local hostname %q: want host, [ipv6]:port or host:port", s)
 	}
 	return s, 0, nil
-}
-
-// advertiseHost turns a wildcard bind host into the loopback address peers
-// on this machine can dial (as the control channel does).
-func advertiseHost(h string) string {
-	switch h {
-	case "0.0.0.0", "*":
-		return "127.0.0.1"
-	case "::", "[::]":
-		return "::1"
-	}
-	return h
 }
 
 // newEpoch returns a random non-zero epoch.

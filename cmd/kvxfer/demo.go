@@ -442,17 +442,36 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		decodes = append(decodes, c)
 	}
 	var transports []string
+	// Prefaulting makes every page of the pools resident and warm before a
+	// rank is ready (about one memory pass per rank: well under a second
+	// per GiB on bare metal, much longer in some VMs), so allow for it.
+	readyLimit := 60 * time.Second
+	if f.prefault {
+		readyLimit = 10 * time.Minute
+	}
+	slow := time.NewTimer(15 * time.Second)
+	defer slow.Stop()
+	deadline := time.NewTimer(readyLimit)
+	defer deadline.Stop()
 	for _, c := range children {
-		select {
-		case r := <-c.ready:
-			transports = r.Transports
-		case <-c.exit:
-			return fmt.Errorf("%s exited before it was ready: %v", c.name, c.dead)
-		case <-time.After(60 * time.Second):
-			return fmt.Errorf("%s not ready within 60 s", c.name)
-		case <-ctx.Done():
-			return ctx.Err()
+		var r replyLine
+		for ready := false; !ready; {
+			select {
+			case r = <-c.ready:
+				ready = true
+			case <-slow.C:
+				if f.prefault {
+					fmt.Fprintf(os.Stderr, "kvxfer demo: ranks still starting: each prefaults its %d MiB of KV buffers so the first request runs at the later ones' speed (--prefault=false skips it)\n", f.poolMB)
+				}
+			case <-c.exit:
+				return fmt.Errorf("%s exited before it was ready: %v", c.name, c.dead)
+			case <-deadline.C:
+				return fmt.Errorf("%s not ready within %s", c.name, readyLimit)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
+		transports = r.Transports
 	}
 	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
 		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)

@@ -112,3 +112,20 @@ func TestCodeOf(t *testing.T) {
 
 // The segment blob is engine.SegmentDescriptor's wire form; its decoder is
 // tested and fuzzed in package engine (FuzzDecodeSegmentDescriptor).
+
+func TestSplitDevices(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{" , ", nil},
+		{"mlx5_0", []string{"mlx5_0"}},
+		{"mlx5_0, mlx5_1,", []string{"mlx5_0", "mlx5_1"}},
+	}
+	for _, tc := range tests {
+		if got := splitDevices(tc.in); fmt.Sprint(got) != fmt.Sprint(tc.want) || len(got) != len(tc.want) {
+			t.Errorf("splitDevices(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -95,6 +95,9 @@ func kvx_engine_create(cfg *C.kvx_engine_config, out *C.kvx_engine_t) (rc C.int)
 	if has(unsafe.Offsetof(cfg.rpc_timeout_ms), unsafe.Sizeof(cfg.rpc_timeout_ms)) {
 		ec.rpcTimeout = time.Duration(cfg.rpc_timeout_ms) * time.Millisecond
 	}
+	if has(unsafe.Offsetof(cfg.devices), unsafe.Sizeof(cfg.devices)) {
+		ec.devices = splitDevices(goStr(cfg.devices))
+	}
 	if !metaSet {
 		ec.metadataServer = os.Getenv("KVXFER_METADATA")
 	}

@@ -59,6 +59,7 @@ type engineConfig struct {
 	metadataServer string
 	segmentName    string
 	rpcTimeout     time.Duration
+	devices        []string // kvx_engine_config.devices split at commas
 }
 
 func newEngine(cfg engineConfig) (*engineObj, error) {
@@ -84,6 +85,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	}
 	opts.ListenPort = cfg.listenPort
 	opts.Streams = cfg.streams
+	opts.Devices = cfg.devices
 	name := cfg.transport
 	if name == "" {
 		name = "auto"
@@ -590,4 +592,17 @@ func registeredAnywhere(addr uintptr, n uint64) (uint64, engine.RegionID, bool) 
 		}
 	}
 	return 0, 0, false
+}
+
+// splitDevices turns kvx_engine_config.devices ("mlx5_0, mlx5_1", Mooncake's
+// device_name) into names; empty entries are dropped, so "" means every
+// device.
+func splitDevices(s string) []string {
+	var out []string
+	for _, d := range strings.Split(s, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }

@@ -247,6 +247,10 @@ typedef struct kvx_engine_config {
      * address translation) in ms; 0 = 5000. */
     uint32_t rpc_timeout_ms;
     uint32_t reserved1;
+    /* Mooncake's device_name: a comma-separated list of the devices a
+     * hardware transport may use (RDMA: "mlx5_0,mlx5_1"); NULL or "" = every
+     * device found. Ignored by tcp and shm. */
+    const char *devices;
 } kvx_engine_config;
 
 /* struct_size of the 0.1.0 kvx_engine_config (fields up to streams). */

@@ -4,7 +4,16 @@ BIN       := bin
 FUZZTIME  ?= 20s
 export CGO_ENABLED := 1
 
-.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma
+.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma python-lib test-python
+
+# The Python package's tests need pytest and numpy: Debian's interpreter has
+# them (python3-pytest, python3-numpy); a `python3` on PATH may not (pyenv).
+PYTHON    ?= /usr/bin/python3
+# libkvxfer.so for the Python package, built as CMake builds it (same flags,
+# SONAME libkvxfer.so.0), rebuilt when a Go/C source of the module changes.
+PYLIB     := build/python/libkvxfer.so
+PYLIB_SRC := go.mod go.sum $(shell find . \( -path ./build -o -path ./.git -o -path ./python -o -path ./bin \) -prune -o \
+               \( -name '*.go' -o -name '*.c' -o -name '*.h' \) ! -name '*_test.go' -print 2>/dev/null)
 
 help: ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,6 +30,18 @@ test: deps ## run every test (race detector on)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) test -race -timeout 15m ./...
+	@$(MAKE) --no-print-directory test-python
+
+python-lib: $(PYLIB) ## build build/python/libkvxfer.so for the Python package (go build -buildmode=c-shared)
+
+$(PYLIB): $(PYLIB_SRC)
+	@mkdir -p $(dir $@)
+	CGO_ENABLED=1 $(GO) build -trimpath -buildmode=c-shared "-ldflags=-extldflags=-Wl,-soname,libkvxfer.so.0" -o $@ ./capi
+	@rm -f $(basename $@).h
+
+test-python: deps python-lib ## the Python package's tests (pytest on $(PYTHON), two-process loopback; ~1-2 min)
+	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || { echo "$(PYTHON) lacks pytest or numpy: run scripts/install-deps.sh (python3-pytest, python3-numpy) or set PYTHON="; exit 1; }
+	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 test-short: deps ## quick tests, no race detector
 	$(GO) test -short ./...

@@ -10,7 +10,10 @@ set -euo pipefail
 # etcd-server: the metadata tests start real etcd processes (metadata/,
 # internal/etcdtest); Debian's package also enables an etcd service on
 # 127.0.0.1:2379, which the tests do not use (they pick free ports).
-base=(pkg-config libzmq3-dev libibverbs-dev ibverbs-providers cmake g++ make etcd-server)
+# python3-*: the Python package's tests (make test-python) run on Debian's
+# interpreter with pytest and numpy, and pip-install the package into a venv.
+base=(pkg-config libzmq3-dev libibverbs-dev ibverbs-providers cmake g++ make etcd-server
+      python3 python3-pytest python3-numpy python3-setuptools python3-pip python3-venv)
 bench=(iperf3 ucx-utils wrk)
 rdmavm=(qemu-system-x86 busybox-static ibverbs-utils perftest cpio kmod xz-utils iproute2)
 

@@ -1,0 +1,174 @@
+"""Addresses of Python buffers, and host memory from kvx_alloc_host.
+
+kvxfer moves bytes between addresses. Callers pass plain integers (as with
+Mooncake) or, as a kvxfer extension, any object exposing a contiguous buffer:
+bytearray, memoryview, array.array, mmap, bytes (read-only: a source only) and
+numpy arrays (numpy is never imported here; arrays are recognised by their
+``ctypes.data``/``nbytes`` attributes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from . import _lib
+from ._lib import Closable
+
+
+def address_of(obj, what: str = "buffer", writable: bool = False) -> tuple[int, int, object]:
+    """(address, length in bytes, keep-alive object) of obj.
+
+    obj is an int (an address; length 0 = unknown), a numpy array (must be
+    C-contiguous), or an object with the buffer protocol. The keep-alive
+    object must be held as long as the address is used; for writable buffers
+    it is a ctypes view that also stops a bytearray from being resized.
+    Raises TypeError naming `what` when obj is none of these, or when
+    writable is true and obj is read-only (bytes)."""
+    if isinstance(obj, bool):
+        raise TypeError(f"{what}: a bool is not an address or a buffer")
+    if isinstance(obj, int):
+        return obj, 0, None
+    if hasattr(obj, "__array_interface__") and hasattr(obj, "ctypes") and hasattr(obj, "nbytes"):
+        flags = getattr(obj, "flags", None)
+        if flags is not None and not flags["C_CONTIGUOUS"]:
+            raise TypeError(f"{what}: the numpy array is not C-contiguous; pass np.ascontiguousarray(a) or an address")
+        return int(obj.ctypes.data), int(obj.nbytes), obj
+    if isinstance(obj, bytes):
+        if writable:
+            raise TypeError(f"{what}: bytes are read-only; register a bytearray, a numpy array or HostBuffer memory")
+        addr = ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value or 0
+        return addr, len(obj), obj
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(
+            f"{what}: {type(obj).__name__} is neither an address (int) nor a buffer (bytearray, memoryview, "
+            "numpy array, mmap, ...)"
+        ) from None
+    if not mv.c_contiguous:
+        raise TypeError(f"{what}: the buffer is not contiguous")
+    n = mv.nbytes
+    if mv.readonly:
+        raise TypeError(
+            f"{what}: the buffer is read-only; pass bytes, a bytearray, a writable memoryview or a numpy array"
+        )
+    view = (ctypes.c_char * n).from_buffer(mv) if n else None
+    return (ctypes.addressof(view) if view is not None else 0), n, (view, mv)
+
+
+class HostBuffer(Closable):
+    """Zeroed, shareable host memory from kvx_alloc_host (memfd + mmap), owned
+    by the library until close(). Required for buffers moved by the shm
+    transport (it shares memory by file descriptor); usable with every
+    transport. ``addr`` is the first byte, ``nbytes`` the length (the request
+    rounded up to the page size). ``view()`` is a writable memoryview,
+    ``numpy(dtype)`` a numpy array over the same memory. Deregister it from
+    every engine before close(); close() is idempotent."""
+
+    def __init__(self, nbytes: int, name: str = "kvxfer-py"):
+        if nbytes <= 0:
+            raise ValueError(f"HostBuffer: nbytes is {nbytes}; want > 0 bytes")
+        h = ctypes.c_uint64(0)
+        addr = ctypes.c_void_p(0)
+        got = ctypes.c_uint64(0)
+        _lib.call("kvx_alloc_host", _lib.encode(name), nbytes, ctypes.byref(h), ctypes.byref(addr), ctypes.byref(got))
+        self._handle = h.value
+        self.addr = int(addr.value)
+        self.nbytes = int(got.value)
+        self._array = (ctypes.c_char * self.nbytes).from_address(self.addr)
+        # Views and numpy arrays reference _array; _array references the
+        # buffer, so the memory is not unmapped while a view is alive (unless
+        # close() is called explicitly).
+        self._array._owner = self
+
+    def view(self) -> memoryview:
+        """A writable memoryview of the whole buffer (valid until close)."""
+        if self._handle == 0:
+            raise ValueError("HostBuffer is closed")
+        return memoryview(self._array).cast("B")
+
+    def numpy(self, dtype="uint8", shape=None):
+        """A numpy array over the buffer (numpy must be installed)."""
+        import numpy as np
+
+        a = np.frombuffer(self.view(), dtype=dtype)
+        return a.reshape(shape) if shape is not None else a
+
+    def close(self) -> None:
+        """Unmap the memory (kvx_free_host). Idempotent."""
+        if self._handle:
+            h, self._handle = self._handle, 0
+            self._array = None
+            _lib.call("kvx_free_host", h)
+
+
+_cuda_lock = threading.Lock()
+_cuda = None  # the driver library, or False when it cannot be used
+
+_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+_CU_MEMORYTYPE_DEVICE = 2
+_CUDA_ERROR_INVALID_VALUE = 1
+_CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+def _cuda_driver():
+    global _cuda
+    if _cuda is not None:
+        return _cuda
+    with _cuda_lock:
+        if _cuda is None:
+            try:
+                drv = ctypes.CDLL("libcuda.so.1")
+                drv.cuInit.argtypes = [ctypes.c_uint]
+                drv.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64]
+                # The versioned names cuda.h's macros pick, where they exist.
+                for name, args in (("cuDevicePrimaryCtxRelease", [ctypes.c_int]),
+                                   ("cuCtxPushCurrent", [ctypes.c_void_p]),
+                                   ("cuCtxPopCurrent", [ctypes.POINTER(ctypes.c_void_p)])):
+                    fn = getattr(drv, name + "_v2", None) or getattr(drv, name)
+                    fn.argtypes = args
+                    setattr(drv, "kvx_" + name, fn)
+                drv.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+                _cuda = drv if drv.cuInit(0) == 0 else False
+            except (OSError, AttributeError):
+                _cuda = False
+    return _cuda
+
+
+def pointer_location(ptr: int) -> str:
+    """"cuda:N" when ptr is CUDA device memory on GPU N, else "host".
+
+    Asks the CUDA driver (cuPointerGetAttribute) when libcuda.so.1 loads and
+    has a device; without one every pointer is host memory. Used for SGLang
+    KVArgs, whose kv_data_ptrs are device pointers on a GPU server."""
+    drv = _cuda_driver()
+    if not drv or not ptr:
+        return "host"
+    mtype = ctypes.c_uint(0)
+    rc = drv.cuPointerGetAttribute(ctypes.byref(mtype), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    if rc == _CUDA_ERROR_INVALID_CONTEXT:
+        # No context is current on this thread: ask under device 0's primary
+        # context (unified addressing answers for every device there).
+        ctx = ctypes.c_void_p(0)
+        if drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0:
+            try:
+                if drv.kvx_cuCtxPushCurrent(ctx) == 0:
+                    rc = drv.cuPointerGetAttribute(ctypes.byref(mtype), _CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+                    drv.kvx_cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p(0)))
+            finally:
+                drv.kvx_cuDevicePrimaryCtxRelease(0)
+    if rc == _CUDA_ERROR_INVALID_VALUE:
+        return "host"  # not memory CUDA knows: plain host memory
+    if rc != 0:
+        raise RuntimeError(
+            f"kvxfer: cuPointerGetAttribute({ptr:#x}) failed with CUDA error {rc}; cannot tell host from device "
+            "memory: set KVArgs.kv_location to 'host' or 'cuda:N'"
+        )
+    if mtype.value != _CU_MEMORYTYPE_DEVICE:
+        return "host"
+    ordinal = ctypes.c_int(0)
+    if drv.cuPointerGetAttribute(ctypes.byref(ordinal), _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) != 0:
+        return "cuda:0"
+    return f"cuda:{ordinal.value}"

@@ -1,0 +1,844 @@
+"""kvxfer.engine.TransferEngine: a drop-in for Mooncake's Python TransferEngine
+(``from mooncake.engine import TransferEngine``) over libkvxfer.
+
+Same method names, arguments, return codes and semantics as Mooncake's
+``mooncake-integration/transfer_engine/transfer_engine_py.cpp`` (see
+python/README.md for the method table). Differences, all documented there:
+
+* failures return ``-status`` where status is the kvx_status code (so every
+  failure is negative, as in Mooncake, and the code says why: -8 a peer range
+  outside every registered region, -10 timed out, -12 peer lost, -17 not
+  supported by the transport, ...); the text goes to the "kvxfer" logger and
+  to ``engine.last_error``. transfer_check_status keeps Mooncake's 1/0/-1/-2
+  and batch_transfer_async_* return 0 on failure, as Mooncake's do;
+* metadata: "P2PHANDSHAKE" (peers are "host:rpc_port") and etcd
+  ("etcd://host:port" or a bare "host:port", Mooncake's default type);
+  http:// and redis:// metadata servers are not supported;
+* protocols: "tcp", "rdma", and kvxfer's "shm" (same host) and "auto";
+* transfer_sync_read works where the transport can read the peer's memory
+  (shm); tcp and rdma move bytes by one-sided WRITE only and return -17
+  (KVX_ERR_NOT_SUPPORTED) with a log line.
+
+Environment (read when a TransferEngine is constructed / initialized):
+MC_TRANSFER_TIMEOUT (seconds, at least 5, default 30; a transfer may take that
+plus one second per GiB), MC_METADATA_SERVER (used when metadata_server is
+empty), MC_TCP_BIND_ADDRESS (data-plane bind host), MC_LEGACY_RPC_PORT_BINDING
+(bind the port given in local_hostname in P2P mode instead of a free one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from . import _lib
+from ._lib import Closable, KvxError
+from ._memory import HostBuffer, address_of
+
+log = logging.getLogger("kvxfer")
+
+P2PHANDSHAKE = "P2PHANDSHAKE"
+
+#: Module attributes Mooncake's extension defines (build features).
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_INTRA_NVLINK = False
+#: Mooncake's *_on_cuda stream-triggered methods are not provided.
+SUPPORT_CUDA = False
+
+_PROTOCOLS = ("tcp", "rdma", "shm", "auto")
+_DEFAULT_TIMEOUT_S = 30
+_MIN_TIMEOUT_S = 5
+
+
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's TransferOpcode (pybind names Read/Write; READ/WRITE as in its
+    documentation)."""
+
+    Read = 0
+    Write = 1
+    READ = 0
+    WRITE = 1
+
+
+#: Module-level aliases, as pybind's export_values() provides.
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """Mooncake's TransferNotify(name, msg). kvxfer transfers carry no
+    notifications: passing one to transfer_sync returns -17."""
+
+    def __init__(self, name: str = "", msg: str = ""):
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self):
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+def transfer_timeout_s(env=None) -> int:
+    """MC_TRANSFER_TIMEOUT in seconds as Mooncake reads it: max(5, value),
+    default 30; a value that is not an integer is reported and ignored."""
+    env = os.environ if env is None else env
+    raw = env.get("MC_TRANSFER_TIMEOUT")
+    if raw is None or raw == "":
+        return _DEFAULT_TIMEOUT_S
+    try:
+        return max(_MIN_TIMEOUT_S, int(raw))
+    except ValueError:
+        log.warning("kvxfer: MC_TRANSFER_TIMEOUT=%r is not a number of seconds; using %d s", raw, _DEFAULT_TIMEOUT_S)
+        return _DEFAULT_TIMEOUT_S
+
+
+def split_host_port(s: str) -> tuple[str, int | None]:
+    """"host", "host:port", "[v6]", "[v6]:port" or a bare IPv6 address ->
+    (host, port or None)."""
+    s = s.strip()
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0:
+            raise ValueError(f"{s!r}: '[' without ']'")
+        host, rest = s[1:end], s[end + 1 :]
+        if not rest:
+            return host, None
+        if not rest.startswith(":"):
+            raise ValueError(f"{s!r}: expected ':port' after ']'")
+        return host, int(rest[1:])
+    if s.count(":") == 1:
+        host, port = s.split(":")
+        return host, int(port)
+    return s, None
+
+
+def parse_metadata_server(metadata_server: str | None, metadata_type: str | None = None) -> str:
+    """Mooncake's metadata connection string -> kvx_engine_config.metadata_server.
+
+    "P2PHANDSHAKE" -> "P2PHANDSHAKE"; "etcd://..." as is; "host:port" without
+    a scheme is etcd (Mooncake's default type, or metadata_type when given).
+    Raises ValueError for metadata types kvxfer does not have (http, redis)."""
+    ms = (metadata_server or "").strip()
+    if ms == "" or ms == P2PHANDSHAKE:
+        return P2PHANDSHAKE
+    if "://" in ms:
+        scheme = ms.split("://", 1)[0].lower()
+    else:
+        scheme = (metadata_type or "etcd").strip().lower() or "etcd"
+        if scheme in ("p2p", "p2phandshake"):
+            return P2PHANDSHAKE
+        ms = f"{scheme}://{ms}"
+    if scheme != "etcd":
+        raise ValueError(
+            f"metadata server {metadata_server!r}: kvxfer supports P2PHANDSHAKE and etcd (etcd://host:port), "
+            f"not {scheme}://; use P2PHANDSHAKE (peers named host:rpc_port) or an etcd cluster"
+        )
+    return ms
+
+
+def _location(location) -> bytes:
+    """Mooncake memory location ("*", "cpu:0", "cuda:1") -> kvx location."""
+    loc = (location or "*").strip().lower()
+    if loc in ("*", "", "cpu", "host") or loc.startswith("cpu:"):
+        return b"host"
+    return loc.encode()
+
+
+class _Async:
+    """One asynchronous batch: a kvx batch (writes) or a future (reads)."""
+
+    __slots__ = ("handle", "future", "start_ns", "timeout_ns", "count", "timed_out", "target")
+
+    def __init__(self, handle, future, timeout_ns, count, target):
+        self.handle = handle
+        self.future = future
+        self.start_ns = time.monotonic_ns()
+        self.timeout_ns = timeout_ns
+        self.count = count
+        self.timed_out = False
+        self.target = target
+
+
+class TransferEngine(Closable):
+    """Mooncake's Python TransferEngine over libkvxfer (see the module doc).
+
+    Thread-safe. Call initialize() first. close() (or the context manager, or
+    garbage collection) frees the engine, its segments and managed buffers;
+    memory registered with register_memory stays owned by the caller.
+
+    Raises kvxfer.LibraryNotFoundError when libkvxfer.so cannot be found (the
+    message names KVXFER_LIBRARY, the package directory and the linker path).
+    """
+
+    def __init__(self):
+        self._l = _lib.lib()
+        self._engine = 0
+        self._lock = threading.Lock()
+        self._segments: dict[str, int] = {}
+        self._regions: dict[int, tuple[int, int, object]] = {}  # addr -> (region id, length, keep-alive)
+        self._managed: dict[int, tuple[HostBuffer, int]] = {}  # addr -> (buffer, length asked)
+        self._async: dict[int, _Async] = {}
+        self._zombies: list[int] = []  # kvx batches cancelled but not yet terminal
+        self._reader: ThreadPoolExecutor | None = None
+        self._next_read_id = 1 << 62
+        self._transport = ""
+        self._name = ""
+        self.last_error = ""
+        self.transfer_timeout_ns = transfer_timeout_s() * 1_000_000_000
+
+    # ------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------
+    def _fail(self, status: int, message: str, level=logging.WARNING) -> int:
+        self.last_error = message
+        log.log(level, "kvxfer: %s", message)
+        return -status if status > 0 else -1
+
+    def _not_initialized(self, op: str) -> int:
+        return self._fail(_lib.ERR_BAD_HANDLE, f"{op}: the engine is not initialized; call initialize() first")
+
+    def _timeout_ms(self, total_bytes: int) -> int:
+        # Mooncake: MC_TRANSFER_TIMEOUT plus one nanosecond per byte (1 GiB/s).
+        return min(0xFFFFFFFF, (self.transfer_timeout_ns + total_bytes) // 1_000_000 + 1)
+
+    def _segment(self, target: str, op: str) -> tuple[int, int]:
+        """(segment handle, 0) or (0, negative code) for target "host:rpc_port"."""
+        if not self._engine:
+            return 0, self._not_initialized(op)
+        if not isinstance(target, str) or not target:
+            return 0, self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: target_hostname {target!r} is not a segment name (host:rpc_port)")
+        with self._lock:
+            h = self._segments.get(target)
+        if h:
+            return h, 0
+        out = ctypes.c_uint64(0)
+        rc, msg = _lib.try_call("kvx_segment_open_name", self._engine, target.encode(), ctypes.byref(out))
+        if rc != _lib.OK:
+            return 0, self._fail(rc, f"{op}: open segment {target}: {msg}")
+        with self._lock:
+            old = self._segments.get(target)
+            if old:  # another thread opened it meanwhile
+                _lib.try_call("kvx_segment_close", out.value)
+                return old, 0
+            self._segments[target] = out.value
+        return out.value, 0
+
+    def _drop_segment(self, target: str, handle: int) -> None:
+        """Forget a segment whose peer is lost, so the next call reopens it
+        (a restarted peer has a new epoch), as Mooncake closes it."""
+        with self._lock:
+            if self._segments.get(target) == handle:
+                del self._segments[target]
+            else:
+                return
+        _lib.try_call("kvx_segment_close", handle)
+
+    def _requests(self, op, buffers, peer_addresses, lengths):
+        n = len(buffers)
+        if n != len(peer_addresses) or n != len(lengths):
+            raise ValueError(
+                f"{op}: buffers ({n}), peer_buffer_addresses ({len(peer_addresses)}) and lengths ({len(lengths)}) "
+                "have different sizes"
+            )
+        if n == 0:
+            raise ValueError(f"{op}: no requests (empty lists)")
+        reqs = (_lib.WriteRequest * n)()
+        total = 0
+        keep = []
+        for i in range(n):
+            addr, _, k = address_of(buffers[i], f"{op}: buffers[{i}]")
+            if k is not None:
+                keep.append(k)
+            length = int(lengths[i])
+            if length <= 0:
+                raise ValueError(f"{op}: lengths[{i}] is {length}; want > 0 bytes")
+            r = reqs[i]
+            r.local_addr = addr
+            r.remote_offset = int(peer_addresses[i])
+            r.length = length
+            r.remote_region = _lib.REGION_PEER_ADDRESS
+            r.count = 1
+            total += length
+        return reqs, n, total, keep
+
+    def _lost(self, rc: int) -> bool:
+        return rc in (_lib.ERR_PEER_LOST, _lib.ERR_CLOSED, _lib.ERR_BAD_HANDLE)
+
+    def _submit(self, op, target, buffers, peer_addresses, lengths) -> tuple[int, int, int]:
+        """Submit WRITEs as one kvx batch: (batch, total bytes, 0) or (0, 0, code)."""
+        try:
+            reqs, n, total, _keep = self._requests(op, buffers, peer_addresses, lengths)
+        except (ValueError, TypeError) as e:
+            return 0, 0, self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+        seg, code = self._segment(target, op)
+        if code:
+            return 0, 0, code
+        self._reap()
+        b = ctypes.c_uint64(0)
+        rc, msg = _lib.try_call("kvx_batch_alloc", seg, n, ctypes.byref(b))
+        if rc == _lib.OK:
+            rc, msg = _lib.try_call("kvx_batch_submit", b.value, reqs, n)
+            if rc != _lib.OK:
+                _lib.try_call("kvx_batch_free", b.value)
+        if rc != _lib.OK:
+            if self._lost(rc):
+                self._drop_segment(target, seg)
+            return 0, 0, self._fail(rc, f"{op} to {target}: {msg}")
+        return b.value, total, 0
+
+    def _finish(self, op, target, batch, timeout_ms) -> int:
+        """Wait for a submitted batch, free it; 0 or a negative code."""
+        rc, msg = _lib.try_call("kvx_batch_wait", batch, timeout_ms)
+        if rc == _lib.ERR_TIMEOUT:
+            _lib.try_call("kvx_batch_cancel", batch)
+            self._free_or_park(batch)
+            return self._fail(rc, f"{op} to {target}: not done after {timeout_ms} ms (MC_TRANSFER_TIMEOUT "
+                              f"{self.transfer_timeout_ns // 1_000_000_000} s + 1 s/GiB); cancelled: {msg}")
+        self._free_or_park(batch)
+        if rc != _lib.OK:
+            if self._lost(rc):
+                with self._lock:
+                    seg = self._segments.get(target)
+                if seg:
+                    self._drop_segment(target, seg)
+            return self._fail(rc, f"{op} to {target}: {msg}")
+        return 0
+
+    def _free_or_park(self, batch: int) -> None:
+        rc, _ = _lib.try_call("kvx_batch_free", batch)
+        if rc == _lib.ERR_BUSY:
+            with self._lock:
+                self._zombies.append(batch)
+
+    def _reap(self) -> None:
+        """Free cancelled batches that have since become terminal."""
+        if not self._zombies:
+            return
+        with self._lock:
+            zs, self._zombies = self._zombies, []
+        for b in zs:
+            self._free_or_park(b)
+
+    # ------------------------------------------------------------------
+    # initialization
+    # ------------------------------------------------------------------
+    def initialize(self, local_hostname, metadata_server, protocol, device_name) -> int:
+        """Start the engine: local_hostname is "host" or "host:port" (the
+        segment RPC listener; in P2P mode the port is chosen free, as Mooncake
+        does, unless MC_LEGACY_RPC_PORT_BINDING is set), metadata_server
+        "P2PHANDSHAKE" or etcd, protocol "tcp" | "rdma" | "shm" | "auto",
+        device_name a comma list of RDMA devices or "". Returns 0, or a
+        negative code with the reason logged."""
+        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, None)
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type) -> int:
+        """initialize() with an explicit metadata type ("etcd", "p2p") for a
+        metadata_server given without a scheme."""
+        op = "initialize"
+        if self._engine:
+            return self._fail(_lib.ERR_BUSY, f"{op}: this engine is already initialized as {self._name}; create another TransferEngine")
+        proto = (protocol or "auto").strip().lower()
+        if proto not in _PROTOCOLS:
+            return self._fail(
+                _lib.ERR_NOT_SUPPORTED,
+                f"{op}: protocol {protocol!r} is not available in kvxfer; use one of {', '.join(_PROTOCOLS)}",
+                logging.ERROR,
+            )
+        if not metadata_server:
+            metadata_server = os.environ.get("MC_METADATA_SERVER", "") or P2PHANDSHAKE
+        try:
+            meta = parse_metadata_server(metadata_server, metadata_type)
+        except ValueError as e:
+            return self._fail(_lib.ERR_NOT_SUPPORTED, f"{op}: {e}", logging.ERROR)
+        local = (local_hostname or "127.0.0.1").strip()
+        try:
+            host, port = split_host_port(local)
+        except ValueError as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: local_hostname {local_hostname!r}: {e}", logging.ERROR)
+        if meta == P2PHANDSHAKE and port is not None and not os.environ.get("MC_LEGACY_RPC_PORT_BINDING"):
+            local = f"[{host}]" if ":" in host else host  # Mooncake P2P: a free RPC port
+        bind = os.environ.get("MC_TCP_BIND_ADDRESS", "") or host
+        cfg = _lib.EngineConfig()
+        cfg.struct_size = ctypes.sizeof(cfg)
+        cfg.role = _lib.ROLE_PREFILL
+        cfg.transport = proto.encode()
+        cfg.listen_host = bind.encode()
+        cfg.local_hostname = local.encode()
+        cfg.metadata_server = meta.encode()
+        cfg.devices = (device_name or "").encode()
+        out = ctypes.c_uint64(0)
+        rc, msg = _lib.try_call("kvx_engine_create", ctypes.byref(cfg), ctypes.byref(out))
+        if rc != _lib.OK:
+            return self._fail(rc, f"{op}({local_hostname!r}, {metadata_server!r}, {protocol!r}, {device_name!r}): {msg}", logging.ERROR)
+        self._engine = out.value
+        self._transport = _lib.get_string("kvx_engine_transport", self._engine)
+        self._name = _lib.get_string("kvx_engine_segment_name", self._engine)
+        log.info("kvxfer: engine %s on transport %s (metadata %s)", self._name, self._transport, meta)
+        return 0
+
+    def get_rpc_port(self) -> int:
+        """The segment RPC listener's port (peers name this engine
+        "host:<rpc_port>"); -2 (not initialized) on failure."""
+        if not self._engine:
+            return self._not_initialized("get_rpc_port")
+        port = ctypes.c_uint16(0)
+        rc, msg = _lib.try_call("kvx_engine_rpc_port", self._engine, ctypes.byref(port))
+        if rc != _lib.OK:
+            return self._fail(rc, f"get_rpc_port: {msg}")
+        return port.value
+
+    @property
+    def segment_name(self) -> str:
+        """kvxfer extension: the name peers open this engine by ("host:rpc_port")."""
+        return self._name
+
+    @property
+    def transport(self) -> str:
+        """kvxfer extension: the transport in use ("tcp", "shm", "rdma")."""
+        return self._transport
+
+    def get_engine_ptr(self) -> int:
+        """The kvx_engine_t handle (for C callers of libkvxfer); Mooncake
+        returns its C++ engine pointer. 0 before initialize()."""
+        return self._engine
+
+    def get_engine(self):
+        """Mooncake returns its C++ InnerTransferEngine for other Mooncake
+        components; kvxfer has none. Raises NotImplementedError."""
+        raise NotImplementedError("kvxfer: get_engine() returns Mooncake's C++ engine object, which kvxfer does not have; use get_engine_ptr() for the kvx_engine_t handle")
+
+    def get_local_topology(self, device_name=None) -> str:
+        """Not provided: raises NotImplementedError (the C ABI exports no
+        topology; `kvxfer topo` prints the machine's GPU/NIC layout)."""
+        raise NotImplementedError("kvxfer: get_local_topology is not in kvxfer's C ABI; run `kvxfer topo` for the GPU/NIC layout")
+
+    # ------------------------------------------------------------------
+    # memory
+    # ------------------------------------------------------------------
+    def register_memory(self, buffer_addr, capacity=None, location="*") -> int:
+        """Register [buffer_addr, +capacity) for transfers (both directions:
+        local source and target of peers' writes). buffer_addr is an address
+        or, as a kvxfer extension, a buffer object (bytearray, numpy array,
+        ...; capacity defaults to its size and the object is kept alive while
+        registered). location "*"/"cpu:N" = host memory, "cuda:N" = device
+        memory. Returns 0 or a negative code."""
+        op = "register_memory"
+        if not self._engine:
+            return self._not_initialized(op)
+        try:
+            addr, n, keep = address_of(buffer_addr, f"{op}: buffer_addr", writable=True)
+        except TypeError as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+        length = int(capacity) if capacity is not None else n
+        if length <= 0 or addr == 0:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: address {addr:#x} length {length}: want a non-null address and capacity > 0 bytes")
+        if n and length > n:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: capacity {length} is larger than the {n}-byte buffer")
+        region = ctypes.c_uint32(0)
+        rc, msg = _lib.try_call("kvx_register_memory", self._engine, addr, length, _location(location), ctypes.byref(region))
+        if rc == _lib.ERR_UNSUPPORTED_MEMORY and self._transport == "shm":
+            msg += "; in Python allocate it with engine.allocate_managed_buffer(n) or kvxfer.HostBuffer(n)"
+        if rc != _lib.OK:
+            return self._fail(rc, f"{op}: {msg}")
+        with self._lock:
+            self._regions[addr] = (region.value, length, keep)
+        return 0
+
+    def unregister_memory(self, buffer_addr) -> int:
+        """Deregister the region registered at buffer_addr (its first byte).
+        Returns 0 or a negative code (-6 when nothing is registered there)."""
+        op = "unregister_memory"
+        if not self._engine:
+            return self._not_initialized(op)
+        try:
+            addr, _, _ = address_of(buffer_addr, f"{op}: buffer_addr")
+        except TypeError as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+        with self._lock:
+            entry = self._regions.pop(addr, None)
+        if entry is None:
+            return self._fail(_lib.ERR_NOT_REGISTERED, f"{op}: no region is registered at {addr:#x} (pass the address given to register_memory)")
+        rc, msg = _lib.try_call("kvx_deregister_memory", self._engine, entry[0])
+        if rc != _lib.OK:
+            return self._fail(rc, f"{op}: {msg}")
+        return 0
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*") -> int:
+        """register_memory for each (address, capacity); all or nothing: on a
+        failure the ones registered by this call are deregistered again."""
+        if len(buffer_addresses) != len(capacities):
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"batch_register_memory: {len(buffer_addresses)} addresses but {len(capacities)} capacities")
+        done = []
+        for a, c in zip(buffer_addresses, capacities):
+            rc = self.register_memory(a, c, location)
+            if rc != 0:
+                for d in done:
+                    self.unregister_memory(d)
+                return rc
+            done.append(a)
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses) -> int:
+        """unregister_memory for each address; 0, or the first failure's code
+        (the others are still deregistered)."""
+        first = 0
+        for a in buffer_addresses:
+            rc = self.unregister_memory(a)
+            if rc != 0 and first == 0:
+                first = rc
+        return first
+
+    def allocate_managed_buffer(self, length) -> int:
+        """Allocate and register `length` bytes of zeroed host memory owned by
+        the engine (kvx_alloc_host: shareable, so the shm transport can move
+        it). Returns its address, or 0 on failure. One mapping per call (the
+        length rounded up to the page size); Mooncake carves slabs instead."""
+        op = "allocate_managed_buffer"
+        if not self._engine:
+            self._not_initialized(op)
+            return 0
+        try:
+            hb = HostBuffer(int(length), "mooncake-managed")
+        except (KvxError, ValueError) as e:
+            self._fail(getattr(e, "status", _lib.ERR_INVALID_ARGUMENT), f"{op}({length}): {e}")
+            return 0
+        region = ctypes.c_uint32(0)
+        rc, msg = _lib.try_call("kvx_register_memory", self._engine, hb.addr, hb.nbytes, b"host", ctypes.byref(region))
+        if rc != _lib.OK:
+            hb.close()
+            self._fail(rc, f"{op}({length}): {msg}")
+            return 0
+        with self._lock:
+            self._regions[hb.addr] = (region.value, hb.nbytes, None)
+            self._managed[hb.addr] = (hb, int(length))
+        return hb.addr
+
+    def free_managed_buffer(self, buffer_addr, length) -> int:
+        """Deregister and unmap a buffer from allocate_managed_buffer. Returns 0
+        or a negative code (-6 for an address it did not return)."""
+        op = "free_managed_buffer"
+        with self._lock:
+            m = self._managed.pop(int(buffer_addr), None)
+        if m is None:
+            return self._fail(_lib.ERR_NOT_REGISTERED, f"{op}: {int(buffer_addr):#x} is not a managed buffer of this engine")
+        rc = self.unregister_memory(m[0].addr)
+        m[0].close()
+        return rc
+
+    def write_bytes_to_buffer(self, dest_address, src_ptr, length) -> int:
+        """Copy `length` bytes of src_ptr (bytes-like) to dest_address. Returns
+        0, or -1 (invalid argument) when src_ptr is shorter than length."""
+        src = bytes(src_ptr) if not isinstance(src_ptr, bytes) else src_ptr
+        length = int(length)
+        if length < 0 or length > len(src):
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"write_bytes_to_buffer: length {length} but {len(src)} source bytes")
+        ctypes.memmove(int(dest_address), src, length)
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length) -> bytes:
+        """`length` bytes at source_address as bytes."""
+        return ctypes.string_at(int(source_address), int(length))
+
+    # ------------------------------------------------------------------
+    # transfers
+    # ------------------------------------------------------------------
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
+        """WRITE `length` bytes from local `buffer` (inside registered memory)
+        to peer_buffer_address, a virtual address inside memory the peer
+        registered; blocks until done. Returns 0 or a negative code (-8 when
+        the peer range is outside every region the peer registered)."""
+        return self.batch_transfer_sync_write(target_hostname, [buffer], [peer_buffer_address], [length], transport_hint)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
+        """One transfer batch of WRITEs; blocks until all are done (0) or one
+        failed / the timeout passed (negative)."""
+        op = "batch_transfer_sync_write"
+        batch, total, code = self._submit(op, target_hostname, buffers, peer_buffer_addresses, lengths)
+        if code:
+            return code
+        return self._finish(op, target_hostname, batch, self._timeout_ms(total))
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
+        """READ `length` bytes at the peer's peer_buffer_address into local
+        `buffer`. Only transports that map the peer's memory can (shm); tcp and
+        rdma return -17 (KVX_ERR_NOT_SUPPORTED) and log why."""
+        return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length], transport_hint)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
+        """Several READs (see transfer_sync_read); 0 or negative."""
+        op = "batch_transfer_sync_read"
+        try:
+            reqs, n, total, _keep = self._requests(op, buffers, peer_buffer_addresses, lengths)
+        except (ValueError, TypeError) as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+        seg, code = self._segment(target_hostname, op)
+        if code:
+            return code
+        rc, msg = _lib.try_call("kvx_segment_read", seg, reqs, n, self._timeout_ms(total))
+        if rc == _lib.ERR_NOT_SUPPORTED:
+            return self._fail(rc, f"{op} from {target_hostname}: the {self._transport} transport cannot READ the peer's memory "
+                              f"(it moves bytes by one-sided WRITE; use shm on one host, or have the peer write): {msg}")
+        if rc != _lib.OK:
+            if self._lost(rc):
+                self._drop_segment(target_hostname, seg)
+            return self._fail(rc, f"{op} from {target_hostname}: {msg}")
+        return 0
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint="") -> int:
+        """transfer_sync_read or _write by opcode (TransferOpcode). A notify
+        is not supported (-17)."""
+        return self.batch_transfer_sync(target_hostname, [buffer], [peer_buffer_address], [length], opcode, notify, transport_hint)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None, transport_hint="") -> int:
+        """batch_transfer_sync_read or _write by opcode; notify: -17."""
+        if notify is not None:
+            return self._fail(_lib.ERR_NOT_SUPPORTED, "transfer_sync: kvxfer transfers carry no TransferNotify; pass notify=None and signal the peer yourself")
+        if int(opcode) == TransferOpcode.Read:
+            return self.batch_transfer_sync_read(target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint)
+        return self.batch_transfer_sync_write(target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
+        """Submit one WRITE; returns a batch id (> 0) for transfer_check_status,
+        or a negative code."""
+        return self._submit_async("transfer_submit_write", target_hostname, [buffer], [peer_buffer_address], [length], fail_value=None)
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
+        """Submit WRITEs as one batch; returns its id, or 0 on failure (as
+        Mooncake). Poll with transfer_check_status / get_batch_transfer_status."""
+        return self._submit_async("batch_transfer_async_write", target_hostname, buffers, peer_buffer_addresses, lengths, fail_value=0)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
+        """READs run on a worker thread (shm only, see transfer_sync_read);
+        returns a batch id, or 0 on failure."""
+        op = "batch_transfer_async_read"
+        if not self._engine:
+            self._not_initialized(op)
+            return 0
+        try:
+            total = sum(int(x) for x in lengths)
+        except (TypeError, ValueError):
+            self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: lengths must be integers")
+            return 0
+        with self._lock:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvxfer-read")
+            bid = self._next_read_id
+            self._next_read_id += 1
+            fut = self._reader.submit(self.batch_transfer_sync_read, target_hostname, list(buffers), list(peer_buffer_addresses), list(lengths))
+            self._async[bid] = _Async(0, fut, self.transfer_timeout_ns + total, len(lengths), target_hostname)
+        return bid
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint="") -> int:
+        """batch_transfer_async_read or _write by opcode."""
+        if int(opcode) == TransferOpcode.Read:
+            return self.batch_transfer_async_read(target_hostname, buffers, peer_buffer_addresses, lengths)
+        return self.batch_transfer_async_write(target_hostname, buffers, peer_buffer_addresses, lengths)
+
+    def _submit_async(self, op, target, buffers, peer_addresses, lengths, fail_value):
+        batch, total, code = self._submit(op, target, buffers, peer_addresses, lengths)
+        if code:
+            return code if fail_value is None else fail_value
+        with self._lock:
+            self._async[batch] = _Async(batch, None, self.transfer_timeout_ns + total, len(buffers), target)
+        return batch
+
+    def transfer_check_status(self, batch_id) -> int:
+        """1 done, 0 in progress, -1 failed, -2 timed out (MC_TRANSFER_TIMEOUT
+        + 1 s/GiB after submit: the batch is cancelled). A finished batch id
+        (1 or -1 returned) is forgotten; an unknown id returns -1."""
+        bid = int(batch_id)
+        with self._lock:
+            a = self._async.get(bid)
+        if a is None:
+            self._fail(_lib.ERR_BAD_HANDLE, f"transfer_check_status: batch id {bid} is unknown (never submitted, or already reported done/failed)")
+            return -1
+        if a.future is not None:
+            if a.future.done():
+                with self._lock:
+                    self._async.pop(bid, None)
+                return 1 if a.future.result() == 0 else -1
+            if time.monotonic_ns() - a.start_ns > a.timeout_ns:
+                self._fail(_lib.ERR_TIMEOUT, f"transfer_check_status: read batch {bid} from {a.target} timed out")
+                return -2
+            return 0
+        if a.timed_out:
+            self._try_forget(bid, a)
+            return -2
+        st = _lib.TransferStatus()
+        state = _lib.TRANSFER_COMPLETED
+        for i in range(a.count):
+            rc, msg = _lib.try_call("kvx_batch_status", a.handle, i, ctypes.byref(st))
+            if rc != _lib.OK:
+                with self._lock:
+                    self._async.pop(bid, None)
+                self._fail(rc, f"transfer_check_status: batch {bid}: {msg}")
+                return -1
+            if st.state in (_lib.TRANSFER_FAILED, _lib.TRANSFER_CANCELED):
+                state = st.state
+                break
+            if st.state != _lib.TRANSFER_COMPLETED:
+                state = _lib.TRANSFER_PENDING
+        if state == _lib.TRANSFER_COMPLETED:
+            with self._lock:
+                self._async.pop(bid, None)
+            self._free_or_park(a.handle)
+            return 1
+        if state != _lib.TRANSFER_PENDING:
+            rc, msg = _lib.try_call("kvx_batch_wait", a.handle, 0)
+            with self._lock:
+                self._async.pop(bid, None)
+            self._free_or_park(a.handle)
+            if self._lost(rc):
+                with self._lock:
+                    seg = self._segments.get(a.target)
+                if seg:
+                    self._drop_segment(a.target, seg)
+            self._fail(rc or _lib.ERR_TRANSFER_FAILED, f"transfer_check_status: batch {bid} to {a.target} failed: {msg}")
+            return -1
+        if time.monotonic_ns() - a.start_ns > a.timeout_ns:
+            a.timed_out = True
+            _lib.try_call("kvx_batch_cancel", a.handle)
+            self._fail(_lib.ERR_TIMEOUT, f"transfer_check_status: batch {bid} to {a.target} still pending after "
+                       f"{a.timeout_ns / 1e9:.1f} s (MC_TRANSFER_TIMEOUT + 1 s/GiB); cancelled")
+            self._try_forget(bid, a)
+            return -2
+        return 0
+
+    def _try_forget(self, bid, a):
+        """Free a timed-out batch once it is terminal (then its id is unknown)."""
+        rc, _ = _lib.try_call("kvx_batch_free", a.handle)
+        if rc != _lib.ERR_BUSY:
+            with self._lock:
+                self._async.pop(bid, None)
+
+    def get_batch_transfer_status(self, batch_ids) -> int:
+        """Wait for every batch in batch_ids: 0 when all completed, -1 when
+        one failed or timed out (the others are then abandoned and freed)."""
+        failed = False
+        for bid in batch_ids:
+            while True:
+                s = self.transfer_check_status(bid)
+                if s == 1:
+                    break
+                if s < 0:
+                    failed = True
+                    break
+                with self._lock:
+                    a = self._async.get(int(bid))
+                if a is None:
+                    failed = True
+                    break
+                if a.future is not None:
+                    a.future.result(timeout=max(0.001, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) / 1e9) if a.timeout_ns else None)
+                    continue
+                left_ms = max(1, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) // 1_000_000)
+                _lib.try_call("kvx_batch_wait", a.handle, min(left_ms, 0xFFFFFFFF))
+            if failed:
+                break
+        if failed:
+            for bid in batch_ids:
+                with self._lock:
+                    a = self._async.pop(int(bid), None)
+                if a is not None and a.handle:
+                    _lib.try_call("kvx_batch_cancel", a.handle)
+                    self._free_or_park(a.handle)
+            return -1
+        return 0
+
+    # ------------------------------------------------------------------
+    # segments
+    # ------------------------------------------------------------------
+    def get_first_buffer_address(self, segment_name) -> int:
+        """Base address of the first region the peer registered (registration
+        order), fetched fresh from the peer; 0 when it has none or cannot be
+        reached."""
+        op = "get_first_buffer_address"
+        seg, code = self._segment(segment_name, op)
+        if code:
+            return 0
+        rc, msg = _lib.try_call("kvx_segment_refresh", seg)
+        if rc != _lib.OK:
+            if self._lost(rc):
+                self._drop_segment(segment_name, seg)
+            self._fail(rc, f"{op}({segment_name}): {msg}")
+            return 0
+        regions = self.segment_regions(segment_name)
+        return regions[0][0] if regions else 0
+
+    def segment_regions(self, segment_name) -> list[tuple[int, int]]:
+        """kvxfer extension: (base address, length) of every region the peer
+        had registered when its descriptor was last fetched, in registration
+        order. [] when the segment cannot be opened."""
+        seg, code = self._segment(segment_name, "segment_regions")
+        if code:
+            return []
+        n = ctypes.c_uint32(0)
+        rc, msg = _lib.try_call("kvx_segment_regions", seg, None, 0, ctypes.byref(n))
+        if rc != _lib.OK:
+            self._fail(rc, f"segment_regions({segment_name}): {msg}")
+            return []
+        arr = (_lib.RegionInfo * max(1, n.value))()
+        rc, msg = _lib.try_call("kvx_segment_regions", seg, arr, len(arr), ctypes.byref(n))
+        if rc != _lib.OK:
+            self._fail(rc, f"segment_regions({segment_name}): {msg}")
+            return []
+        return [(arr[i].addr, arr[i].length) for i in range(min(n.value, len(arr)))]
+
+    def send_probe(self, peer_server_name) -> int:
+        """Check that the peer answers (opens its segment, or fetches its
+        descriptor again): 0, or a negative code."""
+        seg, code = self._segment(peer_server_name, "send_probe")
+        if code:
+            return code
+        rc, msg = _lib.try_call("kvx_segment_refresh", seg)
+        if rc != _lib.OK:
+            if self._lost(rc):
+                self._drop_segment(peer_server_name, seg)
+            return self._fail(rc, f"send_probe({peer_server_name}): {msg}")
+        return 0
+
+    def release_remote_segment(self, target_hostname) -> int:
+        """Close the cached segment to target_hostname (the next transfer
+        reopens it). Returns 0: kvxfer holds no NVLink import mappings."""
+        with self._lock:
+            h = self._segments.pop(target_hostname, None)
+        if h:
+            _lib.try_call("kvx_segment_close", h)
+        return 0
+
+    def warmup_efa_segment(self, segment_name) -> int:
+        """No-op returning 0, as in Mooncake builds without EFA."""
+        return 0
+
+    def get_notifies(self) -> list:
+        """Always [] : kvxfer transfers carry no TransferNotify messages."""
+        return []
+
+    # ------------------------------------------------------------------
+    # lifetime
+    # ------------------------------------------------------------------
+    def close(self) -> None:
+        """kvxfer extension (Mooncake frees in its destructor): close segments,
+        free managed buffers and destroy the engine. Idempotent. Memory
+        registered with register_memory stays the caller's."""
+        with self._lock:
+            eng, self._engine = self._engine, 0
+            managed = list(self._managed.values())
+            self._managed.clear()
+            self._segments.clear()
+            self._regions.clear()
+            self._async.clear()
+            self._zombies.clear()
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.shutdown(wait=True)
+        if eng:
+            _lib.try_call("kvx_engine_destroy", eng)  # closes segments and batches
+        for hb, _ in managed:
+            hb.close()

@@ -1,0 +1,196 @@
+"""A peer process for the tests: one JSON object per line on stdin (a command),
+one per line on stdout (its result). The first stdout line is
+{"event": "ready", ...}.
+
+    peer.py mooncake --protocol tcp|shm
+    peer.py prefill --bootstrap HOST:PORT --tp-size N --tp-rank R [--mla] [--host-buffers]
+    peer.py decode --bootstrap HOST:PORT [--mla] [--host-buffers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import types
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import kvxfer  # noqa: E402
+from kvpattern import Geometry, RankKV  # noqa: E402
+
+REGION = 1 << 20
+
+
+def out(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def commands():
+    for line in sys.stdin:
+        line = line.strip()
+        if line:
+            yield json.loads(line)
+
+
+def mooncake(args):
+    e = kvxfer.TransferEngine()
+    rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", args.protocol, "")
+    if rc != 0:
+        out({"event": "error", "rc": rc, "error": e.last_error})
+        return 1
+    keep = []
+    if args.protocol == "shm":
+        a = e.allocate_managed_buffer(REGION)
+        hb = kvxfer.HostBuffer(REGION)
+        keep.append(hb)
+        arr = hb.numpy("uint8")
+        assert e.register_memory(hb.addr, hb.nbytes) == 0, e.last_error
+        regions = {"a": a, "b": hb.addr}
+    else:
+        ba = bytearray(REGION)
+        arr = np.zeros(REGION, dtype=np.uint8)
+        keep += [ba, arr]
+        assert e.register_memory(ba) == 0, e.last_error  # a buffer object (kvxfer extension)
+        assert e.register_memory(arr.ctypes.data, arr.nbytes) == 0, e.last_error  # an address, as Mooncake
+        regions = {"a": kvxfer.address_of(ba)[0], "b": int(arr.ctypes.data)}
+    out({"event": "ready", "name": e.segment_name, "rpc_port": e.get_rpc_port(), "regions": regions, "size": REGION,
+         "pid": os.getpid()})
+    for c in commands():
+        cmd = c["cmd"]
+        if cmd == "read":
+            out({"hex": e.read_bytes_from_buffer(c["addr"], c["len"]).hex()})
+        elif cmd == "write":
+            data = bytes.fromhex(c["hex"])
+            out({"rc": e.write_bytes_to_buffer(c["addr"], data, len(data))})
+        elif cmd == "register":
+            hb = kvxfer.HostBuffer(c["len"])
+            keep.append(hb)
+            out({"rc": e.register_memory(hb.addr, hb.nbytes), "addr": hb.addr})
+        elif cmd == "unregister":
+            out({"rc": e.unregister_memory(c["addr"])})
+        elif cmd == "exit":
+            break
+    e.close()
+    return 0
+
+
+def server_args(bootstrap, tp_size):
+    host, _, port = bootstrap.rpartition(":")
+    return types.SimpleNamespace(host=host, disaggregation_bootstrap_port=int(port), tp_size=tp_size, dp_size=1,
+                                 pp_size=1, enable_dp_attention=False, kv_cache_dtype="auto", dist_init_addr=None)
+
+
+def prefill(args):
+    from kvxfer.sglang import DisaggregationMode, KVManager, KVPoll, KVSender
+
+    g = Geometry(mla=args.mla)
+    kv = RankKV(g, tp=args.tp_size, rank=args.tp_rank, host_buffers=args.host_buffers)
+    mgr = KVManager(kv.kv_args(), DisaggregationMode.PREFILL, server_args(args.bootstrap, args.tp_size), is_mla_backend=args.mla)
+    out({"event": "ready", "transport": mgr.transport, "pid": os.getpid()})
+    held = {}
+    for c in commands():
+        cmd = c["cmd"]
+        if cmd == "exit":
+            break
+        room = c["room"]
+        if cmd == "create":  # a sender that is kept (duplicate-room test)
+            s = KVSender(mgr, args.bootstrap, room, [0], 0)
+            held.setdefault(room, []).append(s)
+            res = {"room": room, "state": s.poll()}
+            if s.poll() == KVPoll.Failed:
+                res["error"] = s.failure_reason()[1]
+            out(res)
+            continue
+        # cmd == "send": the request's source pages, in chunks.
+        kv.fill(room)
+        s = KVSender(mgr, args.bootstrap, room, [0], 0)
+        st = s.wait(KVPoll.WaitingForInput, 60)
+        res = {"room": room}
+        if st == KVPoll.WaitingForInput:
+            prefix = s.pop_decode_prefix_len()
+            res["prefix"] = prefix
+            pages = c["src_pages"][prefix // g.page_size:]
+            aux = c.get("aux_row")
+            if aux is not None:
+                kv.fill_aux(aux, room)
+            if c.get("abort_when_waiting"):
+                s.abort()
+            s.init(len(pages), aux)
+            chunks = max(1, c.get("chunks", 1))
+            step = max(1, -(-len(pages) // chunks))
+            parts = [pages[i:i + step] for i in range(0, len(pages), step)] or [[]]
+            for k, part in enumerate(parts):
+                if c.get("die_after_chunks") == k:
+                    out({"event": "dying", "room": room, "chunks_sent": k})
+                    time.sleep(600)
+                if s.should_send_kv_chunk(len(part), k == len(parts) - 1):
+                    s.send(np.asarray(part, dtype=np.int32))
+            st = s.wait(KVPoll.Success, 60)
+        res["state"] = st
+        if st == KVPoll.Failed:
+            try:
+                s.failure_exception()
+            except Exception as e:  # KVTransferError
+                res["error"] = str(e)
+        m = s.get_transfer_metric()
+        res["bytes"] = m.transfer_total_bytes
+        out(res)
+        s.clear()
+    mgr.close()
+    return 0
+
+
+def decode(args):
+    from kvxfer.sglang import DisaggregationMode, KVManager, KVPoll, KVReceiver
+
+    g = Geometry(mla=args.mla)
+    kv = RankKV(g, tp=1, rank=0, host_buffers=args.host_buffers)
+    mgr = KVManager(kv.kv_args(), DisaggregationMode.DECODE, server_args(args.bootstrap, 1), is_mla_backend=args.mla)
+    out({"event": "ready", "transport": mgr.transport, "pid": os.getpid()})
+    for c in commands():
+        if c["cmd"] == "exit":
+            break
+        room = c["room"]
+        r = KVReceiver(mgr, args.bootstrap, room)
+        r.init(0)
+        st = r.wait(KVPoll.WaitingForInput, 60)
+        if st == KVPoll.WaitingForInput:
+            r.send_metadata(np.asarray(c["dst_pages"], dtype=np.int32), c.get("aux_row"))
+            if c.get("die_after_metadata"):
+                out({"event": "dying", "room": room})
+                time.sleep(600)
+            st = r.wait(KVPoll.Success, 60)
+        res = {"room": room, "state": st}
+        if st == KVPoll.Failed:
+            res["error"] = r.failure_reason()[1]
+        out(res)
+        r.clear()
+    mgr.close()
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="role", required=True)
+    m = sub.add_parser("mooncake")
+    m.add_argument("--protocol", default="tcp")
+    for name in ("prefill", "decode"):
+        p = sub.add_parser(name)
+        p.add_argument("--bootstrap", required=True)
+        p.add_argument("--tp-size", type=int, default=1)
+        p.add_argument("--tp-rank", type=int, default=0)
+        p.add_argument("--mla", action="store_true")
+        p.add_argument("--host-buffers", action="store_true")
+    args = ap.parse_args()
+    return {"mooncake": mooncake, "prefill": prefill, "decode": decode}[args.role](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -97,6 +97,7 @@ TRANSFER_CANCELED = 4
 REGION_PEER_ADDRESS = 0xFFFFFFFF
 
 KV_CONFIG_SIZE_V1 = 96
+KV_CONFIG_SIZE_V2 = 216
 ENGINE_CONFIG_SIZE_V1 = 40
 
 
@@ -195,6 +196,8 @@ class KVConfig(Structure):
         ("system_dp_rank", c_uint32),
         ("kv_location", c_char_p),
         ("ib_device", c_char_p),
+        ("bootstrap_auth_token", c_char_p),
+        ("advertise_host", c_char_p),
     ]
 
 

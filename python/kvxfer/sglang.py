@@ -16,7 +16,10 @@ environment): transport ``server_args.kvxfer_transport`` / KVXFER_TRANSPORT
 buffers are not kvxfer.HostBuffer memory), host ``server_args.kvxfer_host`` /
 KVXFER_HOST (control and data-plane address; default server_args.host, a
 wildcard meaning loopback), checksum KVXFER_CHECKSUM=1 (decode verifies a
-CRC32C), segment metadata KVXFER_METADATA (etcd://...; default P2P).
+CRC32C), segment metadata KVXFER_METADATA (etcd://...; default P2P), the
+directory's bearer token ``server_args.bootstrap_auth_token`` /
+KVXFER_BOOTSTRAP_AUTH_TOKEN / SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN, the
+advertised host KVXFER_ADVERTISE_HOST.
 Timeouts: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
 SGLANG_DISAGGREGATION_WAITING_TIMEOUT (seconds, 300 by default), read when a
 KVManager is created. (The library itself sees the environment only as it
@@ -287,6 +290,9 @@ class KVManager(Closable):
         loc = getattr(a, "kv_location", None) or pointer_location(int(a.kv_data_ptrs[0]))
         c.kv_location = _lib.encode(loc)
         c.ib_device = _lib.encode(a.ib_device or None)
+        token = os.environ.get("KVXFER_BOOTSTRAP_AUTH_TOKEN") or os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")
+        c.bootstrap_auth_token = _lib.encode(getattr(self.server_args, "bootstrap_auth_token", None) or token or None)
+        c.advertise_host = _lib.encode(os.environ.get("KVXFER_ADVERTISE_HOST") or None)
         return c
 
     def _engine_create(self, transport):

@@ -130,6 +130,11 @@ def prefill(args):
                 if c.get("die_after_chunks") == k:
                     out({"event": "dying", "room": room, "chunks_sent": k})
                     time.sleep(600)
+                if c.get("pause_after_chunks") == k:
+                    # The test stops this process (SIGSTOP) here, lets it go
+                    # on (SIGCONT) and then says "continue".
+                    out({"event": "paused", "room": room, "chunks_sent": k})
+                    sys.stdin.readline()
                 if s.should_send_kv_chunk(len(part), k == len(parts) - 1):
                     s.send(np.asarray(part, dtype=np.int32))
             st = s.wait(KVPoll.Success, 60)

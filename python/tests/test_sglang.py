@@ -5,6 +5,7 @@ checked against the pattern; failures are checked on both sides."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 import types
@@ -243,6 +244,34 @@ def test_prefill_killed_mid_transfer(peers, bootstrap):
         assert time.monotonic() - t0 < DEADLINE
         status, msg = r.failure_reason()
         assert status != 0 and "51" in msg, msg
+    finally:
+        mgr.close()
+
+
+def test_stalled_prefill_same_outcome_on_both_sides(peers, bootstrap):
+    """Fault without verification: the prefill rank stalls (SIGSTOP) after
+    the first of three chunks; the decode fails the room (silent peer) and,
+    once the prefill runs again (SIGCONT) and sends the rest, the prefill's
+    room fails too: one outcome for the room on both sides, never a Success
+    the decode has already given up on."""
+    g = Geometry()
+    (pre,) = prefill_ranks(peers, bootstrap, 1)
+    kv, mgr = decode_rank(g)
+    try:
+        room = 52
+        pre.send({"cmd": "send", "room": room, "src_pages": list(range(12)), "chunks": 3, "pause_after_chunks": 1})
+        r = receive(mgr, bootstrap, room, list(range(20, 32)))
+        assert pre.recv()["event"] == "paused"
+        pre.kill(signal.SIGSTOP)
+        try:
+            assert r.wait(KVPoll.Success, DEADLINE) == KVPoll.Failed
+            status, msg = r.failure_reason()
+            assert status != 0 and str(room) in msg, msg
+        finally:
+            pre.kill(signal.SIGCONT)
+        pre.send({"cmd": "continue"})
+        res = pre.recv()
+        assert res["state"] == KVPoll.Failed, f"decode failed the room ({msg}) but the prefill reported {res}"
     finally:
         mgr.close()
 

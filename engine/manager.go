@@ -608,7 +608,16 @@ func (m *Manager) bind() error {
 // bind host, or for a wildcard bind the address hostaddr.Pick chooses
 // (SGLang advertises loopback there, which no peer on another host reaches).
 func (m *Manager) advertiseHost(bindHost string) string {
-	if h := strings.Trim(m.cfg.AdvertiseHost, "[]"); h != "" {
+	return advertiseHost(m.cfg.AdvertiseHost, bindHost, "control socket", m.log)
+}
+
+// advertiseHost is the one advertise rule of every kvxfer listener (the KV
+// manager's control socket, the TransferEngine's segment RPC listener):
+// advertise if set, else a non-wildcard bindHost as is, else the address
+// hostaddr.Pick chooses, logged (a warning when only loopback is left).
+// what names the listener in the log line.
+func advertiseHost(advertise, bindHost, what string, log *slog.Logger) string {
+	if h := strings.Trim(advertise, "[]"); h != "" {
 		return h
 	}
 	if !hostaddr.IsWildcard(bindHost) {
@@ -616,10 +625,10 @@ func (m *Manager) advertiseHost(bindHost string) string {
 	}
 	c := hostaddr.Pick(bindHost)
 	if c.Loopback {
-		m.log.Warn("control socket bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set the advertise host)",
+		log.Warn(what+" bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set the advertise host)",
 			"bind", bindHost, "advertised", c.Host)
 	} else {
-		m.log.Info("control socket bound to a wildcard advertises the address chosen for it (set the advertise host to choose another)",
+		log.Info(what+" bound to a wildcard advertises the address chosen for it (set the advertise host to choose another)",
 			"bind", bindHost, "advertised", c.Host, "interface", c.Iface, "how", c.How)
 	}
 	return c.Host

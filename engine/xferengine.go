@@ -16,8 +16,6 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-
-	"github.com/kvxfer/kvxfer/bootstrap"
 )
 
 // TransferEngineConfig configures a TransferEngine.
@@ -29,7 +27,9 @@ type TransferEngineConfig struct {
 	// LocalHostname is Mooncake's local_hostname: "host" or "host:port". The
 	// host is where the segment RPC listener binds and what the default
 	// segment name and the published RPC address carry; a wildcard
-	// (0.0.0.0, ::) binds every interface and is advertised as loopback.
+	// (0.0.0.0, ::) binds every interface and advertises AdvertiseHost, or
+	// else the default-route interface's address (loopback only when the
+	// host has no other, with a warning), the KV manager's rule.
 	// The port is the RPC port (absent or 0: a free port, see RPCPort).
 	// Default "127.0.0.1".
 	LocalHostname string
@@ -38,6 +38,10 @@ type TransferEngineConfig struct {
 	// works; without one, peers must be able to dial the name, so leave it
 	// empty.
 	SegmentName string
+	// AdvertiseHost, when set, is the host the segment name and published
+	// RPC address carry instead of the bind host (a wildcard bind needs it
+	// when the default-route interface is not the one peers reach).
+	AdvertiseHost string
 	// Directory, when set, is where the engine publishes its descriptor
 	// (etcd) and where OpenSegment resolves names; nil is P2P. The engine
 	// does not close it.
@@ -140,7 +144,7 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		return nil, fmt.Errorf("engine: transfer engine: zmq context: %w", err)
 	}
 	te.client = &rpcClient{zctx: te.zctx}
-	te.rpcHost = bootstrap.RegisterHost(host) // a wildcard bind is advertised as loopback
+	te.rpcHost = advertiseHost(cfg.AdvertiseHost, host, "segment RPC listener", cfg.Logger)
 	te.rpc, err = listenRPC(te.zctx, host, port, te.handleRPC, cfg.RPCTimeout, cfg.Logger)
 	if err != nil {
 		_ = te.zctx.Term()

@@ -34,7 +34,8 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import _lib
 from ._lib import Closable, KvxError
@@ -670,20 +671,16 @@ class TransferEngine(Closable):
         if a.timed_out:
             self._try_forget(bid, a)
             return -2
+        # The requests of one kvx_batch_submit complete (or fail) together:
+        # request 0 speaks for the batch.
         st = _lib.TransferStatus()
-        state = _lib.TRANSFER_COMPLETED
-        for i in range(a.count):
-            rc, msg = _lib.try_call("kvx_batch_status", a.handle, i, ctypes.byref(st))
-            if rc != _lib.OK:
-                with self._lock:
-                    self._async.pop(bid, None)
-                self._fail(rc, f"transfer_check_status: batch {bid}: {msg}")
-                return -1
-            if st.state in (_lib.TRANSFER_FAILED, _lib.TRANSFER_CANCELED):
-                state = st.state
-                break
-            if st.state != _lib.TRANSFER_COMPLETED:
-                state = _lib.TRANSFER_PENDING
+        rc, msg = _lib.try_call("kvx_batch_status", a.handle, 0, ctypes.byref(st))
+        if rc != _lib.OK:
+            with self._lock:
+                self._async.pop(bid, None)
+            self._fail(rc, f"transfer_check_status: batch {bid}: {msg}")
+            return -1
+        state = st.state
         if state == _lib.TRANSFER_COMPLETED:
             with self._lock:
                 self._async.pop(bid, None)
@@ -735,7 +732,10 @@ class TransferEngine(Closable):
                     failed = True
                     break
                 if a.future is not None:
-                    a.future.result(timeout=max(0.001, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) / 1e9) if a.timeout_ns else None)
+                    try:
+                        a.future.result(timeout=max(0.001, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) / 1e9))
+                    except FutureTimeout:
+                        pass  # transfer_check_status reports -2 next
                     continue
                 left_ms = max(1, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) // 1_000_000)
                 _lib.try_call("kvx_batch_wait", a.handle, min(left_ms, 0xFFFFFFFF))

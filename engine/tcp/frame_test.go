@@ -250,13 +250,13 @@ func TestScatterLimit(t *testing.T) {
 		want    uint64
 	}{
 		{1 << 20, 4, 256 << 10},     // 4 KiB x 256: one frame per stream
-		{8 << 20, 4, 2 << 20},       // 32 KiB x 256
+		{8 << 20, 4, 1 << 20},       // 32 KiB x 256: capped at 1 MiB
 		{64 << 10, 4, 256 << 10},    // small batch: one frame
-		{64 << 20, 4, 4 << 20},      // capped
+		{64 << 20, 4, 1 << 20},      // capped
 		{1 << 20, 1, 1 << 20},       // one stream
 		{1<<20 + 1, 4, 256<<10 + 1}, // rounds up: still 4 frames
 		{0, 4, 256 << 10},           // no small writes
-		{100 << 20, 64, 1600 << 10},
+		{32 << 20, 64, 512 << 10},
 		{400 << 20, 64, scatterMaxBytes},
 	} {
 		if got := scatterLimit(tc.total, tc.streams); got != tc.want {

@@ -286,11 +286,15 @@ func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
 // writes travel packed, in batch order, in scatter frames of at most
 // maxScatterEntries entries; the payload per frame is the batch's small
 // bytes spread over the segment's streams, within [scatterMinBytes,
-// scatterMaxBytes] (see scatterLimit).
+// scatterMaxBytes] (see scatterLimit). The cap also bounds the bytes one
+// ack covers: a stream whose receiver lands scattered pages slowly (cold
+// memory on a loaded host) still acknowledges every MiB, well inside the
+// ack timeout; 4 MiB frames of 4 KiB pages went 10 s without an ack on the
+// 2-core build VM at load 50 (TP 8 → 8 demo, 16 ranks).
 const (
 	scatterEntryMax = 256 << 10
 	scatterMinBytes = 256 << 10
-	scatterMaxBytes = 4 << 20
+	scatterMaxBytes = 1 << 20
 )
 
 // scatterLimit returns the payload cap of one scatter frame for a batch
@@ -328,7 +332,7 @@ func (p *packer) reset() { p.entries, p.bytes = 0, 0 }
 // range inside a registered region; errors wrap engine.ErrUnknownRegion or
 // engine.ErrOutOfBounds and nothing is sent), packs small writes (one block
 // of at most 256 KiB, host to host) into scatter frames of at most 1024
-// writes and 256 KiB..4 MiB (the batch's small bytes over the streams), splits contiguous requests over 4 MiB into 4 MiB frames,
+// writes and 256 KiB..1 MiB (the batch's small bytes over the streams), splits contiguous requests over 4 MiB into 4 MiB frames,
 // and queues the frames on the least-loaded streams.
 // Errors also: a closed segment (ErrClosed), every stream lost (ErrPeerLost).
 func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {

@@ -19,7 +19,7 @@
 //
 // Small writes are cheap: a batch's small requests (one block of at most
 // 256 KiB, host memory to a host region) travel packed in scatter frames of
-// up to 1024 writes and 4 MiB (spread over the streams): one header and a table of (region, offset,
+// up to 1024 writes and 1 MiB (spread over the streams): one header and a table of (region, offset,
 // length) entries, then the payloads back to back. The receiver checks every
 // entry before any byte lands and reads the payloads with vectored reads
 // straight into the destination ranges; pages scattered over a KV pool thus

@@ -649,3 +649,71 @@ func auxBytes() uint64 {
 	}
 	return n
 }
+
+// TestWritesFollowContiguousRuns: TransferMetric.Writes counts one KV write
+// per run of pages contiguous on both sides per buffer: a request on fresh
+// pools is one write per buffer; on fragmented pools (workload's random
+// free-list order) about one per page and buffer. Every byte still lands.
+func TestWritesFollowContiguousRuns(t *testing.T) {
+	for _, fragment := range []bool{false, true} {
+		addr := startBootstrap(t)
+		p := newBufRank(t, engine.RolePrefill, addr, sideOpts{smallGQA, workload.DefaultAux}, false)
+		d := newBufRank(t, engine.RoleDecode, addr, sideOpts{smallGQA, workload.DefaultAux}, false)
+		if fragment {
+			p.pool.Fragment(1)
+			d.pool.Fragment(2)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		const tokens = 4 * 20 // 20 pages of 4 tokens
+		dst, _ := d.pool.Alloc(20)
+		src, _ := p.pool.Alloc(20)
+		r, err := d.m.NewReceiver(addr, 55)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := r.SendMetadata(dst, 0, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.m.NewSender(55)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := workload.FillPattern(p.pool, 55, src, 0); err != nil {
+			t.Fatal(err)
+		}
+		if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+			t.Fatalf("sender %s: %v", st, s.Failure())
+		}
+		if _, err := s.InitTokens(tokens, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(src, true); err != nil {
+			t.Fatal(err)
+		}
+		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+			t.Fatalf("receiver %s: %v", st, r.Failure())
+		}
+		if err := workload.VerifyPattern(d.pool, 55, dst, 0); err != nil {
+			t.Fatal(err)
+		}
+		s.Wait(ctx, engine.KVSuccess)
+		runs := 0
+		for i := range src {
+			if i == 0 || src[i] != src[i-1]+1 || dst[i] != dst[i-1]+1 {
+				runs++
+			}
+		}
+		nbuf := p.pool.Layout().NumBuffers()
+		mt := s.TransferMetric()
+		if mt.Writes != runs*nbuf {
+			t.Errorf("fragment %v: %d writes, want %d runs x %d buffers = %d", fragment, mt.Writes, runs, nbuf, runs*nbuf)
+		}
+		if fragment && runs < 15 || !fragment && runs != 1 {
+			t.Errorf("fragment %v: %d contiguous runs in 20 pages", fragment, runs)
+		}
+		t.Logf("fragment %v: %d pages, %d runs, %d writes of %d bytes on average", fragment, len(src), runs, mt.Writes, mt.Bytes/uint64(max(mt.Writes, 1)))
+	}
+}

@@ -311,6 +311,13 @@ type TransferMetric struct {
 	// SkippedBytes is the KV bytes the prefix saved: what a full transfer
 	// would have moved on top of Bytes.
 	SkippedBytes uint64
+	// Writes (sender only) is the KV write requests the completed transfer
+	// batches carried, over all destinations: one per run of pages
+	// contiguous on both sides per buffer pair, so about pages × buffers
+	// when the pools are fragmented and far fewer when they are not. Bytes
+	// / Writes is the effective write size. The aux row, state slots and
+	// metadata record are not counted.
+	Writes int
 }
 
 // Sender is the prefill side of one request (SGLang's KVSender): it waits for
@@ -346,6 +353,9 @@ type Sender struct {
 	// transfer batches (the metadata record not included); auxSent the aux
 	// and state bytes.
 	sent, auxSent atomic.Uint64
+	// writes counts the KV write requests of completed transfer batches
+	// (after coalescing runs of pages contiguous on both sides).
+	writes atomic.Int64
 }
 
 // NewSender creates the sender for room (any value in [0, 2^63-1], 0
@@ -659,7 +669,8 @@ func (s *Sender) BytesSent() uint64 { return s.sent.Load() }
 func (s *Sender) TransferMetric() TransferMetric {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	mt := TransferMetric{Latency: s.latency, Bytes: s.sent.Load(), AuxBytes: s.auxSent.Load(), Pages: max(s.queued, 0), PrefixTokens: s.prefixLocked()}
+	mt := TransferMetric{Latency: s.latency, Bytes: s.sent.Load(), AuxBytes: s.auxSent.Load(), Pages: max(s.queued, 0), PrefixTokens: s.prefixLocked(),
+		Writes: int(s.writes.Load())}
 	prefixPages := uint64(mt.PrefixTokens / s.m.geo.PageSize)
 	for _, d := range s.dsts {
 		if d.msg.Dummy || d.peer.pairs == nil {
@@ -924,6 +935,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	}
 	s.sent.Add(nbytes)
 	s.auxSent.Add(extra)
+	s.writes.Add(int64(len(reqs)))
 	if stage >= 0 {
 		cb := &TransferBatch{Requests: []WriteRequest{{Local: s.m.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}

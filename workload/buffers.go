@@ -3,6 +3,7 @@ package workload
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 
@@ -18,13 +19,29 @@ var ErrPoolExhausted = errors.New("workload: KV pool exhausted")
 // pool allocator does (kvxfer itself never allocates pages: the caller gives
 // page indices to Sender.Send and Receiver.SendMetadata). Free pages are kept
 // sorted and handed out lowest first, so a fresh pool gives contiguous runs
-// (which the sender coalesces) and a fragmented one still works. Safe for
-// concurrent use.
+// (which the sender coalesces) and a fragmented one still works; Fragment
+// switches to the random order of a long-running server's free list. Safe
+// for concurrent use.
 type PageAllocator struct {
 	mu   sync.Mutex
 	n    int
-	free []int32 // ascending
+	free []int32 // ascending, or in random order once fragmented
 	used []bool
+	rng  *rand.Rand // non-nil once Fragment was called
+}
+
+// Fragment makes the allocator hand out pages in the random order a warm
+// serving engine's free list has (pages of finished requests go back
+// wherever they were, so a new request's pages are scattered over the
+// pool): the free list is shuffled now, with a generator seeded by seed,
+// and every page freed later goes to a random place in it. Consecutive
+// pages of one Alloc are then rarely adjacent, so a transfer writes about
+// one request per page and buffer instead of a few long runs.
+func (a *PageAllocator) Fragment(seed uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rng = rand.New(rand.NewPCG(seed, 0x66726167))
+	a.rng.Shuffle(len(a.free), func(i, j int) { a.free[i], a.free[j] = a.free[j], a.free[i] })
 }
 
 // NewPageAllocator returns an allocator of n pages, all free.
@@ -46,7 +63,8 @@ func (a *PageAllocator) FreePages() int {
 	return len(a.free)
 }
 
-// Alloc takes n pages (n ≥ 0), lowest indices first. It returns an error
+// Alloc takes n pages (n ≥ 0), lowest indices first (in free-list order
+// once fragmented). It returns an error
 // wrapping ErrPoolExhausted when fewer than n are free (nothing is taken).
 func (a *PageAllocator) Alloc(n int) ([]int32, error) {
 	if n < 0 {
@@ -83,8 +101,16 @@ func (a *PageAllocator) Free(pages []int32) error {
 	for _, p := range pages {
 		a.used[p] = false
 	}
-	a.free = append(a.free, pages...)
-	slices.Sort(a.free)
+	if a.rng == nil {
+		a.free = append(a.free, pages...)
+		slices.Sort(a.free)
+		return nil
+	}
+	for _, p := range pages { // each to a random place (one Fisher–Yates step)
+		a.free = append(a.free, p)
+		j := a.rng.IntN(len(a.free))
+		a.free[j], a.free[len(a.free)-1] = a.free[len(a.free)-1], a.free[j]
+	}
 	return nil
 }
 

@@ -86,6 +86,57 @@ func TestLoadHFConfig(t *testing.T) {
 	}
 }
 
+func TestPageAllocatorFragment(t *testing.T) {
+	const n = 4096
+	runs := func(p []int32) int { // contiguous runs, as the sender coalesces them
+		r := 0
+		for i := range p {
+			if i == 0 || p[i] != p[i-1]+1 {
+				r++
+			}
+		}
+		return r
+	}
+	a := NewPageAllocator(n)
+	p, _ := a.Alloc(256)
+	if runs(p) != 1 {
+		t.Fatalf("fresh pool: %d runs for 256 pages, want 1", runs(p))
+	}
+	b := NewPageAllocator(n)
+	b.Fragment(7)
+	q, err := b.Alloc(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := runs(q); r < 240 {
+		t.Fatalf("fragmented pool: %d runs for 256 pages, want nearly one per page", r)
+	}
+	// Freed pages go back at random places; nothing is lost or duplicated.
+	if err := b.Free(q[:100]); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := b.Alloc(n - 156)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int32]bool{}
+	for _, x := range append(rest, q[100:]...) {
+		if seen[x] || x < 0 || x >= n {
+			t.Fatalf("page %d handed out twice or out of range", x)
+		}
+		seen[x] = true
+	}
+	if len(seen) != n || b.FreePages() != 0 {
+		t.Fatalf("%d distinct pages, %d free; want all %d out", len(seen), b.FreePages(), n)
+	}
+	// The same seed gives the same order (the demo's ranks are reproducible).
+	c := NewPageAllocator(n)
+	c.Fragment(7)
+	if r, _ := c.Alloc(256); !reflect.DeepEqual(r, q) {
+		t.Fatalf("same seed, different order")
+	}
+}
+
 func TestPageAllocator(t *testing.T) {
 	a := NewPageAllocator(8)
 	p1, err := a.Alloc(3)

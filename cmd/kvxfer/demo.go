@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -23,6 +25,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer/bench"
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
@@ -53,6 +56,9 @@ type demoFlags struct {
 	prefault    bool
 	metadata    string
 	metadataTTL time.Duration
+	fragment    bool
+	bench       bool
+	warmup      int
 }
 
 func init() {
@@ -67,7 +73,20 @@ bootstrap_room; every prefill rank fills its source pages with a deterministic
 pattern of (room, layer, token, head, offset), the decode ranks receive the
 pages, verify the metadata record (room, commit word, CRC32C) and every byte,
 and the demo prints a summary (requests, tokens, pages, bytes, prefix reuse,
-GB/s, transfer latency p50/p99, failures). Exits non-zero if any request fails.
+throughput, write requests per room, transfer latency p50/p99, failures).
+Exits non-zero if any request fails.
+
+Throughput: "aggregate" is the KV bytes over the union of the requests'
+transfer intervals (prefill first Send → Success; concurrent transfers
+overlap), "per request" the bytes over the sum of the per-request transfer
+times, "goodput" the bytes over the wall time (fill and verify included).
+With --bench (the default) the demo then runs kvxfer bench on the transport
+it used, at its effective write size (KV bytes per write request) and depth
+(write requests per room and prefill rank), and prints the aggregate rate
+over that figure: what the KV-room layer costs against the transport alone.
+--fragment makes every rank's pool hand out pages in random order, as a
+long-running server's does, so nothing coalesces (each page of each layer
+buffer is one write: 4 KiB for Llama-3.1-8B at TP 8).
 
 Every rank holds its KV as a serving engine does: one buffer per layer for K
 and for V (one per layer for MLA) plus SGLang's aux buffers, built by the
@@ -106,6 +125,9 @@ allow are capped.`,
 	fs.StringVar(&f.childLog, "child-log-level", "warn", "log level of the prefill/decode processes")
 	fs.IntVar(&f.prefixMB, "prefix-cache-mb", 1024, "per decode rank, MiB of KV kept as a prefix cache of prompt blocks named by the workload's hash_ids (LRU): later requests ask the prefill only for the pages after the longest held prefix; 0 = off")
 	fs.StringVar(&f.device, "device", "", "KV pools of every rank in host memory (empty) or on CUDA device cuda:N (patterns filled and verified through host copies; transports that cannot move device memory are not used)")
+	fs.BoolVar(&f.fragment, "fragment", false, "every rank hands out KV pages in the random order of a warm server's free list (a request's pages are scattered over its pool, so each page of each layer buffer is its own write) instead of lowest first")
+	fs.IntVar(&f.warmup, "warmup", 0, "run this many untimed requests first (verified, not counted in the summary): a fresh process's first transfers pay one-time costs (connections, kernel socket memory, on a VM the host backing its memory) that a warm server does not")
+	fs.BoolVar(&f.bench, "bench", true, "after the requests, run kvxfer bench on the transport used at the demo's effective write size (KV bytes / write requests) and print the ratio of the demo's aggregate transfer rate to it (about 2 s)")
 	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
 		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
@@ -253,6 +275,15 @@ type demoResult struct {
 	// SkippedBytes the KV bytes that saved (all decode ranks).
 	PrefixTokens int    `json:"prefix_tokens,omitempty"`
 	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
+	// Writes is the KV write requests the prefill ranks made for the room
+	// (one per run of pages contiguous on both sides per buffer).
+	Writes int `json:"writes"`
+	// StartUnixNS and EndUnixNS bound the room's transfer over all prefill
+	// ranks (earliest first Send, latest Success), Unix nanoseconds.
+	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
+	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
+	// Warmup marks an untimed warm-up request (--warmup).
+	Warmup bool `json:"warmup,omitempty"`
 }
 
 type demoSummary struct {
@@ -274,12 +305,36 @@ type demoSummary struct {
 	Tokens         int64    `json:"tokens"`
 	Pages          int64    `json:"pages"`
 	Bytes          uint64   `json:"bytes"`
-	WallSeconds    float64  `json:"wall_seconds"`
-	GoodputGBps    float64  `json:"goodput_gbps"`
-	TransferGBps   float64  `json:"transfer_gbps"`
-	LatencyP50MS   float64  `json:"transfer_latency_p50_ms"`
-	LatencyP99MS   float64  `json:"transfer_latency_p99_ms"`
-	LatencyMaxMS   float64  `json:"transfer_latency_max_ms"`
+	Fragment       bool     `json:"fragment"`
+	// Warmup is the untimed requests run first; WarmupFailures how many of
+	// them failed (the demo then fails).
+	Warmup         int     `json:"warmup"`
+	WarmupFailures int     `json:"warmup_failures"`
+	WallSeconds    float64 `json:"wall_seconds"`
+	GoodputGBps    float64 `json:"goodput_gbps"`
+	// AggregateGBps is Bytes over TransferSeconds, the length of the union
+	// of the verified requests' transfer intervals (1e9 B/s).
+	AggregateGBps   float64 `json:"aggregate_transfer_gbps"`
+	TransferSeconds float64 `json:"transfer_union_seconds"`
+	// TransferGBps is the per-request figure: Bytes over the sum of the
+	// per-request transfer times.
+	TransferGBps float64 `json:"per_request_transfer_gbps"`
+	// Writes is the KV write requests of the verified requests; WritesPerRoom
+	// their mean per request; WriteBytes the effective write size (KV bytes
+	// sent / Writes).
+	Writes        int64   `json:"writes"`
+	WritesPerRoom float64 `json:"writes_per_room"`
+	WriteBytes    uint64  `json:"effective_write_bytes"`
+	// Bench is kvxfer bench on the transport used at WriteBytes (BenchCase
+	// names the case); BenchRatio = AggregateGBps / BenchGBps; BenchNote says
+	// why it was not measured.
+	BenchCase    string  `json:"bench_case,omitempty"`
+	BenchGBps    float64 `json:"bench_gbps,omitempty"`
+	BenchRatio   float64 `json:"bench_ratio,omitempty"`
+	BenchNote    string  `json:"bench_note,omitempty"`
+	LatencyP50MS float64 `json:"transfer_latency_p50_ms"`
+	LatencyP99MS float64 `json:"transfer_latency_p99_ms"`
+	LatencyMaxMS float64 `json:"transfer_latency_max_ms"`
 	// PrefixCacheBlocks is each decode rank's prefix cache (512-token
 	// blocks; 0 = off, PrefixNote says why); PrefixTokens the verified
 	// requests' held prompt tokens; FullBytes the KV bytes full transfers
@@ -361,6 +416,18 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	} else {
 		reqs = workload.Generate(f.requests, seed, 64, 0)
 	}
+	// Warm-up requests: the first prompts' lengths again, without hash_ids
+	// (they must not fill the decode's prefix cache for the timed ones).
+	nWarm := 0
+	if f.warmup > 0 && len(reqs) > 0 {
+		nWarm = f.warmup
+		warm := make([]workload.Request, nWarm)
+		for i := range warm {
+			warm[i] = reqs[i%len(reqs)]
+			warm[i].HashIDs = nil
+		}
+		reqs = append(warm, reqs...)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
@@ -391,6 +458,12 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		defer func() { stopPub(); <-pubDone }()
 	}
 
+	rankSeed := func(i int) []string { // distinct, non-zero free-list seeds per rank
+		if !f.fragment {
+			return nil
+		}
+		return []string{"--fragment-seed", strconv.FormatUint(seed*0x9e3779b97f4a7c15+uint64(i)+1|1, 10)}
+	}
 	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
 		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
 		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String(), "--prefault=" + strconv.FormatBool(f.prefault)}
@@ -420,6 +493,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			args := append([]string{"prefill"}, common...)
 			args = append(args, "--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp),
 				"--pp-size", strconv.Itoa(f.prefillPP), "--pp-rank", strconv.Itoa(pp), "--chunk-pages", strconv.Itoa(f.chunkPages))
+			args = append(args, rankSeed(len(children))...)
 			c, err := startChild(ctx, exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args, childEnv)
 			if err != nil {
 				return err
@@ -431,6 +505,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	for tp := 0; tp < f.decodeTP; tp++ {
 		args := append([]string{"decode"}, common...)
 		args = append(args, "--tp-size", strconv.Itoa(f.decodeTP), "--tp-rank", strconv.Itoa(tp), "--verify", "--checksum="+strconv.FormatBool(f.checksum))
+		args = append(args, rankSeed(len(children))...)
 		if prefixBlocks > 0 {
 			args = append(args, "--prefix-cache-blocks", strconv.Itoa(prefixBlocks), "--prefix-block-tokens", strconv.Itoa(workload.DefaultBlockTokens))
 		}
@@ -500,6 +575,10 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, rq := range reqs {
+		if i == nWarm && nWarm > 0 {
+			wg.Wait() // the timed requests start on a warm system
+			start = time.Now()
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -547,6 +626,13 @@ func runDemo(parent context.Context, f *demoFlags) error {
 					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
 				} else {
 					res.SentBytes += r.Bytes
+					res.Writes += r.Writes
+					if !r.Dummy && r.StartUnixNS > 0 {
+						if res.StartUnixNS == 0 || r.StartUnixNS < res.StartUnixNS {
+							res.StartUnixNS = r.StartUnixNS
+						}
+						res.EndUnixNS = max(res.EndUnixNS, r.EndUnixNS)
+					}
 					if !r.Dummy {
 						res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
 						if len(r.Transports) > 0 {
@@ -569,10 +655,20 @@ func runDemo(parent context.Context, f *demoFlags) error {
 
 	sum := demoSummary{Model: model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
 		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
-		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote}
+		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote, Fragment: f.fragment,
+		Warmup: nWarm}
+	for i := range results[:nWarm] {
+		results[i].Warmup = true
+		if !results[i].OK {
+			sum.WarmupFailures++
+		}
+	}
+	sum.Requests -= nWarm
 	var lats, later []float64
 	var latSum float64
-	for i, r := range results {
+	var spans [][2]int64
+	var sentBytes uint64
+	for i, r := range results[nWarm:] {
 		if r.Capped {
 			sum.CappedRequests++
 		}
@@ -589,6 +685,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		sum.Bytes += r.Bytes
 		sum.PrefixTokens += int64(r.PrefixTokens)
 		sum.FullBytes += r.Bytes + r.SkippedBytes
+		sum.Writes += int64(r.Writes)
+		sentBytes += r.SentBytes
 		lats = append(lats, r.TransferMS)
 		latSum += r.TransferMS
 		if i == 0 {
@@ -596,6 +694,19 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		} else {
 			later = append(later, r.TransferMS)
 		}
+		if r.EndUnixNS > r.StartUnixNS {
+			spans = append(spans, [2]int64{r.StartUnixNS, r.EndUnixNS})
+		}
+	}
+	sum.TransferSeconds = float64(unionNS(spans)) / 1e9
+	if sum.TransferSeconds > 0 {
+		sum.AggregateGBps = float64(sum.Bytes) / sum.TransferSeconds / 1e9
+	}
+	if sum.Verified > 0 {
+		sum.WritesPerRoom = float64(sum.Writes) / float64(sum.Verified)
+	}
+	if sum.Writes > 0 {
+		sum.WriteBytes = sentBytes / uint64(sum.Writes)
 	}
 	slices.Sort(later)
 	sum.LaterP50MS, sum.Prefault = percentile(later, 50), f.prefault
@@ -607,6 +718,15 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	sum.GoodputGBps = float64(sum.Bytes) / wall.Seconds() / 1e9
 	if latSum > 0 {
 		sum.TransferGBps = float64(sum.Bytes) / (latSum / 1000) / 1e9
+	}
+	if f.bench {
+		nPrefill := len(prefills)
+		sum.BenchCase, sum.BenchGBps, sum.BenchNote = benchAt(ctx, sum, f, nPrefill)
+		if sum.BenchGBps > 0 && sum.AggregateGBps > 0 {
+			sum.BenchRatio = sum.AggregateGBps / sum.BenchGBps
+		}
+	} else {
+		sum.BenchNote = "not run (--bench=false)"
 	}
 	printSummary(os.Stdout, sum, results)
 	if f.jsonOut != "" {
@@ -620,6 +740,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 	if sum.Failures > 0 {
 		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
+	}
+	if sum.WarmupFailures > 0 {
+		return fmt.Errorf("%d of %d warm-up requests failed transfer or verification", sum.WarmupFailures, sum.Warmup)
 	}
 	return nil
 }
@@ -646,6 +769,8 @@ func validateDemoFlags(f *demoFlags) error {
 		return fmt.Errorf("--chunk-pages %d: must be >= 0 (0 = one chunk)", f.chunkPages)
 	case f.prefixMB < 0:
 		return fmt.Errorf("--prefix-cache-mb %d: must be >= 0 (0 = no prefix reuse)", f.prefixMB)
+	case f.warmup < 0:
+		return fmt.Errorf("--warmup %d: must be >= 0 (untimed requests before the measured ones)", f.warmup)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(f.childLog)); err != nil {
@@ -710,12 +835,22 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	fmt.Fprintf(tw, "transport\t%s (offered %s); checksum %s (CRC32C available: %s)\n", strings.Join(s.Used, ","), strings.Join(s.Transports, ","), onOff(s.Checksum), strings.NewReplacer("(", "", ")", "").Replace(s.CRC32CPath))
 	fmt.Fprintf(tw, "workload\t%s; prompts capped at %d tokens (%d capped)\n", s.Workload, s.MaxTokens, s.CappedRequests)
 	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
+	if s.Warmup > 0 {
+		fmt.Fprintf(tw, "warm-up\t%d requests first, verified, not counted below (%d failed)\n", s.Warmup, s.WarmupFailures)
+	}
 	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)
 	fmt.Fprintf(tw, "pages\t%d (decode side)\n", s.Pages)
 	fmt.Fprintf(tw, "bytes\t%d (%.2f GiB)\n", s.Bytes, float64(s.Bytes)/(1<<30))
 	fmt.Fprintf(tw, "prefix reuse\t%s\n", prefixLine(s))
 	fmt.Fprintf(tw, "wall time\t%.2f s\n", s.WallSeconds)
-	fmt.Fprintf(tw, "GB/s\t%.2f transfer (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n", s.TransferGBps, s.GoodputGBps)
+	fmt.Fprintf(tw, "GB/s\t%.2f aggregate transfer (bytes / union of the transfer intervals, %.2f s); %.2f per request (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n",
+		s.AggregateGBps, s.TransferSeconds, s.TransferGBps, s.GoodputGBps)
+	fmt.Fprintf(tw, "writes\t%.1f KV write requests per room (%d in all; %s per write on average; pages %s)\n", s.WritesPerRoom, s.Writes, fmtBytes(s.WriteBytes), fragmentWord(s.Fragment))
+	if s.BenchGBps > 0 {
+		fmt.Fprintf(tw, "vs bench\t%.2f× aggregate over kvxfer bench %s: %.2f GB/s\n", s.BenchRatio, s.BenchCase, s.BenchGBps)
+	} else {
+		fmt.Fprintf(tw, "vs bench\t%s\n", s.BenchNote)
+	}
 	fmt.Fprintf(tw, "transfer latency\tp50 %.1f ms, p99 %.1f ms, max %.1f ms (prefill Send → Success)\n", s.LatencyP50MS, s.LatencyP99MS, s.LatencyMaxMS)
 	if s.FirstMS > 0 && s.LaterP50MS > 0 {
 		fmt.Fprintf(tw, "first request\t%.1f ms transfer, %.2f× the later requests' p50 %.1f ms (buffers prefaulted: %s)\n",
@@ -726,7 +861,11 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	n := 0
 	for _, r := range rs {
 		if !r.OK && n < 10 {
-			fmt.Fprintf(w, "FAILED room %d (%d tokens): %s\n", r.Room, r.Tokens, r.Error)
+			what := "room"
+			if r.Warmup {
+				what = "warm-up room"
+			}
+			fmt.Fprintf(w, "FAILED %s %d (%d tokens): %s\n", what, r.Room, r.Tokens, r.Error)
 			n++
 		}
 	}
@@ -747,4 +886,89 @@ func prefixLine(s demoSummary) string {
 	return fmt.Sprintf("%d of %d prompt tokens already on the decode (%.1f%%; cache of %d blocks of %d tokens per decode rank); KV bytes sent %d (%.2f GiB) vs %d (%.2f GiB) for full transfers, %.1f%% saved",
 		s.PrefixTokens, s.Tokens, pct(float64(s.PrefixTokens), float64(s.Tokens)), s.PrefixCacheBlocks, workload.DefaultBlockTokens,
 		s.Bytes, float64(s.Bytes)/(1<<30), s.FullBytes, float64(s.FullBytes)/(1<<30), pct(float64(s.FullBytes-s.Bytes), float64(s.FullBytes)))
+}
+
+// unionNS returns the total length of the union of the intervals [a, b]
+// (nanoseconds): overlapping transfers count once.
+func unionNS(spans [][2]int64) int64 {
+	spans = slices.Clone(spans)
+	slices.SortFunc(spans, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
+	var total, end int64
+	start := int64(0)
+	for i, sp := range spans {
+		switch {
+		case i == 0:
+			start, end = sp[0], sp[1]
+		case sp[0] > end:
+			total += end - start
+			start, end = sp[0], sp[1]
+		default:
+			end = max(end, sp[1])
+		}
+	}
+	if len(spans) > 0 {
+		total += end - start
+	}
+	return total
+}
+
+func fragmentWord(on bool) string {
+	if on {
+		return "handed out in random order (--fragment)"
+	}
+	return "handed out lowest first (fresh pools; --fragment scatters them)"
+}
+
+// fmtBytes prints a byte count with a binary unit (4.0 KiB, 1.5 MiB).
+func fmtBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// benchMaxWrite bounds the write size the demo benchmarks (its region is
+// one batch of such writes, at most 128 MiB).
+const benchMaxWrite = 64 << 20
+
+// benchAt runs kvxfer bench (bench.RunCase: two transport instances in this
+// process, the same code as `kvxfer bench`) on the transport the demo used,
+// with the demo's effective write size as the block size, the mean write
+// requests per room and prefill rank as the depth (1..4096) and the demo's
+// concurrency as batches in flight; 3 repetitions, median. It returns the
+// case label and GB/s, or a note saying why it did not run.
+func benchAt(ctx context.Context, s demoSummary, f *demoFlags, prefillRanks int) (string, float64, string) {
+	switch {
+	case f.device != "":
+		return "", 0, "not run: --device (kvxfer bench moves host memory)"
+	case len(s.Used) != 1 || strings.Contains(s.Used[0], ","):
+		return "", 0, fmt.Sprintf("not run: the requests used %d transport sets %v, not one transport", len(s.Used), s.Used)
+	case s.Writes == 0 || s.WriteBytes == 0:
+		return "", 0, "not run: no verified request wrote KV"
+	case s.WriteBytes > benchMaxWrite:
+		return "", 0, fmt.Sprintf("not run: effective write size %s is over %s", fmtBytes(s.WriteBytes), fmtBytes(benchMaxWrite))
+	}
+	depth := int(math.Round(s.WritesPerRoom / float64(max(prefillRanks, 1))))
+	depth = min(max(depth, 1), 4096)
+	cfg := bench.DefaultConfig()
+	cfg.Transports, cfg.BlockSizes, cfg.Depths, cfg.Streams = []string{s.Used[0]}, []uint64{s.WriteBytes}, []int{depth}, []int{0}
+	cfg.Inflight, cfg.Reps, cfg.Memcpy = f.concurrency, 3, false
+	c := cfg.Cases()[0]
+	if err := engine.ProbeTransport(c.Transport); err != nil {
+		return "", 0, fmt.Sprintf("not run: %s: %v", c.Transport, err)
+	}
+	label := fmt.Sprintf("(%s, %s writes, depth %d, %d in flight)", c.Transport, fmtBytes(s.WriteBytes), depth, c.Inflight)
+	res := bench.RunCase(ctx, cfg, c)
+	switch {
+	case res.Err != "":
+		return label, 0, "bench failed: " + res.Err
+	case res.VerifyErr != "":
+		return label, 0, "bench verification failed: " + res.VerifyErr
+	}
+	return label, res.GBps.Median, ""
 }

@@ -215,3 +215,116 @@ func TestPrintSummaryChecksum(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoFragmentTP8 runs the TP 8 → TP 8 shape with fragmented pools on
+// tcp and shm: one KV head per rank, pages in random order, so every page
+// of every buffer is its own write. It checks the write count, the
+// aggregate figure (union of the transfer intervals) against the
+// per-request times, and that the bench ratio was measured.
+func TestDemoFragmentTP8(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts 16 processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	dir := t.TempDir()
+	gqa := filepath.Join(dir, "gqa8.json")
+	// 8 KV heads of 64 dims: at TP 8 a page of 16 tokens is 2 KiB per buffer.
+	os.WriteFile(gqa, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644)
+	const pageBytes, buffers = 16 * 64 * 2, 8
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out.json")
+			f := &demoFlags{requests: 3, model: gqa, prefillTP: 8, prefillPP: 1, decodeTP: 8, pageSize: 16, poolMB: 4, concurrency: 2,
+				transport: tr, jsonOut: out, seed: 11, timeout: 90 * time.Second, noProgress: true, childLog: "warn",
+				fragment: true, warmup: 1, bench: true, prefault: true}
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			if err := runDemo(ctx, f); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				Summary  demoSummary  `json:"summary"`
+				Requests []demoResult `json:"requests"`
+			}
+			if err := json.Unmarshal(b, &got); err != nil {
+				t.Fatal(err)
+			}
+			s := got.Summary
+			if s.Requests != 3 || s.Verified != 3 || s.Warmup != 1 || s.WarmupFailures != 0 || len(got.Requests) != 4 || !got.Requests[0].Warmup {
+				t.Fatalf("summary %+v", s)
+			}
+			var sumSec, maxSec float64
+			for _, r := range got.Requests[1:] {
+				// Fragmented pools: about one write per page and buffer
+				// (r.Pages counts pages over the 8 decode ranks).
+				if r.Writes < r.Pages*buffers*9/10 || r.Writes > r.Pages*buffers {
+					t.Errorf("room %d: %d writes for %d pages x %d buffers", r.Room, r.Writes, r.Pages, buffers)
+				}
+				sec := float64(r.EndUnixNS-r.StartUnixNS) / 1e9
+				sumSec += sec
+				maxSec = max(maxSec, sec)
+			}
+			if s.TransferSeconds < maxSec*0.999 || s.TransferSeconds > sumSec*1.001 || s.AggregateGBps <= 0 {
+				t.Errorf("union of transfer intervals %.3f s, want between the longest %.3f s and the sum %.3f s; aggregate %.3f GB/s",
+					s.TransferSeconds, maxSec, sumSec, s.AggregateGBps)
+			}
+			if s.WriteBytes < pageBytes || s.WriteBytes > 2*pageBytes {
+				t.Errorf("effective write size %d bytes, want about one page (%d)", s.WriteBytes, pageBytes)
+			}
+			if s.BenchGBps <= 0 || s.BenchRatio <= 0 || !strings.Contains(s.BenchCase, tr) {
+				t.Errorf("bench ratio not measured: case %q, %.3f GB/s, ratio %.3f, note %q", s.BenchCase, s.BenchGBps, s.BenchRatio, s.BenchNote)
+			}
+			var sb strings.Builder
+			printSummary(&sb, s, got.Requests)
+			for _, want := range []string{"aggregate transfer (bytes / union of the transfer intervals", "KV write requests per room", "random order (--fragment)", "× aggregate over kvxfer bench (" + tr, "warm-up"} {
+				if !strings.Contains(sb.String(), want) {
+					t.Errorf("summary lacks %q:\n%s", want, sb.String())
+				}
+			}
+			t.Logf("%s: %.1f writes/room of %d bytes, aggregate %.3f GB/s over %.2f s, bench %s %.3f GB/s (%.2fx)", tr, s.WritesPerRoom, s.WriteBytes,
+				s.AggregateGBps, s.TransferSeconds, s.BenchCase, s.BenchGBps, s.BenchRatio)
+		})
+	}
+}
+
+func TestUnionNS(t *testing.T) {
+	for _, tc := range []struct {
+		in   [][2]int64
+		want int64
+	}{
+		{nil, 0},
+		{[][2]int64{{10, 20}}, 10},
+		{[][2]int64{{10, 20}, {15, 30}}, 20},            // overlap
+		{[][2]int64{{40, 50}, {10, 20}}, 20},            // disjoint, unsorted
+		{[][2]int64{{10, 100}, {20, 30}, {40, 50}}, 90}, // nested
+		{[][2]int64{{10, 20}, {20, 30}}, 20},            // touching
+		{[][2]int64{{0, 5}, {3, 8}, {10, 12}, {11, 15}}, 13},
+	} {
+		if got := unionNS(tc.in); got != tc.want {
+			t.Errorf("unionNS(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestBenchAtNotes(t *testing.T) {
+	f := &demoFlags{concurrency: 2}
+	for _, tc := range []struct {
+		s    demoSummary
+		dev  string
+		want string
+	}{
+		{demoSummary{Used: []string{"tcp"}, Writes: 10, WriteBytes: 4096}, "cuda:0", "--device"},
+		{demoSummary{Used: []string{"tcp", "shm"}, Writes: 10, WriteBytes: 4096}, "", "not one transport"},
+		{demoSummary{Used: []string{"tcp"}}, "", "no verified request"},
+		{demoSummary{Used: []string{"tcp"}, Writes: 1, WriteBytes: 1 << 30}, "", "is over"},
+	} {
+		f.device = tc.dev
+		if _, gbps, note := benchAt(context.Background(), tc.s, f, 1); gbps != 0 || !strings.Contains(note, tc.want) {
+			t.Errorf("%+v: %v %q, want a note containing %q", tc.s, gbps, note, tc.want)
+		}
+	}
+}

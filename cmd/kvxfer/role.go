@@ -57,6 +57,7 @@ type roleFlags struct {
 	advertiseHost    string
 	metadata         string
 	metadataTTL      time.Duration
+	fragmentSeed     uint64
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -87,6 +88,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool size of this rank in MiB")
 	fs.StringVar(&f.device, "device", "", "where the KV pool lives: host memory (empty, the default) or cuda:N (device memory on CUDA device N; needs the NVIDIA driver, and only transports that can move device memory are used)")
 	fs.BoolVar(&f.prefault, "prefault", true, "make the host KV and aux buffers resident and warm when they are allocated and registered (populate, then one kernel and one user write per page), so the first room pays no first-touch faults and runs at the speed of the later ones; costs about one memory pass at start; --prefault=false skips it (faster start, slow first room)")
+	fs.Uint64Var(&f.fragmentSeed, "fragment-seed", 0, "hand out KV pages in the random order of a warm server's free list, seeded by this (pages of a request are then scattered and each is its own write); 0 = lowest first, as a fresh pool")
 	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
 	if role == engine.RolePrefill {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp)
@@ -269,9 +271,18 @@ type replyLine struct {
 	PrefixTokens int    `json:"prefix_tokens,omitempty"`
 	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
 	Dummy        bool   `json:"dummy,omitempty"`
-	TransferUS   int64  `json:"transfer_us"`
-	FillUS       int64  `json:"fill_us,omitempty"`
-	VerifyUS     int64  `json:"verify_us,omitempty"`
+	// Writes (prefill) is the KV write requests the transfer took: one per
+	// run of pages contiguous on both sides per buffer (engine
+	// TransferMetric.Writes).
+	Writes int `json:"writes,omitempty"`
+	// StartUnixNS and EndUnixNS (prefill) bound the transfer (first Send,
+	// Success) in Unix nanoseconds, so a driver on the same host can take
+	// the union of concurrent transfers' intervals.
+	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
+	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
+	TransferUS  int64 `json:"transfer_us"`
+	FillUS      int64 `json:"fill_us,omitempty"`
+	VerifyUS    int64 `json:"verify_us,omitempty"`
 }
 
 // runRole runs a prefill or decode rank: it serves request lines from stdin
@@ -308,6 +319,9 @@ func runRole(role engine.Role, f *roleFlags) error {
 		return err
 	}
 	defer pool.Close()
+	if f.fragmentSeed != 0 {
+		pool.Fragment(f.fragmentSeed)
+	}
 	rows := workload.NewPageAllocator(f.auxRows)
 	var cache *workload.PrefixCache
 	if role == engine.RoleDecode && f.prefixBlocks > 0 {
@@ -640,7 +654,9 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	wctx, cancel = context.WithTimeout(ctx, f.waitingTimeout)
 	st = s.Wait(wctx, engine.KVSuccess)
 	cancel()
-	r.TransferUS = time.Since(t0).Microseconds()
+	t1 := time.Now()
+	r.TransferUS = t1.Sub(t0).Microseconds()
+	r.StartUnixNS, r.EndUnixNS = t0.UnixNano(), t1.UnixNano()
 	if st != engine.KVSuccess {
 		if err := s.Failure(); err != nil {
 			return fail(err)
@@ -649,7 +665,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	}
 	mt := s.TransferMetric()
 	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
-	r.PrefixTokens, r.SkippedBytes, r.AuxBytes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes
+	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes
 	return r
 }
 

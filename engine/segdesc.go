@@ -166,6 +166,9 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 		return bad("segment %q: peer id longer than %d bytes", w.Name, maxSegmentNameBytes)
 	}
 	d = SegmentDescriptor{Name: w.Name, Epoch: w.Epoch, RPC: w.RPC, Kind: w.Kind, Hostname: w.Hostname, PID: w.PID, Devices: w.Devices, PreparedFor: w.Peer}
+	if len(d.Devices) == 0 {
+		d.Devices = nil // "devices":[] and an absent list are the same descriptor
+	}
 	for i, t := range w.Transports {
 		if t.Name == "" || len(t.Name) > 64 {
 			return bad("segment %q: transport %d: name is empty or longer than 64 bytes", w.Name, i)
@@ -176,7 +179,11 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 		if !t.PerPeer && len(t.Endpoint) == 0 {
 			return bad("segment %q: transport %q has no endpoint", w.Name, t.Name)
 		}
-		d.Transports = append(d.Transports, SegmentTransport{Name: t.Name, Endpoint: t.Endpoint, PerPeer: t.PerPeer})
+		ep := t.Endpoint
+		if len(ep) == 0 {
+			ep = nil // "endpoint":"" and an absent endpoint are the same
+		}
+		d.Transports = append(d.Transports, SegmentTransport{Name: t.Name, Endpoint: ep, PerPeer: t.PerPeer})
 	}
 	seen := make(map[uint32]bool, len(w.Regions))
 	for i, r := range w.Regions {
@@ -196,7 +203,11 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 			return bad("segment %q: region %d listed twice", w.Name, r.ID)
 		}
 		seen[r.ID] = true
-		d.Regions = append(d.Regions, RegionDesc{ID: RegionID(r.ID), Addr: r.Addr, Length: r.Length, Kind: kind, Key: r.Key})
+		key := r.Key
+		if len(key) == 0 {
+			key = nil // "key":"" and an absent key are the same
+		}
+		d.Regions = append(d.Regions, RegionDesc{ID: RegionID(r.ID), Addr: r.Addr, Length: r.Length, Kind: kind, Key: key})
 	}
 	sortRegionsByAddr(d.Regions)
 	for i := 1; i < len(d.Regions); i++ {

@@ -388,7 +388,9 @@ func TestRequestRefusals(t *testing.T) {
 		prefix int
 		want   string
 	}{
-		{[]int32{1, 32}, -1, nil, 0, "page index 32 is beyond KV buffer 0 (layer 0 K), which holds 32 pages"},
+		{[]int32{1, 32}, -1, nil, 0, "destination page 32 (index 1 of 2) is beyond KV buffer 0 (layer 0 K), which holds 32 pages"},
+		{[]int32{3, 3}, -1, nil, 0, "destination page 3 is given twice, at indices 0 and 1 of 2"},
+		{[]int32{5, 1, 2, 9, 2}, -1, nil, 0, "destination page 2 is given twice, at indices 2 and 4 of 5"},
 		{[]int32{1}, 4, nil, 0, "aux index 4 is beyond aux buffer 0, which holds 4 rows"},
 		{[]int32{1}, -1, []int32{0}, 0, "1 state indices given, but there are no state buffers"},
 		{[]int32{1}, -1, nil, 6, "decode_prefix_len 6: want whole pages of 4 tokens"},
@@ -631,8 +633,11 @@ func TestStateSlots(t *testing.T) {
 	if mt := r.TransferMetric(); mt.AuxBytes != 2*(128+64)+auxBytes() {
 		t.Fatalf("receiver metric %+v: want %d aux+state bytes", mt, 2*(128+64)+auxBytes())
 	}
-	if err := s.SetStateIndices([]int32{4}); err == nil || !strings.Contains(err.Error(), "state index 4 is beyond state buffer") {
+	if err := s.SetStateIndices([]int32{4}); err == nil || !strings.Contains(err.Error(), "state index 4 (position 0 of 1) is beyond state buffer") {
 		t.Fatalf("state index 4: %v", err)
+	}
+	if err := s.SetStateIndices([]int32{1, 1}); err == nil || !strings.Contains(err.Error(), "state index 1 is given twice, at positions 0 and 1 of 2") {
+		t.Fatalf("state indices [1 1]: %v", err)
 	}
 	s, r = run(62, []int32{1}, []int32{2, 0})
 	want := "gave 2 state indices, this prefill sender has 1"

@@ -364,7 +364,8 @@ func FuzzDecodeRecord(f *testing.F) {
 }
 
 // TestCheckTransfer: a TRANSFER naming a page, aux row or state slot beyond
-// the decode's registered buffers, a ring slot beyond its ring, or a prefix
+// the decode's registered buffers, a destination page twice, a ring slot
+// beyond its ring, or a prefix
 // that is not whole pages is refused (the prefill answers STATUS Failed with
 // this text), never turned into a write.
 func TestCheckTransfer(t *testing.T) {
@@ -377,7 +378,8 @@ func TestCheckTransfer(t *testing.T) {
 		mod  func(*TransferMsg)
 		want string
 	}{
-		{func(m *TransferMsg) { m.Pages = []int32{99} }, "destination page index 99 is beyond KV buffer 3 (layer 1 V), which holds 99 pages"},
+		{func(m *TransferMsg) { m.Pages = []int32{99} }, "destination page 99 (index 0 of 1) is beyond KV buffer 3 (layer 1 V), which holds 99 pages"},
+		{func(m *TransferMsg) { m.Pages = []int32{7, 8, 7} }, "destination page 7 is given twice, at indices 0 and 2 of 3"},
 		{func(m *TransferMsg) { m.Slot = 64 }, "metadata slot 64 outside the decode's ring of 64"},
 		{func(m *TransferMsg) { m.AuxIndex = 32 }, "aux index 32 is beyond aux buffer 0, which holds 32 rows"},
 		{func(m *TransferMsg) { m.StateIndices = []int32{0} }, "1 state indices given, but there are no state buffers"},

@@ -451,12 +451,13 @@ func (r *Receiver) Init(pages []int32) error { return r.SendMetadata(pages, -1, 
 // the state slots (nil: none) and the prompt tokens this rank already holds
 // (whole pages; their pages are not sent), and lets the receiver send
 // TRANSFER as soon as its producers are resolved. Errors: a page beyond a
-// buffer, an aux index beyond the aux buffers, a state index beyond the
-// state buffers, a prefix that is negative or not whole pages, a second
-// call, or the receiver already failed.
+// buffer or given twice (naming its index in pages), an aux index beyond the
+// aux buffers, a state index beyond the state buffers or given twice, a
+// prefix that is negative or not whole pages, a second call, or the receiver
+// already failed.
 func (r *Receiver) SendMetadata(pages []int32, auxIndex int, stateIndices []int32, prefixTokens int) error {
 	g := r.m.geo
-	if err := checkPages(pages, g); err != nil {
+	if err := checkDstPages(pages, g); err != nil {
 		return fmt.Errorf("engine: receiver room %d: %w", r.room, err)
 	}
 	if err := checkAux(auxIndex, g); err != nil {

@@ -208,6 +208,40 @@ func checkPages(pages []int32, g *Geometry) error {
 	return nil
 }
 
+// checkDstPages checks a request's destination pages: each inside every KV
+// buffer of g and none given twice (two pages of the request landing in one
+// page would leave one of them wrong while the room reports Success). Errors
+// name the position in the list and the page (issue 18).
+func checkDstPages(pages []int32, g *Geometry) error {
+	n := g.NumPages()
+	for i, pg := range pages {
+		if pg < 0 || int(pg) >= n {
+			b := slices.Index(g.KVItems, slices.Min(g.KVItems))
+			return fmt.Errorf("destination page %d (index %d of %d) is beyond %s, which holds %d pages", pg, i, len(pages), g.bufferName(b), n)
+		}
+	}
+	if i, j, dup := firstDuplicate(pages); dup {
+		return fmt.Errorf("destination page %d is given twice, at indices %d and %d of %d: every page of a request needs its own destination page", pages[j], i, j, len(pages))
+	}
+	return nil
+}
+
+// firstDuplicate finds the first repeated value of xs (by its second
+// position j) and the position i of its first occurrence.
+func firstDuplicate(xs []int32) (i, j int, found bool) {
+	if len(xs) < 2 {
+		return 0, 0, false
+	}
+	at := make(map[int32]int, len(xs))
+	for j, x := range xs {
+		if i, ok := at[x]; ok {
+			return i, j, true
+		}
+		at[x] = j
+	}
+	return 0, 0, false
+}
+
 // checkIndices refuses aux rows or state slots beyond the buffers of g.
 func checkAux(aux int, g *Geometry) error {
 	switch {
@@ -226,19 +260,22 @@ func checkState(idx []int32, g *Geometry) error {
 	if len(idx) > 0 && len(g.StateItems) == 0 {
 		return fmt.Errorf("%d state indices given, but there are no state buffers", len(idx))
 	}
-	for _, x := range idx {
+	for k, x := range idx {
 		if x < 0 || int(x) >= g.StateSlots() {
 			i := slices.Index(g.StateItems, slices.Min(g.StateItems))
-			return fmt.Errorf("state index %d is beyond state buffer %d, which holds %d slots", x, i, g.StateSlots())
+			return fmt.Errorf("state index %d (position %d of %d) is beyond state buffer %d, which holds %d slots", x, k, len(idx), i, g.StateSlots())
 		}
+	}
+	if i, j, dup := firstDuplicate(idx); dup {
+		return fmt.Errorf("state index %d is given twice, at positions %d and %d of %d", idx[j], i, j, len(idx))
 	}
 	return nil
 }
 
 // checkTransfer validates a non-dummy TRANSFER against the decode's geometry.
 func checkTransfer(v *TransferMsg, g *Geometry, ringSlots int) error {
-	if err := checkPages(v.Pages, g); err != nil {
-		return fmt.Errorf("destination %w", err)
+	if err := checkDstPages(v.Pages, g); err != nil {
+		return err
 	}
 	if v.Slot >= ringSlots {
 		return fmt.Errorf("metadata slot %d outside the decode's ring of %d", v.Slot, ringSlots)

@@ -451,22 +451,63 @@ type inputLine struct {
 	err     error
 }
 
+// maxLineBytes bounds one request line; a longer line gets an error result
+// and the rank reads on (issue 18).
+const maxLineBytes = 1 << 20
+
 // readRequests sends every non-blank line of r, parsed or not, to out; it
-// returns at EOF (nil) or on a read error (a line over 1 MiB included).
+// returns at EOF (nil) or on a read error. A line longer than maxLineBytes
+// is read to its end without being kept and sent as an error naming its
+// length, so one bad line costs one failed result, not the rank.
 func readRequests(r io.Reader, role engine.Role, out chan<- inputLine) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 4096), 1<<20)
+	br := bufio.NewReaderSize(r, 64<<10)
 	n := 0
-	for sc.Scan() {
+	for {
+		line, size, err := readLine(br, maxLineBytes)
+		if size == 0 && err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
 		n++
-		text := strings.TrimSpace(sc.Text())
-		if text == "" {
+		if size > maxLineBytes {
+			out <- inputLine{n: n, err: fmt.Errorf("line of %d bytes is longer than the limit of %d bytes (1 MiB): skipped (want one JSON request object per line)", size, maxLineBytes)}
+		} else if text := strings.TrimSpace(string(line)); text != "" {
+			q, hasRoom, perr := parseRequest(text, role)
+			out <- inputLine{n: n, q: q, hasRoom: hasRoom, err: perr}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readLine reads one line and returns it without its "\n" and its length in
+// bytes; of a line longer than max it keeps only a prefix (the caller
+// refuses it by size). err is the read error that ended the line (io.EOF
+// for a last line without "\n").
+func readLine(br *bufio.Reader, max int) (line []byte, size int, err error) {
+	for {
+		frag, e := br.ReadSlice('\n')
+		size += len(frag)
+		if len(line) <= max {
+			line = append(line, frag...)
+		}
+		if errors.Is(e, bufio.ErrBufferFull) {
 			continue
 		}
-		q, hasRoom, err := parseRequest(text, role)
-		out <- inputLine{n: n, q: q, hasRoom: hasRoom, err: err}
+		if e == nil { // the fragment ends with "\n"
+			size--
+			if size <= max {
+				line = line[:size]
+			}
+		}
+		return line, size, e
 	}
-	return sc.Err()
 }
 
 // maxRoom is the largest bootstrap_room (rooms are 63-bit, engine.NewSender).

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"reflect"
@@ -170,4 +171,42 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestReadRequestsLongLine: a line over 1 MiB gets one error result naming
+// its length and the lines after it are still read (issue 18: the rank used
+// to stop reading and exit 1); a line of exactly 1 MiB is read.
+func TestReadRequestsLongLine(t *testing.T) {
+	huge := `{"room":1,"tokens":2,"pad":"` + strings.Repeat("x", maxLineBytes) + `"}`
+	exact := `{"room":3,"tokens":1}` + strings.Repeat(" ", maxLineBytes-len(`{"room":3,"tokens":1}`))
+	in := strings.Join([]string{`{"room":5,"tokens":4}`, huge, ``, exact, `{"room":6,"tokens":7}`, huge}, "\n") // last line without "\n"
+	out := make(chan inputLine, 16)
+	if err := readRequests(strings.NewReader(in), engine.RoleDecode, out); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	var got []inputLine
+	for l := range out {
+		got = append(got, l)
+	}
+	if len(got) != 5 {
+		t.Fatalf("%d lines read, want 5 (blank line skipped): %+v", len(got), got)
+	}
+	want := []struct {
+		n    int
+		room uint64
+		err  string
+	}{{1, 5, ""}, {2, 0, fmt.Sprintf("line of %d bytes is longer than the limit of %d bytes", len(huge), maxLineBytes)}, {4, 3, ""}, {5, 6, ""},
+		{6, 0, fmt.Sprintf("line of %d bytes is longer", len(huge))}}
+	for i, w := range want {
+		g := got[i]
+		switch {
+		case g.n != w.n:
+			t.Errorf("result %d: line %d, want %d", i, g.n, w.n)
+		case w.err == "" && (g.err != nil || g.q.Room != w.room):
+			t.Errorf("line %d: %+v, want room %d", g.n, g.q, w.room)
+		case w.err != "" && (g.err == nil || !strings.Contains(g.err.Error(), w.err) || g.hasRoom):
+			t.Errorf("line %d: err %v, want %q and no room", g.n, g.err, w.err)
+		}
+	}
 }

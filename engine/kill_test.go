@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,15 +83,14 @@ func helperPrefill() error {
 	return nil
 }
 
-func TestPeerKilledMidTransfer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns a process")
-	}
-	addr := startBootstrap(t)
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, pages: 256})
-	const room = 424242
+// helperPrefillStarted starts the helper prefill (helperPrefill) for room in
+// its own process, with a decode receiver r of d already in Transferring for
+// 64 pages, and returns once the helper sent half of them. The process is
+// killed (after SIGCONT) when the test ends.
+func helperPrefillStarted(t *testing.T, addr string, d *rank, room uint64) (*exec.Cmd, *engine.Receiver) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "KVX_TEST_HELPER=prefill", "KVX_ROOM="+strconv.Itoa(room), "KVX_BOOTSTRAP="+addr)
+	cmd.Env = append(os.Environ(), "KVX_TEST_HELPER=prefill", "KVX_ROOM="+strconv.FormatUint(room, 10), "KVX_BOOTSTRAP="+addr)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -99,18 +99,16 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	killed := false
-	defer func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-		}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-	}()
+	})
 	r, err := d.m.NewReceiver(addr, room)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	t.Cleanup(r.Close)
 	pages, _ := d.pool.Alloc(64)
 	if err := r.Init(pages); err != nil {
 		t.Fatal(err)
@@ -135,13 +133,22 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 		t.Fatal("helper prefill did not start sending within 60 s")
 	}
 	if p := r.Poll(); p != engine.KVTransferring {
-		t.Fatalf("receiver state %s before the kill, want Transferring", p)
+		t.Fatalf("receiver state %s once the helper sent, want Transferring", p)
 	}
+	return cmd, r
+}
+
+func TestPeerKilledMidTransfer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns a process")
+	}
+	addr := startBootstrap(t)
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, pages: 256})
+	cmd, r := helperPrefillStarted(t, addr, d, 424242)
 	start := time.Now()
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	killed = true
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st := r.Wait(ctx, engine.KVSuccess)

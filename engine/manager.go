@@ -266,6 +266,15 @@ type Manager struct {
 	monWG sync.WaitGroup
 	hbWG  sync.WaitGroup // decode: bootstrap heartbeats (heartbeat.go)
 	monN  int
+
+	// Control-loop liveness (liveness.go): drainedAt is when the receive
+	// loop last found its inbox empty, progressAt when it last completed a
+	// receive or a dispatch (Unix nanoseconds).
+	drainedAt, progressAt atomic.Int64
+	stallLogged           bool // monitorLoop only
+	// beforeDispatch, when set (tests only), runs before each received
+	// message is dispatched, with its type.
+	beforeDispatch atomic.Pointer[func(msgType string)]
 }
 
 type pendingTransfer struct {
@@ -387,9 +396,13 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if err := m.publishSegment(ctx); err != nil {
 		return nil, err
 	}
-	m.wg.Add(2)
+	now := time.Now().UnixNano()
+	m.drainedAt.Store(now)
+	m.progressAt.Store(now)
+	m.wg.Add(3)
 	go m.recvLoop()
 	go m.monitorLoop()
+	go m.pingLoop()
 	if cfg.Role == RolePrefill {
 		if err := m.registerBootstrap(ctx); err != nil {
 			return nil, err
@@ -982,17 +995,27 @@ func (m *Manager) dropPush(endpoint string) {
 	}
 }
 
+// recvLoop receives and dispatches control messages. After each message it
+// polls the inbox without waiting: when that finds it empty (EAGAIN) the
+// loop records the moment (drainedAt), then waits up to the socket's 100 ms
+// receive timeout. Every return from a receive or a dispatch records
+// progress (progressAt). See liveness.go for how both are used.
 func (m *Manager) recvLoop() {
 	defer m.wg.Done()
+	flags := zmq.Flag(0)
 	for {
 		select {
 		case <-m.done:
 			return
 		default:
 		}
-		parts, err := m.pull.RecvMessageBytes(0)
+		parts, err := m.pull.RecvMessageBytes(flags)
 		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(11) || errors.Is(err, zmq.Errno(11)) { // EAGAIN: receive timeout
+			if zmq.AsErrno(err) == zmq.Errno(11) || errors.Is(err, zmq.Errno(11)) { // EAGAIN: inbox empty (or receive timeout)
+				now := time.Now().UnixNano()
+				m.drainedAt.Store(now)
+				m.progressAt.Store(now)
+				flags = 0
 				continue
 			}
 			if zmq.AsErrno(err) == zmq.ETERM {
@@ -1005,9 +1028,12 @@ func (m *Manager) recvLoop() {
 			}
 			m.log.Warn("control socket receive failed", "err", err)
 			time.Sleep(10 * time.Millisecond)
+			flags = 0
 			continue
 		}
 		m.dispatch(parts)
+		m.progressAt.Store(time.Now().UnixNano())
+		flags = zmq.DONTWAIT
 	}
 }
 
@@ -1020,6 +1046,9 @@ func (m *Manager) touch(endpoint string) {
 }
 
 func (m *Manager) dispatch(parts [][]byte) {
+	if h := m.beforeDispatch.Load(); h != nil && len(parts) > 2 {
+		(*h)(string(parts[2]))
+	}
 	msg, err := DecodeControl(parts)
 	if err != nil {
 		m.log.Warn("dropped malformed control message", "err", err, "frames", len(parts))
@@ -1081,14 +1110,13 @@ func (m *Manager) monitorLoop() {
 		case <-t.C:
 		}
 		now := time.Now()
+		drained := m.inboxDrained(now)
 		m.mu.Lock()
-		var peers, dead []string
+		var dead []string
 		for ep, seen := range m.lastSeen {
-			if now.Sub(seen) > m.cfg.PeerTimeout {
+			if m.silent(seen, drained) {
 				dead = append(dead, ep)
 				delete(m.lastSeen, ep)
-			} else {
-				peers = append(peers, ep)
 			}
 		}
 		var ss []*Sender
@@ -1115,10 +1143,6 @@ func (m *Manager) monitorLoop() {
 			}
 		}
 		m.mu.Unlock()
-		ping := (&PingMsg{Endpoint: m.endpoint}).Encode()
-		for _, ep := range peers {
-			_ = m.send(ep, ping, true)
-		}
 		for _, ep := range dead {
 			m.peerLost(ep, m.lostError(ep))
 		}

@@ -68,7 +68,7 @@ func (m *Manager) handleRegister(v *RegisterMsg) {
 	m.mu.Unlock()
 	m.watchPeer(v.Endpoint)
 	if old != nil {
-		old.close()
+		go old.close() // closing a segment may wait for its streams: never in the control loop
 	}
 	go func() {
 		pairs, err := PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -464,12 +465,24 @@ func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
 		if s.peerLost.Load() {
 			break
 		}
-		copy(p.dst, p.src)
+		copyPiece(p)
 	}
 	if !s.alive() {
 		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport during the read: %w", s.peer.PID, engine.ErrPeerLost)
 	}
 	return nil
+}
+
+// copyPiece copies one piece (at most chunkBytes) and then yields the
+// processor. The copy is runtime.memmove, which the Go scheduler cannot
+// preempt, and a loop of them has no other preemption point: without the
+// yield, copy goroutines as many as GOMAXPROCS hold every P for the whole
+// batch (tens of seconds for a GiB on a loaded host, with page faults on the
+// peer's mapping), starving the process's control loop, heartbeats and
+// timers until peers declare it hung. One yield per MiB costs well under 1 %.
+func copyPiece(p piece) {
+	copy(p.dst, p.src)
+	runtime.Gosched()
 }
 
 // spanEnd returns base + (n-1)*stride + length, and false on overflow.
@@ -502,7 +515,7 @@ func (s *segment) copyAll(b *batch, pieces []piece, workers int) {
 				return
 			}
 			p := pieces[i]
-			copy(p.dst, p.src)
+			copyPiece(p)
 			b.done.Add(uint64(len(p.dst)))
 		}
 	}

@@ -13,7 +13,8 @@ import (
 //	frame 0: "KVXFER"   (ControlMagic)
 //	frame 1: "3"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
-//	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING")
+//	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
+//	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go))
 //
 // followed by the type's fields, one per frame. Scalars are ASCII decimals;
 // arrays are little-endian packed integers (SGLang's conventions), so a
@@ -331,7 +332,7 @@ func ControlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing:
+	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, trunc(parts[2]))
@@ -346,7 +347,7 @@ func trunc(b []byte) string {
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
 // *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
-// *HandshakeAckMsg, *PingMsg. Errors wrap ErrBadFrame.
+// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := ControlType(parts)
 	if err != nil {
@@ -369,6 +370,10 @@ func DecodeControl(parts [][]byte) (any, error) {
 		return DecodeHandshake(parts)
 	case MsgHandshakeAck:
 		return DecodeHandshakeAck(parts)
+	case MsgProbe:
+		return DecodeProbe(parts)
+	case MsgProbeResult:
+		return DecodeProbeResult(parts)
 	default:
 		return DecodePing(parts)
 	}

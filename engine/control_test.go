@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 func sampleGeometry() Geometry {
@@ -223,6 +224,10 @@ func FuzzDecodeControl(f *testing.F) {
 		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}, Epoch: 1},
 		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
+		&ProbeMsg{Endpoint: "tcp://h:3", ID: 9, Length: 64, Transports: []ProbeOffer{{Name: "tcp", Endpoint: []byte("h:4"), Region: RegionDesc{ID: 1, Addr: 4096, Length: 64}}}},
+		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Rank: "prefill dp0/tp0/pp0", Transports: []string{"tcp", "shm"},
+			Results: []ProbeTransportResult{{Transport: "tcp", Handshake: 3 * time.Microsecond, Transfer: 9 * time.Microsecond}, {Transport: "shm", Stage: "handshake", Err: "x", NotApplicable: true}}},
+		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Refused: "no"},
 	} {
 		f.Add(bytes.Join(m.Encode(), []byte{0}))
 	}

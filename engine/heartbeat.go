@@ -122,8 +122,10 @@ func (m *Manager) heartbeat(inst *instanceInfo) {
 		default:
 		}
 		fails++
+		m.met.heartbeatFailed("bootstrap")
 		m.log.Debug("bootstrap health check failed", "bootstrap", inst.addr, "consecutive", fails, "err", err)
 		if fails >= m.cfg.BootstrapHeartbeatMaxFailure {
+			m.met.peerLost(m.cfg.Role, "bootstrap")
 			m.bootstrapLost(inst, fails, err)
 			return
 		}

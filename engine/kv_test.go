@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
@@ -53,12 +55,14 @@ type rankOpts struct {
 	waiting, peerTmo time.Duration
 	bootTmo          time.Duration
 	wrap             func(engine.Transport) engine.Transport
-	transports       []string      // default: tcp
-	envTimeouts      bool          // leave zero timeouts to the SGLang env variables
-	bootHB           time.Duration // decode: BootstrapHeartbeatInterval (0: default)
-	dirCheck         time.Duration // prefill: DirectoryCheckInterval (0: default)
-	host             string        // control and data listen host (default 127.0.0.1)
-	advertise        string        // AdvertiseHost of the manager and transports
+	transports       []string             // default: tcp
+	envTimeouts      bool                 // leave zero timeouts to the SGLang env variables
+	bootHB           time.Duration        // decode: BootstrapHeartbeatInterval (0: default)
+	dirCheck         time.Duration        // prefill: DirectoryCheckInterval (0: default)
+	host             string               // control and data listen host (default 127.0.0.1)
+	advertise        string               // AdvertiseHost of the manager and transports
+	metrics          *prometheus.Registry // ManagerConfig.Metrics (nil: none)
+	noProbe          bool                 // ManagerConfig.NoProbe
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -96,6 +100,10 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise}
+	if o.metrics != nil {
+		cfg.Metrics = o.metrics
+	}
+	cfg.NoProbe = o.noProbe
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}

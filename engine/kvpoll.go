@@ -57,6 +57,10 @@ type pollState struct {
 	state   KVPoll
 	err     error
 	changed chan struct{} // closed and replaced on every change
+	// hook, when set (before the state is shared), sees every change after
+	// it happened, outside the lock, in order for each caller (the room's
+	// timeline, metrics and span: roomTrace.onState).
+	hook func(KVPoll, error)
 }
 
 func newPollState() *pollState {
@@ -74,12 +78,16 @@ func (s *pollState) get() (KVPoll, error) {
 // Advancing to KVFailed is done with fail.
 func (s *pollState) advance(next KVPoll) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.state == KVFailed || next <= s.state || next == KVFailed {
+		s.mu.Unlock()
 		return false
 	}
 	s.state = next
 	s.notifyLocked()
+	s.mu.Unlock()
+	if s.hook != nil {
+		s.hook(next, nil)
+	}
 	return true
 }
 
@@ -87,13 +95,17 @@ func (s *pollState) advance(next KVPoll) bool {
 // (Failed, or Success when onlyBeforeSuccess). It returns whether it changed.
 func (s *pollState) fail(err error, onlyBeforeSuccess bool) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.state == KVFailed || (onlyBeforeSuccess && s.state == KVSuccess) {
+		s.mu.Unlock()
 		return false
 	}
 	s.state = KVFailed
 	s.err = err
 	s.notifyLocked()
+	s.mu.Unlock()
+	if s.hook != nil {
+		s.hook(KVFailed, err)
+	}
 	return true
 }
 

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
@@ -164,8 +166,33 @@ type ManagerConfig struct {
 	// vanishes or changes epoch is lost at once (manager_dir.go). nil: no
 	// directory (the default). The manager does not close it.
 	Directory SegmentDirectory
-	// Logger receives the manager's logs (slog.Default when nil).
+	// Logger receives the manager's logs (slog.Default when nil). Every
+	// line carries role, rank (dp/tp/pp coordinates), tp and pp; lines
+	// about a room add room, step and, where one is concerned, peer.
 	Logger *slog.Logger
+	// Metrics is where the manager registers its Prometheus metrics
+	// (kvxfer_*, see MetricNames; metrics.go). Managers of one process may
+	// share it (they share the collectors). nil: nothing is registered.
+	// NewManager fails when it refuses a collector (a conflicting metric
+	// of the same name).
+	Metrics prometheus.Registerer
+	// TimelineRooms is how many finished rooms' timelines the manager keeps
+	// for RoomTimeline (DefaultTimelineRooms when 0; negative: none, active
+	// rooms only).
+	TimelineRooms int
+	// TracerProvider, when set, receives one OpenTelemetry span per room
+	// with a child span per evidence-chain step (trace.go). nil (the
+	// default): no spans.
+	TracerProvider trace.TracerProvider
+	// NoProbe (prefill) refuses doctor probes (PROBE, probe.go): kvxfer
+	// doctor --bootstrap then stops at the handshake step and says so. By
+	// default a prefill rank answers probes, writing a small pattern from a
+	// buffer of its own into the prober's scratch region, never its KV.
+	NoProbe bool
+	// FreePages (decode), when set, reports the caller's free KV pages; it
+	// is exported as kvxfer_pool_pages{state="free"} at each scrape and
+	// must be cheap and safe for concurrent use.
+	FreePages func() int
 }
 
 // EnvSeconds reads an environment variable holding seconds (a decimal,
@@ -253,6 +280,19 @@ type Manager struct {
 	segdir     segDirState   // ManagerConfig.Directory state (manager_dir.go)
 	watchStop  chan struct{} // prefill: stops watchDirectory
 	watchDone  chan struct{} // closed when watchDirectory returned
+
+	// rankName is the rank's coordinates ("dp0/tp1/pp0" on a prefill,
+	// "tp1/pp0" on a decode): the rank attribute of logs and timelines.
+	rankName string
+	// met are the manager's Prometheus metrics, timelines its rooms'
+	// timelines and tracer its span source (nil: no spans).
+	met       *engineMetrics
+	timelines *timelineStore
+	tracer    trace.Tracer
+	// probing is set while a doctor probe runs (one at a time); probeAcks
+	// are the probes waiting for a HANDSHAKE_ACK (probe.go).
+	probing   atomic.Bool
+	probeAcks map[probeKey]chan error
 
 	// flights coalesces identical directory lookups in flight (decode:
 	// topology per address, endpoint per rank; receiver.go).
@@ -363,9 +403,16 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	} else if !bootstrap.ValidInstanceID(cfg.InstanceID) {
 		return nil, fmt.Errorf("engine: manager: instance id %q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", cfg.InstanceID)
 	}
+	rankName := fmt.Sprintf("tp%d/pp%d", geo.TPRank, geo.PPRank)
+	if cfg.Role == RolePrefill {
+		rankName = fmt.Sprintf("dp%d/", cfg.DPRank) + rankName
+	}
+	if cfg.TimelineRooms == 0 {
+		cfg.TimelineRooms = DefaultTimelineRooms
+	}
 	m := &Manager{
-		cfg: cfg, geo: geo,
-		log:        cfg.Logger.With("role", cfg.Role.String(), "tp", geo.TPRank, "pp", geo.PPRank),
+		cfg: cfg, geo: geo, rankName: rankName, timelines: newTimelineStore(cfg.TimelineRooms),
+		log:        cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
 		push:       map[string]*pushSock{},
 		lastSeen:   map[string]time.Time{},
 		senders:    map[uint64]*Sender{},
@@ -375,12 +422,19 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		dpeers:     map[string]*decodePeer{},
 		ppeers:     map[string]*prefillPeer{},
 		bcache:     map[string]*instanceInfo{},
+		probeAcks:  map[probeKey]chan error{},
 		done:       make(chan struct{}),
 		dir:        dir,
 		instanceID: cfg.InstanceID,
 		epoch:      uint64(time.Now().UnixNano()),
 	}
 	m.life, m.stopLife = context.WithCancel(context.Background())
+	if cfg.TracerProvider != nil {
+		m.tracer = cfg.TracerProvider.Tracer(tracerName)
+	}
+	if m.met, err = newEngineMetrics(cfg.Metrics, m); err != nil {
+		return nil, fmt.Errorf("engine: manager: register metrics: %w", err)
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -750,6 +804,7 @@ func (m *Manager) teardown() {
 	default:
 		close(m.done)
 	}
+	m.met.close(m)
 	m.stopLife()
 	m.stopDirectoryWatch()
 	m.stopSegmentDirectory()
@@ -898,6 +953,7 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 			continue
 		}
 		if ev == zmq.EVENT_DISCONNECTED {
+			m.met.peerLost(m.cfg.Role, "disconnected")
 			go m.peerLost(ep, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
 			return
 		}
@@ -1096,6 +1152,10 @@ func (m *Manager) dispatch(parts [][]byte) {
 	case *AbortMsg:
 		m.touch(v.Endpoint)
 		m.handleAbort(v)
+	case *ProbeMsg:
+		m.handleProbe(v)
+	case *ProbeResultMsg:
+		m.log.Warn("dropped PROBE_RESULT: this rank sent no probe", "from", v.Endpoint)
 	}
 }
 
@@ -1144,6 +1204,8 @@ func (m *Manager) monitorLoop() {
 		}
 		m.mu.Unlock()
 		for _, ep := range dead {
+			m.met.heartbeatFailed("peer")
+			m.met.peerLost(m.cfg.Role, "heartbeat")
 			m.peerLost(ep, m.lostError(ep))
 		}
 		for _, s := range ss {
@@ -1230,6 +1292,7 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 	}
 	m.mu.Unlock()
 	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
+	m.met.fence(m.cfg.Role, "abort_received")
 	if s != nil {
 		s.fail(err)
 	}

@@ -136,6 +136,7 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 		default:
 			return
 		}
+		m.met.peerLost(m.cfg.Role, "directory")
 		go m.peerLost(ep, err)
 	})
 	st := &m.segdir

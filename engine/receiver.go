@@ -342,6 +342,7 @@ type Receiver struct {
 	addr string
 	room uint64
 	st   *pollState
+	tr   *roomTrace // timeline, metrics, span (timeline.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -392,6 +393,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1}
+	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -404,6 +406,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 		return nil, fmt.Errorf("%w: room %d (receiver)", ErrRoomActive, room)
 	}
 	m.receivers[room] = r
+	r.tr.start()
 	m.mu.Unlock()
 	go r.run()
 	return r, nil
@@ -560,7 +563,9 @@ func (r *Receiver) run() {
 			eps := r.resolvedEPs
 			r.mu.Unlock()
 			for _, ep := range eps {
-				_ = r.m.send(ep, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: err.Error()}).Encode(), true)
+				if r.m.send(ep, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: err.Error()}).Encode(), true) == nil {
+					r.m.met.fence(RoleDecode, "abort_sent")
+				}
 			}
 		}
 		return
@@ -589,6 +594,7 @@ func (r *Receiver) run() {
 			r.failLocal(fmt.Errorf("engine: room %d: TRANSFER to prefill %s: %w", r.room, t.endpoint, err))
 			return
 		}
+		r.tr.note(StepTransfer, t.endpoint, "TRANSFER sent")
 	}
 	r.mu.Lock()
 	left := r.remaining
@@ -624,6 +630,7 @@ func (r *Receiver) resolve() error {
 		}
 		dp, ok = r.dpRank, true
 	}
+	r.tr.note(StepResolveTopology, r.addr, "PrefillServerInfo")
 	if !ok {
 		err := retry(ctx, fmt.Sprintf("query the prefill dp rank of room %d at %s", r.room, r.addr), func(ctx context.Context) error {
 			got, err := inst.client.QueryDPRanks(ctx, []uint64{r.room})
@@ -649,6 +656,7 @@ func (r *Receiver) resolve() error {
 	if err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
+	r.tr.mark(StepResolveTopology, r.addr, fmt.Sprintf("prefill dp rank %d, %d target ranks", dp, len(tg.Ranks)))
 	var ts []*recvTarget
 	for _, tr := range tg.Ranks {
 		ep, err := inst.rank(ctx, tr.Coord())
@@ -656,6 +664,7 @@ func (r *Receiver) resolve() error {
 			return fmt.Errorf("engine: room %d: could not fetch bootstrap info for %s: %w", r.room, tr.Coord(), err)
 		}
 		ts = append(ts, &recvTarget{rank: tr, endpoint: ep, producer: ProducerRank(tr.TP, inst.info.PPSize, tr.PP)})
+		r.tr.peer(StepResolveRank, ep, tr.Coord().String())
 		r.mu.Lock()
 		r.resolvedEPs = append(r.resolvedEPs, ep)
 		r.mu.Unlock()
@@ -669,6 +678,8 @@ func (r *Receiver) resolve() error {
 	if real != tg.RequiredPrefillResponseNum {
 		return fmt.Errorf("engine: room %d: %d real producers but required_prefill_response_num is %d (unsupported CP layout?)", r.room, real, tg.RequiredPrefillResponseNum)
 	}
+	r.tr.mark(StepResolveRank, "", "")
+	r.tr.expectPeers(real)
 	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
 	for _, t := range ts {
 		ep, pg, err := m.ensureRegistered(ctx, t.endpoint)
@@ -676,6 +687,7 @@ func (r *Receiver) resolve() error {
 			return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
 		}
 		t.epoch = ep
+		r.tr.peer(StepConnect, t.endpoint, "REGISTER_ACK")
 		if t.rank.Dummy {
 			continue
 		}
@@ -755,8 +767,9 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 		if reason == "" {
 			reason = "Failed to get kvcache from prefill instance, it might be dead"
 		}
-		r.failLocal(fmt.Errorf("engine: room %d: prefill rank %d (%s) reported Failed: %s", r.room, v.Producer, v.Endpoint, reason))
+		r.failLocal(peerFailed(fmt.Errorf("engine: room %d: prefill rank %d (%s) reported Failed: %s", r.room, v.Producer, v.Endpoint, reason)))
 	case KVSuccess:
+		r.tr.peer(StepTransfer, v.Endpoint, "STATUS Success")
 		go r.accept(t, v)
 	}
 }
@@ -824,6 +837,8 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 	r.remaining--
 	left := r.remaining
 	r.mu.Unlock()
+	r.m.met.recvBytes.WithLabelValues(peerLabel(t.endpoint)).Add(float64(rec.ByteCount))
+	r.tr.peer(StepVerify, t.endpoint, "metadata record verified")
 	if left == 0 {
 		r.succeed()
 	}
@@ -905,7 +920,9 @@ func (r *Receiver) abort(reason string) {
 	ts := r.targets
 	r.mu.Unlock()
 	for _, t := range ts {
-		_ = r.m.send(t.endpoint, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: reason}).Encode(), true)
+		if r.m.send(t.endpoint, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: reason}).Encode(), true) == nil {
+			r.m.met.fence(RoleDecode, "abort_sent")
+		}
 	}
 }
 
@@ -913,7 +930,6 @@ func (r *Receiver) failLocal(err error) bool {
 	if !r.st.fail(err, true) {
 		return false
 	}
-	r.m.log.Warn("receiver failed", "room", r.room, "err", err)
 	r.cancel()
 	return true
 }
@@ -934,6 +950,7 @@ func (r *Receiver) Close() {
 	r.slots = nil
 	r.mu.Unlock()
 	r.cancel()
+	r.tr.event(StepConsume, "", "closed: pages and metadata slots released")
 	for _, s := range slots {
 		r.m.ring.Release(s)
 	}

@@ -198,6 +198,13 @@ func (r *MetaRing) Memory() Memory { return r.mem.Memory() }
 // Slots is the ring size in records.
 func (r *MetaRing) Slots() int { return r.slots }
 
+// InUse is the number of slots acquired and not yet released.
+func (r *MetaRing) InUse() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.slots - len(r.free)
+}
+
 // RingMem returns the ring's memory (for a GPU consumer).
 func (r *MetaRing) RingMem() RingMemory { return r.mem }
 

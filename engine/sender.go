@@ -133,6 +133,9 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 }
 
 func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
+	if m.probeHandshakeAck(v) {
+		return
+	}
 	m.mu.Lock()
 	p := m.dpeers[v.Endpoint]
 	m.mu.Unlock()
@@ -367,6 +370,7 @@ type Sender struct {
 	m       *Manager
 	room    uint64
 	st      *pollState
+	tr      *roomTrace // timeline, metrics, span (timeline.go)
 	created time.Time
 
 	mu       sync.Mutex
@@ -409,6 +413,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1, auxIndex: -1,
 		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{}}
+	s.tr = m.newRoomTrace(room, s.st)
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -423,6 +428,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	_, aborted := m.aborted[room]
 	delete(m.aborted, room)
 	m.senders[room] = s
+	s.tr.start()
 	pend := m.pending[room]
 	delete(m.pending, room)
 	type pp struct {
@@ -638,6 +644,7 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 		return
 	}
 	s.dsts[v.Endpoint] = &senderDst{msg: v, peer: p}
+	s.tr.note(StepConnect, v.Endpoint, "TRANSFER received")
 	if s.required == 0 || v.RequiredDstInfoNum > s.required {
 		s.required = v.RequiredDstInfoNum
 	}
@@ -803,6 +810,7 @@ func (s *Sender) Close() {
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
+	s.tr.event(StepConsume, "", "closed")
 	s.m.mu.Lock()
 	if s.m.senders[s.room] == s {
 		delete(s.m.senders, s.room)
@@ -821,7 +829,6 @@ func (s *Sender) fail(err error) bool {
 		return false
 	}
 	s.cancel()
-	s.m.log.Warn("sender failed", "room", s.room, "err", err)
 	s.mu.Lock()
 	var ds []*senderDst
 	for ep, d := range s.dsts {
@@ -884,6 +891,7 @@ func (s *Sender) worker() {
 		}
 		sent += len(c.pages)
 		if c.last {
+			s.tr.mark(StepTransfer, "", "every page, the aux row and the metadata record landed")
 			for _, d := range ds {
 				s.mu.Lock()
 				already := s.statusTo[d.msg.Endpoint]
@@ -896,6 +904,7 @@ func (s *Sender) worker() {
 					s.fail(err)
 					return
 				}
+				s.tr.note(StepVerify, d.msg.Endpoint, "STATUS Success sent")
 			}
 			s.mu.Lock()
 			if !s.started.IsZero() {
@@ -1056,7 +1065,9 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 		return fmt.Errorf("engine: room %d: submit %d writes (%d bytes) to decode %s over %s: %w", s.room, len(b.Requests), b.Bytes(), p.reg.Endpoint, p.offer.Name, err)
 	}
 	defer p.seg.Release(id)
-	st, err := p.seg.Wait(s.ctx, id)
+	var st BatchStatus
+	defer s.m.met.batchStart(p.offer.Name, peerLabel(p.reg.Endpoint), b)(&st)
+	st, err = p.seg.Wait(s.ctx, id)
 	if err != nil || !st.State.Terminal() {
 		_ = p.seg.Cancel(id)
 		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

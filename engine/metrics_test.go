@@ -1,0 +1,243 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// sample sums the series of metric name whose labels include want: counter
+// and gauge values, histogram sample counts. A family that is absent sums to
+// 0.
+func sample(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue next
+				}
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				sum += m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				sum += m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// waitSample polls until sample(...) == want (the final-state hooks run
+// right after the state change a waiter sees).
+func waitSample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := sample(t, g, name, labels)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v, want %v", name, labels, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMetricsAcrossOutcomes: one successful room, one that times out and one
+// whose metadata record fails verification (a producer writing another
+// room's record; no checksum, the production setting) move the engine's
+// metrics and timelines as documented.
+func TestMetricsAcrossOutcomes(t *testing.T) {
+	addr := startBootstrap(t)
+	preReg, decReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	var lie bool // edit the record of the verification-failure room only
+	rw := &recordEditor{edit: func(rec []byte) {
+		if lie {
+			binary.LittleEndian.PutUint64(rec, binary.LittleEndian.Uint64(rec)^1)
+		}
+	}}
+	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: preReg,
+		wrap: func(tr engine.Transport) engine.Transport { rw.Transport = tr; return rw }})}
+	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: decReg, waiting: 1500 * time.Millisecond})}
+	decRooms := func(state, reason, step string) map[string]string {
+		return map[string]string{"role": "decode", "state": state, "reason": reason, "step": step}
+	}
+
+	// 1. Success.
+	r := transferOneExpectFail(t, addr, pre, dec, 1001, 4)
+	if r.Poll() != engine.KVSuccess {
+		t.Fatalf("room 1001: %s %v", r.Poll(), r.Failure())
+	}
+	r.Close()
+	waitSample(t, decReg, engine.MetricRooms, decRooms("success", "none", "none"), 1)
+	waitSample(t, preReg, engine.MetricRooms, map[string]string{"role": "prefill", "state": "success"}, 1)
+	if n := sample(t, decReg, engine.MetricTransferSeconds, map[string]string{"role": "decode"}); n != 1 {
+		t.Errorf("decode transfer latency samples = %v, want 1", n)
+	}
+	if n := sample(t, preReg, engine.MetricTransferSeconds, map[string]string{"role": "prefill"}); n != 1 {
+		t.Errorf("prefill transfer latency samples = %v, want 1", n)
+	}
+	peer := strings.TrimPrefix(dec[0].m.Endpoint(), "tcp://")
+	var pageBytes uint64
+	for _, n := range dec[0].m.Geometry().KVItemLens {
+		pageBytes += n
+	}
+	wantBytes := 4 * pageBytes
+	if got := sample(t, preReg, engine.MetricBytes, map[string]string{"transport": "tcp", "peer": peer}); got < float64(wantBytes) {
+		t.Errorf("bytes to %s = %v, want at least the %d KV bytes", peer, got, wantBytes)
+	}
+	if got := sample(t, preReg, engine.MetricWriteRequests, map[string]string{"transport": "tcp", "peer": peer}); got < 2 {
+		t.Errorf("write requests = %v, want >= 2 (KV runs, record body, commit word)", got)
+	}
+	if got := sample(t, preReg, engine.MetricBatches, map[string]string{"outcome": "completed"}); got < 2 {
+		t.Errorf("completed batches = %v, want >= 2 (data + commit word)", got)
+	}
+	if got := sample(t, preReg, engine.MetricBatchesInFlight, nil); got != 0 {
+		t.Errorf("batches in flight after the room = %v, want 0", got)
+	}
+	if got := sample(t, decReg, engine.MetricReceivedBytes, nil); got != float64(wantBytes) {
+		t.Errorf("decode received bytes = %v, want %d", got, wantBytes)
+	}
+	if got := sample(t, decReg, engine.MetricPeers, map[string]string{"role": "decode", "state": "connected"}); got != 1 {
+		t.Errorf("decode connected peers = %v, want 1", got)
+	}
+	if got := sample(t, decReg, engine.MetricRingSlots, map[string]string{"state": "used"}); got != 0 {
+		t.Errorf("ring slots used after Close = %v, want 0", got)
+	}
+	tl, ok := dec[0].m.RoomTimeline(1001)
+	if !ok || tl.State != "Success" {
+		t.Fatalf("decode timeline of room 1001: %v %+v", ok, tl)
+	}
+	for _, s := range engine.Steps(engine.RoleDecode) {
+		if !hasDone(tl, s) {
+			t.Errorf("decode timeline lacks step %s: %s", s, tl)
+		}
+	}
+	ptl, ok := pre[0].m.RoomTimeline(1001)
+	if !ok || ptl.State != "Success" || !hasDone(ptl, engine.StepTransfer) {
+		t.Errorf("prefill timeline of room 1001: %v %s", ok, ptl)
+	}
+
+	// 2. Timeout: the prefill never creates the room, the decode's waiting
+	// timeout fails it at the transfer step.
+	dp, _ := dec[0].pool.Alloc(3)
+	defer dec[0].pool.Free(dp)
+	r, err := dec[0].m.NewReceiver(addr, 1002)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dp); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrTimeout) {
+		t.Fatalf("room 1002: %s %v, want Failed with a timeout", st, r.Failure())
+	}
+	r.Close()
+	waitSample(t, decReg, engine.MetricRooms, decRooms("failed", engine.ReasonTimeout, string(engine.StepTransfer)), 1)
+	if n := sample(t, decReg, engine.MetricTimeToFailedSeconds, map[string]string{"role": "decode", "reason": engine.ReasonTimeout}); n != 1 {
+		t.Errorf("time-to-failed samples (timeout) = %v, want 1", n)
+	}
+	if tl, _ := dec[0].m.RoomTimeline(1002); tl.Step != engine.StepTransfer || tl.Reason != engine.ReasonTimeout || !hasDone(tl, engine.StepConnect) {
+		t.Errorf("timeline of the timed-out room: %s", tl)
+	}
+	if n := sample(t, preReg, engine.MetricRooms, map[string]string{"role": "prefill"}); n != 1 {
+		t.Errorf("prefill rooms = %v after a room it never created, want still 1", n)
+	}
+
+	// 3. Verification failure: the producer's record names another room.
+	lie = true
+	r = transferOneExpectFail(t, addr, pre, dec, 1003, 2)
+	if r.Poll() != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrRoomMismatch) {
+		t.Fatalf("room 1003: %s %v, want a bootstrap_room mismatch", r.Poll(), r.Failure())
+	}
+	r.Close()
+	waitSample(t, decReg, engine.MetricRooms, decRooms("failed", engine.ReasonRoomMismatch, string(engine.StepVerify)), 1)
+	waitSample(t, decReg, engine.MetricRooms, map[string]string{"role": "decode"}, 3)
+	waitSample(t, preReg, engine.MetricRooms, map[string]string{"role": "prefill"}, 2)
+	if tl, _ := dec[0].m.RoomTimeline(1003); tl.Step != engine.StepVerify || !hasDone(tl, engine.StepTransfer) || hasDone(tl, engine.StepVerify) {
+		t.Errorf("timeline of the mismatched room: %s", tl)
+	}
+	if got := sample(t, decReg, engine.MetricReceivedBytes, nil); got != float64(wantBytes) {
+		t.Errorf("decode received bytes = %v after two failed rooms, want still %d", got, wantBytes)
+	}
+	failed := dec[0].m.RoomTimelines(true, 0)
+	if len(failed) != 2 || failed[0].Room != 1003 || failed[1].Room != 1002 {
+		t.Errorf("failed timelines, newest first: %+v", failed)
+	}
+}
+
+func hasDone(tl engine.RoomTimeline, s engine.Step) bool {
+	for _, e := range tl.Events {
+		if e.Step == s && e.Done {
+			return true
+		}
+	}
+	return false
+}
+
+// TestMetricsShareRegistry: two managers of one process may register on the
+// same registry; counters add up and the gauges sum over both.
+func TestMetricsShareRegistry(t *testing.T) {
+	addr := startBootstrap(t)
+	reg := prometheus.NewRegistry()
+	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: reg})}
+	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: reg})}
+	for _, room := range []uint64{5, 6} {
+		r := transferOneExpectFail(t, addr, pre, dec, room, 2)
+		if r.Poll() != engine.KVSuccess {
+			t.Fatalf("room %d: %s %v", room, r.Poll(), r.Failure())
+		}
+		r.Close()
+	}
+	waitSample(t, reg, engine.MetricRooms, map[string]string{"state": "success"}, 4)
+	if got := sample(t, reg, engine.MetricRingSlots, map[string]string{"state": "free"}); got != float64(dec[0].m.Ring().Slots()) {
+		t.Errorf("free ring slots = %v, want %d", got, dec[0].m.Ring().Slots())
+	}
+	if got := sample(t, reg, engine.MetricPeers, map[string]string{"state": "connected"}); got != 2 {
+		t.Errorf("connected peers over both managers = %v, want 2 (each side's PUSH socket)", got)
+	}
+	// A registry holding another kvxfer_rooms_total is refused by name.
+	bad := prometheus.NewRegistry()
+	bad.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: engine.MetricRooms, Help: "not the engine's"}))
+	l, _ := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 4})
+	pool, _ := workload.NewKVBuffers(l, workload.BufferOptions{Name: "bad", Device: -1})
+	defer pool.Close()
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	_, err = engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []engine.Transport{tr}, Metrics: bad})
+	if err == nil || !strings.Contains(err.Error(), "register metrics") {
+		t.Fatalf("NewManager with a conflicting registry: %v, want a register-metrics error", err)
+	}
+}

@@ -1,0 +1,660 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// Doctor probes (kvxfer doctor --bootstrap): a prober proves the data path
+// from a prefill rank into this host without touching serving KV. It
+// registers a scratch region per transport, sends PROBE to the rank's
+// control socket, and the rank (unless it refuses probes) opens a segment to
+// the scratch region per transport (the handshake, with the RDMA QP exchange
+// over HANDSHAKE/HANDSHAKE_ACK like a decode's), writes a pattern derived
+// from the probe id from its own freshly allocated probe buffer (never from
+// its KV buffers), and answers PROBE_RESULT with the timings; the prober
+// then checks the bytes.
+//
+//	PROBE (prober → rank):
+//	3 prober endpoint "tcp://host:port"
+//	4 probe id (>= 1; also the data-path epoch of the probe's segments)
+//	5 length: bytes to write per transport (1 … MaxProbeBytes)
+//	6 transport count n (1 … 8), then per transport 3 frames: name,
+//	  endpoint blob (Transport.Endpoint), region table (PackRegions: exactly
+//	  one region, the scratch region, at least length bytes)
+//
+//	PROBE_RESULT (rank → prober):
+//	3 rank endpoint   4 probe id
+//	5 refusal ("" = the probe ran; else why not, e.g. --no-probe)
+//	6 rank ("prefill dp0/tp1/pp0")   7 the rank's transports, comma list
+//	8 result count n (0 … 8), then per result 6 frames: transport, failed
+//	  stage ("", "handshake" or "transfer"), error, not applicable (0/1: the
+//	  transport cannot connect these hosts, e.g. shm across hosts),
+//	  handshake µs, transfer µs
+const (
+	MsgProbe       = "PROBE"
+	MsgProbeResult = "PROBE_RESULT"
+	// MaxProbeBytes bounds a probe's length per transport (16 MiB).
+	MaxProbeBytes = 16 << 20
+	// DefaultProbeBytes is the probe length a Prober uses when none is
+	// given (1 MiB).
+	DefaultProbeBytes = 1 << 20
+	// probeStepTimeout bounds each stage of a probe on the rank.
+	probeStepTimeout = 10 * time.Second
+)
+
+// ProbeOffer is one prober transport in PROBE: its endpoint blob and the
+// scratch region.
+type ProbeOffer struct {
+	Name     string
+	Endpoint []byte
+	Region   RegionDesc
+}
+
+// ProbeMsg is PROBE (see the frame table above).
+type ProbeMsg struct {
+	Endpoint   string
+	ID         uint64
+	Length     uint64
+	Transports []ProbeOffer
+}
+
+// ProbeTransportResult is the outcome of one transport of a probe.
+type ProbeTransportResult struct {
+	// Transport is the transport's name.
+	Transport string `json:"transport"`
+	// Stage is where it failed: "" (passed), "handshake" (opening the
+	// segment, QP exchange) or "transfer" (the write).
+	Stage string `json:"failed_stage,omitempty"`
+	// Err says why.
+	Err string `json:"error,omitempty"`
+	// NotApplicable: the transport cannot connect these two hosts (shm
+	// across hosts) or the rank does not have it; not a fault.
+	NotApplicable bool `json:"not_applicable,omitempty"`
+	// Handshake and Transfer are the stages' durations on the rank.
+	Handshake time.Duration `json:"handshake_ns"`
+	Transfer  time.Duration `json:"transfer_ns"`
+	// Verified (prober side): the scratch region holds exactly the
+	// pattern; VerifyErr says what differs.
+	Verified  bool   `json:"verified"`
+	VerifyErr string `json:"verify_error,omitempty"`
+}
+
+// ProbeResultMsg is PROBE_RESULT (see the frame table above).
+type ProbeResultMsg struct {
+	Endpoint   string
+	ID         uint64
+	Refused    string
+	Rank       string
+	Transports []string
+	Results    []ProbeTransportResult
+}
+
+// Encode returns the message's frames.
+func (m *ProbeMsg) Encode() [][]byte {
+	f := append(header(MsgProbe), []byte(m.Endpoint), dec(m.ID), dec(m.Length), deci(len(m.Transports)))
+	for _, o := range m.Transports {
+		f = append(f, []byte(o.Name), o.Endpoint, PackRegions([]RegionDesc{o.Region}))
+	}
+	return f
+}
+
+// Encode returns the message's frames.
+func (m *ProbeResultMsg) Encode() [][]byte {
+	f := append(header(MsgProbeResult), []byte(m.Endpoint), dec(m.ID), []byte(m.Refused), []byte(m.Rank),
+		[]byte(strings.Join(m.Transports, ",")), deci(len(m.Results)))
+	for _, r := range m.Results {
+		f = append(f, []byte(r.Transport), []byte(r.Stage), []byte(r.Err), b01(r.NotApplicable),
+			dec(uint64(r.Handshake.Microseconds())), dec(uint64(r.Transfer.Microseconds())))
+	}
+	return f
+}
+
+// DecodeProbe decodes a PROBE message. Errors wrap ErrBadFrame.
+func DecodeProbe(parts [][]byte) (*ProbeMsg, error) {
+	r, err := newReader(parts, MsgProbe, 7, false)
+	if err != nil {
+		return nil, err
+	}
+	m := &ProbeMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Length: r.uint(5, MaxProbeBytes, "length")}
+	n := r.int(6, maxTransports, "transport count")
+	if r.err == nil && (m.ID == 0 || m.Length == 0 || n == 0) {
+		r.fail(4, "probe id, length and transport count must be >= 1 (id %d, length %d, %d transports)", m.ID, m.Length, n)
+	}
+	if r.err == nil && len(parts) != 7+3*n {
+		r.fail(6, "%d transports need %d frames, message has %d", n, 7+3*n, len(parts))
+	}
+	for i := 0; r.err == nil && i < n; i++ {
+		base := 7 + 3*i
+		o := ProbeOffer{Name: r.str(base, "transport name")}
+		if r.err == nil && o.Name == "" {
+			r.fail(base, "transport name is empty")
+		}
+		if len(parts[base+1]) > maxBlobBytes {
+			r.fail(base+1, "endpoint blob of %d bytes, longer than %d", len(parts[base+1]), maxBlobBytes)
+		}
+		regs, err := UnpackRegions(parts[base+2])
+		switch {
+		case err != nil:
+			r.fail(base+2, "region table: %v", err)
+		case len(regs) != 1:
+			r.fail(base+2, "region table has %d regions, want exactly the scratch region", len(regs))
+		case regs[0].Length < m.Length:
+			r.fail(base+2, "scratch region of %d bytes is shorter than the probe length %d", regs[0].Length, m.Length)
+		}
+		if r.err != nil {
+			break
+		}
+		o.Endpoint = append([]byte(nil), parts[base+1]...)
+		o.Region = regs[0]
+		m.Transports = append(m.Transports, o)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// DecodeProbeResult decodes a PROBE_RESULT message. Errors wrap ErrBadFrame.
+func DecodeProbeResult(parts [][]byte) (*ProbeResultMsg, error) {
+	r, err := newReader(parts, MsgProbeResult, 9, false)
+	if err != nil {
+		return nil, err
+	}
+	m := &ProbeResultMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Refused: r.str(5, "refusal"), Rank: r.str(6, "rank")}
+	if ts := r.str(7, "transports"); ts != "" {
+		m.Transports = strings.Split(ts, ",")
+	}
+	n := r.int(8, maxTransports, "result count")
+	if r.err == nil && len(parts) != 9+6*n {
+		r.fail(8, "%d results need %d frames, message has %d", n, 9+6*n, len(parts))
+	}
+	for i := 0; r.err == nil && i < n; i++ {
+		base := 9 + 6*i
+		res := ProbeTransportResult{Transport: r.str(base, "transport"), Stage: r.str(base+1, "stage"), Err: r.str(base+2, "error"),
+			NotApplicable: r.bool(base+3, "not applicable"),
+			Handshake:     time.Duration(r.uint(base+4, 1<<40, "handshake µs")) * time.Microsecond,
+			Transfer:      time.Duration(r.uint(base+5, 1<<40, "transfer µs")) * time.Microsecond}
+		if r.err == nil && res.Stage != "" && res.Stage != "handshake" && res.Stage != "transfer" {
+			r.fail(base+1, "stage %q: want \"\", handshake or transfer", trunc([]byte(res.Stage)))
+		}
+		m.Results = append(m.Results, res)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return m, nil
+}
+
+// ProbePattern fills b with the bytes a probe of id writes over transport
+// (a SplitMix64 stream seeded by id and the transport's name), so the
+// prober can check what landed.
+func ProbePattern(id uint64, transport string, b []byte) {
+	h := fnv.New64a()
+	h.Write([]byte(transport))
+	x := id ^ h.Sum64()
+	for i := 0; i < len(b); i += 8 {
+		x += 0x9e3779b97f4a7c15
+		z := x
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+		z ^= z >> 31
+		for k := 0; k < 8 && i+k < len(b); k++ {
+			b[i+k] = byte(z >> (8 * k))
+		}
+	}
+}
+
+// probeKey names a probe's HANDSHAKE_ACK wait on the rank.
+type probeKey struct {
+	endpoint  string
+	id        uint64
+	transport string
+}
+
+// handleProbe answers a doctor's PROBE (prefill ranks only): refused when
+// ManagerConfig.NoProbe is set or another probe runs, else one result per
+// offered transport, written from a fresh probe buffer (never the KV).
+func (m *Manager) handleProbe(v *ProbeMsg) {
+	res := &ProbeResultMsg{Endpoint: m.endpoint, ID: v.ID, Rank: m.cfg.Role.String() + " " + m.rankName, Transports: m.TransportNames()}
+	switch {
+	case m.cfg.NoProbe:
+		res.Refused = "this rank refuses probes (started with --no-probe); the data path cannot be proven from outside"
+	case m.cfg.Role != RolePrefill:
+		res.Refused = "decode ranks take no probes; probe the prefill ranks (kvxfer doctor --bootstrap names their directory)"
+	case !m.probing.CompareAndSwap(false, true):
+		res.Refused = "another probe is running on this rank; try again in a few seconds"
+	}
+	if res.Refused != "" {
+		m.met.probes.WithLabelValues("refused").Inc()
+		m.log.Info("probe refused", "peer", peerLabel(v.Endpoint), "probe", v.ID, "why", res.Refused)
+		go func() { _ = m.send(v.Endpoint, res.Encode(), false) }()
+		return
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		m.probing.Store(false)
+		return
+	}
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		defer m.probing.Store(false)
+		passed := true
+		for _, o := range v.Transports {
+			r := m.probeOne(v, o)
+			if r.Err != "" && !r.NotApplicable {
+				passed = false
+			}
+			res.Results = append(res.Results, r)
+		}
+		result := "passed"
+		if !passed {
+			result = "failed"
+		}
+		m.met.probes.WithLabelValues(result).Inc()
+		m.log.Info("probe answered", "peer", peerLabel(v.Endpoint), "probe", v.ID, "result", result)
+		if err := m.send(v.Endpoint, res.Encode(), false); err != nil {
+			m.log.Warn("probe result not sent", "peer", peerLabel(v.Endpoint), "err", err)
+		}
+	}()
+}
+
+// probeOne runs one transport of a probe: open a segment to the prober's
+// scratch region (handshake), write the pattern from a probe buffer
+// (transfer).
+func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
+	r := ProbeTransportResult{Transport: o.Name}
+	var rs *regSet
+	for _, x := range m.regs {
+		if x.t.Name() == o.Name {
+			rs = x
+		}
+	}
+	if rs == nil {
+		r.Stage, r.NotApplicable = "handshake", true
+		r.Err = fmt.Sprintf("this rank has no %s transport (it has %s)", o.Name, strings.Join(m.TransportNames(), ","))
+		return r
+	}
+	fail := func(stage string, err error) ProbeTransportResult {
+		r.Stage, r.Err = stage, err.Error()
+		r.NotApplicable = errors.Is(err, ErrUnavailable)
+		return r
+	}
+	buf, err := AllocHost("kvxfer-probe", int64(v.Length))
+	if err != nil {
+		return fail("handshake", fmt.Errorf("allocate the probe buffer: %w", err))
+	}
+	defer buf.Close()
+	ProbePattern(v.ID, o.Name, buf.Bytes())
+	d, err := rs.t.RegisterMemory(buf.Memory())
+	if err != nil {
+		return fail("handshake", fmt.Errorf("register the probe buffer: %w", err))
+	}
+	defer func() { _ = rs.t.DeregisterMemory(d.ID) }()
+	ctx, cancel := context.WithTimeout(m.life, probeStepTimeout)
+	defer cancel()
+	t0 := time.Now()
+	seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.Region}, Epoch: v.ID})
+	if err != nil {
+		return fail("handshake", fmt.Errorf("open a %s segment to %s: %w", o.Name, peerLabel(v.Endpoint), err))
+	}
+	defer seg.Close()
+	if rs.caps.Has(CapHandshake) {
+		k := probeKey{v.Endpoint, v.ID, o.Name}
+		ch := make(chan error, 1)
+		m.mu.Lock()
+		m.probeAcks[k] = ch
+		m.mu.Unlock()
+		defer func() {
+			m.mu.Lock()
+			delete(m.probeAcks, k)
+			m.mu.Unlock()
+		}()
+		if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: seg.HandshakeReply(), Epoch: v.ID}).Encode(), false); err != nil {
+			return fail("handshake", err)
+		}
+		select {
+		case err := <-ch:
+			if err != nil {
+				return fail("handshake", err)
+			}
+		case <-ctx.Done():
+			return fail("handshake", fmt.Errorf("%w: no HANDSHAKE_ACK from the prober within %s", ErrTimeout, probeStepTimeout))
+		}
+	}
+	r.Handshake = time.Since(t0)
+	t1 := time.Now()
+	b := &TransferBatch{Requests: []WriteRequest{{Local: buf.Addr(), Remote: o.Region.ID, Length: v.Length}}}
+	id, err := seg.Submit(ctx, b)
+	if err != nil {
+		return fail("transfer", fmt.Errorf("submit %d bytes: %w", v.Length, err))
+	}
+	defer seg.Release(id)
+	var st BatchStatus
+	defer m.met.batchStart(o.Name, peerLabel(v.Endpoint), b)(&st)
+	st, err = seg.Wait(ctx, id)
+	switch {
+	case err != nil:
+		_ = seg.Cancel(id)
+		return fail("transfer", fmt.Errorf("write %d bytes: %w", v.Length, err))
+	case st.State != BatchCompleted:
+		return fail("transfer", fmt.Errorf("write %d bytes: batch %s after %d bytes: %v", v.Length, st.State, st.BytesDone, st.Err))
+	}
+	r.Transfer = time.Since(t1)
+	return r
+}
+
+// probeHandshakeAck hands a HANDSHAKE_ACK to the probe waiting for it;
+// false when none waits (a decode's, handled by handleHandshakeAck).
+func (m *Manager) probeHandshakeAck(v *HandshakeAckMsg) bool {
+	m.mu.Lock()
+	ch := m.probeAcks[probeKey{v.Endpoint, v.Epoch, v.Transport}]
+	m.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	var err error
+	if v.Err != "" {
+		err = fmt.Errorf("the prober refused the %s handshake: %s", v.Transport, v.Err)
+	}
+	select {
+	case ch <- err:
+	default:
+	}
+	return true
+}
+
+// ProberConfig configures a Prober.
+type ProberConfig struct {
+	// Transports are the prober's opened transports (at least one); each
+	// gets a scratch region that probes write into. The prober does not
+	// close them.
+	Transports []Transport
+	// Length is the bytes each probe writes per transport
+	// (DefaultProbeBytes when 0; at most MaxProbeBytes).
+	Length int
+	// ControlHost is the address the prober's control socket binds and
+	// the ranks send their results to: an address of this host the ranks
+	// can reach (default 127.0.0.1).
+	ControlHost string
+	// Timeout bounds one probe, from PROBE to PROBE_RESULT (default 30 s).
+	Timeout time.Duration
+}
+
+// Prober runs doctor probes against prefill ranks. Not safe for concurrent
+// Probe calls; Close releases it.
+type Prober struct {
+	cfg      ProberConfig
+	zctx     *zmq.Context
+	pull     *zmq.Socket
+	endpoint string
+	scratch  []*HostBuffer
+	regions  []RegionDesc
+	mu       sync.Mutex
+	closed   bool
+}
+
+// NewProber allocates and registers the scratch regions and binds the
+// control socket. Errors name the failing step.
+func NewProber(cfg ProberConfig) (*Prober, error) {
+	if len(cfg.Transports) == 0 {
+		return nil, errors.New("engine: prober: at least one transport is required")
+	}
+	if cfg.Length <= 0 {
+		cfg.Length = DefaultProbeBytes
+	}
+	if cfg.Length > MaxProbeBytes {
+		return nil, fmt.Errorf("engine: prober: length %d bytes, at most %d", cfg.Length, MaxProbeBytes)
+	}
+	if cfg.ControlHost == "" {
+		cfg.ControlHost = "127.0.0.1"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	p := &Prober{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Close()
+		}
+	}()
+	for _, t := range cfg.Transports {
+		b, err := AllocHost("kvxfer-probe-scratch", int64(cfg.Length))
+		if err != nil {
+			return nil, fmt.Errorf("engine: prober: scratch region: %w", err)
+		}
+		p.scratch = append(p.scratch, b)
+		d, err := t.RegisterMemory(b.Memory())
+		if err != nil {
+			return nil, fmt.Errorf("engine: prober: register the scratch region with %s: %w", t.Name(), err)
+		}
+		p.regions = append(p.regions, d)
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("engine: prober: zmq context: %w", err)
+	}
+	p.zctx = zctx
+	if p.pull, err = zctx.NewSocket(zmq.PULL); err != nil {
+		return nil, fmt.Errorf("engine: prober: zmq PULL socket: %w", err)
+	}
+	_ = p.pull.SetLinger(0)
+	_ = p.pull.SetRcvtimeo(100 * time.Millisecond)
+	if err := p.pull.SetIpv6(true); err != nil {
+		return nil, fmt.Errorf("engine: prober: enable IPv6: %w", err)
+	}
+	host := strings.Trim(cfg.ControlHost, "[]")
+	if err := p.pull.Bind("tcp://" + bracket(host) + ":*"); err != nil {
+		return nil, fmt.Errorf("engine: prober: bind control socket on %s: %w (is it an address of this host?)", host, err)
+	}
+	ep, err := p.pull.GetLastEndpoint()
+	if err != nil {
+		return nil, fmt.Errorf("engine: prober: control socket endpoint: %w", err)
+	}
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return nil, fmt.Errorf("engine: prober: control socket endpoint %q: %w", ep, err)
+	}
+	p.endpoint = "tcp://" + net.JoinHostPort(host, port)
+	ok = true
+	return p, nil
+}
+
+// Endpoint is the prober's control endpoint "tcp://host:port".
+func (p *Prober) Endpoint() string { return p.endpoint }
+
+// ProbeReport is one rank's answer to a probe.
+type ProbeReport struct {
+	// Endpoint is the rank's control endpoint, Rank its role and
+	// coordinates and Transports its transports, as it reported them.
+	Endpoint   string   `json:"endpoint"`
+	Rank       string   `json:"rank"`
+	Transports []string `json:"rank_transports"`
+	// Refused says why the rank refused the probe ("" when it ran).
+	Refused string `json:"refused,omitempty"`
+	// RoundTrip is PROBE sent → PROBE_RESULT received.
+	RoundTrip time.Duration `json:"round_trip_ns"`
+	// Results has one entry per prober transport, in the prober's order.
+	Results []ProbeTransportResult `json:"results"`
+}
+
+// Probe sends PROBE to the rank at endpoint ("tcp://host:port" or
+// "host:port") and waits for its PROBE_RESULT, answering the rank's
+// HANDSHAKE for transports that need one, then checks each scratch region.
+// Errors: the rank did not answer within the timeout (it cannot reach this
+// host, drops unknown messages, or hangs), ctx ended, or the prober is
+// closed.
+func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, error) {
+	if !strings.HasPrefix(endpoint, "tcp://") {
+		endpoint = "tcp://" + endpoint
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	id := NewEpoch()
+	msg := &ProbeMsg{Endpoint: p.endpoint, ID: id, Length: uint64(p.cfg.Length)}
+	for i, t := range p.cfg.Transports {
+		clear(p.scratch[i].Bytes()) // stale bytes never pass verification
+		blob, err := t.Endpoint(ctx, endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("engine: probe %s: prepare the %s endpoint: %w", peerLabel(endpoint), t.Name(), err)
+		}
+		if f, ok := t.(interface {
+			AdmitEpoch(peer string, epoch uint64) error
+		}); ok { // a fencing transport refuses writes of an epoch it never admitted
+			if err := f.AdmitEpoch(endpoint, id); err != nil {
+				return nil, fmt.Errorf("engine: probe %s: admit the probe's epoch on %s: %w", peerLabel(endpoint), t.Name(), err)
+			}
+		}
+		msg.Transports = append(msg.Transports, ProbeOffer{Name: t.Name(), Endpoint: blob, Region: p.regions[i]})
+	}
+	push, err := p.zctx.NewSocket(zmq.PUSH)
+	if err != nil {
+		return nil, fmt.Errorf("engine: probe: zmq PUSH socket: %w", err)
+	}
+	defer push.Close()
+	_ = push.SetLinger(0)
+	_ = push.SetSndtimeo(controlSendTimeout)
+	_ = push.SetIpv6(true)
+	if err := push.Connect(endpoint); err != nil {
+		return nil, fmt.Errorf("engine: probe: connect to %s: %w", endpoint, err)
+	}
+	send := func(frames [][]byte) error {
+		parts := make([]any, len(frames))
+		for i, f := range frames {
+			parts[i] = f
+		}
+		_, err := push.SendMessage(parts...)
+		return err
+	}
+	start := time.Now()
+	if err := send(msg.Encode()); err != nil {
+		return nil, fmt.Errorf("engine: probe: send PROBE to %s: %w", endpoint, err)
+	}
+	for {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: rank %s did not answer the probe within %s: it accepted the control connection, but no PROBE_RESULT came back to %s "+
+				"(the rank cannot reach this host there, e.g. a firewall toward the doctor; or it is an older kvxfer that drops PROBE; or it hangs)",
+				ErrTimeout, peerLabel(endpoint), p.cfg.Timeout, p.endpoint)
+		}
+		parts, err := p.pull.RecvMessageBytes(0)
+		if err != nil {
+			continue // receive timeout: check ctx
+		}
+		m, err := DecodeControl(parts)
+		if err != nil {
+			continue
+		}
+		switch v := m.(type) {
+		case *HandshakeMsg:
+			if v.Epoch == id {
+				ack := &HandshakeAckMsg{Endpoint: p.endpoint, Transport: v.Transport, Epoch: v.Epoch}
+				if err := p.accept(ctx, v); err != nil {
+					ack.Err = err.Error()
+				}
+				_ = send(ack.Encode())
+			}
+		case *ProbeResultMsg:
+			if v.ID != id {
+				continue
+			}
+			rep := &ProbeReport{Endpoint: v.Endpoint, Rank: v.Rank, Transports: v.Transports, Refused: v.Refused, RoundTrip: time.Since(start), Results: v.Results}
+			p.verify(id, rep)
+			return rep, nil
+		}
+	}
+}
+
+// accept completes a transport handshake the rank started for a probe.
+func (p *Prober) accept(ctx context.Context, v *HandshakeMsg) error {
+	for _, t := range p.cfg.Transports {
+		if t.Name() != v.Transport {
+			continue
+		}
+		acc, ok := t.(Acceptor)
+		if !ok {
+			return fmt.Errorf("prober transport %s accepts no handshake", v.Transport)
+		}
+		return acc.Accept(ctx, v.Endpoint, v.Reply)
+	}
+	return fmt.Errorf("prober has no transport %q", v.Transport)
+}
+
+// verify checks the scratch region of every transport the rank reports as
+// written, and adds the results it lacks for offered transports.
+func (p *Prober) verify(id uint64, rep *ProbeReport) {
+	want := make([]byte, p.cfg.Length)
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		if r.Err != "" || rep.Refused != "" {
+			continue
+		}
+		k := -1
+		for j, t := range p.cfg.Transports {
+			if t.Name() == r.Transport {
+				k = j
+			}
+		}
+		if k < 0 {
+			r.VerifyErr = "the rank reports a transport this prober did not offer"
+			continue
+		}
+		ProbePattern(id, r.Transport, want)
+		got := p.scratch[k].Bytes()
+		if off := firstDiff(got, want); off >= 0 {
+			r.VerifyErr = fmt.Sprintf("the scratch region differs from the probe pattern at byte %d of %d (got %#02x, want %#02x): the write reported success but the bytes did not land intact",
+				off, len(want), got[off], want[off])
+			continue
+		}
+		r.Verified = true
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range b {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+// Close releases the control socket and the scratch regions (deregistered
+// from the transports). Idempotent.
+func (p *Prober) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.pull != nil {
+		_ = p.pull.Close()
+	}
+	if p.zctx != nil {
+		_ = p.zctx.Term()
+	}
+	for i, d := range p.regions {
+		_ = p.cfg.Transports[i].DeregisterMemory(d.ID)
+	}
+	for _, b := range p.scratch {
+		_ = b.Close()
+	}
+	return nil
+}

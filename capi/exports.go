@@ -16,8 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sort"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -1206,4 +1208,42 @@ func kvx_kv_close(h C.kvx_room_t) (rc C.int) {
 	r.kv.mu.Unlock()
 	r.close()
 	return finish(nil)
+}
+
+//export kvx_metrics_text
+func kvx_metrics_text(buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_metrics_text"
+	defer guard(op, &rc)
+	b, err := metricsText()
+	if err != nil {
+		return finish(err)
+	}
+	return finish(writeOut(op, b, true, unsafe.Pointer(buf), capacity, needed))
+}
+
+//export kvx_metrics_serve
+func kvx_metrics_serve(addr *C.char, port *C.uint16_t) (rc C.int) {
+	const op = "kvx_metrics_serve"
+	defer guard(op, &rc)
+	bound, err := serveMetrics(goStr(addr))
+	if err != nil {
+		return finish(err)
+	}
+	if port != nil {
+		_, p, _ := net.SplitHostPort(bound)
+		n, _ := strconv.Atoi(p)
+		*port = C.uint16_t(n)
+	}
+	return finish(nil)
+}
+
+//export kvx_room_timeline
+func kvx_room_timeline(room C.uint64_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_room_timeline"
+	defer guard(op, &rc)
+	b, err := roomTimelineJSON(uint64(room))
+	if err != nil {
+		return finish(err)
+	}
+	return finish(writeOut(op, b, true, unsafe.Pointer(buf), capacity, needed))
 }

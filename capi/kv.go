@@ -135,6 +135,10 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
 		RingAlloc: engine.AutoRingMemory,
+		// Every manager of the library shares one registry
+		// (kvx_metrics_text, kvx_metrics_serve).
+		Metrics: libRegistry(),
+		NoProbe: envNoProbe(),
 	})
 	if err != nil {
 		closePool()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
@@ -63,6 +64,7 @@ type rankOpts struct {
 	advertise        string               // AdvertiseHost of the manager and transports
 	metrics          *prometheus.Registry // ManagerConfig.Metrics (nil: none)
 	noProbe          bool                 // ManagerConfig.NoProbe
+	tracer           trace.TracerProvider // ManagerConfig.TracerProvider
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -103,7 +105,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}
-	cfg.NoProbe = o.noProbe
+	cfg.NoProbe, cfg.TracerProvider = o.noProbe, o.tracer
 	if cfg.BootstrapTimeout == 0 && !o.envTimeouts {
 		cfg.BootstrapTimeout = 20 * time.Second
 	}

@@ -208,6 +208,17 @@ func MetricNames() []string {
 	return out
 }
 
+// MetricLabels returns the label names of an engine metric (MetricNames;
+// histograms add "le" to their _bucket series), nil for another name.
+func MetricLabels(name string) []string {
+	for _, s := range metricSpecs {
+		if s.name == name {
+			return slices.Clone(s.labels)
+		}
+	}
+	return nil
+}
+
 // MetricKind returns "counter", "gauge" or "histogram" for an engine
 // metric name (MetricNames), "" for another name.
 func MetricKind(name string) string {
@@ -447,7 +458,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	peers := map[key]float64{}
 	var free, quarantined, ringFree, ringUsed float64
 	var haveFree, haveRing bool
-	for _, role := range []Role{RolePrefill, RoleDecode} {
+	roles := map[Role]bool{}
+	for _, m := range ms {
+		roles[m.cfg.Role] = true
+	}
+	for role := range roles { // zeros for the roles this process runs
 		for _, st := range []KVPoll{KVBootstrapping, KVWaitingForInput, KVTransferring} {
 			active[key{role.String(), stateLabel(st)}] = 0
 		}

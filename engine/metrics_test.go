@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -239,5 +241,67 @@ func TestMetricsShareRegistry(t *testing.T) {
 	_, err = engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []engine.Transport{tr}, Metrics: bad})
 	if err == nil || !strings.Contains(err.Error(), "register metrics") {
 		t.Fatalf("NewManager with a conflicting registry: %v, want a register-metrics error", err)
+	}
+}
+
+// recordingRegisterer registers on a real registry and keeps the
+// collectors.
+type recordingRegisterer struct {
+	*prometheus.Registry
+	cs []prometheus.Collector
+}
+
+func (r *recordingRegisterer) Register(c prometheus.Collector) error {
+	r.cs = append(r.cs, c)
+	return r.Registry.Register(c)
+}
+
+// TestMetricNamesAreRegistered: what a manager registers describes exactly
+// engine.MetricNames (the list the Grafana dashboard test checks against).
+func TestMetricNamesAreRegistered(t *testing.T) {
+	rr := &recordingRegisterer{Registry: prometheus.NewRegistry()}
+	l, _ := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 4})
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "names", Device: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	m, err := engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []engine.Transport{tr}, Metrics: rr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	var got []string
+	for _, c := range rr.cs {
+		ch := make(chan *prometheus.Desc, 16)
+		go func() { c.Describe(ch); close(ch) }()
+		for d := range ch {
+			if mm := fq.FindStringSubmatch(d.String()); mm != nil {
+				got = append(got, mm[1])
+			}
+		}
+	}
+	want := engine.MetricNames()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("registered %v\nMetricNames %v", got, want)
+	}
+	for _, n := range want {
+		if !strings.HasPrefix(n, "kvxfer_") || engine.MetricKind(n) == "" || len(engine.MetricLabels(n)) == 0 {
+			t.Errorf("metric %s: kind %q labels %v", n, engine.MetricKind(n), engine.MetricLabels(n))
+		}
+		if engine.MetricKind(n) == "counter" && !strings.HasSuffix(n, "_total") {
+			t.Errorf("counter %s does not end in _total", n)
+		}
+		if engine.MetricKind(n) == "histogram" && !strings.HasSuffix(n, "_seconds") {
+			t.Errorf("histogram %s is not in seconds", n)
+		}
 	}
 }

@@ -850,6 +850,42 @@ KVX_API int kvx_kv_close(kvx_room_t room);
 #endif
 
 /* ------------------------------------------------------------------------ */
+/* Observability. Every KV manager of the process counts into one library   */
+/* registry (kvxfer_* metrics, engine/metrics.go) and keeps the timelines of */
+/* its active rooms and its last 1024 finished ones (engine/timeline.go).    */
+/* KVXFER_NO_PROBE=1 in the environment makes prefill KV managers refuse     */
+/* kvxfer doctor probes.                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Write the library's metrics in the Prometheus text exposition format
+ * (NUL-terminated) into buf, same buffer rules as kvx_bootstrap_addr (call
+ * with cap 0 to learn *needed; the text grows as peers and rooms are seen,
+ * so allow some slack). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_metrics_text(char *buf, size_t cap, size_t *needed);
+#endif
+
+/* Serve the library's metrics (GET /metrics) and room timelines
+ * (GET /debug/rooms, GET /debug/rooms/ROOM) over HTTP on addr ("host:port";
+ * NULL or "" = "127.0.0.1:0", port 0 = a free port); *port (if not NULL)
+ * gets the bound port. One server per process: a later call returns the
+ * running server's port and ignores addr. KVX_ERR_UNAVAILABLE when addr
+ * cannot be bound. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_metrics_serve(const char *addr, uint16_t *port);
+#endif
+
+/* Write the timeline of bootstrap_room `room` as JSON (NUL-terminated; the
+ * fields of engine.RoomTimeline: room, role, rank, state, step, reason,
+ * error, events[{at, step, done, peer, detail, error}]) into buf, same buffer
+ * rules as kvx_bootstrap_addr. The newest one among the process's KV
+ * managers; KVX_ERR_NOT_FOUND when none has the room. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_room_timeline(uint64_t room, char *buf, size_t cap,
+                              size_t *needed);
+#endif
+
+/* ------------------------------------------------------------------------ */
 /* Metadata record (one ring slot), as written by the producer into the     */
 /* decode's metadata ring. Little-endian, 64 bytes, one cache line. The      */
 /* producer writes bytes 0-55, waits for that batch to complete, then writes */

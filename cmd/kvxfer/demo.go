@@ -29,36 +29,38 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/internal/debugsrv"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
 type demoFlags struct {
-	requests    int
-	trace       string
-	model       string
-	prefillTP   int
-	prefillPP   int
-	decodeTP    int
-	pageSize    int
-	poolMB      int
-	concurrency int
-	transport   string
-	checksum    bool
-	jsonOut     string
-	seed        uint64
-	timeout     time.Duration
-	chunkPages  int
-	noProgress  bool
-	childLog    string
-	device      string
-	prefixMB    int
-	authToken   string
-	prefault    bool
-	metadata    string
-	metadataTTL time.Duration
-	fragment    bool
-	bench       bool
-	warmup      int
+	requests     int
+	trace        string
+	model        string
+	prefillTP    int
+	prefillPP    int
+	decodeTP     int
+	pageSize     int
+	poolMB       int
+	concurrency  int
+	transport    string
+	checksum     bool
+	jsonOut      string
+	seed         uint64
+	timeout      time.Duration
+	chunkPages   int
+	noProgress   bool
+	childLog     string
+	device       string
+	prefixMB     int
+	authToken    string
+	prefault     bool
+	metadata     string
+	metadataTTL  time.Duration
+	fragment     bool
+	bench        bool
+	warmup       int
+	otlpEndpoint string
 }
 
 func init() {
@@ -131,20 +133,23 @@ allow are capped.`,
 	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
 		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
+	fs.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "every rank sends OpenTelemetry spans to this OTLP/HTTP endpoint (see kvxfer prefill --help); default: none (the children still honour OTEL_EXPORTER_OTLP_ENDPOINT)")
 	rootCmd.AddCommand(cmd)
 }
 
 // child is one prefill or decode process.
 type child struct {
-	name  string
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	inMu  sync.Mutex
-	ready chan replyLine
-	mu    sync.Mutex
-	wait  map[uint64]chan replyLine
-	dead  error
-	exit  chan struct{}
+	name string
+	// metrics is the child's --metrics-addr as bound (its ready line).
+	metrics string
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	inMu    sync.Mutex
+	ready   chan replyLine
+	mu      sync.Mutex
+	wait    map[uint64]chan replyLine
+	dead    error
+	exit    chan struct{}
 }
 
 // startChild starts `exe args...` with this process's environment plus env
@@ -466,7 +471,11 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	}
 	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
 		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
-		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String(), "--prefault=" + strconv.FormatBool(f.prefault)}
+		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String(), "--prefault=" + strconv.FormatBool(f.prefault),
+		"--metrics-addr", "127.0.0.1:0"}
+	if f.otlpEndpoint != "" {
+		common = append(common, "--otlp-endpoint", f.otlpEndpoint)
+	}
 	if f.device != "" {
 		common = append(common, "--device", f.device)
 	}
@@ -547,6 +556,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			}
 		}
 		transports = r.Transports
+		c.metrics = r.Metrics
 	}
 	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
 		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)
@@ -719,6 +729,12 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	if latSum > 0 {
 		sum.TransferGBps = float64(sum.Bytes) / (latSum / 1000) / 1e9
 	}
+	// Every rank's engine metrics and, for failed rooms, both sides'
+	// timelines, read from the children's debug servers before they stop.
+	mctx, mcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	metrics := scrapeChildren(mctx, children)
+	timelines := failedTimelines(mctx, children, results)
+	mcancel()
 	if f.bench {
 		nPrefill := len(prefills)
 		sum.BenchCase, sum.BenchGBps, sum.BenchNote = benchAt(ctx, sum, f, nPrefill)
@@ -729,11 +745,16 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		sum.BenchNote = "not run (--bench=false)"
 	}
 	printSummary(os.Stdout, sum, results)
+	printMetrics(os.Stdout, metrics)
+	printTimelines(os.Stdout, timelines)
 	if f.jsonOut != "" {
 		b, _ := json.MarshalIndent(struct {
-			Summary  demoSummary  `json:"summary"`
-			Requests []demoResult `json:"requests"`
-		}{sum, results}, "", "  ")
+			Summary  demoSummary    `json:"summary"`
+			Requests []demoResult   `json:"requests"`
+			Metrics  []childMetrics `json:"metrics"`
+			// Timelines are the failed rooms' timelines on every rank.
+			Timelines map[string][]engine.RoomTimeline `json:"failed_room_timelines,omitempty"`
+		}{sum, results, metrics, timelines}, "", "  ")
 		if err := os.WriteFile(f.jsonOut, append(b, '\n'), 0o644); err != nil {
 			return fmt.Errorf("write --json %s: %w", f.jsonOut, err)
 		}
@@ -971,4 +992,94 @@ func benchAt(ctx context.Context, s demoSummary, f *demoFlags, prefillRanks int)
 		return label, 0, "bench verification failed: " + res.VerifyErr
 	}
 	return label, res.GBps.Median, ""
+}
+
+// childMetrics is one rank's kvxfer_* series at the end of the demo.
+type childMetrics struct {
+	Rank    string             `json:"rank"`
+	Addr    string             `json:"addr"`
+	Samples map[string]float64 `json:"samples,omitempty"`
+	Error   string             `json:"error,omitempty"`
+}
+
+func scrapeChildren(ctx context.Context, children []*child) []childMetrics {
+	out := make([]childMetrics, len(children))
+	var wg sync.WaitGroup
+	for i, c := range children {
+		out[i] = childMetrics{Rank: c.name, Addr: c.metrics}
+		if c.metrics == "" {
+			out[i].Error = "the rank reported no metrics address"
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := scrapeMetrics(ctx, c.metrics)
+			if err != nil {
+				out[i].Error = err.Error()
+				return
+			}
+			out[i].Samples = s
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// printMetrics prints one line per rank from its scraped metrics: rooms by
+// outcome, bytes written and batches.
+func printMetrics(w io.Writer, ms []childMetrics) {
+	for _, m := range ms {
+		if m.Error != "" {
+			fmt.Fprintf(w, "metrics %s: %s\n", m.Rank, m.Error)
+			continue
+		}
+		s := m.Samples
+		line := fmt.Sprintf("metrics %s (%s/metrics): rooms %g ok, %g failed", m.Rank, m.Addr,
+			sumSeries(s, engine.MetricRooms, `state="success"`), sumSeries(s, engine.MetricRooms, `state="failed"`))
+		if b := sumSeries(s, engine.MetricBytes); b > 0 {
+			line += fmt.Sprintf("; %.0f bytes in %g write requests, %g batches", b, sumSeries(s, engine.MetricWriteRequests), sumSeries(s, engine.MetricBatches))
+		}
+		if b := sumSeries(s, engine.MetricReceivedBytes); b > 0 {
+			line += fmt.Sprintf("; %.0f bytes received", b)
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+// failedTimelines fetches, for the failed rooms (at most 10), every rank's
+// timeline of the room: "room N" → one timeline per rank that has it.
+func failedTimelines(ctx context.Context, children []*child, results []demoResult) map[string][]engine.RoomTimeline {
+	out := map[string][]engine.RoomTimeline{}
+	n := 0
+	for _, r := range results {
+		if r.OK || r.Error == "interrupted" || n >= 10 {
+			continue
+		}
+		n++
+		for _, c := range children {
+			if c.metrics == "" {
+				continue
+			}
+			if tl, ok, err := debugsrv.Fetch(ctx, c.metrics, r.Room); err == nil && ok {
+				k := fmt.Sprintf("room %d", r.Room)
+				out[k] = append(out[k], tl)
+			}
+		}
+	}
+	return out
+}
+
+func printTimelines(w io.Writer, tls map[string][]engine.RoomTimeline) {
+	keys := make([]string, 0, len(tls))
+	for k := range tls {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "timeline of %s:\n", k)
+		for _, tl := range tls[k] {
+			fmt.Fprintf(w, "  %s\n", tl)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/spf13/cobra"
@@ -33,11 +34,41 @@ type doctorItem struct {
 
 func init() {
 	var jsonOut bool
+	var live liveDoctorFlags
 	cmd := &cobra.Command{
 		Use:   "doctor",
-		Short: "report what this host offers kvxfer: libzmq, libibverbs and RDMA devices, CUDA and NVML, memlock limit, usable transports",
-		Args:  cobra.NoArgs,
+		Short: "report what this host offers kvxfer; with --bootstrap, walk the evidence chain against a live deployment",
+		Long: `Without --bootstrap: what this host offers kvxfer (libzmq, libibverbs and RDMA
+devices, CUDA and NVML, memlock limit, usable transports).
+
+With --bootstrap HOST:PORT: walk the evidence chain against a live prefill
+instance from this host, as a decode would, with a probe room:
+
+  directory         the bootstrap directory answers GET /health
+  register          every rank of the topology registered (missing ranks named)
+  resolve_topology  PrefillServerInfo (GET /route, all -1)
+  resolve_rank      each rank's rank_ip:rank_port (GET /route per rank)
+  connect           each rank's control port accepts a TCP connection from here
+  handshake         per rank and transport: the rank answers the probe and opens
+                    its data path to this host (RDMA QP exchange included)
+  transfer          per rank and transport: a small pattern (--probe-bytes) is
+                    written from a buffer of the rank's own into a scratch region
+                    here — never into or from serving KV
+  verify            per rank and transport: the bytes landed intact
+
+Each step and rank is timed. The first failing step is printed with what to do,
+later steps are skipped. Exit status 0 only when every step passed; 1 when a
+step failed; 2 when a rank refuses probes (started with --no-probe): the
+doctor then stops at the handshake and says so.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if live.bootstrap != "" {
+				rep, err := runLiveDoctor(cmd.Context(), &live)
+				if err != nil {
+					return err
+				}
+				return finishLiveDoctor(cmd.OutOrStdout(), rep, jsonOut)
+			}
 			items := runDoctor()
 			if jsonOut {
 				enc := json.NewEncoder(cmd.OutOrStdout())
@@ -49,6 +80,11 @@ func init() {
 		},
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON instead of a table")
+	cmd.Flags().StringVar(&live.bootstrap, "bootstrap", "", "walk the evidence chain against the live prefill instance whose bootstrap directory is at this host:port")
+	cmd.Flags().StringVar(&live.transport, "transport", "auto", "with --bootstrap: transports this host offers the ranks: auto (every usable one) or a comma list (tcp, shm, rdma)")
+	cmd.Flags().StringVar(&live.host, "doctor-host", "", "with --bootstrap: address of this host the ranks can reach (probe results and data come back to it); default: this host's address on the route to the first rank")
+	cmd.Flags().IntVar(&live.probeBytes, "probe-bytes", 64<<10, "with --bootstrap: bytes each probe writes per rank and transport (at most 16 MiB)")
+	cmd.Flags().DurationVar(&live.timeout, "timeout", 10*time.Second, "with --bootstrap: bound of each directory query and control connection; a rank's probe gets 10 s more")
 	rootCmd.AddCommand(cmd)
 }
 

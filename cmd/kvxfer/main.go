@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -74,6 +75,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvxfer:", err)
 		if _, stale := err.(errStale); stale {
 			os.Exit(3)
+		}
+		var coded errDoctor
+		if errors.As(err, &coded) {
+			os.Exit(coded.ExitCode())
 		}
 		os.Exit(1)
 	}

@@ -58,6 +58,8 @@ type roleFlags struct {
 	metadata         string
 	metadataTTL      time.Duration
 	fragmentSeed     uint64
+	obs              obsFlags
+	noProbe          bool
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -70,6 +72,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.DurationVar(&f.dirCheck, "directory-check-interval", engine.DefaultDirectoryCheckInterval,
 			"how often this rank checks that the bootstrap directory still names it (±20% jitter) and registers again when it does not (a restarted directory); 0 disables")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
+		fs.BoolVar(&f.noProbe, "no-probe", false, "refuse kvxfer doctor probes (by default this rank answers one at a time by writing a small pattern from a buffer of its own into the doctor's scratch region, never its KV)")
 	} else {
 		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
 		fs.BoolVar(&f.checksum, "checksum", false, "ask producers for a CRC32C over the transferred bytes and check it before Success")
@@ -106,6 +109,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
+	addObsFlags(fs, &f.obs)
 }
 
 // openTransports opens the named transports ("auto" = every registered one
@@ -246,6 +250,8 @@ type replyLine struct {
 	Line       int      `json:"line,omitempty"`
 	Endpoint   string   `json:"endpoint,omitempty"`
 	Transports []string `json:"transports,omitempty"`
+	// Metrics (ready line) is the rank's bound --metrics-addr.
+	Metrics string `json:"metrics,omitempty"`
 	// Instance (ready line) is the rank's instance id.
 	Instance string `json:"instance,omitempty"`
 	// Ring (decode's ready line) is where the metadata ring lives: "gpu"
@@ -353,7 +359,14 @@ func runRole(role engine.Role, f *roleFlags) error {
 		RingAlloc: ring}
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
+		cfg.FreePages = pool.FreePages
 	}
+	obs, err := setupObservability(ctx, role, &f.obs)
+	if err != nil {
+		return err
+	}
+	defer obs.close()
+	cfg.Metrics, cfg.TracerProvider, cfg.TimelineRooms, cfg.NoProbe = obs.reg, obs.tracer, timelineRooms(f.obs.timelineRooms), f.noProbe
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
 	}
@@ -370,8 +383,12 @@ func runRole(role engine.Role, f *roleFlags) error {
 		return err
 	}
 	defer m.Close()
+	if err := obs.serve(f.obs.metricsAddr, m); err != nil {
+		return err
+	}
 	out := &lineWriter{w: os.Stdout}
-	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID()}
+	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID(),
+		Metrics: obs.addr()}
 	if r := m.Ring(); r != nil {
 		ready.Ring = "host"
 		if r.RingMem().DevicePtr() != 0 {
@@ -595,6 +612,8 @@ type readyLine struct {
 	// Instance is the rank's instance id (published in a prefill's
 	// directory entry).
 	Instance string `json:"instance"`
+	// Metrics is the bound --metrics-addr ("" when off).
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // allocWait allocates n items from a (KV pages or aux rows; what names them

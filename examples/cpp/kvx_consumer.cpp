@@ -463,6 +463,31 @@ void kv_rooms(kvx_engine_t prefill, kvx_engine_t decode, const std::string &boot
     for (uint64_t i = 0; i < lay.item_len; i++)
         if (dst[item(0, 4) + i] != 0) { CHECK(!"decode page 4 was written"); break; }
 
+    // Observability: the library's metrics count the room on both sides,
+    // and its timeline is kept.
+    {
+        size_t need = 0;
+        EXPECT_RC(kvx_metrics_text(nullptr, 0, &need), KVX_ERR_BUFFER_TOO_SMALL);
+        std::string text(need + 4096, '\0');
+        REQUIRE_OK(kvx_metrics_text(text.data(), text.size(), &need));
+        text.resize(need - 1);
+        CHECK(text.find("kvxfer_rooms_total{reason=\"none\",role=\"decode\",state=\"success\",step=\"none\"} 1") != std::string::npos);
+        CHECK(text.find("kvxfer_rooms_total{reason=\"none\",role=\"prefill\",state=\"success\",step=\"none\"} 1") != std::string::npos);
+        CHECK(text.find("kvxfer_transfer_bytes_total{") != std::string::npos);
+        std::string tl(64, '\0');
+        EXPECT_RC(kvx_room_timeline(42, tl.data(), tl.size(), &need), KVX_ERR_BUFFER_TOO_SMALL);
+        tl.assign(need, '\0');
+        REQUIRE_OK(kvx_room_timeline(42, tl.data(), tl.size(), &need));
+        CHECK(tl.find("\"room\":42") != std::string::npos && tl.find("\"state\":\"Success\"") != std::string::npos);
+        EXPECT_RC(kvx_room_timeline(4242424242ULL, tl.data(), tl.size(), &need), KVX_ERR_NOT_FOUND);
+        uint16_t mport = 0;
+        REQUIRE_OK(kvx_metrics_serve("127.0.0.1:0", &mport));
+        CHECK(mport != 0);
+        uint16_t again = 0;
+        REQUIRE_OK(kvx_metrics_serve(nullptr, &again));
+        CHECK(again == mport);
+    }
+
     REQUIRE_OK(kvx_kv_close(tx));
     REQUIRE_OK(kvx_kv_close(rx));
     EXPECT_RC(kvx_kv_close(rx), KVX_ERR_BAD_HANDLE);

@@ -1,0 +1,527 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// kvxfer doctor --bootstrap HOST:PORT walks the evidence chain against a
+// live prefill instance, as a decode would, with a probe room:
+//
+//	directory         GET /health answers
+//	register          every rank of the topology registered (GET /v1/table; missing ranks named)
+//	resolve_topology  PrefillServerInfo (GET /route, all -1)
+//	resolve_rank      each rank's rank_ip:rank_port (GET /route per rank)
+//	connect           each rank's control port accepts a TCP connection from this host
+//	handshake         per rank and transport: PROBE answered, data path opened (RDMA QP exchange included)
+//	transfer          per rank and transport: the probe bytes written into this host's scratch region
+//	verify            per rank and transport: the bytes landed intact
+//
+// The first failing step is printed with what to do; the later steps are
+// skipped. Exit status: 0 every step passed, 1 a step failed, 2 a rank
+// refused probes (--no-probe): the doctor stopped at the handshake.
+
+// Doctor step statuses.
+const (
+	stepPass    = "pass"
+	stepFail    = "fail"
+	stepStopped = "stopped"
+	stepSkipped = "skipped"
+)
+
+// chainItem is one rank (and transport) inside a step.
+type chainItem struct {
+	Rank      string  `json:"rank"`
+	Endpoint  string  `json:"endpoint,omitempty"`
+	Transport string  `json:"transport,omitempty"`
+	Status    string  `json:"status"`
+	MS        float64 `json:"ms"`
+	Detail    string  `json:"detail,omitempty"`
+}
+
+// chainStep is one step of kvxfer doctor --bootstrap.
+type chainStep struct {
+	Step   string      `json:"step"`
+	Status string      `json:"status"`
+	MS     float64     `json:"ms"`
+	Detail string      `json:"detail"`
+	Fix    string      `json:"fix,omitempty"`
+	Items  []chainItem `json:"items,omitempty"`
+}
+
+// chainReport is the whole walk (--json).
+type chainReport struct {
+	Bootstrap  string      `json:"bootstrap"`
+	OK         bool        `json:"ok"`
+	Transports []string    `json:"transports"`
+	Steps      []chainStep `json:"steps"`
+	// FirstFailure is the first step that did not pass (nil when OK).
+	FirstFailure *chainStep `json:"first_failure,omitempty"`
+}
+
+// chainSteps are the step names in order.
+var chainSteps = []string{"directory", "register", "resolve_topology", "resolve_rank", "connect", "handshake", "transfer", "verify"}
+
+// liveDoctorFlags are doctor's deployment flags.
+type liveDoctorFlags struct {
+	bootstrap  string
+	transport  string
+	host       string
+	probeBytes int
+	timeout    time.Duration
+}
+
+// errDoctor carries doctor's exit status (1 failed, 2 stopped).
+type errDoctor struct {
+	code int
+	msg  string
+}
+
+func (e errDoctor) Error() string { return e.msg }
+
+// ExitCode is the process exit status.
+func (e errDoctor) ExitCode() int { return e.code }
+
+// runLiveDoctor runs the walk and returns the report; the report's steps say
+// what failed, the error only what stopped the doctor itself (bad flags).
+func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error) {
+	if f.probeBytes < 1 || f.probeBytes > engine.MaxProbeBytes {
+		return nil, fmt.Errorf("--probe-bytes %d: want 1 … %d", f.probeBytes, engine.MaxProbeBytes)
+	}
+	if f.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %s: must be > 0", f.timeout)
+	}
+	client, err := bootstrap.NewClient(f.bootstrap) // read-only routes: no token needed
+	if err != nil {
+		return nil, fmt.Errorf("--bootstrap %q: %w", f.bootstrap, err)
+	}
+	rep := &chainReport{Bootstrap: f.bootstrap}
+	w := &walk{rep: rep, ctx: ctx, timeout: f.timeout}
+
+	// directory
+	w.step("directory", func(s *chainStep) {
+		err := w.call(func(ctx context.Context) error { return client.Health(ctx) })
+		if err != nil {
+			s.fail(fmt.Sprintf("the bootstrap directory at %s does not answer GET /health: %v", f.bootstrap, err),
+				"check the address (the prefill instance's bootstrap host:port, default port 8998; IPv6 as [addr]:port), that its bootstrap server runs (kvxfer bootstrap, or SGLang's prefill), and that this host can reach it")
+			return
+		}
+		s.pass("GET /health answered")
+	})
+
+	// register
+	var table *bootstrap.TableSnapshot
+	w.step("register", func(s *chainStep) {
+		err := w.call(func(ctx context.Context) error { var err error; table, err = client.Table(ctx); return err })
+		if errors.Is(err, bootstrap.ErrUnsupported) {
+			// An SGLang directory: readiness without names.
+			err := w.call(func(ctx context.Context) error { _, err := client.ServerInfo(ctx); return err })
+			if err != nil {
+				s.fail(fmt.Sprintf("the directory (not a kvxfer one: no /v1/table) is not ready: %v", err),
+					"start the prefill ranks that did not register; each registers with PUT /route when it starts (see its log)")
+				return
+			}
+			s.pass("ready (SGLang directory: rank names not listed)")
+			return
+		}
+		if err != nil {
+			s.fail(fmt.Sprintf("GET /v1/table: %v", err), "check the directory's log; kvxfer bootstrap table "+f.bootstrap+" shows the same table")
+			return
+		}
+		switch {
+		case table.Expected == 0:
+			s.fail("no prefill rank has registered yet", "start the prefill ranks with --bootstrap "+f.bootstrap+"; each registers with PUT /route when it starts")
+		case !table.Ready:
+			var miss []string
+			for i, c := range table.Missing {
+				if i == 16 {
+					miss = append(miss, fmt.Sprintf("… %d more", len(table.Missing)-16))
+					break
+				}
+				miss = append(miss, coordName(c))
+			}
+			s.fail(fmt.Sprintf("%d of %d ranks registered; missing: %s", table.Registered, table.Expected, strings.Join(miss, ", ")),
+				"start the missing prefill ranks, or read their logs: a rank that cannot reach the directory, or whose registration is refused (409 topology conflict, 401 token), says so; kvxfer bootstrap table "+f.bootstrap+" lists the table")
+		default:
+			s.pass(fmt.Sprintf("all %d ranks registered", table.Registered))
+		}
+	})
+
+	// resolve_topology
+	var info *bootstrap.PrefillServerInfo
+	w.step("resolve_topology", func(s *chainStep) {
+		err := w.call(func(ctx context.Context) error { var err error; info, err = client.ServerInfo(ctx); return err })
+		if err != nil {
+			s.fail(fmt.Sprintf("GET /route (PrefillServerInfo): %v", err), "the directory is not ready or refuses the query; see the register step and the directory's log")
+			return
+		}
+		d := fmt.Sprintf("dp %d × cp %d × tp %d × pp %d", info.DPSize, max(info.AttnCPSize, 1), info.AttnTPSize, info.PPSize)
+		if info.PageSize != nil {
+			d += fmt.Sprintf(", page_size %d", *info.PageSize)
+		}
+		if info.KVCacheDtype != nil {
+			d += ", kv_cache_dtype " + *info.KVCacheDtype
+		}
+		s.pass(d)
+	})
+
+	// resolve_rank
+	type target struct {
+		coord bootstrap.Coord
+		ep    string
+	}
+	var targets []target
+	w.step("resolve_rank", func(s *chainStep) {
+		var coords []bootstrap.Coord
+		if table != nil {
+			for _, r := range table.Ranks {
+				coords = append(coords, r.Coord)
+			}
+		} else {
+			for dp := 0; dp < max(info.DPSize, 1); dp++ {
+				for cp := 0; cp < max(info.AttnCPSize, 1); cp++ {
+					for tp := 0; tp < info.AttnTPSize; tp++ {
+						for pp := 0; pp < max(info.PPSize, 1); pp++ {
+							coords = append(coords, bootstrap.Coord{DP: dp, CP: cp, TP: tp, PP: pp})
+						}
+					}
+				}
+			}
+		}
+		failed := 0
+		for _, c := range coords {
+			t0 := time.Now()
+			var ri *bootstrap.PrefillRankInfo
+			err := w.call(func(ctx context.Context) error {
+				var err error
+				ri, err = client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
+				return err
+			})
+			it := chainItem{Rank: coordName(c), MS: ms(time.Since(t0))}
+			if err != nil {
+				it.Status, it.Detail = stepFail, err.Error()
+				failed++
+			} else {
+				it.Status, it.Endpoint = stepPass, strings.TrimPrefix(ri.Endpoint(), "tcp://")
+				targets = append(targets, target{c, ri.Endpoint()})
+			}
+			s.Items = append(s.Items, it)
+		}
+		if failed > 0 {
+			s.fail(fmt.Sprintf("%d of %d ranks could not be looked up (GET /route per rank)", failed, len(coords)), "see the items; a rank that deregistered meanwhile is restarting or gone")
+			return
+		}
+		s.pass(fmt.Sprintf("%d rank endpoints", len(targets)))
+	})
+
+	// connect
+	w.step("connect", func(s *chainStep) {
+		failed := 0
+		for _, t := range targets {
+			addr := strings.TrimPrefix(t.ep, "tcp://")
+			t0 := time.Now()
+			err := w.call(func(ctx context.Context) error {
+				c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+				if err == nil {
+					_ = c.Close()
+				}
+				return err
+			})
+			it := chainItem{Rank: coordName(t.coord), Endpoint: addr, Status: stepPass, MS: ms(time.Since(t0))}
+			if err != nil {
+				it.Status, it.Detail = stepFail, dialReason(err)
+				failed++
+			}
+			s.Items = append(s.Items, it)
+		}
+		if failed > 0 {
+			var bad []string
+			for _, it := range s.Items {
+				if it.Status == stepFail {
+					bad = append(bad, fmt.Sprintf("%s at %s (%s)", it.Rank, it.Endpoint, it.Detail))
+				}
+			}
+			s.fail(fmt.Sprintf("%d of %d rank control endpoints unreachable from this host: %s", failed, len(targets), strings.Join(bad, "; ")),
+				"the rank's control port is closed or filtered: check that the process still runs (a stale registration outlives a killed rank until it is replaced), that its --host/--advertise-host is an address this host can reach, and firewalls between the hosts")
+			return
+		}
+		s.pass(fmt.Sprintf("%d control endpoints accept connections", len(targets)))
+	})
+
+	// handshake, transfer, verify: one probe per rank.
+	var reports []*engine.ProbeReport
+	w.step("handshake", func(s *chainStep) {
+		ts, err := openTransports(f.transport, hostOr(f.host, "127.0.0.1"), "")
+		if err != nil {
+			s.fail(fmt.Sprintf("this host can open no transport: %v", err), "run kvxfer doctor (without --bootstrap) to see what this host offers")
+			return
+		}
+		defer closeAll(ts)
+		for _, t := range ts {
+			rep.Transports = append(rep.Transports, t.Name())
+		}
+		host := f.host
+		if host == "" && len(targets) > 0 {
+			host = localAddrToward(strings.TrimPrefix(targets[0].ep, "tcp://"))
+		}
+		p, err := engine.NewProber(engine.ProberConfig{Transports: ts, Length: f.probeBytes, ControlHost: host, Timeout: f.timeout + 2*10*time.Second})
+		if err != nil {
+			s.fail(err.Error(), "give --doctor-host an address of this host that the ranks can reach")
+			return
+		}
+		defer p.Close()
+		var fails, refused []string
+		for _, t := range targets {
+			pctx, cancel := context.WithTimeout(ctx, f.timeout+10*time.Second)
+			pr, err := p.Probe(pctx, t.ep)
+			cancel()
+			name := coordName(t.coord)
+			addr := strings.TrimPrefix(t.ep, "tcp://")
+			if err != nil {
+				s.Items = append(s.Items, chainItem{Rank: name, Endpoint: addr, Status: stepFail, Detail: err.Error()})
+				fails = append(fails, fmt.Sprintf("%s: %v", name, err))
+				reports = append(reports, nil)
+				continue
+			}
+			reports = append(reports, pr)
+			if pr.Refused != "" {
+				s.Items = append(s.Items, chainItem{Rank: name, Endpoint: addr, Status: stepStopped, MS: ms(pr.RoundTrip), Detail: pr.Refused})
+				refused = append(refused, name)
+				continue
+			}
+			ok := 0
+			var notes []string
+			for _, r := range pr.Results {
+				it := chainItem{Rank: name, Endpoint: addr, Transport: r.Transport, Status: stepPass, MS: ms(r.Handshake)}
+				switch {
+				case r.NotApplicable:
+					it.Status, it.Detail = stepSkipped, r.Err
+					notes = append(notes, r.Transport+": "+r.Err)
+				case r.Stage == "handshake":
+					it.Status, it.Detail = stepFail, r.Err
+					fails = append(fails, fmt.Sprintf("%s over %s: %s", name, r.Transport, r.Err))
+				default:
+					ok++
+				}
+				s.Items = append(s.Items, it)
+			}
+			if ok == 0 && len(pr.Results) > 0 && len(fails) == 0 {
+				fails = append(fails, fmt.Sprintf("%s: no common transport: this host offers %s, the rank has %s (%s)", name,
+					strings.Join(rep.Transports, ","), strings.Join(pr.Transports, ","), strings.Join(notes, "; ")))
+			}
+		}
+		switch {
+		case len(fails) > 0:
+			s.fail(strings.Join(fails, "; "), "a handshake that times out means the rank cannot reach this host at "+p.Endpoint()+" (firewall, or give --doctor-host an address the ranks reach); "+
+				"no common transport: run the doctor with --transport naming one the rank has (its list is above), or give the ranks a transport this host has; a refused handshake names the cause on the rank")
+		case len(refused) > 0:
+			s.stop(fmt.Sprintf("%s refuse probes (started with --no-probe): the doctor stops at the handshake; the control channel answers, but the data path is not proven", strings.Join(refused, ", ")),
+				"restart those ranks without --no-probe to let the doctor prove their data path (a probe writes a small pattern into the doctor's scratch region, never serving KV)")
+		default:
+			s.pass(fmt.Sprintf("%d ranks answered the probe; data paths opened", len(targets)))
+		}
+	})
+	w.step("transfer", func(s *chainStep) {
+		var fails []string
+		for i, t := range targets {
+			for _, r := range usable(reports[i]) {
+				it := chainItem{Rank: coordName(t.coord), Endpoint: strings.TrimPrefix(t.ep, "tcp://"), Transport: r.Transport, Status: stepPass, MS: ms(r.Transfer)}
+				if r.Stage == "transfer" {
+					it.Status, it.Detail = stepFail, r.Err
+					fails = append(fails, fmt.Sprintf("%s over %s: %s", it.Rank, r.Transport, r.Err))
+				} else {
+					it.Detail = fmt.Sprintf("%d bytes, %.2f GB/s", f.probeBytes, float64(f.probeBytes)/max(r.Transfer.Seconds(), 1e-9)/1e9)
+				}
+				s.Items = append(s.Items, it)
+			}
+		}
+		for _, it := range s.Items {
+			s.MS += it.MS
+		}
+		if len(fails) > 0 {
+			s.fail(strings.Join(fails, "; "), "the data path opened but the write failed: read the error (a peer lost mid-write, a refused region) and the rank's log")
+			return
+		}
+		s.pass(fmt.Sprintf("%d probe writes of %d bytes", len(s.Items), f.probeBytes))
+	})
+	w.step("verify", func(s *chainStep) {
+		var fails []string
+		for i, t := range targets {
+			for _, r := range usable(reports[i]) {
+				it := chainItem{Rank: coordName(t.coord), Endpoint: strings.TrimPrefix(t.ep, "tcp://"), Transport: r.Transport, Status: stepPass, Detail: "pattern intact"}
+				if !r.Verified {
+					it.Status, it.Detail = stepFail, r.VerifyErr
+					fails = append(fails, fmt.Sprintf("%s over %s: %s", it.Rank, r.Transport, r.VerifyErr))
+				}
+				s.Items = append(s.Items, it)
+			}
+		}
+		if len(fails) > 0 {
+			s.fail(strings.Join(fails, "; "), "bytes reported written did not land intact: the transport is corrupting data (run kvxfer bench on both hosts, check the NIC/driver); serve with --checksum until fixed")
+			return
+		}
+		s.pass(fmt.Sprintf("%d scratch regions hold the probe pattern", len(s.Items)))
+	})
+	rep.OK = rep.FirstFailure == nil
+	return rep, nil
+}
+
+// usable is the probe results that got past the handshake.
+func usable(r *engine.ProbeReport) []engine.ProbeTransportResult {
+	if r == nil || r.Refused != "" {
+		return nil
+	}
+	var out []engine.ProbeTransportResult
+	for _, x := range r.Results {
+		if !x.NotApplicable && x.Stage != "handshake" {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// walk runs the steps in order; after the first that does not pass, the
+// rest are skipped.
+type walk struct {
+	rep     *chainReport
+	ctx     context.Context
+	timeout time.Duration
+}
+
+func (w *walk) call(f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(w.ctx, w.timeout)
+	defer cancel()
+	return f(ctx)
+}
+
+func (w *walk) step(name string, run func(s *chainStep)) {
+	s := chainStep{Step: name}
+	if w.rep.FirstFailure != nil {
+		s.Status, s.Detail = stepSkipped, "not run: an earlier step did not pass"
+		w.rep.Steps = append(w.rep.Steps, s)
+		return
+	}
+	t0 := time.Now()
+	run(&s)
+	if s.MS == 0 { // a step may state its own time (the rank-side stages of a probe)
+		s.MS = ms(time.Since(t0))
+	}
+	if s.Status == "" {
+		s.Status = stepPass
+	}
+	w.rep.Steps = append(w.rep.Steps, s)
+	if s.Status != stepPass {
+		last := w.rep.Steps[len(w.rep.Steps)-1]
+		w.rep.FirstFailure = &last
+	}
+}
+
+func (s *chainStep) pass(detail string) { s.Status, s.Detail = stepPass, detail }
+func (s *chainStep) fail(detail, fix string) {
+	s.Status, s.Detail, s.Fix = stepFail, detail, fix
+}
+func (s *chainStep) stop(detail, fix string) {
+	s.Status, s.Detail, s.Fix = stepStopped, detail, fix
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// coordName is a rank's coordinates, short: "dp0/cp0/tp1/pp0".
+func coordName(c bootstrap.Coord) string {
+	return fmt.Sprintf("dp%d/cp%d/tp%d/pp%d", c.DP, c.CP, c.TP, c.PP)
+}
+
+// dialReason is what a failed TCP dial says, without the Go noise.
+func dialReason(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err.Error()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "no answer (timed out: filtered, or the host is down)"
+	}
+	return err.Error()
+}
+
+// localAddrToward is this host's address on the route to addr ("host:port")
+// — where a rank there can reach the doctor; 127.0.0.1 when unknown.
+func localAddrToward(addr string) string {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return "127.0.0.1"
+	}
+	defer c.Close()
+	if ua, ok := c.LocalAddr().(*net.UDPAddr); ok {
+		return ua.IP.String()
+	}
+	return "127.0.0.1"
+}
+
+func hostOr(h, def string) string {
+	if h == "" {
+		return def
+	}
+	return h
+}
+
+// printChain prints the walk as a table, then the first failing step and
+// what to do.
+func printChain(w io.Writer, r *chainReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "STEP\tSTATUS\tTIME\tDETAIL\n")
+	for _, s := range r.Steps {
+		fmt.Fprintf(tw, "%s\t%s\t%.1f ms\t%s\n", s.Step, s.Status, s.MS, s.Detail)
+		for _, it := range s.Items {
+			who := it.Rank
+			if it.Transport != "" {
+				who += " " + it.Transport
+			}
+			if it.Endpoint != "" {
+				who += " @" + it.Endpoint
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%.1f ms\t%s\n", who, it.Status, it.MS, it.Detail)
+		}
+	}
+	_ = tw.Flush()
+	if r.FirstFailure == nil {
+		fmt.Fprintf(w, "every step passed: directory %s, its ranks and their data paths (%s) work from this host\n", r.Bootstrap, strings.Join(r.Transports, ","))
+		return
+	}
+	ff := r.FirstFailure
+	fmt.Fprintf(w, "FIRST FAILING STEP: %s (%s): %s\n", ff.Step, ff.Status, ff.Detail)
+	if ff.Fix != "" {
+		fmt.Fprintf(w, "WHAT TO DO: %s\n", ff.Fix)
+	}
+}
+
+// finishLiveDoctor prints the report and returns doctor's exit status as
+// an errDoctor (nil when every step passed).
+func finishLiveDoctor(out io.Writer, r *chainReport, jsonOut bool) error {
+	if jsonOut {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		printChain(out, r)
+	}
+	if r.FirstFailure == nil {
+		return nil
+	}
+	code := 1
+	if r.FirstFailure.Status == stepStopped {
+		code = 2
+	}
+	return errDoctor{code: code, msg: fmt.Sprintf("doctor: step %s %s", r.FirstFailure.Step, map[string]string{stepFail: "failed", stepStopped: "stopped the walk"}[r.FirstFailure.Status])}
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// runDoctorProc runs `kvxfer doctor --bootstrap addr --json extra...` as a
+// process and returns its report and exit status.
+func runDoctorProc(t *testing.T, addr string, extra ...string) (*chainReport, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"doctor", "--bootstrap", addr, "--json", "--log-level", "warn"}, extra...)...)
+	cmd.Env = append(os.Environ(), "KVXFER_TEST_AS_CLI=1")
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var rep chainReport
+	if jerr := json.Unmarshal(out, &rep); jerr != nil {
+		t.Fatalf("doctor output is not a report: %v\n%s\nstderr: %s", jerr, out, stderr.String())
+	}
+	return &rep, exitCode(err)
+}
+
+// stepOf returns the report's step by name.
+func stepOf(t *testing.T, r *chainReport, name string) chainStep {
+	t.Helper()
+	for _, s := range r.Steps {
+		if s.Step == name {
+			return s
+		}
+	}
+	t.Fatalf("report has no step %s: %+v", name, r)
+	return chainStep{}
+}
+
+// wantFirstFailure checks that step is the first that did not pass, with
+// status, a detail containing every want, and a fix; the later steps are
+// skipped.
+func wantFirstFailure(t *testing.T, r *chainReport, step, status string, want ...string) {
+	t.Helper()
+	if r.OK || r.FirstFailure == nil || r.FirstFailure.Step != step || r.FirstFailure.Status != status {
+		b, _ := json.MarshalIndent(r, "", "  ")
+		t.Fatalf("first failure: want step %s %s, report:\n%s", step, status, b)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.FirstFailure.Detail, w) {
+			t.Errorf("step %s detail %q lacks %q", step, r.FirstFailure.Detail, w)
+		}
+	}
+	if r.FirstFailure.Fix == "" {
+		t.Errorf("step %s says nothing about what to do", step)
+	}
+	after := false
+	for _, s := range r.Steps {
+		if after && s.Status != stepSkipped {
+			t.Errorf("step %s after the failure: %s, want skipped", s.Step, s.Status)
+		}
+		if s.Step == step {
+			after = true
+		} else if !after && s.Status != stepPass {
+			t.Errorf("step %s before the failure: %s", s.Step, s.Status)
+		}
+	}
+}
+
+// TestDoctorLiveDeployment: kvxfer doctor --bootstrap against real
+// processes: a healthy two-rank instance (every step passes, exit 0), a
+// directory missing a rank, a rank whose control port is closed, a
+// transport mismatch and a rank refusing probes, each naming its step.
+func TestDoctorLiveDeployment(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Run("healthy", func(t *testing.T) {
+		_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+		for tp := 0; tp < 2; tp++ {
+			p := startProc(t, "prefill tp"+strconv.Itoa(tp), nil, roleArgs("prefill", addr, "127.0.0.1", "--tp-size", "2", "--tp-rank", strconv.Itoa(tp))...)
+			p.ready()
+		}
+		rep, code := runDoctorProc(t, addr, "--transport", "tcp")
+		if code != 0 || !rep.OK {
+			b, _ := json.MarshalIndent(rep, "", "  ")
+			t.Fatalf("exit %d, report:\n%s", code, b)
+		}
+		if len(rep.Steps) != len(chainSteps) {
+			t.Fatalf("steps %d, want %d", len(rep.Steps), len(chainSteps))
+		}
+		for i, s := range rep.Steps {
+			if s.Step != chainSteps[i] || s.Status != stepPass {
+				t.Errorf("step %d: %s %s, want %s pass", i, s.Step, s.Status, chainSteps[i])
+			}
+		}
+		for _, name := range []string{"handshake", "transfer", "verify"} {
+			if s := stepOf(t, rep, name); len(s.Items) != 2 {
+				t.Errorf("%s: %d items, want one per rank over tcp: %+v", name, len(s.Items), s.Items)
+			}
+		}
+	})
+	t.Run("missing-rank", func(t *testing.T) {
+		_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+		p := startProc(t, "prefill tp0", nil, roleArgs("prefill", addr, "127.0.0.1", "--tp-size", "2", "--tp-rank", "0")...)
+		p.ready()
+		rep, err := runLiveDoctor(context.Background(), &liveDoctorFlags{bootstrap: addr, transport: "tcp", probeBytes: 4096, timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantFirstFailure(t, rep, "register", stepFail, "1 of 2 ranks registered", "dp0/cp0/tp1/pp0")
+	})
+	t.Run("closed-control-port", func(t *testing.T) {
+		_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+		c, err := bootstrap.NewClient(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := freePort(t, "127.0.0.1") // nothing listens there
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = c.Register(ctx, bootstrap.RegisterRequest{AttnTPSize: 1, AttnCPSize: 1, AttnDPSize: 1, PPSize: 1, SystemDPSize: 1,
+			RankIP: "127.0.0.1", RankPort: closed, PageSize: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, code := runDoctorProc(t, addr, "--transport", "tcp", "--timeout", "3s")
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		wantFirstFailure(t, rep, "connect", stepFail, "dp0/cp0/tp0/pp0", "127.0.0.1:"+strconv.Itoa(closed), "refused")
+	})
+	t.Run("transport-mismatch", func(t *testing.T) {
+		if err := engine.ProbeTransport("shm"); err != nil {
+			t.Skipf("shm unusable here: %v", err)
+		}
+		_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+		p := startProc(t, "prefill tcp only", nil, roleArgs("prefill", addr, "127.0.0.1")...) // roleArgs: --transport tcp
+		p.ready()
+		rep, err := runLiveDoctor(context.Background(), &liveDoctorFlags{bootstrap: addr, transport: "shm", probeBytes: 4096, timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantFirstFailure(t, rep, "handshake", stepFail, "no common transport", "this host offers shm", "the rank has tcp")
+	})
+	t.Run("no-probe", func(t *testing.T) {
+		_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+		p := startProc(t, "prefill --no-probe", nil, roleArgs("prefill", addr, "127.0.0.1", "--no-probe")...)
+		p.ready()
+		rep, code := runDoctorProc(t, addr, "--transport", "tcp")
+		if code != 2 {
+			t.Errorf("exit %d, want 2 (stopped at the handshake)", code)
+		}
+		wantFirstFailure(t, rep, "handshake", stepStopped, "--no-probe")
+	})
+}
+
+// TestRoleMetricsAndTimelines: ranks started with --metrics-addr serve
+// their metrics and room timelines; kvxfer room shows a room on both sides,
+// and a room that fails (the prefill never gets it) names its step.
+func TestRoleMetricsAndTimelines(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+	pre := startProc(t, "prefill", nil, roleArgs("prefill", addr, "127.0.0.1", "--metrics-addr", "127.0.0.1:0")...)
+	dec := startProc(t, "decode", nil, roleArgs("decode", addr, "127.0.0.1", "--metrics-addr", "127.0.0.1:0", "--waiting-timeout", "2s")...)
+	pm, dm := pre.ready().Metrics, dec.ready().Metrics
+	if pm == "" || dm == "" {
+		t.Fatalf("ready lines name no metrics address: prefill %q decode %q", pm, dm)
+	}
+	transferRoom(t, 4242, pre, dec)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v := fetchRoom(ctx, 4242, []string{dm, pm})
+	if len(v.Timelines) != 2 || len(v.Errors) != 0 {
+		t.Fatalf("room 4242 on both ranks: %+v", v)
+	}
+	for _, tl := range v.Timelines {
+		if tl.State != "Success" || tl.Room != 4242 {
+			t.Errorf("%s timeline: %s", tl.Role, tl)
+		}
+	}
+	var out strings.Builder
+	printRoom(&out, v)
+	if !strings.Contains(out.String(), "merged (each host's clock)") || !strings.Contains(out.String(), "verify done") {
+		t.Errorf("kvxfer room output:\n%s", out.String())
+	}
+	// A room only the decode gets: its waiting timeout fails it at transfer.
+	dec.send(requestLine{Room: 4343, Tokens: 64})
+	if r := dec.result(time.Minute); r.OK {
+		t.Fatalf("room 4343 succeeded without a prefill: %+v", r)
+	}
+	v = fetchRoom(ctx, 4343, []string{dm, pm})
+	if len(v.Timelines) != 1 || v.Timelines[0].Step != engine.StepTransfer || v.Timelines[0].Reason != engine.ReasonTimeout || len(v.Missing) != 1 {
+		t.Fatalf("room 4343: %+v", v)
+	}
+	ds, err := scrapeMetrics(ctx, dm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sumSeries(ds, engine.MetricRooms, `state="success"`); n != 1 {
+		t.Errorf("decode rooms success = %v, want 1", n)
+	}
+	if n := sumSeries(ds, engine.MetricRooms, `reason="timeout"`, `step="transfer"`); n != 1 {
+		t.Errorf("decode rooms failed by timeout at transfer = %v, want 1", n)
+	}
+	ps, err := scrapeMetrics(ctx, pm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sumSeries(ps, engine.MetricBytes, `transport="tcp"`); n == 0 {
+		t.Errorf("prefill wrote no bytes by its metrics: %v", ps)
+	}
+	if n := sumSeries(ds, engine.MetricPoolPages, `state="free"`); n == 0 {
+		t.Errorf("decode reports no free pool pages: %v", ds)
+	}
+}

@@ -98,4 +98,3 @@ func envNoProbe() bool {
 	v := os.Getenv("KVXFER_NO_PROBE")
 	return v == "1" || v == "true"
 }
-

@@ -60,8 +60,9 @@ func TestDemoTopologies(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got struct {
-				Summary  demoSummary  `json:"summary"`
-				Requests []demoResult `json:"requests"`
+				Summary  demoSummary    `json:"summary"`
+				Requests []demoResult   `json:"requests"`
+				Metrics  []childMetrics `json:"metrics"`
 			}
 			if err := json.Unmarshal(b, &got); err != nil {
 				t.Fatal(err)
@@ -69,6 +70,15 @@ func TestDemoTopologies(t *testing.T) {
 			s := got.Summary
 			if s.Requests != 3 || s.Verified != 3 || s.Failures != 0 || s.Bytes == 0 || len(s.Used) == 0 {
 				t.Fatalf("summary %+v", s)
+			}
+			// Every rank's engine metrics are in --json: 3 successful rooms each.
+			if len(got.Metrics) != c.ptp*c.ppp+c.dtp {
+				t.Fatalf("metrics of %d ranks, want %d: %+v", len(got.Metrics), c.ptp*c.ppp+c.dtp, got.Metrics)
+			}
+			for _, m := range got.Metrics {
+				if m.Error != "" || sumSeries(m.Samples, engine.MetricRooms, `state="success"`) != 3 || sumSeries(m.Samples, engine.MetricRooms, `state="failed"`) != 0 {
+					t.Errorf("%s metrics: %s %v", m.Rank, m.Error, m.Samples)
+				}
 			}
 			for _, r := range got.Requests {
 				// What the prefill ranks say they sent is what the decode

@@ -101,20 +101,7 @@ func TestProbeRefusedAndMismatch(t *testing.T) {
 // TestProbeSilentRank: a listener that never answers (not a kvxfer rank)
 // fails the probe with a timeout that says where the answer was expected.
 func TestProbeSilentRank(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	ln := silentListener(t)
 	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
@@ -129,4 +116,31 @@ func TestProbeSilentRank(t *testing.T) {
 	if !errors.Is(err, engine.ErrTimeout) || !strings.Contains(err.Error(), p.Endpoint()) {
 		t.Fatalf("probe of a silent listener: %v, want a timeout naming %s", err, p.Endpoint())
 	}
+}
+
+// silentListener accepts TCP connections on loopback and never answers (a
+// hung peer, or not a kvxfer peer); closed when the test ends.
+func silentListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	return ln
 }

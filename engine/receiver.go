@@ -742,7 +742,7 @@ func (m *Manager) handleStatus(v *StatusMsg) {
 	r := m.receivers[v.Room]
 	m.mu.Unlock()
 	if r == nil {
-		m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "from", v.Endpoint)
+		m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
 		return
 	}
 	r.onStatus(v)
@@ -758,7 +758,7 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 	}
 	r.mu.Unlock()
 	if t == nil {
-		r.m.log.Warn("STATUS from a prefill that is not a producer of this room", "room", r.room, "from", v.Endpoint)
+		r.tr.log(v.Endpoint).Warn("STATUS from a prefill that is not a producer of this room")
 		return
 	}
 	switch v.State {

@@ -161,7 +161,7 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 	s := m.senders[v.Room]
 	m.mu.Unlock()
 	reject := func(reason string) {
-		m.log.Warn("rejected TRANSFER", "decode", v.Endpoint, "room", v.Room, "reason", reason)
+		m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 		go func() {
 			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
 		}()

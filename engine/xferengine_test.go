@@ -238,21 +238,8 @@ func TestTransferEngineOpenErrors(t *testing.T) {
 	})
 	t.Run("silent", func(t *testing.T) {
 		// Accepts TCP connections and never answers (a hung peer).
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				defer c.Close()
-			}
-		}()
-		_, err = send.OpenSegment(ctx, l.Addr().String())
+		l := silentListener(t)
+		_, err := send.OpenSegment(ctx, l.Addr().String())
 		if !errors.Is(err, engine.ErrSegmentUnreachable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer") {
 			t.Fatalf("err = %v, want ErrSegmentUnreachable + DeadlineExceeded saying no answer", err)
 		}

@@ -55,10 +55,16 @@ var bootstrapTokenEnv = []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN", "SGLANG_DISAGGRE
 // bootstrapToken returns flag when set, else the first non-empty
 // bootstrapTokenEnv variable, else "" (no token).
 func bootstrapToken(flag string, getenv func(string) string) string {
+	return flagOrEnv(flag, getenv, bootstrapTokenEnv)
+}
+
+// flagOrEnv returns flag when set, else the first non-empty variable of
+// names, else "".
+func flagOrEnv(flag string, getenv func(string) string, names []string) string {
 	if flag != "" {
 		return flag
 	}
-	for _, name := range bootstrapTokenEnv {
+	for _, name := range names {
 		if v := getenv(name); v != "" {
 			return v
 		}

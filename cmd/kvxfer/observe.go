@@ -49,15 +49,7 @@ func addObsFlags(fs *pflag.FlagSet, f *obsFlags) {
 
 // otlpEndpoint returns the flag, else the first non-empty otlpEnv variable.
 func otlpEndpoint(flag string, getenv func(string) string) string {
-	if flag != "" {
-		return flag
-	}
-	for _, n := range otlpEnv {
-		if v := getenv(n); v != "" {
-			return v
-		}
-	}
-	return ""
+	return flagOrEnv(flag, getenv, otlpEnv)
 }
 
 // newRegistry returns a registry with the Go runtime and process collectors,

@@ -20,7 +20,8 @@ int main(void) {
     CHECK(offsetof(kvx_write_request, count) == 44);
     CHECK(sizeof(kvx_transfer_status) == 16);
     CHECK(sizeof(kvx_event) == 40);
-    CHECK(sizeof(kvx_engine_config) == 72);
+    CHECK(sizeof(kvx_engine_config) == 80);
+    CHECK(offsetof(kvx_engine_config, devices) == 72);
     CHECK(offsetof(kvx_engine_config, local_hostname) == KVX_ENGINE_CONFIG_SIZE_V1);
     CHECK(offsetof(kvx_engine_config, rpc_timeout_ms) == 64);
     CHECK(sizeof(kvx_region_info) == 24);

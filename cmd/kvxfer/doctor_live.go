@@ -281,6 +281,9 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 		}
 		defer p.Close()
 		var fails, refused []string
+		// What went wrong, for the advice: a probe with no answer, no
+		// transport in common, a handshake the rank refused or failed.
+		var silent, mismatch, refusedHS bool
 		for _, t := range targets {
 			pctx, cancel := context.WithTimeout(ctx, f.timeout+10*time.Second)
 			pr, err := p.Probe(pctx, t.ep)
@@ -290,6 +293,11 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 			if err != nil {
 				s.Items = append(s.Items, chainItem{Rank: name, Endpoint: addr, Status: stepFail, Detail: err.Error()})
 				fails = append(fails, fmt.Sprintf("%s: %v", name, err))
+				if errors.Is(err, engine.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+					silent = true
+				} else {
+					refusedHS = true
+				}
 				reports = append(reports, nil)
 				continue
 			}
@@ -299,7 +307,7 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 				refused = append(refused, name)
 				continue
 			}
-			ok := 0
+			ok, failed := 0, 0
 			var notes []string
 			for _, r := range pr.Results {
 				it := chainItem{Rank: name, Endpoint: addr, Transport: r.Transport, Status: stepPass, MS: ms(r.Handshake)}
@@ -310,20 +318,36 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 				case r.Stage == "handshake":
 					it.Status, it.Detail = stepFail, r.Err
 					fails = append(fails, fmt.Sprintf("%s over %s: %s", name, r.Transport, r.Err))
+					failed++
+					refusedHS = true
 				default:
 					ok++
 				}
 				s.Items = append(s.Items, it)
 			}
-			if ok == 0 && len(pr.Results) > 0 && len(fails) == 0 {
-				fails = append(fails, fmt.Sprintf("%s: no common transport: this host offers %s, the rank has %s (%s)", name,
-					strings.Join(rep.Transports, ","), strings.Join(pr.Transports, ","), strings.Join(notes, "; ")))
+			if ok == 0 && failed == 0 {
+				mismatch = true
+				why := ""
+				if len(notes) > 0 {
+					why = " (" + strings.Join(notes, "; ") + ")"
+				}
+				fails = append(fails, fmt.Sprintf("%s: no common transport: this host offers %s, the rank has %s%s", name,
+					strings.Join(rep.Transports, ","), strings.Join(pr.Transports, ","), why))
 			}
 		}
 		switch {
 		case len(fails) > 0:
-			s.fail(strings.Join(fails, "; "), "a handshake that times out means the rank cannot reach this host at "+p.Endpoint()+" (firewall, or give --doctor-host an address the ranks reach); "+
-				"no common transport: run the doctor with --transport naming one the rank has (its list is above), or give the ranks a transport this host has; a refused handshake names the cause on the rank")
+			var fix []string
+			if mismatch {
+				fix = append(fix, "no common transport: run the doctor with --transport naming one the rank has (listed above), or start the ranks with a transport this host has")
+			}
+			if silent {
+				fix = append(fix, "no answer to the probe: the rank cannot reach this host at "+p.Endpoint()+" (a firewall, or give --doctor-host an address the ranks reach), or the rank is stalled (see its log)")
+			}
+			if refusedHS {
+				fix = append(fix, "a failed handshake names its cause on the rank: read the error above and the rank's log (memlock, a missing device, a peer lost)")
+			}
+			s.fail(strings.Join(fails, "; "), strings.Join(fix, "; "))
 		case len(refused) > 0:
 			s.stop(fmt.Sprintf("%s refuse probes (started with --no-probe): the doctor stops at the handshake; the control channel answers, but the data path is not proven", strings.Join(refused, ", ")),
 				"restart those ranks without --no-probe to let the doctor prove their data path (a probe writes a small pattern into the doctor's scratch region, never serving KV)")

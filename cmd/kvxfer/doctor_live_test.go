@@ -136,6 +136,9 @@ func TestDoctorLiveDeployment(t *testing.T) {
 			t.Errorf("exit %d, want 1", code)
 		}
 		wantFirstFailure(t, rep, "connect", stepFail, "dp0/cp0/tp0/pp0", "127.0.0.1:"+strconv.Itoa(closed), "refused")
+		if fix := rep.FirstFailure.Fix; !strings.Contains(fix, "--advertise-host") || !strings.Contains(fix, "firewall") {
+			t.Errorf("advice for a closed control port: %q", fix)
+		}
 	})
 	t.Run("transport-mismatch", func(t *testing.T) {
 		if err := engine.ProbeTransport("shm"); err != nil {
@@ -149,6 +152,9 @@ func TestDoctorLiveDeployment(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantFirstFailure(t, rep, "handshake", stepFail, "no common transport", "this host offers shm", "the rank has tcp")
+		if fix := rep.FirstFailure.Fix; !strings.Contains(fix, "--transport") || strings.Contains(fix, "firewall") {
+			t.Errorf("advice for a transport mismatch: %q, want --transport and nothing about firewalls", fix)
+		}
 	})
 	t.Run("no-probe", func(t *testing.T) {
 		_, addr := startBootstrapProc(t, "127.0.0.1", 0)

@@ -48,10 +48,3 @@ func (t *table[T]) take(h uint64) (T, bool) {
 	}
 	return v, ok
 }
-
-// len returns the number of live handles (used by tests and leak reports).
-func (t *table[T]) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.m)
-}

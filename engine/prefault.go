@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -42,7 +43,7 @@ func Prefault(mem Memory) error {
 		for off := 0; off < len(b); off += int(pg) {
 			sink ^= b[off]
 		}
-		prefaultSink = sink
+		runtime.KeepAlive(sink)
 		return nil
 	}
 	if err != nil {
@@ -53,9 +54,6 @@ func Prefault(mem Memory) error {
 	}
 	return nil
 }
-
-// prefaultSink keeps the fallback's reads from being optimised away.
-var prefaultSink byte
 
 // AllocOption configures AllocHost.
 type AllocOption func(*allocOptions)

@@ -112,7 +112,7 @@ func (d SegmentDescriptor) Encode() []byte {
 		Hostname: d.Hostname, PID: d.PID, Devices: d.Devices, Peer: d.PreparedFor,
 		Transports: make([]wireTransport, 0, len(d.Transports)), Regions: make([]wireRegion, 0, len(d.Regions))}
 	for _, t := range d.Transports {
-		w.Transports = append(w.Transports, wireTransport{Name: t.Name, Endpoint: t.Endpoint, PerPeer: t.PerPeer})
+		w.Transports = append(w.Transports, wireTransport(t))
 	}
 	for _, r := range d.Regions {
 		w.Regions = append(w.Regions, wireRegion{ID: uint32(r.ID), Addr: r.Addr, Length: r.Length, Kind: r.Kind.String(), Key: r.Key})

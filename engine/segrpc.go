@@ -183,7 +183,6 @@ type segmentHandler func(ctx context.Context, req *SegmentRequest) ([]byte, erro
 // rpcListener is a running segment RPC listener.
 type rpcListener struct {
 	sock    *zmq.Socket
-	host    string // advertised host
 	port    int
 	handle  segmentHandler
 	timeout time.Duration

@@ -424,15 +424,6 @@ func (s *timelineStore) finish(t *roomTrace) {
 	s.next = (s.next + 1) % s.keep
 }
 
-// drop forgets an active trace that never finished (its room object was
-// closed before a final state; Close makes rooms final, so only a manager
-// that is shutting down leaves one).
-func (s *timelineStore) drop(t *roomTrace) {
-	s.mu.Lock()
-	delete(s.active, t)
-	s.mu.Unlock()
-}
-
 // lookup returns the newest trace of room: an active one first, else the
 // most recently finished.
 func (s *timelineStore) lookup(room uint64) *roomTrace {

@@ -31,6 +31,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -87,11 +88,10 @@ type Server struct {
 	log  *slog.Logger
 	e    *echo.Echo
 
-	ready    chan struct{}
-	addrMu   sync.Mutex
-	addr     string
-	started  bool
-	startErr error
+	ready   chan struct{}
+	addrMu  sync.Mutex
+	addr    string
+	started bool
 
 	mu    sync.RWMutex
 	topo  *topology
@@ -211,7 +211,7 @@ func newMetrics() metrics {
 		}),
 	}
 	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.delRefused, m.notReady, m.tableSize, m.expected, m.roomsSize,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -399,7 +399,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 				store = append(store, frame{b: b, hdr: header{Kind: kindScatter}})
 				cur = &store[len(store)-1]
 				frames = append(frames, cur)
-				cur.srcs = srcs[len(srcs):len(srcs)]
+				cur.srcs = srcs[len(srcs):]
 			}
 			putEntry(table[len(cur.srcs)*entrySize:], entry{Region: uint32(r.Remote), Length: uint32(r.Length), Offset: r.RemoteOffset})
 			srcs = append(srcs, lr.buf[off:off+r.Length])

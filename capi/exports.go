@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sort"
 	"strconv"
 	"time"
@@ -101,7 +100,7 @@ func kvx_engine_create(cfg *C.kvx_engine_config, out *C.kvx_engine_t) (rc C.int)
 		ec.devices = splitDevices(goStr(cfg.devices))
 	}
 	if !metaSet {
-		ec.metadataServer = os.Getenv("KVXFER_METADATA")
+		ec.metadataServer = getenv("KVXFER_METADATA")
 	}
 	e, err := newEngine(ec)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -130,8 +129,8 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		Checksum:         c.checksum,
 		// The C ABI reads the environment for what the caller left unset,
 		// with the CLI's names.
-		BootstrapAuthToken: cmp.Or(c.authToken, os.Getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), os.Getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),
-		AdvertiseHost:      cmp.Or(c.advertiseHost, os.Getenv("KVXFER_ADVERTISE_HOST")),
+		BootstrapAuthToken: cmp.Or(c.authToken, getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),
+		AdvertiseHost:      cmp.Or(c.advertiseHost, getenv("KVXFER_ADVERTISE_HOST")),
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
 		RingAlloc: engine.AutoRingMemory,

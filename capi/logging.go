@@ -12,7 +12,7 @@ import (
 // stderr at level warn unless KVXFER_LOG_LEVEL says debug, info, warn or error.
 func init() {
 	level := slog.LevelWarn
-	switch strings.ToLower(os.Getenv("KVXFER_LOG_LEVEL")) {
+	switch strings.ToLower(getenv("KVXFER_LOG_LEVEL")) {
 	case "debug":
 		level = slog.LevelDebug
 	case "info":

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,7 +109,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	defer cancel()
 	te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{
 		Transport: tr, LocalHostname: local, SegmentName: cfg.segmentName, Directory: meta,
-		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: os.Getenv("KVXFER_ADVERTISE_HOST"),
+		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: getenv("KVXFER_ADVERTISE_HOST"),
 	})
 	if err != nil { // NewTransferEngine closed the transport
 		if metaClose != nil {

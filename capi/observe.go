@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,6 +94,6 @@ func roomTimelineJSON(room uint64) ([]byte, error) {
 // envNoProbe is KVXFER_NO_PROBE: "1" or "true" makes the library's prefill
 // KV managers refuse doctor probes (the CLI's --no-probe).
 func envNoProbe() bool {
-	v := os.Getenv("KVXFER_NO_PROBE")
+	v := getenv("KVXFER_NO_PROBE")
 	return v == "1" || v == "true"
 }

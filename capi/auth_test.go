@@ -36,7 +36,7 @@ func TestKVConfigAuthToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	e := &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr}
+	e := &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
 	kc := func(token string) kvConfig {
 		return kvConfig{modelName: "llama-3.1-8b", layout: workload.LayoutOptions{PageSize: 16, NumPages: 4},
 			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, authToken: token}

@@ -116,7 +116,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
 		Role:             role,
 		KV:               args,
-		Transports:       []engine.Transport{e.tr},
+		Transports:       e.trs,
 		Directory:        e.meta,
 		BootstrapAddr:    e.bootstrapAddr,
 		DPRank:           c.dpRank,

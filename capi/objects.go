@@ -36,7 +36,8 @@ type engineObj struct {
 	role          int32
 	bootstrapAddr string
 	te            *engine.TransferEngine
-	tr            engine.Transport
+	tr            engine.Transport        // the TransferEngine's: trs[0]
+	trs           []engine.Transport      // every transport opened, highest priority first (KV managers use them all)
 	meta          engine.SegmentDirectory // nil in P2P mode; closed with the engine
 	metaClose     func() error
 	timeout       time.Duration
@@ -90,16 +91,26 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	if name == "" {
 		name = "auto"
 	}
-	tr, err := engine.OpenTransport(name, opts)
+	// engine.OpenTransports is the CLI's meaning of the name too: "auto"
+	// opens every transport usable here. The segment API (TransferEngine)
+	// moves bytes on the first, highest-priority one; KV managers offer
+	// them all, so a peer on another host falls back from shm to tcp.
+	trs, err := engine.OpenTransports(name, opts)
 	if err != nil {
 		if metaClose != nil {
 			_ = metaClose()
 		}
 		code := stUnavailable
-		if strings.Contains(err.Error(), "unknown transport") {
+		if errors.Is(err, engine.ErrUnknownTransport) {
 			code = stInvalidArgument
 		}
 		return nil, failWrap(code, err, "%s: transport %q (compiled in: %s)", op, name, strings.Join(engine.Transports(), ", "))
+	}
+	tr := trs[0]
+	closeRest := func() {
+		for _, t := range trs[1:] {
+			_ = t.Close()
+		}
 	}
 	local := cfg.localHostname
 	if local == "" {
@@ -112,6 +123,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: getenv("KVXFER_ADVERTISE_HOST"),
 	})
 	if err != nil { // NewTransferEngine closed the transport
+		closeRest()
 		if metaClose != nil {
 			_ = metaClose()
 		}
@@ -126,6 +138,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		bootstrapAddr: cfg.bootstrapAddr,
 		te:            te,
 		tr:            tr,
+		trs:           trs,
 		meta:          meta,
 		metaClose:     metaClose,
 		timeout:       cfg.rpcTimeout,
@@ -168,7 +181,12 @@ func (e *engineObj) close() error {
 			s.close()
 		}
 	}
-	err := e.te.Close()
+	err := e.te.Close() // closes e.tr
+	for _, t := range e.trs[1:] {
+		if cerr := t.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close transport %s: %w", t.Name(), cerr)
+		}
+	}
 	if e.metaClose != nil {
 		if merr := e.metaClose(); err == nil {
 			err = merr

@@ -95,14 +95,16 @@ func ProbeTransport(name string) error {
 	d, ok := drivers[name]
 	driversMu.RUnlock()
 	if !ok {
-		return fmt.Errorf("engine: unknown transport %q (registered: %s; import its package, e.g. _ \"github.com/kvxfer/kvxfer/engine/tcp\")", name, strings.Join(Transports(), ", "))
+		return fmt.Errorf("engine: %w %q (registered: %s; import its package, e.g. _ \"github.com/kvxfer/kvxfer/engine/tcp\")", ErrUnknownTransport, name, strings.Join(Transports(), ", "))
 	}
 	return d.probe()
 }
 
 // OpenTransport creates the named transport. name "auto" (or "") picks the
 // highest-priority transport in allowed (all registered when allowed is
-// empty) whose probe passes.
+// empty) whose probe passes. An unregistered name fails with
+// ErrUnknownTransport, one whose probe fails wraps ErrUnavailable. To open
+// every transport a --transport value names, use OpenTransports.
 func OpenTransport(name string, opts Options, allowed ...string) (Transport, error) {
 	if name == "" || name == "auto" {
 		var reasons []string
@@ -123,7 +125,7 @@ func OpenTransport(name string, opts Options, allowed ...string) (Transport, err
 	d, ok := drivers[name]
 	driversMu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("engine: unknown transport %q (registered: %s)", name, strings.Join(Transports(), ", "))
+		return nil, fmt.Errorf("engine: %w %q (registered: %s)", ErrUnknownTransport, name, strings.Join(Transports(), ", "))
 	}
 	if err := d.probe(); err != nil {
 		return nil, fmt.Errorf("engine: transport %s unavailable: %w", name, err)

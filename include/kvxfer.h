@@ -256,8 +256,13 @@ typedef struct kvx_engine_config {
 /* struct_size of the 0.1.0 kvx_engine_config (fields up to streams). */
 #define KVX_ENGINE_CONFIG_SIZE_V1 40
 
-/* Create an engine: opens the transport named by cfg->transport ("auto"
- * picks the highest-priority transport that can run here). Thread-safe. */
+/* Create an engine: opens the transports cfg->transport names, as the CLI's
+ * --transport does: "tcp", "shm", "rdma", a comma list, or "auto" (NULL) =
+ * every transport that can run here. Segments (kvx_register_memory,
+ * transfers) use the highest-priority one, which kvx_engine_transport names;
+ * KV managers offer them all, so a peer both sides can reach by shm uses
+ * shm and another falls back to tcp/rdma. An unknown name is
+ * KVX_ERR_INVALID_ARGUMENT. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_engine_create(const kvx_engine_config *cfg, kvx_engine_t *out);
 #endif

@@ -816,17 +816,17 @@ func checkTransportSpec(spec string) error {
 		}
 		return fmt.Errorf("--transport auto: no transport is usable on this host (%s)", strings.Join(reasons, "; "))
 	}
+	names, err := engine.ParseTransportList(spec)
+	if err != nil {
+		return fmt.Errorf("--transport: %w", err)
+	}
 	var usable []string
 	for _, n := range known {
 		if engine.ProbeTransport(n) == nil {
 			usable = append(usable, n)
 		}
 	}
-	for _, n := range strings.Split(spec, ",") {
-		n = strings.TrimSpace(n)
-		if !slices.Contains(known, n) {
-			return fmt.Errorf("--transport %q: unknown transport %q (want auto or a comma list of %s)", spec, n, strings.Join(known, ", "))
-		}
+	for _, n := range names {
 		if err := engine.ProbeTransport(n); err != nil {
 			return fmt.Errorf("--transport %s: %v (usable here: %s; or use auto)", n, err, strings.Join(usable, ", "))
 		}

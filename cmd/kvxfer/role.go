@@ -112,41 +112,14 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	addObsFlags(fs, &f.obs)
 }
 
-// openTransports opens the named transports ("auto" = every registered one
-// whose probe passes). It fails only when none opens.
+// openTransports opens the transports spec names (engine.OpenTransports:
+// "auto" = every registered one whose probe passes) listening on host and
+// advertising advertise.
 func openTransports(spec, host, advertise string) ([]engine.Transport, error) {
-	names := engine.Transports()
-	if spec != "" && spec != "auto" {
-		names = strings.Split(spec, ",")
-	}
 	opts := engine.DefaultOptions()
 	opts.ListenHost = strings.Trim(host, "[]")
 	opts.AdvertiseHost = advertise
-	var ts []engine.Transport
-	var reasons []string
-	for _, n := range names {
-		n = strings.TrimSpace(n)
-		if spec == "auto" || spec == "" {
-			if err := engine.ProbeTransport(n); err != nil {
-				reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
-				continue
-			}
-		}
-		t, err := engine.OpenTransport(n, opts)
-		if err != nil {
-			if spec != "auto" && spec != "" {
-				closeAll(ts)
-				return nil, err
-			}
-			reasons = append(reasons, fmt.Sprintf("%s: %v", n, err))
-			continue
-		}
-		ts = append(ts, t)
-	}
-	if len(ts) == 0 {
-		return nil, fmt.Errorf("no usable transport (%s)", strings.Join(reasons, "; "))
-	}
-	return ts, nil
+	return engine.OpenTransports(spec, opts)
 }
 
 func closeAll(ts []engine.Transport) {

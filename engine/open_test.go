@@ -1,0 +1,94 @@
+package engine_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/kvxfer/kvxfer/engine"
+	_ "github.com/kvxfer/kvxfer/engine/shm"
+	_ "github.com/kvxfer/kvxfer/engine/tcp"
+)
+
+func names(ts []engine.Transport) []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Name())
+	}
+	return out
+}
+
+func TestOpenTransports(t *testing.T) {
+	shmOK := engine.ProbeTransport("shm") == nil
+	tests := []struct {
+		spec    string
+		want    []string // nil: don't compare (auto)
+		wantErr error
+	}{
+		{spec: "tcp", want: []string{"tcp"}},
+		{spec: " tcp ", want: []string{"tcp"}},
+		{spec: "tcp,tcp", want: []string{"tcp"}},
+		{spec: "tcp,foo", wantErr: engine.ErrUnknownTransport},
+		{spec: "carrier-pigeon", wantErr: engine.ErrUnknownTransport},
+		{spec: "tcp,,shm", wantErr: nil /* any error */},
+		{spec: "auto"},
+		{spec: ""},
+	}
+	if shmOK {
+		tests = append(tests, struct {
+			spec    string
+			want    []string
+			wantErr error
+		}{spec: "tcp,shm", want: []string{"shm", "tcp"}})
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			opts := engine.DefaultOptions()
+			ts, err := engine.OpenTransports(tc.spec, opts)
+			defer func() {
+				for _, tr := range ts {
+					_ = tr.Close()
+				}
+			}()
+			if tc.spec == "tcp,,shm" {
+				if err == nil {
+					t.Fatalf("an empty name in the list was accepted: %v", names(ts))
+				}
+				return
+			}
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				if ts != nil {
+					t.Fatalf("failed open returned transports %v", names(ts))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := names(ts)
+			if tc.want != nil && !slices.Equal(got, tc.want) {
+				t.Fatalf("opened %v, want %v", got, tc.want)
+			}
+			if tc.want == nil { // auto: every usable registered transport, priority order
+				if !slices.Contains(got, "tcp") || (shmOK && !slices.Equal(got[:2], []string{"shm", "tcp"}) && got[0] != "rdma") {
+					t.Fatalf("auto opened %v", got)
+				}
+				if c := engine.FirstCrossHost(ts); c == nil || !c.Capabilities().Has(engine.CapCrossHost) {
+					t.Fatalf("FirstCrossHost(%v) = %v", got, c)
+				}
+			}
+		})
+	}
+}
+
+func TestUnknownTransportSentinel(t *testing.T) {
+	if err := engine.ProbeTransport("nope"); !errors.Is(err, engine.ErrUnknownTransport) {
+		t.Fatalf("ProbeTransport: %v", err)
+	}
+	if _, err := engine.OpenTransport("nope", engine.DefaultOptions()); !errors.Is(err, engine.ErrUnknownTransport) {
+		t.Fatalf("OpenTransport: %v", err)
+	}
+}

@@ -11,35 +11,6 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 )
 
-func TestParseLocation(t *testing.T) {
-	tests := []struct {
-		in      string
-		kind    engine.MemoryKind
-		dev     int
-		wantErr bool
-	}{
-		{"", engine.MemoryHost, 0, false},
-		{"cpu", engine.MemoryHost, 0, false},
-		{"HOST", engine.MemoryHost, 0, false},
-		{"cuda:0", engine.MemoryCUDA, 0, false},
-		{"cuda:7", engine.MemoryCUDA, 7, false},
-		{"cuda:", 0, 0, true},
-		{"cuda:-1", 0, 0, true},
-		{"cuda:x", 0, 0, true},
-		{"gpu:0", 0, 0, true},
-	}
-	for _, tc := range tests {
-		k, d, err := parseLocation(tc.in)
-		if (err != nil) != tc.wantErr {
-			t.Errorf("parseLocation(%q) err = %v, wantErr %v", tc.in, err, tc.wantErr)
-			continue
-		}
-		if err == nil && (k != tc.kind || d != tc.dev) {
-			t.Errorf("parseLocation(%q) = %v,%d, want %v,%d", tc.in, k, d, tc.kind, tc.dev)
-		}
-	}
-}
-
 func TestSplitHostPort(t *testing.T) {
 	tests := []struct {
 		in   string

@@ -626,7 +626,7 @@ func kvArgsFromC(c *C.kvx_kv_config) (engine.KVArgs, error) {
 	if c.model != nil || c.num_layers != 0 || c.num_kv_heads != 0 || c.head_dim != 0 || c.dtype_bytes != 0 || c.num_pages != 0 {
 		return engine.KVArgs{}, errors.New("both caller buffers (num_kv_buffers > 0) and a model/pool size (model, num_layers, num_kv_heads, head_dim, dtype_bytes, num_pages) are set; the buffers define the geometry, leave the others 0/NULL")
 	}
-	kind, dev, err := parseLocation(goStr(c.kv_location))
+	kind, dev, err := engine.ParseLocation(goStr(c.kv_location))
 	if err != nil {
 		return engine.KVArgs{}, fmt.Errorf("kv_location: %w", err)
 	}

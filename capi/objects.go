@@ -196,24 +196,6 @@ func (e *engineObj) close() error {
 	return err
 }
 
-// parseLocation turns "cpu", "host", "" or "cuda:N" into a memory kind and
-// device ordinal.
-func parseLocation(loc string) (engine.MemoryKind, int, error) {
-	switch strings.ToLower(loc) {
-	case "", "cpu", "host":
-		return engine.MemoryHost, 0, nil
-	}
-	rest, ok := strings.CutPrefix(strings.ToLower(loc), "cuda:")
-	if !ok {
-		return 0, 0, fmt.Errorf("location %q is not \"cpu\", \"host\" or \"cuda:N\"", loc)
-	}
-	n, err := strconv.Atoi(rest)
-	if err != nil || n < 0 {
-		return 0, 0, fmt.Errorf("location %q: device ordinal %q is not a non-negative integer", loc, rest)
-	}
-	return engine.MemoryCUDA, n, nil
-}
-
 // hostBufferFor finds the kvx_alloc_host buffer that contains [addr,
 // addr+n), so its memfd can back the registration (shm transport).
 func hostBufferFor(addr uintptr, n uint64) (fd int, off uint64, ok bool) {
@@ -229,7 +211,7 @@ func hostBufferFor(addr uintptr, n uint64) (fd int, off uint64, ok bool) {
 }
 
 func (e *engineObj) register(addr uintptr, n uint64, loc string) (engine.RegionID, error) {
-	kind, dev, err := parseLocation(loc)
+	kind, dev, err := engine.ParseLocation(loc)
 	if err != nil {
 		return 0, failWrap(stInvalidArgument, err, "kvx_register_memory")
 	}

@@ -793,19 +793,17 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 	return out
 }
 
-// parseDevice parses --device: "" or "host" for host memory, "cuda:N" for
-// CUDA device N.
+// parseDevice parses --device (engine.ParseLocation): host memory gives
+// dev -1, "cuda:N" gives N and onDevice.
 func parseDevice(s string) (dev int, onDevice bool, err error) {
-	if s == "" || s == "host" {
+	kind, d, err := engine.ParseLocation(s)
+	if err != nil {
+		return 0, false, fmt.Errorf("--device: %w", err)
+	}
+	if kind != engine.MemoryCUDA {
 		return -1, false, nil
 	}
-	n, ok := strings.CutPrefix(s, "cuda:")
-	if ok {
-		if d, err := strconv.Atoi(n); err == nil && d >= 0 {
-			return d, true, nil
-		}
-	}
-	return 0, false, fmt.Errorf("--device %q: want host or cuda:N (N a CUDA device ordinal, e.g. cuda:0)", s)
+	return d, true, nil
 }
 
 // deviceTransports keeps the transports that can register device memory

@@ -9,8 +9,8 @@
 // verbs.go holds the exported types (Context, PD, MR, CompChannel, CQ, QP)
 // with Go types and errors. Every failed verbs call returns an *Error{Op,
 // Errno}: errno for calls that set it (ibv_reg_mr, ibv_create_qp, ...), the
-// returned value for ibv_post_send/ibv_post_recv/ibv_modify_qp, and the
-// negated count for ibv_poll_cq. errors.Is matches both the syscall.Errno and
+// returned value for ibv_post_send/ibv_post_recv/ibv_modify_qp, and for
+// ibv_poll_cq, whose negative return is no errno, that value in Ret. errors.Is matches both the syscall.Errno and
 // the sentinels ErrOutOfMemory and ErrNotSupported.
 //
 // Lifetimes: every object has an idempotent Close; close children first

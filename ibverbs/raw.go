@@ -408,12 +408,13 @@ func rawReqNotifyCQ(cq cCQ, solicitedOnly bool) error {
 	return nil
 }
 
-// rawPollCQ polls up to n completions into the C scratch arrays; negative
-// return from ibv_poll_cq becomes an *Error.
+// rawPollCQ polls up to n completions into the C scratch arrays; a negative
+// return from ibv_poll_cq becomes an *Error with Ret set (it is not an
+// errno, and ibv_poll_cq sets none).
 func rawPollCQ(cq cCQ, n int, wc *cIbvWC, out *cWC) (int, error) {
 	got := int(C.kvx_poll_cq(cq, C.int(n), wc, out))
 	if got < 0 {
-		return 0, &Error{Op: "ibv_poll_cq", Errno: syscall.Errno(-got)}
+		return 0, &Error{Op: "ibv_poll_cq", Ret: got}
 	}
 	return got, nil
 }

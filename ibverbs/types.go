@@ -33,20 +33,33 @@ var (
 )
 
 // Error is a failed verbs call: Op is the C function ("ibv_reg_mr"), Errno
-// the errno it reported (for ibv_post_send/ibv_post_recv the returned value,
-// for ibv_poll_cq the negated return value, otherwise errno).
+// the errno it reported (for ibv_post_send/ibv_post_recv/ibv_modify_qp the
+// returned value, otherwise errno). Ret is set instead of Errno for a call
+// whose negative return value is not an errno: ibv_poll_cq returns a
+// provider-specific negative number (e.g. -1, or mlx5's -2 for a CQ in
+// error) and sets no errno.
 type Error struct {
 	Op    string
 	Errno syscall.Errno
+	Ret   int
 }
 
-// Error returns "ibverbs: OP: strerror".
+// Error returns "ibverbs: OP: strerror (errno N)", or for a return value
+// that is not an errno "ibverbs: OP: returned N".
 func (e *Error) Error() string {
+	if e.Errno == 0 && e.Ret != 0 {
+		return fmt.Sprintf("ibverbs: %s: returned %d (a provider failure, not an errno: the CQ overran or is in error, or the device was lost)", e.Op, e.Ret)
+	}
 	return fmt.Sprintf("ibverbs: %s: %v (errno %d)", e.Op, e.Errno, int(e.Errno))
 }
 
-// Unwrap returns the syscall.Errno.
-func (e *Error) Unwrap() error { return e.Errno }
+// Unwrap returns the syscall.Errno (nil when the call reported none).
+func (e *Error) Unwrap() error {
+	if e.Errno == 0 {
+		return nil
+	}
+	return e.Errno
+}
 
 // Is matches the package sentinels ErrNotSupported and ErrOutOfMemory.
 func (e *Error) Is(target error) bool {

@@ -1,8 +1,11 @@
 package ibverbs
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -60,5 +63,21 @@ func TestWCErr(t *testing.T) {
 	bad := WC{WRID: 9, Status: WCRemAccessErr, QPNum: 17}
 	if err := bad.Err(); err == nil || err.Error() != "ibverbs: completion error on QP 17, wr_id 9: remote access error (status 10, vendor_err 0x0)" {
 		t.Fatalf("WCError text = %v", err)
+	}
+}
+
+// TestErrorForms: an errno failure reads as strerror and matches the errno;
+// ibv_poll_cq's negative return is not an errno and never reads as one.
+func TestErrorForms(t *testing.T) {
+	e := &Error{Op: "ibv_reg_mr", Errno: syscall.ENOMEM}
+	if !errors.Is(e, syscall.ENOMEM) || !errors.Is(e, ErrOutOfMemory) || !strings.Contains(e.Error(), "errno 12") {
+		t.Fatalf("errno form: %v", e)
+	}
+	p := &Error{Op: "ibv_poll_cq", Ret: -2}
+	if msg := p.Error(); !strings.Contains(msg, "returned -2") || strings.Contains(msg, "errno") && !strings.Contains(msg, "not an errno") {
+		t.Fatalf("poll form: %q", msg)
+	}
+	if errors.Is(p, syscall.Errno(2)) || errors.Unwrap(p) != nil {
+		t.Fatalf("poll failure unwraps to an errno: %v", errors.Unwrap(p))
 	}
 }

@@ -8,7 +8,7 @@ FUZZTIME  ?= 20s
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export CGO_ENABLED := 1
 
-.PHONY: help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma python-lib test-python staticcheck
+.PHONY: generate generate-check help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma python-lib test-python staticcheck
 
 # The Python package's tests need pytest and numpy: Debian's interpreter has
 # them (python3-pytest, python3-numpy); a `python3` on PATH may not (pyenv).
@@ -36,6 +36,12 @@ test: deps ## run every test (race detector on)
 	@$(MAKE) --no-print-directory staticcheck
 	$(GO) test -race -timeout 15m ./...
 	@$(MAKE) --no-print-directory test-python
+
+generate: ## regenerate the *_string.go files (go generate ./...: stringer v0.51.0 via go run)
+	$(GO) generate ./...
+
+generate-check: ## fail when a generated file is not current (CI runs it; ~15-35 s)
+	@bash scripts/check-generated.sh
 
 staticcheck: ## staticcheck ./... (part of make test; warm ~10 s, cold ~1-2 min)
 	$(GO) run $(STATICCHECK) ./...

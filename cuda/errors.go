@@ -39,27 +39,16 @@ var (
 // different enumerations.
 type API uint8
 
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type API -linecomment -output api_string.go
+
 const (
 	// Runtime is libcudart (cudaError_t codes).
-	Runtime API = iota
+	Runtime API = iota // runtime
 	// Driver is libcuda (CUresult codes).
-	Driver
+	Driver // driver
 	// NVRTC is libnvrtc (nvrtcResult codes).
-	NVRTC
+	NVRTC // nvrtc
 )
-
-// String returns "runtime", "driver" or "nvrtc".
-func (a API) String() string {
-	switch a {
-	case Runtime:
-		return "runtime"
-	case Driver:
-		return "driver"
-	case NVRTC:
-		return "nvrtc"
-	}
-	return fmt.Sprintf("api(%d)", uint8(a))
-}
 
 // Code is a CUDA status code as returned by the C function (cudaError_t,
 // CUresult or nvrtcResult, by API). The negative codes are kvxfer's own:

@@ -44,31 +44,18 @@ type DeviceProps struct {
 // MemoryType is what CUDA knows about a pointer (cudaMemoryType values).
 type MemoryType int
 
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type MemoryType -linecomment -output memorytype_string.go
+
 const (
 	// MemoryUnregistered is memory CUDA does not know (plain malloc/mmap).
-	MemoryUnregistered MemoryType = 0
+	MemoryUnregistered MemoryType = 0 // unregistered
 	// MemoryHost is pinned host memory (cudaHostAlloc/cudaHostRegister).
-	MemoryHost MemoryType = 1
+	MemoryHost MemoryType = 1 // host
 	// MemoryDevice is device memory (cudaMalloc).
-	MemoryDevice MemoryType = 2
+	MemoryDevice MemoryType = 2 // device
 	// MemoryManaged is managed (unified) memory.
-	MemoryManaged MemoryType = 3
+	MemoryManaged MemoryType = 3 // managed
 )
-
-// String returns "unregistered", "host", "device" or "managed".
-func (t MemoryType) String() string {
-	switch t {
-	case MemoryUnregistered:
-		return "unregistered"
-	case MemoryHost:
-		return "host"
-	case MemoryDevice:
-		return "device"
-	case MemoryManaged:
-		return "managed"
-	}
-	return "unknown"
-}
 
 // PointerInfo is the answer of PointerAttributes.
 type PointerInfo struct {

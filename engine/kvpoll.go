@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"fmt"
 	"sync"
 )
 
@@ -11,40 +10,25 @@ import (
 // request and progress only counts when every rank agrees.
 type KVPoll int
 
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type KVPoll -linecomment -output kvpoll_string.go
+
 const (
 	// KVFailed: the transfer failed; sticky. Failure() says why.
-	KVFailed KVPoll = 0
+	KVFailed KVPoll = 0 // Failed
 	// KVBootstrapping: created; the sender waits for its destinations'
 	// TRANSFER frames, the receiver resolves its producers.
-	KVBootstrapping KVPoll = 1
+	KVBootstrapping KVPoll = 1 // Bootstrapping
 	// KVWaitingForInput: sender: every destination is known, Send may be
 	// called; receiver: producers resolved and registered.
-	KVWaitingForInput KVPoll = 2
+	KVWaitingForInput KVPoll = 2 // WaitingForInput
 	// KVTransferring: pages are moving (sender), or the TRANSFER frames were
 	// sent and the receiver waits for every producer's STATUS.
-	KVTransferring KVPoll = 3
+	KVTransferring KVPoll = 3 // Transferring
 	// KVSuccess: sender: every page and the metadata record landed and STATUS
 	// was sent; receiver: every producer reported Success and its metadata
 	// record was verified.
-	KVSuccess KVPoll = 4
+	KVSuccess KVPoll = 4 // Success
 )
-
-// String returns SGLang's name of the state ("Failed", "Bootstrapping", …).
-func (p KVPoll) String() string {
-	switch p {
-	case KVFailed:
-		return "Failed"
-	case KVBootstrapping:
-		return "Bootstrapping"
-	case KVWaitingForInput:
-		return "WaitingForInput"
-	case KVTransferring:
-		return "Transferring"
-	case KVSuccess:
-		return "Success"
-	}
-	return fmt.Sprintf("KVPoll(%d)", int(p))
-}
 
 // Valid reports whether p is one of the five states.
 func (p KVPoll) Valid() bool { return p >= KVFailed && p <= KVSuccess }

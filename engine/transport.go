@@ -3,29 +3,19 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 )
 
 // MemoryKind says where a memory range lives.
 type MemoryKind uint8
 
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type MemoryKind,BatchState -linecomment -output transport_string.go
+
 const (
 	// MemoryHost is CPU memory (mmap, memfd, malloc or CUDA pinned host memory).
-	MemoryHost MemoryKind = 0
+	MemoryHost MemoryKind = 0 // host
 	// MemoryCUDA is device memory on the GPU named by Memory.Device.
-	MemoryCUDA MemoryKind = 1
+	MemoryCUDA MemoryKind = 1 // cuda
 )
-
-// String returns "host" or "cuda".
-func (k MemoryKind) String() string {
-	switch k {
-	case MemoryHost:
-		return "host"
-	case MemoryCUDA:
-		return "cuda"
-	}
-	return fmt.Sprintf("memorykind(%d)", uint8(k))
-}
 
 // Memory describes a range of memory a transport may register.
 //
@@ -127,29 +117,14 @@ type BatchState uint8
 
 const (
 	// BatchPending: submitted, not all requests have completed.
-	BatchPending BatchState = iota
+	BatchPending BatchState = iota // pending
 	// BatchCompleted: every byte landed in the receiver's memory (terminal).
-	BatchCompleted
+	BatchCompleted // completed
 	// BatchFailed: at least one request failed; Err says why (terminal).
-	BatchFailed
+	BatchFailed // failed
 	// BatchCanceled: Cancel took effect before completion (terminal).
-	BatchCanceled
+	BatchCanceled // canceled
 )
-
-// String returns the state's name.
-func (s BatchState) String() string {
-	switch s {
-	case BatchPending:
-		return "pending"
-	case BatchCompleted:
-		return "completed"
-	case BatchFailed:
-		return "failed"
-	case BatchCanceled:
-		return "canceled"
-	}
-	return fmt.Sprintf("batchstate(%d)", uint8(s))
-}
 
 // Terminal reports whether the state never changes again.
 func (s BatchState) Terminal() bool { return s != BatchPending }

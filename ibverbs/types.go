@@ -154,23 +154,17 @@ func ParseGID(s string) (GID, error) {
 // GIDType is the kind of a GID table entry (from sysfs gid_attrs/types).
 type GIDType uint8
 
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type GIDType -linecomment -output gidtype_string.go
+
 // GID types.
 const (
-	GIDTypeUnknown GIDType = iota
-	GIDTypeIB              // InfiniBand or RoCE v1 ("IB/RoCE v1")
-	GIDTypeRoCEv2          // RoCE v2, routable UDP ("RoCE v2")
+	// GIDTypeUnknown: the type could not be read.
+	GIDTypeUnknown GIDType = iota // unknown
+	// GIDTypeIB: InfiniBand or RoCE v1.
+	GIDTypeIB // IB/RoCE v1
+	// GIDTypeRoCEv2: RoCE v2, routable UDP.
+	GIDTypeRoCEv2 // RoCE v2
 )
-
-// String returns the sysfs spelling.
-func (t GIDType) String() string {
-	switch t {
-	case GIDTypeIB:
-		return "IB/RoCE v1"
-	case GIDTypeRoCEv2:
-		return "RoCE v2"
-	}
-	return "unknown"
-}
 
 // ParseGIDType maps the sysfs text ("RoCE v2", "IB/RoCE v1") to a GIDType.
 func ParseGIDType(s string) GIDType {

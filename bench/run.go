@@ -10,6 +10,9 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/shm"
+	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/rdma"
 )
 
 // Config is the benchmark matrix and its knobs.
@@ -398,4 +401,20 @@ func MemcpyBaseline(dst, src []byte, block uint64, reps int, dur time.Duration) 
 		xs = append(xs, memcpyRep(dst, src, block, dur))
 	}
 	return Summarize(xs)
+}
+
+// EffectiveStreams is the stream count a transport uses when
+// engine.Options.Streams is 0, taken from the transports' own defaults: tcp
+// connections per segment, shm copy goroutines, RDMA QPs per device per peer;
+// 0 for a transport it does not know.
+func EffectiveStreams(transport string) int {
+	switch transport {
+	case "tcp":
+		return tcp.DefaultStreams
+	case "shm":
+		return shm.DefaultCopyThreads()
+	case "rdma":
+		return rdma.DefaultStreams
+	}
+	return 0
 }

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,6 +16,11 @@ import (
 // than asked for; the wrapping error gives both counts.
 var ErrPoolExhausted = errors.New("workload: KV pool exhausted")
 
+// ErrPoolTooSmall is returned by PageAllocator.AllocWait when a request needs
+// more pages than the pool holds, so no amount of waiting helps; the
+// wrapping error gives both counts.
+var ErrPoolTooSmall = errors.New("workload: KV pool too small for the request")
+
 // PageAllocator hands out page indices in [0, n), as a serving engine's KV
 // pool allocator does (kvxfer itself never allocates pages: the caller gives
 // page indices to Sender.Send and Receiver.SendMetadata). Free pages are kept
@@ -28,6 +34,8 @@ type PageAllocator struct {
 	free []int32 // ascending, or in random order once fragmented
 	used []bool
 	rng  *rand.Rand // non-nil once Fragment was called
+	// freed is closed (and replaced) by every Free: AllocWait's wake-up.
+	freed chan struct{}
 }
 
 // Fragment makes the allocator hand out pages in the random order a warm
@@ -46,7 +54,7 @@ func (a *PageAllocator) Fragment(seed uint64) {
 
 // NewPageAllocator returns an allocator of n pages, all free.
 func NewPageAllocator(n int) *PageAllocator {
-	a := &PageAllocator{n: n, free: make([]int32, n), used: make([]bool, n)}
+	a := &PageAllocator{n: n, free: make([]int32, n), used: make([]bool, n), freed: make(chan struct{})}
 	for i := range a.free {
 		a.free[i] = int32(i)
 	}
@@ -83,6 +91,31 @@ func (a *PageAllocator) Alloc(n int) ([]int32, error) {
 	return out, nil
 }
 
+// AllocWait takes n pages like Alloc, waiting for Free to return enough
+// when fewer are free (finished requests give theirs back). It fails at
+// once with an error wrapping ErrPoolTooSmall when n exceeds Capacity, and
+// with ctx's error (context.DeadlineExceeded or Canceled, wrapped with the
+// counts) when ctx ends first: bound the wait with a context deadline.
+func (a *PageAllocator) AllocWait(ctx context.Context, n int) ([]int32, error) {
+	if n > a.n {
+		return nil, fmt.Errorf("%w: %d pages asked, the pool holds %d", ErrPoolTooSmall, n, a.n)
+	}
+	for {
+		a.mu.Lock()
+		freed := a.freed
+		a.mu.Unlock()
+		p, err := a.Alloc(n)
+		if err == nil || !errors.Is(err, ErrPoolExhausted) {
+			return p, err
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (waited for pages to be freed: %w)", err, ctx.Err())
+		}
+	}
+}
+
 // Free returns pages to the pool. A page out of range or not allocated is an
 // error naming it, and then no page is freed.
 func (a *PageAllocator) Free(pages []int32) error {
@@ -101,6 +134,8 @@ func (a *PageAllocator) Free(pages []int32) error {
 	for _, p := range pages {
 		a.used[p] = false
 	}
+	close(a.freed)
+	a.freed = make(chan struct{})
 	if a.rng == nil {
 		a.free = append(a.free, pages...)
 		slices.Sort(a.free)

@@ -10,9 +10,6 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bench"
-	"github.com/kvxfer/kvxfer/engine/shm"
-	"github.com/kvxfer/kvxfer/engine/tcp"
-	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -104,7 +101,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 			// Report the streams each case really used, not 0 = default.
 			for i := range rep.Results {
 				if r := &rep.Results[i]; r.Streams == 0 {
-					r.Streams = effectiveStreams(r.Transport)
+					r.Streams = bench.EffectiveStreams(r.Transport)
 				}
 			}
 			if err := bench.WriteTable(cmd.OutOrStdout(), rep); err != nil {
@@ -174,20 +171,4 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.BoolVar(&quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
 	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
 	rootCmd.AddCommand(cmd)
-}
-
-// effectiveStreams is the stream count a transport uses when
-// engine.Options.Streams is 0, taken from the transports' own defaults: tcp
-// connections per segment, shm copy goroutines, RDMA QPs per device per peer;
-// 0 for a transport it does not know.
-func effectiveStreams(transport string) int {
-	switch transport {
-	case "tcp":
-		return tcp.DefaultStreams
-	case "shm":
-		return shm.DefaultCopyThreads()
-	case "rdma":
-		return rdma.DefaultStreams
-	}
-	return 0
 }

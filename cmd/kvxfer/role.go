@@ -590,29 +590,23 @@ type readyLine struct {
 }
 
 // allocWait allocates n items from a (KV pages or aux rows; what names them
-// in errors), waiting for finished requests to free some.
+// in errors), waiting up to limit for finished requests to free some
+// (PageAllocator.AllocWait).
 func allocWait(ctx context.Context, a *workload.PageAllocator, what string, n int, limit time.Duration) ([]int32, error) {
-	if n > a.Capacity() {
-		if what == "pages" {
-			return nil, fmt.Errorf("request needs %d pages, the KV buffers hold %d (raise --pool-mb)", n, a.Capacity())
-		}
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	p, err := a.AllocWait(wctx, n)
+	switch {
+	case err == nil:
+		return p, nil
+	case errors.Is(err, workload.ErrPoolTooSmall) && what == "pages":
+		return nil, fmt.Errorf("request needs %d pages, the KV buffers hold %d (raise --pool-mb)", n, a.Capacity())
+	case errors.Is(err, workload.ErrPoolTooSmall):
 		return nil, fmt.Errorf("request needs %d %s, there are %d", n, what, a.Capacity())
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
 	}
-	deadline := time.Now().Add(limit)
-	for {
-		p, err := a.Alloc(n)
-		if err == nil {
-			return p, nil
-		}
-		if !errors.Is(err, workload.ErrPoolExhausted) || time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return nil, fmt.Errorf("%s: %w", what, err)
 }
 
 func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, f *roleFlags, q requestLine) replyLine {

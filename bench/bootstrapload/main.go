@@ -16,7 +16,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,6 +37,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/bootstrap/server"
+	"github.com/kvxfer/kvxfer/internal/cluster"
 )
 
 type config struct {
@@ -139,7 +139,7 @@ func run(c config) error {
 
 	res := Result{Generator: gen}
 	measure := func(ch *child, cc config) (rps, perCPU float64, err error) {
-		cpu0, err := procCPU(ch.cmd.Process.Pid)
+		cpu0, err := procCPU(ch.proc.PID())
 		if err != nil {
 			return 0, 0, err
 		}
@@ -153,7 +153,7 @@ func run(c config) error {
 		if err != nil {
 			return 0, 0, err
 		}
-		cpu1, err := procCPU(ch.cmd.Process.Pid)
+		cpu1, err := procCPU(ch.proc.PID())
 		if err != nil {
 			return 0, 0, err
 		}
@@ -236,9 +236,8 @@ func run(c config) error {
 
 // child is a server process started by spawn.
 type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	addr  string
+	proc *cluster.Proc
+	addr string
 }
 
 // spawn re-executes this program with -serve kind and reads the address it
@@ -248,54 +247,38 @@ func spawn(ctx context.Context, kind string, tp int) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, exe, "-serve", kind, "-tp", strconv.Itoa(tp))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s server process: %w", kind, err)
-	}
-	ch := &child{cmd: cmd, stdin: in}
 	line := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		if sc.Scan() {
-			line <- sc.Text()
-		}
-		close(line)
-		_, _ = io.Copy(io.Discard, out)
-	}()
+	p, err := cluster.Start(cluster.Spec{Name: kind + " server process", Exe: exe, Args: []string{"-serve", kind, "-tp", strconv.Itoa(tp)},
+		OnLine: func(b []byte) {
+			select {
+			case line <- string(b):
+			default: // only the first line (the address) is read
+			}
+		}})
+	if err != nil {
+		return nil, err
+	}
+	ch := &child{proc: p}
 	select {
-	case l, ok := <-line:
-		if !ok || !strings.HasPrefix(l, "ADDR ") {
+	case l := <-line:
+		if !strings.HasPrefix(l, "ADDR ") {
 			ch.stop()
 			return nil, fmt.Errorf("%s server process did not report its address (got %q)", kind, l)
 		}
 		ch.addr = strings.TrimPrefix(l, "ADDR ")
+	case <-p.Exited():
+		return nil, fmt.Errorf("%s server process did not report its address: %v", kind, p.Err())
 	case <-time.After(10 * time.Second):
 		ch.stop()
 		return nil, fmt.Errorf("%s server process did not start within 10 s", kind)
+	case <-ctx.Done():
+		ch.stop()
+		return nil, ctx.Err()
 	}
 	return ch, nil
 }
 
-func (ch *child) stop() {
-	_ = ch.stdin.Close()
-	done := make(chan struct{})
-	go func() { _ = ch.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = ch.cmd.Process.Kill()
-		<-done
-	}
-}
+func (ch *child) stop() { ch.proc.Stop(10 * time.Second) }
 
 // serveChild is the child side: serve until stdin reaches EOF.
 func serveChild(kind string, tp int) error {

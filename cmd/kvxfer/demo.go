@@ -1,18 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -29,6 +26,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/internal/debugsrv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -137,85 +135,71 @@ allow are capped.`,
 	rootCmd.AddCommand(cmd)
 }
 
-// child is one prefill or decode process.
+// child is one prefill or decode process (a cluster.Proc speaking the
+// ranks' JSON lines: request lines in, a ready line and result lines out).
 type child struct {
 	name string
 	// metrics is the child's --metrics-addr as bound (its ready line).
 	metrics string
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	inMu    sync.Mutex
+	proc    *cluster.Proc
 	ready   chan replyLine
 	mu      sync.Mutex
 	wait    map[uint64]chan replyLine
 	dead    error
-	exit    chan struct{}
 }
 
 // startChild starts `exe args...` with this process's environment plus env
 // ("NAME=value" entries, which win).
-func startChild(ctx context.Context, exe, name string, args, env []string) (*child, error) {
-	cmd := exec.Command(exe, args...)
-	if len(env) > 0 {
-		cmd.Env = append(os.Environ(), env...)
-	}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+func startChild(exe, name string, args, env []string) (*child, error) {
+	c := &child{name: name, ready: make(chan replyLine, 1), wait: map[uint64]chan replyLine{}}
+	p, err := cluster.Start(cluster.Spec{Name: name, Exe: exe, Args: args, Env: env, OnLine: c.line, OnExit: c.exited})
 	if err != nil {
 		return nil, err
 	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (%s): %w", name, exe, err)
-	}
-	c := &child{name: name, cmd: cmd, stdin: stdin, ready: make(chan replyLine, 1), wait: map[uint64]chan replyLine{}, exit: make(chan struct{})}
-	go c.readLoop(stdout)
+	c.proc = p
 	return c, nil
 }
 
-func (c *child) readLoop(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var l replyLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			slog.Warn("unparsable line from child", "child", c.name, "line", sc.Text())
-			continue
-		}
-		if l.Event == readyEvent {
-			c.ready <- l
-			continue
-		}
-		if l.Room == nil {
-			// Only a line the child could not read has no room; the demo
-			// writes well-formed lines, so this is a bug worth seeing.
-			slog.Warn("result line without a room from child", "child", c.name, "line", sc.Text())
-			continue
-		}
-		c.mu.Lock()
-		ch := c.wait[*l.Room]
-		delete(c.wait, *l.Room)
-		c.mu.Unlock()
-		if ch != nil {
-			ch <- l
-		}
+// line dispatches one stdout line: the ready line, or a room's result to
+// the submit waiting for it.
+func (c *child) line(b []byte) {
+	var l replyLine
+	if err := json.Unmarshal(b, &l); err != nil {
+		slog.Warn("unparsable line from child", "child", c.name, "line", string(b))
+		return
 	}
-	err := c.cmd.Wait()
-	if err == nil {
-		err = errors.New("exited")
+	if l.Event == readyEvent {
+		c.ready <- l
+		return
+	}
+	if l.Room == nil {
+		// Only a line the child could not read has no room; the demo
+		// writes well-formed lines, so this is a bug worth seeing.
+		slog.Warn("result line without a room from child", "child", c.name, "line", string(b))
+		return
 	}
 	c.mu.Lock()
-	c.dead = fmt.Errorf("%s: %w", c.name, err)
+	ch := c.wait[*l.Room]
+	delete(c.wait, *l.Room)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- l
+	}
+}
+
+// exited fails every room still waiting with the child's end.
+func (c *child) exited(err error) {
+	c.mu.Lock()
+	c.dead = err
 	for room, ch := range c.wait {
-		ch <- replyLine{Room: new(room), Error: c.dead.Error()}
+		ch <- replyLine{Room: new(room), Error: err.Error()}
 	}
 	c.wait = map[uint64]chan replyLine{}
 	c.mu.Unlock()
-	close(c.exit)
 }
+
+// exit is closed once the child was waited for.
+func (c *child) exit() <-chan struct{} { return c.proc.Exited() }
 
 // submit sends a request line and returns the channel of its reply.
 func (c *child) submit(q requestLine) <-chan replyLine {
@@ -229,37 +213,20 @@ func (c *child) submit(q requestLine) <-chan replyLine {
 	c.wait[q.Room] = ch
 	c.mu.Unlock()
 	b, _ := json.Marshal(q)
-	c.inMu.Lock()
-	_, err := c.stdin.Write(append(b, '\n'))
-	c.inMu.Unlock()
-	if err != nil {
+	if err := c.proc.WriteLine(b); err != nil {
 		c.mu.Lock()
 		if c.wait[q.Room] == ch {
 			delete(c.wait, q.Room)
-			ch <- replyLine{Room: new(q.Room), Error: fmt.Sprintf("%s: write request: %v", c.name, err)}
+			ch <- replyLine{Room: new(q.Room), Error: fmt.Sprintf("write request: %v", err)}
 		}
 		c.mu.Unlock()
 	}
 	return ch
 }
 
-func (c *child) stop(grace time.Duration) {
-	c.inMu.Lock()
-	_ = c.stdin.Close()
-	c.inMu.Unlock()
-	select {
-	case <-c.exit:
-		return
-	case <-time.After(grace):
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exit:
-	case <-time.After(2 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exit
-	}
-}
+// stop closes the child's stdin (the ranks' stop) and waits up to grace
+// before SIGTERM, then SIGKILL.
+func (c *child) stop(grace time.Duration) { c.proc.Stop(grace) }
 
 // demoResult is one request's outcome.
 type demoResult struct {
@@ -503,7 +470,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 			args = append(args, "--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp),
 				"--pp-size", strconv.Itoa(f.prefillPP), "--pp-rank", strconv.Itoa(pp), "--chunk-pages", strconv.Itoa(f.chunkPages))
 			args = append(args, rankSeed(len(children))...)
-			c, err := startChild(ctx, exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args, childEnv)
+			c, err := startChild(exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args, childEnv)
 			if err != nil {
 				return err
 			}
@@ -518,7 +485,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		if prefixBlocks > 0 {
 			args = append(args, "--prefix-cache-blocks", strconv.Itoa(prefixBlocks), "--prefix-block-tokens", strconv.Itoa(workload.DefaultBlockTokens))
 		}
-		c, err := startChild(ctx, exe, fmt.Sprintf("decode tp%d", tp), args, childEnv)
+		c, err := startChild(exe, fmt.Sprintf("decode tp%d", tp), args, childEnv)
 		if err != nil {
 			return err
 		}
@@ -547,8 +514,8 @@ func runDemo(parent context.Context, f *demoFlags) error {
 				if f.prefault {
 					fmt.Fprintf(os.Stderr, "kvxfer demo: ranks still starting: each prefaults its %d MiB of KV buffers so the first request runs at the later ones' speed (--prefault=false skips it)\n", f.poolMB)
 				}
-			case <-c.exit:
-				return fmt.Errorf("%s exited before it was ready: %v", c.name, c.dead)
+			case <-c.exit():
+				return fmt.Errorf("%s exited before it was ready: %v", c.name, c.proc.Err())
 			case <-deadline.C:
 				return fmt.Errorf("%s not ready within %s", c.name, readyLimit)
 			case <-ctx.Done():

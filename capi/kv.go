@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -113,6 +114,11 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		ctx, cancel = context.WithTimeout(ctx, c.bootstrapTimeout+opTimeout)
 		defer cancel()
 	}
+	ringDev, err := ringDevice()
+	if err != nil {
+		closePool()
+		return nil, fail(stInvalidArgument, "%s: %v", op, err)
+	}
 	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
 		Role:             role,
 		KV:               args,
@@ -133,7 +139,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		AdvertiseHost:      cmp.Or(c.advertiseHost, getenv("KVXFER_ADVERTISE_HOST")),
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
-		RingAlloc: engine.AutoRingMemory,
+		RingAlloc: engine.CUDARingMemory(ringDev),
 		// Every manager of the library shares one registry
 		// (kvx_metrics_text, kvx_metrics_serve).
 		Metrics: libRegistry(),
@@ -286,4 +292,19 @@ func checkPageList(op string, pages []int32, numPages int) error {
 		}
 	}
 	return nil
+}
+
+// ringDevice is KVXFER_RING_DEVICE, the CUDA device whose kernels read the
+// metadata ring (default 0; engine.CUDARingMemory falls back to host memory
+// without CUDA).
+func ringDevice() (int, error) {
+	v := getenv("KVXFER_RING_DEVICE")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("KVXFER_RING_DEVICE=%q: want a CUDA device ordinal (0, 1, ...)", v)
+	}
+	return n, nil
 }

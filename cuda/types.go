@@ -104,6 +104,19 @@ func WithNVRTCPath(path string) Option {
 	return func(c *loadConfig) { c.nvrtc = []string{path} }
 }
 
+// MayBePresent reports, without loading anything, whether CUDA can be here:
+// the NVIDIA driver is loaded (/proc/driver/nvidia/version) or the
+// environment names a CUDA library (KVXFER_LIBCUDA, KVXFER_CUDART). Callers
+// that only need to choose a code path (the tcp transport's device
+// copier) use it instead of reading the environment themselves; Available
+// is the real check.
+func MayBePresent() bool {
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		return true
+	}
+	return os.Getenv("KVXFER_LIBCUDA") != "" || os.Getenv("KVXFER_CUDART") != ""
+}
+
 // defaultConfig lists the candidates tried in order: the environment
 // overrides KVXFER_CUDART, KVXFER_LIBCUDA and KVXFER_NVRTC (absolute paths),
 // then the sonames, then the same sonames under $CUDA_HOME/lib64 and

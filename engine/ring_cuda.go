@@ -3,8 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -94,16 +92,7 @@ func (r mappedRing) Memory() Memory {
 }
 
 // AutoRingMemory is the RingAllocator to use by default: GPU-visible memory
-// on the device named by KVXFER_RING_DEVICE (default 0) when CUDA is present,
-// plain host memory otherwise (see CUDARingMemory).
-func AutoRingMemory(size int) (RingMemory, error) {
-	dev := 0
-	if v := os.Getenv("KVXFER_RING_DEVICE"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("engine: KVXFER_RING_DEVICE=%q: want a CUDA device ordinal (0, 1, ...)", v)
-		}
-		dev = n
-	}
-	return CUDARingMemory(dev)(size)
-}
+// on CUDA device 0 when CUDA is present, plain host memory otherwise; it is
+// CUDARingMemory(0). A caller whose GPU is another device uses
+// CUDARingMemory(dev) (the C ABI reads KVXFER_RING_DEVICE for it).
+func AutoRingMemory(size int) (RingMemory, error) { return CUDARingMemory(0)(size) }

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -45,10 +44,7 @@ var deviceCopier deviceCopierIface = defaultCopier()
 const bounceSize = 4 << 20
 
 func defaultCopier() deviceCopierIface {
-	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
-		return &cudaCopier{}
-	}
-	if os.Getenv("KVXFER_LIBCUDA") != "" || os.Getenv("KVXFER_CUDART") != "" {
+	if cuda.MayBePresent() {
 		return &cudaCopier{}
 	}
 	return noDevice{}

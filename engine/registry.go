@@ -8,7 +8,9 @@ import (
 )
 
 // Options configure a transport instance. Fields a transport does not use are
-// ignored.
+// ignored. The zero value is usable: every field's zero means the
+// transport's default (loopback, a free port, its own stream count, every
+// usable device, an automatically chosen GID).
 type Options struct {
 	// ListenHost is the address the receiving side binds ("127.0.0.1" by
 	// default). Port 0 picks a free port.
@@ -27,15 +29,18 @@ type Options struct {
 	// Devices restricts a hardware transport to these device names (for RDMA:
 	// "mlx5_0,mlx5_1"); empty means all usable.
 	Devices []string
-	// GIDIndex forces an RDMA GID index; -1 (or unset via NewOptions) = auto.
-	GIDIndex int
+	// GIDIndex, when set, forces an RDMA GID index (the ibv_query_gid index
+	// of the port); nil, the zero value, lets the transport choose (RoCE v2,
+	// an address of a local interface, per NIC). tcp and shm ignore it.
+	GIDIndex *int
 	// Extra carries transport-specific settings as key=value.
 	Extra map[string]string
 }
 
-// DefaultOptions returns options with auto-selected values.
+// DefaultOptions returns options with auto-selected values: the zero
+// value with ListenHost spelled out ("127.0.0.1").
 func DefaultOptions() Options {
-	return Options{ListenHost: "127.0.0.1", GIDIndex: -1}
+	return Options{ListenHost: "127.0.0.1"}
 }
 
 // Factory creates a transport instance.

@@ -125,7 +125,13 @@ type config struct {
 
 func parseConfig(o engine.Options) (config, error) {
 	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
-		timeout: defaultTimeout, retry: defaultRetry, gidIndex: o.GIDIndex, stall: 10 * time.Second, cqEvents: true}
+		timeout: defaultTimeout, retry: defaultRetry, gidIndex: -1, stall: 10 * time.Second, cqEvents: true}
+	if o.GIDIndex != nil {
+		if *o.GIDIndex < 0 || *o.GIDIndex > 255 {
+			return c, fmt.Errorf("rdma: GIDIndex %d: want a GID table index 0..255, or nil for automatic selection", *o.GIDIndex)
+		}
+		c.gidIndex = *o.GIDIndex
+	}
 	switch v := o.Extra["cq_wait"]; v {
 	case "", "event":
 	case "poll":
@@ -271,7 +277,7 @@ type peerConn struct {
 }
 
 // New opens the rdma transport on every usable device (o.Devices filters by
-// name, o.GIDIndex >= 0 forces a GID index, o.Streams sets QPs per device per
+// name, a non-nil o.GIDIndex forces a GID index, o.Streams sets QPs per device per
 // peer; Extra keys: slice_size, sq_depth, qp_timeout, retry_cnt,
 // max_mr_size, stall_timeout, cq_wait = event|poll). Each batch's writes are
 // posted per QP as chains of up to sq_depth/4 WRs with only the last one

@@ -74,10 +74,26 @@ func TestParseConfig(t *testing.T) {
 		{map[string]string{"cq_wait": "event"}, true},
 		{map[string]string{"cq_wait": "spin"}, false},
 	} {
-		_, err := parseConfig(engine.Options{Extra: tc.extra, GIDIndex: -1})
+		_, err := parseConfig(engine.Options{Extra: tc.extra})
 		if (err == nil) != tc.ok {
 			t.Errorf("parseConfig(%v) = %v", tc.extra, err)
 		}
+	}
+}
+
+// A GID index is forced only when set; the zero-value Options chooses.
+func TestParseConfigGIDIndex(t *testing.T) {
+	c, err := parseConfig(engine.Options{})
+	if err != nil || c.gidIndex != -1 {
+		t.Fatalf("zero Options: gidIndex %d, err %v; want -1 (auto)", c.gidIndex, err)
+	}
+	three := 3
+	if c, err = parseConfig(engine.Options{GIDIndex: &three}); err != nil || c.gidIndex != 3 {
+		t.Fatalf("GIDIndex 3: gidIndex %d, err %v", c.gidIndex, err)
+	}
+	bad := 300
+	if _, err = parseConfig(engine.Options{GIDIndex: &bad}); err == nil {
+		t.Fatal("GIDIndex 300 accepted")
 	}
 }
 

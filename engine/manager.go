@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -1067,7 +1068,7 @@ func (m *Manager) recvLoop() {
 		}
 		parts, err := m.pull.RecvMessageBytes(flags)
 		if err != nil {
-			if zmq.AsErrno(err) == zmq.Errno(11) || errors.Is(err, zmq.Errno(11)) { // EAGAIN: inbox empty (or receive timeout)
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) { // inbox empty (or receive timeout)
 				now := time.Now().UnixNano()
 				m.drainedAt.Store(now)
 				m.progressAt.Store(now)

@@ -212,18 +212,27 @@ func newBufRank(t *testing.T, role engine.Role, addr string, o sideOpts, checksu
 // lists differ fail at registration (REGISTER_ACK), on both sides, with an
 // error naming both ranks and the difference; nothing is transferred.
 func TestRegistrationRefusedNamesBothSides(t *testing.T) {
+	shallow := workload.ModelConfig{Name: "shallow", NumLayers: 2, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
 	cases := []struct {
 		name     string
 		pre, dec sideOpts
 		want     string
+		// byDecode: the decode refuses the pairing itself (it alone sees
+		// every producer), after the prefill accepted the registration.
+		byDecode bool
 	}{
-		{"aux count", sideOpts{smallGQA, workload.DefaultAux}, sideOpts{smallGQA, workload.DefaultAux[:6]}, "aux buffer counts differ: prefill has 7, decode has 6"},
+		{"aux count", sideOpts{smallGQA, workload.DefaultAux}, sideOpts{smallGQA, workload.DefaultAux[:6]}, "aux buffer counts differ: prefill has 7, decode has 6", false},
 		{"kv item lens", sideOpts{smallGQA, workload.DefaultAux},
 			sideOpts{workload.ModelConfig{Name: "half", NumLayers: 4, NumKVHeads: 4, HeadDim: 8, DtypeBytes: 2}, workload.DefaultAux},
-			"prefill KV buffer 0 (layer 0 K) is 512 bytes per page, decode KV buffer 0 (layer 0 K) is 256 bytes per page"},
+			"prefill KV buffer 0 (layer 0 K) is 512 bytes per page, decode KV buffer 0 (layer 0 K) is 256 bytes per page", false},
 		{"kv buffer count", sideOpts{smallGQA, workload.DefaultAux},
-			sideOpts{workload.ModelConfig{Name: "shallow", NumLayers: 2, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}, workload.DefaultAux},
-			"prefill holds layers [0, 4), decode holds [0, 2)"},
+			sideOpts{shallow, workload.DefaultAux},
+			"prefill holds layers [0, 4), decode holds [0, 2)", false},
+		// The decode holds layers no producer sends: they would never be
+		// written (and, with the aux row written by the producer of the last
+		// layer, neither would the aux row), yet the room would succeed.
+		{"decode holds more layers", sideOpts{shallow, workload.DefaultAux}, sideOpts{smallGQA, workload.DefaultAux},
+			"the prefill ranks it is paired with send layers [0, 2); layers [2, 4) would never be written", true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -250,7 +259,11 @@ func TestRegistrationRefusedNamesBothSides(t *testing.T) {
 				t.Fatalf("receiver %s, want Failed", st)
 			}
 			msg := r.Failure().Error()
-			if !strings.Contains(msg, c.want) || !strings.Contains(msg, p.m.Endpoint()) || !strings.Contains(msg, d.m.Endpoint()) || !strings.Contains(msg, "refused this decode's registration") {
+			by := "refused this decode's registration"
+			if c.byDecode {
+				by = "cannot be paired"
+			}
+			if !strings.Contains(msg, c.want) || !strings.Contains(msg, p.m.Endpoint()) || !strings.Contains(msg, d.m.Endpoint()) || !strings.Contains(msg, by) {
 				t.Fatalf("receiver failure %q: want %q naming prefill %s and decode %s", msg, c.want, p.m.Endpoint(), d.m.Endpoint())
 			}
 			// The prefill learns the same outcome at once (ABORT with the

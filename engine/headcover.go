@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // checkProducersCovered refuses a prefill attention-TP size P that the
@@ -17,6 +18,60 @@ func checkProducersCovered(prefillTP, decodeTP int) error {
 	first := decodeTP * (prefillTP / decodeTP)
 	return fmt.Errorf("engine: prefill attn_tp_size %d and decode attn_tp_size %d cannot be paired: SGLang's mapping never sends prefill tp ranks %d…%d a decode destination, so their side of every room would time out; use TP sizes where one divides the other",
 		prefillTP, decodeTP, first, prefillTP-1)
+}
+
+// checkLayerCoverage verifies, before any TRANSFER, that the producers a
+// decode rank (geometry dst, endpoint dstName) was mapped to send every layer
+// it holds, per CP rank. PairBuffers refuses a producer layer the decode does
+// not hold; this refuses the converse, a decode layer no producer holds (for
+// example a decode model with more layers than the prefill's, or PP stages
+// that leave a gap): its KV buffers would never be written, nor the aux row
+// (written by the producer of the last layer), yet the room would succeed.
+// The error names the decode, the producers and the layers left out.
+func checkLayerCoverage(dst *Geometry, ts []*recvTarget, dstName string) error {
+	type span struct{ start, end int }
+	perCP := map[int][]span{}
+	eps := map[int][]string{}
+	for _, t := range ts {
+		if t.rank.Dummy || t.geo == nil {
+			continue
+		}
+		perCP[t.rank.CP] = append(perCP[t.rank.CP], span{t.geo.StartLayer, t.geo.EndLayer})
+		eps[t.rank.CP] = append(eps[t.rank.CP], t.endpoint)
+	}
+	for cp, spans := range perCP {
+		held := make([]bool, dst.Layers())
+		for _, s := range spans {
+			for l := max(s.start, dst.StartLayer); l < min(s.end, dst.EndLayer); l++ {
+				held[l-dst.StartLayer] = true
+			}
+		}
+		sent, missing := layerRuns(held, dst.StartLayer, true), layerRuns(held, dst.StartLayer, false)
+		if len(missing) > 0 {
+			return fmt.Errorf("engine: prefill %s and decode %s cannot be paired: decode %s holds layers [%d, %d), but the prefill ranks it is paired with send layers %s; layers %s would never be written (cp rank %d); run prefill and decode with the same model (the prefill's PP stages together must hold every layer the decode holds)",
+				strings.Join(eps[cp], ", "), dstName, dstName, dst.StartLayer, dst.EndLayer, strings.Join(sent, " "), strings.Join(missing, " "), cp)
+		}
+	}
+	return nil
+}
+
+// layerRuns returns the runs of layers whose held flag equals want, as
+// "[a, b)" strings; layer i of held is layer first+i.
+func layerRuns(held []bool, first int, want bool) []string {
+	var out []string
+	for i := 0; i < len(held); {
+		if held[i] != want {
+			i++
+			continue
+		}
+		j := i
+		for j < len(held) && held[j] == want {
+			j++
+		}
+		out = append(out, fmt.Sprintf("[%d, %d)", first+i, first+j))
+		i = j
+	}
+	return out
 }
 
 // globalHead returns the model-wide KV head that local head h of a rank

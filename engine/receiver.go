@@ -702,6 +702,9 @@ func (r *Receiver) resolve() error {
 	if writer != nil {
 		writer.extras = true
 	}
+	if err := checkLayerCoverage(g, ts, m.endpoint); err != nil {
+		return fmt.Errorf("engine: room %d: %w", r.room, err)
+	}
 	if err := checkHeadCoverage(g, ts); err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}

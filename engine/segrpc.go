@@ -21,7 +21,7 @@ import (
 //
 // Request frames:
 //
-//	0 "KVXSEG" (SegmentRPCMagic)   1 "1" (SegmentRPCVersion)
+//	0 "KVXSEG" (segmentRPCMagic)   1 "1" (segmentRPCVersion)
 //	2 type: "DESCRIBE" or "ACCEPT"  3 request id (ASCII decimal, echoed)
 //	DESCRIBE: 4 peer id   5 transport name ("" = every transport)
 //	          With a peer id the answer carries endpoints prepared for that
@@ -37,10 +37,10 @@ import (
 // error wrapping ErrBadFrame; the listener drops such requests (logged at
 // debug) and keeps serving.
 const (
-	// SegmentRPCMagic is frame 0 of every segment RPC message.
-	SegmentRPCMagic = "KVXSEG"
-	// SegmentRPCVersion is the protocol version in frame 1.
-	SegmentRPCVersion = 1
+	// segmentRPCMagic is frame 0 of every segment RPC message.
+	segmentRPCMagic = "KVXSEG"
+	// segmentRPCVersion is the protocol version in frame 1.
+	segmentRPCVersion = 1
 )
 
 // Segment RPC message types (frame 2).
@@ -58,8 +58,8 @@ const maxRPCMessage = MaxSegmentDescriptorBytes + 64<<10
 // the caller's context has no earlier deadline.
 const DefaultRPCTimeout = 5 * time.Second
 
-// SegmentRequest is a decoded segment RPC request.
-type SegmentRequest struct {
+// segmentRequest is a decoded segment RPC request.
+type segmentRequest struct {
 	// Type is "DESCRIBE" or "ACCEPT".
 	Type string
 	// ID is the requester's request id, echoed in the reply.
@@ -74,16 +74,16 @@ type SegmentRequest struct {
 }
 
 // Encode returns the request's frames.
-func (r *SegmentRequest) Encode() [][]byte {
-	f := [][]byte{[]byte(SegmentRPCMagic), []byte(strconv.Itoa(SegmentRPCVersion)), []byte(r.Type), dec(r.ID), []byte(r.Peer), []byte(r.Transport)}
+func (r *segmentRequest) Encode() [][]byte {
+	f := [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(r.Type), dec(r.ID), []byte(r.Peer), []byte(r.Transport)}
 	if r.Type == rpcAccept {
 		f = append(f, r.Reply)
 	}
 	return f
 }
 
-// SegmentReply is a decoded segment RPC reply.
-type SegmentReply struct {
+// segmentReply is a decoded segment RPC reply.
+type segmentReply struct {
 	ID uint64
 	// OK is false when the listener refused the request; Payload is then the
 	// error text.
@@ -92,30 +92,30 @@ type SegmentReply struct {
 }
 
 // Encode returns the reply's frames.
-func (r *SegmentReply) Encode() [][]byte {
+func (r *segmentReply) Encode() [][]byte {
 	st := rpcErr
 	if r.OK {
 		st = rpcOK
 	}
-	return [][]byte{[]byte(SegmentRPCMagic), []byte(strconv.Itoa(SegmentRPCVersion)), []byte(st), dec(r.ID), r.Payload}
+	return [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(st), dec(r.ID), r.Payload}
 }
 
 func rpcHeader(parts [][]byte, what string) error {
 	if len(parts) < 4 {
 		return fmt.Errorf("%w: segment RPC %s: %d frames, want at least 4 (magic, version, type, id)", ErrBadFrame, what, len(parts))
 	}
-	if string(parts[0]) != SegmentRPCMagic {
-		return fmt.Errorf("%w: segment RPC %s: frame 0 is %q, want %q (is this address a kvxfer engine's RPC port?)", ErrBadFrame, what, trunc(parts[0]), SegmentRPCMagic)
+	if string(parts[0]) != segmentRPCMagic {
+		return fmt.Errorf("%w: segment RPC %s: frame 0 is %q, want %q (is this address a kvxfer engine's RPC port?)", ErrBadFrame, what, trunc(parts[0]), segmentRPCMagic)
 	}
-	if string(parts[1]) != strconv.Itoa(SegmentRPCVersion) {
-		return fmt.Errorf("%w: segment RPC %s: version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, what, trunc(parts[1]), SegmentRPCVersion)
+	if string(parts[1]) != strconv.Itoa(segmentRPCVersion) {
+		return fmt.Errorf("%w: segment RPC %s: version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, what, trunc(parts[1]), segmentRPCVersion)
 	}
 	return nil
 }
 
-// DecodeSegmentRequest decodes a request's frames (without the ROUTER
+// decodeSegmentRequest decodes a request's frames (without the ROUTER
 // identity). Errors wrap ErrBadFrame and name the frame.
-func DecodeSegmentRequest(parts [][]byte) (*SegmentRequest, error) {
+func decodeSegmentRequest(parts [][]byte) (*segmentRequest, error) {
 	if err := rpcHeader(parts, "request"); err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func DecodeSegmentRequest(parts [][]byte) (*SegmentRequest, error) {
 		return nil, fmt.Errorf("%w: segment RPC %s has %d frames, want %d", ErrBadFrame, typ, len(parts), want)
 	}
 	r := &frameReader{msg: "segment RPC " + typ, parts: parts}
-	req := &SegmentRequest{Type: typ, ID: r.uint(3, 1<<63, "request id"), Peer: r.str(4, "peer"), Transport: r.str(5, "transport")}
+	req := &segmentRequest{Type: typ, ID: r.uint(3, 1<<63, "request id"), Peer: r.str(4, "peer"), Transport: r.str(5, "transport")}
 	if typ == rpcAccept {
 		if req.Peer == "" && r.err == nil {
 			r.fail(4, "peer is empty (ACCEPT needs the peer id of the DESCRIBE that prepared the endpoint)")
@@ -152,8 +152,8 @@ func DecodeSegmentRequest(parts [][]byte) (*SegmentRequest, error) {
 	return req, nil
 }
 
-// DecodeSegmentReply decodes a reply's frames. Errors wrap ErrBadFrame.
-func DecodeSegmentReply(parts [][]byte) (*SegmentReply, error) {
+// decodeSegmentReply decodes a reply's frames. Errors wrap ErrBadFrame.
+func decodeSegmentReply(parts [][]byte) (*segmentReply, error) {
 	if err := rpcHeader(parts, "reply"); err != nil {
 		return nil, err
 	}
@@ -173,12 +173,12 @@ func DecodeSegmentReply(parts [][]byte) (*SegmentReply, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	return &SegmentReply{ID: id, OK: ok, Payload: append([]byte(nil), parts[4]...)}, nil
+	return &segmentReply{ID: id, OK: ok, Payload: append([]byte(nil), parts[4]...)}, nil
 }
 
 // segmentHandler answers one decoded request: the payload of an OK reply,
 // or an error whose text becomes the ERR reply.
-type segmentHandler func(ctx context.Context, req *SegmentRequest) ([]byte, error)
+type segmentHandler func(ctx context.Context, req *segmentRequest) ([]byte, error)
 
 // rpcListener is a running segment RPC listener.
 type rpcListener struct {
@@ -254,13 +254,13 @@ func (l *rpcListener) loop() {
 			continue
 		}
 		id, frames := parts[0], parts[1:]
-		req, err := DecodeSegmentRequest(frames)
+		req, err := decodeSegmentRequest(frames)
 		if err != nil {
 			l.log.Debug("segment RPC: dropped a malformed request", "err", err)
 			// Answer when the id is readable, so a confused peer learns why.
-			if len(frames) >= 4 && string(frames[0]) == SegmentRPCMagic {
+			if len(frames) >= 4 && string(frames[0]) == segmentRPCMagic {
 				if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
-					l.reply(id, &SegmentReply{ID: rid, Payload: []byte(err.Error())})
+					l.reply(id, &segmentReply{ID: rid, Payload: []byte(err.Error())})
 				}
 			}
 			continue
@@ -268,7 +268,7 @@ func (l *rpcListener) loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 		payload, herr := l.handle(ctx, req)
 		cancel()
-		rep := &SegmentReply{ID: req.ID, OK: herr == nil, Payload: payload}
+		rep := &segmentReply{ID: req.ID, OK: herr == nil, Payload: payload}
 		if herr != nil {
 			rep.Payload = []byte(herr.Error())
 		}
@@ -277,7 +277,7 @@ func (l *rpcListener) loop() {
 	}
 }
 
-func (l *rpcListener) reply(id []byte, rep *SegmentReply) {
+func (l *rpcListener) reply(id []byte, rep *segmentReply) {
 	frames := rep.Encode()
 	parts := make([]any, 0, len(frames)+1)
 	parts = append(parts, id)
@@ -323,7 +323,7 @@ type rpcClient struct {
 // fails at once; a peer that accepts but never answers fails at the
 // deadline. Errors wrap ErrSegmentUnreachable (with context.DeadlineExceeded
 // when the deadline passed) or ErrSegmentRefused.
-func (c *rpcClient) call(ctx context.Context, addr string, req *SegmentRequest) ([]byte, error) {
+func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultRPCTimeout)
@@ -414,7 +414,7 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *SegmentRequest) 
 			if err != nil {
 				continue
 			}
-			rep, err := DecodeSegmentReply(msg)
+			rep, err := decodeSegmentReply(msg)
 			if err != nil {
 				return nil, fmt.Errorf("engine: segment RPC %s to %s: %w", req.Type, addr, err)
 			}

@@ -360,7 +360,7 @@ func (te *TransferEngine) Describe(ctx context.Context, peer string) (SegmentDes
 }
 
 // handleRPC answers the segment RPC listener's requests.
-func (te *TransferEngine) handleRPC(ctx context.Context, req *SegmentRequest) ([]byte, error) {
+func (te *TransferEngine) handleRPC(ctx context.Context, req *segmentRequest) ([]byte, error) {
 	if req.Transport != "" && req.Transport != te.tr.Name() {
 		return nil, fmt.Errorf("segment %q runs transport %s, not %s (create both engines with the same transport)", te.name, te.tr.Name(), req.Transport)
 	}
@@ -552,7 +552,7 @@ func (te *TransferEngine) checkTransport(d SegmentDescriptor) error {
 func (te *TransferEngine) describePeer(ctx context.Context, addr, peer string) (SegmentDescriptor, error) {
 	rctx, cancel := context.WithTimeout(ctx, te.timeout)
 	defer cancel()
-	b, err := te.client.call(rctx, addr, &SegmentRequest{Type: rpcDescribe, Peer: peer, Transport: te.tr.Name()})
+	b, err := te.client.call(rctx, addr, &segmentRequest{Type: rpcDescribe, Peer: peer, Transport: te.tr.Name()})
 	if err != nil {
 		return SegmentDescriptor{}, err
 	}
@@ -576,7 +576,7 @@ func (te *TransferEngine) open(ctx context.Context, name string, d SegmentDescri
 			return nil, fmt.Errorf("engine: open segment %q: the %s endpoint was not prepared for a peer; the handshake cannot complete", name, te.tr.Name())
 		}
 		actx, cancel := context.WithTimeout(ctx, te.timeout)
-		_, err := te.client.call(actx, d.RPC, &SegmentRequest{Type: rpcAccept, Peer: d.PreparedFor, Transport: te.tr.Name(), Reply: seg.HandshakeReply()})
+		_, err := te.client.call(actx, d.RPC, &segmentRequest{Type: rpcAccept, Peer: d.PreparedFor, Transport: te.tr.Name(), Reply: seg.HandshakeReply()})
 		cancel()
 		if err != nil {
 			_ = seg.Close()

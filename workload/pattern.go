@@ -9,7 +9,7 @@ import (
 // The KV test pattern: every head row (HeadBytes bytes of one head of one
 // token in one layer buffer) holds little-endian 64-bit words
 //
-//	word w = PatternSeed(room, layer, kv, token, head) + w × 0x9E3779B97F4A7C15
+//	word w = patternSeed(room, layer, kv, token, head) + w × 0x9E3779B97F4A7C15
 //
 // where token is the token's position in the request (logical page × page
 // size + slot) and head the model-wide KV head, so a producer with any TP/PP
@@ -17,8 +17,8 @@ import (
 // independently of the physical page indices. A row whose length is not a
 // multiple of 8 ends with the low bytes of the next word.
 
-// PatternSeed mixes the coordinates of a head row (SplitMix64 finaliser).
-func PatternSeed(room uint64, layer, kv, token, head int) uint64 {
+// patternSeed mixes the coordinates of a head row (SplitMix64 finaliser).
+func patternSeed(room uint64, layer, kv, token, head int) uint64 {
 	x := room ^ uint64(layer)<<48 ^ uint64(kv)<<47 ^ uint64(token)<<16 ^ uint64(head)
 	x += 0x9E3779B97F4A7C15
 	x = (x ^ x>>30) * 0xBF58476D1CE4E5B9
@@ -147,7 +147,7 @@ func forRows(b *KVBuffers, pages []int32, firstPage int, write bool, f func(row 
 // errors are returned (host buffers never fail).
 func FillPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error {
 	err := forRows(b, pages, firstPage, true, func(row []byte, layer, kv, token, head int) bool {
-		fillRow(row, PatternSeed(room, layer, kv, token, head))
+		fillRow(row, patternSeed(room, layer, kv, token, head))
 		return true
 	})
 	if err != nil {
@@ -163,7 +163,7 @@ func FillPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error 
 func VerifyPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error {
 	var err error
 	cerr := forRows(b, pages, firstPage, false, func(row []byte, layer, kv, token, head int) bool {
-		if off := checkRow(row, PatternSeed(room, layer, kv, token, head)); off >= 0 {
+		if off := checkRow(row, patternSeed(room, layer, kv, token, head)); off >= 0 {
 			err = fmt.Errorf("workload: KV verification failed for room %d: layer %d %s, token %d (page %d), head %d, byte %d differs from the pattern", room, layer, kvName(b.layout, kv), token, pages[token/b.layout.PageSize-firstPage], head, off)
 			return false
 		}
@@ -177,7 +177,7 @@ func VerifyPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) erro
 
 // auxSeed is the pattern seed of aux buffer i's row for room (layer -1 keeps
 // it apart from every KV row).
-func auxSeed(room uint64, i int) uint64 { return PatternSeed(room, 0xFFFF, 1, 0xFFFF, i) }
+func auxSeed(room uint64, i int) uint64 { return patternSeed(room, 0xFFFF, 1, 0xFFFF, i) }
 
 // FillAux writes room's test pattern into row `row` of every aux buffer, as
 // the prefill writes a request's first output token, logprobs and room.

@@ -165,11 +165,16 @@ func (k *kvObj) close() error {
 		hs = append(hs, h)
 	}
 	k.mu.Unlock()
+	// In parallel: a failed room's close waits for its producers to be
+	// fenced (Receiver.Close), bounded by the fence timeout each.
+	var wg sync.WaitGroup
 	for _, h := range hs {
 		if r, ok := rooms.take(h); ok {
-			r.close()
+			wg.Add(1)
+			go func() { defer wg.Done(); r.close() }()
 		}
 	}
+	wg.Wait()
 	err := k.mgr.Close()
 	if k.pool != nil {
 		if cerr := k.pool.Close(); err == nil {

@@ -65,6 +65,10 @@ type rankOpts struct {
 	metrics          *prometheus.Registry // ManagerConfig.Metrics (nil: none)
 	noProbe          bool                 // ManagerConfig.NoProbe
 	tracer           trace.TracerProvider // ManagerConfig.TracerProvider
+	fenceTmo         time.Duration        // decode: FenceTimeout (0: default)
+	kvDtype          string               // KVCacheDtype ("": auto)
+	controlFault     func(peer, msgType string) bool
+	verifyKV         func(engine.ReceivedKV) error
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -101,7 +105,8 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	}
 	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
-		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise}
+		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
+		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV}
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}

@@ -24,9 +24,11 @@ const (
 	// KVTransferring: pages are moving (sender), or the TRANSFER frames were
 	// sent and the receiver waits for every producer's STATUS.
 	KVTransferring KVPoll = 3 // Transferring
-	// KVSuccess: sender: every page and the metadata record landed and STATUS
-	// was sent; receiver: every producer reported Success and its metadata
-	// record was verified.
+	// KVSuccess: receiver: every producer reported Success and its metadata
+	// record was verified; sender: every page and the metadata record landed,
+	// STATUS was sent, and every decode destination answered that it
+	// verified the room (its verdict), so a sender never reports Success for
+	// a room its decode failed.
 	KVSuccess KVPoll = 4 // Success
 )
 

@@ -143,6 +143,12 @@ type ManagerConfig struct {
 	// or partitioned peer. A peer whose process dies is detected at once, when
 	// its control connection drops (ZMQ socket monitor).
 	PeerTimeout time.Duration
+	// FenceTimeout (decode) is how long a failed room waits for a
+	// producer's ABORT_ACK before the producer's data path is fenced by the
+	// transports (DefaultFenceTimeout, 5 s). It bounds how long a failed
+	// room's pages and metadata slot stay quarantined when a producer hangs
+	// (see Receiver.Close).
+	FenceTimeout time.Duration
 	// RingSlots (decode) is the metadata ring size in records (1024).
 	RingSlots int
 	// RingAlloc (decode) allocates the ring memory (HostRingMemory when nil).
@@ -150,6 +156,17 @@ type ManagerConfig struct {
 	// Checksum (decode) asks producers for a CRC32C over the transferred
 	// bytes and verifies it before Success.
 	Checksum bool
+	// VerifyKV (decode), when set, is called with a room's received KV
+	// once every producer's metadata record (and checksum) passed, before
+	// the room becomes Success and the decode's verdict goes to the
+	// producers; an error fails the room on both sides. kvxfer decode
+	// --verify checks the test pattern with it.
+	VerifyKV func(ReceivedKV) error
+	// ControlFault, when set, sees every control message this manager sends
+	// (the peer's endpoint and the message type, MsgStatus, …); returning
+	// true drops it silently, as a dropped connection would. For fault
+	// injection in tests and the chaos soak (engine/faulty.DropControl).
+	ControlFault func(peer, msgType string) bool
 	// InstanceID is this rank's instance id (1–64 of [A-Za-z0-9._:-]);
 	// empty picks a random one. See Manager.InstanceID.
 	InstanceID string
@@ -194,6 +211,17 @@ type ManagerConfig struct {
 	// is exported as kvxfer_pool_pages{state="free"} at each scrape and
 	// must be cheap and safe for concurrent use.
 	FreePages func() int
+}
+
+// ReceivedKV is what ManagerConfig.VerifyKV checks: the room, its
+// destination pages after the prefix (in token order), the prompt tokens the
+// decode already held (PrefixTokens, whole pages, not sent) and the aux row
+// (-1: none).
+type ReceivedKV struct {
+	Room         uint64
+	Pages        []int32
+	PrefixTokens int
+	AuxIndex     int
 }
 
 // EnvSeconds reads an environment variable holding seconds (a decimal,
@@ -270,6 +298,9 @@ type Manager struct {
 	receivers map[uint64]*Receiver
 	pending   map[uint64]map[string]pendingTransfer // prefill: TRANSFERs before NewSender
 	aborted   map[uint64]time.Time                  // prefill: ABORTs before NewSender
+	recent    map[uint64]ackMemo                    // prefill: how closed senders ended (for late ABORTs)
+	verdicts  map[uint64]verdict                    // decode: outcomes of finished rooms
+	fenceOps  map[epochKey]chan struct{}            // decode: data-path fences running or done
 	dpeers    map[string]*decodePeer                // prefill: registered decode ranks
 	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
 	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
@@ -374,6 +405,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.PeerTimeout < 2*cfg.HeartbeatInterval {
 		cfg.PeerTimeout = 2 * cfg.HeartbeatInterval
 	}
+	if cfg.FenceTimeout <= 0 {
+		cfg.FenceTimeout = DefaultFenceTimeout
+	}
 	if cfg.RingSlots <= 0 {
 		cfg.RingSlots = DefaultRingSlots
 	}
@@ -420,6 +454,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		receivers:  map[uint64]*Receiver{},
 		pending:    map[uint64]map[string]pendingTransfer{},
 		aborted:    map[uint64]time.Time{},
+		recent:     map[uint64]ackMemo{},
+		verdicts:   map[uint64]verdict{},
+		fenceOps:   map[epochKey]chan struct{}{},
 		dpeers:     map[string]*decodePeer{},
 		ppeers:     map[string]*prefillPeer{},
 		bcache:     map[string]*instanceInfo{},
@@ -849,6 +886,9 @@ func (m *Manager) teardown() {
 // send pushes frames to a peer's PULL endpoint (socket cached per endpoint,
 // LINGER 0, bounded send time). Errors name the peer.
 func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
+	if f := m.cfg.ControlFault; f != nil && len(frames) > 2 && f(endpoint, string(frames[2])) {
+		return nil
+	}
 	m.mu.Lock()
 	if m.closed || m.zctx == nil {
 		m.mu.Unlock()
@@ -955,7 +995,7 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 		}
 		if ev == zmq.EVENT_DISCONNECTED {
 			m.met.peerLost(m.cfg.Role, "disconnected")
-			go m.peerLost(ep, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
+			go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
 			return
 		}
 		if ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_CONNECTED {
@@ -1138,12 +1178,19 @@ func (m *Manager) dispatch(parts [][]byte) {
 		m.touch(v.Endpoint)
 		m.handleHandshakeAck(v)
 	case *StatusMsg:
+		m.touch(v.Endpoint)
+		if m.cfg.Role == RolePrefill {
+			m.handleVerdict(v)
+			return
+		}
+		m.handleStatus(v)
+	case *AbortAckMsg:
 		if m.cfg.Role != RoleDecode {
-			m.log.Warn("dropped STATUS: this rank is a prefill", "from", v.Endpoint)
+			m.log.Warn("dropped ABORT_ACK: this rank is a prefill", "from", v.Endpoint)
 			return
 		}
 		m.touch(v.Endpoint)
-		m.handleStatus(v)
+		m.handleAbortAck(v)
 	case *HandshakeMsg:
 		if m.cfg.Role != RoleDecode {
 			return
@@ -1203,14 +1250,17 @@ func (m *Manager) monitorLoop() {
 				delete(m.aborted, room)
 			}
 		}
+		m.pruneFenceStateLocked(now)
 		m.mu.Unlock()
 		for _, ep := range dead {
 			m.met.heartbeatFailed("peer")
 			m.met.peerLost(m.cfg.Role, "heartbeat")
-			m.peerLost(ep, m.lostError(ep))
+			unreachable, _, _ := m.pushState(ep)
+			m.peerLost(ep, !unreachable, m.lostError(ep))
 		}
 		for _, s := range ss {
 			s.checkTimeout(now)
+			s.askVerdict(now)
 		}
 		for _, r := range rs {
 			r.checkTimeout(now)
@@ -1218,10 +1268,14 @@ func (m *Manager) monitorLoop() {
 	}
 }
 
-// peerLost handles a peer silent for PeerTimeout: its rooms fail, its
-// connection state and (decode) the bootstrap cache entries naming it are
-// dropped, so the next request resolves and registers afresh.
-func (m *Manager) peerLost(ep string, err error) {
+// peerLost handles a peer that is gone (hung false: its process exited or
+// cannot be reached) or silent for PeerTimeout (hung true): its rooms fail,
+// its connection state and (decode) the bootstrap cache entries naming it
+// are dropped, so the next request resolves and registers afresh, and
+// (decode) its data path is fenced. A prefill keeps the rooms it has written
+// and only waits for a hung decode's verdict on: that decode may still
+// decide them when it resumes.
+func (m *Manager) peerLost(ep string, hung bool, err error) {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -1240,6 +1294,10 @@ func (m *Manager) peerLost(ep string, err error) {
 	}
 	dp := m.dpeers[ep]
 	delete(m.dpeers, ep)
+	var lostEpoch uint64
+	if pp := m.ppeers[ep]; pp != nil {
+		lostEpoch = pp.epoch
+	}
 	if pp := m.ppeers[ep]; pp != nil && pp.ack != nil {
 		select { // a registration waiting for REGISTER_ACK ends now
 		case pp.ack <- ackResult{err: err}:
@@ -1260,6 +1318,9 @@ func (m *Manager) peerLost(ep string, err error) {
 	m.dropPush(ep)
 	affected := 0
 	for _, s := range ss {
+		if hung && s.awaitingVerdict() {
+			continue // it asks again until its waiting timeout
+		}
 		if s.hasDst(ep) && s.fail(err) {
 			affected++
 		}
@@ -1268,6 +1329,9 @@ func (m *Manager) peerLost(ep string, err error) {
 		if r.hasTarget(ep) && r.failLocal(err) {
 			affected++
 		}
+	}
+	if lostEpoch != 0 {
+		m.fenceEpochAsync(ep, lostEpoch, err.Error())
 	}
 	if affected > 0 {
 		m.log.Warn("peer lost", "peer", ep, "failed_rooms", affected, "err", err)
@@ -1283,21 +1347,61 @@ func (m *Manager) otherRole() string {
 	return "decode"
 }
 
+// handleAbort: on a prefill, a decode failed the room (its verdict): the
+// sender fails with the decode's reason, stops writing and, once no batch of
+// the room is in flight, answers ABORT_ACK; a room this rank does not hold
+// (yet) is remembered so that a later NewSender fails at once, and is
+// acknowledged at once. On a decode (older peers): the producer aborted.
 func (m *Manager) handleAbort(v *AbortMsg) {
+	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
 	m.mu.Lock()
 	s := m.senders[v.Room]
 	r := m.receivers[v.Room]
+	var memo ackMemo
+	haveMemo := false
 	if m.cfg.Role == RolePrefill && s == nil {
 		m.aborted[v.Room] = time.Now()
 		delete(m.pending, v.Room)
+		memo, haveMemo = m.recent[v.Room]
 	}
 	m.mu.Unlock()
-	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
 	m.met.fence(m.cfg.Role, "abort_received")
-	if s != nil {
-		s.fail(err)
-	}
 	if r != nil {
 		r.failLocal(err)
+	}
+	if m.cfg.Role != RolePrefill {
+		return
+	}
+	ack := &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
+	if s == nil {
+		if haveMemo {
+			ack.Clean, ack.Detail = memo.clean, memo.detail
+		}
+		go func() { _ = m.send(v.Endpoint, ack.Encode(), false) }()
+		return
+	}
+	s.fail(err)
+	go func() {
+		<-s.finished
+		ack.Clean, ack.Detail = s.cleanState()
+		ack.Epoch = s.dstEpoch(v.Endpoint, v.Epoch)
+		_ = m.send(v.Endpoint, ack.Encode(), false)
+	}()
+}
+
+// handleVerdict (prefill): a decode's verdict on a room (STATUS from the
+// decode): Success completes the sender once every destination agreed.
+func (m *Manager) handleVerdict(v *StatusMsg) {
+	m.mu.Lock()
+	s := m.senders[v.Room]
+	m.mu.Unlock()
+	if s == nil {
+		return
+	}
+	switch v.State {
+	case KVSuccess:
+		s.onVerdict(v.Endpoint)
+	case KVFailed:
+		s.fail(fmt.Errorf("%w by decode %s: %s", ErrAborted, v.Endpoint, v.Reason))
 	}
 }

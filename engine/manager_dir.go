@@ -128,16 +128,18 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 	role := m.otherRole()
 	stop := dir.Watch(name, rev, func(ev SegmentEvent) {
 		var err error
+		hung := false // a restarted peer is gone; a vanished one may only hang
 		switch {
 		case ev.Deleted:
 			err = fmt.Errorf("%w: %s %s: its segment vanished from %s (lease expired: the process crashed, hangs or is partitioned)", ErrPeerLost, role, ep, dir)
+			hung = true
 		case ev.Desc.Epoch != epoch:
 			err = fmt.Errorf("%w: %s %s restarted (epoch %d → %d in %s)", ErrPeerLost, role, ep, epoch, ev.Desc.Epoch, dir)
 		default:
 			return
 		}
 		m.met.peerLost(m.cfg.Role, "directory")
-		go m.peerLost(ep, err)
+		go m.peerLost(ep, hung, err)
 	})
 	st := &m.segdir
 	st.mu.Lock()

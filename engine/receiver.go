@@ -237,6 +237,7 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geo
 			delete(m.ppeers, ep)
 		}
 		m.mu.Unlock()
+		m.goTracked(func() { _ = m.fenceTransports(ep, p.epoch) }) // withdraw the admission
 	} else {
 		m.mu.Lock()
 		m.lastSeen[ep] = time.Now()
@@ -262,10 +263,17 @@ func (m *Manager) handleRegisterAck(v *RegisterAckMsg) {
 	}
 }
 
+// register sends REGISTER for epoch: per transport its endpoint for the
+// prefill (an rdma transport creates the QPs here) and, for a transport that
+// fences, the epoch admitted right after, so that its data path exists only
+// for this registration.
 func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
 	msg := &RegisterMsg{Endpoint: m.endpoint, Geometry: *m.geo, RingSlots: m.ring.Slots(), Epoch: epoch}
 	for _, r := range m.regs {
 		blob, err := r.t.Endpoint(ctx, ep)
+		if err == nil {
+			err = m.admitEpoch(r.t, ep, epoch)
+		}
 		if err != nil {
 			m.log.Warn("transport cannot prepare an endpoint", "transport", r.t.Name(), "prefill", ep, "err", err)
 			continue
@@ -325,8 +333,11 @@ type recvTarget struct {
 	slot     int
 	gen      uint64
 	epoch    uint64 // registration epoch with this producer
-	done     bool
+	done     bool   // record verified
 	bytes    uint64 // KV bytes its record states (after acceptance)
+	sent     bool   // TRANSFER sent (or being sent): the producer may write
+	wrote    bool   // the producer reported Success: it writes nothing more
+	fenced   bool   // clean ABORT_ACK, or its data path was fenced
 }
 
 // Receiver is the decode side of one request (SGLang's KVReceiver). On
@@ -336,7 +347,11 @@ type recvTarget struct {
 // producer (→ Transferring); each producer's Success STATUS is accepted only
 // after its metadata record is committed, names this room and (optionally)
 // matches the CRC32C of the received bytes; when every real producer is
-// accepted the state is Success. Safe for concurrent use.
+// accepted the state is Success. When every producer is accepted the decode tells every producer (its
+// verdict), so both sides report the same outcome. Any failure sends ABORT to
+// every producer; the destination pages and the metadata slot of a failed
+// room are not reusable until every producer that got TRANSFER is fenced
+// (see Close and Fenced). Safe for concurrent use.
 type Receiver struct {
 	m    *Manager
 	addr string
@@ -363,6 +378,14 @@ type Receiver struct {
 	targets     []*recvTarget
 	resolved    bool
 	sentAt      time.Time
+	// peerFail is a producer's Failed STATUS, recorded synchronously by the
+	// control loop so that an accept running concurrently cannot turn the
+	// room into Success after it (one outcome).
+	peerFail    error
+	fenceCh     chan struct{} // closed once every producer is fenced
+	fenceOnce   sync.Once
+	closeOnce   sync.Once
+	closedCh    chan struct{}
 	remaining   int
 	requiredDst int
 	closed      bool
@@ -392,7 +415,8 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 		return nil, errors.New("engine: NewReceiver: bootstrap address is empty (want host:port)")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1}
+	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1,
+		fenceCh: make(chan struct{}), closedCh: make(chan struct{})}
 	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
 	if m.closed {
@@ -558,14 +582,16 @@ func (r *Receiver) run() {
 		if r.failLocal(err) {
 			// Producers already looked up learn the room's outcome now
 			// (e.g. a refused registration) instead of at their
-			// bootstrap timeout.
+			// bootstrap timeout; when none was, they are found as a
+			// matching decode would find them.
 			r.mu.Lock()
 			eps := r.resolvedEPs
 			r.mu.Unlock()
 			for _, ep := range eps {
-				if r.m.send(ep, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: err.Error()}).Encode(), true) == nil {
-					r.m.met.fence(RoleDecode, "abort_sent")
-				}
+				go r.m.sendVerdict(ep, r.room, false, err.Error(), 0)
+			}
+			if len(eps) == 0 {
+				r.abortUnresolved(err)
 			}
 		}
 		return
@@ -585,6 +611,15 @@ func (r *Receiver) run() {
 	r.mu.Unlock()
 	r.st.advance(KVTransferring)
 	for _, t := range ts {
+		// Mark the producer as told before telling it: a failure from now
+		// on waits for it to be fenced.
+		r.mu.Lock()
+		if p, _ := r.st.get(); p == KVFailed {
+			r.mu.Unlock()
+			return
+		}
+		t.sent = true
+		r.mu.Unlock()
 		msg := &TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
 			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix}
 		if t.extras {
@@ -604,14 +639,85 @@ func (r *Receiver) run() {
 	}
 }
 
-// succeed records the latency and moves to Success.
+// succeed runs ManagerConfig.VerifyKV, records the latency and moves the
+// room to Success (unless a producer's Failed STATUS came first, or it
+// already failed), then sends the verdict to every producer.
 func (r *Receiver) succeed() {
+	if vf := r.m.cfg.VerifyKV; vf != nil {
+		r.mu.Lock()
+		kv := ReceivedKV{Room: r.room, Pages: r.pages, PrefixTokens: r.prefix, AuxIndex: r.auxIndex}
+		r.mu.Unlock()
+		if err := vf(kv); err != nil {
+			r.failLocal(fmt.Errorf("engine: room %d: KV verification failed: %w", r.room, err))
+			return
+		}
+	}
 	r.mu.Lock()
+	if r.peerFail != nil {
+		err := r.peerFail
+		r.mu.Unlock()
+		r.failLocal(err)
+		return
+	}
 	if !r.sentAt.IsZero() && r.latency == 0 {
 		r.latency = time.Since(r.sentAt)
 	}
+	if !r.st.advance(KVSuccess) {
+		r.mu.Unlock()
+		return
+	}
+	ts := append([]*recvTarget(nil), r.targets...)
 	r.mu.Unlock()
-	r.st.advance(KVSuccess)
+	r.m.rememberVerdict(r.room, true, "")
+	for _, t := range ts {
+		go r.m.sendVerdict(t.endpoint, r.room, true, "", t.epoch)
+	}
+	r.updateFence()
+}
+
+// abortUnresolved tells the producers of a room that failed before any of
+// its producers was looked up (a refused pairing: kv_cache_dtype or page
+// size mismatch, ...) that the room failed, so that a prefill already
+// holding the request fails it now instead of at its bootstrap timeout. Best
+// effort: it finds the producers as a matching decode would.
+func (r *Receiver) abortUnresolved(cause error) {
+	m := r.m
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.mu.Lock()
+	inst := m.bcache[r.addr]
+	m.mu.Unlock()
+	if inst == nil || inst.info == nil {
+		return
+	}
+	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
+	if r.dpRank >= 0 {
+		dp, ok = r.dpRank, true
+	}
+	if !ok {
+		got, err := inst.client.QueryDPRanks(ctx, []uint64{r.room})
+		if err != nil {
+			return
+		}
+		if dp, ok = got[r.room]; !ok {
+			return
+		}
+	}
+	g := m.geo
+	// Page size and dtype left out (0, ""): not checked, so the refused
+	// pairing still yields the producers to tell.
+	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: g.TPSize, AttnTPRank: g.TPRank, AttnCPSize: 1,
+		PPSize: g.PPSize, PPRank: g.PPRank, IsMLA: g.MLA}, dp)
+	if err != nil {
+		return
+	}
+	for _, tr := range tg.Ranks {
+		ep, err := inst.rank(ctx, tr.Coord())
+		if err != nil {
+			continue
+		}
+		m.sendVerdict(ep, r.room, false, cause.Error(), 0)
+	}
 }
 
 func (r *Receiver) resolve() error {
@@ -682,11 +788,17 @@ func (r *Receiver) resolve() error {
 	r.tr.expectPeers(real)
 	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
 	for _, t := range ts {
-		ep, pg, err := m.ensureRegistered(ctx, t.endpoint)
-		if err != nil {
-			return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
+		var pg *Geometry
+		for try := 0; ; try++ {
+			ep, geo, err := m.ensureRegistered(ctx, t.endpoint)
+			if err != nil {
+				return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
+			}
+			t.epoch, pg = ep, geo
+			if try == 2 || !m.epochFencing(t.endpoint, ep) {
+				break // a registration being fenced is dropped: register again
+			}
 		}
-		t.epoch = ep
 		r.tr.peer(StepConnect, t.endpoint, "REGISTER_ACK")
 		if t.rank.Dummy {
 			continue
@@ -710,8 +822,13 @@ func (r *Receiver) resolve() error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// Known producers are told when the room fails, even before TRANSFER.
+	r.targets = ts
 	if r.closed {
 		return ErrManagerClosed
+	}
+	if p, err := r.st.get(); p == KVFailed {
+		return err
 	}
 	for _, t := range ts {
 		if t.rank.Dummy {
@@ -724,7 +841,7 @@ func (r *Receiver) resolve() error {
 		t.slot, t.gen = slot, gen
 		r.slots = append(r.slots, slot)
 	}
-	r.targets, r.remaining, r.requiredDst = ts, real, tg.RequiredDstInfoNum
+	r.remaining, r.requiredDst = real, tg.RequiredDstInfoNum
 	r.resolved = true
 	return nil
 }
@@ -740,38 +857,95 @@ func (r *Receiver) hasTarget(ep string) bool {
 	return false
 }
 
+// usesEpoch reports whether a producer of this room is (ep, epoch).
+func (r *Receiver) usesEpoch(ep string, epoch uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.targets {
+		if t.endpoint == ep && t.epoch == epoch {
+			return true
+		}
+	}
+	return false
+}
+
+// epochFenced marks the producers on the fenced data path (ep, epoch) fenced.
+func (r *Receiver) epochFenced(ep string, epoch uint64) {
+	r.mu.Lock()
+	hit := false
+	for _, t := range r.targets {
+		if t.endpoint == ep && t.epoch == epoch {
+			t.fenced, hit = true, true
+		}
+	}
+	r.mu.Unlock()
+	if hit {
+		r.updateFence()
+	}
+}
+
+// handleStatus (decode): a producer's STATUS. For a room that is closed, or
+// already decided, the producer gets the verdict again (it may have missed
+// it); a producer asking about a room this decode does not know is told the
+// room failed.
 func (m *Manager) handleStatus(v *StatusMsg) {
 	m.mu.Lock()
 	r := m.receivers[v.Room]
+	vd, known := m.verdicts[v.Room]
 	m.mu.Unlock()
-	if r == nil {
-		m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
+	if r != nil {
+		r.onStatus(v)
 		return
 	}
-	r.onStatus(v)
+	if v.State != KVSuccess {
+		return
+	}
+	if known {
+		go m.sendVerdict(v.Endpoint, v.Room, vd.ok, vd.reason, v.Epoch)
+		return
+	}
+	m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
+	go m.sendVerdict(v.Endpoint, v.Room, false, fmt.Sprintf("decode %s has no room %d (closed long ago, or never created here)", m.endpoint, v.Room), v.Epoch)
 }
 
 func (r *Receiver) onStatus(v *StatusMsg) {
 	r.mu.Lock()
 	var t *recvTarget
 	for _, c := range r.targets {
-		if c.endpoint == v.Endpoint && !c.rank.Dummy {
+		if c.endpoint == v.Endpoint {
 			t = c
 		}
 	}
+	p, ferr := r.st.get()
+	if t != nil && v.State == KVSuccess && !t.rank.Dummy && (v.Epoch == t.epoch || v.Epoch == 0) {
+		t.wrote = true // it writes nothing more for this room
+	}
+	if t != nil && v.State == KVFailed && p != KVFailed && r.peerFail == nil {
+		reason := v.Reason
+		if reason == "" {
+			reason = "Failed to get kvcache from prefill instance, it might be dead"
+		}
+		r.peerFail = peerFailed(fmt.Errorf("engine: room %d: prefill rank %d (%s) reported Failed: %s", r.room, v.Producer, v.Endpoint, reason))
+	}
+	peerFail := r.peerFail
 	r.mu.Unlock()
 	if t == nil {
 		r.tr.log(v.Endpoint).Warn("STATUS from a prefill that is not a producer of this room")
 		return
 	}
-	switch v.State {
-	case KVFailed:
-		reason := v.Reason
-		if reason == "" {
-			reason = "Failed to get kvcache from prefill instance, it might be dead"
+	switch {
+	case p == KVSuccess:
+		if v.State == KVSuccess { // it missed the verdict
+			go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
 		}
-		r.failLocal(peerFailed(fmt.Errorf("engine: room %d: prefill rank %d (%s) reported Failed: %s", r.room, v.Producer, v.Endpoint, reason)))
-	case KVSuccess:
+	case p == KVFailed:
+		if v.State == KVSuccess { // it missed the ABORT
+			go r.m.sendVerdict(v.Endpoint, r.room, false, ferr.Error(), t.epoch)
+		}
+		r.updateFence()
+	case v.State == KVFailed:
+		r.failLocal(peerFail)
+	case v.State == KVSuccess && !t.rank.Dummy:
 		r.tr.peer(StepTransfer, v.Endpoint, "STATUS Success")
 		go r.accept(t, v)
 	}
@@ -909,57 +1083,159 @@ func (r *Receiver) checkTimeout(now time.Time) {
 	}
 }
 
-// Abort fails the receiver (sticky) with ErrAborted and sends ABORT to every
-// producer so that they stop writing.
+// Abort fails the receiver (sticky) with ErrAborted; like every failure it
+// sends ABORT to every producer so that they stop writing.
 func (r *Receiver) Abort() {
-	r.abort("aborted by decode")
+	r.failLocal(fmt.Errorf("%w: room %d: aborted by the decode caller", ErrAborted, r.room))
 }
 
-func (r *Receiver) abort(reason string) {
-	if !r.failLocal(fmt.Errorf("%w: room %d: %s", ErrAborted, r.room, reason)) {
-		return
-	}
-	r.mu.Lock()
-	ts := r.targets
-	r.mu.Unlock()
-	for _, t := range ts {
-		if r.m.send(t.endpoint, (&AbortMsg{Room: r.room, Endpoint: r.m.endpoint, Reason: reason}).Encode(), true) == nil {
-			r.m.met.fence(RoleDecode, "abort_sent")
-		}
-	}
-}
-
+// failLocal makes the room Failed (unless it is already terminal), sends
+// ABORT with the reason to every known producer and starts fencing. It
+// reports whether the state changed.
 func (r *Receiver) failLocal(err error) bool {
 	if !r.st.fail(err, true) {
 		return false
 	}
 	r.cancel()
+	r.m.rememberVerdict(r.room, false, err.Error())
+	r.mu.Lock()
+	ts := append([]*recvTarget(nil), r.targets...)
+	r.mu.Unlock()
+	for _, t := range ts {
+		go r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch)
+	}
+	if !r.updateFence() {
+		r.m.wg.Add(1)
+		go r.fenceLoop()
+	}
 	return true
 }
 
-// Close releases the room and its metadata slots (an unfinished transfer is
-// aborted first). The caller may then reuse the destination pages. Idempotent.
+// onAbortAck: a producer will write nothing more for the room. A clean
+// acknowledgement fences it; an unclean one (a batch abandoned, the data path
+// broken) fences its data path.
+func (r *Receiver) onAbortAck(v *AbortAckMsg) {
+	r.mu.Lock()
+	var t *recvTarget
+	for _, c := range r.targets {
+		if c.endpoint == v.Endpoint && !c.rank.Dummy {
+			t = c
+		}
+	}
+	if t == nil || (v.Epoch != 0 && v.Epoch != t.epoch) {
+		r.mu.Unlock()
+		return
+	}
+	if v.Clean {
+		t.fenced = true
+	}
+	epoch, p := t.epoch, r.Poll()
+	r.mu.Unlock()
+	if p != KVFailed && p != KVSuccess {
+		// Its STATUS Failed went first on the same connection; this is
+		// only reached if the producer fenced itself without one.
+		r.failLocal(fmt.Errorf("%w: room %d: prefill rank %d (%s) stopped writing: %s", ErrAborted, r.room, t.producer, v.Endpoint, v.Detail))
+	}
+	if !v.Clean {
+		r.m.fenceEpochAsync(v.Endpoint, epoch, fmt.Sprintf("prefill rank %d reported an unclean abort of room %d: %s", t.producer, r.room, v.Detail))
+	}
+	r.updateFence()
+}
+
+// updateFence closes fenceCh once the room is terminal and every producer
+// that got TRANSFER is fenced (reported Success, acknowledged the abort
+// cleanly, or its data path was fenced). It reports whether it is closed.
+func (r *Receiver) updateFence() bool {
+	r.mu.Lock()
+	p, _ := r.st.get()
+	ok := p == KVSuccess || p == KVFailed
+	for _, t := range r.targets {
+		if ok && t.sent && !t.rank.Dummy && !t.wrote && !t.fenced {
+			ok = false
+		}
+	}
+	r.mu.Unlock()
+	if ok {
+		r.fenceOnce.Do(func() { close(r.fenceCh) })
+	}
+	return ok
+}
+
+// fenceLoop waits FenceTimeout for the producers' acknowledgements, then
+// fences the data path of every producer still unfenced.
+func (r *Receiver) fenceLoop() {
+	defer r.m.wg.Done()
+	t := time.NewTimer(r.m.cfg.FenceTimeout)
+	defer t.Stop()
+	select {
+	case <-r.fenceCh:
+		return
+	case <-r.m.done:
+		return
+	case <-t.C:
+	}
+	r.mu.Lock()
+	var late []*recvTarget
+	for _, t := range r.targets {
+		if t.sent && !t.rank.Dummy && !t.wrote && !t.fenced {
+			late = append(late, t)
+		}
+	}
+	r.mu.Unlock()
+	for _, t := range late {
+		r.m.fenceEpochAsync(t.endpoint, t.epoch, fmt.Sprintf("prefill rank %d did not acknowledge the abort of room %d within %s", t.producer, r.room, r.m.cfg.FenceTimeout))
+	}
+}
+
+// Fenced returns a channel closed when the room's destination pages and
+// metadata slot may be reused: the room succeeded, or it failed and every
+// producer that was sent TRANSFER is fenced (see Close).
+func (r *Receiver) Fenced() <-chan struct{} { return r.fenceCh }
+
+// Close releases the room: an unfinished transfer is aborted first (ABORT to
+// every producer). It returns when the caller may reuse the destination
+// pages, and then releases the metadata slots:
+//   - after Success: at once (every producer reported its last write);
+//   - after a failure: once every producer that was sent TRANSFER is
+//     fenced: it acknowledged the abort after its last write (normally
+//     within milliseconds), or, when no clean acknowledgement came within
+//     ManagerConfig.FenceTimeout (5 s by default), its data path was fenced
+//     by the transports. For tcp and rdma that takes no longer; for shm,
+//     whose sender maps this rank's memory, Close waits until that producer
+//     has no copy in progress or has exited (a producer stopped with SIGSTOP
+//     in the middle of a copy holds it until it is continued or killed).
+//
+// Close returns at once when the manager is closed. Idempotent; concurrent
+// calls all return when the first completes.
 func (r *Receiver) Close() {
 	if p := r.Poll(); p != KVSuccess && p != KVFailed {
 		r.Abort()
 	}
-	r.mu.Lock()
-	if r.closed {
+	r.closeOnce.Do(func() {
+		select {
+		case <-r.fenceCh:
+		case <-r.m.done:
+		}
+		r.mu.Lock()
+		r.closed = true
+		slots := r.slots
+		r.slots = nil
 		r.mu.Unlock()
-		return
-	}
-	r.closed = true
-	slots := r.slots
-	r.slots = nil
-	r.mu.Unlock()
-	r.cancel()
-	r.tr.event(StepConsume, "", "closed: pages and metadata slots released")
-	for _, s := range slots {
-		r.m.ring.Release(s)
-	}
-	r.m.mu.Lock()
-	if r.m.receivers[r.room] == r {
-		delete(r.m.receivers, r.room)
-	}
-	r.m.mu.Unlock()
+		r.cancel()
+		r.tr.event(StepConsume, "", "closed: pages and metadata slots released")
+		select {
+		case <-r.m.done: // the ring is going away with the manager
+		default:
+			for _, s := range slots {
+				r.m.ring.Release(s)
+			}
+		}
+		r.m.mu.Lock()
+		if r.m.receivers[r.room] == r {
+			delete(r.m.receivers, r.room)
+		}
+		r.m.mu.Unlock()
+		close(r.closedCh)
+	})
+	<-r.closedCh
 }

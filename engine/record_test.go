@@ -27,6 +27,23 @@ type editSeg struct {
 	t *recordEditor
 }
 
+// fenceOf forwards a test decorator's Fencer methods to the transport it
+// wraps (the decode admits and fences epochs through it).
+func fenceOf(t engine.Transport) engine.Fencer {
+	if f, ok := t.(engine.Fencer); ok {
+		return f
+	}
+	return nil
+}
+
+func (r *recordEditor) AdmitEpoch(peer string, epoch uint64) error {
+	return fenceOf(r.Transport).AdmitEpoch(peer, epoch)
+}
+
+func (r *recordEditor) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+	return fenceOf(r.Transport).FenceEpoch(ctx, peer, epoch)
+}
+
 func (r *recordEditor) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
 	s, err := r.Transport.OpenSegment(ctx, info)
 	if err != nil {

@@ -93,6 +93,14 @@ func (h *handshakeTransport) Capabilities() engine.Caps {
 	return h.Transport.Capabilities() | engine.CapHandshake
 }
 
+func (h *handshakeTransport) AdmitEpoch(peer string, epoch uint64) error {
+	return fenceOf(h.Transport).AdmitEpoch(peer, epoch)
+}
+
+func (h *handshakeTransport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+	return fenceOf(h.Transport).FenceEpoch(ctx, peer, epoch)
+}
+
 func (h *handshakeTransport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
 	s, err := h.Transport.OpenSegment(ctx, info)
 	if err != nil {

@@ -20,9 +20,35 @@ type decodePeer struct {
 	seg       Segment
 	ready     chan struct{} // closed when seg is usable or err is set
 	err       error
-	mu        sync.Mutex // guards seg, offer and closed until ready
+	mu        sync.Mutex // guards seg, offer, closed and broken
 	closed    bool
 	readyOnce sync.Once
+	// broken says why the data path can no longer be trusted (a batch was
+	// abandoned in flight, or the transport lost the receiver): the segment
+	// is closed, later TRANSFERs of this registration are refused, and the
+	// decode is told to fence the epoch and register again.
+	broken string
+}
+
+// breakPath marks the data path broken (first reason wins) and closes its
+// segment in the background (a tcp segment waits for its stream goroutines).
+func (p *decodePeer) breakPath(why string) {
+	p.mu.Lock()
+	first := p.broken == ""
+	if first {
+		p.broken = why
+	}
+	p.mu.Unlock()
+	if first {
+		go p.close()
+	}
+}
+
+// brokenReason returns why the data path is broken ("" when it is not).
+func (p *decodePeer) brokenReason() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.broken
 }
 
 // markReady sets the connection outcome once and releases the waiters.
@@ -160,23 +186,30 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 	p := m.dpeers[v.Endpoint]
 	s := m.senders[v.Room]
 	m.mu.Unlock()
-	reject := func(reason string) {
+	// reject fails the decode's room; clean false tells the decode to fence
+	// the epoch and register again (nothing was written for this room).
+	reject := func(reason string, clean bool) {
 		m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 		go func() {
 			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+			_ = m.send(v.Endpoint, (&AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason}).Encode(), false)
 		}()
 	}
 	if p == nil {
-		reject("prefill got TRANSFER before REGISTER from " + v.Endpoint)
+		reject("prefill got TRANSFER before REGISTER from "+v.Endpoint+" (this prefill lost the registration; the decode registers again)", false)
 		return
 	}
 	if v.Epoch != p.reg.Epoch {
-		reject(fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode's registration here is epoch %d (stale; the decode registers again)", v.Epoch, p.reg.Epoch))
+		reject(fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode's registration here is epoch %d (stale; the decode registers again)", v.Epoch, p.reg.Epoch), false)
+		return
+	}
+	if why := p.brokenReason(); why != "" {
+		reject(fmt.Sprintf("the data path of registration epoch %d is broken (%s); the decode registers again", v.Epoch, why), false)
 		return
 	}
 	if !v.Dummy {
 		if err := checkTransfer(v, &p.reg.Geometry, p.reg.RingSlots); err != nil {
-			reject(fmt.Sprintf("decode %s: %v", v.Endpoint, err))
+			reject(fmt.Sprintf("decode %s: %v", v.Endpoint, err), true)
 			return
 		}
 	}
@@ -363,9 +396,13 @@ type TransferMetric struct {
 // Sender is the prefill side of one request (SGLang's KVSender): it waits for
 // required_dst_info_num TRANSFER frames (Bootstrapping → WaitingForInput),
 // then Send writes the pages, with the last chunk the aux row and state
-// slots, then the metadata record, then STATUS (Transferring → Success). Any
-// error makes it Failed (sticky) and sends a Failed STATUS to every
-// non-dummy destination. Safe for concurrent use.
+// slots, then the metadata record, then STATUS Success (Transferring); it
+// reaches Success when every decode destination has verified the room and
+// said so (its verdict), so the prefill never reports Success for a room a
+// decode failed. Any error makes it Failed (sticky), stops its writes and
+// sends a Failed STATUS to every destination, then ABORT_ACK once no
+// transfer batch of the room is in flight; an ABORT from a decode fails it
+// the same way ("aborted by decode …"). Safe for concurrent use.
 type Sender struct {
 	m       *Manager
 	room    uint64
@@ -389,7 +426,17 @@ type Sender struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 	finished chan struct{}
-	statusTo map[string]bool
+	statusTo map[string]bool // STATUS Success sent
+	failTold map[string]bool // STATUS Failed (and ABORT_ACK) sent or queued
+	verdicts map[string]bool // decode endpoints whose Success verdict arrived
+	// written: every page and record landed and STATUS Success went to
+	// every destination; awaitSince/lastAsk time the wait for verdicts.
+	written    bool
+	awaitSince time.Time
+	lastAsk    time.Time
+	// unclean says why a transfer batch may still land or the data path
+	// broke ("" when every batch ended on a healthy data path).
+	unclean string
 	// sent counts the KV bytes written to destinations by completed
 	// transfer batches (the metadata record not included); auxSent the aux
 	// and state bytes.
@@ -412,7 +459,8 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1, auxIndex: -1,
-		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{}}
+		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{},
+		failTold: map[string]bool{}, verdicts: map[string]bool{}}
 	s.tr = m.newRoomTrace(room, s.st)
 	m.mu.Lock()
 	if m.closed {
@@ -639,12 +687,22 @@ func (s *Sender) tokenMismatchLocked() error {
 
 func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	s.mu.Lock()
-	if s.closed {
+	d := &senderDst{msg: v, peer: p}
+	if st, err := s.st.get(); st == KVFailed || s.closed {
+		// Too late: tell this decode at once.
+		if err == nil {
+			err = fmt.Errorf("%w: room %d: the prefill closed the room", ErrAborted, s.room)
+		}
+		if !s.failTold[v.Endpoint] {
+			s.failTold[v.Endpoint] = true
+			go s.notifyFailed([]*senderDst{d}, err)
+		}
 		s.mu.Unlock()
 		return
 	}
-	s.dsts[v.Endpoint] = &senderDst{msg: v, peer: p}
+	s.dsts[v.Endpoint] = d
 	s.tr.note(StepConnect, v.Endpoint, "TRANSFER received")
+
 	if s.required == 0 || v.RequiredDstInfoNum > s.required {
 		s.required = v.RequiredDstInfoNum
 	}
@@ -797,21 +855,30 @@ func (s *Sender) Abort() {
 }
 
 // Close releases the room on this rank (a new Sender for it may then be
-// created); an unfinished transfer is aborted first. Idempotent.
+// created); an unfinished transfer is aborted first. It returns once no
+// transfer batch of the room reads the source pages any more (at most about
+// 2 s after the abort: a batch that ignores cancellation that long is
+// abandoned and its data path torn down), so the caller may then reuse them.
+// Idempotent.
 func (s *Sender) Close() {
 	if p := s.Poll(); p != KVSuccess && p != KVFailed {
 		s.Abort()
 	}
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return
-	}
+	already := s.closed
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
+	<-s.finished
+	if already {
+		return
+	}
 	s.tr.event(StepConsume, "", "closed")
+	clean, detail := s.cleanState()
 	s.m.mu.Lock()
+	if s.Poll() == KVFailed {
+		s.m.recent[s.room] = ackMemo{clean: clean, detail: detail, at: time.Now()}
+	}
 	if s.m.senders[s.room] == s {
 		delete(s.m.senders, s.room)
 	}
@@ -822,8 +889,9 @@ func (s *Sender) Close() {
 // destinations still reachable.
 func (s *Sender) failLocal(err error) { s.fail(err) }
 
-// fail makes the sender Failed (unless already terminal) and reports whether
-// it changed.
+// fail makes the sender Failed (unless already terminal), stops its writes
+// and tells every destination (STATUS Failed, then ABORT_ACK once the
+// worker stopped). It reports whether the state changed.
 func (s *Sender) fail(err error) bool {
 	if !s.st.fail(err, true) {
 		return false
@@ -832,18 +900,128 @@ func (s *Sender) fail(err error) bool {
 	s.mu.Lock()
 	var ds []*senderDst
 	for ep, d := range s.dsts {
-		if !d.msg.Dummy && !s.statusTo[ep] {
-			s.statusTo[ep] = true
+		if !s.failTold[ep] {
+			s.failTold[ep] = true
+			ds = append(ds, d)
+		}
+	}
+	s.mu.Unlock()
+	if len(ds) > 0 {
+		go s.notifyFailed(ds, err)
+	}
+	return true
+}
+
+// notifyFailed tells destinations the room failed here: STATUS Failed at
+// once, then, once no transfer batch of the room is in flight (the worker
+// stopped), ABORT_ACK to each real destination saying whether the data path
+// stayed clean. One goroutine, so the decode gets them in that order.
+func (s *Sender) notifyFailed(ds []*senderDst, err error) {
+	for _, d := range ds {
+		if e := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
+			s.m.log.Debug("STATUS Failed not sent", "room", s.room, "decode", d.msg.Endpoint, "err", e)
+		}
+	}
+	<-s.finished
+	clean, detail := s.cleanState()
+	for _, d := range ds {
+		if !d.msg.Dummy {
+			_ = s.m.send(d.msg.Endpoint, (&AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail}).Encode(), false)
+		}
+	}
+}
+
+// cleanState reports whether every transfer batch of the room ended on a
+// healthy data path (so nothing is still on its way), and if not why.
+func (s *Sender) cleanState() (bool, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unclean == "", s.unclean
+}
+
+// markUnclean records that a batch may still land, or the data path broke;
+// the destination's data path is broken so the decode fences it.
+func (s *Sender) markUnclean(p *decodePeer, why string) {
+	s.mu.Lock()
+	if s.unclean == "" {
+		s.unclean = why
+	}
+	s.mu.Unlock()
+	p.breakPath(why)
+}
+
+// dstEpoch returns the epoch of destination ep (def when it is none).
+func (s *Sender) dstEpoch(ep string, def uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.dsts[ep]; d != nil {
+		return d.msg.Epoch
+	}
+	return def
+}
+
+// onVerdict records a decode's Success verdict; the sender succeeds when
+// every destination has given one after the transfer was written.
+func (s *Sender) onVerdict(ep string) {
+	s.mu.Lock()
+	if _, ok := s.dsts[ep]; ok {
+		s.verdicts[ep] = true
+	}
+	s.mu.Unlock()
+	s.maybeSucceed()
+}
+
+func (s *Sender) maybeSucceed() {
+	s.mu.Lock()
+	ok := s.written && len(s.dsts) > 0
+	for ep := range s.dsts {
+		if !s.verdicts[ep] {
+			ok = false
+		}
+	}
+	s.mu.Unlock()
+	if ok {
+		s.st.advance(KVSuccess)
+	}
+}
+
+// verdictAsk is how often a sender that wrote everything asks again for the
+// verdicts it has not received (the decode may have missed its STATUS, or
+// the verdict was lost with a dropped connection).
+const verdictAsk = time.Second
+
+// askVerdict re-sends STATUS Success to the destinations whose verdict is
+// missing, at most every verdictAsk.
+func (s *Sender) askVerdict(now time.Time) {
+	if s.Poll() != KVTransferring {
+		return
+	}
+	s.mu.Lock()
+	if !s.written || now.Sub(s.lastAsk) < verdictAsk {
+		s.mu.Unlock()
+		return
+	}
+	s.lastAsk = now
+	var ds []*senderDst
+	for ep, d := range s.dsts {
+		if !s.verdicts[ep] {
 			ds = append(ds, d)
 		}
 	}
 	s.mu.Unlock()
 	for _, d := range ds {
 		go func() {
-			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false)
+			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), true)
 		}()
 	}
-	return true
+}
+
+// awaitingVerdict reports whether the transfer is written and only the
+// decode's verdict is missing.
+func (s *Sender) awaitingVerdict() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written
 }
 
 func (s *Sender) checkTimeout(now time.Time) {
@@ -853,6 +1031,19 @@ func (s *Sender) checkTimeout(now time.Time) {
 		n, req := len(s.dsts), s.required
 		s.mu.Unlock()
 		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (raise SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1)))
+		return
+	}
+	s.mu.Lock()
+	waiting := s.written && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout
+	var missing []string
+	for ep := range s.dsts {
+		if !s.verdicts[ep] {
+			missing = append(missing, ep)
+		}
+	}
+	s.mu.Unlock()
+	if p == KVTransferring && waiting {
+		s.fail(fmt.Errorf("%w: room %d: every page and the metadata record landed, but decode %v gave no verdict within %s (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the decode)", ErrTimeout, s.room, missing, s.m.cfg.WaitingTimeout))
 	}
 }
 
@@ -906,12 +1097,14 @@ func (s *Sender) worker() {
 				}
 				s.tr.note(StepVerify, d.msg.Endpoint, "STATUS Success sent")
 			}
+			now := time.Now()
 			s.mu.Lock()
 			if !s.started.IsZero() {
 				s.latency = time.Since(s.started)
 			}
+			s.written, s.awaitSince, s.lastAsk = true, now, now
 			s.mu.Unlock()
-			s.st.advance(KVSuccess)
+			s.maybeSucceed()
 			return
 		}
 	}
@@ -928,6 +1121,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		return s.Failure()
 	}
 	if p.err != nil {
+		s.markUnclean(p, "the data path to the decode could not be opened: "+p.err.Error())
 		return p.err
 	}
 	dstPages := d.msg.Pages[offset : offset+len(c.pages)]
@@ -1056,12 +1250,26 @@ func (s *Sender) extrasChecksum(d *senderDst, crc uint32) (uint32, error) {
 	return crc, nil
 }
 
+// cancelWait bounds how long run waits for a canceled batch to end; a batch
+// still in flight after it is abandoned and its data path torn down.
+const cancelWait = 2 * time.Second
+
+// pathLost reports whether a batch error means the data path itself failed
+// (bytes may still be in the transport's buffers on their way, or the
+// receiver fenced us), as opposed to a refused or canceled write.
+func pathLost(err error) bool {
+	return errors.Is(err, ErrPeerLost) || errors.Is(err, ErrClosed) || errors.Is(err, ErrFenced)
+}
+
 func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 	if len(b.Requests) == 0 {
 		return nil
 	}
 	id, err := p.seg.Submit(s.ctx, b)
 	if err != nil {
+		if pathLost(err) {
+			s.markUnclean(p, "submit: "+err.Error())
+		}
 		return fmt.Errorf("engine: room %d: submit %d writes (%d bytes) to decode %s over %s: %w", s.room, len(b.Requests), b.Bytes(), p.reg.Endpoint, p.offer.Name, err)
 	}
 	defer p.seg.Release(id)
@@ -1070,9 +1278,15 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 	st, err = p.seg.Wait(s.ctx, id)
 	if err != nil || !st.State.Terminal() {
 		_ = p.seg.Cancel(id)
-		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		wctx, cancel := context.WithTimeout(context.Background(), cancelWait)
 		st, _ = p.seg.Wait(wctx, id)
 		cancel()
+		switch {
+		case !st.State.Terminal():
+			s.markUnclean(p, fmt.Sprintf("a transfer batch of %d bytes was still in flight %s after it was canceled", b.Bytes(), cancelWait))
+		case st.State == BatchFailed && pathLost(st.Err):
+			s.markUnclean(p, st.Err.Error())
+		}
 		if ferr := s.Failure(); ferr != nil {
 			return ferr
 		}
@@ -1085,6 +1299,9 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 	case BatchCompleted:
 		return nil
 	default:
+		if pathLost(st.Err) {
+			s.markUnclean(p, st.Err.Error())
+		}
 		return fmt.Errorf("engine: room %d: transfer batch to decode %s over %s %s after %d of %d bytes: %w", s.room, p.reg.Endpoint, p.offer.Name, st.State, st.BytesDone, b.Bytes(), st.Err)
 	}
 }

@@ -206,6 +206,36 @@ type Acceptor interface {
 	Accept(ctx context.Context, peer string, reply []byte) error
 }
 
+// Fencer is implemented by transports whose receiving side can fence a data
+// path: cut one sender's segment so that nothing it writes lands any more,
+// even a write the sender (stalled, or unaware) posts later. The KV manager
+// of a decode admits the epoch of every registration (NewEpoch) before it
+// sends REGISTER, and fences it when a producer of a failed room does not
+// acknowledge the abort in time, reports an unclean abort, or is lost; the
+// room's destination pages and metadata slot are reused only after that.
+//
+// How each transport fences: tcp closes the epoch's inbound connections and
+// waits until no receive into memory is in progress, then refuses the epoch;
+// rdma moves the peer's QPs to the error state and destroys them (the next
+// registration creates new ones); shm, which cannot revoke a sender's
+// mapping, raises a flag the sender checks before every copy and waits until
+// the sender has no copy in progress or its process has exited.
+type Fencer interface {
+	// AdmitEpoch lets segments that the sender named peer (the peer string
+	// given to Endpoint) opens with SegmentInfo.Epoch == epoch (>= 1) write
+	// into this node's regions until FenceEpoch. Errors: epoch 0, a closed
+	// transport, no room for another admitted epoch.
+	AdmitEpoch(peer string, epoch uint64) error
+	// FenceEpoch cuts the data path of epoch: when it returns nil, no byte
+	// written through a segment of that epoch lands in this node's memory
+	// any more, now or later, and segments opened with it are refused. It
+	// blocks until that holds or ctx ends; then it returns an error wrapping
+	// ctx's error (for shm: a sender stopped in the middle of a copy), and
+	// the caller keeps the memory quarantined and calls it again. Fencing an
+	// epoch never admitted, or already fenced, returns nil.
+	FenceEpoch(ctx context.Context, peer string, epoch uint64) error
+}
+
 // Segment is a sender's connection to one receiver's regions.
 //
 // Cancel is best effort: after Cancel, keep polling until the batch reaches a
@@ -251,4 +281,9 @@ var (
 	ErrUnsupportedMemory = errors.New("memory kind not supported by this transport")
 	// ErrUnavailable: the transport cannot run on this host (no device, ...).
 	ErrUnavailable = errors.New("transport unavailable on this host")
+	// ErrFenced: the receiver fenced this data path (Fencer.FenceEpoch), or
+	// never admitted its epoch; the segment cannot write any more. Errors
+	// wrapping it also wrap ErrPeerLost, so callers that only know ErrPeerLost
+	// treat it as a lost peer.
+	ErrFenced = errors.New("data path fenced by the receiver")
 )

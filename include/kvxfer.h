@@ -820,7 +820,11 @@ KVX_API int kvx_kv_metric(kvx_room_t room, kvx_transfer_metric *out);
 KVX_API int kvx_kv_set_tokens(kvx_room_t room, uint32_t tokens);
 #endif
 
-/* Sender or receiver: the current KVPoll state (kvx_kvpoll) in *state.
+/* A room has one outcome on both sides: a prefill sender reaches SUCCESS
+ * only after every decode destination verified the room and said so; any
+ * failure on either side reaches the other (ABORT / STATUS) and fails the
+ * room there too ("aborted by decode: <reason>").
+ * Sender or receiver: the current KVPoll state (kvx_kvpoll) in *state.
  * Non-blocking. When the state is FAILED, the return value is still KVX_OK
  * and kvx_kv_failure tells why. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
@@ -849,6 +853,18 @@ KVX_API int kvx_kv_abort(kvx_room_t room);
 #endif
 
 /* Forget the room (aborting it if not terminal) and free the handle.
+ * DECODE: when it returns, the room's destination pages may be reused (and
+ * its metadata slot is released). After SUCCESS that is at once. After a
+ * failure it waits until every producer that was asked for the room is
+ * fenced: it acknowledged the abort after its last write (normally within
+ * milliseconds), or, when no clean acknowledgement came within the fence
+ * timeout (5 s), its data path was cut by the transport (tcp: connections
+ * closed; rdma: QPs moved to the error state; shm: waits until the producer
+ * has no copy in progress or has exited, so a producer stopped with SIGSTOP
+ * in the middle of a copy holds the pages until it is continued or killed).
+ * Do not hand the pages back to your allocator before it returns; call it
+ * from a thread that may block that long. PREFILL: returns once no transfer
+ * batch of the room reads its source pages (about 2 s at most).
  * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_close(kvx_room_t room);

@@ -42,6 +42,7 @@ type roleFlags struct {
 	bootstrapTimeout time.Duration
 	waitingTimeout   time.Duration
 	peerTimeout      time.Duration
+	fenceTimeout     time.Duration
 	checksum         bool
 	verify           bool
 	fill             bool
@@ -80,6 +81,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
 		fs.IntVar(&f.prefixBlocks, "prefix-cache-blocks", 0, "keep the KV of up to this many prompt blocks (named by a request's hash_ids chain) and ask producers only for what follows the longest held prefix (SGLang decode_prefix_len); the KV buffers grow by this many blocks; 0 = off")
 		fs.IntVar(&f.blockTokens, "prefix-block-tokens", workload.DefaultBlockTokens, "tokens per hash_ids block (512 in the Mooncake traces; a whole number of pages)")
+		fs.DurationVar(&f.fenceTimeout, "fence-timeout", engine.DefaultFenceTimeout, "how long a failed request waits for its producers to acknowledge the abort before their data path is cut; its pages are reused only after that")
 	}
 	fs.IntVar(&f.auxRows, "aux-rows", 1024, "rows of each aux (metadata) buffer: requests in flight at once on this rank")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(workload.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
@@ -140,6 +142,8 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--bootstrap-timeout %s and --waiting-timeout %s must both be > 0", f.bootstrapTimeout, f.waitingTimeout)
 	case f.peerTimeout <= 0:
 		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
+	case f.fenceTimeout < 0:
+		return fmt.Errorf("--fence-timeout %s: must be > 0", f.fenceTimeout)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	case f.auxRows < 1 || f.auxRows > 1<<20:
@@ -325,7 +329,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		PeerTimeout: f.peerTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
+		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
 		// the shm transport can share it by fd either way.
@@ -333,6 +337,9 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
 		cfg.FreePages = pool.FreePages
+		if f.verify {
+			cfg.VerifyKV = verifyKV(pool, f.pageSize)
+		}
 	}
 	obs, err := setupObservability(ctx, role, &f.obs)
 	if err != nil {
@@ -400,14 +407,18 @@ loop:
 			go func() {
 				defer wg.Done()
 				var r replyLine
+				release := func() {}
 				switch {
 				case in.err != nil:
 					r = replyLine{Error: fmt.Sprintf("line %d: %v", in.n, in.err)}
 				case role == engine.RolePrefill:
 					r = prefillOne(ctx, m, pool, rows, f, in.q)
 				default:
-					r = decodeOne(ctx, m, pool, rows, lease, f, in.q)
+					r, release = decodeOne(ctx, m, pool, rows, lease, f, in.q)
 				}
+				// The result goes out first; a failed room's pages come
+				// back only once its producers are fenced.
+				defer release()
 				r.Role, r.TPRank, r.PPRank, r.Line = role.String(), layout.TPRank, layout.PPRank, in.n
 				if in.hasRoom {
 					r.Room = new(in.q.Room)
@@ -678,7 +689,9 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 			break
 		}
 	}
-	wctx, cancel = context.WithTimeout(ctx, f.waitingTimeout)
+	// Success needs the decode's verdict; the engine bounds that wait by
+	// the waiting timeout, this bound is only a backstop.
+	wctx, cancel = context.WithTimeout(ctx, 2*f.waitingTimeout+5*time.Second)
 	st = s.Wait(wctx, engine.KVSuccess)
 	cancel()
 	t1 := time.Now()
@@ -688,7 +701,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		if err := s.Failure(); err != nil {
 			return fail(err)
 		}
-		return fail(fmt.Errorf("room %d: sender still %s after the waiting timeout", q.Room, st))
+		return fail(fmt.Errorf("room %d: sender still %s after twice the waiting timeout", q.Room, st))
 	}
 	mt := s.TransferMetric()
 	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
@@ -698,10 +711,20 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 
 // decodeOne receives one request. With a prefix cache lease it asks only
 // for the pages after the held prefix and, once Success, waits for the
-// prefix blocks' own requests so the whole prompt is verified.
-func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, lease *workload.Lease, f *roleFlags, q requestLine) (out replyLine) {
+// prefix blocks' own requests so the whole prompt is verified. It returns the
+// result line and release, which closes the receiver and frees the
+// destination pages and aux row: for a failed room that waits until every
+// producer is fenced (engine.Receiver.Close), so the caller prints the result
+// first.
+func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, lease *workload.Lease, f *roleFlags, q requestLine) (out replyLine, release func()) {
 	n := m.PagesForTokens(q.Tokens)
-	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
+	var frees []func() // run in reverse order by release
+	release = func() {
+		for i := len(frees) - 1; i >= 0; i-- {
+			frees[i]()
+		}
+	}
+	fail := func(err error) (replyLine, func()) { return replyLine{Error: err.Error(), Pages: n}, release }
 	addr := q.Bootstrap
 	if addr == "" {
 		addr = f.bootstrap
@@ -711,13 +734,13 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 	var err error
 	prefix := 0
 	if lease != nil {
-		defer func() { lease.Finish(out.OK) }()
+		frees = append(frees, func() { lease.Finish(out.OK) })
 		prefix = lease.PrefixTokens
 		pages, err = lease.Pages(ctx, alloc)
 	} else {
 		pages, err = alloc(n)
 		if err == nil {
-			defer pool.Free(pages)
+			frees = append(frees, func() { pool.Free(pages) })
 		}
 	}
 	if err != nil {
@@ -728,12 +751,15 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 	if err != nil {
 		return fail(err)
 	}
-	defer rows.Free(aux)
+	frees = append(frees, func() { rows.Free(aux) })
 	r, err := m.NewReceiver(addr, q.Room)
 	if err != nil {
 		return fail(err)
 	}
-	defer r.Close()
+	frees = append(frees, r.Close)
+	if f.verify {
+		defer verifyTimes.Delete(q.Room)
+	}
 	t0 := time.Now()
 	if err := r.SetTokens(q.Tokens); err != nil {
 		return fail(err)
@@ -765,26 +791,49 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 		}
 	}
 	if f.verify {
+		// This room's pages and aux row were checked inside the engine,
+		// before the verdict (so a failure fails the prefill too); the
+		// held prefix blocks carry their own requests' pattern at the same
+		// token positions and are checked here.
 		t := time.Now()
-		// The whole prompt: held prefix blocks carry their own requests'
-		// pattern at the same token positions, the rest this room's.
-		{
-			for _, sg := range segs {
-				if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
-					return fail(fmt.Errorf("held prefix block: %w", err))
-				}
+		for _, sg := range segs {
+			if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
+				return fail(fmt.Errorf("held prefix block: %w", err))
 			}
 		}
-		if err := workload.VerifyPattern(pool, q.Room, pages[held:], held); err != nil {
-			return fail(err)
-		}
-		if err := workload.VerifyAux(pool, q.Room, int(aux[0])); err != nil {
-			return fail(err)
-		}
-		out.VerifyUS = time.Since(t).Microseconds()
+		out.VerifyUS = verifyUS(q.Room) + time.Since(t).Microseconds()
 	}
 	out.OK = true
-	return out
+	return out, release
+}
+
+// verifyTimes holds how long --verify took per room (the check runs inside
+// the engine, before the decode's verdict, so that a room that fails it
+// fails on the prefill too).
+var verifyTimes sync.Map
+
+// verifyKV is the engine's VerifyKV hook for --verify: the test pattern of
+// the room's pages (after its prefix) and of its aux row.
+func verifyKV(pool *workload.KVBuffers, pageSize int) func(engine.ReceivedKV) error {
+	return func(kv engine.ReceivedKV) error {
+		t := time.Now()
+		defer func() { verifyTimes.Store(kv.Room, time.Since(t).Microseconds()) }()
+		if err := workload.VerifyPattern(pool, kv.Room, kv.Pages, kv.PrefixTokens/pageSize); err != nil {
+			return err
+		}
+		if kv.AuxIndex >= 0 {
+			return workload.VerifyAux(pool, kv.Room, kv.AuxIndex)
+		}
+		return nil
+	}
+}
+
+// verifyUS returns (and forgets) how long --verify took for room, µs.
+func verifyUS(room uint64) int64 {
+	if v, ok := verifyTimes.LoadAndDelete(room); ok {
+		return v.(int64)
+	}
+	return 0
 }
 
 // parseDevice parses --device (engine.ParseLocation): host memory gives

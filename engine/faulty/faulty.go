@@ -25,7 +25,22 @@
 //   - FailRegisterAfter(n): RegisterMemory number n+1, ... fails;
 //   - FailInstall(): OpenSegment fails (the segment cannot be installed);
 //   - FailWith(err): the engine error the injected failures wrap besides
-//     ErrInjected (default engine.ErrPeerLost).
+//     ErrInjected (default engine.ErrPeerLost);
+//   - DelayWrites(d): a slow writer: every batch is handed to the wrapped
+//     segment only d after its Submit, so its bytes land late (Cancel before
+//     then drops it, as a live sender would);
+//   - StallAfter(n), or Stall() at any time: a stopped producer: Submit
+//     number n+1, ... is held, and Cancel does not release it (a process
+//     stopped with SIGSTOP does not process cancellations); Resume() hands
+//     every held batch to the wrapped segment, so their bytes land then,
+//     stale, unless the receiver fenced the data path;
+//   - KillMidBatch(k...): Submit number k hands the first half of its
+//     requests to the wrapped segment and then closes it (a producer dying
+//     in the middle of a batch): the batch fails, and so does every later
+//     batch of that segment.
+//
+// DropControl builds a filter for engine.ManagerConfig.ControlFault that
+// drops control messages (lost on a dropped connection).
 //
 // Every injected error wraps ErrInjected and the FailWith error, and says
 // which knob fired. The decorator is safe for concurrent use; Close closes
@@ -56,6 +71,9 @@ type config struct {
 	registerAfter int64 // -1 = off
 	failInstall   bool
 	failWith      error
+	delayWrites   time.Duration
+	stallAfter    int64 // -1 = off
+	killMid       map[int64]bool
 }
 
 // Option sets one knob.
@@ -99,6 +117,25 @@ func FailRegisterAfter(n int) Option { return func(c *config) { c.registerAfter 
 // FailInstall makes every OpenSegment fail.
 func FailInstall() Option { return func(c *config) { c.failInstall = true } }
 
+// DelayWrites hands each batch to the wrapped segment d after its Submit:
+// the batch's bytes land late (a slow writer). A Cancel before then drops
+// the batch (BatchCanceled, nothing written).
+func DelayWrites(d time.Duration) Option { return func(c *config) { c.delayWrites = d } }
+
+// StallAfter holds every Submit after the first n until Resume, ignoring
+// Cancel (a stopped producer); see Transport.Stall.
+func StallAfter(n int) Option { return func(c *config) { c.stallAfter = int64(n) } }
+
+// KillMidBatch makes the listed Submit numbers (1-based) send only the first
+// half of their requests and then close the wrapped segment.
+func KillMidBatch(submits ...int) Option {
+	return func(c *config) {
+		for _, k := range submits {
+			c.killMid[int64(k)] = true
+		}
+	}
+}
+
 // FailWith sets the engine error injected failures wrap (besides
 // ErrInjected); default engine.ErrPeerLost.
 func FailWith(err error) Option { return func(c *config) { c.failWith = err } }
@@ -113,6 +150,11 @@ type Transport struct {
 	submits   atomic.Int64
 	registers atomic.Int64
 
+	// gate is closed by Resume; Submits held by StallAfter/Stall wait on it.
+	gateMu  sync.Mutex
+	gate    chan struct{}
+	stalled bool
+
 	mu        sync.Mutex
 	scratch   *engine.HostBuffer // source of corrupting writes
 	scratchID engine.RegionID
@@ -124,16 +166,55 @@ var (
 	_ engine.Transport   = (*Transport)(nil)
 	_ engine.Acceptor    = (*Transport)(nil)
 	_ engine.RegionAdder = (*segment)(nil)
+	_ engine.Fencer      = (*Transport)(nil)
 )
 
 // Wrap returns inner decorated with the given knobs. With no options it is a
 // transparent pass-through.
 func Wrap(inner engine.Transport, opts ...Option) *Transport {
-	c := config{rejectAfter: -1, failAfter: -1, registerAfter: -1, flip: map[int64]bool{}, corrupt: map[int64]bool{}, failWith: engine.ErrPeerLost}
+	c := config{rejectAfter: -1, failAfter: -1, registerAfter: -1, stallAfter: -1, flip: map[int64]bool{}, corrupt: map[int64]bool{},
+		killMid: map[int64]bool{}, failWith: engine.ErrPeerLost}
 	for _, o := range opts {
 		o(&c)
 	}
-	return &Transport{inner: inner, cfg: c, local: map[engine.RegionID]engine.Memory{}}
+	return &Transport{inner: inner, cfg: c, local: map[engine.RegionID]engine.Memory{}, gate: make(chan struct{})}
+}
+
+// Stall makes every later Submit be held until Resume (a producer stopped
+// now); Cancel does not release a held batch.
+func (t *Transport) Stall() {
+	t.gateMu.Lock()
+	defer t.gateMu.Unlock()
+	if !t.stalled {
+		t.stalled = true
+		t.gate = make(chan struct{})
+	}
+}
+
+// Resume hands every held batch to the wrapped segment (their bytes land
+// now, unless the receiver fenced the data path) and stops holding.
+func (t *Transport) Resume() {
+	t.gateMu.Lock()
+	defer t.gateMu.Unlock()
+	t.cfg.stallAfter = -1
+	if t.stalled {
+		t.stalled = false
+		close(t.gate)
+	}
+}
+
+// holdGate returns the channel a Submit numbered n must wait on, or nil.
+func (t *Transport) holdGate(n int64) <-chan struct{} {
+	t.gateMu.Lock()
+	defer t.gateMu.Unlock()
+	if !t.stalled && t.cfg.stallAfter >= 0 && n > t.cfg.stallAfter {
+		t.stalled = true
+		t.gate = make(chan struct{})
+	}
+	if t.stalled {
+		return t.gate
+	}
+	return nil
 }
 
 // Unwrap returns the wrapped transport.
@@ -186,6 +267,24 @@ func (t *Transport) Accept(ctx context.Context, peer string, reply []byte) error
 		return fmt.Errorf("faulty: accept from %s: transport %s has no handshake (no engine.Acceptor)", peer, t.inner.Name())
 	}
 	return a.Accept(ctx, peer, reply)
+}
+
+// AdmitEpoch forwards to the wrapped transport (an error if it cannot fence).
+func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
+	f, ok := t.inner.(engine.Fencer)
+	if !ok {
+		return fmt.Errorf("faulty: admit epoch %d: transport %s cannot fence (no engine.Fencer)", epoch, t.inner.Name())
+	}
+	return f.AdmitEpoch(peer, epoch)
+}
+
+// FenceEpoch forwards to the wrapped transport (an error if it cannot fence).
+func (t *Transport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+	f, ok := t.inner.(engine.Fencer)
+	if !ok {
+		return fmt.Errorf("faulty: fence epoch %d: transport %s cannot fence (no engine.Fencer)", epoch, t.inner.Name())
+	}
+	return f.FenceEpoch(ctx, peer, epoch)
 }
 
 // OpenSegment forwards to the wrapped transport unless FailInstall is set.
@@ -249,9 +348,15 @@ func (t *Transport) corruptRequest(r engine.WriteRequest) (engine.WriteRequest, 
 }
 
 type fbatch struct {
-	n         int64 // Submit ordinal
-	inner     engine.BatchID
-	hasInner  bool
+	n        int64 // Submit ordinal
+	inner    engine.BatchID
+	hasInner bool
+	// held: the batch waits (DelayWrites, stall) before it is handed to the
+	// wrapped segment; forwarded is closed when that is decided (hasInner,
+	// or failErr/dropped set). Guarded by segment.mu until then.
+	held      bool
+	forwarded chan struct{}
+	dropped   bool // canceled while delayed: nothing sent
 	submitted time.Time
 	failErr   error // FailAfter: synthetic failed batch
 	total     uint64
@@ -284,7 +389,8 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 	return ra.AddRegions(regions)
 }
 
-// Submit applies RejectAfter, FailAfter and CorruptData, then forwards.
+// Submit applies RejectAfter, FailAfter, KillMidBatch, DelayWrites,
+// StallAfter and CorruptData, then forwards.
 func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
 	t := s.t
 	n := t.submits.Add(1)
@@ -292,6 +398,24 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 		return 0, t.injected("Submit %d rejected after RejectAfter(%d)", n, t.cfg.rejectAfter)
 	}
 	fb := &fbatch{n: n, submitted: time.Now(), total: b.Bytes()}
+	gate := t.holdGate(n)
+	switch {
+	case t.cfg.failAfter >= 0 && n > t.cfg.failAfter:
+	case t.cfg.killMid[n]:
+		half := &engine.TransferBatch{Requests: b.Requests[:len(b.Requests)/2]}
+		if len(half.Requests) > 0 {
+			_, _ = s.inner.Submit(ctx, half)
+		}
+		_ = s.inner.Close()
+		fb.failErr = t.injected("Submit %d: KillMidBatch closed the segment after %d of %d requests", n, len(half.Requests), len(b.Requests))
+		return s.add(fb), nil
+	case gate != nil || t.cfg.delayWrites > 0:
+		fb.held, fb.forwarded = true, make(chan struct{})
+		reqs := &engine.TransferBatch{Requests: append([]engine.WriteRequest(nil), b.Requests...)}
+		id := s.add(fb)
+		go s.forwardLater(fb, reqs, gate)
+		return id, nil
+	}
 	if t.cfg.failAfter >= 0 && n > t.cfg.failAfter {
 		fb.failErr = t.injected("batch of Submit %d failed after FailAfter(%d)", n, t.cfg.failAfter)
 	} else {
@@ -308,12 +432,49 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 		}
 		fb.inner, fb.hasInner = id, true
 	}
+	return s.add(fb), nil
+}
+
+// add stores fb under the next ID.
+func (s *segment) add(fb *fbatch) engine.BatchID {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := s.nextID
 	s.nextID++
 	s.batches[id] = fb
-	return id, nil
+	return id
+}
+
+// forwardLater hands a held batch to the wrapped segment once its delay has
+// passed and the stall gate (if any) is open. A delayed batch canceled
+// meanwhile is dropped; a stalled one is sent anyway (a stopped process
+// never saw the cancel).
+func (s *segment) forwardLater(fb *fbatch, b *engine.TransferBatch, gate <-chan struct{}) {
+	if d := s.t.cfg.delayWrites - time.Since(fb.submitted); d > 0 {
+		time.Sleep(d)
+	}
+	if gate != nil {
+		<-gate
+	}
+	s.mu.Lock()
+	drop := fb.dropped
+	s.mu.Unlock()
+	var id engine.BatchID
+	var err error
+	if !drop {
+		id, err = s.inner.Submit(context.Background(), b)
+	}
+	s.mu.Lock()
+	switch {
+	case drop:
+	case err != nil:
+		fb.failErr = fmt.Errorf("faulty: held batch of Submit %d: %w", fb.n, err)
+	default:
+		fb.inner, fb.hasInner = id, true
+	}
+	fb.held = false
+	s.mu.Unlock()
+	close(fb.forwarded)
 }
 
 func (s *segment) get(id engine.BatchID) (*fbatch, error) {
@@ -330,8 +491,17 @@ func (s *segment) get(id engine.BatchID) (*fbatch, error) {
 // (never blocks on it).
 func (s *segment) status(fb *fbatch) (engine.BatchStatus, error) {
 	var st engine.BatchStatus
-	if fb.failErr != nil {
-		st = engine.BatchStatus{State: engine.BatchFailed, Err: fb.failErr}
+	s.mu.Lock()
+	held, dropped, failErr := fb.held, fb.dropped, fb.failErr
+	s.mu.Unlock()
+	if held {
+		return engine.BatchStatus{State: engine.BatchPending}, nil
+	}
+	if dropped {
+		return engine.BatchStatus{State: engine.BatchCanceled, Err: fmt.Errorf("faulty: Submit %d canceled while DelayWrites held it: %w", fb.n, engine.ErrCanceled)}, nil
+	}
+	if failErr != nil {
+		st = engine.BatchStatus{State: engine.BatchFailed, Err: failErr}
 	} else {
 		var err error
 		if st, err = s.inner.Poll(fb.inner); err != nil {
@@ -391,7 +561,17 @@ func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStat
 	if err != nil {
 		return engine.BatchStatus{}, err
 	}
-	if fb.hasInner {
+	if fb.forwarded != nil {
+		select {
+		case <-fb.forwarded:
+		case <-ctx.Done():
+			return engine.BatchStatus{State: engine.BatchPending}, fmt.Errorf("faulty: wait for batch %d: %w", id, ctx.Err())
+		}
+	}
+	s.mu.Lock()
+	hasInner := fb.hasInner
+	s.mu.Unlock()
+	if hasInner {
 		if st, err := s.inner.Wait(ctx, fb.inner); err != nil {
 			return st, err
 		}
@@ -417,10 +597,22 @@ func (s *segment) Cancel(id engine.BatchID) error {
 	if err != nil {
 		return err
 	}
-	if fb.hasInner {
+	s.mu.Lock()
+	if fb.held && s.t.cfg.delayWrites > 0 && !s.t.isStalled() {
+		fb.dropped = true // DelayWrites: a live slow writer honours it
+	}
+	hasInner := fb.hasInner
+	s.mu.Unlock()
+	if hasInner {
 		return s.inner.Cancel(fb.inner)
 	}
 	return nil
+}
+
+func (t *Transport) isStalled() bool {
+	t.gateMu.Lock()
+	defer t.gateMu.Unlock()
+	return t.stalled
 }
 
 // Release forgets a terminal batch; a batch still pending (including one
@@ -440,7 +632,10 @@ func (s *segment) Release(id engine.BatchID) {
 	if !ok {
 		return
 	}
-	if fb.hasInner {
+	s.mu.Lock()
+	hasInner := fb.hasInner
+	s.mu.Unlock()
+	if hasInner {
 		s.inner.Release(fb.inner)
 	}
 	if fb.corruptSent && fb.corruptErr == nil {
@@ -450,3 +645,66 @@ func (s *segment) Release(id engine.BatchID) {
 
 // Close closes the wrapped segment.
 func (s *segment) Close() error { return s.inner.Close() }
+
+// ControlDropper drops a KV manager's outgoing control messages, as a
+// dropped connection loses what was queued on it. Plug its Filter into
+// engine.ManagerConfig.ControlFault. Safe for concurrent use.
+type ControlDropper struct {
+	mu      sync.Mutex
+	next    map[string]int // message type ("" = any) → messages left to drop
+	until   time.Time      // drop everything before this
+	dropped map[string]int
+}
+
+// DropControl returns a ControlDropper that drops nothing until told to.
+func DropControl() *ControlDropper {
+	return &ControlDropper{next: map[string]int{}, dropped: map[string]int{}}
+}
+
+// DropNext drops the next n messages of type msgType (engine.MsgStatus, …;
+// "" for any type).
+func (d *ControlDropper) DropNext(msgType string, n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.next[msgType] += n
+}
+
+// DropFor drops every message for the next dur (a control connection down
+// that long).
+func (d *ControlDropper) DropFor(dur time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.until = time.Now().Add(dur)
+}
+
+// Dropped returns how many messages of msgType ("" = all) were dropped.
+func (d *ControlDropper) Dropped(msgType string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if msgType == "" {
+		n := 0
+		for _, k := range d.dropped {
+			n += k
+		}
+		return n
+	}
+	return d.dropped[msgType]
+}
+
+// Filter is the engine.ManagerConfig.ControlFault hook: true drops the
+// message to peer of type msgType.
+func (d *ControlDropper) Filter(peer, msgType string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	drop := time.Now().Before(d.until)
+	for _, k := range []string{msgType, ""} {
+		if !drop && d.next[k] > 0 {
+			d.next[k]--
+			drop = true
+		}
+	}
+	if drop {
+		d.dropped[msgType]++
+	}
+	return drop
+}

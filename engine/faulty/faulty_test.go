@@ -3,6 +3,7 @@ package faulty_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -244,5 +245,109 @@ func TestFailInstall(t *testing.T) {
 	r.register()
 	if _, err := r.open(); !injected(err, engine.ErrUnavailable) {
 		t.Fatalf("OpenSegment: %v, want ErrInjected+ErrUnavailable", err)
+	}
+}
+
+func TestDelayWrites(t *testing.T) {
+	const d = 300 * time.Millisecond
+	r := newRig(t, faulty.DelayWrites(d))
+	r.setup()
+	start := time.Now()
+	id, err := r.seg.Submit(r.ctx, r.batch(0, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.landed(0, 4096) && time.Since(start) < d {
+		t.Fatal("bytes landed before the write delay")
+	}
+	st, err := r.seg.Wait(r.ctx, id)
+	if err != nil || st.State != engine.BatchCompleted || !r.landed(0, 4096) {
+		t.Fatalf("Wait: %v %v %v, landed %v", st.State, st.Err, err, r.landed(0, 4096))
+	}
+	if el := time.Since(start); el < d {
+		t.Fatalf("landed after %v, before the %v delay", el, d)
+	}
+	r.seg.Release(id)
+	// A delayed batch canceled in time never lands (a live writer stops).
+	id, err = r.seg.Submit(r.ctx, r.batch(8192, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.seg.Cancel(id); err != nil {
+		t.Fatal(err)
+	}
+	st, err = r.seg.Wait(r.ctx, id)
+	if err != nil || st.State != engine.BatchCanceled || !errors.Is(st.Err, engine.ErrCanceled) {
+		t.Fatalf("canceled delayed batch: %v %v %v", st.State, st.Err, err)
+	}
+	time.Sleep(d)
+	if r.landed(8192, 1) {
+		t.Fatal("a canceled delayed batch landed")
+	}
+}
+
+func TestStallResume(t *testing.T) {
+	r := newRig(t, faulty.StallAfter(1))
+	r.setup()
+	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted {
+		t.Fatalf("batch 1: %v %v", st.State, st.Err)
+	}
+	id, err := r.seg.Submit(r.ctx, r.batch(4096, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stopped producer ignores Cancel: the batch stays held...
+	if err := r.seg.Cancel(id); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, 300*time.Millisecond)
+	st, err := r.seg.Wait(ctx, id)
+	cancel()
+	if err == nil || st.State.Terminal() || r.landed(4096, 1) {
+		t.Fatalf("stalled batch: %v %v, landed %v; want still held", st.State, err, r.landed(4096, 1))
+	}
+	// ...and lands, stale, when the producer resumes.
+	r.send.Resume()
+	st, err = r.seg.Wait(r.ctx, id)
+	if err != nil || !st.State.Terminal() {
+		t.Fatalf("after Resume: %v %v", st.State, err)
+	}
+	if !r.landed(4096, 4096) {
+		t.Fatal("the held batch did not land after Resume")
+	}
+	r.seg.Release(id)
+	if st := r.run(r.batch(8192, 4096)); st.State != engine.BatchCompleted {
+		t.Fatalf("batch after Resume: %v %v", st.State, st.Err)
+	}
+}
+
+func TestKillMidBatch(t *testing.T) {
+	r := newRig(t, faulty.KillMidBatch(2))
+	r.setup()
+	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted {
+		t.Fatalf("batch 1: %v %v", st.State, st.Err)
+	}
+	b := &engine.TransferBatch{Requests: append(r.batch(4096, 4096).Requests, r.batch(8192, 4096).Requests...)}
+	if st := r.run(b); st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+		t.Fatalf("killed batch: %v %v, want failed with ErrInjected+ErrPeerLost", st.State, st.Err)
+	}
+	if _, err := r.seg.Submit(r.ctx, r.batch(12288, 4096)); err == nil || !errors.Is(err, engine.ErrClosed) {
+		t.Fatalf("submit after the kill: %v, want the segment closed", err)
+	}
+}
+
+func TestDropControl(t *testing.T) {
+	d := faulty.DropControl()
+	if d.Filter("p", engine.MsgStatus) {
+		t.Fatal("dropped with no knob set")
+	}
+	d.DropNext(engine.MsgStatus, 2)
+	got := []bool{d.Filter("p", engine.MsgPing), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus)}
+	if want := []bool{false, true, true, false}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("DropNext(STATUS, 2): dropped %v, want %v", got, want)
+	}
+	d.DropFor(time.Hour)
+	if !d.Filter("p", engine.MsgPing) || d.Dropped("") != 3 || d.Dropped(engine.MsgStatus) != 2 {
+		t.Fatalf("DropFor: counts %d/%d", d.Dropped(""), d.Dropped(engine.MsgStatus))
 	}
 }

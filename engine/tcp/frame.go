@@ -10,16 +10,20 @@ import (
 // Wire format of one data connection (all integers little-endian). It is our
 // own format, versioned by the hello; nothing here comes from another project.
 //
-//	sender → receiver, once:   hello  (16 bytes)
+//	sender → receiver, once:   hello  (24 bytes)
 //	sender → receiver, repeat: header (48 bytes) [+ scatter table] + payload
 //	receiver → sender, repeat: ack    (24 bytes) + MsgLen bytes of UTF-8 text
 //
 // Hello:
 //
 //	0  [8]byte "KVXFTCP\x00"
-//	8  u16     protocol version (2; version 1 had no scatter frames)
+//	8  u16     protocol version (3; version 1 had no scatter frames, 2 no epoch)
 //	10 u16     stream index (informational)
 //	12 u32     reserved, 0
+//	16 u64     segment epoch (engine.SegmentInfo.Epoch; 0 = none): every
+//	           write on the connection belongs to it, and the receiver
+//	           refuses the connection unless the epoch is admitted
+//	           (Transport.AdmitEpoch) and not fenced
 //
 // Data-frame header, kind 1 (write: one WriteRequest chunk; a strided
 // request is ONE header followed by its Count blocks back to back):
@@ -71,12 +75,13 @@ import (
 //	16 u64 payload bytes that landed in the region(s)
 
 const (
-	helloSize  = 16
+	helloSize  = 24
 	headerSize = 48
 	ackSize    = 24
 	entrySize  = 16 // one scatter-table entry
 
-	protoVersion = 2
+	// protoVersion 3: scatter frames (2) and the epoch in the hello (3).
+	protoVersion = 3
 
 	frameMagic = 0x5758564B
 	ackMagic   = 0x41585643
@@ -106,6 +111,7 @@ const (
 	ackProtocol      uint8 = 4 // framing broken; the receiver closes the stream
 	ackShutdown      uint8 = 5 // receiver is closing
 	ackInternal      uint8 = 6 // receiver-side failure (device copy, ...)
+	ackFenced        uint8 = 7 // the connection's epoch is fenced or was never admitted; the receiver closes the stream
 )
 
 // errProtocol marks a frame that cannot be decoded; the stream must close.
@@ -114,6 +120,7 @@ var errProtocol = errors.New("tcp: protocol error")
 type hello struct {
 	Version uint16
 	Stream  uint16
+	Epoch   uint64
 }
 
 func (h hello) encode(b *[helloSize]byte) {
@@ -121,6 +128,7 @@ func (h hello) encode(b *[helloSize]byte) {
 	binary.LittleEndian.PutUint16(b[8:], h.Version)
 	binary.LittleEndian.PutUint16(b[10:], h.Stream)
 	binary.LittleEndian.PutUint32(b[12:], 0)
+	binary.LittleEndian.PutUint64(b[16:], h.Epoch)
 }
 
 func decodeHello(b []byte) (hello, error) {
@@ -130,7 +138,7 @@ func decodeHello(b []byte) (hello, error) {
 	if [8]byte(b[0:8]) != helloMagic {
 		return hello{}, fmt.Errorf("%w: bad hello magic %q (is the peer a kvxfer tcp sender?)", errProtocol, b[0:8])
 	}
-	h := hello{Version: binary.LittleEndian.Uint16(b[8:]), Stream: binary.LittleEndian.Uint16(b[10:])}
+	h := hello{Version: binary.LittleEndian.Uint16(b[8:]), Stream: binary.LittleEndian.Uint16(b[10:]), Epoch: binary.LittleEndian.Uint64(b[16:])}
 	if h.Version != protoVersion {
 		return h, fmt.Errorf("%w: protocol version %d, this build speaks %d (upgrade both ends)", errProtocol, h.Version, protoVersion)
 	}
@@ -333,7 +341,7 @@ func decodeAckHeader(b []byte) (ack, int, error) {
 		return ack{}, 0, fmt.Errorf("%w: bad ack magic %#08x, want %#08x", errProtocol, m, ackMagic)
 	}
 	a := ack{Status: b[4], Seq: binary.LittleEndian.Uint64(b[8:]), Bytes: binary.LittleEndian.Uint64(b[16:])}
-	if a.Status > ackInternal {
+	if a.Status > ackFenced {
 		return a, 0, fmt.Errorf("%w: unknown ack status %d", errProtocol, a.Status)
 	}
 	if b[5] != 0 {

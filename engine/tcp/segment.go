@@ -192,7 +192,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		if err == nil {
 			tuneConn(c)
 			var hb [helloSize]byte
-			hello{Version: protoVersion, Stream: uint16(i)}.encode(&hb)
+			hello{Version: protoVersion, Stream: uint16(i), Epoch: info.Epoch}.encode(&hb)
 			c.SetWriteDeadline(time.Now().Add(t.ackTimeout))
 			if _, err = c.Write(hb[:]); err != nil {
 				c.Close()
@@ -754,13 +754,18 @@ func (st *stream) reader() {
 			return
 		}
 		st.mu.Lock()
-		if len(st.inflight) == 0 || (a.Status != ackProtocol && st.inflight[0].hdr.Seq != a.Seq) {
+		if a.Status != ackFenced && (len(st.inflight) == 0 || (a.Status != ackProtocol && st.inflight[0].hdr.Seq != a.Seq)) {
 			st.mu.Unlock()
 			if a.Status == ackProtocol {
 				st.kill(st.lost("receiver reported a protocol error: %s", a.Msg))
 			} else {
 				st.kill(st.lost("unexpected ack for frame %d (protocol out of sync)", a.Seq))
 			}
+			return
+		}
+		if a.Status == ackFenced {
+			st.mu.Unlock()
+			st.kill(fmt.Errorf("tcp: stream %d to %s: %w: %w: %s", st.idx, st.seg.addr, engine.ErrFenced, engine.ErrPeerLost, a.Msg))
 			return
 		}
 		f := st.inflight[0]

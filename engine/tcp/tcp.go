@@ -34,6 +34,13 @@
 // dies fails the pending batches of that segment with an error wrapping
 // engine.ErrPeerLost as soon as the socket reports it.
 //
+// Fencing (engine.Fencer): every connection's hello carries its segment's
+// epoch (engine.SegmentInfo.Epoch). The receiver accepts a connection whose
+// epoch is 0 (no epoch: raw transport users) or admitted (AdmitEpoch) and
+// not fenced, and refuses the others with an ack naming the epoch, so their
+// writes never land. FenceEpoch withdraws the admission, closes the epoch's
+// inbound connections and returns once none of them is receiving any more.
+//
 // Device (CUDA) memory goes through the bounce-buffer seam in device.go and is
 // refused with engine.ErrUnsupportedMemory until the CUDA copier is wired in.
 //
@@ -133,14 +140,104 @@ type Transport struct {
 	sorted   []*region // host and device regions sorted by mem.Addr (sender lookup)
 	inbound  map[net.Conn]struct{}
 	segments map[*segment]struct{}
+	// admitted holds the epochs (→ peer) whose connections are accepted;
+	// byEpoch the live inbound connections of each epoch, each with a
+	// channel closed when its receive goroutine has ended.
+	admitted map[uint64]string
+	byEpoch  map[uint64]map[net.Conn]chan struct{}
 
 	wg sync.WaitGroup // accept loop and inbound connection goroutines
 }
 
 var (
 	_ engine.Transport = (*Transport)(nil)
+	_ engine.Fencer    = (*Transport)(nil)
 	_ engine.Segment   = (*segment)(nil)
 )
+
+// maxAdmitted bounds the epochs admitted at once (one per live registration
+// of a decode with a prefill rank).
+const maxAdmitted = 1 << 16
+
+// AdmitEpoch lets connections whose hello names epoch (>= 1) in until
+// FenceEpoch(epoch). peer is informational. Errors: epoch 0, a closed
+// transport (engine.ErrClosed), more than 65,536 epochs admitted.
+func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
+	if epoch == 0 {
+		return fmt.Errorf("tcp: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", peer)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("tcp: admit epoch %d: transport %w", epoch, engine.ErrClosed)
+	}
+	if _, ok := t.admitted[epoch]; !ok && len(t.admitted) >= maxAdmitted {
+		return fmt.Errorf("tcp: admit epoch %d for %q: %d epochs already admitted (fence unused ones)", epoch, peer, maxAdmitted)
+	}
+	t.admitted[epoch] = peer
+	return nil
+}
+
+// FenceEpoch withdraws epoch's admission (new connections naming it are
+// refused), closes its inbound connections and waits until none of them is
+// receiving into memory any more (a receive in progress stops at the closed
+// socket). Errors: ctx ended first (call again; the connections stay
+// tracked until their goroutines end).
+func (t *Transport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+	t.mu.Lock()
+	delete(t.admitted, epoch)
+	conns := make(map[net.Conn]chan struct{}, len(t.byEpoch[epoch]))
+	for c, done := range t.byEpoch[epoch] {
+		conns[c] = done
+	}
+	t.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+	for _, done := range conns {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("tcp: fence epoch %d (%s): a receive on one of its %d connections has not stopped: %w", epoch, peer, len(conns), ctx.Err())
+		}
+	}
+	return nil
+}
+
+// join registers an inbound connection under the epoch its hello named;
+// an epoch that is not admitted (fenced, or never registered) is refused.
+func (t *Transport) join(c net.Conn, epoch uint64, done chan struct{}) error {
+	if epoch == 0 {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.admitted[epoch]; !ok {
+		return fmt.Errorf("tcp: segment epoch %d is not admitted on %s: it was fenced (the decode gave up on that data path) or never registered; the decode registers again with a new epoch", epoch, t.ln.Addr())
+	}
+	m := t.byEpoch[epoch]
+	if m == nil {
+		m = map[net.Conn]chan struct{}{}
+		t.byEpoch[epoch] = m
+	}
+	m[c] = done
+	return nil
+}
+
+// leave forgets an inbound connection of epoch once its goroutine ended.
+func (t *Transport) leave(c net.Conn, epoch uint64) {
+	if epoch == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m := t.byEpoch[epoch]; m != nil {
+		delete(m, c)
+		if len(m) == 0 {
+			delete(t.byEpoch, epoch)
+		}
+	}
+}
 
 // New creates a TCP transport and starts its data listener on
 // opts.ListenHost:opts.ListenPort ("127.0.0.1" and a free port by default).
@@ -206,6 +303,8 @@ func New(opts engine.Options) (*Transport, error) {
 		regions:    map[engine.RegionID]*region{},
 		inbound:    map[net.Conn]struct{}{},
 		segments:   map[*segment]struct{}{},
+		admitted:   map[uint64]string{},
+		byEpoch:    map[uint64]map[net.Conn]chan struct{}{},
 	}
 	t.wg.Add(1)
 	go t.acceptLoop()
@@ -405,14 +504,16 @@ func tuneConn(c net.Conn) {
 // serve is the receiving side of one data connection.
 func (t *Transport) serve(c net.Conn) {
 	defer t.wg.Done()
+	rx := receiver{t: t, c: c, done: make(chan struct{})}
 	defer func() {
 		c.Close()
 		t.mu.Lock()
 		delete(t.inbound, c)
 		t.mu.Unlock()
+		t.leave(c, rx.epoch)
+		close(rx.done) // after the last receive into memory
 	}()
 	tuneConn(c)
-	rx := receiver{t: t, c: c}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		t.log.Warn("tcp: data connection without a file descriptor; closing", "peer", c.RemoteAddr().String())
@@ -431,6 +532,8 @@ func (t *Transport) serve(c net.Conn) {
 type receiver struct {
 	t            *Transport
 	c            net.Conn
+	epoch        uint64        // from the hello (0: none)
+	done         chan struct{} // closed when serve ends (FenceEpoch waits on it)
 	hdr          [headerSize]byte
 	hdrHave      int // bytes of the next header already in hdr
 	ackBuf       []byte
@@ -497,10 +600,16 @@ func (rx *receiver) run() error {
 	if _, err := io.ReadFull(rx.c, hb[:]); err != nil {
 		return fmt.Errorf("read hello: %w", err)
 	}
-	if _, err := decodeHello(hb[:]); err != nil {
+	h, err := decodeHello(hb[:])
+	if err != nil {
 		rx.reply(ack{Status: ackProtocol, Msg: err.Error()})
 		return err
 	}
+	if err := rx.t.join(rx.c, h.Epoch, rx.done); err != nil {
+		rx.reply(ack{Status: ackFenced, Msg: err.Error()})
+		return err
+	}
+	rx.epoch = h.Epoch
 	for {
 		// Idle between frames is fine (a segment lives across requests).
 		// The previous payload read may already have brought (part of) this

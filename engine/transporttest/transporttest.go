@@ -29,7 +29,15 @@
 //     AddRegions names it, then written like any other;
 //   - when the receiver closes (or is killed), pending and later batches fail
 //     with an error wrapping engine.ErrPeerLost (Submit may return it
-//     instead) within PeerLostWithin, never hang.
+//     instead) within PeerLostWithin, never hang;
+//   - a receiver that implements engine.Fencer: a segment opened with an
+//     admitted epoch writes; once FenceEpoch returns, nothing more written
+//     through it lands (Submit or the batch fails with an error wrapping
+//     engine.ErrPeerLost, engine.ErrFenced or engine.ErrUnknownRegion), a
+//     new segment with the fenced epoch cannot write either, and a newly
+//     admitted epoch writes again. Transports without a handshake also
+//     refuse an epoch that was never admitted (with one, the receiver's QPs
+//     prepared by Endpoint are the admission).
 package transporttest
 
 import (
@@ -131,6 +139,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Trans
 		{"CloseIdempotent", s.closeIdempotent},
 		{"PeerClosesMidBatch", s.peerCloses},
 		{"PeerKilled", s.peerKilled},
+		{"FencedEpoch", s.fencedEpoch},
 		{"LargeTransfer", s.large},
 	}
 	for _, c := range cases {
@@ -149,18 +158,19 @@ const guard = 4096
 
 // env is one case's pair, memory and segment.
 type env struct {
-	t        *testing.T
-	ctx      context.Context
-	s, r     engine.Transport
-	src      *engine.HostBuffer
-	dstBuf   *engine.HostBuffer
-	dst      []byte // the registered receiver region (inside dstBuf, between guards)
-	srcDesc  engine.RegionDesc
-	dstDesc  engine.RegionDesc
-	seg      engine.Segment
-	peerSeq  int
-	expected []byte // what dstBuf must hold (guards included)
-	extra    []*extraRegion
+	t         *testing.T
+	ctx       context.Context
+	s, r      engine.Transport
+	src       *engine.HostBuffer
+	dstBuf    *engine.HostBuffer
+	dst       []byte // the registered receiver region (inside dstBuf, between guards)
+	srcDesc   engine.RegionDesc
+	dstDesc   engine.RegionDesc
+	seg       engine.Segment
+	peerSeq   int
+	expected  []byte // what dstBuf must hold (guards included)
+	extra     []*extraRegion
+	fencePeer string // the peer name of the last segment opened
 }
 
 // newEnv allocates a srcBytes source and a dstBytes receiver region (with
@@ -221,15 +231,31 @@ func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
 // test may forge).
 func (e *env) open(regions ...engine.RegionDesc) engine.Segment {
 	e.t.Helper()
+	seg, err := e.openEpoch(0, false, regions...)
+	if err != nil {
+		e.t.Fatalf("sender OpenSegment: %v", err)
+	}
+	return seg
+}
+
+// openEpoch opens a segment with SegmentInfo.Epoch = epoch, admitting the
+// epoch on the receiver first when admit is set.
+func (e *env) openEpoch(epoch uint64, admit bool, regions ...engine.RegionDesc) (engine.Segment, error) {
+	e.t.Helper()
 	e.peerSeq++
 	peer := fmt.Sprintf("transporttest-sender-%d", e.peerSeq)
 	ep, err := e.r.Endpoint(e.ctx, peer)
 	if err != nil {
 		e.t.Fatalf("receiver Endpoint: %v", err)
 	}
-	seg, err := e.s.OpenSegment(e.ctx, engine.SegmentInfo{Endpoint: ep, Regions: regions})
+	if admit {
+		if err := e.r.(engine.Fencer).AdmitEpoch(peer, epoch); err != nil {
+			e.t.Fatalf("receiver AdmitEpoch(%d): %v", epoch, err)
+		}
+	}
+	seg, err := e.s.OpenSegment(e.ctx, engine.SegmentInfo{Endpoint: ep, Regions: regions, Epoch: epoch})
 	if err != nil {
-		e.t.Fatalf("sender OpenSegment: %v", err)
+		return nil, err
 	}
 	if e.s.Capabilities().Has(engine.CapHandshake) {
 		acc, ok := e.r.(engine.Acceptor)
@@ -237,10 +263,12 @@ func (e *env) open(regions ...engine.RegionDesc) engine.Segment {
 			e.t.Fatalf("%s has CapHandshake but does not implement engine.Acceptor", e.r.Name())
 		}
 		if err := acc.Accept(e.ctx, peer, seg.HandshakeReply()); err != nil {
-			e.t.Fatalf("receiver Accept: %v", err)
+			seg.Close()
+			return nil, fmt.Errorf("receiver Accept: %w", err)
 		}
 	}
-	return seg
+	e.fencePeer = peer
+	return seg, nil
 }
 
 // write builds a contiguous request from source offset so to receiver offset do.
@@ -407,6 +435,83 @@ func (e *env) refused(seg engine.Segment, b *engine.TransferBatch, want ...error
 		}
 	}
 	e.t.Fatalf("invalid write refused with %v; want an error wrapping one of %v", err, want)
+}
+
+// cannotWrite requires that a write through seg never lands: Submit or the
+// batch fails with an error wrapping ErrPeerLost, ErrFenced or
+// ErrUnknownRegion, within the case deadline.
+func (e *env) cannotWrite(seg engine.Segment, req engine.WriteRequest, what string) {
+	e.t.Helper()
+	id, err := seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req}})
+	if err == nil {
+		st := e.wait(seg, id)
+		seg.Release(id)
+		if st.State != engine.BatchFailed {
+			e.t.Fatalf("%s: batch ended %v, want failed", what, st.State)
+		}
+		err = st.Err
+	}
+	if !errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrFenced) && !errors.Is(err, engine.ErrUnknownRegion) {
+		e.t.Fatalf("%s: %v, want an error wrapping ErrPeerLost, ErrFenced or ErrUnknownRegion", what, err)
+	}
+	e.t.Logf("%s: refused: %v", what, err)
+}
+
+func (s *suite) fencedEpoch(t *testing.T) {
+	e := s.newEnv(t, 1<<20, 1<<20)
+	f, ok := e.r.(engine.Fencer)
+	if !ok {
+		t.Skipf("%s does not implement engine.Fencer", e.r.Name())
+	}
+	const n = 64 << 10
+	epoch := engine.NewEpoch()
+	seg, err := e.openEpoch(epoch, true, e.dstDesc)
+	if err != nil {
+		t.Fatalf("open a segment with admitted epoch %d: %v", epoch, err)
+	}
+	defer seg.Close()
+	peer := e.fencePeer
+	e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, n)}})
+	if err := f.FenceEpoch(e.ctx, peer, epoch); err != nil {
+		t.Fatalf("FenceEpoch(%d): %v", epoch, err)
+	}
+	e.cannotWrite(seg, e.write(n, n, n), "write through the fenced segment")
+	e.verify()
+	if err := f.FenceEpoch(e.ctx, peer, epoch); err != nil {
+		t.Fatalf("second FenceEpoch(%d): %v, want nil", epoch, err)
+	}
+	if err := f.FenceEpoch(e.ctx, "nobody", engine.NewEpoch()); err != nil {
+		t.Fatalf("FenceEpoch of an epoch never admitted: %v, want nil", err)
+	}
+	if !e.r.Capabilities().Has(engine.CapHandshake) {
+		// A late segment of the fenced epoch, and one of an epoch never
+		// admitted, cannot write.
+		for _, c := range []struct {
+			epoch uint64
+			what  string
+		}{{epoch, "segment opened with the fenced epoch"}, {engine.NewEpoch(), "segment opened with an epoch never admitted"}} {
+			late, err := e.openEpoch(c.epoch, false, e.dstDesc)
+			if err != nil {
+				if !errors.Is(err, engine.ErrFenced) && !errors.Is(err, engine.ErrPeerLost) {
+					t.Fatalf("%s: OpenSegment %v, want it refused with ErrFenced", c.what, err)
+				}
+				t.Logf("%s: OpenSegment refused: %v", c.what, err)
+				continue
+			}
+			e.cannotWrite(late, e.write(2*n, 2*n, n), c.what)
+			late.Close()
+		}
+		e.verify()
+	}
+	// A new epoch is a new data path: it writes.
+	next := engine.NewEpoch()
+	seg2, err := e.openEpoch(next, true, e.dstDesc)
+	if err != nil {
+		t.Fatalf("open a segment with a new admitted epoch %d: %v", next, err)
+	}
+	defer seg2.Close()
+	e.run(seg2, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(3*n, 3*n, n)}})
+	e.verify()
 }
 
 func fillRandom(b []byte, seed uint64) {

@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// One outcome per room, and fencing before reuse (DESIGN.md, "Fencing").
+//
+// The decode is the authority on a room's outcome:
+//
+//   - A producer reports STATUS Success once every page and the metadata
+//     record landed; it then writes nothing more for the room and waits for
+//     the decode's verdict. The decode answers STATUS Success when it has
+//     verified the room, or ABORT when it failed it. A prefill Sender reaches
+//     Success only with a Success verdict from every decode destination, so
+//     neither side reports Success for a room the other failed. A producer
+//     that hears nothing asks again (it re-sends its STATUS) until its waiting
+//     timeout; the decode remembers verdicts for WaitingTimeout+PeerTimeout.
+//   - Any failure on the decode (waiting timeout, peer lost, a bad record or
+//     checksum, a refused pairing, abort, close) sends ABORT to every
+//     producer of the room. A producer fails the room ("aborted by decode
+//     …"), stops posting writes, and once no transfer batch of the room is
+//     in flight answers ABORT_ACK. Any failure on a prefill reaches the
+//     decode as STATUS Failed, followed by ABORT_ACK once its batches ended.
+//   - The decode hands a failed room's destination pages and metadata slot
+//     back (Receiver.Close returns, the slot is released) only when every
+//     producer it sent TRANSFER to is fenced: it reported Success (nothing
+//     more to write), or acknowledged the abort cleanly, or its data path was
+//     fenced by the transports (Fencer.FenceEpoch). The last happens when no
+//     clean ABORT_ACK arrives within FenceTimeout, when the ABORT_ACK is not
+//     clean (a batch was abandoned or the data path broke), or when the
+//     producer is lost. Fencing an epoch also drops the registration, so the
+//     next room with that producer registers again with a new epoch: a
+//     broken data path is re-established on the next room.
+
+// DefaultFenceTimeout is how long a decode waits for a producer's
+// ABORT_ACK before it fences that producer's data path.
+const DefaultFenceTimeout = 5 * time.Second
+
+// fenceRetry is the pause between FenceEpoch attempts on a transport that
+// could not fence yet (shm: a sender stopped in the middle of a copy).
+const fenceRetry = time.Second
+
+// verdict is a decode's remembered outcome of a finished room.
+type verdict struct {
+	ok     bool
+	reason string
+	at     time.Time
+}
+
+// ackMemo is a prefill's memory of a closed sender: whether its transfer
+// batches all ended on a healthy data path (see AbortAckMsg.Clean).
+type ackMemo struct {
+	clean  bool
+	detail string
+	at     time.Time
+}
+
+// epochKey names one registration's data path: the prefill control
+// endpoint and the epoch.
+type epochKey struct {
+	peer  string
+	epoch uint64
+}
+
+// rememberVerdict records a decode room's outcome for answering a producer
+// that asks again after the room was closed.
+func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
+	m.mu.Lock()
+	m.verdicts[room] = verdict{ok: ok, reason: reason, at: time.Now()}
+	m.mu.Unlock()
+}
+
+// sendVerdict tells a producer the decode's outcome of room: STATUS Success,
+// or ABORT with the reason.
+func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) {
+	var frames [][]byte
+	if ok {
+		frames = (&StatusMsg{Room: room, State: KVSuccess, Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
+	} else {
+		frames = (&AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
+	}
+	if err := m.send(ep, frames, false); err != nil {
+		m.log.Debug("verdict not sent", "room", room, "prefill", ep, "err", err)
+		return
+	}
+	if !ok {
+		m.met.fence(RoleDecode, "abort_sent")
+	}
+}
+
+// handleAbortAck (decode): a producer will write nothing more for the room.
+func (m *Manager) handleAbortAck(v *AbortAckMsg) {
+	m.mu.Lock()
+	r := m.receivers[v.Room]
+	m.mu.Unlock()
+	if r == nil {
+		if !v.Clean && v.Epoch != 0 {
+			// A room already handed back: its producer fenced itself
+			// uncleanly; fence the data path anyway so nothing late lands.
+			m.fenceEpochAsync(v.Endpoint, v.Epoch, fmt.Sprintf("prefill %s reported an unclean abort of room %d after the room was closed: %s", v.Endpoint, v.Room, v.Detail))
+		}
+		return
+	}
+	r.onAbortAck(v)
+}
+
+// fenceEpochAsync fences the data path (peer, epoch) on every transport
+// unless a fence of it is already running or done, fails the rooms still
+// using it, and drops the registration so the next room registers again.
+func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
+	if epoch == 0 {
+		return
+	}
+	k := epochKey{peer, epoch}
+	m.mu.Lock()
+	if m.closed || m.fenceOps[k] != nil {
+		m.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	m.fenceOps[k] = done
+	if p := m.ppeers[peer]; p != nil && p.epoch == epoch {
+		delete(m.ppeers, peer)
+	}
+	var rs []*Receiver
+	for _, r := range m.receivers {
+		rs = append(rs, r)
+	}
+	m.wg.Add(1) // under m.mu with closed false: never concurrent with teardown's Wait
+	m.mu.Unlock()
+	m.log.Warn("fencing the data path of a prefill rank", "prefill", peer, "epoch", epoch, "why", why)
+	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", ErrPeerLost, peer, epoch, why)
+	for _, r := range rs {
+		if r.usesEpoch(peer, epoch) {
+			r.failLocal(cause)
+		}
+	}
+	go func() {
+		defer m.wg.Done()
+		defer close(done)
+		for attempt := 0; ; attempt++ {
+			err := m.fenceTransports(peer, epoch)
+			if err == nil {
+				break
+			}
+			if attempt == 0 || attempt%30 == 0 {
+				m.log.Warn("data path not fenced yet; the rooms that used it stay quarantined", "prefill", peer, "epoch", epoch, "err", err)
+			}
+			select {
+			case <-m.done:
+				return
+			case <-time.After(fenceRetry):
+			}
+		}
+		m.mu.Lock()
+		rs = rs[:0]
+		for _, r := range m.receivers {
+			rs = append(rs, r)
+		}
+		m.mu.Unlock()
+		for _, r := range rs {
+			r.epochFenced(peer, epoch)
+		}
+		m.log.Info("data path fenced", "prefill", peer, "epoch", epoch)
+	}()
+}
+
+// fenceTransports calls FenceEpoch on every transport (each may have carried
+// the epoch's segment). A transport that does not implement Fencer (none of
+// kvxfer's) cannot be fenced: it is skipped with a warning, so for it the
+// producer's ABORT_ACK is the only protection.
+func (m *Manager) fenceTransports(peer string, epoch uint64) error {
+	var errs []error
+	for _, rs := range m.regs {
+		f, ok := rs.t.(Fencer)
+		if !ok {
+			m.log.Warn("transport cannot fence a data path (no engine.Fencer); a failed room's pages are reused without it", "transport", rs.t.Name(), "prefill", peer, "epoch", epoch)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), fenceRetry)
+		err := f.FenceEpoch(ctx, peer, epoch)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", rs.t.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// epochFencing reports whether the data path (peer, epoch) is being (or was)
+// fenced.
+func (m *Manager) epochFencing(peer string, epoch uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fenceOps[epochKey{peer, epoch}] != nil
+}
+
+// admitEpoch admits a new registration's epoch on transport t when it
+// fences, before REGISTER names it.
+func (m *Manager) admitEpoch(t Transport, peer string, epoch uint64) error {
+	if f, ok := t.(Fencer); ok {
+		if err := f.AdmitEpoch(peer, epoch); err != nil {
+			return fmt.Errorf("engine: %s: admit data-path epoch %d for prefill %s: %w", t.Name(), epoch, peer, err)
+		}
+	}
+	return nil
+}
+
+// goTracked runs f in a goroutine the manager's Close waits for; it does
+// nothing once the manager is closing.
+func (m *Manager) goTracked(f func()) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+}
+
+// pruneFenceState drops remembered verdicts, closed-sender memos and
+// finished fence operations older than their time to live; m.mu held.
+func (m *Manager) pruneFenceStateLocked(now time.Time) {
+	ttl := m.cfg.WaitingTimeout + m.cfg.PeerTimeout
+	for room, v := range m.verdicts {
+		if now.Sub(v.at) > ttl {
+			delete(m.verdicts, room)
+		}
+	}
+	for room, a := range m.recent {
+		if now.Sub(a.at) > m.cfg.BootstrapTimeout {
+			delete(m.recent, room)
+		}
+	}
+	for k, done := range m.fenceOps {
+		select {
+		case <-done:
+			delete(m.fenceOps, k)
+		default:
+		}
+	}
+}

@@ -1,0 +1,347 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// These tests reproduce the fencing issue's cases in one process, with the
+// engine/faulty decorator standing in for a slow, stalled or dying producer
+// and a dropped control channel. None uses the checksum or the engine's
+// verification hook to decide: the test reads the decode's bytes itself.
+
+// fillPages sets every byte of the given pages of every KV buffer to v.
+func fillPages(t *testing.T, pool *workload.KVBuffers, pages []int32, v byte) {
+	t.Helper()
+	for i := range pool.Args().KVBuffers {
+		item := pool.Buffer(i).ItemLen
+		b := pool.Bytes(i)
+		for _, p := range pages {
+			row := b[uint64(p)*item : uint64(p+1)*item]
+			for j := range row {
+				row[j] = v
+			}
+		}
+	}
+}
+
+// pagesAre returns an error naming the first byte of the pages that is not v.
+func pagesAre(pool *workload.KVBuffers, pages []int32, v byte) error {
+	for i := range pool.Args().KVBuffers {
+		item := pool.Buffer(i).ItemLen
+		b := pool.Bytes(i)
+		for _, p := range pages {
+			for j, c := range b[uint64(p)*item : uint64(p+1)*item] {
+				if c != v {
+					return fmt.Errorf("buffer %d page %d byte %d is %#x, want %#x (a late write landed)", i, p, j, c, v)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// room is one request through one prefill and one decode rank, driven step
+// by step.
+type room struct {
+	t      *testing.T
+	id     uint64
+	s      *engine.Sender
+	r      *engine.Receiver
+	src    []int32
+	dst    []int32
+	pre    *rank
+	dec    *rank
+	closed bool
+}
+
+// openRoom creates the receiver (destination pages filled with 0xAA) and
+// the sender, and waits until the sender may send.
+func openRoom(t *testing.T, addr string, pre, dec *rank, id uint64, pages int) *room {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	x := &room{t: t, id: id, pre: pre, dec: dec}
+	var err error
+	if x.dst, err = dec.pool.Alloc(pages); err != nil {
+		t.Fatal(err)
+	}
+	fillPages(t, dec.pool, x.dst, 0xAA)
+	if x.r, err = dec.m.NewReceiver(addr, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.r.Init(x.dst); err != nil {
+		t.Fatal(err)
+	}
+	if x.s, err = pre.m.NewSender(id); err != nil {
+		t.Fatal(err)
+	}
+	if st := x.s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("room %d: sender %s %v", id, st, x.s.Failure())
+	}
+	if x.src, err = pre.pool.Alloc(pages); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.FillPattern(pre.pool, id, x.src, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.close)
+	return x
+}
+
+// wait waits (bounded) until both sides are terminal.
+func (x *room) wait() {
+	x.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	x.r.Wait(ctx, engine.KVSuccess)
+	x.s.Wait(ctx, engine.KVSuccess)
+}
+
+// close closes both sides (the receiver's Close waits for fencing) and frees
+// the pages; it reports how long the receiver's Close took.
+func (x *room) closeTimed() time.Duration {
+	t0 := time.Now()
+	x.r.Close()
+	d := time.Since(t0)
+	x.s.Close()
+	if !x.closed {
+		x.closed = true
+		x.dec.pool.Free(x.dst)
+		x.pre.pool.Free(x.src)
+	}
+	return d
+}
+
+func (x *room) close() { x.closeTimed() }
+
+// agree fails the test unless both sides reached the same terminal state,
+// and returns it.
+func (x *room) agree() engine.KVPoll {
+	x.t.Helper()
+	ps, pr := x.s.Poll(), x.r.Poll()
+	if ps != pr || (ps != engine.KVSuccess && ps != engine.KVFailed) {
+		x.t.Fatalf("room %d: outcomes differ: prefill %s (%v), decode %s (%v)", x.id, ps, x.s.Failure(), pr, x.r.Failure())
+	}
+	return ps
+}
+
+// Case 2 of the issue: the decode fails the room (waiting timeout) while the
+// producer is still writing (each batch lands 1.5 s late). The decode
+// aborts the producer, the producer stops, reports "aborted by decode" and
+// acknowledges; nothing lands, and the pages are handed back long before
+// the fence timeout, through the acknowledgement.
+func TestDecodeFailureAbortsProducer(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+		wrap: func(tr engine.Transport) engine.Transport {
+			return faulty.Wrap(tr, faulty.DelayWrites(1500*time.Millisecond))
+		}})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: 300 * time.Millisecond, fenceTmo: time.Minute})
+	x := openRoom(t, addr, pre, dec, 2, 8)
+	for i := 0; i < len(x.src); i++ { // one page per chunk, as --chunk-pages 1
+		if err := x.s.Send(x.src[i:i+1], i == len(x.src)-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.wait()
+	if x.agree() != engine.KVFailed {
+		t.Fatal("room succeeded although the decode's waiting timeout is shorter than the writes")
+	}
+	if err := x.s.Failure(); !errors.Is(err, engine.ErrAborted) || !strings.Contains(err.Error(), "aborted by decode") || !strings.Contains(err.Error(), "no Success") {
+		t.Fatalf("prefill failure %v: want aborted by decode with the decode's reason", err)
+	}
+	if !errors.Is(x.r.Failure(), engine.ErrTimeout) {
+		t.Fatalf("decode failure %v, want its waiting timeout", x.r.Failure())
+	}
+	if d := x.closeTimed(); d > 30*time.Second {
+		t.Fatalf("Receiver.Close took %s: the clean ABORT_ACK should fence the producer well before the 1 min fence timeout", d)
+	}
+	time.Sleep(2 * time.Second) // any delayed write would have landed by now
+	if err := pagesAre(dec.pool, x.dst, 0xAA); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Case 1 of the issue, in process: the producer of room A stalls in the
+// middle of the transfer (its writes held, its control messages lost, as a
+// process stopped with SIGSTOP), the decode fails A at its waiting timeout,
+// and A's pages are reused. The producer then resumes and posts its held
+// writes: the decode fenced its data path before handing the pages back,
+// so nothing lands in them. The next room on the same pair succeeds on a
+// new data path, both sides agree, and its bytes are the producer's.
+func TestStalledProducerFencedBeforeReuse(t *testing.T) {
+	addr := startBootstrap(t)
+	drop := faulty.DropControl()
+	var ft *faulty.Transport
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, controlFault: drop.Filter,
+		wrap: func(tr engine.Transport) engine.Transport { ft = faulty.Wrap(tr); return ft }})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: time.Second, fenceTmo: 500 * time.Millisecond})
+	a := openRoom(t, addr, pre, dec, 1, 8)
+	if err := a.s.Send(a.src[:4], false); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); a.s.BytesSent() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first chunk never landed")
+		}
+	}
+	// Stop the producer: later writes are held, its control messages lost.
+	ft.Stall()
+	drop.DropFor(4 * time.Second)
+	if err := a.s.Send(a.src[4:], true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if st := a.r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("decode room A: %s, want Failed at its waiting timeout", st)
+	}
+	closeStart := time.Now()
+	a.r.Close() // returns once the stalled producer's data path is fenced
+	t.Logf("room A failed on the decode (%v); its pages were handed back %s later", a.r.Failure(), time.Since(closeStart).Round(time.Millisecond))
+	// "Reuse" A's pages, then let the stale writer go.
+	fillPages(t, dec.pool, a.dst, 0x55)
+	ft.Resume()
+	a.s.Wait(ctx, engine.KVSuccess)
+	if a.s.Poll() != engine.KVFailed {
+		t.Fatalf("prefill room A: %s, want Failed (the decode failed it)", a.s.Poll())
+	}
+	time.Sleep(2 * time.Second) // the held writes went out at Resume
+	if err := pagesAre(dec.pool, a.dst, 0x55); err != nil {
+		t.Fatalf("stale writer reached reused pages: %v", err)
+	}
+	if ft.Submits() < 2 {
+		t.Fatalf("%d submits: the stalled batch was never posted", ft.Submits())
+	}
+	// The pair serves again: room B on a new data path (new epoch).
+	time.Sleep(2500 * time.Millisecond) // let the control-channel drop end
+	b := openRoom(t, addr, pre, dec, 2, 8)
+	if err := b.s.Send(b.src, true); err != nil {
+		t.Fatal(err)
+	}
+	b.wait()
+	if b.agree() != engine.KVSuccess {
+		t.Fatalf("room B after the fence: prefill %v, decode %v", b.s.Failure(), b.r.Failure())
+	}
+	if err := workload.VerifyPattern(dec.pool, 2, b.dst, 0); err != nil {
+		t.Fatalf("room B's bytes: %v", err)
+	}
+}
+
+// A lost verdict is asked for again: the prefill reports Success only once
+// the decode's Success reached it.
+func TestLostVerdictAskedAgain(t *testing.T) {
+	addr := startBootstrap(t)
+	drop := faulty.DropControl()
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: drop.Filter})
+	x := openRoom(t, addr, pre, dec, 9, 4)
+	drop.DropNext(engine.MsgStatus, 1) // the decode's verdict
+	if err := x.s.Send(x.src, true); err != nil {
+		t.Fatal(err)
+	}
+	x.wait()
+	if x.agree() != engine.KVSuccess {
+		t.Fatalf("prefill %v, decode %v", x.s.Failure(), x.r.Failure())
+	}
+	if n := drop.Dropped(engine.MsgStatus); n != 1 {
+		t.Fatalf("%d verdicts dropped, want 1", n)
+	}
+	if err := workload.VerifyPattern(dec.pool, 9, x.dst, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A room the decode rejects after every record passed (its own check of the
+// bytes) fails on the prefill too: the prefill's Success waits for the
+// decode's verdict.
+func TestDecodeRejectionFailsProducer(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1,
+		verifyKV: func(kv engine.ReceivedKV) error {
+			return fmt.Errorf("room %d rejected by the caller", kv.Room)
+		}})
+	x := openRoom(t, addr, pre, dec, 11, 4)
+	if err := x.s.Send(x.src, true); err != nil {
+		t.Fatal(err)
+	}
+	x.wait()
+	if x.agree() != engine.KVFailed || !strings.Contains(x.s.Failure().Error(), "rejected by the caller") {
+		t.Fatalf("prefill %v, decode %v: want both Failed with the decode's reason", x.s.Failure(), x.r.Failure())
+	}
+}
+
+// A producer dying in the middle of a batch (its segment closed after half
+// the requests): both sides fail the room, the decode fences the data path
+// before handing the pages back, and the next room on the pair succeeds on
+// a new data path.
+func TestKillMidBatchThenRecover(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+		wrap: func(tr engine.Transport) engine.Transport { return faulty.Wrap(tr, faulty.KillMidBatch(1)) }})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, fenceTmo: time.Minute})
+	a := openRoom(t, addr, pre, dec, 21, 8)
+	if err := a.s.Send(a.src, true); err != nil {
+		t.Fatal(err)
+	}
+	a.wait()
+	if a.agree() != engine.KVFailed {
+		t.Fatal("room with a killed batch succeeded")
+	}
+	if d := a.closeTimed(); d > 30*time.Second {
+		t.Fatalf("Receiver.Close took %s; the unclean ABORT_ACK should fence the data path at once", d)
+	}
+	b := openRoom(t, addr, pre, dec, 22, 8)
+	if err := b.s.Send(b.src, true); err != nil {
+		t.Fatal(err)
+	}
+	b.wait()
+	if b.agree() != engine.KVSuccess {
+		t.Fatalf("room after the killed batch: prefill %v, decode %v", b.s.Failure(), b.r.Failure())
+	}
+	if err := workload.VerifyPattern(dec.pool, 22, b.dst, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Case 5 of the issue: the decode refuses the pairing (kv_cache_dtype
+// differs) before it looked any producer up; the prefill holding the request
+// learns it at once instead of at its bootstrap timeout.
+func TestRefusedPairingReachesProducer(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, kvDtype: "fp8_e4m3", bootTmo: time.Minute})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	s, err := pre.m.NewSender(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	start := time.Now()
+	r, err := dec.m.NewReceiver(addr, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r.Failure().Error(), "kv_cache_dtype") {
+		t.Fatalf("decode: %s %v, want Failed naming kv_cache_dtype", st, r.Failure())
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("prefill: %s after %s, want Failed well before its 1 min bootstrap timeout", st, time.Since(start))
+	}
+	if err := s.Failure(); !errors.Is(err, engine.ErrAborted) || !strings.Contains(err.Error(), "kv_cache_dtype") {
+		t.Fatalf("prefill failure %v: want aborted by decode, naming kv_cache_dtype", err)
+	}
+	t.Logf("prefill failed %s after the decode's receiver was created: %v", time.Since(start).Round(time.Millisecond), s.Failure())
+}

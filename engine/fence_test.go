@@ -139,13 +139,15 @@ func (x *room) agree() engine.KVPoll {
 // aborts the producer, the producer stops, reports "aborted by decode" and
 // acknowledges; nothing lands, and the pages are handed back long before
 // the fence timeout, through the acknowledgement.
-func TestDecodeFailureAbortsProducer(t *testing.T) {
+func TestDecodeFailureAbortsProducer(t *testing.T) { forTransports(t, testDecodeFailureAbortsProducer) }
+
+func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr,
 		wrap: func(tr engine.Transport) engine.Transport {
 			return faulty.Wrap(tr, faulty.DelayWrites(1500*time.Millisecond))
 		}})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: 300 * time.Millisecond, fenceTmo: time.Minute})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: 300 * time.Millisecond, fenceTmo: time.Minute})
 	x := openRoom(t, addr, pre, dec, 2, 8)
 	for i := 0; i < len(x.src); i++ { // one page per chunk, as --chunk-pages 1
 		if err := x.s.Send(x.src[i:i+1], i == len(x.src)-1); err != nil {
@@ -179,12 +181,16 @@ func TestDecodeFailureAbortsProducer(t *testing.T) {
 // so nothing lands in them. The next room on the same pair succeeds on a
 // new data path, both sides agree, and its bytes are the producer's.
 func TestStalledProducerFencedBeforeReuse(t *testing.T) {
+	forTransports(t, testStalledProducerFencedBeforeReuse)
+}
+
+func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 	addr := startBootstrap(t)
 	drop := faulty.DropControl()
 	var ft *faulty.Transport
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, controlFault: drop.Filter,
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr, controlFault: drop.Filter,
 		wrap: func(tr engine.Transport) engine.Transport { ft = faulty.Wrap(tr); return ft }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: time.Second, fenceTmo: 500 * time.Millisecond})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: time.Second, fenceTmo: 500 * time.Millisecond})
 	a := openRoom(t, addr, pre, dec, 1, 8)
 	if err := a.s.Send(a.src[:4], false); err != nil {
 		t.Fatal(err)
@@ -239,6 +245,19 @@ func TestStalledProducerFencedBeforeReuse(t *testing.T) {
 
 // A lost verdict is asked for again: the prefill reports Success only once
 // the decode's Success reached it.
+// forTransports runs f once per host transport (tcp, and shm when it can
+// run here).
+func forTransports(t *testing.T, f func(t *testing.T, transport string)) {
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) {
+			if err := engine.ProbeTransport(tr); err != nil {
+				t.Skipf("%s unavailable: %v", tr, err)
+			}
+			f(t, tr)
+		})
+	}
+}
+
 func TestLostVerdictAskedAgain(t *testing.T) {
 	addr := startBootstrap(t)
 	drop := faulty.DropControl()
@@ -285,11 +304,13 @@ func TestDecodeRejectionFailsProducer(t *testing.T) {
 // the requests): both sides fail the room, the decode fences the data path
 // before handing the pages back, and the next room on the pair succeeds on
 // a new data path.
-func TestKillMidBatchThenRecover(t *testing.T) {
+func TestKillMidBatchThenRecover(t *testing.T) { forTransports(t, testKillMidBatchThenRecover) }
+
+func testKillMidBatchThenRecover(t *testing.T, tr string) {
 	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr,
 		wrap: func(tr engine.Transport) engine.Transport { return faulty.Wrap(tr, faulty.KillMidBatch(1)) }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, fenceTmo: time.Minute})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, fenceTmo: time.Minute})
 	a := openRoom(t, addr, pre, dec, 21, 8)
 	if err := a.s.Send(a.src, true); err != nil {
 		t.Fatal(err)

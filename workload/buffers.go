@@ -2,6 +2,8 @@ package workload
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -474,4 +476,28 @@ func (b *KVBuffers) Close() error {
 	}
 	b.hosts, b.auxHost, b.dptrs = nil, nil, nil
 	return errors.Join(errs...)
+}
+
+// Digest returns the SHA-256 (hex) of pages' bytes in every KV buffer: for
+// each buffer in order, each page in the given order. The bytes a decode
+// received for a request hash to the same value as a local KVBuffers of the
+// same layout filled with that request's pattern on any pages, so a harness
+// can check received KV without the engine's verification. Errors: a page
+// outside a buffer, a failed device read.
+func (b *KVBuffers) Digest(pages []int32) (string, error) {
+	h := sha256.New()
+	var row []byte
+	for i, kb := range b.kv {
+		if uint64(cap(row)) < kb.ItemLen {
+			row = make([]byte, kb.ItemLen)
+		}
+		row = row[:kb.ItemLen]
+		for _, p := range pages {
+			if err := b.ReadAt(i, row, uint64(p)*kb.ItemLen); err != nil {
+				return "", fmt.Errorf("workload: digest of page %d: %w", p, err)
+			}
+			h.Write(row)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -43,6 +43,8 @@ type roleFlags struct {
 	waitingTimeout   time.Duration
 	peerTimeout      time.Duration
 	fenceTimeout     time.Duration
+	digest           bool
+	hold             time.Duration
 	checksum         bool
 	verify           bool
 	fill             bool
@@ -81,6 +83,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
 		fs.IntVar(&f.prefixBlocks, "prefix-cache-blocks", 0, "keep the KV of up to this many prompt blocks (named by a request's hash_ids chain) and ask producers only for what follows the longest held prefix (SGLang decode_prefix_len); the KV buffers grow by this many blocks; 0 = off")
 		fs.IntVar(&f.blockTokens, "prefix-block-tokens", workload.DefaultBlockTokens, "tokens per hash_ids block (512 in the Mooncake traces; a whole number of pages)")
+		fs.BoolVar(&f.digest, "digest", false, "print the SHA-256 of each request's received KV bytes (\"digest\"), for a harness that checks the bytes itself")
+		fs.DurationVar(&f.hold, "hold", 0, "keep each successful request's pages this long before the digest and before they are reused (a consumer using the KV; shows writes that land after a room was handed over)")
 		fs.DurationVar(&f.fenceTimeout, "fence-timeout", engine.DefaultFenceTimeout, "how long a failed request waits for its producers to acknowledge the abort before their data path is cut; its pages are reused only after that")
 	}
 	fs.IntVar(&f.auxRows, "aux-rows", 1024, "rows of each aux (metadata) buffer: requests in flight at once on this rank")
@@ -144,6 +148,8 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--peer-timeout %s: must be > 0", f.peerTimeout)
 	case f.fenceTimeout < 0:
 		return fmt.Errorf("--fence-timeout %s: must be > 0", f.fenceTimeout)
+	case f.hold < 0:
+		return fmt.Errorf("--hold %s: must be >= 0", f.hold)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	case f.auxRows < 1 || f.auxRows > 1<<20:
@@ -263,9 +269,12 @@ type replyLine struct {
 	// the union of concurrent transfers' intervals.
 	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
 	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
-	TransferUS  int64 `json:"transfer_us"`
-	FillUS      int64 `json:"fill_us,omitempty"`
-	VerifyUS    int64 `json:"verify_us,omitempty"`
+	// Digest (decode --digest) is the SHA-256 of the room's received KV
+	// bytes (workload.KVBuffers.Digest), taken after --hold.
+	Digest     string `json:"digest,omitempty"`
+	TransferUS int64  `json:"transfer_us"`
+	FillUS     int64  `json:"fill_us,omitempty"`
+	VerifyUS   int64  `json:"verify_us,omitempty"`
 }
 
 // runRole runs a prefill or decode rank: it serves request lines from stdin
@@ -802,6 +811,17 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 			}
 		}
 		out.VerifyUS = verifyUS(q.Room) + time.Since(t).Microseconds()
+	}
+	if f.hold > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(f.hold):
+		}
+	}
+	if f.digest {
+		if out.Digest, err = pool.Digest(pages[held:]); err != nil {
+			return fail(err)
+		}
 	}
 	out.OK = true
 	return out, release

@@ -49,6 +49,13 @@ type segment struct {
 	watchEnd chan struct{}
 
 	peerLost atomic.Bool
+	closing  atomic.Bool // Close: batches still copying end Failed/ErrClosed
+
+	// slot is this segment's sender slot in the receiver's control memfd
+	// (fence.go); slotIdx its index (-1 before it is claimed).
+	slot    []uint64
+	slotIdx int
+	epoch   uint64
 
 	mu      sync.Mutex // guards closed; Submit adds to batches under it
 	closed  bool
@@ -123,7 +130,7 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if ep.BootID != t.self.BootID {
 		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), engine.ErrUnavailable)
 	}
-	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[engine.RegionID]*remoteRegion{},
+	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[engine.RegionID]*remoteRegion{}, slotIdx: -1, epoch: info.Epoch,
 		batches: engine.NewBatchTable[*batch]("shm"), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
 	ok := false
 	defer func() {
@@ -149,6 +156,18 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	s.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl.data[0])), ctlWords)
 	if atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
 		return nil, fmt.Errorf("shm: receiver pid %d has closed its transport: %w", pid, engine.ErrPeerLost)
+	}
+	// Claim a sender slot (our epoch published in it), then check the
+	// receiver admitted the epoch: a fence that withdrew it either is seen
+	// here or sees our slot (fence.go).
+	idx, err := claimSlot(s.ctlWord, uint64(os.Getpid()), t.self.StartTime, info.Epoch)
+	if err != nil {
+		return nil, fmt.Errorf("shm: open segment to receiver pid %d: %v: %w", pid, err, engine.ErrUnavailable)
+	}
+	s.slotIdx, s.slot = idx, slotWords(s.ctlWord, idx)
+	if info.Epoch != 0 && !admitted(s.ctlWord, info.Epoch) {
+		return nil, fmt.Errorf("shm: open segment to receiver pid %d: epoch %d is not admitted there: it was fenced (the decode gave up on that data path) or never registered; the decode registers again with a new epoch: %w: %w",
+			pid, info.Epoch, engine.ErrFenced, engine.ErrPeerLost)
 	}
 	for _, d := range info.Regions {
 		if _, dup := s.regions[d.ID]; dup {
@@ -318,7 +337,9 @@ func (s *segment) watch() {
 	}
 }
 
-// lose marks the peer lost and fails every pending batch with err.
+// lose marks the peer lost: every pending batch stops at its next copy
+// unit and fails (copyAll finishes it, so a terminal batch never copies any
+// more), wrapping engine.ErrPeerLost.
 func (s *segment) lose(err error) {
 	s.peerLost.Store(true)
 	s.mu.Lock()
@@ -326,7 +347,6 @@ func (s *segment) lose(err error) {
 	s.mu.Unlock()
 	for _, b := range pend {
 		b.canceled.Store(true)
-		b.finish(engine.BatchFailed, err)
 	}
 }
 
@@ -336,6 +356,15 @@ func (s *segment) HandshakeReply() []byte { return nil }
 type piece struct {
 	dst []byte
 	src []byte
+}
+
+// unit is a run of pieces [start, end) into one remote region, at most
+// about 1 MiB: the granularity at which copies check for a fence, a
+// deregistered region, cancellation and peer loss (fence.go).
+type unit struct {
+	start, end int
+	region     engine.RegionID
+	bytes      uint64
 }
 
 // Submit validates every request, then copies. Batches smaller than the
@@ -358,7 +387,11 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
 		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
 	}
+	if atomic.LoadUint64(&s.slot[sFenced]) != 0 {
+		return 0, fmt.Errorf("shm: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, engine.ErrFenced, engine.ErrPeerLost)
+	}
 	pieces := make([]piece, 0, len(tb.Requests))
+	var units []unit
 	var total uint64
 	for i, r := range tb.Requests {
 		rr, ok := s.regions[r.Remote]
@@ -388,7 +421,12 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 			off := r.RemoteOffset + j*r.RemoteStride
 			for c := uint64(0); c < r.Length; c += chunkBytes {
 				m := min(chunkBytes, r.Length-c)
+				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > chunkBytes {
+					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
+				}
 				pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m)})
+				units[len(units)-1].end++
+				units[len(units)-1].bytes += m
 			}
 		}
 		total += n * r.Length
@@ -396,13 +434,13 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	b := &batch{doneCh: make(chan struct{}), total: total}
 	id := s.batches.Add(b)
 	s.running.Add(1)
-	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(pieces) < 2 {
+	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(units) < 2 {
 		// Small batch: copy on the caller's goroutine (outside the lock).
 		s.mu.Unlock()
-		s.copyAll(b, pieces, 1)
+		s.copyAll(b, pieces, units, 1)
 		s.mu.Lock() // for the deferred unlock
 	} else {
-		go s.copyAll(b, pieces, min(s.t.copyThreads, len(pieces)))
+		go s.copyAll(b, pieces, units, min(s.t.copyThreads, len(units)))
 	}
 	return id, nil
 }
@@ -503,20 +541,39 @@ func hostBytes(addr uintptr, n uint64) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
-// copyAll copies pieces with workers goroutines and finishes the batch. It
-// owns one count of s.running.
-func (s *segment) copyAll(b *batch, pieces []piece, workers int) {
+// copyAll copies the units with workers goroutines and finishes the batch:
+// it is the only place a batch turns terminal, after its last copy ended,
+// so a terminal batch never writes again. It owns one count of s.running.
+func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	defer s.running.Done()
 	var next atomic.Int64
+	var stopMu sync.Mutex
+	var stopErr error // a fence or a deregistered region stopped the batch
+	stopped := func() bool { stopMu.Lock(); defer stopMu.Unlock(); return stopErr != nil }
 	work := func() {
 		for {
 			i := next.Add(1) - 1
-			if i >= int64(len(pieces)) || b.canceled.Load() || s.peerLost.Load() {
+			if i >= int64(len(units)) || b.canceled.Load() || s.peerLost.Load() || stopped() {
 				return
 			}
-			p := pieces[i]
-			copyPiece(p)
-			b.done.Add(uint64(len(p.dst)))
+			u := units[i]
+			ph, err := s.enter(u.region)
+			if err != nil {
+				stopMu.Lock()
+				if stopErr == nil {
+					stopErr = err
+				}
+				stopMu.Unlock()
+				return
+			}
+			for _, p := range pieces[u.start:u.end] {
+				copy(p.dst, p.src)
+			}
+			s.leave(ph)
+			b.done.Add(u.bytes)
+			// Yield once per unit (at most 1 MiB), outside the fence
+			// count, for the reason copyPiece gives.
+			runtime.Gosched()
 		}
 	}
 	if workers <= 1 {
@@ -531,6 +588,10 @@ func (s *segment) copyAll(b *batch, pieces []piece, workers int) {
 		wg.Wait()
 	}
 	switch {
+	case s.closing.Load():
+		b.finish(engine.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending (%d of %d bytes copied): %w", b.done.Load(), b.total, engine.ErrClosed))
+	case stopErr != nil:
+		b.finish(engine.BatchFailed, fmt.Errorf("%w (%d of %d bytes copied)", stopErr, b.done.Load(), b.total))
 	case b.canceled.Load() && !s.peerLost.Load():
 		b.finish(engine.BatchCanceled, fmt.Errorf("shm: batch stopped after %d of %d bytes: %w", b.done.Load(), b.total, engine.ErrCanceled))
 	case (b.total >= liveCheckMin && !s.alive()) || s.peerLost.Load():
@@ -568,7 +629,8 @@ func (s *segment) Release(id engine.BatchID) {
 }
 
 // Close fails pending batches with engine.ErrClosed, waits for copies in
-// flight to stop, and unmaps the receiver's regions. Idempotent.
+// flight to stop, gives its sender slot back and unmaps the receiver's
+// regions. Idempotent.
 func (s *segment) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -576,11 +638,11 @@ func (s *segment) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.closing.Store(true)
 	pend := s.batches.All()
 	s.mu.Unlock()
 	for _, b := range pend {
-		b.canceled.Store(true)
-		b.finish(engine.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending: %w", engine.ErrClosed))
+		b.canceled.Store(true) // copyAll stops at the next unit and fails it with ErrClosed
 	}
 	s.running.Wait()
 	unix.Write(s.wake[1], []byte{1})
@@ -603,6 +665,10 @@ func (s *segment) release() error {
 		}
 	}
 	s.regions = nil
+	if s.slot != nil {
+		releaseSlot(s.ctlWord, s.slotIdx) // no copy of this segment runs any more
+		s.slot, s.slotIdx = nil, -1
+	}
 	if s.ctl != nil {
 		unix.Munmap(s.ctl)
 		s.ctl, s.ctlWord = nil, nil

@@ -44,6 +44,14 @@
 // counter; a receiver that learns of completion through a control message has
 // the ordering from the kernel's socket syscalls as well.
 //
+// # Fencing and deregistration
+//
+// A receiver cannot take back a mapping, so copies check, per unit of at most
+// 1 MiB, a fenced flag and the region's control slot, and count themselves in
+// their sender slot of the control memfd; FenceEpoch and DeregisterMemory wait
+// until no unit that started before them is still copying (or its sender
+// exited). See fence.go for the protocol and its bounds.
+//
 // # Peer loss
 //
 // The sender watches the receiver's pidfd (it becomes readable when the
@@ -64,6 +72,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
@@ -85,8 +94,9 @@ const (
 	ctlState     = 0 // 0 = not ready, 1 = open, 2 = closed
 	ctlCommitted = 1 // bytes committed by all senders (atomic add)
 	ctlSlots     = 8 // region slots: words ctlSlots+2*id (length in bytes, 0 = not registered) and +1 (offset in its memfd)
-	ctlWords     = ctlSlots + 2*MaxRegions
-	ctlBytes     = ctlWords * 8
+	// then the epoch admission table and the sender slots (fence.go)
+	ctlWords = ctlSend + sendSlots*sendWords
+	ctlBytes = ctlWords * 8
 
 	stateOpen   = 1
 	stateClosed = 2
@@ -140,12 +150,22 @@ type transport struct {
 	nextID   engine.RegionID
 	regions  map[engine.RegionID]*localRegion
 	segments map[*segment]struct{}
+	admitted map[uint64]int // epoch → admission entry (fence.go)
+
+	// slotMu serialises the phase flips of each sender slot (fence.go);
+	// ctlRW is read-held while a fence or deregistration waits on the
+	// control memfd, which Close unmaps only under the write lock.
+	slotMu [sendSlots]sync.Mutex
+	ctlRW  sync.RWMutex
 	// local is a copy-on-write snapshot of regions for Submit's lock-free
 	// local-range check; replaced under mu.
 	local atomic.Pointer[[]*localRegion]
 }
 
-var _ engine.Transport = (*transport)(nil)
+var (
+	_ engine.Transport = (*transport)(nil)
+	_ engine.Fencer    = (*transport)(nil)
+)
 
 // New creates an shm transport instance. Options used: Streams (copy
 // goroutines per large batch) and Extra[OptCopyThreads],
@@ -166,6 +186,7 @@ func New(opts engine.Options) (engine.Transport, error) {
 		nextID:      1,
 		regions:     map[engine.RegionID]*localRegion{},
 		segments:    map[*segment]struct{}{},
+		admitted:    map[uint64]int{},
 	}
 	if t.copyThreads <= 0 {
 		t.copyThreads = DefaultCopyThreads()
@@ -265,21 +286,35 @@ func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	return desc, nil
 }
 
-// DeregisterMemory removes a region: senders refuse later batches to it (they
-// load its control slot before each batch). A batch a sender had already
-// validated may still be copying into the memory, as with an RDMA write in
-// flight: quiesce senders (the engine's control plane) before reusing it.
+// DeregisterMemory removes a region and returns once no sender copies into
+// it any more: senders check the region's control slot before every copy
+// unit (at most 1 MiB), so batches in flight stop at the next unit and fail
+// with engine.ErrUnknownRegion, as on tcp, and later batches are refused.
+// It waits up to 10 s for a copy unit in progress; a sender stopped (SIGSTOP)
+// in the middle of one makes it return an error naming the pid: the region
+// is deregistered, but its memory may still be written until that process
+// is continued or exits, so do not reuse it before a later FenceEpoch or
+// DeregisterMemory of another region succeeds. Errors also: an unknown id
+// (wraps engine.ErrUnknownRegion).
 func (t *transport) DeregisterMemory(id engine.RegionID) error {
+	t.ctlRW.RLock()
+	defer t.ctlRW.RUnlock()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	r, ok := t.regions[id]
 	if !ok {
+		t.mu.Unlock()
 		return fmt.Errorf("shm: deregister region %d: %w", id, engine.ErrUnknownRegion)
 	}
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
 	t.snapshotLocked()
 	unix.Close(r.fd)
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), deregisterWait)
+	defer cancel()
+	if err := t.quiesce(ctx, nil); err != nil {
+		return fmt.Errorf("shm: deregister region %d: %w", id, err)
+	}
 	return nil
 }
 
@@ -317,8 +352,12 @@ func (t *transport) localRange(addr uintptr, n uint64) bool {
 	return false
 }
 
+// closeWait bounds how long Close waits for senders' copies in progress.
+const closeWait = 2 * time.Second
+
 // Close fails pending batches of every segment, tells senders that map this
-// node's regions that it is gone, and releases all descriptors. Idempotent.
+// node's regions that it is gone, waits (up to 2 s) until none of them is
+// in the middle of a copy, and releases all descriptors. Idempotent.
 func (t *transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -335,7 +374,6 @@ func (t *transport) Close() error {
 		s.Close()
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	atomic.StoreUint64(&t.ctlWord[ctlState], stateClosed)
 	for id, r := range t.regions {
 		atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
@@ -343,7 +381,20 @@ func (t *transport) Close() error {
 	}
 	t.regions = map[engine.RegionID]*localRegion{}
 	t.snapshotLocked()
+	t.mu.Unlock()
+	// Every region is deregistered: wait (bounded) until no sender copies
+	// into them, so the caller may free the memory.
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	qerr := t.quiesce(ctx, nil)
+	cancel()
+	t.ctlRW.Lock() // no fence or deregistration is using the control memfd
+	defer t.ctlRW.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var errs []error
+	if qerr != nil {
+		errs = append(errs, fmt.Errorf("shm: close: %w (its memory may still be written until that process continues or exits)", qerr))
+	}
 	if err := unix.Munmap(t.ctl); err != nil {
 		errs = append(errs, fmt.Errorf("shm: unmap control memfd: %w", err))
 	}

@@ -39,7 +39,9 @@ import (
 // ptrace_scope does not restrict) and refuses it unless st_dev/st_ino match,
 // so a recycled pid or fd number can never map the wrong memory.
 const (
-	wireVersion  = 1
+	// wireVersion 2: the control memfd grew the epoch admission table and
+	// the sender slots (fence.go).
+	wireVersion  = 2
 	endpointSize = 53
 	keySize      = 29
 )

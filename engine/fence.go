@@ -17,8 +17,12 @@ import (
 //     verified the room, or ABORT when it failed it. A prefill Sender reaches
 //     Success only with a Success verdict from every decode destination, so
 //     neither side reports Success for a room the other failed. A producer
-//     that hears nothing asks again (it re-sends its STATUS) until its waiting
-//     timeout; the decode remembers verdicts for WaitingTimeout+PeerTimeout.
+//     that hears nothing asks again (it re-sends its STATUS); after its
+//     waiting timeout it asks the decode to fail the room (STATUS Failed) and
+//     still reports whatever verdict comes back, giving up on its own only
+//     when the decode stays silent for a further peer timeout. The decode
+//     remembers verdicts (see verdictTTL), so a producer that was stopped or
+//     cut off still learns the real outcome when it asks.
 //   - Any failure on the decode (waiting timeout, peer lost, a bad record or
 //     checksum, a refused pairing, abort, close) sends ABORT to every
 //     producer of the room. A producer fails the room ("aborted by decode
@@ -43,6 +47,20 @@ const DefaultFenceTimeout = 5 * time.Second
 // fenceRetry is the pause between FenceEpoch attempts on a transport that
 // could not fence yet (shm: a sender stopped in the middle of a copy).
 const fenceRetry = time.Second
+
+// verdictTTL is how long a decode remembers a finished room's verdict: at
+// least 10 minutes, and twice the time a producer keeps asking
+// (WaitingTimeout + PeerTimeout); maxVerdicts bounds how many it keeps (the
+// oldest are forgotten first). A producer stopped longer than that before it
+// asks again is told the room is unknown, and fails it.
+const (
+	minVerdictTTL = 10 * time.Minute
+	maxVerdicts   = 200_000
+)
+
+func (m *Manager) verdictTTL() time.Duration {
+	return max(minVerdictTTL, 2*(m.cfg.WaitingTimeout+m.cfg.PeerTimeout))
+}
 
 // verdict is a decode's remembered outcome of a finished room.
 type verdict struct {
@@ -70,7 +88,14 @@ type epochKey struct {
 // that asks again after the room was closed.
 func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 	m.mu.Lock()
+	if _, ok := m.verdicts[room]; !ok {
+		m.verdictOrder = append(m.verdictOrder, room)
+	}
 	m.verdicts[room] = verdict{ok: ok, reason: reason, at: time.Now()}
+	for len(m.verdicts) > maxVerdicts && len(m.verdictOrder) > 0 {
+		delete(m.verdicts, m.verdictOrder[0])
+		m.verdictOrder = m.verdictOrder[1:]
+	}
 	m.mu.Unlock()
 }
 
@@ -229,11 +254,17 @@ func (m *Manager) goTracked(f func()) {
 // pruneFenceState drops remembered verdicts, closed-sender memos and
 // finished fence operations older than their time to live; m.mu held.
 func (m *Manager) pruneFenceStateLocked(now time.Time) {
-	ttl := m.cfg.WaitingTimeout + m.cfg.PeerTimeout
-	for room, v := range m.verdicts {
-		if now.Sub(v.at) > ttl {
-			delete(m.verdicts, room)
+	ttl := m.verdictTTL()
+	for len(m.verdictOrder) > 0 {
+		room := m.verdictOrder[0]
+		if v, ok := m.verdicts[room]; ok && now.Sub(v.at) <= ttl {
+			break // in order of first decision
 		}
+		delete(m.verdicts, room)
+		m.verdictOrder = m.verdictOrder[1:]
+	}
+	if cap(m.verdictOrder) > 2*len(m.verdictOrder)+1024 {
+		m.verdictOrder = append([]uint64(nil), m.verdictOrder...)
 	}
 	for room, a := range m.recent {
 		if now.Sub(a.at) > m.cfg.BootstrapTimeout {

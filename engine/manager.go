@@ -300,11 +300,13 @@ type Manager struct {
 	aborted   map[uint64]time.Time                  // prefill: ABORTs before NewSender
 	recent    map[uint64]ackMemo                    // prefill: how closed senders ended (for late ABORTs)
 	verdicts  map[uint64]verdict                    // decode: outcomes of finished rooms
-	fenceOps  map[epochKey]chan struct{}            // decode: data-path fences running or done
-	dpeers    map[string]*decodePeer                // prefill: registered decode ranks
-	ppeers    map[string]*prefillPeer               // decode: prefill ranks registered with
-	bcache    map[string]*instanceInfo              // decode: bootstrap info per address
-	dir       *bootstrap.Client                     // prefill: the directory this rank registers with
+	// verdictOrder: rooms of verdicts in the order first decided (expiry)
+	verdictOrder []uint64
+	fenceOps     map[epochKey]chan struct{} // decode: data-path fences running or done
+	dpeers       map[string]*decodePeer     // prefill: registered decode ranks
+	ppeers       map[string]*prefillPeer    // decode: prefill ranks registered with
+	bcache       map[string]*instanceInfo   // decode: bootstrap info per address
+	dir          *bootstrap.Client          // prefill: the directory this rank registers with
 
 	instanceID string
 	epoch      uint64

@@ -897,9 +897,6 @@ func (m *Manager) handleStatus(v *StatusMsg) {
 		r.onStatus(v)
 		return
 	}
-	if v.State != KVSuccess {
-		return
-	}
 	if known {
 		go m.sendVerdict(v.Endpoint, v.Room, vd.ok, vd.reason, v.Epoch)
 		return
@@ -935,9 +932,9 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 	}
 	switch {
 	case p == KVSuccess:
-		if v.State == KVSuccess { // it missed the verdict
-			go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
-		}
+		// It missed the verdict (and may have given up waiting): the
+		// decode's Success stands.
+		go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
 	case p == KVFailed:
 		if v.State == KVSuccess { // it missed the ABORT
 			go r.m.sendVerdict(v.Endpoint, r.room, false, ferr.Error(), t.epoch)

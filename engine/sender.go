@@ -434,6 +434,10 @@ type Sender struct {
 	written    bool
 	awaitSince time.Time
 	lastAsk    time.Time
+	// giveUp is the reason the sender asked the decode to decide now (no
+	// verdict within the waiting timeout), giveUpAt when; "" before.
+	giveUp   string
+	giveUpAt time.Time
 	// unclean says why a transfer batch may still land or the data path
 	// broke ("" when every batch ended on a healthy data path).
 	unclean string
@@ -990,8 +994,9 @@ func (s *Sender) maybeSucceed() {
 // the verdict was lost with a dropped connection).
 const verdictAsk = time.Second
 
-// askVerdict re-sends STATUS Success to the destinations whose verdict is
-// missing, at most every verdictAsk.
+// askVerdict re-sends its STATUS to the destinations whose verdict is
+// missing, at most every verdictAsk: Success while it waits, Failed (with
+// the reason) once it gave up waiting.
 func (s *Sender) askVerdict(now time.Time) {
 	if s.Poll() != KVTransferring {
 		return
@@ -1002,6 +1007,7 @@ func (s *Sender) askVerdict(now time.Time) {
 		return
 	}
 	s.lastAsk = now
+	giveUp := s.giveUp
 	var ds []*senderDst
 	for ep, d := range s.dsts {
 		if !s.verdicts[ep] {
@@ -1009,9 +1015,18 @@ func (s *Sender) askVerdict(now time.Time) {
 		}
 	}
 	s.mu.Unlock()
+	s.sendStatus(ds, giveUp)
+}
+
+// sendStatus sends STATUS Success (reason "") or Failed (reason) to ds.
+func (s *Sender) sendStatus(ds []*senderDst, reason string) {
+	state := KVSuccess
+	if reason != "" {
+		state = KVFailed
+	}
 	for _, d := range ds {
 		go func() {
-			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), true)
+			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: state, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: reason, Epoch: d.msg.Epoch}).Encode(), true)
 		}()
 	}
 }
@@ -1033,17 +1048,40 @@ func (s *Sender) checkTimeout(now time.Time) {
 		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (raise SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1)))
 		return
 	}
+	if p != KVTransferring {
+		return
+	}
+	// No verdict within the waiting timeout: the decode decides the room, so
+	// the sender does not fail on its own; it asks the decode to fail it
+	// (STATUS Failed) and reports whatever verdict comes back, Success
+	// included (the decode may have decided before it heard us). Only a
+	// decode that answers nothing for a further peer timeout is given up on.
 	s.mu.Lock()
-	waiting := s.written && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout
 	var missing []string
-	for ep := range s.dsts {
+	var ds []*senderDst
+	for ep, d := range s.dsts {
 		if !s.verdicts[ep] {
 			missing = append(missing, ep)
+			ds = append(ds, d)
 		}
 	}
+	ask, quit := false, false
+	switch {
+	case !s.written:
+	case s.giveUp == "" && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout:
+		s.giveUp = fmt.Sprintf("room %d: every page and the metadata record landed, but decode %v gave no verdict within %s; the prefill gives up (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the decode)", s.room, missing, s.m.cfg.WaitingTimeout)
+		s.giveUpAt, s.lastAsk, ask = now, now, true
+	case s.giveUp != "" && now.Sub(s.giveUpAt) > s.m.cfg.PeerTimeout:
+		quit = true
+	}
+	giveUp := s.giveUp
 	s.mu.Unlock()
-	if p == KVTransferring && waiting {
-		s.fail(fmt.Errorf("%w: room %d: every page and the metadata record landed, but decode %v gave no verdict within %s (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the decode)", ErrTimeout, s.room, missing, s.m.cfg.WaitingTimeout))
+	if ask {
+		s.m.log.Warn("no verdict from the decode; asking it to fail the room", "room", s.room, "decode", missing)
+		s.sendStatus(ds, giveUp)
+	}
+	if quit {
+		s.fail(fmt.Errorf("%w: %s; the decode did not answer for another %s either (unreachable)", ErrTimeout, giveUp, s.m.cfg.PeerTimeout))
 	}
 }
 

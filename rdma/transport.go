@@ -258,6 +258,7 @@ type Transport struct {
 var (
 	_ engine.Transport = (*Transport)(nil)
 	_ engine.Acceptor  = (*Transport)(nil)
+	_ engine.Fencer    = (*Transport)(nil)
 )
 
 // region is a registered memory range, split into MRs per device.
@@ -269,11 +270,13 @@ type region struct {
 	desc  engine.RegionDesc
 }
 
-// peerConn is the receiver's QPs prepared for one sender peer.
+// peerConn is the receiver's QPs prepared for one sender peer; epoch is the
+// segment epoch admitted for them (AdmitEpoch; 0 = none).
 type peerConn struct {
 	qps   []*ibverbs.QP
 	devs  []*device
 	infos []qpInfo
+	epoch uint64
 }
 
 // New opens the rdma transport on every usable device (o.Devices filters by
@@ -551,6 +554,60 @@ func (pc *peerConn) close() {
 		_ = q.Close()
 	}
 	pc.qps = nil
+}
+
+// AdmitEpoch binds epoch (>= 1) to the QPs Endpoint last prepared for peer:
+// on rdma those QPs are the epoch's data path (a sender can only write
+// through receiver QPs it was paired with by Accept), so FenceEpoch destroys
+// them. Errors: epoch 0, a closed transport, no QPs prepared for peer.
+func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
+	if epoch == 0 {
+		return fmt.Errorf("rdma: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", peer)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("rdma: admit epoch %d for %q: %w", epoch, peer, engine.ErrClosed)
+	}
+	pc := t.peers[peer]
+	if pc == nil {
+		return fmt.Errorf("rdma: admit epoch %d for %q: no QPs prepared (call Endpoint for this peer first)", epoch, peer)
+	}
+	pc.epoch = epoch
+	return nil
+}
+
+// FenceEpoch cuts the data path of epoch: the receiver QPs prepared for peer
+// under that epoch are moved to the error state (the NIC stops executing
+// incoming WRITEs on them; the sender's work requests fail, it sees
+// ErrPeerLost) and destroyed, so nothing written through them lands any
+// more. The next registration prepares new QPs (Endpoint). QPs of another
+// epoch, or none, leave nothing to fence: an older epoch's QPs were destroyed
+// when Endpoint recreated them. It does not block; ctx is unused.
+func (t *Transport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pc := t.peers[peer]
+	if pc == nil || pc.epoch != epoch || epoch == 0 {
+		return nil
+	}
+	var errs []error
+	var left []*ibverbs.QP
+	var leftDevs []*device
+	for i, q := range pc.qps {
+		_ = q.ToError() // stop executing incoming WRITEs at once; destroy is the fence
+		if err := q.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("rdma: %s QP %d of peer %q: destroy: %w", pc.devs[i].name, q.QPN(), peer, err))
+			left, leftDevs = append(left, q), append(leftDevs, pc.devs[i])
+		}
+	}
+	if len(errs) > 0 {
+		pc.qps, pc.devs = left, leftDevs // try again on the next call
+		return fmt.Errorf("rdma: fence epoch %d: %w", epoch, errors.Join(errs...))
+	}
+	pc.qps = nil
+	delete(t.peers, peer)
+	return nil
 }
 
 // Accept moves the QPs prepared for peer to RTR, connected to the sender's

@@ -248,10 +248,6 @@ def test_prefill_killed_mid_transfer(peers, bootstrap):
         mgr.close()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "engine bug, fencing (issue #10) not landed yet: a decode that fails a room because its prefill went silent "
-    "(peer timeout) neither sends ABORT nor tears down the prefill's data path, so the resumed prefill can still "
-    "write the pages and report Success (seen in about 1 of 3 runs); remove this mark when fencing lands"))
 def test_stalled_prefill_same_outcome_on_both_sides(peers, bootstrap):
     """Fault without verification: the prefill rank stalls (SIGSTOP) after
     the first of three chunks; the decode fails the room (silent peer) and,

@@ -119,6 +119,7 @@ func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, ep
 
 // handleAbortAck (decode): a producer will write nothing more for the room.
 func (m *Manager) handleAbortAck(v *AbortAckMsg) {
+	m.met.fence(RoleDecode, "abort_ack_received")
 	m.mu.Lock()
 	r := m.receivers[v.Room]
 	m.mu.Unlock()
@@ -181,6 +182,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 			case <-time.After(fenceRetry):
 			}
 		}
+		m.met.fence(RoleDecode, "fenced")
 		m.mu.Lock()
 		rs = rs[:0]
 		for _, r := range m.receivers {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	"github.com/kvxfer/kvxfer/workload"
@@ -143,11 +145,12 @@ func TestDecodeFailureAbortsProducer(t *testing.T) { forTransports(t, testDecode
 
 func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr,
+	preReg, decReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr, metrics: preReg,
 		wrap: func(tr engine.Transport) engine.Transport {
 			return faulty.Wrap(tr, faulty.DelayWrites(1500*time.Millisecond))
 		}})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: 300 * time.Millisecond, fenceTmo: time.Minute})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: 300 * time.Millisecond, fenceTmo: time.Minute, metrics: decReg})
 	x := openRoom(t, addr, pre, dec, 2, 8)
 	for i := 0; i < len(x.src); i++ { // one page per chunk, as --chunk-pages 1
 		if err := x.s.Send(x.src[i:i+1], i == len(x.src)-1); err != nil {
@@ -166,6 +169,21 @@ func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	}
 	if d := x.closeTimed(); d > 30*time.Second {
 		t.Fatalf("Receiver.Close took %s: the clean ABORT_ACK should fence the producer well before the 1 min fence timeout", d)
+	}
+	// The fencing events of this path: the pages were quarantined, ABORT
+	// went out and was acknowledged; no data path had to be torn down.
+	for _, c := range []struct {
+		g          prometheus.Gatherer
+		role, ev   string
+		atLeastOne bool
+	}{
+		{decReg, "decode", "quarantined", true}, {decReg, "decode", "abort_sent", true}, {decReg, "decode", "abort_ack_received", true},
+		{preReg, "prefill", "abort_received", true}, {preReg, "prefill", "abort_ack_sent", true}, {decReg, "decode", "fenced", false},
+	} {
+		n := sample(t, c.g, engine.MetricFencingEvents, map[string]string{"role": c.role, "event": c.ev})
+		if (n >= 1) != c.atLeastOne {
+			t.Errorf("%s{role=%s,event=%s} = %v, want at least one: %v", engine.MetricFencingEvents, c.role, c.ev, n, c.atLeastOne)
+		}
 	}
 	time.Sleep(2 * time.Second) // any delayed write would have landed by now
 	if err := pagesAre(dec.pool, x.dst, 0xAA); err != nil {
@@ -188,9 +206,10 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 	addr := startBootstrap(t)
 	drop := faulty.DropControl()
 	var ft *faulty.Transport
+	decReg := prometheus.NewRegistry()
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr, controlFault: drop.Filter,
 		wrap: func(tr engine.Transport) engine.Transport { ft = faulty.Wrap(tr); return ft }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: time.Second, fenceTmo: 500 * time.Millisecond})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: time.Second, fenceTmo: 500 * time.Millisecond, metrics: decReg})
 	a := openRoom(t, addr, pre, dec, 1, 8)
 	if err := a.s.Send(a.src[:4], false); err != nil {
 		t.Fatal(err)
@@ -213,6 +232,9 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 	}
 	closeStart := time.Now()
 	a.r.Close() // returns once the stalled producer's data path is fenced
+	if n := sample(t, decReg, engine.MetricFencingEvents, map[string]string{"role": "decode", "event": "fenced"}); n < 1 {
+		t.Errorf("%s{event=fenced} = %v after Close of a room whose producer never acknowledged", engine.MetricFencingEvents, n)
+	}
 	t.Logf("room A failed on the decode (%v); its pages were handed back %s later", a.r.Failure(), time.Since(closeStart).Round(time.Millisecond))
 	// "Reuse" A's pages, then let the stale writer go.
 	fillPages(t, dec.pool, a.dst, 0x55)
@@ -243,8 +265,6 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 	}
 }
 
-// A lost verdict is asked for again: the prefill reports Success only once
-// the decode's Success reached it.
 // forTransports runs f once per host transport (tcp, and shm when it can
 // run here).
 func forTransports(t *testing.T, f func(t *testing.T, transport string)) {
@@ -258,6 +278,8 @@ func forTransports(t *testing.T, f func(t *testing.T, transport string)) {
 	}
 }
 
+// A lost verdict is asked for again: the prefill reports Success only once
+// the decode's Success reached it.
 func TestLostVerdictAskedAgain(t *testing.T) {
 	addr := startBootstrap(t)
 	drop := faulty.DropControl()

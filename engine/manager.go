@@ -1379,7 +1379,7 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 		if haveMemo {
 			ack.Clean, ack.Detail = memo.clean, memo.detail
 		}
-		go func() { _ = m.send(v.Endpoint, ack.Encode(), false) }()
+		go m.sendAbortAck(v.Endpoint, ack)
 		return
 	}
 	s.fail(err)
@@ -1387,8 +1387,16 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 		<-s.finished
 		ack.Clean, ack.Detail = s.cleanState()
 		ack.Epoch = s.dstEpoch(v.Endpoint, v.Epoch)
-		_ = m.send(v.Endpoint, ack.Encode(), false)
+		m.sendAbortAck(v.Endpoint, ack)
 	}()
+}
+
+// sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode
+// that misses it fences the data path after its FenceTimeout).
+func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) {
+	if m.send(ep, ack.Encode(), false) == nil {
+		m.met.fence(RolePrefill, "abort_ack_sent")
+	}
 }
 
 // handleVerdict (prefill): a decode's verdict on a room (STATUS from the

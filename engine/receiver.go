@@ -1102,6 +1102,7 @@ func (r *Receiver) failLocal(err error) bool {
 		go r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch)
 	}
 	if !r.updateFence() {
+		r.m.met.fence(RoleDecode, "quarantined") // its pages wait for the fence
 		r.m.wg.Add(1)
 		go r.fenceLoop()
 	}

@@ -192,7 +192,7 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 		m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 		go func() {
 			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
-			_ = m.send(v.Endpoint, (&AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason}).Encode(), false)
+			m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
 		}()
 	}
 	if p == nil {
@@ -930,7 +930,7 @@ func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	clean, detail := s.cleanState()
 	for _, d := range ds {
 		if !d.msg.Dummy {
-			_ = s.m.send(d.msg.Endpoint, (&AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail}).Encode(), false)
+			s.m.sendAbortAck(d.msg.Endpoint, &AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail})
 		}
 	}
 }

@@ -1,0 +1,318 @@
+//go:build cgo
+
+package main
+
+// The //exports of segments (Mooncake-style named segments) and transfer
+// batches.
+
+/*
+#define KVX_TYPES_ONLY 1
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"context"
+	"sort"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+//export kvx_segment_export
+func kvx_segment_export(eng C.kvx_engine_t, peer *C.char, buf unsafe.Pointer, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_segment_export"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	if !ok {
+		return finish(badHandle(op, "engine", uint64(eng)))
+	}
+	p := goStr(peer)
+	if p == "" {
+		p = "peer"
+	}
+	blob, err := e.exportSegment(p)
+	if err != nil {
+		return finish(err)
+	}
+	return finish(writeOut(op, blob, false, buf, capacity, needed))
+}
+
+//export kvx_segment_open
+func kvx_segment_open(eng C.kvx_engine_t, blob unsafe.Pointer, length C.size_t, out *C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_open"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case blob == nil:
+		return finish(nullArg(op, "blob"))
+	case length == 0:
+		return finish(fail(stInvalidArgument, "%s: len is 0 bytes", op))
+	case length > maxSegmentDesc:
+		return finish(fail(stInvalidArgument, "%s: len %d bytes is over the %d-byte descriptor limit", op, length, maxSegmentDesc))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	h, err := e.openSegment(uint64(eng), C.GoBytes(blob, C.int(length)))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_segment_t(h)
+	return finish(nil)
+}
+
+//export kvx_segment_open_name
+func kvx_segment_open_name(eng C.kvx_engine_t, name *C.char, out *C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_open_name"
+	defer guard(op, &rc)
+	e, ok := engines.get(uint64(eng))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "engine", uint64(eng)))
+	case name == nil:
+		return finish(nullArg(op, "name"))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	h, err := e.openSegmentName(uint64(eng), goStr(name))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_segment_t(h)
+	return finish(nil)
+}
+
+//export kvx_segment_regions
+func kvx_segment_regions(seg C.kvx_segment_t, out *C.kvx_region_info, capacity C.uint32_t, n *C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_regions"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case n == nil:
+		return finish(nullArg(op, "n"))
+	case out == nil && capacity > 0:
+		return finish(nullArg(op, "out"))
+	}
+	regs := s.seg.Descriptor().Regions
+	sort.Slice(regs, func(i, j int) bool { return regs[i].ID < regs[j].ID })
+	*n = C.uint32_t(len(regs))
+	if capacity > 0 {
+		dst := unsafe.Slice(out, int(capacity))
+		for i := 0; i < len(regs) && i < int(capacity); i++ {
+			dst[i] = C.kvx_region_info{addr: C.uint64_t(regs[i].Addr), length: C.uint64_t(regs[i].Length),
+				region: C.uint32_t(regs[i].ID), kind: C.int32_t(regs[i].Kind)}
+		}
+	}
+	return finish(nil)
+}
+
+//export kvx_segment_refresh
+func kvx_segment_refresh(seg C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_refresh"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	if !ok {
+		return finish(badHandle(op, "segment", uint64(seg)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.eng.timeout)
+	defer cancel()
+	if err := s.seg.Refresh(ctx); err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_segment_read
+func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_read"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case reqs == nil:
+		return finish(nullArg(op, "reqs"))
+	case n == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 requests", op))
+	case n > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
+	}
+	in := unsafe.Slice(reqs, int(n))
+	rr := make([]engine.ReadRequest, len(in))
+	var byAddr []engine.PeerRead
+	var at []int
+	for i, r := range in {
+		if r.count > 1 {
+			return finish(fail(stInvalidArgument, "%s: request %d has count %d; reads are contiguous (count 0 or 1)", op, i, r.count))
+		}
+		w := engine.WriteRequest{Local: uintptr(r.local_addr), Length: uint64(r.length)}
+		if err := s.eng.checkLocal(op, i, w); err != nil {
+			return finish(err)
+		}
+		rr[i] = engine.ReadRequest{Local: uintptr(r.local_addr), Remote: engine.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
+		if r.remote_region == C.KVX_REGION_PEER_ADDRESS {
+			byAddr = append(byAddr, engine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
+			at = append(at, i)
+		}
+	}
+	timeout := s.eng.timeout
+	if timeoutMS > 0 {
+		timeout = time.Duration(timeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for k, pr := range byAddr {
+		id, off, err := s.seg.Translate(ctx, pr.PeerAddr, pr.Length)
+		if err != nil {
+			return finish(failWrap(stOK, err, "%s: request %d", op, at[k]))
+		}
+		rr[at[k]].Remote, rr[at[k]].RemoteOffset = id, off
+	}
+	if err := s.seg.ReadRegions(ctx, rr); err != nil {
+		return finish(failWrap(stOK, err, "%s", op))
+	}
+	return finish(nil)
+}
+
+//export kvx_segment_close
+func kvx_segment_close(seg C.kvx_segment_t) (rc C.int) {
+	const op = "kvx_segment_close"
+	defer guard(op, &rc)
+	s, ok := segments.take(uint64(seg))
+	if !ok {
+		return finish(badHandle(op, "segment", uint64(seg)))
+	}
+	s.eng.mu.Lock()
+	delete(s.eng.segments, uint64(seg))
+	s.eng.mu.Unlock()
+	return finish(s.close())
+}
+
+// maxBatchCapacity bounds kvx_batch_alloc's capacity (requests).
+const maxBatchCapacity = 1 << 20
+
+//export kvx_batch_alloc
+func kvx_batch_alloc(seg C.kvx_segment_t, capacity C.uint32_t, out *C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_alloc"
+	defer guard(op, &rc)
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "segment", uint64(seg)))
+	case capacity == 0:
+		return finish(fail(stInvalidArgument, "%s: capacity is 0 requests", op))
+	case capacity > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: capacity %d is over the limit of %d requests", op, capacity, maxBatchCapacity))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return finish(fail(stClosed, "%s: segment %d is closed", op, seg))
+	}
+	h := batches.add(&batchObj{seg: s, capacity: uint32(capacity)})
+	s.batches[h] = struct{}{}
+	*out = C.kvx_batch_t(h)
+	return finish(nil)
+}
+
+//export kvx_batch_submit
+func kvx_batch_submit(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_submit"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "batch", uint64(batch)))
+	case reqs == nil:
+		return finish(nullArg(op, "reqs"))
+	case n == 0:
+		return finish(fail(stInvalidArgument, "%s: n is 0 requests", op))
+	case n > maxBatchCapacity:
+		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
+	}
+	in := unsafe.Slice(reqs, int(n))
+	wr := make([]engine.WriteRequest, len(in))
+	for i, r := range in {
+		wr[i] = engine.WriteRequest{
+			Local:        uintptr(r.local_addr),
+			Remote:       engine.RegionID(r.remote_region),
+			RemoteOffset: uint64(r.remote_offset),
+			Length:       uint64(r.length),
+			Count:        uint32(r.count),
+			LocalStride:  uint64(r.local_stride),
+			RemoteStride: uint64(r.remote_stride),
+		}
+	}
+	return finish(b.submit(uint64(batch), wr))
+}
+
+//export kvx_batch_status
+func kvx_batch_status(batch C.kvx_batch_t, index C.uint32_t, out *C.kvx_transfer_status) (rc C.int) {
+	const op = "kvx_batch_status"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	switch {
+	case !ok:
+		return finish(badHandle(op, "batch", uint64(batch)))
+	case out == nil:
+		return finish(nullArg(op, "out"))
+	}
+	state, code, bytes, err := b.status(uint32(index))
+	if err != nil {
+		return finish(err)
+	}
+	out.state = C.int32_t(state)
+	out.error = C.int32_t(code)
+	out.bytes_done = C.uint64_t(bytes)
+	return finish(nil)
+}
+
+//export kvx_batch_wait
+func kvx_batch_wait(batch C.kvx_batch_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_wait"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	return finish(b.wait(time.Duration(timeoutMS) * time.Millisecond))
+}
+
+//export kvx_batch_cancel
+func kvx_batch_cancel(batch C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_cancel"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	return finish(b.cancelAll())
+}
+
+//export kvx_batch_free
+func kvx_batch_free(batch C.kvx_batch_t) (rc C.int) {
+	const op = "kvx_batch_free"
+	defer guard(op, &rc)
+	b, ok := batches.get(uint64(batch))
+	if !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	if !b.markFreed() {
+		return finish(fail(stBusy, "%s: batch %d still has pending requests; wait for them (kvx_batch_wait) or cancel them first", op, batch))
+	}
+	if _, ok := batches.take(uint64(batch)); !ok {
+		return finish(badHandle(op, "batch", uint64(batch)))
+	}
+	b.seg.mu.Lock()
+	delete(b.seg.batches, uint64(batch))
+	b.seg.mu.Unlock()
+	b.release()
+	return finish(nil)
+}

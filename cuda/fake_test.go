@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 )
 
 // buildFake compiles testdata/<src> into a shared library in a temp dir with
@@ -357,14 +358,14 @@ func TestFakeMeasureStaging(t *testing.T) {
 	if err := loadFake(t, nil, nil); err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	r, err := cuda.MeasureStaging(0, 1<<20, 256<<10, 1)
+	r, err := gpucheck.MeasureStaging(0, 1<<20, 256<<10, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.StagedDtoH <= 0 || r.PlainDtoHPageable <= 0 || r.StagedHtoD <= 0 {
 		t.Fatalf("MeasureStaging = %+v, want positive rates", r)
 	}
-	if _, err := cuda.MeasureStaging(0, 1000, 256, 1); !errors.Is(err, cuda.ErrInvalidValue) {
+	if _, err := gpucheck.MeasureStaging(0, 1000, 256, 1); !errors.Is(err, cuda.ErrInvalidValue) {
 		t.Fatalf("MeasureStaging(size not a multiple of chunk) = %v, want ErrInvalidValue", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 )
 
 // requireGPU loads the real CUDA libraries. It skips with the reason when
@@ -183,7 +184,7 @@ func TestGPUProofKernel(t *testing.T) {
 // scripts/gpu-check.sh collects; it asserts correctness, never timing.
 func TestGPUStagingBandwidth(t *testing.T) {
 	requireGPU(t)
-	r, err := cuda.MeasureStaging(0, 256<<20, 4<<20, 5)
+	r, err := gpucheck.MeasureStaging(0, 256<<20, 4<<20, 5)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,14 @@
-package cuda
+// Package gpucheck holds measurements and checks built on the cuda binding
+// that are not part of it: the device↔host staging benchmark that `kvxfer
+// gpucheck` and scripts/gpu-check.sh report. The binding (package cuda)
+// only wraps the CUDA libraries.
+package gpucheck
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/kvxfer/kvxfer/cuda"
 )
 
 // StagingResult is one MeasureStaging run: throughput in GB/s (1e9 bytes/s)
@@ -31,28 +37,28 @@ type StagingResult struct {
 func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error) {
 	res := StagingResult{Size: size, Chunk: chunk, Reps: reps}
 	if size == 0 || chunk == 0 || size%chunk != 0 || reps <= 0 {
-		return res, fmt.Errorf("cuda: staging benchmark: size %d must be a positive multiple of chunk %d, reps %d > 0: %w", size, chunk, reps, ErrInvalidValue)
+		return res, fmt.Errorf("gpucheck: staging benchmark: size %d must be a positive multiple of chunk %d, reps %d > 0: %w", size, chunk, reps, cuda.ErrInvalidValue)
 	}
-	d, err := Malloc(dev, size)
+	d, err := cuda.Malloc(dev, size)
 	if err != nil {
 		return res, err
 	}
-	defer Free(dev, d)
-	if err := Memset(dev, d, 0x3c, size); err != nil {
+	defer cuda.Free(dev, d)
+	if err := cuda.Memset(dev, d, 0x3c, size); err != nil {
 		return res, err
 	}
 	pageable := make([]byte, size)
-	pinned, err := AllocMapped(dev, size)
+	pinned, err := cuda.AllocMapped(dev, size)
 	if err != nil {
 		return res, err
 	}
 	defer pinned.Close()
-	bounce, err := AllocMapped(dev, 2*chunk)
+	bounce, err := cuda.AllocMapped(dev, 2*chunk)
 	if err != nil {
 		return res, err
 	}
 	defer bounce.Close()
-	s, err := NewStream(dev)
+	s, err := cuda.NewStream(dev)
 	if err != nil {
 		return res, err
 	}
@@ -75,13 +81,13 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 		return float64(uint64(reps)*size) / time.Since(start).Seconds() / 1e9
 	}
 	bb := bounce.Bytes()
-	res.PlainDtoHPageable = gbps(func() error { return CopyFromDevice(dev, pageable, d) })
-	res.PlainDtoHPinned = gbps(func() error { return Memcpy(dev, pinned.Host(), uintptr(d), size, DeviceToHost) })
+	res.PlainDtoHPageable = gbps(func() error { return cuda.CopyFromDevice(dev, pageable, d) })
+	res.PlainDtoHPinned = gbps(func() error { return cuda.Memcpy(dev, pinned.Host(), uintptr(d), size, cuda.DeviceToHost) })
 	clear(pageable)
 	res.StagedDtoH = gbps(func() error {
 		for off := uint64(0); off < size; off += chunk {
 			half := (off / chunk) % 2 * chunk
-			if err := s.MemcpyAsync(bounce.Host()+uintptr(half), uintptr(d)+uintptr(off), chunk, DeviceToHost); err != nil {
+			if err := s.MemcpyAsync(bounce.Host()+uintptr(half), uintptr(d)+uintptr(off), chunk, cuda.DeviceToHost); err != nil {
 				return err
 			}
 			if err := s.Synchronize(); err != nil {
@@ -94,7 +100,7 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 	if ferr == nil {
 		for i := uint64(0); i < size; i += 4096 {
 			if pageable[i] != 0x3c {
-				return res, fmt.Errorf("cuda: staging benchmark: byte %d = %#x after staged copy, want 0x3c", i, pageable[i])
+				return res, fmt.Errorf("gpucheck: staging benchmark: byte %d = %#x after staged copy, want 0x3c", i, pageable[i])
 			}
 		}
 	}
@@ -102,7 +108,7 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 		for off := uint64(0); off < size; off += chunk {
 			half := (off / chunk) % 2 * chunk
 			copy(bb[half:half+chunk], pageable[off:off+chunk])
-			if err := s.MemcpyAsync(uintptr(d)+uintptr(off), bounce.Host()+uintptr(half), chunk, HostToDevice); err != nil {
+			if err := s.MemcpyAsync(uintptr(d)+uintptr(off), bounce.Host()+uintptr(half), chunk, cuda.HostToDevice); err != nil {
 				return err
 			}
 			if err := s.Synchronize(); err != nil {
@@ -111,9 +117,9 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 		}
 		return nil
 	})
-	res.PlainHtoDPageable = gbps(func() error { return CopyToDevice(dev, d, pageable) })
+	res.PlainHtoDPageable = gbps(func() error { return cuda.CopyToDevice(dev, d, pageable) })
 	if ferr != nil {
-		return res, fmt.Errorf("cuda: staging benchmark: %w", ferr)
+		return res, fmt.Errorf("gpucheck: staging benchmark: %w", ferr)
 	}
 	return res, nil
 }

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,38 +391,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		children = append(children, c)
 		decodes = append(decodes, c)
 	}
-	var transports []string
-	// Prefaulting makes every page of the pools resident and warm before a
-	// rank is ready (about one memory pass per rank: well under a second
-	// per GiB on bare metal, much longer in some VMs), so allow for it.
-	readyLimit := 60 * time.Second
-	if f.prefault {
-		readyLimit = 10 * time.Minute
-	}
-	slow := time.NewTimer(15 * time.Second)
-	defer slow.Stop()
-	deadline := time.NewTimer(readyLimit)
-	defer deadline.Stop()
-	for _, c := range children {
-		var r replyLine
-		for ready := false; !ready; {
-			select {
-			case r = <-c.ready:
-				ready = true
-			case <-slow.C:
-				if f.prefault {
-					fmt.Fprintf(os.Stderr, "kvxfer demo: ranks still starting: each prefaults its %d MiB of KV buffers so the first request runs at the later ones' speed (--prefault=false skips it)\n", f.poolMB)
-				}
-			case <-c.exit():
-				return fmt.Errorf("%s exited before it was ready: %v", c.name, c.proc.Err())
-			case <-deadline.C:
-				return fmt.Errorf("%s not ready within %s", c.name, readyLimit)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		transports = r.Transports
-		c.metrics = r.Metrics
+	transports, err := waitReady(ctx, f, children)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
 		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)
@@ -534,68 +504,7 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
 		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote, Fragment: f.fragment,
 		Warmup: nWarm}
-	for i := range results[:nWarm] {
-		results[i].Warmup = true
-		if !results[i].OK {
-			sum.WarmupFailures++
-		}
-	}
-	sum.Requests -= nWarm
-	var lats, later []float64
-	var latSum float64
-	var spans [][2]int64
-	var sentBytes uint64
-	for i, r := range results[nWarm:] {
-		if r.Capped {
-			sum.CappedRequests++
-		}
-		if r.Transport != "" && !slices.Contains(sum.Used, r.Transport) {
-			sum.Used = append(sum.Used, r.Transport)
-		}
-		if !r.OK {
-			sum.Failures++
-			continue
-		}
-		sum.Verified++
-		sum.Tokens += int64(r.Tokens)
-		sum.Pages += int64(r.Pages)
-		sum.Bytes += r.Bytes
-		sum.PrefixTokens += int64(r.PrefixTokens)
-		sum.FullBytes += r.Bytes + r.SkippedBytes
-		sum.Writes += int64(r.Writes)
-		sentBytes += r.SentBytes
-		lats = append(lats, r.TransferMS)
-		latSum += r.TransferMS
-		if i == 0 {
-			sum.FirstMS = r.TransferMS
-		} else {
-			later = append(later, r.TransferMS)
-		}
-		if r.EndUnixNS > r.StartUnixNS {
-			spans = append(spans, [2]int64{r.StartUnixNS, r.EndUnixNS})
-		}
-	}
-	sum.TransferSeconds = float64(unionNS(spans)) / 1e9
-	if sum.TransferSeconds > 0 {
-		sum.AggregateGBps = float64(sum.Bytes) / sum.TransferSeconds / 1e9
-	}
-	if sum.Verified > 0 {
-		sum.WritesPerRoom = float64(sum.Writes) / float64(sum.Verified)
-	}
-	if sum.Writes > 0 {
-		sum.WriteBytes = sentBytes / uint64(sum.Writes)
-	}
-	slices.Sort(later)
-	sum.LaterP50MS, sum.Prefault = percentile(later, 50), f.prefault
-	slices.Sort(lats)
-	sum.LatencyP50MS, sum.LatencyP99MS = percentile(lats, 50), percentile(lats, 99)
-	if len(lats) > 0 {
-		sum.LatencyMaxMS = lats[len(lats)-1]
-	}
-	sum.GoodputGBps = float64(sum.Bytes) / wall.Seconds() / 1e9
-	if latSum > 0 {
-		sum.TransferGBps = float64(sum.Bytes) / (latSum / 1000) / 1e9
-	}
+	sum.tally(results, nWarm, wall, f.prefault)
 	// Every rank's engine metrics and, for failed rooms, both sides'
 	// timelines, read from the children's debug servers before they stop.
 	mctx, mcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -704,3 +613,43 @@ func checkTransportSpec(spec string) error {
 // benchMaxWrite bounds the write size the demo benchmarks (its region is
 // one batch of such writes, at most 128 MiB).
 const benchMaxWrite = 64 << 20
+
+// waitReady waits for every rank's ready line (recording its metrics
+// address) and returns the transports the last one opened. Prefaulting
+// makes every page of the pools resident and warm before a rank is ready
+// (about one memory pass per rank: well under a second per GiB on bare
+// metal, much longer in some VMs), so with --prefault it allows 10 minutes
+// and says why after 15 s; else 60 s.
+func waitReady(ctx context.Context, f *demoFlags, children []*child) ([]string, error) {
+	var transports []string
+	readyLimit := 60 * time.Second
+	if f.prefault {
+		readyLimit = 10 * time.Minute
+	}
+	slow := time.NewTimer(15 * time.Second)
+	defer slow.Stop()
+	deadline := time.NewTimer(readyLimit)
+	defer deadline.Stop()
+	for _, c := range children {
+		var r replyLine
+		for ready := false; !ready; {
+			select {
+			case r = <-c.ready:
+				ready = true
+			case <-slow.C:
+				if f.prefault {
+					fmt.Fprintf(os.Stderr, "kvxfer demo: ranks still starting: each prefaults its %d MiB of KV buffers so the first request runs at the later ones' speed (--prefault=false skips it)\n", f.poolMB)
+				}
+			case <-c.exit():
+				return nil, fmt.Errorf("%s exited before it was ready: %v", c.name, c.proc.Err())
+			case <-deadline.C:
+				return nil, fmt.Errorf("%s not ready within %s", c.name, readyLimit)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		transports = r.Transports
+		c.metrics = r.Metrics
+	}
+	return transports, nil
+}

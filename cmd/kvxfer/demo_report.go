@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kvxfer/kvxfer/bench"
 	"github.com/kvxfer/kvxfer/engine"
@@ -263,5 +264,73 @@ func printTimelines(w io.Writer, tls map[string][]engine.RoomTimeline) {
 		for _, tl := range tls[k] {
 			fmt.Fprintf(w, "  %s\n", tl)
 		}
+	}
+}
+
+// tally marks the first nWarm results as warm-up (counting their failures)
+// and fills s's counts, bytes, prefix reuse, writes and latency figures from
+// the rest; wall is the run's wall time.
+func (s *demoSummary) tally(results []demoResult, nWarm int, wall time.Duration, prefault bool) {
+	for i := range results[:nWarm] {
+		results[i].Warmup = true
+		if !results[i].OK {
+			s.WarmupFailures++
+		}
+	}
+	s.Requests -= nWarm
+	var lats, later []float64
+	var latSum float64
+	var spans [][2]int64
+	var sentBytes uint64
+	for i, r := range results[nWarm:] {
+		if r.Capped {
+			s.CappedRequests++
+		}
+		if r.Transport != "" && !slices.Contains(s.Used, r.Transport) {
+			s.Used = append(s.Used, r.Transport)
+		}
+		if !r.OK {
+			s.Failures++
+			continue
+		}
+		s.Verified++
+		s.Tokens += int64(r.Tokens)
+		s.Pages += int64(r.Pages)
+		s.Bytes += r.Bytes
+		s.PrefixTokens += int64(r.PrefixTokens)
+		s.FullBytes += r.Bytes + r.SkippedBytes
+		s.Writes += int64(r.Writes)
+		sentBytes += r.SentBytes
+		lats = append(lats, r.TransferMS)
+		latSum += r.TransferMS
+		if i == 0 {
+			s.FirstMS = r.TransferMS
+		} else {
+			later = append(later, r.TransferMS)
+		}
+		if r.EndUnixNS > r.StartUnixNS {
+			spans = append(spans, [2]int64{r.StartUnixNS, r.EndUnixNS})
+		}
+	}
+	s.TransferSeconds = float64(unionNS(spans)) / 1e9
+	if s.TransferSeconds > 0 {
+		s.AggregateGBps = float64(s.Bytes) / s.TransferSeconds / 1e9
+	}
+	if s.Verified > 0 {
+		s.WritesPerRoom = float64(s.Writes) / float64(s.Verified)
+	}
+	if s.Writes > 0 {
+		s.WriteBytes = sentBytes / uint64(s.Writes)
+	}
+	slices.Sort(later)
+	s.LaterP50MS, s.Prefault = percentile(later, 50), prefault
+	slices.Sort(lats)
+	s.LatencyP50MS, s.LatencyP99MS = percentile(lats, 50), percentile(lats, 99)
+	if len(lats) > 0 {
+		s.LatencyMaxMS = lats[len(lats)-1]
+	}
+	s.GoodputGBps = float64(s.Bytes) / wall.Seconds() / 1e9
+	if latSum > 0 {
+		s.TransferGBps = float64(s.Bytes) / (latSum / 1000) / 1e9
 	}
 }

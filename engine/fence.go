@@ -100,8 +100,9 @@ func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 }
 
 // sendVerdict tells a producer the decode's outcome of room: STATUS Success,
-// or ABORT with the reason.
-func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) {
+// or ABORT with the reason. It reports whether the frame was handed to the
+// control socket.
+func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) bool {
 	var frames [][]byte
 	if ok {
 		frames = (&StatusMsg{Room: room, State: KVSuccess, Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
@@ -109,12 +110,13 @@ func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, ep
 		frames = (&AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
 	}
 	if err := m.send(ep, frames, false); err != nil {
-		m.log.Debug("verdict not sent", "room", room, "prefill", ep, "err", err)
-		return
+		m.log.Debug("verdict not sent", "room", room, "peer", peerLabel(ep), "err", err)
+		return false
 	}
 	if !ok {
 		m.met.fence(RoleDecode, "abort_sent")
 	}
+	return true
 }
 
 // handleAbortAck (decode): a producer will write nothing more for the room.
@@ -158,7 +160,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 	}
 	m.wg.Add(1) // under m.mu with closed false: never concurrent with teardown's Wait
 	m.mu.Unlock()
-	m.log.Warn("fencing the data path of a prefill rank", "prefill", peer, "epoch", epoch, "why", why)
+	m.log.Warn("fencing the data path of a prefill rank", "peer", peerLabel(peer), "epoch", epoch, "why", why)
 	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", ErrPeerLost, peer, epoch, why)
 	for _, r := range rs {
 		if r.usesEpoch(peer, epoch) {
@@ -174,7 +176,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 				break
 			}
 			if attempt == 0 || attempt%30 == 0 {
-				m.log.Warn("data path not fenced yet; the rooms that used it stay quarantined", "prefill", peer, "epoch", epoch, "err", err)
+				m.log.Warn("data path not fenced yet; the rooms that used it stay quarantined", "peer", peerLabel(peer), "epoch", epoch, "err", err)
 			}
 			select {
 			case <-m.done:
@@ -192,7 +194,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 		for _, r := range rs {
 			r.epochFenced(peer, epoch)
 		}
-		m.log.Info("data path fenced", "prefill", peer, "epoch", epoch)
+		m.log.Info("data path fenced", "peer", peerLabel(peer), "epoch", epoch)
 	}()
 }
 
@@ -205,7 +207,7 @@ func (m *Manager) fenceTransports(peer string, epoch uint64) error {
 	for _, rs := range m.regs {
 		f, ok := rs.t.(Fencer)
 		if !ok {
-			m.log.Warn("transport cannot fence a data path (no engine.Fencer); a failed room's pages are reused without it", "transport", rs.t.Name(), "prefill", peer, "epoch", epoch)
+			m.log.Warn("transport cannot fence a data path (no engine.Fencer); a failed room's pages are reused without it", "transport", rs.t.Name(), "peer", peerLabel(peer), "epoch", epoch)
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), fenceRetry)

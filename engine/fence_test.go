@@ -167,6 +167,13 @@ func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	if !errors.Is(x.r.Failure(), engine.ErrTimeout) {
 		t.Fatalf("decode failure %v, want its waiting timeout", x.r.Failure())
 	}
+	// Until the producer's ABORT_ACK every page of the room is quarantined.
+	// The gauge is read before the timeline: a zero gauge means the
+	// acknowledgement came first, and the timeline then says so.
+	q := sample(t, decReg, engine.MetricPoolPages, map[string]string{"state": "quarantined"})
+	if tl, _ := dec.m.RoomTimeline(2); q != float64(len(x.dst)) && (q != 0 || !timelineHas(tl, "every producer fenced")) {
+		t.Errorf("quarantined pages %v before Close, want %d (0 once acknowledged); timeline %s", q, len(x.dst), tl)
+	}
 	if d := x.closeTimed(); d > 30*time.Second {
 		t.Fatalf("Receiver.Close took %s: the clean ABORT_ACK should fence the producer well before the 1 min fence timeout", d)
 	}
@@ -185,6 +192,13 @@ func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 			t.Errorf("%s{role=%s,event=%s} = %v, want at least one: %v", engine.MetricFencingEvents, c.role, c.ev, n, c.atLeastOne)
 		}
 	}
+	if q := sample(t, decReg, engine.MetricPoolPages, map[string]string{"state": "quarantined"}); q != 0 {
+		t.Errorf("quarantined pages %v after Close, want 0", q)
+	}
+	// Both timelines go on after the failure with the fencing.
+	waitTimeline(t, dec.m, 2, "pages quarantined", "ABORT_ACK: clean", "every producer fenced: pages reusable", "closed")
+	waitTimeline(t, dec.m, 2, "ABORT sent") // from its own goroutine: before or after the quarantine
+	waitTimeline(t, pre.m, 2, "ABORT received", "ABORT_ACK sent: clean")
 	time.Sleep(2 * time.Second) // any delayed write would have landed by now
 	if err := pagesAre(dec.pool, x.dst, 0xAA); err != nil {
 		t.Fatal(err)
@@ -236,6 +250,7 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 		t.Errorf("%s{event=fenced} = %v after Close of a room whose producer never acknowledged", engine.MetricFencingEvents, n)
 	}
 	t.Logf("room A failed on the decode (%v); its pages were handed back %s later", a.r.Failure(), time.Since(closeStart).Round(time.Millisecond))
+	waitTimeline(t, dec.m, 1, "pages quarantined", "fenced", "every producer fenced: pages reusable")
 	// "Reuse" A's pages, then let the stale writer go.
 	fillPages(t, dec.pool, a.dst, 0x55)
 	ft.Resume()
@@ -387,4 +402,35 @@ func TestRefusedPairingReachesProducer(t *testing.T) {
 		t.Fatalf("prefill failure %v: want aborted by decode, naming kv_cache_dtype", err)
 	}
 	t.Logf("prefill failed %s after the decode's receiver was created: %v", time.Since(start).Round(time.Millisecond), s.Failure())
+}
+
+// timelineHas reports whether an event of tl mentions sub.
+func timelineHas(tl engine.RoomTimeline, sub string) bool {
+	for _, e := range tl.Events {
+		if strings.Contains(e.Detail, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitTimeline waits (up to 30 s: events sent from goroutines may trail the
+// state they follow) until m's timeline of room has an event mentioning
+// each of want, in that order.
+func waitTimeline(t *testing.T, m *engine.Manager, room uint64, want ...string) {
+	t.Helper()
+	var tl engine.RoomTimeline
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		tl, _ = m.RoomTimeline(room)
+		i := 0
+		for _, e := range tl.Events {
+			if i < len(want) && strings.Contains(e.Detail, want[i]) {
+				i++
+			}
+		}
+		if i == len(want) {
+			return
+		}
+	}
+	t.Errorf("room %d timeline lacks, in order, %q:\n%s", room, want, tl)
 }

@@ -1383,20 +1383,30 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 		return
 	}
 	s.fail(err)
+	s.tr.event(s.tr.step(), v.Endpoint, "ABORT received")
 	go func() {
 		<-s.finished
 		ack.Clean, ack.Detail = s.cleanState()
 		ack.Epoch = s.dstEpoch(v.Endpoint, v.Epoch)
-		m.sendAbortAck(v.Endpoint, ack)
+		if m.sendAbortAck(v.Endpoint, ack) {
+			detail := "ABORT_ACK sent: clean"
+			if !ack.Clean {
+				detail = "ABORT_ACK sent: unclean (" + ack.Detail + ")"
+			}
+			s.tr.event(s.tr.step(), v.Endpoint, detail)
+		}
 	}()
 }
 
 // sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode
-// that misses it fences the data path after its FenceTimeout).
-func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) {
-	if m.send(ep, ack.Encode(), false) == nil {
-		m.met.fence(RolePrefill, "abort_ack_sent")
+// that misses it fences the data path after its FenceTimeout). It reports
+// whether the frame was handed to the control socket.
+func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) bool {
+	if m.send(ep, ack.Encode(), false) != nil {
+		return false
 	}
+	m.met.fence(RolePrefill, "abort_ack_sent")
+	return true
 }
 
 // handleVerdict (prefill): a decode's verdict on a room (STATUS from the

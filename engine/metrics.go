@@ -81,7 +81,8 @@ const (
 	MetricFencingEvents = "kvxfer_fencing_events_total"
 	// MetricPoolPages is the decode KV pool's pages by state: free (from
 	// ManagerConfig.FreePages, when given) and quarantined (destination
-	// pages of failed rooms not yet released).
+	// pages of failed rooms whose producers are not yet all fenced: ABORT_ACK
+	// or a transport fence pending, see Receiver.Close).
 	MetricPoolPages = "kvxfer_pool_pages"
 	// MetricRingSlots is the decode's metadata ring slots by state (free,
 	// used).
@@ -193,7 +194,7 @@ var metricSpecs = []metricSpec{
 	{MetricPeersLost, "Peers declared lost, by role and cause (disconnected, heartbeat, directory, bootstrap).", "counter", []string{"role", "cause"}},
 	{MetricHeartbeatFailures, "Failed liveness checks, by kind (peer: control peer silent past the peer timeout; bootstrap: failed GET /health).", "counter", []string{"kind"}},
 	{MetricFencingEvents, "Fencing events, by role and event (abort_sent, abort_received, abort_ack_sent, abort_ack_received, quarantined, fenced).", "counter", []string{"role", "event"}},
-	{MetricPoolPages, "Decode KV pool pages by state (free: reported by the caller; quarantined: pages of failed rooms not yet released).", "gaugefunc", []string{"state"}},
+	{MetricPoolPages, "Decode KV pool pages by state (free: reported by the caller; quarantined: pages of failed rooms waiting for their producers to be fenced).", "gaugefunc", []string{"state"}},
 	{MetricRingSlots, "Decode metadata ring slots by state (free, used).", "gaugefunc", []string{"state"}},
 	{MetricProbes, "Doctor probes this rank answered, by result (passed, failed, refused).", "counter", []string{"result"}},
 }
@@ -578,7 +579,9 @@ func (m *Manager) stateSnapshot() managerState {
 }
 
 // quarantinedPages is the destination pages of this decode's failed rooms
-// whose Receiver is not yet closed: pages the caller must not reuse yet.
+// that are not yet fenced (Receiver.Fenced open: a producer that got
+// TRANSFER has neither acknowledged the abort cleanly nor had its data path
+// fenced): pages the caller cannot get back yet (Close waits).
 func (m *Manager) quarantinedPages() int {
 	m.mu.Lock()
 	rs := make([]*Receiver, 0, len(m.receivers))
@@ -590,6 +593,11 @@ func (m *Manager) quarantinedPages() int {
 	for _, r := range rs {
 		if r.Poll() != KVFailed {
 			continue
+		}
+		select {
+		case <-r.fenceCh:
+			continue
+		default:
 		}
 		r.mu.Lock()
 		n += len(r.pages)

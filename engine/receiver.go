@@ -880,6 +880,7 @@ func (r *Receiver) epochFenced(ep string, epoch uint64) {
 	}
 	r.mu.Unlock()
 	if hit {
+		r.tr.event(StepConsume, ep, fmt.Sprintf("data path (epoch %d) fenced", epoch))
 		r.updateFence()
 	}
 }
@@ -1099,9 +1100,14 @@ func (r *Receiver) failLocal(err error) bool {
 	ts := append([]*recvTarget(nil), r.targets...)
 	r.mu.Unlock()
 	for _, t := range ts {
-		go r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch)
+		go func() {
+			if r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch) {
+				r.tr.event(r.tr.step(), t.endpoint, "ABORT sent")
+			}
+		}()
 	}
 	if !r.updateFence() {
+		r.tr.event(StepConsume, "", "pages quarantined until every producer that got TRANSFER acknowledges the abort or is fenced")
 		r.m.met.fence(RoleDecode, "quarantined") // its pages wait for the fence
 		r.m.wg.Add(1)
 		go r.fenceLoop()
@@ -1129,6 +1135,11 @@ func (r *Receiver) onAbortAck(v *AbortAckMsg) {
 	}
 	epoch, p := t.epoch, r.Poll()
 	r.mu.Unlock()
+	if v.Clean {
+		r.tr.event(r.tr.step(), v.Endpoint, "ABORT_ACK: clean, nothing more will be written")
+	} else {
+		r.tr.event(r.tr.step(), v.Endpoint, "ABORT_ACK: unclean ("+v.Detail+"); fencing its data path")
+	}
 	if p != KVFailed && p != KVSuccess {
 		// Its STATUS Failed went first on the same connection; this is
 		// only reached if the producer fenced itself without one.
@@ -1154,7 +1165,12 @@ func (r *Receiver) updateFence() bool {
 	}
 	r.mu.Unlock()
 	if ok {
-		r.fenceOnce.Do(func() { close(r.fenceCh) })
+		r.fenceOnce.Do(func() {
+			if p == KVFailed {
+				r.tr.event(StepConsume, "", "every producer fenced: pages reusable")
+			}
+			close(r.fenceCh)
+		})
 	}
 	return ok
 }
@@ -1181,6 +1197,7 @@ func (r *Receiver) fenceLoop() {
 	}
 	r.mu.Unlock()
 	for _, t := range late {
+		r.tr.event(StepConsume, t.endpoint, fmt.Sprintf("no clean ABORT_ACK within %s: fencing its data path", r.m.cfg.FenceTimeout))
 		r.m.fenceEpochAsync(t.endpoint, t.epoch, fmt.Sprintf("prefill rank %d did not acknowledge the abort of room %d within %s", t.producer, r.room, r.m.cfg.FenceTimeout))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/bits"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,6 +132,10 @@ type stream struct {
 	inflight []*frame // written (or being written), awaiting ack, in order
 	dead     bool
 	deadErr  error
+	// idleLoss: the connection was lost (reset, closed by the peer) while
+	// no frame was queued or in flight, so no write can still land through
+	// it and the segment may dial it again (segment.redial).
+	idleLoss bool
 	seq      uint64
 	lastAck  time.Time
 
@@ -149,16 +154,149 @@ var _ engine.RegionAdder = (*segment)(nil)
 
 // segment is a sender's connection to one receiver.
 type segment struct {
-	t    *Transport
-	addr string
+	t     *Transport
+	addr  string
+	epoch uint64 // SegmentInfo.Epoch, sent in every stream's hello
 	// remote is the receiver's region table, replaced whole (copy on
 	// write) by AddRegions so Submit reads it without a lock.
-	remote  atomic.Pointer[map[engine.RegionID]engine.RegionDesc]
-	streams []*stream
+	remote atomic.Pointer[map[engine.RegionID]engine.RegionDesc]
 
-	mu      sync.Mutex // guards closed; Submit adds to batches under it
+	mu sync.Mutex // guards closed, streams and retired; Submit adds to batches under it
+	// streams is replaced whole (copy on write) when a stream is dialled
+	// again; readers take it under mu.
+	streams []*stream
+	retired []*stream // replaced streams, waited for by Close
 	closed  bool
 	batches *engine.BatchTable[*batch]
+	// redialMu serializes redials; nextRedial (under it) is the earliest
+	// time of the next attempt after a failed one.
+	redialMu   sync.Mutex
+	nextRedial time.Time
+	redialWait time.Duration
+}
+
+// Redial backoff: the attempts of one redial (Submit) are redialPauses
+// apart; after a redial failed, the segment tries again no sooner than
+// redialWait later, doubling up to maxRedialWait.
+var redialPauses = []time.Duration{0, 50 * time.Millisecond, 200 * time.Millisecond}
+
+const (
+	minRedialWait = 250 * time.Millisecond
+	maxRedialWait = 5 * time.Second
+	// redialDialTimeout bounds one connection attempt of a redial.
+	redialDialTimeout = 2 * time.Second
+)
+
+// dialStream opens data connection i of the segment and sends its hello
+// (protocol version, stream index, epoch).
+func (s *segment) dialStream(ctx context.Context, i int, timeout time.Duration) (*stream, error) {
+	d := net.Dialer{KeepAlive: 5 * time.Second, Timeout: timeout}
+	c, err := d.DialContext(ctx, "tcp", s.addr)
+	if err != nil {
+		return nil, err
+	}
+	tuneConn(c)
+	var hb [helloSize]byte
+	hello{Version: protoVersion, Stream: uint16(i), Epoch: s.epoch}.encode(&hb)
+	c.SetWriteDeadline(time.Now().Add(s.t.ackTimeout))
+	if _, err = c.Write(hb[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &stream{seg: s, idx: i, c: c, wake: make(chan struct{}, 1),
+		writerDone: make(chan struct{}), readerDone: make(chan struct{})}, nil
+}
+
+// redial dials again every stream whose connection was lost while idle
+// (stream.idleLoss: a reset, or the receiver closed it, with nothing in
+// flight), so the next batch goes through instead of failing: a data
+// connection broken between rooms heals without a room failing (issue 18
+// case 1). A stream lost with frames in flight is not dialled again: that
+// batch failed, and the engine fences the epoch. The receiver admits the new
+// connections only while the segment's epoch is admitted and not fenced.
+// Bounded: len(redialPauses) attempts of at most redialDialTimeout each,
+// then no new attempt for a backoff that doubles up to maxRedialWait.
+// Returns the first dial error when a stream could not be dialled.
+func (s *segment) redial(ctx context.Context) error {
+	need := func() []int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return nil
+		}
+		var idx []int
+		for i, st := range s.streams {
+			st.mu.Lock()
+			if st.dead && st.idleLoss {
+				idx = append(idx, i)
+			}
+			st.mu.Unlock()
+		}
+		return idx
+	}
+	if len(need()) == 0 {
+		return nil
+	}
+	s.redialMu.Lock()
+	defer s.redialMu.Unlock()
+	idx := need() // another Submit may have redialled meanwhile
+	if len(idx) == 0 || time.Now().Before(s.nextRedial) {
+		return nil
+	}
+	fresh := make(map[int]*stream, len(idx))
+	var lastErr error
+	for _, pause := range redialPauses {
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+				lastErr = ctx.Err()
+			case <-time.After(pause):
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		for _, i := range idx {
+			if fresh[i] != nil {
+				continue
+			}
+			st, err := s.dialStream(ctx, i, redialDialTimeout)
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			fresh[i] = st
+		}
+		if len(fresh) == len(idx) {
+			lastErr = nil
+			break
+		}
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		for _, st := range fresh {
+			st.c.Close()
+		}
+		return nil
+	}
+	next := slices.Clone(s.streams)
+	for i, st := range fresh {
+		s.retired = append(s.retired, next[i])
+		next[i] = st
+		go st.writer()
+		go st.reader()
+	}
+	s.streams = next
+	s.mu.Unlock()
+	if lastErr != nil {
+		s.redialWait = min(max(2*s.redialWait, minRedialWait), maxRedialWait)
+		s.nextRedial = time.Now().Add(s.redialWait)
+		return fmt.Errorf("tcp: dial %s again (%d of %d streams lost while idle): %w", s.addr, len(idx)-len(fresh), len(s.streams), lastErr)
+	}
+	s.redialWait = 0
+	s.t.redials.Add(uint64(len(fresh)))
+	return nil
 }
 
 // OpenSegment dials Options.Streams data connections to the receiver whose
@@ -177,27 +315,18 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if closed {
 		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
 	}
-	s := &segment{t: t, addr: addr, batches: engine.NewBatchTable[*batch]("tcp")}
+	s := &segment{t: t, addr: addr, epoch: info.Epoch, batches: engine.NewBatchTable[*batch]("tcp")}
 	remote := make(map[engine.RegionID]engine.RegionDesc, len(info.Regions))
 	for _, d := range info.Regions {
 		remote[d.ID] = d
 	}
 	s.remote.Store(&remote)
-	d := net.Dialer{KeepAlive: 5 * time.Second}
+	var timeout time.Duration
 	if _, ok := ctx.Deadline(); !ok {
-		d.Timeout = t.ackTimeout
+		timeout = t.ackTimeout
 	}
 	for i := 0; i < t.streams; i++ {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			tuneConn(c)
-			var hb [helloSize]byte
-			hello{Version: protoVersion, Stream: uint16(i), Epoch: info.Epoch}.encode(&hb)
-			c.SetWriteDeadline(time.Now().Add(t.ackTimeout))
-			if _, err = c.Write(hb[:]); err != nil {
-				c.Close()
-			}
-		}
+		st, err := s.dialStream(ctx, i, timeout)
 		if err != nil {
 			for _, st := range s.streams {
 				st.c.Close()
@@ -205,8 +334,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 			return nil, fmt.Errorf("tcp: open segment to %s: stream %d of %d: %w: %v (is the receiver's transport running and its listen address reachable?)",
 				addr, i+1, t.streams, engine.ErrPeerLost, err)
 		}
-		s.streams = append(s.streams, &stream{seg: s, idx: i, c: c, wake: make(chan struct{}, 1),
-			writerDone: make(chan struct{}), readerDone: make(chan struct{})})
+		s.streams = append(s.streams, st)
 	}
 	t.mu.Lock()
 	if t.closed {
@@ -372,7 +500,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		nsmall, smallBytes = 0, 0
 		nframes++
 	}
-	pk := packer{limit: scatterLimit(smallBytes, len(s.streams))}
+	pk := packer{limit: scatterLimit(smallBytes, s.t.streams)}
 	for i := range small {
 		if small[i] && pk.add(tb.Requests[i].Length) {
 			nframes++
@@ -428,14 +556,16 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	b.total = tb.Bytes()
 	b.frames = len(frames)
 
+	redialErr := s.redial(ctx)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("tcp: submit to %s: segment %w", s.addr, engine.ErrClosed)
 	}
+	streams := s.streams
 	live := 0
 	var lost error
-	for _, st := range s.streams {
+	for _, st := range streams {
 		st.mu.Lock()
 		if !st.dead {
 			live++
@@ -446,6 +576,9 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	}
 	if live == 0 {
 		s.mu.Unlock()
+		if redialErr != nil {
+			return 0, fmt.Errorf("tcp: submit to %s: %w; %w", s.addr, lost, redialErr)
+		}
 		return 0, fmt.Errorf("tcp: submit to %s: %w", s.addr, lost)
 	}
 	// b.id is read only by finish, which runs after the frames are queued.
@@ -457,20 +590,20 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		b.finish(0, nil, false)
 		return b.id, nil
 	}
-	per := make([][]*frame, len(s.streams))
+	per := make([][]*frame, len(streams))
 	for _, f := range frames {
 		best := 0
-		for j := 1; j < len(s.streams); j++ {
-			if s.streams[j].queued.Load() < s.streams[best].queued.Load() {
+		for j := 1; j < len(streams); j++ {
+			if streams[j].queued.Load() < streams[best].queued.Load() {
 				best = j
 			}
 		}
-		s.streams[best].queued.Add(f.bytes)
+		streams[best].queued.Add(f.bytes)
 		per[best] = append(per[best], f)
 	}
 	for j, fs := range per {
 		if len(fs) > 0 {
-			s.streams[j].enqueue(fs)
+			streams[j].enqueue(fs)
 		}
 	}
 	return b.id, nil
@@ -519,11 +652,12 @@ func (s *segment) Close() error {
 		return nil
 	}
 	s.closed = true
+	streams := append(slices.Clone(s.streams), s.retired...)
 	s.mu.Unlock()
-	for _, st := range s.streams {
+	for _, st := range streams {
 		st.kill(fmt.Errorf("tcp: segment to %s %w", s.addr, engine.ErrClosed))
 	}
-	for _, st := range s.streams {
+	for _, st := range streams {
 		<-st.writerDone
 		<-st.readerDone
 	}
@@ -559,6 +693,8 @@ func (st *stream) kill(err error) {
 	if !st.dead {
 		st.dead = true
 		st.deadErr = err
+		st.idleLoss = len(st.inflight) == 0 && len(st.queue) == 0 &&
+			errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrFenced)
 	}
 	st.mu.Unlock()
 	st.c.Close()

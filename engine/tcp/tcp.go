@@ -67,6 +67,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -147,7 +148,16 @@ type Transport struct {
 	byEpoch  map[uint64]map[net.Conn]chan struct{}
 
 	wg sync.WaitGroup // accept loop and inbound connection goroutines
+
+	// redials counts data connections dialled again after they were lost
+	// while idle (segment.redial).
+	redials atomic.Uint64
 }
+
+// Redials returns how many data connections of this transport's segments
+// were dialled again after being lost while idle (a reset between rooms),
+// since the transport was opened.
+func (t *Transport) Redials() uint64 { return t.redials.Load() }
 
 var (
 	_ engine.Transport = (*Transport)(nil)

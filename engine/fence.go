@@ -69,12 +69,33 @@ type verdict struct {
 	at     time.Time
 }
 
-// ackMemo is a prefill's memory of a closed sender: whether its transfer
-// batches all ended on a healthy data path (see AbortAckMsg.Clean).
+// ackMemo is a prefill's memory of a closed, failed sender: whether its
+// transfer batches all ended on a healthy data path (see AbortAckMsg.Clean),
+// why it failed, and which decodes had sent it TRANSFER. A TRANSFER that
+// arrives after the sender was closed is answered from it at once (issue 18
+// case 5: an early prefill failure is not lost), within the bootstrap
+// timeout and for at most maxRecent rooms (the oldest are forgotten first).
 type ackMemo struct {
-	clean  bool
-	detail string
-	at     time.Time
+	clean   bool
+	detail  string
+	failure string
+	dsts    []string
+	at      time.Time
+}
+
+// maxRecent bounds the closed-sender memos a prefill keeps.
+const maxRecent = 100_000
+
+// rememberClosedLocked records a closed, failed sender's memo; m.mu held.
+func (m *Manager) rememberClosedLocked(room uint64, a ackMemo) {
+	if _, ok := m.recent[room]; !ok {
+		m.recentOrder = append(m.recentOrder, room)
+	}
+	m.recent[room] = a
+	for len(m.recent) > maxRecent && len(m.recentOrder) > 0 {
+		delete(m.recent, m.recentOrder[0])
+		m.recentOrder = m.recentOrder[1:]
+	}
 }
 
 // epochKey names one registration's data path: the prefill control
@@ -270,10 +291,16 @@ func (m *Manager) pruneFenceStateLocked(now time.Time) {
 	if cap(m.verdictOrder) > 2*len(m.verdictOrder)+1024 {
 		m.verdictOrder = append([]uint64(nil), m.verdictOrder...)
 	}
-	for room, a := range m.recent {
-		if now.Sub(a.at) > m.cfg.BootstrapTimeout {
-			delete(m.recent, room)
+	for len(m.recentOrder) > 0 {
+		room := m.recentOrder[0]
+		if a, ok := m.recent[room]; ok && now.Sub(a.at) <= m.cfg.BootstrapTimeout {
+			break // in order of closing (a room closed again moves nothing)
 		}
+		delete(m.recent, room)
+		m.recentOrder = m.recentOrder[1:]
+	}
+	if cap(m.recentOrder) > 2*len(m.recentOrder)+1024 {
+		m.recentOrder = append([]uint64(nil), m.recentOrder...)
 	}
 	for k, done := range m.fenceOps {
 		select {

@@ -69,6 +69,7 @@ type rankOpts struct {
 	kvDtype          string               // KVCacheDtype ("": auto)
 	controlFault     func(peer, msgType string) bool
 	verifyKV         func(engine.ReceivedKV) error
+	ringSlots        int // decode: RingSlots (0: default)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -106,7 +107,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
-		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV}
+		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots}
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}

@@ -149,7 +149,9 @@ type ManagerConfig struct {
 	// room's pages and metadata slot stay quarantined when a producer hangs
 	// (see Receiver.Close).
 	FenceTimeout time.Duration
-	// RingSlots (decode) is the metadata ring size in records (1024).
+	// RingSlots (decode) is the metadata ring size in records (1024): one
+	// per producer of each room between its Init and Close. Rooms beyond it
+	// wait for a slot, first come first served, within the waiting timeout.
 	RingSlots int
 	// RingAlloc (decode) allocates the ring memory (HostRingMemory when nil).
 	RingAlloc RingAllocator
@@ -298,8 +300,10 @@ type Manager struct {
 	receivers map[uint64]*Receiver
 	pending   map[uint64]map[string]pendingTransfer // prefill: TRANSFERs before NewSender
 	aborted   map[uint64]time.Time                  // prefill: ABORTs before NewSender
-	recent    map[uint64]ackMemo                    // prefill: how closed senders ended (for late ABORTs)
-	verdicts  map[uint64]verdict                    // decode: outcomes of finished rooms
+	recent    map[uint64]ackMemo                    // prefill: how closed senders ended (late ABORTs, TRANSFERs)
+	// recentOrder: rooms of recent in the order first closed (expiry).
+	recentOrder []uint64
+	verdicts    map[uint64]verdict // decode: outcomes of finished rooms
 	// verdictOrder: rooms of verdicts in the order first decided (expiry)
 	verdictOrder []uint64
 	fenceOps     map[epochKey]chan struct{} // decode: data-path fences running or done
@@ -1237,10 +1241,12 @@ func (m *Manager) monitorLoop() {
 		for _, r := range m.receivers {
 			rs = append(rs, r)
 		}
+		var expired []*TransferMsg
 		for room, p := range m.pending {
 			for ep, pt := range p {
 				if now.Sub(pt.at) > m.cfg.BootstrapTimeout {
 					delete(p, ep)
+					expired = append(expired, pt.msg)
 				}
 			}
 			if len(p) == 0 {
@@ -1254,6 +1260,11 @@ func (m *Manager) monitorLoop() {
 		}
 		m.pruneFenceStateLocked(now)
 		m.mu.Unlock()
+		for _, v := range expired {
+			// The decode is told instead of waiting out its waiting
+			// timeout; nothing was written for the room.
+			m.rejectTransfer(v, fmt.Sprintf("prefill %s got no request for room %d within its bootstrap timeout %s of this TRANSFER (the room was sent to another prefill, or its prefill request was lost)", m.endpoint, v.Room, m.cfg.BootstrapTimeout), true)
+		}
 		for _, ep := range dead {
 			m.met.heartbeatFailed("peer")
 			m.met.peerLost(m.cfg.Role, "heartbeat")

@@ -602,6 +602,10 @@ func (r *Receiver) run() {
 	case <-r.ctx.Done():
 		return
 	}
+	if err := r.acquireSlots(); err != nil {
+		r.failLocal(err)
+		return
+	}
 	r.mu.Lock()
 	ts := r.targets
 	pages, aux, state, prefix := r.pages, r.auxIndex, r.state, r.prefix
@@ -637,6 +641,48 @@ func (r *Receiver) run() {
 	if left == 0 {
 		r.succeed()
 	}
+}
+
+// acquireSlots takes one metadata ring slot per real producer, once the
+// destination pages are known and before TRANSFER. While every slot is in
+// use the room waits for one, first come first served, within the waiting
+// timeout (backpressure: more rooms in flight than ring slots queue instead
+// of failing, issue 18 case 6); the room stays WaitingForInput meanwhile.
+// It returns nil, holding nothing new, when the room failed or was closed
+// during the wait (failLocal already told its producers).
+func (r *Receiver) acquireSlots() error {
+	r.mu.Lock()
+	ts := r.targets
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeoutCause(r.ctx, r.m.cfg.WaitingTimeout,
+		fmt.Errorf("%w: no slot freed within the waiting timeout %s (raise --ring-slots or keep fewer rooms in flight)", ErrTimeout, r.m.cfg.WaitingTimeout))
+	defer cancel()
+	start := time.Now()
+	for _, t := range ts {
+		if t.rank.Dummy {
+			continue
+		}
+		slot, gen, err := r.m.ring.AcquireWait(ctx)
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("engine: room %d: %w", r.room, err)
+		}
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			r.m.ring.Release(slot)
+			return nil
+		}
+		t.slot, t.gen = slot, gen
+		r.slots = append(r.slots, slot)
+		r.mu.Unlock()
+	}
+	if waited := time.Since(start); waited > 100*time.Millisecond {
+		r.m.log.Debug("room waited for a metadata ring slot", "room", r.room, "waited", waited.Round(time.Millisecond), "ring_slots", r.m.ring.Slots())
+	}
+	return nil
 }
 
 // succeed runs ManagerConfig.VerifyKV, records the latency and moves the
@@ -829,17 +875,6 @@ func (r *Receiver) resolve() error {
 	}
 	if p, err := r.st.get(); p == KVFailed {
 		return err
-	}
-	for _, t := range ts {
-		if t.rank.Dummy {
-			continue
-		}
-		slot, gen, err := m.ring.Acquire()
-		if err != nil {
-			return err
-		}
-		t.slot, t.gen = slot, gen
-		r.slots = append(r.slots, slot)
 	}
 	r.remaining, r.requiredDst = real, tg.RequiredDstInfoNum
 	r.resolved = true

@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -166,6 +168,9 @@ type MetaRing struct {
 	mu    sync.Mutex
 	free  []int
 	gen   []uint64
+	// waiters are AcquireWait callers queued for a slot, first come first
+	// served: Release hands its slot to the oldest (channel of capacity 1).
+	waiters []chan int
 }
 
 // NewMetaRing allocates a ring of slots records through alloc
@@ -208,25 +213,76 @@ func (r *MetaRing) InUse() int {
 // RingMem returns the ring's memory (for a GPU consumer).
 func (r *MetaRing) RingMem() RingMemory { return r.mem }
 
+// ErrRingFull is returned by Acquire when every metadata ring slot is in use.
+var ErrRingFull = errors.New("engine: metadata ring full")
+
 // Acquire takes a free slot, bumps its generation (never 0) and clears its
-// record; it returns the slot and generation. Errors when every slot is in use.
+// record; it returns the slot and generation. Errors (wrapping ErrRingFull)
+// when every slot is in use or AcquireWait callers are queued for one.
 func (r *MetaRing) Acquire() (slot int, gen uint64, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.free) == 0 {
-		return 0, 0, fmt.Errorf("engine: metadata ring: all %d slots in use (raise --ring-slots or finish requests)", r.slots)
+	if len(r.free) == 0 || len(r.waiters) > 0 {
+		return 0, 0, fmt.Errorf("%w: all %d slots in use (raise --ring-slots or finish requests)", ErrRingFull, r.slots)
 	}
 	slot = r.free[len(r.free)-1]
 	r.free = r.free[:len(r.free)-1]
+	return slot, r.claimLocked(slot), nil
+}
+
+// AcquireWait is Acquire that waits, first come first served, for a slot
+// to be released while every slot is in use (backpressure: a decode with
+// more rooms in flight than ring slots queues the extra rooms instead of
+// failing them, issue 18 case 6). It returns ctx's error, wrapped with the
+// ring size and ErrRingFull, when ctx ends first.
+func (r *MetaRing) AcquireWait(ctx context.Context) (slot int, gen uint64, err error) {
+	r.mu.Lock()
+	if len(r.free) > 0 && len(r.waiters) == 0 {
+		slot = r.free[len(r.free)-1]
+		r.free = r.free[:len(r.free)-1]
+		gen = r.claimLocked(slot)
+		r.mu.Unlock()
+		return slot, gen, nil
+	}
+	ch := make(chan int, 1)
+	r.waiters = append(r.waiters, ch)
+	r.mu.Unlock()
+	select {
+	case slot = <-ch:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return slot, r.claimLocked(slot), nil
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i := slices.Index(r.waiters, ch); i >= 0 {
+		r.waiters = slices.Delete(r.waiters, i, i+1)
+	} else { // a Release handed us a slot as ctx ended: pass it on
+		r.releaseLocked(<-ch)
+	}
+	return 0, 0, fmt.Errorf("%w (all %d slots held by other rooms): %w", ErrRingFull, r.slots, context.Cause(ctx))
+}
+
+// Waiting returns how many AcquireWait callers are queued for a slot.
+func (r *MetaRing) Waiting() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.waiters)
+}
+
+// claimLocked bumps slot's generation and clears its record (r.mu held).
+func (r *MetaRing) claimLocked(slot int) uint64 {
 	r.gen[slot]++
 	b := r.slotBytes(slot)
 	atomic.StoreUint64(r.commitWord(slot), 0)
 	clear(b[:RecordCommitOffset])
-	return slot, r.gen[slot], nil
+	return r.gen[slot]
 }
 
 // Release returns a slot; its commit word is cleared so a late writer's record
-// cannot be mistaken for a later request's.
+// cannot be mistaken for a later request's. The oldest AcquireWait caller, if
+// any, gets it.
 func (r *MetaRing) Release(slot int) {
 	if slot < 0 || slot >= r.slots {
 		return
@@ -234,6 +290,16 @@ func (r *MetaRing) Release(slot int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	atomic.StoreUint64(r.commitWord(slot), 0)
+	r.releaseLocked(slot)
+}
+
+func (r *MetaRing) releaseLocked(slot int) {
+	if len(r.waiters) > 0 {
+		ch := r.waiters[0]
+		r.waiters = r.waiters[1:]
+		ch <- slot
+		return
+	}
 	r.free = append(r.free, slot)
 }
 

@@ -152,7 +152,11 @@ func TestTimeoutsFromSGLangEnv(t *testing.T) {
 	defer cancel()
 	s, _ := p.m.NewSender(9) // no decode ever asks for room 9
 	defer s.Close()
-	r, _ := d.m.NewReceiver(addr, 10) // no prefill sender for room 10
+	// Room 10's prefill sender never sends (a prefill with no sender at
+	// all answers the TRANSFER at its own bootstrap timeout).
+	s10, _ := p.m.NewSender(10)
+	defer s10.Close()
+	r, _ := d.m.NewReceiver(addr, 10)
 	defer r.Close()
 	pg, _ := d.pool.Alloc(1)
 	r.Init(pg)

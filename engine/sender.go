@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -181,20 +182,23 @@ func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
 	p.markReady(err)
 }
 
+// rejectTransfer fails the decode's room (STATUS Failed, then ABORT_ACK);
+// clean false tells the decode to fence the epoch and register again
+// (nothing was written for this room).
+func (m *Manager) rejectTransfer(v *TransferMsg, reason string, clean bool) {
+	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
+	go func() {
+		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+		m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
+	}()
+}
+
 func (m *Manager) handleTransfer(v *TransferMsg) {
 	m.mu.Lock()
 	p := m.dpeers[v.Endpoint]
 	s := m.senders[v.Room]
 	m.mu.Unlock()
-	// reject fails the decode's room; clean false tells the decode to fence
-	// the epoch and register again (nothing was written for this room).
-	reject := func(reason string, clean bool) {
-		m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
-		go func() {
-			_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
-			m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
-		}()
-	}
+	reject := func(reason string, clean bool) { m.rejectTransfer(v, reason, clean) }
 	if p == nil {
 		reject("prefill got TRANSFER before REGISTER from "+v.Endpoint+" (this prefill lost the registration; the decode registers again)", false)
 		return
@@ -218,6 +222,15 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 		return
 	}
 	m.mu.Lock()
+	if memo, ok := m.recent[v.Room]; ok && m.senders[v.Room] == nil {
+		m.mu.Unlock()
+		// The room failed here before this TRANSFER arrived (or this
+		// decode's STATUS was lost): nothing is written for it, so the
+		// data path stays clean unless this decode was a destination.
+		clean := memo.clean || !slices.Contains(memo.dsts, v.Endpoint)
+		reject(fmt.Sprintf("prefill %s failed room %d %s before this TRANSFER arrived: %s", m.endpoint, v.Room, time.Since(memo.at).Round(time.Millisecond), memo.failure), clean)
+		return
+	}
 	if m.senders[v.Room] == nil {
 		if m.pending[v.Room] == nil {
 			m.pending[v.Room] = map[string]pendingTransfer{}
@@ -858,6 +871,20 @@ func (s *Sender) Abort() {
 	s.fail(fmt.Errorf("%w by prefill (room %d)", ErrAborted, s.room))
 }
 
+// AbortWith is Abort with the caller's reason (e.g. the prefill could not
+// allocate the request's KV): the failure wraps ErrAborted and reason, and
+// every decode of the room is told the reason: those whose TRANSFER arrived
+// at once, a later one when its TRANSFER arrives (even after Close, within
+// the bootstrap timeout), so it fails the room in milliseconds instead of at
+// its waiting timeout. A nil reason is Abort.
+func (s *Sender) AbortWith(reason error) {
+	if reason == nil {
+		s.Abort()
+		return
+	}
+	s.fail(fmt.Errorf("%w by prefill (room %d): %w", ErrAborted, s.room, reason))
+}
+
 // Close releases the room on this rank (a new Sender for it may then be
 // created); an unfinished transfer is aborted first. It returns once no
 // transfer batch of the room reads the source pages any more (at most about
@@ -879,9 +906,12 @@ func (s *Sender) Close() {
 	}
 	s.tr.event(StepConsume, "", "closed")
 	clean, detail := s.cleanState()
+	s.mu.Lock()
+	dsts := slices.Collect(maps.Keys(s.dsts))
+	s.mu.Unlock()
 	s.m.mu.Lock()
-	if s.Poll() == KVFailed {
-		s.m.recent[s.room] = ackMemo{clean: clean, detail: detail, at: time.Now()}
+	if err := s.Failure(); err != nil {
+		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, at: time.Now()})
 	}
 	if s.m.senders[s.room] == s {
 		delete(s.m.senders, s.room)

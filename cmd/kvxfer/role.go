@@ -80,7 +80,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
 		fs.BoolVar(&f.checksum, "checksum", false, "ask producers for a CRC32C over the transferred bytes and check it before Success")
 		fs.BoolVar(&f.verify, "verify", false, "verify every received byte against the prefill's --fill test pattern (what kvxfer demo does)")
-		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots")
+		fs.IntVar(&f.ringSlots, "ring-slots", engine.DefaultRingSlots, "metadata ring slots: one per producer of each room in flight; rooms beyond them wait for a free slot (up to --waiting-timeout) instead of failing")
 		fs.IntVar(&f.prefixBlocks, "prefix-cache-blocks", 0, "keep the KV of up to this many prompt blocks (named by a request's hash_ids chain) and ask producers only for what follows the longest held prefix (SGLang decode_prefix_len); the KV buffers grow by this many blocks; 0 = off")
 		fs.IntVar(&f.blockTokens, "prefix-block-tokens", workload.DefaultBlockTokens, "tokens per hash_ids block (512 in the Mooncake traces; a whole number of pages)")
 		fs.BoolVar(&f.digest, "digest", false, "print the SHA-256 of each request's received KV bytes (\"digest\"), for a harness that checks the bytes itself")
@@ -637,6 +637,12 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		return fail(err)
 	}
 	defer s.Close()
+	// A failure here (no pages, a bad token count) reaches the decode with
+	// its reason, now or when its TRANSFER arrives.
+	fail = func(err error) replyLine {
+		s.AbortWith(err)
+		return replyLine{Error: err.Error(), Pages: n}
+	}
 	if err := s.SetTokens(q.Tokens); err != nil {
 		return fail(err)
 	}

@@ -841,6 +841,7 @@ func (r *Receiver) resolve() error {
 				return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
 			}
 			t.epoch, pg = ep, geo
+			m.awaitEpochSettled(ctx, r, t.endpoint, ep)
 			if try == 2 || !m.epochFencing(t.endpoint, ep) {
 				break // a registration being fenced is dropped: register again
 			}

@@ -11,15 +11,19 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "3"        (ControlVersion, ASCII decimal)
+//	frame 1: "4"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
 //	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go))
 //
-// followed by the type's fields, one per frame. Scalars are ASCII decimals;
-// arrays are little-endian packed integers (SGLang's conventions), so a
-// capture stays readable. Decoders reject an unknown magic, version or type and
-// any malformed field with an error that names the frame, and never panic.
+// followed by the type's fields, one per frame, and on the wire by the
+// sender envelope (four frames: sender instance id and epoch, send time,
+// optional HMAC tag; see envelope.go, SealControl and OpenControl). Encode
+// and the Decode functions work on the message without its envelope. Scalars are
+// ASCII decimals; arrays are little-endian packed integers (SGLang's
+// conventions), so a capture stays readable. Decoders reject an unknown
+// magic, version or type and any malformed field with an error that names
+// the frame, and never panic.
 const (
 	// ControlMagic is frame 0 of every control message.
 	ControlMagic = "KVXFER"
@@ -29,8 +33,9 @@ const (
 	// caller-owned buffers: REGISTER carries the decode's Geometry
 	// (per-buffer item lengths) and one region per buffer, REGISTER_ACK
 	// answers with the prefill's, TRANSFER carries the aux index, state
-	// indices and decode prefix.
-	ControlVersion = 3
+	// indices and decode prefix. Version 4: every message ends with the
+	// sender envelope (instance id, epoch, send time, HMAC tag; envelope.go).
+	ControlVersion = 4
 )
 
 // Control message types (frame 2).

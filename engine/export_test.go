@@ -7,3 +7,10 @@ func SetBeforeDispatch(m *Manager, f func(msgType string)) { m.beforeDispatch.St
 // DecodeSegmentReply decodes a segment RPC reply (tests outside the package
 // speak the wire protocol to a listener).
 var DecodeSegmentReply = decodeSegmentReply
+
+// PushSockets returns how many control PUSH sockets the manager holds.
+func PushSockets(m *Manager) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.push)
+}

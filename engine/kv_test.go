@@ -69,7 +69,11 @@ type rankOpts struct {
 	kvDtype          string               // KVCacheDtype ("": auto)
 	controlFault     func(peer, msgType string) bool
 	verifyKV         func(engine.ReceivedKV) error
-	ringSlots        int // decode: RingSlots (0: default)
+	ringSlots        int    // decode: RingSlots (0: default)
+	authToken        string // BootstrapAuthToken
+	authControl      bool   // AuthenticateControl (needs authToken)
+	instance         string // InstanceID ("": random)
+	maxPeers         int    // MaxPeers (0: default)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -107,7 +111,8 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
-		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots}
+		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots,
+		BootstrapAuthToken: o.authToken, AuthenticateControl: o.authControl, InstanceID: o.instance, MaxPeers: o.maxPeers}
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}

@@ -98,6 +98,18 @@ type ManagerConfig struct {
 	// (spec §2.8). Empty sends none; a server that requires one then answers
 	// 401, reported as "the directory requires a token".
 	BootstrapAuthToken string
+	// AuthenticateControl tags every control frame this rank sends with an
+	// HMAC keyed by BootstrapAuthToken (ControlKey) and drops every frame
+	// it receives whose tag is missing or wrong (see envelope.go): nobody
+	// without the deployment's token can inject control frames. Every rank
+	// of the deployment (prefill and decode) needs it and the same token;
+	// NewManager refuses it without a token.
+	AuthenticateControl bool
+	// MaxPeers bounds the control peers this rank keeps a socket and state
+	// for (DefaultMaxPeers): beyond it the least recently used peer with no
+	// room and no registration is dropped, and when none is idle a new peer
+	// is refused with an error naming the limit.
+	MaxPeers int
 	// DPRank and DPSize place a prefill rank in its instance's DP group
 	// (defaults 0 and 1).
 	DPRank, DPSize int
@@ -270,6 +282,9 @@ type pushSock struct {
 	// dialErr is what a plain TCP dial to the endpoint answered after the
 	// first failed attempt (e.g. "connection refused"), for the report.
 	dialErr string
+	// lastUse is when a message was last sent through it (Unix ns), for
+	// closing the least recently used idle socket at MaxPeers.
+	lastUse atomic.Int64
 }
 
 // Manager is one rank's KV transfer manager: it owns the control PULL socket,
@@ -313,11 +328,18 @@ type Manager struct {
 	dir          *bootstrap.Client          // prefill: the directory this rank registers with
 
 	instanceID string
-	epoch      uint64
-	reregs     atomic.Int64  // prefill: re-registrations (reregister.go)
-	segdir     segDirState   // ManagerConfig.Directory state (manager_dir.go)
-	watchStop  chan struct{} // prefill: stops watchDirectory
-	watchDone  chan struct{} // closed when watchDirectory returned
+	// ctlKey tags and checks control frames (nil: AuthenticateControl off).
+	ctlKey []byte
+	// dropped counts received control frames dropped as unauthenticated,
+	// malformed, or from another instance than the peer's; dropLog rate-
+	// limits the warning about them (recvLoop only).
+	dropped   atomic.Uint64
+	dropLog   dropLogger
+	epoch     uint64
+	reregs    atomic.Int64  // prefill: re-registrations (reregister.go)
+	segdir    segDirState   // ManagerConfig.Directory state (manager_dir.go)
+	watchStop chan struct{} // prefill: stops watchDirectory
+	watchDone chan struct{} // closed when watchDirectory returned
 
 	// rankName is the rank's coordinates ("dp0/tp1/pp0" on a prefill,
 	// "tp1/pp0" on a decode): the rank attribute of logs and timelines.
@@ -367,6 +389,9 @@ type pendingTransfer struct {
 // (retrying until BootstrapTimeout). It allocates no KV memory. Errors name
 // the failing step.
 func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
+	if cfg.AuthenticateControl && cfg.BootstrapAuthToken == "" {
+		return nil, errors.New("engine: manager: AuthenticateControl needs BootstrapAuthToken, the deployment's shared token (--bootstrap-auth-token or KVXFER_BOOTSTRAP_AUTH_TOKEN)")
+	}
 	cfg.KV = cloneArgs(cfg.KV)
 	geo, err := cfg.KV.Geometry()
 	if err != nil {
@@ -437,6 +462,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = DefaultDirectoryCheckInterval
 	}
+	if cfg.MaxPeers <= 0 {
+		cfg.MaxPeers = DefaultMaxPeers
+	}
 	if cfg.InstanceID == "" {
 		if cfg.InstanceID, err = newInstanceID(); err != nil {
 			return nil, err
@@ -470,6 +498,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		done:       make(chan struct{}),
 		dir:        dir,
 		instanceID: cfg.InstanceID,
+		ctlKey:     controlKeyIf(cfg.AuthenticateControl, cfg.BootstrapAuthToken),
 		epoch:      uint64(time.Now().UnixNano()),
 	}
 	m.life, m.stopLife = context.WithCancel(context.Background())
@@ -679,6 +708,11 @@ func (m *Manager) bind() error {
 		return fmt.Errorf("engine: zmq context: %w", err)
 	}
 	m.zctx = zctx
+	// Room for MaxPeers PUSH sockets, each with its monitor pair (ZeroMQ's
+	// default is 1023 sockets per context).
+	if err := zctx.SetMaxSockets(4*m.cfg.MaxPeers + 64); err != nil {
+		return fmt.Errorf("engine: zmq context: max sockets: %w", err)
+	}
 	s, err := zctx.NewSocket(zmq.PULL)
 	if err != nil {
 		return fmt.Errorf("engine: zmq PULL socket: %w", err)
@@ -901,6 +935,17 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return ErrManagerClosed
 	}
 	ps := m.push[endpoint]
+	var evicted *pushSock
+	if ps == nil && len(m.push) >= m.cfg.MaxPeers {
+		if evicted = m.evictIdlePushLocked(); evicted == nil {
+			m.mu.Unlock()
+			return fmt.Errorf("%w: not opening a control socket to %s: %d sockets open (ManagerConfig.MaxPeers), every one to a peer with a registration or heard from within the peer timeout; raise MaxPeers, or look for whoever sends frames naming many endpoints",
+				ErrTooManyPeers, endpoint, len(m.push))
+		}
+	}
+	if evicted != nil {
+		defer evicted.close()
+	}
 	if ps == nil {
 		s, err := m.zctx.NewSocket(zmq.PUSH)
 		if err != nil {
@@ -940,6 +985,8 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 	if ps.sock == nil {
 		return ErrManagerClosed
 	}
+	ps.lastUse.Store(time.Now().UnixNano())
+	frames = SealControl(frames, m.instanceID, m.epoch, time.Now(), m.ctlKey)
 	parts := make([]any, len(frames))
 	for i, f := range frames {
 		parts[i] = f
@@ -1091,10 +1138,17 @@ func (m *Manager) dropPush(endpoint string) {
 	delete(m.push, endpoint)
 	m.mu.Unlock()
 	if ps != nil {
-		ps.mu.Lock()
+		ps.close()
+	}
+}
+
+// close closes the socket (idempotent); its monitor goroutine then ends.
+func (ps *pushSock) close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.sock != nil {
 		_ = ps.sock.Close()
 		ps.sock = nil
-		ps.mu.Unlock()
 	}
 }
 
@@ -1152,9 +1206,17 @@ func (m *Manager) dispatch(parts [][]byte) {
 	if h := m.beforeDispatch.Load(); h != nil && len(parts) > 2 {
 		(*h)(string(parts[2]))
 	}
-	msg, err := DecodeControl(parts)
+	body, env, err := OpenControl(parts, m.ctlKey, time.Now())
 	if err != nil {
-		m.log.Warn("dropped malformed control message", "err", err, "frames", len(parts))
+		m.drop(err)
+		return
+	}
+	msg, err := DecodeControl(body)
+	if err != nil {
+		m.drop(err)
+		return
+	}
+	if !m.checkSender(msg, env) {
 		return
 	}
 	switch v := msg.(type) {
@@ -1165,14 +1227,14 @@ func (m *Manager) dispatch(parts [][]byte) {
 			m.log.Warn("dropped REGISTER: this rank is a decode", "from", v.Endpoint)
 			return
 		}
-		m.handleRegister(v)
+		m.handleRegister(v, env)
 	case *RegisterAckMsg:
 		if m.cfg.Role != RoleDecode {
 			m.log.Warn("dropped REGISTER_ACK: this rank is a prefill", "from", v.Endpoint)
 			return
 		}
 		m.touch(v.Endpoint)
-		m.handleRegisterAck(v)
+		m.handleRegisterAck(v, env)
 	case *TransferMsg:
 		if m.cfg.Role != RolePrefill {
 			m.log.Warn("dropped TRANSFER: this rank is a decode", "from", v.Endpoint)

@@ -390,6 +390,11 @@ type ProberConfig struct {
 	ControlHost string
 	// Timeout bounds one probe, from PROBE to PROBE_RESULT (default 30 s).
 	Timeout time.Duration
+	// AuthToken is the deployment's shared token, needed when the ranks
+	// authenticate control frames (ManagerConfig.AuthenticateControl):
+	// the prober's frames are then tagged with ControlKey(AuthToken) and
+	// the ranks' answers checked. Empty sends untagged frames.
+	AuthToken string
 }
 
 // Prober runs doctor probes against prefill ranks. Not safe for concurrent
@@ -401,6 +406,8 @@ type Prober struct {
 	endpoint string
 	scratch  []*HostBuffer
 	regions  []RegionDesc
+	instance string // the prober's instance id (envelope)
+	key      []byte // ControlKey(AuthToken), or nil
 	mu       sync.Mutex
 	closed   bool
 }
@@ -423,7 +430,11 @@ func NewProber(cfg ProberConfig) (*Prober, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	p := &Prober{cfg: cfg}
+	inst, err := newInstanceID()
+	if err != nil {
+		return nil, err
+	}
+	p := &Prober{cfg: cfg, instance: inst, key: ControlKey(cfg.AuthToken)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -536,6 +547,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		return nil, fmt.Errorf("engine: probe: connect to %s: %w", endpoint, err)
 	}
 	send := func(frames [][]byte) error {
+		frames = SealControl(frames, p.instance, 0, time.Now(), p.key)
 		parts := make([]any, len(frames))
 		for i, f := range frames {
 			parts[i] = f
@@ -557,7 +569,11 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		if err != nil {
 			continue // receive timeout: check ctx
 		}
-		m, err := DecodeControl(parts)
+		body, _, err := OpenControl(parts, p.key, time.Now())
+		if err != nil {
+			continue
+		}
+		m, err := DecodeControl(body)
 		if err != nil {
 			continue
 		}

@@ -23,6 +23,17 @@ type instanceInfo struct {
 	info   *bootstrap.PrefillServerInfo
 	mu     sync.Mutex
 	ranks  map[bootstrap.Coord]string
+	// insts maps a rank endpoint to the instance id and epoch its
+	// directory entry named (absent or zero: none).
+	insts map[string]peerID
+}
+
+// instanceOf returns the identity the directory named for the rank at
+// endpoint ep (zero when none).
+func (i *instanceInfo) instanceOf(ep string) peerID {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.insts[ep]
 }
 
 func (i *instanceInfo) names(ep string) bool {
@@ -45,6 +56,11 @@ type prefillPeer struct {
 	epoch uint64
 	geo   *Geometry // the prefill's, from REGISTER_ACK
 	ack   chan ackResult
+	// id is the prefill's identity: the one the directory named when the
+	// registration started (zero when it named none), then the one that
+	// answered REGISTER_ACK. Frames from another rank at this address are
+	// a replaced process (trust.go).
+	id peerID
 }
 
 // ackResult is a REGISTER_ACK, or why none will come (the peer was lost).
@@ -109,7 +125,7 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 		if err != nil {
 			return nil, err
 		}
-		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, m: m}
+		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, insts: map[string]peerID{}, m: m}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if cur := m.bcache[addr]; cur != nil {
@@ -175,6 +191,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 		ep = ri.Endpoint()
 		i.mu.Lock()
 		i.ranks[c] = ep
+		i.insts[ep] = peerID{ri.InstanceID, ri.Epoch}
 		i.mu.Unlock()
 		return ep, nil
 	})
@@ -188,12 +205,21 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 // and regions) to a prefill rank once per epoch and waits for its
 // REGISTER_ACK; it returns the epoch and the prefill's geometry, or its
 // refusal.
-func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geometry, error) {
+func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (uint64, *Geometry, error) {
 	m.mu.Lock()
 	p := m.ppeers[ep]
+	if p != nil && id.known() && p.id.known() && !p.id.is(id) {
+		// The directory now names another process at this address than
+		// the one registered here: that one is gone.
+		was := p.id
+		m.mu.Unlock()
+		m.peerLost(ep, false, fmt.Errorf("%w: the directory now names instance %s at prefill %s, this decode registered with instance %s there (the rank restarted or was replaced)", ErrPeerLost, id, ep, was))
+		m.mu.Lock()
+		p = m.ppeers[ep]
+	}
 	owner := p == nil
 	if owner {
-		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch(), ack: make(chan ackResult, 1)}
+		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch(), ack: make(chan ackResult, 1), id: id}
 		m.ppeers[ep] = p
 	}
 	m.mu.Unlock()
@@ -228,7 +254,11 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geo
 				p.geo = &a.msg.Geometry
 			}
 		case <-ctx.Done():
-			p.err = fmt.Errorf("%w: prefill %s did not answer REGISTER (no REGISTER_ACK): %v", ErrTimeout, ep, ctx.Err())
+			hint := "a prefill that authenticates control frames drops untagged ones: give every rank the same token and AuthenticateControl (--control-auth)"
+			if m.ctlKey != nil {
+				hint = "this rank tags its control frames: the prefill drops them unless it has the same token"
+			}
+			p.err = fmt.Errorf("%w: prefill %s did not answer REGISTER (no REGISTER_ACK): %v (%s)", ErrTimeout, ep, ctx.Err(), hint)
 		}
 	}
 	if p.err != nil {
@@ -249,9 +279,12 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string) (uint64, *Geo
 
 // handleRegisterAck hands a prefill's REGISTER_ACK to the registration
 // waiting for it (dropped when none waits, or for another epoch).
-func (m *Manager) handleRegisterAck(v *RegisterAckMsg) {
+func (m *Manager) handleRegisterAck(v *RegisterAckMsg, env Envelope) {
 	m.mu.Lock()
 	p := m.ppeers[v.Endpoint]
+	if p != nil && p.ack != nil && p.epoch == v.Epoch && (!p.id.known() || p.id.is(envID(env))) {
+		p.id = envID(env) // the answering process is the peer (the directory may have named none, or no epoch)
+	}
 	m.mu.Unlock()
 	if p == nil || p.ack == nil || p.epoch != v.Epoch {
 		m.log.Debug("REGISTER_ACK without a registration in progress for its epoch", "from", v.Endpoint, "epoch", v.Epoch)
@@ -287,6 +320,12 @@ func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
 }
 
 func (m *Manager) handleHandshake(v *HandshakeMsg) {
+	if m.currentEpoch(v.Endpoint) == 0 {
+		// Not a prefill rank this decode registered with: no answer, so
+		// that frames naming endpoints at random open no sockets.
+		m.drop(fmt.Errorf("HANDSHAKE from %s, a prefill rank this decode has no registration with", v.Endpoint))
+		return
+	}
 	var errText string
 	var acc Acceptor
 	for _, r := range m.regs {
@@ -836,7 +875,7 @@ func (r *Receiver) resolve() error {
 	for _, t := range ts {
 		var pg *Geometry
 		for try := 0; ; try++ {
-			ep, geo, err := m.ensureRegistered(ctx, t.endpoint)
+			ep, geo, err := m.ensureRegistered(ctx, t.endpoint, inst.instanceOf(t.endpoint))
 			if err != nil {
 				return fmt.Errorf("engine: room %d: register with prefill %s: %w", r.room, t.endpoint, err)
 			}

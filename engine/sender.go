@@ -14,7 +14,10 @@ import (
 
 // decodePeer is a decode rank that sent REGISTER to this prefill rank.
 type decodePeer struct {
-	reg       *RegisterMsg
+	reg *RegisterMsg
+	// id is the decode's identity (the REGISTER's envelope): only that
+	// rank may replace this registration (trust.go).
+	id        peerID
 	pairs     []BufferPair // this rank's KV buffers → the decode's (PairBuffers)
 	offer     TransportOffer
 	local     *regSet
@@ -86,10 +89,15 @@ func (p *decodePeer) setSegment(seg Segment, o TransportOffer, rs *regSet) bool 
 // (PairBuffers), answers REGISTER_ACK (accepted, or the refusal naming both
 // sides) and opens a segment to it with the highest-priority transport both
 // sides have whose OpenSegment succeeds.
-func (m *Manager) handleRegister(v *RegisterMsg) {
-	p := &decodePeer{reg: v, ready: make(chan struct{})}
+func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
+	p := &decodePeer{reg: v, id: envID(env), ready: make(chan struct{})}
 	m.mu.Lock()
 	old := m.dpeers[v.Endpoint]
+	if why := m.registerRefusalLocked(v, env, old); why != "" {
+		m.mu.Unlock()
+		m.drop(fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, envID(env), v.Epoch, why))
+		return
+	}
 	m.dpeers[v.Endpoint] = p
 	m.lastSeen[v.Endpoint] = time.Now()
 	m.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -79,6 +80,10 @@ type liveDoctorFlags struct {
 	host       string
 	probeBytes int
 	timeout    time.Duration
+	// controlAuth tags the probe's control frames with the bootstrap auth
+	// token (for ranks started with --control-auth).
+	controlAuth bool
+	authToken   string
 }
 
 // errDoctor carries doctor's exit status (1 failed, 2 stopped).
@@ -274,7 +279,14 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 		if host == "" && len(targets) > 0 {
 			host = localAddrToward(strings.TrimPrefix(targets[0].ep, "tcp://"))
 		}
-		p, err := engine.NewProber(engine.ProberConfig{Transports: ts, Length: f.probeBytes, ControlHost: host, Timeout: f.timeout + 2*10*time.Second})
+		pc := engine.ProberConfig{Transports: ts, Length: f.probeBytes, ControlHost: host, Timeout: f.timeout + 2*10*time.Second}
+		if f.controlAuth {
+			if pc.AuthToken = bootstrapToken(f.authToken, os.Getenv); pc.AuthToken == "" {
+				s.fail("--control-auth needs the deployment's token", "give --bootstrap-auth-token or set KVXFER_BOOTSTRAP_AUTH_TOKEN")
+				return
+			}
+		}
+		p, err := engine.NewProber(pc)
 		if err != nil {
 			s.fail(err.Error(), "give --doctor-host an address of this host that the ranks can reach")
 			return

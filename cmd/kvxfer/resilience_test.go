@@ -238,3 +238,33 @@ func TestCLIDataConnectionReset(t *testing.T) {
 		}
 	}
 }
+
+// --control-auth with the token in the environment: a room lands; a decode
+// started with the same flag but another token cannot register with the
+// prefill (its frames are dropped) and fails its room naming the token.
+func TestCLIControlAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const host = "127.0.0.1"
+	_, b := startBootstrapProc(t, host, 0)
+	env := []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN=s3cret", "KVXFER_CONTROL_AUTH=1"}
+	p := startProc(t, "prefill", env, roleArgs("prefill", b, host)...)
+	d := startProc(t, "decode", env, roleArgs("decode", b, host, "--digest")...)
+	other := startProc(t, "decode (another token)", []string{"KVXFER_BOOTSTRAP_AUTH_TOKEN=other", "KVXFER_CONTROL_AUTH=1"},
+		roleArgs("decode", b, host, "--bootstrap-timeout", "3s")...)
+	p.ready()
+	d.ready()
+	other.ready()
+	p.send(requestLine{Room: 70, Tokens: 16})
+	d.send(requestLine{Room: 70, Tokens: 16})
+	pr, dr := p.result(time.Minute), d.result(time.Minute)
+	agree(t, 70, pr, dr)
+	if !dr.OK || dr.Digest != expectedDigest(t, 70, 16) {
+		t.Fatalf("authenticated room: %+v", dr)
+	}
+	other.send(requestLine{Room: 71, Tokens: 16})
+	if r := other.result(time.Minute); r.OK || !strings.Contains(r.Error, "same token") {
+		t.Fatalf("decode with another token: %+v, want a failure naming the token", r)
+	}
+}

@@ -56,6 +56,8 @@ type roleFlags struct {
 	prefault         bool
 	device           string
 	authToken        string
+	controlAuth      bool
+	maxPeers         int
 	dirCheck         time.Duration
 	advertiseHost    string
 	metadata         string
@@ -105,6 +107,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp+
 			"; a decode sends it on the same routes, which SGLang's protocol has it call none of today, so one environment can configure every rank")
 	}
+	fs.BoolVar(&f.controlAuth, "control-auth", envOr("KVXFER_CONTROL_AUTH", "") == "1", "tag every control frame with an HMAC keyed by the --bootstrap-auth-token and drop frames without a valid tag, so nobody without the token can inject control frames; every prefill and decode rank of the deployment needs it and the same token (env KVXFER_CONTROL_AUTH=1)")
+	fs.IntVar(&f.maxPeers, "max-peers", engine.DefaultMaxPeers, "control peers this rank keeps a socket and state for; beyond it the least recently used idle one is closed, and with none idle a new peer is refused naming the limit")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(workload.KVCacheDtypes, ", ")+
@@ -337,6 +341,7 @@ func runRole(role engine.Role, f *roleFlags) error {
 	}
 	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
+		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for

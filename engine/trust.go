@@ -1,0 +1,253 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Control-plane trust (issue 18 case 7). A control frame names its sender's
+// endpoint, and every frame carries the sender's instance id and epoch
+// (envelope.go); with AuthenticateControl all are proven by the tag. Peer
+// state is bound to the rank (instance id and epoch) that created it:
+//
+//   - prefill: a decode's registration (dpeers) belongs to the instance that
+//     sent the REGISTER. A REGISTER naming the same endpoint replaces it only
+//     when it comes from that instance with a newer epoch, or when the
+//     registered instance is no longer alive (silent for PeerTimeout, or
+//     disconnected); anything else is dropped, so a stray or forged REGISTER
+//     cannot take a live decode's state (the forged "tcpx" REGISTER of the
+//     issue). Other frames claiming a registered decode's endpoint from
+//     another instance are dropped.
+//   - decode: a registration with a prefill rank (ppeers) expects the
+//     instance the bootstrap directory named for that rank. A REGISTER_ACK,
+//     or any later frame, from another instance at that address means the
+//     address now belongs to another process: its rooms fail at once naming
+//     both ids (not at their waiting timeout), the registration and the
+//     cached directory entries are dropped, and the next room resolves again.
+//   - A decode answers HANDSHAKE only from a prefill rank it registered
+//     with, and the control sockets a rank opens are bounded (MaxPeers, the
+//     least recently used idle one is closed first), so frames naming many
+//     endpoints (the ~340 HANDSHAKE flood of the issue) cannot exhaust its
+//     sockets.
+//
+// Without AuthenticateControl the instance ids are claims: they keep stray
+// frames and restarted processes from clobbering live state, not a
+// determined sender on the network. With it, only holders of the token can
+// send anything at all.
+
+// peerID is a rank's identity: its instance id and epoch (Manager.Epoch,
+// 0 when unknown), as published in a prefill's directory entry and carried
+// by every control frame's envelope. The zero value is "unknown".
+type peerID struct {
+	instance string
+	epoch    uint64
+}
+
+func envID(env Envelope) peerID { return peerID{env.Instance, env.Epoch} }
+
+func (p peerID) known() bool { return p.instance != "" }
+
+// is reports whether q is the same rank as p: the same instance id and, when
+// both epochs are known, the same epoch (a restart under a stable instance
+// id is another rank).
+func (p peerID) is(q peerID) bool {
+	return p.instance == q.instance && (p.epoch == 0 || q.epoch == 0 || p.epoch == q.epoch)
+}
+
+func (p peerID) String() string {
+	if p.epoch == 0 {
+		return p.instance
+	}
+	return fmt.Sprintf("%s (epoch %d)", p.instance, p.epoch)
+}
+
+// DefaultMaxPeers is ManagerConfig.MaxPeers' default.
+const DefaultMaxPeers = 1024
+
+// ErrTooManyPeers is wrapped when a rank refuses a new control peer because
+// MaxPeers peers are in use.
+var ErrTooManyPeers = errors.New("engine: too many control peers")
+
+// controlKeyIf returns ControlKey(token) when on, else nil.
+func controlKeyIf(on bool, token string) []byte {
+	if !on {
+		return nil
+	}
+	return ControlKey(token)
+}
+
+// dropLogger rate-limits the warning about dropped control frames: the
+// first at once, then at most one per dropLogEvery with the count since.
+type dropLogger struct {
+	mu     sync.Mutex
+	last   time.Time
+	missed int
+}
+
+const dropLogEvery = 10 * time.Second
+
+// drop counts a received control frame dropped for err and warns (rate
+// limited) naming the last reason.
+func (m *Manager) drop(err error) {
+	m.dropped.Add(1)
+	l := &m.dropLog
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.last) < dropLogEvery {
+		l.missed++
+		l.mu.Unlock()
+		return
+	}
+	missed := l.missed
+	l.last, l.missed = now, 0
+	l.mu.Unlock()
+	m.log.Warn("dropped control frame", "err", err, "dropped_since_last_warning", missed)
+}
+
+// DroppedFrames returns how many received control frames this rank dropped
+// (malformed, unauthenticated, or from another instance than the peer state
+// they name).
+func (m *Manager) DroppedFrames() uint64 { return m.dropped.Load() }
+
+// msgEndpoint returns the sender endpoint a decoded control message claims.
+func msgEndpoint(msg any) string {
+	switch v := msg.(type) {
+	case *RegisterMsg:
+		return v.Endpoint
+	case *RegisterAckMsg:
+		return v.Endpoint
+	case *TransferMsg:
+		return v.Endpoint
+	case *AbortMsg:
+		return v.Endpoint
+	case *AbortAckMsg:
+		return v.Endpoint
+	case *StatusMsg:
+		return v.Endpoint
+	case *HandshakeMsg:
+		return v.Endpoint
+	case *HandshakeAckMsg:
+		return v.Endpoint
+	case *PingMsg:
+		return v.Endpoint
+	case *ProbeMsg:
+		return v.Endpoint
+	case *ProbeResultMsg:
+		return v.Endpoint
+	}
+	return ""
+}
+
+// checkSender applies the instance rules above to a received message before
+// it is handled; false drops it.
+func (m *Manager) checkSender(msg any, env Envelope) bool {
+	ep := msgEndpoint(msg)
+	if ep == "" {
+		return true
+	}
+	m.mu.Lock()
+	var want peerID
+	var registering bool
+	if m.cfg.Role == RolePrefill {
+		if p := m.dpeers[ep]; p != nil {
+			want = p.id
+		}
+	} else if p := m.ppeers[ep]; p != nil {
+		want = p.id
+		select {
+		case <-p.done:
+		default:
+			registering = true
+		}
+	}
+	m.mu.Unlock()
+	got := envID(env)
+	if !want.known() || want.is(got) {
+		return true
+	}
+	if m.cfg.Role == RolePrefill {
+		if _, ok := msg.(*RegisterMsg); ok {
+			return true // handleRegister decides
+		}
+		m.drop(fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
+		return false
+	}
+	what := "a registered"
+	if registering {
+		what = "the directory's"
+	}
+	err := fmt.Errorf("%w: prefill %s answers as instance %s, but %s instance there is %s: the address now belongs to another process (the rank restarted or was replaced, or the directory entry is stale); its rooms fail now and the next room resolves the rank again",
+		ErrPeerLost, ep, got, what, want)
+	m.log.Warn("prefill rank replaced at its address", "prefill", ep, "expected_instance", want.String(), "instance", got.String())
+	go m.peerLost(ep, false, err)
+	return false
+}
+
+// peerLiveLocked reports whether the peer at ep was heard from within
+// PeerTimeout (a dead one is also dropped from lastSeen at once when its
+// control connection closes); m.mu held.
+func (m *Manager) peerLiveLocked(ep string) bool {
+	seen, ok := m.lastSeen[ep]
+	return ok && time.Since(seen) <= m.cfg.PeerTimeout
+}
+
+// registerRefusalLocked says why a REGISTER must not replace the current
+// registration old of its endpoint ("" when it may), and refuses a new
+// decode when MaxPeers registrations are live; m.mu held.
+func (m *Manager) registerRefusalLocked(v *RegisterMsg, env Envelope, old *decodePeer) string {
+	switch {
+	case old == nil:
+		if len(m.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
+			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (ManagerConfig.MaxPeers %d)", ErrTooManyPeers, len(m.dpeers), m.cfg.MaxPeers)
+		}
+		return ""
+	case old.id.is(envID(env)) && v.Epoch <= old.reg.Epoch:
+		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch)
+	case !old.id.is(envID(env)) && m.peerLiveLocked(v.Endpoint):
+		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout)
+	}
+	return ""
+}
+
+// evictIdleDecodeLocked drops the registration of one decode that is not
+// heard from within the peer timeout (a decode with a room in flight pings,
+// so it is kept), and reports whether it found one; m.mu held.
+func (m *Manager) evictIdleDecodeLocked() bool {
+	for ep, p := range m.dpeers {
+		if m.peerLiveLocked(ep) {
+			continue
+		}
+		delete(m.dpeers, ep)
+		delete(m.lastSeen, ep)
+		go p.close()
+		go m.dropPush(ep)
+		return true
+	}
+	return false
+}
+
+// evictIdlePushLocked removes from m.push the least recently used socket to
+// an endpoint this rank has no registration with and has not heard from
+// within the peer timeout, and returns it for closing (nil when every socket
+// is in use); m.mu held.
+func (m *Manager) evictIdlePushLocked() *pushSock {
+	var victim string
+	var oldest int64
+	for ep, ps := range m.push {
+		if m.dpeers[ep] != nil || m.ppeers[ep] != nil || m.peerLiveLocked(ep) {
+			continue
+		}
+		if u := ps.lastUse.Load(); victim == "" || u < oldest {
+			victim, oldest = ep, u
+		}
+	}
+	if victim == "" {
+		return nil
+	}
+	ps := m.push[victim]
+	delete(m.push, victim)
+	m.log.Debug("closed the least recently used idle control socket", "peer", victim, "max_peers", m.cfg.MaxPeers)
+	return ps
+}

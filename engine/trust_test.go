@@ -1,0 +1,216 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// injector sends hand-made control frames to a rank's control endpoint, as
+// a stray or hostile process on the network would.
+type injector struct {
+	t    *testing.T
+	ctx  *zmq.Context
+	sock *zmq.Socket
+}
+
+func newInjector(t *testing.T, endpoint string) *injector {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := zctx.NewSocket(zmq.PUSH)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetLinger(0)
+	if err := s.Connect(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	in := &injector{t: t, ctx: zctx, sock: s}
+	t.Cleanup(func() { s.Close(); zctx.Term() })
+	return in
+}
+
+// send seals frames as instance (with key, or untagged) and sends them.
+func (in *injector) send(frames [][]byte, instance string, key []byte) {
+	in.t.Helper()
+	sealed := engine.SealControl(frames, instance, 0, time.Now(), key)
+	parts := make([]any, len(sealed))
+	for i, f := range sealed {
+		parts[i] = f
+	}
+	if _, err := in.sock.SendMessage(parts...); err != nil {
+		in.t.Fatal(err)
+	}
+}
+
+func waitDropped(t *testing.T, m *engine.Manager, n uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); m.DroppedFrames() < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d control frames dropped, want %d", m.DroppedFrames(), n)
+		}
+	}
+}
+
+// TestForgedControlFrames (issue 18 case 7, no token): a REGISTER naming a
+// live decode's endpoint from another instance (with a transport "tcpx" no
+// prefill has), and one from the decode's own instance id with an epoch not
+// newer than its registration, are dropped; 400 HANDSHAKEs naming distinct
+// endpoints the decode never registered with open no socket and get no
+// answer. The pair's rooms succeed before and after.
+func TestForgedControlFrames(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, p, d, 1)
+	toPrefill := newInjector(t, p.m.Endpoint())
+	g := d.m.Geometry()
+	regions := func(n int) []engine.RegionDesc {
+		rs := make([]engine.RegionDesc, n)
+		for i := range rs {
+			rs[i] = engine.RegionDesc{ID: engine.RegionID(i + 2), Addr: 1 << 20, Length: 1 << 20}
+		}
+		return rs
+	}
+	forged := &engine.RegisterMsg{Endpoint: d.m.Endpoint(), Geometry: *g, RingSlots: 64, Epoch: 1 << 40,
+		Transports: []engine.TransportOffer{{Name: "tcpx", Endpoint: []byte("127.0.0.1:9"), Ring: engine.RegionDesc{ID: 1, Length: 4096},
+			KV: regions(len(g.KVItemLens)), Aux: regions(len(g.AuxItemLens)), State: regions(len(g.StateItemLens))}}}
+	if _, err := engine.DecodeRegister(forged.Encode()); err != nil {
+		t.Fatalf("the forged REGISTER must be well formed: %v", err)
+	}
+	toPrefill.send(forged.Encode(), "forger", nil)
+	forged.Epoch = 1 // the decode's own instance, an old epoch: a replay
+	toPrefill.send(forged.Encode(), d.m.InstanceID(), nil)
+	waitDropped(t, p.m, 2)
+	sendOne(t, addr, p, d, 2)
+	toDecode := newInjector(t, d.m.Endpoint())
+	before := engine.PushSockets(d.m)
+	const flood = 400
+	for i := range flood {
+		hs := &engine.HandshakeMsg{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i), Transport: "rdma", Reply: []byte("qp"), Epoch: uint64(i + 1)}
+		toDecode.send(hs.Encode(), fmt.Sprintf("flood-%d", i), nil)
+	}
+	waitDropped(t, d.m, flood)
+	if n := engine.PushSockets(d.m); n != before {
+		t.Fatalf("the decode holds %d control sockets after the flood, %d before", n, before)
+	}
+	sendOne(t, addr, p, d, 3)
+}
+
+// TestAuthenticatedControl: ranks with AuthenticateControl and the same
+// token serve rooms; an ABORT forged for a room in flight without the
+// token, or with another one, is dropped and the room succeeds; a decode
+// with another token cannot register (its frames are dropped) and its room
+// fails naming the token as a likely cause.
+func TestAuthenticatedControl(t *testing.T) {
+	addr := startBootstrap(t)
+	const token = "deployment-secret"
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, authToken: token, authControl: true})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, authToken: token, authControl: true})
+	sendOne(t, addr, p, d, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := d.m.NewReceiver(addr, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, _ := d.pool.Alloc(2)
+	if err := r.Init(pg); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
+		t.Fatalf("room 2: %s %v", st, r.Failure())
+	}
+	abort := (&engine.AbortMsg{Room: 2, Endpoint: p.m.Endpoint(), Reason: "forged", Epoch: 0}).Encode()
+	in := newInjector(t, d.m.Endpoint())
+	in.send(abort, p.m.InstanceID(), nil)
+	in.send(abort, p.m.InstanceID(), engine.ControlKey("guessed"))
+	waitDropped(t, d.m, 2)
+	s, err := p.m.NewSender(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender: %s %v", st, s.Failure())
+	}
+	src, _ := p.pool.Alloc(s.DstPages())
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("room 2 after forged ABORTs: %s %v", st, r.Failure())
+	}
+	wrong := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, authToken: "another", authControl: true, bootTmo: 2 * time.Second})
+	r3, err := wrong.m.NewReceiver(addr, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	if st := r3.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r3.Failure().Error(), "same token") {
+		t.Fatalf("decode with another token: %s %v, want Failed naming the token", st, r3.Failure())
+	}
+	waitDropped(t, p.m, 1)
+	if _, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, AuthenticateControl: true}); err == nil || !strings.Contains(err.Error(), "BootstrapAuthToken") {
+		t.Fatalf("AuthenticateControl without a token: %v", err)
+	}
+}
+
+// TestPrefillReplacedAtAddress (peer identity, issue 18 case 4): the
+// directory names instance "inst-old", then "inst-new" with another epoch,
+// for the prefill rank at an address where another process (instance
+// "inst-new", its own epoch) listens. The decode's room fails at once naming
+// both identities, not at its waiting timeout.
+func TestPrefillReplacedAtAddress(t *testing.T) {
+	stale := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: startBootstrap(t), instance: "inst-new"})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bootstrap.NewClient(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dtype := "auto"
+	g := p.m.Geometry()
+	// The second entry names the same instance id with another epoch: a
+	// restart under a stable instance id is another process too.
+	for i, e := range []struct {
+		instance string
+		epoch    uint64
+		want     string
+	}{{"inst-old", 1, "inst-old"}, {"inst-new", 1, "inst-new (epoch 1)"}} {
+		if err := c.Register(ctx, bootstrap.RegisterRequest{AttnTPSize: 1, AttnCPSize: 1, AttnDPSize: 1, PPSize: 1, SystemDPSize: 1,
+			RankIP: "127.0.0.1", RankPort: p.m.ControlPort(), PageSize: g.PageSize, KVCacheDtype: &dtype, InstanceID: e.instance, Epoch: e.epoch}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := d.m.NewReceiver(stale, uint64(9+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		pg, _ := d.pool.Alloc(2)
+		if err := r.Init(pg); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		now := fmt.Sprintf("inst-new (epoch %d)", p.m.Epoch())
+		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) ||
+			!strings.Contains(r.Failure().Error(), e.want) || !strings.Contains(r.Failure().Error(), now) {
+			t.Fatalf("room with a replaced prefill: %s %v, want Failed naming %q and %q", st, r.Failure(), e.want, now)
+		}
+		t.Logf("failed %s after Init: %v", time.Since(start).Round(time.Millisecond), r.Failure())
+	}
+}

@@ -137,6 +137,9 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		// with the CLI's names.
 		BootstrapAuthToken: cmp.Or(c.authToken, getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),
 		AdvertiseHost:      cmp.Or(c.advertiseHost, getenv("KVXFER_ADVERTISE_HOST")),
+		// KVXFER_CONTROL_AUTH=1: HMAC-tagged control frames (as the CLI's
+		// --control-auth), keyed by the bootstrap auth token.
+		AuthenticateControl: getenv("KVXFER_CONTROL_AUTH") == "1",
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
 		RingAlloc: engine.CUDARingMemory(ringDev),

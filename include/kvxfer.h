@@ -621,7 +621,10 @@ typedef struct kvx_kv_config {
                                          PUT/DELETE /route (SGLang's newest server always
                                          does); NULL/"" = env KVXFER_BOOTSTRAP_AUTH_TOKEN,
                                          then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN,
-                                         else none (a 401 then says the token is missing) */
+                                         else none (a 401 then says the token is missing).
+                                         With env KVXFER_CONTROL_AUTH=1 it also keys an
+                                         HMAC on every control frame: frames without a
+                                         valid tag are dropped (every rank needs it) */
     const char *advertise_host;     /* host peers are told to connect to (rank_ip and
                                        endpoints); NULL/"" = env KVXFER_ADVERTISE_HOST,
                                        else control_host, and for a wildcard control_host

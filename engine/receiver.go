@@ -1020,7 +1020,7 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 		r.failLocal(peerFail)
 	case v.State == KVSuccess && !t.rank.Dummy:
 		r.tr.peer(StepTransfer, v.Endpoint, "STATUS Success")
-		go r.accept(t, v)
+		r.m.goTracked(func() { r.accept(t, v) }) // Close waits for it before the ring goes
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -119,7 +120,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		closePool()
 		return nil, fail(stInvalidArgument, "%s: %v", op, err)
 	}
-	mgr, err := engine.NewManager(ctx, engine.ManagerConfig{
+	mcfg := engine.ManagerConfig{
 		Role:             role,
 		KV:               args,
 		Transports:       e.trs,
@@ -147,7 +148,14 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		// (kvx_metrics_text, kvx_metrics_serve).
 		Metrics: libRegistry(),
 		NoProbe: envNoProbe(),
-	})
+	}
+	// SGLang's timeout and heartbeat variables, for what the caller left
+	// unset, read now (libc getenv).
+	if err := sglangenv.Apply(getenv, &mcfg); err != nil {
+		closePool()
+		return nil, fail(stInvalidArgument, "%s: %v", op, err)
+	}
+	mgr, err := engine.NewManager(ctx, mcfg)
 	if err != nil {
 		closePool()
 		return nil, failWrap(stOK, err, "%s: %s KV manager", op, role)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 )
 
@@ -20,9 +18,6 @@ const (
 	// DefaultBootstrapHeartbeatMaxFailure is SGLang's
 	// SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE default (2).
 	DefaultBootstrapHeartbeatMaxFailure = 2
-	// minEnvHeartbeatInterval is SGLang's floor on the env interval:
-	// max(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, 2.0) seconds.
-	minEnvHeartbeatInterval = 2 * time.Second
 	// maxHealthTimeout bounds one GET /health (SGLang: connect 2 s, read 3 s).
 	maxHealthTimeout = 3 * time.Second
 	// minHealthTimeout keeps a short test interval from timing out a
@@ -37,30 +32,18 @@ const (
 var ErrBootstrapLost = errors.New("engine: bootstrap server lost")
 
 // bootstrapHeartbeatSettings fills the heartbeat interval and failure
-// threshold: a zero interval reads SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL
-// (seconds, floored at 2 s like SGLang) else 5 s; a negative one disables
-// the heartbeat (returned as is). A zero threshold reads
-// SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (an integer, floored at 1)
-// else 2. Errors name the variable and its bad value.
-func bootstrapHeartbeatSettings(interval time.Duration, maxFail int) (time.Duration, int, error) {
+// threshold: a zero interval is DefaultBootstrapHeartbeatInterval (5 s), a
+// negative one disables the heartbeat (returned as is); a zero threshold is
+// DefaultBootstrapHeartbeatMaxFailure (2), a negative one 1. The SGLang environment
+// variables are read by the callers' edges (internal/sglangenv).
+func bootstrapHeartbeatSettings(interval time.Duration, maxFail int) (time.Duration, int) {
 	if interval == 0 {
-		d, err := EnvSeconds("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", DefaultBootstrapHeartbeatInterval)
-		if err != nil {
-			return 0, 0, err
-		}
-		interval = max(d, minEnvHeartbeatInterval)
+		interval = DefaultBootstrapHeartbeatInterval
 	}
 	if maxFail == 0 {
 		maxFail = DefaultBootstrapHeartbeatMaxFailure
-		if v := os.Getenv("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return 0, 0, fmt.Errorf("engine: SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE=%q: want an integer count of failed health checks", v)
-			}
-			maxFail = n
-		}
 	}
-	return interval, max(maxFail, 1), nil
+	return interval, max(maxFail, 1)
 }
 
 // startHeartbeatLocked runs the bootstrap heartbeat for inst, which the caller

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,26 +129,26 @@ type ManagerConfig struct {
 	// loopback silently.
 	AdvertiseHost string
 	// BootstrapTimeout bounds a sender's wait for its destinations and a
-	// receiver's producer resolution. 0: env
-	// SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (seconds), else 300 s.
+	// receiver's producer resolution. 0: 300 s (SGLang's default; the edges
+	// read SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT into it).
 	BootstrapTimeout time.Duration
 	// WaitingTimeout bounds a receiver's wait for every producer's STATUS
-	// after it sent TRANSFER. 0: env SGLANG_DISAGGREGATION_WAITING_TIMEOUT
-	// (seconds), else 300 s.
+	// after it sent TRANSFER. 0: 300 s (SGLang's default; the edges read
+	// SGLANG_DISAGGREGATION_WAITING_TIMEOUT into it).
 	WaitingTimeout time.Duration
 	// HeartbeatInterval is the PING period to every known peer (500 ms).
 	// It is kvxfer's own control-channel liveness, not SGLang's bootstrap
 	// heartbeat (see BootstrapHeartbeatInterval).
 	HeartbeatInterval time.Duration
 	// BootstrapHeartbeatInterval (decode) is the GET /health period to each
-	// resolved bootstrap address (spec §4.4). 0: env
-	// SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (seconds, at least 2 as in
-	// SGLang), else 5 s. Negative disables the check.
+	// resolved bootstrap address (spec §4.4). 0: 5 s (SGLang's default;
+	// the edges read SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL into it, see
+	// internal/sglangenv). Negative disables the check.
 	BootstrapHeartbeatInterval time.Duration
 	// BootstrapHeartbeatMaxFailure (decode) is the number of consecutive
 	// failed health checks after which the address's cached bootstrap info
-	// is dropped and its waiting receivers fail with ErrBootstrapLost. 0:
-	// env SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE, else 2.
+	// is dropped and its waiting receivers fail with ErrBootstrapLost. 0: 2
+	// (SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE at the edges).
 	BootstrapHeartbeatMaxFailure int
 	// PeerTimeout fails the rooms of a peer silent this long (10 s): a hung
 	// or partitioned peer. A peer whose process dies is detected at once, when
@@ -236,20 +235,6 @@ type ReceivedKV struct {
 	Pages        []int32
 	PrefixTokens int
 	AuxIndex     int
-}
-
-// EnvSeconds reads an environment variable holding seconds (a decimal,
-// possibly fractional); def when unset. Errors name the variable.
-func EnvSeconds(name string, def time.Duration) (time.Duration, error) {
-	v := os.Getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f <= 0 {
-		return 0, fmt.Errorf("engine: %s=%q: want a positive number of seconds", name, v)
-	}
-	return time.Duration(f * float64(time.Second)), nil
 }
 
 // regSet is what one transport registered for this manager: one region per
@@ -404,14 +389,10 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		return nil, errors.New("engine: prefill manager: a bootstrap address is required")
 	}
 	if cfg.BootstrapTimeout == 0 {
-		if cfg.BootstrapTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", DefaultBootstrapTimeout); err != nil {
-			return nil, err
-		}
+		cfg.BootstrapTimeout = DefaultBootstrapTimeout
 	}
 	if cfg.WaitingTimeout == 0 {
-		if cfg.WaitingTimeout, err = EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", DefaultWaitingTimeout); err != nil {
-			return nil, err
-		}
+		cfg.WaitingTimeout = DefaultWaitingTimeout
 	}
 	var dir *bootstrap.Client
 	if cfg.Role == RolePrefill {
@@ -426,9 +407,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if cfg.Role == RoleDecode {
-		if cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure, err = bootstrapHeartbeatSettings(cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure); err != nil {
-			return nil, err
-		}
+		cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure = bootstrapHeartbeatSettings(cfg.BootstrapHeartbeatInterval, cfg.BootstrapHeartbeatMaxFailure)
 	}
 	if cfg.PeerTimeout <= 0 {
 		cfg.PeerTimeout = DefaultPeerTimeout

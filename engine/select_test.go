@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"os"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
+	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -145,9 +147,15 @@ func TestHandshakeTransport(t *testing.T) {
 func TestTimeoutsFromSGLangEnv(t *testing.T) {
 	t.Setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "0.3")
 	t.Setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "0.3")
+	// The edges (CLI, C ABI) read the variables into the config; the
+	// engine reads none.
+	var env engine.ManagerConfig
+	if err := sglangenv.Apply(os.Getenv, &env); err != nil {
+		t.Fatal(err)
+	}
 	addr := startBootstrap(t)
-	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, envTimeouts: true})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, envTimeouts: true})
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, bootTmo: env.BootstrapTimeout, waiting: env.WaitingTimeout})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, bootTmo: env.BootstrapTimeout, waiting: env.WaitingTimeout})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, _ := p.m.NewSender(9) // no decode ever asks for room 9
@@ -167,7 +175,7 @@ func TestTimeoutsFromSGLangEnv(t *testing.T) {
 		t.Fatalf("receiver: %s %v, want the env waiting timeout", st, r.Failure())
 	}
 	t.Setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "soon")
-	if _, err := engine.EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", time.Second); err == nil {
+	if _, err := sglangenv.Seconds(os.Getenv, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", time.Second); err == nil {
 		t.Fatal("malformed env accepted")
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -113,8 +114,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(workload.KVCacheDtypes, ", ")+
 		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
-	boot, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", engine.DefaultBootstrapTimeout)
-	wait, _ := engine.EnvSeconds("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", engine.DefaultWaitingTimeout)
+	boot, _ := sglangenv.Seconds(os.Getenv, sglangenv.BootstrapTimeout, engine.DefaultBootstrapTimeout)
+	wait, _ := sglangenv.Seconds(os.Getenv, sglangenv.WaitingTimeout, engine.DefaultWaitingTimeout)
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
 	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
@@ -286,8 +287,8 @@ type replyLine struct {
 func runRole(role engine.Role, f *roleFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	for _, env := range []string{"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"} {
-		if _, err := engine.EnvSeconds(env, 0); err != nil {
+	for _, env := range []string{sglangenv.BootstrapTimeout, sglangenv.WaitingTimeout} {
+		if _, err := sglangenv.Seconds(os.Getenv, env, 0); err != nil {
 			return err
 		}
 	}
@@ -371,6 +372,10 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if store != nil {
 		defer store.Close()
 		cfg.Directory = store
+	}
+	// SGLang's heartbeat variables (the timeouts are flag defaults above).
+	if err := sglangenv.Apply(os.Getenv, &cfg); err != nil {
+		return err
 	}
 	m, err := engine.NewManager(ctx, cfg)
 	if err != nil {

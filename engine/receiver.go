@@ -1095,51 +1095,19 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 }
 
 // checksum recomputes the producer's CRC32C over the received bytes in the
-// canonical order (see Sender.checksum and Sender.extrasChecksum).
+// canonical order (crcPages on the consumer side, then crcExtras when this
+// producer wrote the aux row and state slots).
 func (r *Receiver) checksum(t *recvTarget, pages []int32) (uint32, error) {
 	kv := r.m.cfg.KV
-	ps := r.m.geo.PageSize
-	var crc uint32
 	var scratch []byte
-	var err error
-	for _, pg := range pages {
-		for _, pr := range t.pairs {
-			mem := kv.KVBuffers[pr.Dst].Memory
-			off := uint64(pg) * pr.DstItem
-			if pr.Full {
-				if crc, err = crcMem(crc, mem, off, pr.DstItem, &scratch); err != nil {
-					return 0, err
-				}
-				continue
-			}
-			for tk := 0; tk < ps; tk++ {
-				if crc, err = crcMem(crc, mem, off+uint64(tk)*pr.DstToken+pr.Slice.DstOffset, pr.Slice.Length, &scratch); err != nil {
-					return 0, err
-				}
-			}
-		}
-	}
-	if !t.extras {
-		return crc, nil
+	crc, err := crcPages(0, kv.KVBuffers, t.pairs, dstEnd, pages, r.m.geo.PageSize, &scratch)
+	if err != nil || !t.extras {
+		return crc, err
 	}
 	r.mu.Lock()
 	aux, state := r.auxIndex, r.state
 	r.mu.Unlock()
-	if aux >= 0 {
-		for _, b := range kv.AuxBuffers {
-			if crc, err = crcMem(crc, b.Memory, uint64(aux)*b.ItemLen, b.ItemLen, &scratch); err != nil {
-				return 0, err
-			}
-		}
-	}
-	for _, b := range kv.StateBuffers {
-		for _, x := range state {
-			if crc, err = crcMem(crc, b.Memory, uint64(x)*b.ItemLen, b.ItemLen, &scratch); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return crc, nil
+	return crcExtras(crc, kv, aux, state, &scratch)
 }
 
 func (r *Receiver) checkTimeout(now time.Time) {

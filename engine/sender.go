@@ -1300,30 +1300,19 @@ func (s *Sender) extras(d *senderDst) ([]WriteRequest, uint64, error) {
 }
 
 // extrasChecksum extends crc over the aux row and state slots in the order
-// extras writes them (the receiver recomputes the same order).
+// extras writes them (crcExtras; the receiver recomputes the same walk).
 func (s *Sender) extrasChecksum(d *senderDst, crc uint32) (uint32, error) {
 	s.mu.Lock()
 	aux, state := s.auxIndex, s.state
 	s.mu.Unlock()
+	if d.msg.AuxIndex < 0 {
+		aux = -1
+	}
+	if len(d.msg.StateIndices) == 0 {
+		state = nil
+	}
 	var scratch []byte
-	var err error
-	if d.msg.AuxIndex >= 0 {
-		for _, b := range s.m.cfg.KV.AuxBuffers {
-			if crc, err = crcMem(crc, b.Memory, uint64(aux)*b.ItemLen, b.ItemLen, &scratch); err != nil {
-				return 0, err
-			}
-		}
-	}
-	if len(d.msg.StateIndices) > 0 {
-		for _, b := range s.m.cfg.KV.StateBuffers {
-			for _, src := range state {
-				if crc, err = crcMem(crc, b.Memory, uint64(src)*b.ItemLen, b.ItemLen, &scratch); err != nil {
-					return 0, err
-				}
-			}
-		}
-	}
-	return crc, nil
+	return crcExtras(crc, s.m.cfg.KV, aux, state, &scratch)
 }
 
 // cancelWait bounds how long run waits for a canceled batch to end; a batch
@@ -1418,29 +1407,8 @@ func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) 
 }
 
 // checksum extends crc over the bytes this chunk sends, in the canonical
-// order the receiver recomputes: page by page, buffer pair by buffer pair,
-// token row by token row, the sliced bytes of each row.
+// order the receiver recomputes (crcPages, producer side).
 func (s *Sender) checksum(p *decodePeer, src []int32, crc uint32) (uint32, error) {
-	bufs := s.m.cfg.KV.KVBuffers
-	ps := s.m.geo.PageSize
 	var scratch []byte
-	var err error
-	for _, pg := range src {
-		for _, pr := range p.pairs {
-			mem := bufs[pr.Src].Memory
-			off := uint64(pg) * pr.SrcItem
-			if pr.Full {
-				if crc, err = crcMem(crc, mem, off, pr.SrcItem, &scratch); err != nil {
-					return 0, err
-				}
-				continue
-			}
-			for t := 0; t < ps; t++ {
-				if crc, err = crcMem(crc, mem, off+uint64(t)*pr.SrcToken+pr.Slice.SrcOffset, pr.Slice.Length, &scratch); err != nil {
-					return 0, err
-				}
-			}
-		}
-	}
-	return crc, nil
+	return crcPages(crc, s.m.cfg.KV.KVBuffers, p.pairs, srcEnd, src, s.m.geo.PageSize, &scratch)
 }

@@ -1,0 +1,69 @@
+package engine
+
+// The checksum walk. A decode that asks for a checksum compares the CRC32C
+// in a producer's metadata record with one it computes over the bytes it
+// received; both sides must visit the same bytes in the same order, so the
+// walk exists once, here, and each side only says which end of each buffer
+// pair it reads. Order: page by page (in the order of the page list),
+// buffer pair by buffer pair (PairBuffers order), the whole item when the
+// pair moves whole pages, else token row by token row, the sliced bytes of
+// each row; then (crcExtras) the aux row of every aux buffer, then every
+// state slot of every state buffer.
+
+// pairEnd selects the producer's (src) or the consumer's (dst) side of a
+// BufferPair.
+type pairEnd bool
+
+const (
+	srcEnd pairEnd = false
+	dstEnd pairEnd = true
+)
+
+// crcPages extends crc over pages of the given side's KV buffers bufs.
+// pageSize is tokens per page; scratch is reused for device memory reads.
+func crcPages(crc uint32, bufs []Buffer, pairs []BufferPair, end pairEnd, pages []int32, pageSize int, scratch *[]byte) (uint32, error) {
+	var err error
+	for _, pg := range pages {
+		for _, pr := range pairs {
+			idx, item, token, sliceOff := pr.Src, pr.SrcItem, pr.SrcToken, pr.Slice.SrcOffset
+			if end == dstEnd {
+				idx, item, token, sliceOff = pr.Dst, pr.DstItem, pr.DstToken, pr.Slice.DstOffset
+			}
+			mem := bufs[idx].Memory
+			off := uint64(pg) * item
+			if pr.Full {
+				if crc, err = crcMem(crc, mem, off, item, scratch); err != nil {
+					return 0, err
+				}
+				continue
+			}
+			for t := 0; t < pageSize; t++ {
+				if crc, err = crcMem(crc, mem, off+uint64(t)*token+sliceOff, pr.Slice.Length, scratch); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	return crc, nil
+}
+
+// crcExtras extends crc over row aux of every aux buffer (none when aux < 0)
+// and then slots state of every state buffer, of this side's kv.
+func crcExtras(crc uint32, kv KVArgs, aux int, state []int32, scratch *[]byte) (uint32, error) {
+	var err error
+	if aux >= 0 {
+		for _, b := range kv.AuxBuffers {
+			if crc, err = crcMem(crc, b.Memory, uint64(aux)*b.ItemLen, b.ItemLen, scratch); err != nil {
+				return 0, err
+			}
+		}
+	}
+	for _, b := range kv.StateBuffers {
+		for _, x := range state {
+			if crc, err = crcMem(crc, b.Memory, uint64(x)*b.ItemLen, b.ItemLen, scratch); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return crc, nil
+}

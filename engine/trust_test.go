@@ -214,3 +214,28 @@ func TestPrefillReplacedAtAddress(t *testing.T) {
 		t.Logf("failed %s after Init: %v", time.Since(start).Round(time.Millisecond), r.Failure())
 	}
 }
+
+// TestMaxPeersBoundsSockets: a decode limited to 4 control peers answers
+// STATUS frames about unknown rooms from 40 distinct endpoints (each answer
+// needs a socket): it never holds more than 4 sockets, closing the least
+// recently used idle one, and its real prefill (a registration) keeps its
+// socket, so the pair's next room succeeds.
+func TestMaxPeersBoundsSockets(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, maxPeers: 4})
+	sendOne(t, addr, p, d, 1)
+	in := newInjector(t, d.m.Endpoint())
+	for i := range 40 {
+		st := &engine.StatusMsg{Room: uint64(1000 + i), State: engine.KVFailed, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+i), Reason: "stray"}
+		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
+		if n := engine.PushSockets(d.m); n > 4 {
+			t.Fatalf("%d control sockets after %d stray STATUS frames, limit 4", n, i+1)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the answers go out on their own goroutines
+	if n := engine.PushSockets(d.m); n > 4 {
+		t.Fatalf("%d control sockets, limit 4", n)
+	}
+	sendOne(t, addr, p, d, 2)
+}

@@ -43,6 +43,7 @@ type Client struct {
 	registerTimeout time.Duration
 	backoffInitial  time.Duration
 	backoffMax      time.Duration
+	onRetry         func(attempt int, err error, next time.Duration)
 }
 
 // ClientOption configures a Client.
@@ -71,6 +72,14 @@ func WithRegisterTimeout(d time.Duration) ClientOption {
 // (spec §3), defaults 250 ms and 5 s.
 func WithBackoff(initial, max time.Duration) ClientOption {
 	return func(c *Client) { c.backoffInitial, c.backoffMax = initial, max }
+}
+
+// WithRetryNotify calls f after each failed Register attempt that will be
+// retried, with the attempt number (0-based), its error and the delay
+// before the next attempt, so a caller can log that registration is failing
+// instead of staying silent until the register timeout. f must not block.
+func WithRetryNotify(f func(attempt int, err error, next time.Duration)) ClientOption {
+	return func(c *Client) { c.onRetry = f }
 }
 
 // NewClient returns a client for the bootstrap server at addr: "host:port"
@@ -275,6 +284,9 @@ func (c *Client) Register(ctx context.Context, r RegisterRequest) error {
 			return fmt.Errorf("bootstrap: register rank %s at %s: %w", r.coordString(), c.addr, err)
 		}
 		d := backoff(c.backoffInitial, c.backoffMax, attempt)
+		if c.onRetry != nil && ctx.Err() == nil {
+			c.onRetry(attempt, err, d)
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

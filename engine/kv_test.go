@@ -396,6 +396,10 @@ func TestResolveUnknownBootstrapFails(t *testing.T) {
 	if !strings.Contains(r.Failure().Error(), "127.0.0.1:1") {
 		t.Fatalf("failure does not name the address: %v", r.Failure())
 	}
+	// The cause, not only the deadline: nothing listens on port 1.
+	if !strings.Contains(r.Failure().Error(), "connection refused") {
+		t.Fatalf("failure does not say why the directory was unreachable: %v", r.Failure())
+	}
 }
 
 func TestPeerClosedMidTransfer(t *testing.T) {

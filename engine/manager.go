@@ -342,6 +342,9 @@ type Manager struct {
 	// flights coalesces identical directory lookups in flight (decode:
 	// topology per address, endpoint per rank; receiver.go).
 	flights singleflight.Group
+	// lookupErrs holds the latest failed attempt of each lookup in flight
+	// (key → error), for the caller that times out first (Manager.lookup).
+	lookupErrs sync.Map
 	// life ends when the manager closes; shared lookups run under it.
 	life     context.Context
 	stopLife context.CancelFunc
@@ -398,8 +401,18 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.Role == RolePrefill {
 		// Checked before any memory is set up: a malformed address (e.g. an
 		// unbracketed IPv6 host) fails at once, not at the register deadline.
+		logger := cfg.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		notify := func(attempt int, err error, next time.Duration) {
+			if attempt%5 == 0 { // the first failure at once, then every fifth
+				logger.Warn("registration with the bootstrap server failing; retrying until the bootstrap timeout",
+					"bootstrap", cfg.BootstrapAddr, "attempt", attempt+1, "next_in", next.Round(time.Millisecond), "timeout", cfg.BootstrapTimeout, "err", err)
+			}
+		}
 		if dir, err = bootstrap.NewClient(cfg.BootstrapAddr, bootstrap.WithRegisterTimeout(cfg.BootstrapTimeout),
-			bootstrap.WithAuthToken(cfg.BootstrapAuthToken)); err != nil {
+			bootstrap.WithAuthToken(cfg.BootstrapAuthToken), bootstrap.WithRetryNotify(notify)); err != nil {
 			return nil, fmt.Errorf("engine: prefill manager: %w", err)
 		}
 	}

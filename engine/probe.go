@@ -563,7 +563,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: rank %s did not answer the probe within %s: it accepted the control connection, but no PROBE_RESULT came back to %s "+
 				"(the rank cannot reach this host there, e.g. a firewall toward the doctor; or it is an older kvxfer that drops PROBE; or it hangs)",
-				ErrTimeout, peerLabel(endpoint), p.cfg.Timeout, p.endpoint)
+				ErrTimeout, peerLabel(endpoint), time.Since(start).Round(time.Millisecond), p.endpoint)
 		}
 		parts, err := p.pull.RecvMessageBytes(0)
 		if err != nil {

@@ -72,6 +72,12 @@ type ackResult struct {
 // retry calls f until it succeeds, fails with a non-retryable error, or ctx
 // ends (then the last error is returned, wrapped in ErrTimeout).
 func retry(ctx context.Context, what string, f func(context.Context) error) error {
+	return retryNoted(ctx, what, f, nil)
+}
+
+// retryNoted is retry that hands every failed attempt (0-based) and its
+// error to note, when note is not nil, before it waits for the next one.
+func retryNoted(ctx context.Context, what string, f func(context.Context) error, note func(attempt int, err error)) error {
 	var last error
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -81,6 +87,9 @@ func retry(ctx context.Context, what string, f func(context.Context) error) erro
 			return nil
 		}
 		last = err
+		if note != nil {
+			note(attempt, err)
+		}
 		if errors.Is(err, bootstrap.ErrMismatch) || errors.Is(err, bootstrap.ErrBadRequest) || errors.Is(err, bootstrap.ErrUnauthorized) {
 			return err
 		}
@@ -105,7 +114,7 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 	if inst != nil {
 		return inst, nil
 	}
-	v, err := m.lookup(ctx, "topology "+addr, func(fctx context.Context) (any, error) {
+	v, err := m.lookup(ctx, "topology "+addr, func(fctx context.Context, note func(int, error)) (any, error) {
 		m.mu.Lock()
 		cur := m.bcache[addr]
 		m.mu.Unlock()
@@ -117,11 +126,11 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 			return nil, err
 		}
 		var info *bootstrap.PrefillServerInfo
-		err = retry(fctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
+		err = retryNoted(fctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
 			var err error
 			info, err = c.ServerInfo(ctx)
 			return err
-		})
+		}, note)
 		if err != nil {
 			return nil, err
 		}
@@ -148,16 +157,34 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 // (singleflight) under a context that ends with the manager or after
 // BootstrapTimeout; each caller returns when the shared fetch ends or its
 // own ctx does.
-func (m *Manager) lookup(ctx context.Context, key string, fetch func(context.Context) (any, error)) (any, error) {
+//
+// While the fetch retries, note records its latest failure for the key and
+// logs a warning on the first failed attempt and every tenth after it, so a
+// mistyped or dead bootstrap address is visible at once, not only when the
+// caller's timeout ends; a caller that times out first reports that last
+// failure (e.g. "connection refused") instead of a bare deadline.
+func (m *Manager) lookup(ctx context.Context, key string, fetch func(ctx context.Context, note func(attempt int, err error)) (any, error)) (any, error) {
+	note := func(attempt int, err error) {
+		m.lookupErrs.Store(key, err)
+		if attempt%10 == 0 {
+			m.log.Warn("bootstrap lookup failed; retrying until the bootstrap timeout", "lookup", key, "attempt", attempt+1,
+				"timeout", m.cfg.BootstrapTimeout, "err", err)
+		}
+	}
 	ch := m.flights.DoChan(key, func() (any, error) {
+		defer m.lookupErrs.Delete(key)
 		fctx, cancel := context.WithTimeout(m.life, m.cfg.BootstrapTimeout)
 		defer cancel()
-		return fetch(fctx)
+		return fetch(fctx, note)
 	})
 	select {
 	case r := <-ch:
 		return r.Val, r.Err
 	case <-ctx.Done():
+		if last, ok := m.lookupErrs.Load(key); ok {
+			return nil, fmt.Errorf("%w: %s: %w; last error: %v (is the prefill's bootstrap server running at this address and reachable from here?)",
+				ErrTimeout, key, context.Cause(ctx), last)
+		}
 		return nil, fmt.Errorf("%w: %s: %w", ErrTimeout, key, context.Cause(ctx))
 	}
 }
@@ -172,7 +199,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 	if ok {
 		return ep, nil
 	}
-	v, err := i.m.lookup(ctx, "rank "+c.String()+" at "+i.addr, func(fctx context.Context) (any, error) {
+	v, err := i.m.lookup(ctx, "rank "+c.String()+" at "+i.addr, func(fctx context.Context, note func(int, error)) (any, error) {
 		i.mu.Lock()
 		ep, ok := i.ranks[c]
 		i.mu.Unlock()
@@ -180,11 +207,11 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 			return ep, nil
 		}
 		var ri *bootstrap.PrefillRankInfo
-		err := retry(fctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
+		err := retryNoted(fctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
 			var err error
 			ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
 			return err
-		})
+		}, note)
 		if err != nil {
 			return nil, err
 		}

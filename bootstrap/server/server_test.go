@@ -267,10 +267,25 @@ func TestRegisterDeadlineIsNamed(t *testing.T) {
 		http.Error(w, "down", http.StatusBadGateway)
 	}))
 	defer front.Close()
-	c, _ := bootstrap.NewClient(front.Listener.Addr().String(), bootstrap.WithRegisterTimeout(time.Second), bootstrap.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	var retries atomic.Int32
+	var firstRetryErr atomic.Value
+	notify := func(attempt int, err error, next time.Duration) {
+		if retries.Add(1) == 1 {
+			firstRetryErr.Store(err.Error())
+		}
+	}
+	c, _ := bootstrap.NewClient(front.Listener.Addr().String(), bootstrap.WithRegisterTimeout(time.Second), bootstrap.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		bootstrap.WithRetryNotify(notify))
 	err := c.Register(ctxT(t), reg(1, 0, 7000))
 	if !errors.Is(err, bootstrap.ErrRegisterDeadline) || !strings.Contains(err.Error(), "HTTP 502") || !strings.Contains(err.Error(), "attempts") {
 		t.Fatalf("err = %v, want bootstrap.ErrRegisterDeadline naming attempts and the last HTTP 502", err)
+	}
+	// Every retried failure was told to the caller as it happened.
+	if n := retries.Load(); n < 2 {
+		t.Fatalf("retry notify called %d times, want one per retried attempt", n)
+	}
+	if e, _ := firstRetryErr.Load().(string); !strings.Contains(e, "HTTP 502") {
+		t.Fatalf("first retry notified %q, want the HTTP 502", e)
 	}
 	// Nothing listening: the deadline error names the transport failure.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")

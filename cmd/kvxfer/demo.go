@@ -16,6 +16,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
@@ -399,7 +400,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)
 
 	var bar *progressbar.ProgressBar
-	if !f.noProgress {
+	// No bar when stderr is not a terminal (make demo > log, CI): its \r
+	// frames would fill the log and run into the summary.
+	if !f.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
 		bar = progressbar.NewOptions(len(reqs), progressbar.OptionSetWriter(os.Stderr), progressbar.OptionSetDescription("transfer+verify"),
 			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
 	}

@@ -568,7 +568,7 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 	}
 	tokens, err := strconv.ParseInt(string(raw.Tokens), 10, 32)
 	if err != nil || tokens < 1 {
-		return q, true, fmt.Errorf(`"tokens" %s: want an integer >= 1 (the prompt length)`, raw.Tokens)
+		return q, true, fmt.Errorf(`"tokens" %s: want an integer 1 … 2147483647 (the prompt length)`, raw.Tokens)
 	}
 	q.Tokens = int(tokens)
 	if raw.Bootstrap != nil {
@@ -687,7 +687,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		if err := s.Failure(); err != nil {
 			return fail(err)
 		}
-		return fail(fmt.Errorf("room %d: sender still %s after the bootstrap timeout", q.Room, st))
+		return fail(unfinished(ctx, q.Room, "sender", st, " after the bootstrap timeout"))
 	}
 	if !s.HasRealDst() {
 		// A dummy rank (MLA with prefill TP > decode TP): nothing to send.
@@ -726,7 +726,7 @@ func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		if err := s.Failure(); err != nil {
 			return fail(err)
 		}
-		return fail(fmt.Errorf("room %d: sender still %s after twice the waiting timeout", q.Room, st))
+		return fail(unfinished(ctx, q.Room, "sender", st, " after twice the waiting timeout"))
 	}
 	mt := s.TransferMetric()
 	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
@@ -800,7 +800,7 @@ func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers,
 		if err := r.Failure(); err != nil {
 			return fail(err)
 		}
-		return fail(fmt.Errorf("room %d: receiver still %s", q.Room, st))
+		return fail(unfinished(ctx, q.Room, "receiver", st, ""))
 	}
 	mt := r.TransferMetric()
 	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
@@ -909,4 +909,14 @@ func deviceTransports(ts []engine.Transport, spec, device string) ([]engine.Tran
 		slog.Info("transports without device-memory support are not used with --device", "device", device, "dropped", names)
 	}
 	return keep, nil
+}
+
+// unfinished is the result of a room whose wait ended with no engine
+// failure: the rank shutting down (ctx cancelled by SIGINT/SIGTERM) says so,
+// anything else names the state the room was left in and the bound hit.
+func unfinished(ctx context.Context, room uint64, who string, st engine.KVPoll, bound string) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("room %d: aborted: the rank is shutting down (%v) while the %s was %s", room, context.Cause(ctx), who, st)
+	}
+	return fmt.Errorf("room %d: %s still %s%s", room, who, st, bound)
 }

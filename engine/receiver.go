@@ -172,18 +172,30 @@ func (m *Manager) lookup(ctx context.Context, key string, fetch func(ctx context
 		}
 	}
 	ch := m.flights.DoChan(key, func() (any, error) {
-		defer m.lookupErrs.Delete(key)
 		fctx, cancel := context.WithTimeout(m.life, m.cfg.BootstrapTimeout)
 		defer cancel()
-		return fetch(fctx, note)
+		v, err := fetch(fctx, note)
+		if err == nil {
+			// A failed lookup keeps its last error (one entry per address
+			// or rank that failed) for callers still timing out.
+			m.lookupErrs.Delete(key)
+		}
+		return v, err
 	})
 	select {
 	case r := <-ch:
 		return r.Val, r.Err
 	case <-ctx.Done():
+		select {
+		case r := <-ch: // the shared fetch ended at the same moment
+			if r.Err != nil {
+				return nil, r.Err
+			}
+			return r.Val, nil
+		default:
+		}
 		if last, ok := m.lookupErrs.Load(key); ok {
-			return nil, fmt.Errorf("%w: %s: %w; last error: %v (is the prefill's bootstrap server running at this address and reachable from here?)",
-				ErrTimeout, key, context.Cause(ctx), last)
+			return nil, fmt.Errorf("%w: %s: %w; last error: %v", ErrTimeout, key, context.Cause(ctx), last)
 		}
 		return nil, fmt.Errorf("%w: %s: %w", ErrTimeout, key, context.Cause(ctx))
 	}

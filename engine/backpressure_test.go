@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -20,7 +22,8 @@ func TestRingSlotWait(t *testing.T) {
 	const waiting = 1500 * time.Millisecond
 	addr := startBootstrap(t)
 	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, ringSlots: 1, waiting: waiting})
+	decReg := prometheus.NewRegistry()
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, ringSlots: 1, waiting: waiting, metrics: decReg})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	type room struct {
@@ -82,9 +85,13 @@ func TestRingSlotWait(t *testing.T) {
 	if st := b.r.Poll(); st != engine.KVWaitingForInput {
 		t.Fatalf("room B while the only slot is held: %s %v, want WaitingForInput", st, b.r.Failure())
 	}
+	waitSample(t, decReg, engine.MetricRingWaiters, nil, 1)
 	a.r.Close()
 	send(b)
 	done(b)
+	if tl, _ := d.m.RoomTimeline(2); !timelineHas(tl, "for a metadata ring slot (all 1 in use)") {
+		t.Errorf("room B's timeline does not say it waited for a ring slot: %s", tl)
+	}
 	c := start(3)
 	failStart := time.Now()
 	if st := c.r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {

@@ -509,6 +509,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if err := m.setupMemory(); err != nil {
 		return nil, err
 	}
+	m.met.open(m) // the scrape-time gauges read the ring and the transports
 	if err := m.bind(); err != nil {
 		return nil, err
 	}
@@ -1200,12 +1201,16 @@ func (m *Manager) dispatch(parts [][]byte) {
 	}
 	body, env, err := OpenControl(parts, m.ctlKey, time.Now())
 	if err != nil {
-		m.drop(err)
+		reason := "malformed"
+		if errors.Is(err, ErrUnauthenticated) {
+			reason = "unauthenticated"
+		}
+		m.drop(reason, err)
 		return
 	}
 	msg, err := DecodeControl(body)
 	if err != nil {
-		m.drop(err)
+		m.drop("malformed", err)
 		return
 	}
 	if !m.checkSender(msg, env) {

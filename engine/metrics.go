@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -68,7 +69,8 @@ const (
 	// role and cause (disconnected: its control connection dropped;
 	// heartbeat: silent or unreachable for PeerTimeout; directory: its
 	// segment vanished from the metadata directory or changed epoch;
-	// bootstrap: its bootstrap server failed the health checks).
+	// bootstrap: its bootstrap server failed the health checks; replaced:
+	// another instance than the directory named answers at its address).
 	MetricPeersLost = "kvxfer_peers_lost_total"
 	// MetricHeartbeatFailures counts failed liveness checks, by kind
 	// (peer: a control peer silent past PeerTimeout; bootstrap: a failed
@@ -90,6 +92,23 @@ const (
 	// MetricProbes counts doctor probes (kvxfer doctor --bootstrap) this
 	// rank answered, by result (passed, failed, refused).
 	MetricProbes = "kvxfer_probes_total"
+	// MetricControlFramesDropped counts received control frames this rank
+	// dropped, by reason (malformed: not a kvxfer frame, another protocol
+	// version, a bad field; unauthenticated: AuthenticateControl is on and
+	// the tag is missing, wrong or outside the replay window; sender: from
+	// another instance than the peer state it names, a refused REGISTER, a
+	// HANDSHAKE from a prefill rank this decode has no registration with).
+	// Manager.DroppedFrames is their sum.
+	MetricControlFramesDropped = "kvxfer_control_frames_dropped_total"
+	// MetricRedials counts data connections dialled again after being lost
+	// while idle (a reset between rooms heals without a failed room), by
+	// transport; read at scrape time from transports that count them
+	// (tcp's Transport.Redials).
+	MetricRedials = "kvxfer_data_path_redials_total"
+	// MetricRingWaiters is the decode's rooms queued for a metadata ring
+	// slot (backpressure: every slot in use; they wait within their waiting
+	// timeout instead of failing).
+	MetricRingWaiters = "kvxfer_ring_slot_waiters"
 )
 
 // Failure reasons (the reason label of MetricRooms, FailureReason).
@@ -173,7 +192,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(100e-6, 2.5, 16)
 
 type metricSpec struct {
 	name, help string
-	kind       string // counter, gauge, histogram, gaugefunc (collected at scrape time)
+	kind       string // counter, gauge, histogram; gaugefunc, counterfunc: collected at scrape time
 	labels     []string
 }
 
@@ -191,12 +210,15 @@ var metricSpecs = []metricSpec{
 	{MetricBatchesInFlight, "Transfer batches submitted and not yet terminal, by transport.", "gauge", []string{"transport"}},
 	{MetricReceivedBytes, "KV bytes a decode accepted from verified metadata records, by producer peer.", "counter", []string{"peer"}},
 	{MetricPeers, "Peer ranks with a control connection from this rank, by role and state (connecting, connected, unreachable).", "gaugefunc", []string{"role", "state"}},
-	{MetricPeersLost, "Peers declared lost, by role and cause (disconnected, heartbeat, directory, bootstrap).", "counter", []string{"role", "cause"}},
+	{MetricPeersLost, "Peers declared lost, by role and cause (disconnected, heartbeat, directory, bootstrap, replaced).", "counter", []string{"role", "cause"}},
 	{MetricHeartbeatFailures, "Failed liveness checks, by kind (peer: control peer silent past the peer timeout; bootstrap: failed GET /health).", "counter", []string{"kind"}},
 	{MetricFencingEvents, "Fencing events, by role and event (abort_sent, abort_received, abort_ack_sent, abort_ack_received, quarantined, fenced).", "counter", []string{"role", "event"}},
 	{MetricPoolPages, "Decode KV pool pages by state (free: reported by the caller; quarantined: pages of failed rooms waiting for their producers to be fenced).", "gaugefunc", []string{"state"}},
 	{MetricRingSlots, "Decode metadata ring slots by state (free, used).", "gaugefunc", []string{"state"}},
 	{MetricProbes, "Doctor probes this rank answered, by result (passed, failed, refused).", "counter", []string{"result"}},
+	{MetricControlFramesDropped, "Received control frames dropped, by reason (malformed, unauthenticated, sender: from another instance than the peer state it names).", "counter", []string{"reason"}},
+	{MetricRedials, "Data connections dialled again after being lost while idle, by transport (read from the transport at scrape time).", "counterfunc", []string{"transport"}},
+	{MetricRingWaiters, "Decode rooms queued for a metadata ring slot (every slot in use).", "gaugefunc", nil},
 }
 
 // MetricNames returns the name of every metric family the engine exports
@@ -210,11 +232,12 @@ func MetricNames() []string {
 }
 
 // MetricLabels returns the label names of an engine metric (MetricNames;
-// histograms add "le" to their _bucket series), nil for another name.
+// histograms add "le" to their _bucket series; empty, not nil, for a metric
+// without labels), nil for another name.
 func MetricLabels(name string) []string {
 	for _, s := range metricSpecs {
 		if s.name == name {
-			return slices.Clone(s.labels)
+			return append([]string{}, s.labels...)
 		}
 	}
 	return nil
@@ -225,8 +248,11 @@ func MetricLabels(name string) []string {
 func MetricKind(name string) string {
 	for _, s := range metricSpecs {
 		if s.name == name {
-			if s.kind == "gaugefunc" {
+			switch s.kind {
+			case "gaugefunc":
 				return "gauge"
+			case "counterfunc":
+				return "counter"
 			}
 			return s.kind
 		}
@@ -259,6 +285,7 @@ type engineMetrics struct {
 	heartbeats *prometheus.CounterVec
 	fencing    *prometheus.CounterVec
 	probes     *prometheus.CounterVec
+	dropped    *prometheus.CounterVec
 	state      *stateCollector
 }
 
@@ -284,7 +311,7 @@ func newEngineMetrics(reg prometheus.Registerer, m *Manager) (*engineMetrics, er
 		bytes: counter(MetricBytes), writes: counter(MetricWriteRequests), batches: counter(MetricBatches),
 		batchSec: hist(MetricBatchSeconds), inFlight: gauge(MetricBatchesInFlight), recvBytes: counter(MetricReceivedBytes),
 		peersLost: counter(MetricPeersLost), heartbeats: counter(MetricHeartbeatFailures), fencing: counter(MetricFencingEvents),
-		probes: counter(MetricProbes), state: newStateCollector(),
+		probes: counter(MetricProbes), dropped: counter(MetricControlFramesDropped), state: newStateCollector(),
 	}
 	if reg != nil {
 		var err error
@@ -326,13 +353,15 @@ func newEngineMetrics(reg prometheus.Registerer, m *Manager) (*engineMetrics, er
 			em.probes, err = share(reg, em.probes)
 		}
 		if err == nil {
+			em.dropped, err = share(reg, em.dropped)
+		}
+		if err == nil {
 			em.state, err = share(reg, em.state)
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	em.state.add(m)
 	return em, nil
 }
 
@@ -351,6 +380,10 @@ func share[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	}
 	return c, nil
 }
+
+// open adds the manager to the scrape-time gauges (once its memory and
+// transports are set up).
+func (em *engineMetrics) open(m *Manager) { em.state.add(m) }
 
 // close stops the manager's scrape-time gauges.
 func (em *engineMetrics) close(m *Manager) { em.state.remove(m) }
@@ -405,20 +438,33 @@ func (em *engineMetrics) peerLost(role Role, cause string) {
 // heartbeatFailed counts a failed liveness check of kind peer or bootstrap.
 func (em *engineMetrics) heartbeatFailed(kind string) { em.heartbeats.WithLabelValues(kind).Inc() }
 
+// frameDropped counts a dropped control frame by reason class.
+func (em *engineMetrics) frameDropped(reason string) { em.dropped.WithLabelValues(reason).Inc() }
+
 // fence counts a fencing event.
 func (em *engineMetrics) fence(role Role, event string) {
 	em.fencing.WithLabelValues(role.String(), event).Inc()
 }
 
 // stateCollector exports the scrape-time gauges (rooms active, peers, ring
-// slots, pool pages) summed over the live managers that share it.
+// slots, pool pages) and redial counts summed over the live managers that
+// share it. A manager joins once its memory and transports are set up
+// (NewManager) and leaves first thing in teardown; remove waits for a
+// collection in progress, so no scrape reads a manager being torn down.
 type stateCollector struct {
-	mu       sync.Mutex
+	mu       sync.RWMutex // write: add/remove; read: a collection
 	managers []*Manager
 	active   *prometheus.Desc
 	peers    *prometheus.Desc
 	pool     *prometheus.Desc
 	ring     *prometheus.Desc
+	waiters  *prometheus.Desc
+	redials  *prometheus.Desc
+}
+
+// redialCounter is a transport that counts its redials (tcp).
+type redialCounter interface {
+	Redials() uint64
 }
 
 func newStateCollector() *stateCollector {
@@ -426,7 +472,8 @@ func newStateCollector() *stateCollector {
 		s := specOf(name)
 		return prometheus.NewDesc(s.name, s.help, s.labels, nil)
 	}
-	return &stateCollector{active: d(MetricRoomsActive), peers: d(MetricPeers), pool: d(MetricPoolPages), ring: d(MetricRingSlots)}
+	return &stateCollector{active: d(MetricRoomsActive), peers: d(MetricPeers), pool: d(MetricPoolPages), ring: d(MetricRingSlots),
+		waiters: d(MetricRingWaiters), redials: d(MetricRedials)}
 }
 
 func (c *stateCollector) add(m *Manager) {
@@ -447,18 +494,24 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.peers
 	ch <- c.pool
 	ch <- c.ring
+	ch <- c.waiters
+	ch <- c.redials
 }
 
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	ms := slices.Clone(c.managers)
-	c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	ms := c.managers
 	type key struct{ role, state string }
 	active := map[key]float64{}
 	peers := map[key]float64{}
-	var free, quarantined, ringFree, ringUsed float64
+	var free, quarantined, ringFree, ringUsed, waiters float64
 	var haveFree, haveRing bool
+	// Redials by transport, each transport once (managers may share one;
+	// pointer transports are told apart by address, as kvxfer's all are).
+	redials := map[string]float64{}
+	seen := map[uintptr]bool{}
 	roles := map[Role]bool{}
 	for _, m := range ms {
 		roles[m.cfg.Role] = true
@@ -487,8 +540,25 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if s.ringSlots > 0 {
 			ringFree += float64(s.ringSlots - s.ringUsed)
 			ringUsed += float64(s.ringUsed)
+			waiters += float64(s.ringWaiting)
 			haveRing = true
 		}
+		for _, rs := range m.regs {
+			rc, ok := rs.t.(redialCounter)
+			if !ok {
+				continue
+			}
+			if v := reflect.ValueOf(rs.t); v.Kind() == reflect.Pointer {
+				if seen[v.Pointer()] {
+					continue
+				}
+				seen[v.Pointer()] = true
+			}
+			redials[rs.t.Name()] += float64(rc.Redials())
+		}
+	}
+	for tr, n := range redials {
+		ch <- prometheus.MustNewConstMetric(c.redials, prometheus.CounterValue, n, tr)
 	}
 	for k, v := range active {
 		ch <- prometheus.MustNewConstMetric(c.active, prometheus.GaugeValue, v, k.role, k.state)
@@ -503,6 +573,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if haveRing {
 		ch <- prometheus.MustNewConstMetric(c.ring, prometheus.GaugeValue, ringFree, "free")
 		ch <- prometheus.MustNewConstMetric(c.ring, prometheus.GaugeValue, ringUsed, "used")
+		ch <- prometheus.MustNewConstMetric(c.waiters, prometheus.GaugeValue, waiters)
 	}
 }
 
@@ -531,6 +602,7 @@ type managerState struct {
 	freePages        int // -1: not reported
 	ringSlots        int
 	ringUsed         int
+	ringWaiting      int
 }
 
 // stateSnapshot reads the manager's rooms, peers, ring and pool for a
@@ -574,6 +646,7 @@ func (m *Manager) stateSnapshot() managerState {
 	if m.ring != nil {
 		s.ringSlots = m.ring.Slots()
 		s.ringUsed = m.ring.InUse()
+		s.ringWaiting = m.ring.Waiting()
 	}
 	return s
 }

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -206,13 +207,27 @@ func hasDone(tl engine.RoomTimeline, s engine.Step) bool {
 	return false
 }
 
+// redialing is a tcp transport (every method, fencing included) whose
+// Redials reports a fixed count.
+type redialing struct {
+	*tcp.Transport
+	n uint64
+}
+
+func (r redialing) Redials() uint64 { return r.n }
+
+func withRedials(n uint64) func(engine.Transport) engine.Transport {
+	return func(tr engine.Transport) engine.Transport { return redialing{tr.(*tcp.Transport), n} }
+}
+
 // TestMetricsShareRegistry: two managers of one process may register on the
-// same registry; counters add up and the gauges sum over both.
+// same registry; counters add up and the gauges sum over both, redials
+// read from the transports at scrape time included.
 func TestMetricsShareRegistry(t *testing.T) {
 	addr := startBootstrap(t)
 	reg := prometheus.NewRegistry()
-	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: reg})}
-	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: reg})}
+	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: reg, wrap: withRedials(3)})}
+	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: reg, wrap: withRedials(4)})}
 	for _, room := range []uint64{5, 6} {
 		r := transferOneExpectFail(t, addr, pre, dec, room, 2)
 		if r.Poll() != engine.KVSuccess {
@@ -226,6 +241,12 @@ func TestMetricsShareRegistry(t *testing.T) {
 	}
 	if got := sample(t, reg, engine.MetricPeers, map[string]string{"state": "connected"}); got != 2 {
 		t.Errorf("connected peers over both managers = %v, want 2 (each side's PUSH socket)", got)
+	}
+	if got := sample(t, reg, engine.MetricRedials, map[string]string{"transport": "tcp"}); got != 7 {
+		t.Errorf("redials over both managers' transports = %v, want 3+4", got)
+	}
+	if got := sample(t, reg, engine.MetricRingWaiters, nil); got != 0 {
+		t.Errorf("ring slot waiters with no room = %v", got)
 	}
 	// A registry holding another kvxfer_rooms_total is refused by name.
 	bad := prometheus.NewRegistry()
@@ -294,7 +315,7 @@ func TestMetricNamesAreRegistered(t *testing.T) {
 		t.Fatalf("registered %v\nMetricNames %v", got, want)
 	}
 	for _, n := range want {
-		if !strings.HasPrefix(n, "kvxfer_") || engine.MetricKind(n) == "" || len(engine.MetricLabels(n)) == 0 {
+		if !strings.HasPrefix(n, "kvxfer_") || engine.MetricKind(n) == "" || engine.MetricLabels(n) == nil {
 			t.Errorf("metric %s: kind %q labels %v", n, engine.MetricKind(n), engine.MetricLabels(n))
 		}
 		if engine.MetricKind(n) == "counter" && !strings.HasSuffix(n, "_total") {

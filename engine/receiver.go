@@ -362,7 +362,7 @@ func (m *Manager) handleHandshake(v *HandshakeMsg) {
 	if m.currentEpoch(v.Endpoint) == 0 {
 		// Not a prefill rank this decode registered with: no answer, so
 		// that frames naming endpoints at random open no sockets.
-		m.drop(fmt.Errorf("HANDSHAKE from %s, a prefill rank this decode has no registration with", v.Endpoint))
+		m.drop("sender", fmt.Errorf("HANDSHAKE from %s, a prefill rank this decode has no registration with", v.Endpoint))
 		return
 	}
 	var errText string
@@ -758,7 +758,8 @@ func (r *Receiver) acquireSlots() error {
 		r.mu.Unlock()
 	}
 	if waited := time.Since(start); waited > 100*time.Millisecond {
-		r.m.log.Debug("room waited for a metadata ring slot", "room", r.room, "waited", waited.Round(time.Millisecond), "ring_slots", r.m.ring.Slots())
+		r.tr.note(StepTransfer, "", fmt.Sprintf("waited %s for a metadata ring slot (all %d in use)", waited.Round(time.Millisecond), r.m.ring.Slots()))
+		r.tr.log("").Debug("room waited for a metadata ring slot", "waited", waited.Round(time.Millisecond), "ring_slots", r.m.ring.Slots())
 	}
 	return nil
 }

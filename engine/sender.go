@@ -95,7 +95,7 @@ func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
 	old := m.dpeers[v.Endpoint]
 	if why := m.registerRefusalLocked(v, env, old); why != "" {
 		m.mu.Unlock()
-		m.drop(fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, envID(env), v.Epoch, why))
+		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, envID(env), v.Epoch, why))
 		return
 	}
 	m.dpeers[v.Endpoint] = p

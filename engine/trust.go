@@ -88,10 +88,12 @@ type dropLogger struct {
 
 const dropLogEvery = 10 * time.Second
 
-// drop counts a received control frame dropped for err and warns (rate
-// limited) naming the last reason.
-func (m *Manager) drop(err error) {
+// drop counts a received control frame dropped for err, by reason class
+// (MetricControlFramesDropped: malformed, unauthenticated, sender), and
+// warns (rate limited) naming the last reason.
+func (m *Manager) drop(reason string, err error) {
 	m.dropped.Add(1)
+	m.met.frameDropped(reason)
 	l := &m.dropLog
 	l.mu.Lock()
 	now := time.Now()
@@ -171,7 +173,7 @@ func (m *Manager) checkSender(msg any, env Envelope) bool {
 		if _, ok := msg.(*RegisterMsg); ok {
 			return true // handleRegister decides
 		}
-		m.drop(fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
+		m.drop("sender", fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
 		return false
 	}
 	what := "a registered"
@@ -180,7 +182,8 @@ func (m *Manager) checkSender(msg any, env Envelope) bool {
 	}
 	err := fmt.Errorf("%w: prefill %s answers as instance %s, but %s instance there is %s: the address now belongs to another process (the rank restarted or was replaced, or the directory entry is stale); its rooms fail now and the next room resolves the rank again",
 		ErrPeerLost, ep, got, what, want)
-	m.log.Warn("prefill rank replaced at its address", "prefill", ep, "expected_instance", want.String(), "instance", got.String())
+	m.log.Warn("prefill rank replaced at its address", "peer", peerLabel(ep), "expected_instance", want.String(), "instance", got.String())
+	m.met.peerLost(m.cfg.Role, "replaced")
 	go m.peerLost(ep, false, err)
 	return false
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
@@ -71,8 +72,9 @@ func waitDropped(t *testing.T, m *engine.Manager, n uint64) {
 // answer. The pair's rooms succeed before and after.
 func TestForgedControlFrames(t *testing.T) {
 	addr := startBootstrap(t)
-	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	preReg, decReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: preReg})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: decReg})
 	sendOne(t, addr, p, d, 1)
 	toPrefill := newInjector(t, p.m.Endpoint())
 	g := d.m.Geometry()
@@ -93,6 +95,7 @@ func TestForgedControlFrames(t *testing.T) {
 	forged.Epoch = 1 // the decode's own instance, an old epoch: a replay
 	toPrefill.send(forged.Encode(), d.m.InstanceID(), nil)
 	waitDropped(t, p.m, 2)
+	waitSample(t, preReg, engine.MetricControlFramesDropped, map[string]string{"reason": "sender"}, 2)
 	sendOne(t, addr, p, d, 2)
 	toDecode := newInjector(t, d.m.Endpoint())
 	before := engine.PushSockets(d.m)
@@ -102,6 +105,7 @@ func TestForgedControlFrames(t *testing.T) {
 		toDecode.send(hs.Encode(), fmt.Sprintf("flood-%d", i), nil)
 	}
 	waitDropped(t, d.m, flood)
+	waitSample(t, decReg, engine.MetricControlFramesDropped, map[string]string{"reason": "sender"}, flood)
 	if n := engine.PushSockets(d.m); n != before {
 		t.Fatalf("the decode holds %d control sockets after the flood, %d before", n, before)
 	}
@@ -116,8 +120,9 @@ func TestForgedControlFrames(t *testing.T) {
 func TestAuthenticatedControl(t *testing.T) {
 	addr := startBootstrap(t)
 	const token = "deployment-secret"
+	decReg := prometheus.NewRegistry()
 	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, authToken: token, authControl: true})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, authToken: token, authControl: true})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, authToken: token, authControl: true, metrics: decReg})
 	sendOne(t, addr, p, d, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -138,6 +143,7 @@ func TestAuthenticatedControl(t *testing.T) {
 	in.send(abort, p.m.InstanceID(), nil)
 	in.send(abort, p.m.InstanceID(), engine.ControlKey("guessed"))
 	waitDropped(t, d.m, 2)
+	waitSample(t, decReg, engine.MetricControlFramesDropped, map[string]string{"reason": "unauthenticated"}, 2)
 	s, err := p.m.NewSender(2)
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +182,8 @@ func TestAuthenticatedControl(t *testing.T) {
 func TestPrefillReplacedAtAddress(t *testing.T) {
 	stale := startBootstrap(t)
 	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: startBootstrap(t), instance: "inst-new"})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: time.Minute})
+	decReg := prometheus.NewRegistry()
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, waiting: time.Minute, metrics: decReg})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := bootstrap.NewClient(stale)
@@ -212,6 +219,9 @@ func TestPrefillReplacedAtAddress(t *testing.T) {
 			t.Fatalf("room with a replaced prefill: %s %v, want Failed naming %q and %q", st, r.Failure(), e.want, now)
 		}
 		t.Logf("failed %s after Init: %v", time.Since(start).Round(time.Millisecond), r.Failure())
+	}
+	if n := sample(t, decReg, engine.MetricPeersLost, map[string]string{"role": "decode", "cause": "replaced"}); n < 2 {
+		t.Errorf("%s{cause=replaced} = %v after two rooms met a replaced prefill, want >= 2", engine.MetricPeersLost, n)
 	}
 }
 

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Options configure a transport instance. Fields a transport does not use are
@@ -33,8 +35,66 @@ type Options struct {
 	// of the port); nil, the zero value, lets the transport choose (RoCE v2,
 	// an address of a local interface, per NIC). tcp and shm ignore it.
 	GIDIndex *int
-	// Extra carries transport-specific settings as key=value.
-	Extra map[string]string
+	// Logger receives the transport's logs (peer loss, redials, the address
+	// a wildcard listener advertises); nil means slog.Default().
+	Logger *slog.Logger
+	// TCP, SHM and RDMA tune one transport each; the others ignore them.
+	// Their zero values keep the transport's defaults.
+	TCP  TCPOptions
+	SHM  SHMOptions
+	RDMA RDMAOptions
+}
+
+// Log returns o.Logger, or slog.Default() when it is nil.
+func (o Options) Log() *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.Default()
+}
+
+// TCPOptions are the tcp transport's settings (package engine/tcp).
+type TCPOptions struct {
+	// AckTimeout: a stream with frames in flight and no acknowledgement for
+	// this long is declared lost (0: tcp.DefaultAckTimeout, 10 s; it must
+	// exceed the time the link needs for 8 MiB). Negative is refused.
+	AckTimeout time.Duration
+}
+
+// SHMOptions are the shm transport's settings (package engine/shm).
+type SHMOptions struct {
+	// CopyThreads is the number of goroutines that copy one large batch,
+	// 1..256 (0: Options.Streams, else min(4, GOMAXPROCS)).
+	CopyThreads int
+	// ParallelMinBytes is the batch size in bytes from which copies are
+	// split across goroutines (0: 4 MiB).
+	ParallelMinBytes uint64
+}
+
+// RDMAOptions are the rdma transport's settings (package rdma). Zero (nil
+// for the pointers) keeps the default given with each field; a value out of
+// range makes rdma.New fail naming the field and the range.
+type RDMAOptions struct {
+	// SliceSize is the most bytes one RDMA WRITE carries when a transfer is
+	// striped, 4 KiB..1 GiB (default 1 MiB).
+	SliceSize uint64
+	// SQDepth is the send queue depth per QP, 4..16384 (default 256).
+	SQDepth int
+	// QPTimeout is the QP ACK timeout code, 0..31: 4.096 us * 2^code
+	// (default 14, about 67 ms). A pointer because 0 (wait forever) is a
+	// valid code.
+	QPTimeout *uint8
+	// RetryCount is the QP's transport retry count, 0..7 (default 7).
+	RetryCount *uint8
+	// MaxMRSize splits registered regions into MRs of at most this many
+	// bytes, >= 4096 (default: the device's max_mr_size).
+	MaxMRSize uint64
+	// StallTimeout: with WRs in flight and no completion for this long a
+	// segment declares its peer lost, >= 10 ms (default 10 s).
+	StallTimeout time.Duration
+	// CQPoll makes a segment poll its CQs with a 20 us..1 ms backoff instead
+	// of sleeping on a completion channel (the default).
+	CQPoll bool
 }
 
 // DefaultOptions returns options with auto-selected values: the zero

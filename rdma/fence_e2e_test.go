@@ -65,7 +65,8 @@ func TestFencingOverRDMA(t *testing.T) {
 		opts := engine.DefaultOptions()
 		// A vanished responder QP fails the sender's writes in about a
 		// second (or at the 3 s stall backstop on a silent rxe).
-		opts.Extra = map[string]string{"qp_timeout": "14", "retry_cnt": "3", "stall_timeout": "3s"}
+		qpTimeout, retry := uint8(14), uint8(3)
+		opts.RDMA = engine.RDMAOptions{QPTimeout: &qpTimeout, RetryCount: &retry, StallTimeout: 3 * time.Second}
 		inner, err := engine.OpenTransport("rdma", opts)
 		if err != nil {
 			t.Fatal(err)

@@ -60,7 +60,7 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		}
 		opts := engine.DefaultOptions()
 		if role == engine.RoleDecode {
-			opts.Extra = map[string]string{"max_mr_size": "8192"} // 32 KiB buffers: 4 MRs each
+			opts.RDMA.MaxMRSize = 8192 // 32 KiB buffers: 4 MRs each
 		}
 		tr, err := engine.OpenTransport("rdma", opts)
 		if err != nil {

@@ -19,7 +19,7 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout())
 	defer cancel()
 	newTE := func() *engine.TransferEngine {
-		te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{Transport: newT(t, 0, nil)})
+		te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{Transport: newT(t, 0, engine.RDMAOptions{})})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -84,7 +83,7 @@ type segment struct {
 	qps     []*sqp
 	cqs     []*ibverbs.CQ
 	regions map[engine.RegionID]remoteRegion
-	// cq_wait=event: one completion channel per CQ, watched by a notifier
+	// events (RDMAOptions.CQPoll false): one completion channel per CQ, watched by a notifier
 	// that signals cqev; the pump arms the CQs and sleeps on cqev.
 	chans []*ibverbs.CompChannel
 	notes []*cqNotifier
@@ -149,7 +148,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 			var ch *ibverbs.CompChannel
 			if t.cfg.cqEvents {
 				if ch, err = d.ctx.CreateCompChannel(); err != nil {
-					return fail(d, "create completion channel (set option cq_wait=poll to poll instead)", err)
+					return fail(d, "create completion channel (set engine.RDMAOptions.CQPoll to poll instead)", err)
 				}
 				s.chans = append(s.chans, ch)
 			}
@@ -161,7 +160,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 			if ch != nil {
 				n, err := newCQNotifier(ch, s.cqev)
 				if err != nil {
-					return fail(d, "watch completion channel (set option cq_wait=poll to poll instead)", err)
+					return fail(d, "watch completion channel (set engine.RDMAOptions.CQPoll to poll instead)", err)
 				}
 				s.notes = append(s.notes, n)
 			}
@@ -236,7 +235,7 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 	return nil
 }
 
-// Submit validates b, cuts every block into slices of at most slice_size
+// Submit validates b, cuts every block into slices of at most RDMAOptions.SliceSize
 // bytes that never cross an MR boundary on either side, stripes them
 // round-robin over the segment's QPs (and so over NICs), and queues them for
 // the pump. The batch completes when every WRITE has been acknowledged by
@@ -381,7 +380,7 @@ func (s *segment) wcErr(q *sqp, wc *ibverbs.WC) error {
 // a chain ends at a batch boundary, at chainLen WRs or when the QP's
 // credits (free send-queue entries) run out, so small writes cost one
 // doorbell and one completion per chain, not per write, and the WRs in
-// flight per QP never exceed sq_depth.
+// flight per QP never exceed RDMAOptions.SQDepth.
 func (s *segment) pump() {
 	defer close(s.stopped)
 	maxChain := chainLen(s.t.cfg.sqDepth)
@@ -479,7 +478,7 @@ func (s *segment) pump() {
 			case <-s.wake:
 			case <-wait.C:
 				if err := s.notifierDied(); err != nil {
-					slog.Warn("rdma: completion channel stopped; polling the CQs instead", "peer", s.peer, "err", err)
+					s.t.cfg.log.Warn("rdma: completion channel stopped; polling the CQs instead", "peer", s.peer, "err", err)
 					events = false
 				}
 			}
@@ -492,7 +491,7 @@ func (s *segment) pump() {
 			continue
 		}
 		// Completions pending: back off from 20 us to 1 ms between
-		// polls (cq_wait=poll: for good; event: pollBeforeSleep times,
+		// polls (CQPoll: for good; events: pollBeforeSleep times,
 		// about 200 us, so a quick completion costs no event round trip).
 		idle++
 		time.Sleep(time.Duration(min(20*idle, 1000)) * time.Microsecond)
@@ -501,7 +500,7 @@ func (s *segment) pump() {
 
 // pollBeforeSleep is how many backoff polls (20, 40, 60, 80 us) the pump
 // makes with completions pending before it arms the CQs and sleeps on the
-// completion channel (cq_wait=event).
+// completion channel (CQPoll false).
 const pollBeforeSleep = 4
 
 // notifierDied returns why a completion-channel notifier stopped, or nil if
@@ -654,7 +653,7 @@ func (s *segment) failLocked(err error) {
 	}
 }
 
-// stalled declares the peer lost after stall_timeout without completions:
+// stalled declares the peer lost after RDMAOptions.StallTimeout without completions:
 // QPs go to ERR (the driver flushes their WRs) and every unfinished batch
 // fails with ErrPeerLost now, not when (or if) the flushes arrive.
 func (s *segment) stalled() {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -91,7 +91,7 @@ func regDevice(pd *ibverbs.PD, nic string, m engine.Memory, off, n uint64) (*ibv
 // engine.Options.Streams is 0.
 const DefaultStreams = 2
 
-// Defaults of the Options.Extra settings.
+// Defaults of the engine.RDMAOptions settings.
 const (
 	defaultSliceSize = 1 << 20 // bytes per RDMA WRITE when striping
 	defaultSQDepth   = 256     // send WRs in flight per QP
@@ -99,75 +99,80 @@ const (
 	defaultRetry     = 7       // transport retries before IBV_WC_RETRY_EXC_ERR
 )
 
-// config holds the transport's tunables (engine.Options.Extra keys in
+// config holds the transport's tunables (engine.RDMAOptions fields in
 // parentheses).
 type config struct {
-	sliceSize uint64 // "slice_size": max bytes per WRITE WR (4 KiB..1 GiB)
-	sqDepth   int    // "sq_depth": send queue depth per QP
+	sliceSize uint64 // SliceSize: max bytes per WRITE WR (4 KiB..1 GiB)
+	sqDepth   int    // SQDepth: send queue depth per QP
 	streams   int    // engine.Options.Streams: QPs per device per peer
-	timeout   uint8  // "qp_timeout": ACK timeout code (0..31)
-	retry     uint8  // "retry_cnt": 0..7
-	maxMR     uint64 // "max_mr_size": split regions into MRs of at most this (default: device max_mr_size)
+	timeout   uint8  // QPTimeout: ACK timeout code (0..31)
+	retry     uint8  // RetryCount: 0..7
+	maxMR     uint64 // MaxMRSize: split regions into MRs of at most this (default: device max_mr_size)
 	gidIndex  int
-	// stall ("stall_timeout", a Go duration, default 10s): with WRs in
+	// stall (StallTimeout, default 10s): with WRs in
 	// flight and no completion for this long, the segment declares the peer
 	// lost, moves its QPs to ERR and fails the batches with ErrPeerLost. A
 	// NIC reports a vanished peer itself (IBV_WC_RETRY_EXC_ERR after about
 	// 4.096 us * 2^qp_timeout * (retry_cnt+1)); this is the backstop for
 	// devices that retry silently (rxe on Linux 6.1 was seen to).
 	stall time.Duration
-	// cqEvents ("cq_wait": "event", the default, or "poll"): a segment's
+	// cqEvents (not CQPoll, the default): a segment's
 	// pump sleeps on a completion channel (ibv_req_notify_cq, the channel
 	// fd in Go's netpoller) while WRs are in flight, instead of polling
 	// its CQs with a 20 us..1 ms backoff.
 	cqEvents bool
+	// log is engine.Options.Logger (slog.Default() when nil).
+	log *slog.Logger
 }
 
 func parseConfig(o engine.Options) (config, error) {
 	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
-		timeout: defaultTimeout, retry: defaultRetry, gidIndex: -1, stall: 10 * time.Second, cqEvents: true}
+		timeout: defaultTimeout, retry: defaultRetry, gidIndex: -1, stall: 10 * time.Second, cqEvents: true, log: o.Log()}
 	if o.GIDIndex != nil {
 		if *o.GIDIndex < 0 || *o.GIDIndex > 255 {
 			return c, fmt.Errorf("rdma: GIDIndex %d: want a GID table index 0..255, or nil for automatic selection", *o.GIDIndex)
 		}
 		c.gidIndex = *o.GIDIndex
 	}
-	switch v := o.Extra["cq_wait"]; v {
-	case "", "event":
-	case "poll":
-		c.cqEvents = false
-	default:
-		return c, fmt.Errorf("rdma: option cq_wait=%q: want event (sleep on a completion channel) or poll", v)
-	}
-	if v, ok := o.Extra["stall_timeout"]; ok {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 10*time.Millisecond {
-			return c, fmt.Errorf("rdma: option stall_timeout=%q: want a duration >= 10ms such as 10s", v)
+	r := o.RDMA
+	c.cqEvents = !r.CQPoll
+	if r.StallTimeout != 0 {
+		if r.StallTimeout < 10*time.Millisecond {
+			return c, fmt.Errorf("rdma: RDMAOptions.StallTimeout %v: want at least 10ms, such as 10s (0 for the default)", r.StallTimeout)
 		}
-		c.stall = d
+		c.stall = r.StallTimeout
 	}
 	if c.streams <= 0 {
 		c.streams = DefaultStreams
 	}
-	num := func(key string, lo, hi uint64, dst func(uint64)) error {
-		s, ok := o.Extra[key]
-		if !ok {
-			return nil
-		}
-		v, err := strconv.ParseUint(s, 0, 64)
-		if err != nil || v < lo || v > hi {
-			return fmt.Errorf("rdma: option %s=%q: want an integer in [%d, %d]", key, s, lo, hi)
+	// num checks a set (non-zero) field against its range.
+	num := func(field string, v, lo, hi uint64, dst func(uint64)) error {
+		if v < lo || v > hi {
+			return fmt.Errorf("rdma: RDMAOptions.%s %d: want an integer in [%d, %d] (0 for the default)", field, v, lo, hi)
 		}
 		dst(v)
 		return nil
 	}
-	for _, e := range []error{
-		num("slice_size", 4096, 1<<30, func(v uint64) { c.sliceSize = v }),
-		num("sq_depth", 4, 16384, func(v uint64) { c.sqDepth = int(v) }),
-		num("qp_timeout", 0, 31, func(v uint64) { c.timeout = uint8(v) }),
-		num("retry_cnt", 0, 7, func(v uint64) { c.retry = uint8(v) }),
-		num("max_mr_size", 4096, 1<<62, func(v uint64) { c.maxMR = v }),
-	} {
+	var errs []error
+	if r.SliceSize != 0 {
+		errs = append(errs, num("SliceSize", r.SliceSize, 4096, 1<<30, func(v uint64) { c.sliceSize = v }))
+	}
+	if r.SQDepth != 0 {
+		if r.SQDepth < 0 {
+			return c, fmt.Errorf("rdma: RDMAOptions.SQDepth %d: want an integer in [4, 16384] (0 for the default)", r.SQDepth)
+		}
+		errs = append(errs, num("SQDepth", uint64(r.SQDepth), 4, 16384, func(v uint64) { c.sqDepth = int(v) }))
+	}
+	if r.QPTimeout != nil {
+		errs = append(errs, num("QPTimeout", uint64(*r.QPTimeout), 0, 31, func(v uint64) { c.timeout = uint8(v) }))
+	}
+	if r.RetryCount != nil {
+		errs = append(errs, num("RetryCount", uint64(*r.RetryCount), 0, 7, func(v uint64) { c.retry = uint8(v) }))
+	}
+	if r.MaxMRSize != 0 {
+		errs = append(errs, num("MaxMRSize", r.MaxMRSize, 4096, 1<<62, func(v uint64) { c.maxMR = v }))
+	}
+	for _, e := range errs {
 		if e != nil {
 			return c, e
 		}
@@ -281,9 +286,9 @@ type peerConn struct {
 
 // New opens the rdma transport on every usable device (o.Devices filters by
 // name, a non-nil o.GIDIndex forces a GID index, o.Streams sets QPs per device per
-// peer; Extra keys: slice_size, sq_depth, qp_timeout, retry_cnt,
-// max_mr_size, stall_timeout, cq_wait = event|poll). Each batch's writes are
-// posted per QP as chains of up to sq_depth/4 WRs with only the last one
+// peer; o.RDMA tunes slices, queues, QP timeouts and retries, MR size, the
+// stall timeout and CQ polling; o.Logger gets its logs). Each batch's writes are
+// posted per QP as chains of up to SQDepth/4 WRs with only the last one
 // signaled (one doorbell and one completion per chain), at most sq_depth
 // WRs in flight per QP. Errors wrap engine.ErrUnavailable when no device is usable.
 func New(o engine.Options) (*Transport, error) {

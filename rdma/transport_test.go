@@ -33,11 +33,11 @@ func requireRDMA(t testing.TB) {
 	}
 }
 
-func newT(t testing.TB, streams int, extra map[string]string) *Transport {
+func newT(t testing.TB, streams int, extra engine.RDMAOptions) *Transport {
 	t.Helper()
 	o := engine.DefaultOptions()
 	o.Streams = streams
-	o.Extra = extra
+	o.RDMA = extra
 	tr, err := New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -61,24 +61,75 @@ func TestProbeWrapsUnavailable(t *testing.T) {
 
 func TestParseConfig(t *testing.T) {
 	for _, tc := range []struct {
-		extra map[string]string
+		extra engine.RDMAOptions
 		ok    bool
 	}{
-		{map[string]string{"slice_size": "65536", "qp_timeout": "18"}, true},
-		{map[string]string{"slice_size": "12"}, false},
-		{map[string]string{"retry_cnt": "8"}, false},
-		{map[string]string{"max_mr_size": "lots"}, false},
-		{map[string]string{"stall_timeout": "2s"}, true},
-		{map[string]string{"stall_timeout": "forever"}, false},
-		{map[string]string{"cq_wait": "poll"}, true},
-		{map[string]string{"cq_wait": "event"}, true},
-		{map[string]string{"cq_wait": "spin"}, false},
+		{engine.RDMAOptions{SliceSize: 65536, QPTimeout: u8(18)}, true},
+		{engine.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}, true},
+		{engine.RDMAOptions{QPTimeout: u8(32)}, false},
+		{engine.RDMAOptions{SliceSize: 12}, false},
+		{engine.RDMAOptions{RetryCount: u8(8)}, false},
+		{engine.RDMAOptions{MaxMRSize: 100}, false},
+		{engine.RDMAOptions{SQDepth: -1}, false},
+		{engine.RDMAOptions{SQDepth: 2}, false},
+		{engine.RDMAOptions{StallTimeout: 2 * time.Second}, true},
+		{engine.RDMAOptions{StallTimeout: time.Millisecond}, false},
+		{engine.RDMAOptions{CQPoll: true}, true},
 	} {
-		_, err := parseConfig(engine.Options{Extra: tc.extra})
+		c, err := parseConfig(engine.Options{RDMA: tc.extra})
 		if (err == nil) != tc.ok {
-			t.Errorf("parseConfig(%v) = %v", tc.extra, err)
+			t.Errorf("parseConfig(%+v) = %v", tc.extra, err)
+		}
+		if err == nil && c.cqEvents == tc.extra.CQPoll {
+			t.Errorf("parseConfig(%+v): cqEvents %v", tc.extra, c.cqEvents)
 		}
 	}
+	c, err := parseConfig(engine.Options{RDMA: engine.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}})
+	if err != nil || c.timeout != 0 || c.retry != 0 {
+		t.Errorf("QPTimeout 0, RetryCount 0: timeout %d retry %d err %v; want 0, 0", c.timeout, c.retry, err)
+	}
+	if c, _ = parseConfig(engine.Options{}); c.timeout != defaultTimeout || c.retry != defaultRetry || c.sliceSize != defaultSliceSize || c.sqDepth != defaultSQDepth || !c.cqEvents {
+		t.Errorf("zero RDMAOptions: %+v; want the defaults", c)
+	}
+}
+
+func u8(v uint8) *uint8 { return &v }
+
+// envOptions parses the experiments' KVXFER_RDMA_BW_EXTRA value, k=v,k=v
+// with the keys slice_size, sq_depth, qp_timeout, retry_cnt, max_mr_size,
+// stall_timeout and cq_wait (event|poll).
+func envOptions(t testing.TB, v string) engine.RDMAOptions {
+	var o engine.RDMAOptions
+	for kv := range strings.SplitSeq(v, ",") {
+		if kv == "" {
+			continue
+		}
+		k, val, _ := strings.Cut(kv, "=")
+		n, nerr := strconv.ParseUint(val, 0, 64)
+		var err error
+		switch k {
+		case "slice_size":
+			o.SliceSize, err = n, nerr
+		case "sq_depth":
+			o.SQDepth, err = int(n), nerr
+		case "qp_timeout":
+			o.QPTimeout, err = u8(uint8(n)), nerr
+		case "retry_cnt":
+			o.RetryCount, err = u8(uint8(n)), nerr
+		case "max_mr_size":
+			o.MaxMRSize, err = n, nerr
+		case "stall_timeout":
+			o.StallTimeout, err = time.ParseDuration(val)
+		case "cq_wait":
+			o.CQPoll = val == "poll"
+		default:
+			err = fmt.Errorf("unknown key")
+		}
+		if err != nil {
+			t.Fatalf("KVXFER_RDMA_BW_EXTRA %q: %v", kv, err)
+		}
+	}
+	return o
 }
 
 // A GID index is forced only when set; the zero-value Options chooses.
@@ -101,7 +152,7 @@ func TestConformance(t *testing.T) {
 	requireRDMA(t)
 	// Short ACK timeout so a vanished receiver surfaces as ErrPeerLost in
 	// about a second; small max_mr_size so every region is split into MRs.
-	extra := map[string]string{"qp_timeout": "14", "retry_cnt": "7", "max_mr_size": strconv.Itoa(8 << 20), "slice_size": strconv.Itoa(256 << 10), "stall_timeout": "5s"}
+	extra := engine.RDMAOptions{QPTimeout: u8(14), RetryCount: u8(7), MaxMRSize: 8 << 20, SliceSize: 256 << 10, StallTimeout: 5 * time.Second}
 	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
 		return newT(t, 2, extra), newT(t, 2, extra)
 	}, transporttest.WithLargeBytes(32<<20), transporttest.WithPeerLostWithin(30*time.Second), transporttest.WithCaseTimeout(caseTimeout()))
@@ -153,7 +204,7 @@ func alloc(t testing.TB, n int) *engine.HostBuffer {
 
 func TestMRSplitAndStriping(t *testing.T) {
 	requireRDMA(t)
-	extra := map[string]string{"max_mr_size": "65536", "slice_size": "16384"}
+	extra := engine.RDMAOptions{MaxMRSize: 65536, SliceSize: 16384}
 	s, r := newT(t, 3, extra), newT(t, 3, extra)
 	const size = 1 << 20
 	src, dst := alloc(t, size), alloc(t, size)
@@ -199,7 +250,7 @@ func TestDeviceMemoryWithoutDmaBuf(t *testing.T) {
 	old := dmaBufRange
 	dmaBufRange = func(ptr uintptr, size uint64) (int, uint64, error) { return -1, 0, exportErr }
 	defer func() { dmaBufRange = old }()
-	tr := newT(t, 1, nil)
+	tr := newT(t, 1, engine.RDMAOptions{})
 	_, err := tr.RegisterMemory(engine.Memory{Addr: 0x7f0000000000, Length: 1 << 20, Kind: engine.MemoryCUDA, FD: -1})
 	if !errors.Is(err, engine.ErrUnsupportedMemory) || !errors.Is(err, exportErr) {
 		t.Fatalf("RegisterMemory(cuda) = %v; want ErrUnsupportedMemory wrapping the export error", err)
@@ -232,14 +283,7 @@ func TestBandwidth(t *testing.T) {
 	}
 	requireRDMA(t)
 	// KVXFER_RDMA_BW_EXTRA: transport options as k=v,k=v (experiments).
-	var extra map[string]string
-	if v := os.Getenv("KVXFER_RDMA_BW_EXTRA"); v != "" {
-		extra = map[string]string{}
-		for _, kv := range strings.Split(v, ",") {
-			k, val, _ := strings.Cut(kv, "=")
-			extra[k] = val
-		}
-	}
+	extra := envOptions(t, os.Getenv("KVXFER_RDMA_BW_EXTRA"))
 	s, r := newT(t, 1, extra), newT(t, 1, extra)
 	const size = 16 << 20
 	src, dst := alloc(t, size), alloc(t, size)
@@ -277,13 +321,7 @@ func TestSmallBatchLatency(t *testing.T) {
 		t.Skip("set KVXFER_RDMA_LAT=<batches> to measure")
 	}
 	requireRDMA(t)
-	extra := map[string]string{}
-	if v := os.Getenv("KVXFER_RDMA_BW_EXTRA"); v != "" {
-		for _, kv := range strings.Split(v, ",") {
-			k, val, _ := strings.Cut(kv, "=")
-			extra[k] = val
-		}
-	}
+	extra := envOptions(t, os.Getenv("KVXFER_RDMA_BW_EXTRA"))
 	s, r := newT(t, 1, extra), newT(t, 1, extra)
 	src, dst := alloc(t, 1<<20), alloc(t, 1<<20)
 	seg, _, dd := pairUp(t, s, r, src, dst)
@@ -305,7 +343,7 @@ func TestSmallBatchLatency(t *testing.T) {
 	}
 	cpu := cpuTime() - cpu0
 	slices.Sort(lat)
-	fmt.Printf("KVXFER_LAT p50=%v p99=%v cpu/batch=%v (%d batches, extra %v)\n", lat[n/2], lat[n*99/100], cpu/time.Duration(n), n, extra)
+	fmt.Printf("KVXFER_LAT p50=%v p99=%v cpu/batch=%v (%d batches, options %+v)\n", lat[n/2], lat[n*99/100], cpu/time.Duration(n), n, extra)
 }
 
 // cpuTime is the process's user+system CPU time so far.
@@ -329,7 +367,7 @@ func TestChainLen(t *testing.T) {
 // and land every byte.
 func TestChainedSmallWrites(t *testing.T) {
 	requireRDMA(t)
-	extra := map[string]string{"sq_depth": "16"}
+	extra := engine.RDMAOptions{SQDepth: 16}
 	s, r := newT(t, 2, extra), newT(t, 2, extra)
 	const size, page = 16 << 20, 4096
 	src, dst := alloc(t, size), alloc(t, size)
@@ -370,7 +408,7 @@ func TestChainedSmallWrites(t *testing.T) {
 // new work as unusable.
 func TestChainFailsMidChain(t *testing.T) {
 	requireRDMA(t)
-	extra := map[string]string{"stall_timeout": "60s", "qp_timeout": "14", "retry_cnt": "7"}
+	extra := engine.RDMAOptions{StallTimeout: 60 * time.Second, QPTimeout: u8(14), RetryCount: u8(7)}
 	s, r := newT(t, 1, extra), newT(t, 1, extra)
 	src, dst := alloc(t, 1<<20), alloc(t, 1<<20)
 	seg, _, dd := pairUp(t, s, r, src, dst)

@@ -69,7 +69,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,16 +99,6 @@ const (
 
 	stateOpen   = 1
 	stateClosed = 2
-)
-
-// Extra option keys (engine.Options.Extra).
-const (
-	// OptCopyThreads sets the number of goroutines that copy one large batch
-	// (default: engine.Options.Streams, else min(4, GOMAXPROCS)).
-	OptCopyThreads = "shm.copy_threads"
-	// OptParallelMin sets the batch size in bytes from which copies are split
-	// across goroutines (default 4 MiB).
-	OptParallelMin = "shm.parallel_min_bytes"
 )
 
 func init() {
@@ -168,9 +157,9 @@ var (
 )
 
 // New creates an shm transport instance. Options used: Streams (copy
-// goroutines per large batch) and Extra[OptCopyThreads],
-// Extra[OptParallelMin]. Errors: /proc unreadable, memfd_create or mmap
-// failures for the control memfd, malformed Extra values.
+// goroutines per large batch) and SHM (engine.SHMOptions: CopyThreads,
+// ParallelMinBytes). Errors: /proc unreadable, memfd_create or mmap
+// failures for the control memfd, CopyThreads outside 0..256.
 func New(opts engine.Options) (engine.Transport, error) {
 	boot, err := readBootID()
 	if err != nil {
@@ -191,18 +180,13 @@ func New(opts engine.Options) (engine.Transport, error) {
 	if t.copyThreads <= 0 {
 		t.copyThreads = DefaultCopyThreads()
 	}
-	if v, ok := opts.Extra[OptCopyThreads]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 256 {
-			return nil, fmt.Errorf("shm: option %s=%q: want an integer in 1..256", OptCopyThreads, v)
+	if n := opts.SHM.CopyThreads; n != 0 {
+		if n < 1 || n > 256 {
+			return nil, fmt.Errorf("shm: SHMOptions.CopyThreads %d: want 1..256 (0 for the default)", n)
 		}
 		t.copyThreads = n
 	}
-	if v, ok := opts.Extra[OptParallelMin]; ok {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("shm: option %s=%q: want a byte count", OptParallelMin, v)
-		}
+	if n := opts.SHM.ParallelMinBytes; n != 0 {
 		t.parallelMin = n
 	}
 	fd, err := unix.MemfdCreate("kvxfer:shm-ctl", unix.MFD_CLOEXEC)

@@ -151,7 +151,7 @@ func TestWriteVariants(t *testing.T) {
 		}, engine.DefaultOptions()},
 		{"whole-parallel", func(p *pair) engine.WriteRequest {
 			return engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
-		}, engine.Options{Streams: 3, Extra: map[string]string{OptParallelMin: "1"}}},
+		}, engine.Options{Streams: 3, SHM: engine.SHMOptions{ParallelMinBytes: 1}}},
 		{"strided", func(p *pair) engine.WriteRequest {
 			return engine.WriteRequest{Local: p.src.Addr() + 64, Remote: p.dDesc.ID, RemoteOffset: 128, Length: 512, Count: 100, LocalStride: 1024, RemoteStride: 4096}
 		}, engine.DefaultOptions()},
@@ -294,7 +294,7 @@ func TestReceiverClosed(t *testing.T) {
 
 func TestCancelAndClosePending(t *testing.T) {
 	const size = 64 << 20
-	p := newPair(t, size, engine.Options{Streams: 2, Extra: map[string]string{OptParallelMin: "1"}})
+	p := newPair(t, size, engine.Options{Streams: 2, SHM: engine.SHMOptions{ParallelMinBytes: 1}})
 	reqs := make([]engine.WriteRequest, 8)
 	for i := range reqs {
 		reqs[i] = engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
@@ -347,7 +347,7 @@ func TestReceiverKilled(t *testing.T) {
 	if err := json.NewDecoder(out).Decode(&info); err != nil {
 		t.Fatalf("read child segment info: %v", err)
 	}
-	snd, err := New(engine.Options{Streams: 2, Extra: map[string]string{OptParallelMin: "1"}})
+	snd, err := New(engine.Options{Streams: 2, SHM: engine.SHMOptions{ParallelMinBytes: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,7 +45,7 @@ func TestSilentPeerFailsBatch(t *testing.T) {
 
 	o := engine.DefaultOptions()
 	o.Streams = 2
-	o.Extra = map[string]string{"ack_timeout": "300ms"}
+	o.TCP.AckTimeout = 300 * time.Millisecond
 	tr, err := tcp.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func TestOpenSegmentErrors(t *testing.T) {
 	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, engine.ErrPeerLost) {
 		t.Errorf("dial refused: %v, want ErrPeerLost", err)
 	}
-	for _, o := range []engine.Options{{Streams: 65}, {Streams: -1}, {ListenPort: 70000}, {Extra: map[string]string{"ack_timeout": "soon"}}} {
+	for _, o := range []engine.Options{{Streams: 65}, {Streams: -1}, {ListenPort: 70000}, {TCP: engine.TCPOptions{AckTimeout: -time.Second}}} {
 		if tr, err := tcp.New(o); err == nil {
 			tr.Close()
 			t.Errorf("New(%+v) succeeded; want an option error", o)

@@ -29,7 +29,7 @@
 // would wait for input, or every 64 acks or 4 MiB acknowledged).
 //
 // Timeouts: a stream with frames in flight and no acknowledgement for
-// Options.Extra["ack_timeout"] (a Go duration, default 10s; it must exceed
+// Options.TCP.AckTimeout (default 10s; it must exceed
 // the time the link needs for 8 MiB) is declared lost; a peer that closes or
 // dies fails the pending batches of that segment with an error wrapping
 // engine.ErrPeerLost as soon as the socket reports it.
@@ -252,12 +252,11 @@ func (t *Transport) leave(c net.Conn, epoch uint64) {
 // New creates a TCP transport and starts its data listener on
 // opts.ListenHost:opts.ListenPort ("127.0.0.1" and a free port by default).
 // opts.Streams sets connections per segment (0 = DefaultStreams, max 64).
-// opts.Extra["ack_timeout"] (Go duration, e.g. "5s") overrides
-// DefaultAckTimeout. Endpoint advertises opts.AdvertiseHost (or the legacy
-// opts.Extra["advertise_host"]) when set; a wildcard ListenHost (0.0.0.0, ::)
-// otherwise advertises the default-route interface's address (logged; a
-// warning when only loopback is left). Errors: an invalid option or a listen
-// failure (port in use: pick another or use 0).
+// opts.TCP.AckTimeout overrides DefaultAckTimeout. Endpoint advertises
+// opts.AdvertiseHost when set; a wildcard ListenHost (0.0.0.0, ::)
+// otherwise advertises the default-route interface's address (logged to
+// opts.Logger; a warning when only loopback is left). Errors: an invalid
+// option or a listen failure (port in use: pick another or use 0).
 func New(opts engine.Options) (*Transport, error) {
 	host := opts.ListenHost
 	if host == "" {
@@ -274,13 +273,13 @@ func New(opts engine.Options) (*Transport, error) {
 		return nil, fmt.Errorf("tcp: ListenPort must be 0..65535, got %d", opts.ListenPort)
 	}
 	ackTimeout := DefaultAckTimeout
-	if s, ok := opts.Extra["ack_timeout"]; ok {
-		d, err := time.ParseDuration(s)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("tcp: Extra[ack_timeout]=%q: want a positive Go duration such as 10s", s)
+	if d := opts.TCP.AckTimeout; d != 0 {
+		if d < 0 {
+			return nil, fmt.Errorf("tcp: TCPOptions.AckTimeout %v: want a positive duration such as 10s (0 for the default)", d)
 		}
 		ackTimeout = d
 	}
+	log := opts.Log()
 	addr := net.JoinHostPort(host, strconv.Itoa(opts.ListenPort))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -288,17 +287,17 @@ func New(opts engine.Options) (*Transport, error) {
 	}
 	endpoint := ln.Addr().String()
 	_, port, _ := net.SplitHostPort(endpoint)
-	switch adv := cmp.Or(opts.AdvertiseHost, opts.Extra["advertise_host"]); {
+	switch adv := opts.AdvertiseHost; {
 	case adv != "":
 		endpoint = net.JoinHostPort(strings.Trim(adv, "[]"), port)
 	case hostaddr.IsWildcard(host):
 		c := hostaddr.Pick(host)
 		endpoint = net.JoinHostPort(c.Host, port)
 		if c.Loopback {
-			slog.Warn("tcp: data listener bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set an advertise host)",
+			log.Warn("tcp: data listener bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set an advertise host)",
 				"listen", ln.Addr().String(), "advertised", endpoint)
 		} else {
-			slog.Info("tcp: data listener bound to a wildcard advertises the address chosen for it", "listen", ln.Addr().String(),
+			log.Info("tcp: data listener bound to a wildcard advertises the address chosen for it", "listen", ln.Addr().String(),
 				"advertised", endpoint, "interface", c.Iface, "how", c.How)
 		}
 	}
@@ -308,7 +307,7 @@ func New(opts engine.Options) (*Transport, error) {
 		streams:    streams,
 		ackTimeout: ackTimeout,
 		ln:         ln,
-		log:        slog.Default().With("transport", Name, "listen", ln.Addr().String()),
+		log:        log.With("transport", Name, "listen", ln.Addr().String()),
 		nextID:     1,
 		regions:    map[engine.RegionID]*region{},
 		inbound:    map[net.Conn]struct{}{},

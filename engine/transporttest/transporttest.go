@@ -47,8 +47,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -59,9 +57,9 @@ import (
 // Config holds the suite's knobs; set them with Options.
 type Config struct {
 	// LargeBytes is the size of the large-transfer case in bytes (default
-	// 1 GiB, rounded down to MiB). The environment variable
-	// KVXFER_TRANSPORTTEST_LARGE (bytes) overrides it; <= 0 skips the case.
-	// The case is skipped under -short.
+	// 1 GiB, rounded down to MiB); <= 0 skips the case. The case is skipped
+	// under -short. The suite reads no environment variable: a test that
+	// wants one to size the case passes it here.
 	LargeBytes int64
 	// CaseTimeout bounds each case (default 2 minutes); a Wait still blocked
 	// then fails the test instead of hanging.
@@ -109,13 +107,6 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Trans
 	cfg := Config{LargeBytes: 1 << 30, CaseTimeout: 2 * time.Minute, PeerLostWithin: 5 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
-	}
-	if s := os.Getenv("KVXFER_TRANSPORTTEST_LARGE"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("transporttest: KVXFER_TRANSPORTTEST_LARGE=%q is not a byte count", s)
-		}
-		cfg.LargeBytes = n
 	}
 	s := &suite{cfg: cfg, newPair: newPair}
 	cases := []struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -313,6 +314,50 @@ func TestLostVerdictAskedAgain(t *testing.T) {
 		t.Fatalf("%d verdicts dropped, want 1", n)
 	}
 	if err := workload.VerifyPattern(dec.pool, 9, x.dst, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A prefill that is itself stopped while it waits for the verdict (its
+// receive loop blocked, as under SIGSTOP or CPU starvation) reads the
+// verdict waiting in its inbox before it gives up on the decode: the decode
+// said Success, so the prefill must too. With the wall-clock rule it failed
+// the room "the decode did not answer" when it resumed, while the decode had
+// accepted it (a disagreement the chaos soak found).
+func TestStoppedPrefillReadsVerdictBeforeGivingUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a multi-second stall")
+	}
+	const peerTimeout = 2 * time.Second
+	const stall = 5 * time.Second // past the waiting timeout and a further peer timeout
+	addr := startBootstrap(t)
+	drop := faulty.DropControl()
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, waiting: time.Second, peerTmo: peerTimeout})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: drop.Filter, peerTmo: time.Minute})
+	x := openRoom(t, addr, pre, dec, 12, 4)
+	drop.DropNext(engine.MsgStatus, 1) // the decode's first verdict
+	var armed atomic.Bool
+	armed.Store(true)
+	blocked := make(chan struct{})
+	engine.SetBeforeDispatch(pre.m, func(msgType string) {
+		if msgType == engine.MsgStatus && armed.CompareAndSwap(true, false) {
+			close(blocked) // the answer to the prefill's first ask
+			time.Sleep(stall)
+		}
+	})
+	if err := x.s.Send(x.src, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the prefill never received an answer to its verdict request")
+	}
+	x.wait()
+	if x.agree() != engine.KVSuccess {
+		t.Fatalf("prefill %v, decode %v", x.s.Failure(), x.r.Failure())
+	}
+	if err := workload.VerifyPattern(dec.pool, 12, x.dst, 0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1093,7 +1093,11 @@ func (s *Sender) checkTimeout(now time.Time) {
 	// the sender does not fail on its own; it asks the decode to fail it
 	// (STATUS Failed) and reports whatever verdict comes back, Success
 	// included (the decode may have decided before it heard us). Only a
-	// decode that answers nothing for a further peer timeout is given up on.
+	// decode that answers nothing for a further peer timeout is given up on,
+	// judged against the inbox as peer silence is (liveness.go): a prefill
+	// that was itself stopped or starved past that timeout first reads the
+	// verdict that waits in its inbox.
+	drained := time.Unix(0, s.m.drainedAt.Load())
 	s.mu.Lock()
 	var missing []string
 	var ds []*senderDst
@@ -1109,7 +1113,7 @@ func (s *Sender) checkTimeout(now time.Time) {
 	case s.giveUp == "" && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout:
 		s.giveUp = fmt.Sprintf("room %d: every page and the metadata record landed, but decode %v gave no verdict within %s; the prefill gives up (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the decode)", s.room, missing, s.m.cfg.WaitingTimeout)
 		s.giveUpAt, s.lastAsk, ask = now, now, true
-	case s.giveUp != "" && now.Sub(s.giveUpAt) > s.m.cfg.PeerTimeout:
+	case s.giveUp != "" && s.m.silent(s.giveUpAt, drained):
 		quit = true
 	}
 	giveUp := s.giveUp
@@ -1119,7 +1123,7 @@ func (s *Sender) checkTimeout(now time.Time) {
 		s.sendStatus(ds, giveUp)
 	}
 	if quit {
-		s.fail(fmt.Errorf("%w: %s; the decode did not answer for another %s either (unreachable)", ErrTimeout, giveUp, s.m.cfg.PeerTimeout))
+		s.fail(fmt.Errorf("%w: %s; no answer from the decode arrived within a further %s either (decode hung or unreachable)", ErrTimeout, giveUp, s.m.cfg.PeerTimeout))
 	}
 }
 

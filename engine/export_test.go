@@ -14,3 +14,17 @@ func PushSockets(m *Manager) int {
 	defer m.mu.Unlock()
 	return len(m.push)
 }
+
+// LockManager holds the manager's lock until the returned function is called
+// (tests only: to delay the work that needs it, such as peer-loss handling
+// on a loaded host).
+func LockManager(m *Manager) (release func()) {
+	m.mu.Lock()
+	return m.mu.Unlock
+}
+
+// SendControl sends control frames to endpoint as the manager sends any
+// control message (tests only).
+func SendControl(m *Manager, endpoint string, frames [][]byte) error {
+	return m.send(endpoint, frames, true)
+}

@@ -1017,9 +1017,24 @@ func (m *Manager) watch(s *zmq.Socket, addr string) (*zmq.Socket, error) {
 // monitorPeer turns a dropped control connection into peerLost at once: a
 // killed process closes its sockets, so this is how a dead peer is noticed
 // within milliseconds instead of after PeerTimeout.
+//
+// It reads the monitor until the PUSH socket is closed (dropPush, once
+// peerLost ran) or the manager closes, and stops the monitor before it
+// closes the reader: ZMQ sends monitor events from its I/O thread with
+// blocking sends, so a monitor left without a reader freezes every socket
+// of the context at its next event (a reconnection attempt to the dead peer,
+// every 100 ms), for good.
 func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 	defer m.monWG.Done()
-	defer mon.Close()
+	defer func() {
+		ps.mu.Lock()
+		if ps.sock != nil {
+			_ = ps.sock.Monitor("", 0)
+		}
+		ps.mu.Unlock()
+		_ = mon.Close()
+	}()
+	lost := false
 	for {
 		select {
 		case <-m.done:
@@ -1040,9 +1055,12 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 			continue
 		}
 		if ev == zmq.EVENT_DISCONNECTED {
-			m.met.peerLost(m.cfg.Role, "disconnected")
-			go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
-			return
+			if !lost {
+				lost = true
+				m.met.peerLost(m.cfg.Role, "disconnected")
+				go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
+			}
+			continue // until peerLost closed the socket
 		}
 		if ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_CONNECTED {
 			ps.mu.Lock()

@@ -362,6 +362,69 @@ func TestStoppedPrefillReadsVerdictBeforeGivingUp(t *testing.T) {
 	}
 }
 
+// While the decode stays reachable (its PINGs arrive) but its verdicts are
+// lost, the prefill keeps asking past its waiting timeout and a further peer
+// timeout, and reports the decode's Success once an answer gets through. The
+// old rule gave up one peer timeout after the first ask: prefill Failed,
+// decode Success.
+func TestVerdictAskedUntilAnswerGetsThrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for several seconds of lost verdicts")
+	}
+	const waiting, peerTimeout = 4 * time.Second, 2 * time.Second
+	const lossFor = 7500 * time.Millisecond // past waiting + peer timeout + a tick
+	addr := startBootstrap(t)
+	var lossUntil atomic.Int64 // unix ns; 0: not yet
+	lossUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	statusLost := func(peer, msgType string) bool {
+		return msgType == engine.MsgStatus && time.Now().UnixNano() < lossUntil.Load()
+	}
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, waiting: waiting, peerTmo: peerTimeout})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: statusLost, peerTmo: time.Minute})
+	x := openRoom(t, addr, pre, dec, 13, 4)
+	start := time.Now()
+	lossUntil.Store(start.Add(lossFor).UnixNano())
+	if err := x.s.Send(x.src, true); err != nil {
+		t.Fatal(err)
+	}
+	x.wait()
+	if x.agree() != engine.KVSuccess {
+		t.Fatalf("prefill %v, decode %v", x.s.Failure(), x.r.Failure())
+	}
+	if d := time.Since(start); d < lossFor {
+		t.Fatalf("prefill Success after %s, before any verdict could arrive (%s)", d, lossFor)
+	}
+}
+
+// A decode from which nothing at all arrives after it accepted the room
+// (unreachable in that direction) is given up on after the waiting timeout
+// and a further peer timeout: the prefill fails the room naming why, and
+// does not hang. (The decode's Success then stands alone: no protocol can
+// tell a prefill a verdict that cannot reach it.)
+func TestUnreachableDecodeVerdictGivenUp(t *testing.T) {
+	const waiting, peerTimeout = time.Second, 2 * time.Second
+	addr := startBootstrap(t)
+	var cut atomic.Bool
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, waiting: waiting, peerTmo: peerTimeout})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: time.Minute,
+		controlFault: func(peer, msgType string) bool { return cut.Load() }})
+	x := openRoom(t, addr, pre, dec, 14, 4)
+	cut.Store(true)
+	start := time.Now()
+	if err := x.s.Send(x.src, true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if st := x.s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("prefill %s (%v), want Failed: no verdict can reach it", st, x.s.Failure())
+	}
+	if err := x.s.Failure(); !errors.Is(err, engine.ErrTimeout) || !strings.Contains(err.Error(), "nothing at all came from decode") {
+		t.Fatalf("prefill failure %v: want a timeout naming the silent decode", err)
+	}
+	t.Logf("prefill gave up %s after Send (waiting %s + peer timeout %s)", time.Since(start).Round(time.Millisecond), waiting, peerTimeout)
+}
+
 // A room the decode rejects after every record passed (its own check of the
 // bytes) fails on the prefill too: the prefill's Success waits for the
 // decode's verdict.

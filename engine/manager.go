@@ -1205,6 +1205,14 @@ func (m *Manager) recvLoop() {
 	}
 }
 
+// heardFrom returns when anything last came from the peer at endpoint (zero
+// when it is not a known peer, or was declared lost).
+func (m *Manager) heardFrom(endpoint string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastSeen[endpoint]
+}
+
 func (m *Manager) touch(endpoint string) {
 	m.mu.Lock()
 	if _, ok := m.lastSeen[endpoint]; ok {

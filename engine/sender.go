@@ -1091,12 +1091,16 @@ func (s *Sender) checkTimeout(now time.Time) {
 	}
 	// No verdict within the waiting timeout: the decode decides the room, so
 	// the sender does not fail on its own; it asks the decode to fail it
-	// (STATUS Failed) and reports whatever verdict comes back, Success
-	// included (the decode may have decided before it heard us). Only a
-	// decode that answers nothing for a further peer timeout is given up on,
-	// judged against the inbox as peer silence is (liveness.go): a prefill
-	// that was itself stopped or starved past that timeout first reads the
-	// verdict that waits in its inbox.
+	// (STATUS Failed), asks again every verdictAsk, and reports whatever
+	// verdict comes back, Success included (the decode may have decided
+	// before it heard us). It gives up on a decode only when nothing at all
+	// came from it for a further peer timeout (a hung or unreachable decode,
+	// as peer liveness judges it), or when the decode stays reachable yet
+	// sends no verdict for another waiting timeout and peer timeout. Both are
+	// judged against the inbox (liveness.go): a prefill that was itself
+	// stopped or starved first reads the verdict waiting for it, and a
+	// decode reachable between dropped messages is asked until one answer
+	// gets through.
 	drained := time.Unix(0, s.m.drainedAt.Load())
 	s.mu.Lock()
 	var missing []string
@@ -1107,14 +1111,23 @@ func (s *Sender) checkTimeout(now time.Time) {
 			ds = append(ds, d)
 		}
 	}
-	ask, quit := false, false
+	ask := false
+	var quit string
 	switch {
 	case !s.written:
 	case s.giveUp == "" && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout:
 		s.giveUp = fmt.Sprintf("room %d: every page and the metadata record landed, but decode %v gave no verdict within %s; the prefill gives up (raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT or check the decode)", s.room, missing, s.m.cfg.WaitingTimeout)
 		s.giveUpAt, s.lastAsk, ask = now, now, true
-	case s.giveUp != "" && s.m.silent(s.giveUpAt, drained):
-		quit = true
+	case s.giveUp != "":
+		for _, ep := range missing {
+			if s.m.silent(later(s.giveUpAt, s.m.heardFrom(ep)), drained) {
+				quit = fmt.Sprintf("nothing at all came from decode %s for a further %s (decode hung or unreachable)", ep, s.m.cfg.PeerTimeout)
+				break
+			}
+		}
+		if limit := s.m.cfg.WaitingTimeout + s.m.cfg.PeerTimeout; quit == "" && drained.Sub(s.giveUpAt) > limit {
+			quit = fmt.Sprintf("decode %v stayed reachable but sent no verdict for a further %s", missing, limit)
+		}
 	}
 	giveUp := s.giveUp
 	s.mu.Unlock()
@@ -1122,9 +1135,17 @@ func (s *Sender) checkTimeout(now time.Time) {
 		s.m.log.Warn("no verdict from the decode; asking it to fail the room", "room", s.room, "decode", missing)
 		s.sendStatus(ds, giveUp)
 	}
-	if quit {
-		s.fail(fmt.Errorf("%w: %s; no answer from the decode arrived within a further %s either (decode hung or unreachable)", ErrTimeout, giveUp, s.m.cfg.PeerTimeout))
+	if quit != "" {
+		s.fail(fmt.Errorf("%w: %s; %s", ErrTimeout, giveUp, quit))
 	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // worker executes queued chunks in order.

@@ -964,6 +964,7 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 			return fmt.Errorf("engine: connect control socket to %s: %w", endpoint, err)
 		}
 		ps = &pushSock{sock: s}
+		ps.lastUse.Store(time.Now().UnixNano()) // not swept before its first send
 		m.push[endpoint] = ps
 		if merr != nil {
 			m.log.Warn("no disconnect monitor; a dead peer is noticed by heartbeat only", "peer", endpoint, "err", merr)
@@ -1344,7 +1345,11 @@ func (m *Manager) monitorLoop() {
 			}
 		}
 		m.pruneFenceStateLocked(now)
+		swept := m.sweepDeadPushLocked(now)
 		m.mu.Unlock()
+		for _, ps := range swept {
+			ps.close()
+		}
 		for _, v := range expired {
 			// The decode is told instead of waiting out its waiting
 			// timeout; nothing was written for the room.

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"net"
 	"testing"
 	"time"
 
@@ -59,5 +60,31 @@ func TestPeerDisconnectDoesNotFreezeControlPath(t *testing.T) {
 	}
 	if _, err := b.RecvMessageBytes(0); err != nil {
 		t.Fatalf("after peer A died, a message to live peer B never arrived (the control path is frozen): %v", err)
+	}
+}
+
+// A control socket opened to an endpoint nobody listens on any more (a late
+// message to a peer that died and was declared lost) is closed once its
+// connection attempts have failed for a peer timeout, instead of retrying
+// every 100 ms for as long as the rank lives (the chaos soak's decode piled
+// them up after each killed prefill until ZeroMQ's socket limit).
+func TestDeadControlSocketSwept(t *testing.T) {
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: time.Second})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "tcp://" + l.Addr().String()
+	_ = l.Close()
+	if err := engine.SendControl(dec.m, dead, (&engine.PingMsg{Endpoint: "tcp://127.0.0.1:9"}).Encode()); err != nil {
+		t.Fatal(err)
+	}
+	if n := engine.PushSockets(dec.m); n != 1 {
+		t.Fatalf("%d control sockets after one send, want 1", n)
+	}
+	for deadline := time.Now().Add(30 * time.Second); engine.PushSockets(dec.m) != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the socket to %s (nothing listening) is still open 30 s later (peer timeout 1 s)", dead)
+		}
 	}
 }

@@ -231,6 +231,32 @@ func (m *Manager) evictIdleDecodeLocked() bool {
 	return false
 }
 
+// sweepDeadPushLocked removes from m.push the sockets to endpoints that are
+// no peer of this rank (no registration, not heard from within the peer
+// timeout), whose connection attempts are failing and which were not used
+// for a peer timeout, and returns them for closing; m.mu held. A send to a
+// dead peer's old endpoint (a late ABORT, verdict or answer after it was
+// declared lost, or a lookup that still named it) opens such a socket; each
+// used to stay, retrying its connection every 100 ms, until MaxPeers forced
+// it out (the chaos soak's decode reached ZeroMQ's socket limit).
+func (m *Manager) sweepDeadPushLocked(now time.Time) []*pushSock {
+	var out []*pushSock
+	for ep, ps := range m.push {
+		if m.dpeers[ep] != nil || m.ppeers[ep] != nil || m.peerLiveLocked(ep) ||
+			now.Sub(time.Unix(0, ps.lastUse.Load())) <= m.cfg.PeerTimeout {
+			continue
+		}
+		ps.mu.Lock()
+		dead := ps.unreachable
+		ps.mu.Unlock()
+		if dead {
+			delete(m.push, ep)
+			out = append(out, ps)
+		}
+	}
+	return out
+}
+
 // evictIdlePushLocked removes from m.push the least recently used socket to
 // an endpoint this rank has no registration with and has not heard from
 // within the peer timeout, and returns it for closing (nil when every socket

@@ -22,6 +22,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
@@ -46,6 +47,7 @@ type roleFlags struct {
 	fenceTimeout     time.Duration
 	digest           bool
 	hold             time.Duration
+	writeDelay       time.Duration
 	checksum         bool
 	verify           bool
 	fill             bool
@@ -77,6 +79,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.IntVar(&f.chunkPages, "chunk-pages", 0, "send each request in chunks of this many pages (0 = one chunk)")
 		fs.DurationVar(&f.dirCheck, "directory-check-interval", engine.DefaultDirectoryCheckInterval,
 			"how often this rank checks that the bootstrap directory still names it (±20% jitter) and registers again when it does not (a restarted directory); 0 disables")
+		fs.DurationVar(&f.writeDelay, "inject-write-delay", 0, "fault injection (kvxfer chaos): land every transfer batch this long after it was posted (engine/faulty DelayWrites)")
+		_ = fs.MarkHidden("inject-write-delay")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
 		fs.BoolVar(&f.noProbe, "no-probe", false, "refuse kvxfer doctor probes (by default this rank answers one at a time by writing a small pattern from a buffer of its own into the doctor's scratch region, never its KV)")
 	} else {
@@ -333,6 +337,11 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if onDevice {
 		if ts, err = deviceTransports(ts, f.transport, f.device); err != nil {
 			return err
+		}
+	}
+	if f.writeDelay > 0 {
+		for i, t := range ts {
+			ts[i] = faulty.Wrap(t, faulty.DelayWrites(f.writeDelay))
 		}
 	}
 	defer closeAll(ts)

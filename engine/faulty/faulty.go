@@ -691,6 +691,14 @@ func (d *ControlDropper) Dropped(msgType string) int {
 	return d.dropped[msgType]
 }
 
+// Pending returns how many messages of msgType ("" = any type) DropNext
+// still has to drop.
+func (d *ControlDropper) Pending(msgType string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.next[msgType]
+}
+
 // Filter is the engine.ManagerConfig.ControlFault hook: true drops the
 // message to peer of type msgType.
 func (d *ControlDropper) Filter(peer, msgType string) bool {

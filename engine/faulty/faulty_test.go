@@ -342,9 +342,15 @@ func TestDropControl(t *testing.T) {
 		t.Fatal("dropped with no knob set")
 	}
 	d.DropNext(engine.MsgStatus, 2)
+	if n := d.Pending(engine.MsgStatus); n != 2 {
+		t.Fatalf("Pending(STATUS) = %d after DropNext(STATUS, 2)", n)
+	}
 	got := []bool{d.Filter("p", engine.MsgPing), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus)}
 	if want := []bool{false, true, true, false}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("DropNext(STATUS, 2): dropped %v, want %v", got, want)
+	}
+	if n := d.Pending(engine.MsgStatus); n != 0 {
+		t.Fatalf("Pending(STATUS) = %d after both were dropped", n)
 	}
 	d.DropFor(time.Hour)
 	if !d.Filter("p", engine.MsgPing) || d.Dropped("") != 3 || d.Dropped(engine.MsgStatus) != 2 {

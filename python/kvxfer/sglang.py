@@ -434,7 +434,15 @@ class _Room:
 
     def clear(self):
         """Forget the room (aborting it if not finished); poll() keeps
-        returning its last state."""
+        returning its last state.
+
+        Decode: when it returns, the room's destination pages may go back to
+        the page allocator. After Success that is at once; after a failure it
+        blocks until every producer of the room is fenced (it acknowledged
+        the abort after its last write, normally within milliseconds, or its
+        data path was cut after the fence timeout, 5 s; see kvx_kv_close in
+        kvxfer.h). Free the pages only after it returns. Prefill: returns
+        once no transfer of the room reads its source pages."""
         if self._h:
             self._final = self.poll()
             h, self._h = self._h, 0

@@ -1,0 +1,799 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvxfer/kvxfer/bootstrap/server"
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// kvxfer chaos: the fencing soak. Rooms go from prefill processes (real
+// `kvxfer prefill` children, each with its own bootstrap server) to a decode
+// rank in this process, whose small KV pool makes every room reuse pages
+// that earlier, possibly failed, rooms used. Faults are injected at random
+// (chaosFaults). Nothing uses --verify or --checksum: the harness checks
+// every successful room's bytes itself, at Success and again before its
+// pages are reused, and compares both sides' outcomes.
+
+// chaosFaults are the fault kinds a faulted room draws from (the delay
+// fault is not drawn: every room of the last prefill process has it).
+var chaosFaults = []string{"kill", "stall", "drop", "slow", "tokens", "abort"}
+
+type chaosFlags struct {
+	rooms       int
+	transports  string
+	faults      string
+	concurrency int
+	prefills    int
+	faultRate   float64
+	seed        uint64
+	minTokens   int
+	maxTokens   int
+	poolMB      int
+	waiting     time.Duration
+	fence       time.Duration
+	peer        time.Duration
+	writeDelay  time.Duration
+	model       string
+	jsonOut     string
+	childLog    string
+	quiet       bool
+	verbose     bool
+}
+
+func init() {
+	var f chaosFlags
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "fencing soak: rooms under random kill/stall/drop/slow/tokens/abort/delay faults; counts outcome disagreements and silent corruptions (both must be 0)",
+		Long: `Run the fencing soak. For each transport (--transports), --rooms rooms go
+from --prefills prefill processes (kvxfer prefill children, each with its own
+bootstrap server; the last one lands every write --write-delay late) to a decode
+rank in this process whose KV pool (--pool-mb) holds only a few rooms, so pages
+are reused all the time. A fraction --fault-rate of the rooms gets a fault
+drawn from --faults, injected once the decode sent TRANSFER:
+
+  kill    SIGKILL of the room's prefill process, which is then restarted
+  stall   SIGSTOP of the room's prefill process for 0.2-0.8 s (the room may
+          still succeed) or for longer than the waiting timeout (it fails),
+          then SIGCONT
+  drop    the decode's control messages dropped for 50-500 ms, or its next verdict
+  slow    the decode takes 0.3-1.5 s before it decides the room
+  tokens  the prefill is given another token count than the decode (same
+          page count when there is one): both sides must fail the room
+  abort   the decode aborts the room while the prefill writes
+  (delay: the rooms of the write-delayed prefill process)
+
+A kill or stall hits every room in flight on that process, not only the one
+that drew it. No rank uses --verify or --checksum. The harness reads every
+successful room's bytes itself (at Success, and again just before the pages
+go back to the pool) and compares the decode's outcome with the prefill
+process's result line. It prints, per transport: rooms, faults injected,
+outcome disagreements (one side ok, the other failed), silent corruptions (ok
+with bytes that are not the room's), and the longest time from a fault to
+Failed on each side (for a stalled prefill, from its SIGCONT). Exit status 1
+when a disagreement or a corruption was seen.`,
+		Example: `  kvxfer chaos --rooms 1000                      # tcp and shm, 1,000 rooms each (several minutes)
+  kvxfer chaos --rooms 200 --transports shm --faults kill,stall --seed 7`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("log-level") && os.Getenv("KVXFER_LOG_LEVEL") == "" {
+				// Faults make the engine log by design (peers lost, data
+				// paths fenced): keep this process's log to errors.
+				slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			reps, err := runChaos(ctx, &f, os.Stdout)
+			if err != nil {
+				return err
+			}
+			for _, r := range reps {
+				if r.Disagreements > 0 || r.Corruptions > 0 {
+					return fmt.Errorf("chaos over %s: %d outcome disagreements, %d silent corruptions (want 0 and 0)", r.Transport, r.Disagreements, r.Corruptions)
+				}
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.IntVar(&f.rooms, "rooms", 1000, "rooms per transport")
+	fs.StringVar(&f.transports, "transports", "tcp,shm", "comma list of transports, one soak each")
+	fs.StringVar(&f.faults, "faults", strings.Join(chaosFaults, ","), "comma list of the fault kinds a faulted room draws from")
+	fs.IntVar(&f.concurrency, "concurrency", 8, "rooms in flight at once")
+	fs.IntVar(&f.prefills, "prefills", 3, "prefill processes (>= 2; the last lands every write --write-delay late)")
+	fs.Float64Var(&f.faultRate, "fault-rate", 0.3, "fraction of rooms that get a fault (0..1)")
+	fs.Uint64Var(&f.seed, "seed", 0, "random seed: which rooms get which fault, their sizes and fault timings (0 = random; printed)")
+	fs.IntVar(&f.minTokens, "min-tokens", 16, "smallest room, tokens")
+	fs.IntVar(&f.maxTokens, "max-tokens", 512, "largest room, tokens")
+	fs.IntVar(&f.poolMB, "pool-mb", 192, "the decode's KV pool, MiB (small: pages are reused all the time)")
+	fs.DurationVar(&f.waiting, "waiting-timeout", 2*time.Second, "waiting timeout of both sides")
+	fs.DurationVar(&f.fence, "fence-timeout", time.Second, "the decode's fence timeout")
+	fs.DurationVar(&f.peer, "peer-timeout", 3*time.Second, "peer timeout of both sides")
+	fs.DurationVar(&f.writeDelay, "write-delay", 100*time.Millisecond, "how late the last prefill process lands each write (the delay fault)")
+	fs.StringVar(&f.model, "model", "llama-3.1-8b", "model whose KV layout the rooms use (a name kvxfer knows or a config.json path)")
+	fs.StringVar(&f.jsonOut, "json", "", "write the per-transport reports as JSON to this file")
+	fs.StringVar(&f.childLog, "child-log-level", "error", "log level of the prefill processes")
+	fs.BoolVar(&f.quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&f.verbose, "verbose", false, "print the decode's first error of each failure class")
+	rootCmd.AddCommand(cmd)
+}
+
+// chaosReport is one transport's soak result.
+type chaosReport struct {
+	Transport string `json:"transport"`
+	Seed      uint64 `json:"seed"`
+	Rooms     int    `json:"rooms"`
+	// Faults counts the faults injected, by kind (delay: rooms of the
+	// write-delayed prefill; stall (short)/stall (long): by duration).
+	Faults map[string]int `json:"faults"`
+	// DecodeOK/DecodeFailed are the decode's outcomes; PrefillOK,
+	// PrefillFailed and PrefillUnknown the prefill processes' (unknown: the
+	// process was killed before it answered).
+	DecodeOK     int `json:"decode_ok"`
+	DecodeFailed int `json:"decode_failed"`
+	// DecodeFailures counts the decode's failed rooms by failure class
+	// (engine.FailureReason: timeout, peer_lost, aborted, ...).
+	DecodeFailures map[string]int `json:"decode_failures"`
+	// FailureExamples holds the first decode error of each failure class.
+	FailureExamples map[string]string `json:"failure_examples,omitempty"`
+	PrefillOK       int               `json:"prefill_ok"`
+	PrefillFailed   int               `json:"prefill_failed"`
+	PrefillUnknown  int               `json:"prefill_unknown"`
+	// Disagreements: rooms one side reported ok and the other failed.
+	Disagreements int `json:"outcome_disagreements"`
+	// Corruptions: rooms the decode reported ok whose bytes (checked by the
+	// harness at Success and again before reuse) were not the producer's.
+	Corruptions int `json:"silent_corruptions"`
+	// MaxDecodeFaultToFailedMS and MaxPrefillFaultToFailedMS are, per side,
+	// the longest time from an injected fault to that side's Failed for the
+	// room that drew it (for a stalled prefill: from its SIGCONT), ms.
+	MaxDecodeFaultToFailedMS  float64  `json:"max_fault_to_failed_decode_ms"`
+	MaxPrefillFaultToFailedMS float64  `json:"max_fault_to_failed_prefill_ms"`
+	WallSeconds               float64  `json:"wall_seconds"`
+	Examples                  []string `json:"examples,omitempty"` // first disagreements / corruptions
+}
+
+// chaosPrefill is one prefill process slot: its bootstrap server address and
+// the current child (replaced after a kill).
+type chaosPrefill struct {
+	idx   int
+	addr  string
+	args  []string
+	exe   string
+	mu    sync.Mutex // held while a kill or stall is injected (and the restart after a kill)
+	cur   atomic.Pointer[child]
+	delay bool
+}
+
+func (p *chaosPrefill) start() error {
+	c, err := startChild(p.exe, fmt.Sprintf("prefill %d", p.idx), p.args, nil)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-c.ready:
+	case <-c.exit():
+		return fmt.Errorf("prefill %d exited before it was ready: %v", p.idx, c.proc.Err())
+	case <-time.After(2 * time.Minute):
+		c.proc.Stop(time.Second)
+		return fmt.Errorf("prefill %d not ready within 2 minutes", p.idx)
+	}
+	p.cur.Store(c)
+	return nil
+}
+
+// live returns the current child when it is running.
+func (p *chaosPrefill) live() *child {
+	c := p.cur.Load()
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.exit():
+		return nil
+	default:
+		return c
+	}
+}
+
+func validateChaosFlags(f *chaosFlags) error {
+	switch {
+	case f.rooms < 1:
+		return fmt.Errorf("--rooms %d: must be >= 1", f.rooms)
+	case f.concurrency < 1:
+		return fmt.Errorf("--concurrency %d: must be >= 1", f.concurrency)
+	case f.prefills < 2:
+		return fmt.Errorf("--prefills %d: must be >= 2 (one of them is the write-delayed one)", f.prefills)
+	case f.faultRate < 0 || f.faultRate > 1:
+		return fmt.Errorf("--fault-rate %g: must be in [0, 1]", f.faultRate)
+	case f.minTokens < 1 || f.maxTokens < f.minTokens:
+		return fmt.Errorf("--min-tokens %d / --max-tokens %d: want 1 <= min <= max", f.minTokens, f.maxTokens)
+	case f.waiting <= 0 || f.fence <= 0 || f.peer <= 0:
+		return fmt.Errorf("--waiting-timeout %s, --fence-timeout %s and --peer-timeout %s must all be > 0", f.waiting, f.fence, f.peer)
+	case f.writeDelay < 0:
+		return fmt.Errorf("--write-delay %s: must be >= 0", f.writeDelay)
+	case f.poolMB < 1:
+		return fmt.Errorf("--pool-mb %d: must be >= 1", f.poolMB)
+	}
+	if _, err := parseChaosFaults(f.faults); err != nil {
+		return err
+	}
+	for _, t := range strings.Split(f.transports, ",") {
+		if err := engine.ProbeTransport(strings.TrimSpace(t)); err != nil {
+			return fmt.Errorf("--transports %q: %s: %w", f.transports, t, err)
+		}
+	}
+	return nil
+}
+
+// parseChaosFaults parses --faults: a comma list of chaosFaults kinds.
+func parseChaosFaults(s string) ([]string, error) {
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if k == "" {
+			continue
+		}
+		if !slices.Contains(chaosFaults, k) {
+			return nil, fmt.Errorf("--faults %q: unknown fault %q (want some of %s)", s, k, strings.Join(chaosFaults, ","))
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--faults %q: names no fault (want some of %s; --fault-rate 0 for none)", s, strings.Join(chaosFaults, ","))
+	}
+	return out, nil
+}
+
+// runChaos runs the soak over every transport and returns the reports (also
+// printed on w).
+func runChaos(ctx context.Context, f *chaosFlags, w io.Writer) ([]chaosReport, error) {
+	if err := validateChaosFlags(f); err != nil {
+		return nil, err
+	}
+	seed := f.seed
+	if seed == 0 {
+		seed = rand.Uint64() >> 1
+	}
+	var reps []chaosReport
+	for i, t := range strings.Split(f.transports, ",") {
+		rep, err := chaosOne(ctx, f, strings.TrimSpace(t), seed+uint64(i), w)
+		if err != nil {
+			return reps, err
+		}
+		reps = append(reps, rep)
+		printChaos(w, rep, f.verbose)
+	}
+	if f.jsonOut != "" {
+		b, _ := json.MarshalIndent(reps, "", "  ")
+		if err := os.WriteFile(f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return reps, fmt.Errorf("--json %s: %w", f.jsonOut, err)
+		}
+	}
+	return reps, nil
+}
+
+func printChaos(w io.Writer, r chaosReport, verbose bool) {
+	total := 0
+	for _, n := range r.Faults {
+		total += n
+	}
+	fmt.Fprintf(w, "chaos over %s (seed %d): %d rooms in %.0f s; faults injected: %d (%s)\n", r.Transport, r.Seed, r.Rooms, r.WallSeconds, total, countList(r.Faults))
+	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
+	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d\n", r.Disagreements, r.Corruptions)
+	fmt.Fprintf(w, "  max fault→Failed: decode %.0f ms, prefill %.0f ms (a stalled prefill: from its SIGCONT)\n", r.MaxDecodeFaultToFailedMS, r.MaxPrefillFaultToFailedMS)
+	if verbose {
+		for _, k := range slices.Sorted(maps.Keys(r.FailureExamples)) {
+			fmt.Fprintf(w, "  first %s failure: %s\n", k, r.FailureExamples[k])
+		}
+	}
+	for _, e := range r.Examples {
+		fmt.Fprintf(w, "  ! %s\n", e)
+	}
+}
+
+// countList formats counts as "a 3, b 1" in key order.
+func countList(m map[string]int) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(out, ", ")
+}
+
+// chaosRoom is one room's plan and record.
+type chaosRoom struct {
+	room      uint64
+	tokens    int
+	preTokens int // the prefill's token count (differs for the tokens fault)
+	rng       *rand.Rand
+	prefill   int
+	fault     string
+	faultAt   time.Time // when it was injected
+	resumeAt  time.Time // stall: SIGCONT
+	decodeOK  bool
+	decodeErr string
+	reason    string // engine.FailureReason of the decode's failure
+	decodeAt  time.Time
+	pre       *replyLine // nil: unknown
+	preAt     time.Time
+	corrupt   string
+}
+
+// chaosEnv is one transport's soak: the prefill processes and the decode.
+type chaosEnv struct {
+	f      *chaosFlags
+	pres   []*chaosPrefill
+	m      *engine.Manager
+	pool   *workload.KVBuffers
+	rows   *workload.PageAllocator
+	drop   *faulty.ControlDropper
+	slow   sync.Map // room → time.Duration the decode takes to decide it
+	faults []string
+
+	faultMu sync.Mutex
+	counts  map[string]int
+}
+
+func (e *chaosEnv) countFault(k string) {
+	e.faultMu.Lock()
+	e.counts[k]++
+	e.faultMu.Unlock()
+}
+
+// planRoom draws room i's size, fault and fault timings from its own
+// generator (seed, i), so a seed names the same plan whatever the timing.
+func (e *chaosEnv) planRoom(seed uint64, i int) *chaosRoom {
+	rng := rand.New(rand.NewPCG(seed, uint64(i)))
+	f := e.f
+	rec := &chaosRoom{room: (seed<<20 ^ uint64(i)*0x9E3779B97F4A7C15) & (1<<63 - 1), rng: rng}
+	rec.tokens = f.minTokens + rng.IntN(f.maxTokens-f.minTokens+1)
+	rec.preTokens = rec.tokens
+	if rng.Float64() < f.faultRate {
+		rec.fault = e.faults[rng.IntN(len(e.faults))]
+	}
+	if rec.fault == "tokens" {
+		rec.preTokens = otherTokenCount(rec.tokens, 16)
+	}
+	return rec
+}
+
+// otherTokenCount returns a token count other than t that fills the same
+// number of pages of pageSize tokens when one exists (the mismatch nothing
+// but the token count catches), else t+1.
+func otherTokenCount(t, pageSize int) int {
+	pages := (t + pageSize - 1) / pageSize
+	if last := pages * pageSize; last != t {
+		return last
+	}
+	if t-1 > (pages-1)*pageSize {
+		return t - 1
+	}
+	return t + 1
+}
+
+func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64, w io.Writer) (chaosReport, error) {
+	rep := chaosReport{Transport: transport, Seed: seed}
+	start := time.Now()
+	faults, err := parseChaosFaults(f.faults)
+	if err != nil {
+		return rep, err
+	}
+	env := &chaosEnv{f: f, drop: faulty.DropControl(), faults: faults, counts: map[string]int{}}
+	model, err := workload.LookupModel(f.model)
+	if err != nil {
+		return rep, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	// One bootstrap server per prefill process (its own instance); the
+	// servers stop after the processes (deferred first, run last).
+	var servers []func()
+	defer func() {
+		for _, stop := range servers {
+			stop()
+		}
+	}()
+	defer func() {
+		var wg sync.WaitGroup
+		for _, p := range env.pres {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.mu.Lock() // a stall or a restart in progress ends first
+				defer p.mu.Unlock()
+				if c := p.cur.Load(); c != nil {
+					_ = c.proc.Signal(syscall.SIGCONT)
+					c.proc.Stop(5 * time.Second)
+				}
+			}()
+		}
+		wg.Wait()
+	}()
+	dl, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: 16, TPSize: 1, PPSize: 1, NumPages: 1})
+	if err != nil {
+		return rep, err
+	}
+	pageBytes := dl.ItemLen() * uint64(dl.NumBuffers())
+	maxPages := (f.maxTokens + 1 + 15) / 16 // the tokens fault may ask for one more token
+	// A prefill process may hold every room in flight at once.
+	preMB := max(64, int(uint64(f.concurrency*maxPages)*pageBytes*5/4>>20)+1)
+	for i := 0; i < f.prefills; i++ {
+		srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
+		sctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- srv.Start(sctx) }()
+		servers = append(servers, func() { cancel(); <-done })
+		select {
+		case <-srv.Ready():
+		case err := <-done:
+			return rep, fmt.Errorf("bootstrap server %d: %w", i, err)
+		}
+		p := &chaosPrefill{idx: i, addr: srv.Addr(), exe: exe, delay: i == f.prefills-1}
+		p.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transport,
+			"--bootstrap", p.addr, "--host", "127.0.0.1", "--bootstrap-timeout", (3 * f.waiting).String(), "--waiting-timeout", f.waiting.String(),
+			"--peer-timeout", f.peer.String(), "--chunk-pages", "4", "--aux-rows", strconv.Itoa(4 * f.concurrency)}
+		if p.delay && f.writeDelay > 0 {
+			p.args = append(p.args, "--inject-write-delay", f.writeDelay.String())
+		}
+		if err := p.start(); err != nil {
+			return rep, err
+		}
+		env.pres = append(env.pres, p)
+	}
+
+	// The decode rank, in this process.
+	tr, err := engine.OpenTransport(transport, engine.DefaultOptions())
+	if err != nil {
+		return rep, err
+	}
+	defer tr.Close()
+	npages := int((uint64(f.poolMB) << 20) / pageBytes)
+	if npages < maxPages {
+		return rep, fmt.Errorf("--pool-mb %d holds %d pages of %d bytes; the largest room needs %d (raise --pool-mb or lower --max-tokens)", f.poolMB, npages, pageBytes, maxPages)
+	}
+	if dl, err = workload.NewLayout(model, workload.LayoutOptions{PageSize: 16, TPSize: 1, PPSize: 1, NumPages: npages}); err != nil {
+		return rep, err
+	}
+	env.pool, err = workload.NewKVBuffers(dl, workload.BufferOptions{Name: "chaos-decode", Device: -1, Aux: workload.DefaultAux, AuxRows: 2 * f.concurrency})
+	if err != nil {
+		return rep, err
+	}
+	defer env.pool.Close()
+	env.rows = workload.NewPageAllocator(2 * f.concurrency)
+	env.m, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []engine.Transport{tr},
+		BootstrapTimeout: 3 * f.waiting, WaitingTimeout: f.waiting, PeerTimeout: f.peer, FenceTimeout: f.fence,
+		ControlFault: env.drop.Filter, Logger: slog.Default().With("rank", "chaos decode"),
+		VerifyKV: func(kv engine.ReceivedKV) error { // the slow-decode fault: the decode takes its time
+			if d, ok := env.slow.Load(kv.Room); ok {
+				time.Sleep(d.(time.Duration))
+			}
+			return nil
+		}})
+	if err != nil {
+		return rep, err
+	}
+	defer env.m.Close()
+
+	records := make([]*chaosRoom, f.rooms)
+	var next, doneN atomic.Int64
+	stopProgress := make(chan struct{})
+	if !f.quiet {
+		go func() {
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stopProgress:
+					return
+				case <-t.C:
+					fmt.Fprintf(w, "chaos over %s: %d/%d rooms done\n", transport, doneN.Load(), f.rooms)
+				}
+			}
+		}()
+	}
+	var wg sync.WaitGroup
+	for wk := 0; wk < f.concurrency; wk++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= f.rooms || ctx.Err() != nil {
+					return
+				}
+				rec := env.planRoom(seed, i)
+				records[i] = rec
+				env.runRoom(ctx, rec)
+				doneN.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopProgress)
+	if err := ctx.Err(); err != nil {
+		return rep, err
+	}
+	rep.Faults = env.counts
+	for _, r := range records {
+		if r != nil {
+			rep.add(r)
+		}
+	}
+	rep.WallSeconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+// add counts one room's outcome in the report.
+func (rep *chaosReport) add(r *chaosRoom) {
+	rep.Rooms++
+	if r.decodeOK {
+		rep.DecodeOK++
+	} else {
+		rep.DecodeFailed++
+		if rep.DecodeFailures == nil {
+			rep.DecodeFailures = map[string]int{}
+		}
+		class := cmp.Or(r.reason, engine.ReasonOther)
+		rep.DecodeFailures[class]++
+		if rep.FailureExamples == nil {
+			rep.FailureExamples = map[string]string{}
+		}
+		if _, ok := rep.FailureExamples[class]; !ok {
+			rep.FailureExamples[class] = r.decodeErr
+		}
+	}
+	switch {
+	case r.pre == nil:
+		rep.PrefillUnknown++
+	case r.pre.OK:
+		rep.PrefillOK++
+	default:
+		rep.PrefillFailed++
+	}
+	example := func(s string) {
+		if len(rep.Examples) < 5 {
+			rep.Examples = append(rep.Examples, s)
+		}
+	}
+	if r.pre != nil && r.pre.OK != r.decodeOK {
+		rep.Disagreements++
+		example(fmt.Sprintf("room %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
+	}
+	if r.corrupt != "" {
+		rep.Corruptions++
+		example(fmt.Sprintf("room %d (fault %q, prefill %d): %s", r.room, r.fault, r.prefill, r.corrupt))
+	}
+	if r.fault == "" || r.faultAt.IsZero() {
+		return
+	}
+	ms := func(d time.Duration) float64 { return float64(max(d, 0).Microseconds()) / 1000 }
+	if !r.decodeOK && !r.decodeAt.IsZero() {
+		rep.MaxDecodeFaultToFailedMS = max(rep.MaxDecodeFaultToFailedMS, ms(r.decodeAt.Sub(r.faultAt)))
+	}
+	if r.pre != nil && !r.pre.OK {
+		from := r.faultAt
+		if !r.resumeAt.IsZero() {
+			from = r.resumeAt
+		}
+		rep.MaxPrefillFaultToFailedMS = max(rep.MaxPrefillFaultToFailedMS, ms(r.preAt.Sub(from)))
+	}
+}
+
+// pickPrefill picks a running prefill process for rec. A kill or stall
+// needs a process no other kill or stall is working on: it returns with
+// that process's mu held (released by inject).
+func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefill, *child, error) {
+	exclusive := rec.fault == "kill" || rec.fault == "stall"
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		p := e.pres[rec.rng.IntN(len(e.pres))]
+		if !exclusive {
+			if c := p.live(); c != nil {
+				return p, c, nil
+			}
+		} else if p.mu.TryLock() {
+			if c := p.live(); c != nil {
+				return p, c, nil
+			}
+			p.mu.Unlock()
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("no running prefill process for 3 minutes")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// runRoom runs one room, injects its fault, and records both sides'
+// outcomes and the harness's byte checks.
+func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
+	p, c, err := e.pickPrefill(ctx, rec)
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return
+	}
+	exclusive := rec.fault == "kill" || rec.fault == "stall"
+	injected := false
+	defer func() {
+		if exclusive && !injected {
+			p.mu.Unlock()
+		}
+	}()
+	rec.prefill = p.idx
+	if p.delay && rec.fault == "" && e.f.writeDelay > 0 {
+		rec.fault = "delay"
+	}
+	if rec.fault == "slow" {
+		e.slow.Store(rec.room, time.Duration(300+rec.rng.IntN(1200))*time.Millisecond)
+		defer e.slow.Delete(rec.room)
+	}
+	preCh := c.submit(requestLine{Room: rec.room, Tokens: rec.preTokens})
+	defer e.prefillResult(rec, preCh)
+
+	// The decode side.
+	pages, err := allocWait(ctx, e.pool.PageAllocator, "pages", (rec.tokens+15)/16, 10*time.Minute)
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return
+	}
+	defer e.pool.Free(pages)
+	aux, err := allocWait(ctx, e.rows, "aux rows", 1, 10*time.Minute)
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return
+	}
+	defer e.rows.Free(aux)
+	r, err := e.m.NewReceiver(p.addr, rec.room)
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return
+	}
+	// Close runs before the pages go back to the pool (defers run last in,
+	// first out): for a failed room it returns once its producers are fenced.
+	defer r.Close()
+	if err = r.SetTokens(rec.tokens); err == nil {
+		err = r.SendMetadata(pages, int(aux[0]), nil, 0)
+	}
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return
+	}
+	switch rec.fault {
+	case "":
+	case "delay", "slow", "tokens":
+		e.countFault(rec.fault)
+		rec.faultAt = time.Now()
+	default: // once TRANSFER went out (the producer may be writing)
+		wctx, cancel := context.WithTimeout(ctx, 3*e.f.waiting)
+		r.Wait(wctx, engine.KVTransferring)
+		cancel()
+		time.Sleep(time.Duration(rec.rng.IntN(20)) * time.Millisecond)
+		injected = true
+		e.inject(rec, p, c, r)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	st := r.Wait(wctx, engine.KVSuccess)
+	cancel()
+	rec.decodeAt = time.Now()
+	rec.decodeOK = st == engine.KVSuccess
+	if !rec.decodeOK {
+		if err := r.Failure(); err != nil {
+			rec.decodeErr, rec.reason = err.Error(), engine.FailureReason(err)
+		} else {
+			rec.decodeErr = "receiver still " + st.String()
+		}
+		return
+	}
+	// The harness's own byte check, at Success and again after the consumer
+	// held the pages a while (a late write shows then).
+	if err := chaosCheck(e.pool, rec.room, pages, int(aux[0])); err != nil {
+		rec.corrupt = "at Success: " + err.Error()
+	}
+	time.Sleep(time.Duration(rec.rng.IntN(200)) * time.Millisecond)
+	if err := chaosCheck(e.pool, rec.room, pages, int(aux[0])); err != nil && rec.corrupt == "" {
+		rec.corrupt = "before reuse: " + err.Error()
+	}
+}
+
+func chaosCheck(pool *workload.KVBuffers, room uint64, pages []int32, aux int) error {
+	if err := workload.VerifyPattern(pool, room, pages, 0); err != nil {
+		return err
+	}
+	return workload.VerifyAux(pool, room, aux)
+}
+
+// prefillResult waits for the prefill process's result line for the room.
+// A line the process did not write (it died, or its stdin was gone: Line 0)
+// leaves the prefill's outcome unknown.
+func (e *chaosEnv) prefillResult(rec *chaosRoom, ch <-chan replyLine) {
+	select {
+	case l := <-ch:
+		rec.preAt = time.Now()
+		if l.Line == 0 {
+			return
+		}
+		rec.pre = &l
+	case <-time.After(3*e.f.waiting + e.f.peer + time.Minute):
+		// No answer in time (a hung process): unknown, and said so.
+		rec.decodeErr += " (the prefill process never answered)"
+	}
+}
+
+// inject injects rec.fault: on the room's prefill process p (kill, stall;
+// the caller holds p.mu, which inject releases), on the decode's control
+// channel (drop), or on the decode's receiver (abort).
+func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.Receiver) {
+	switch rec.fault {
+	case "drop":
+		// A connection down for a while, or one verdict lost. Verdict drops
+		// do not pile up: one still pending would otherwise eat the verdicts
+		// (and their repeats) of unrelated rooms, a decode unreachable for
+		// seconds rather than one lost message.
+		if rec.rng.IntN(2) == 0 || e.drop.Pending(engine.MsgStatus) > 0 {
+			e.drop.DropFor(time.Duration(50+rec.rng.IntN(450)) * time.Millisecond)
+		} else {
+			e.drop.DropNext(engine.MsgStatus, 1)
+		}
+		rec.faultAt = time.Now()
+		e.countFault("drop")
+	case "abort":
+		rec.faultAt = time.Now()
+		r.Abort()
+		e.countFault("abort")
+	case "kill":
+		rec.faultAt = time.Now()
+		_ = c.proc.Signal(syscall.SIGKILL)
+		e.countFault("kill")
+		go func() {
+			defer p.mu.Unlock()
+			<-c.exit()
+			if err := p.start(); err != nil {
+				slog.Error("chaos: prefill restart failed", "prefill", p.idx, "err", err)
+			}
+		}()
+	case "stall":
+		d := time.Duration(200+rec.rng.IntN(600)) * time.Millisecond
+		kind := "stall (short)"
+		if rec.rng.IntN(2) == 0 {
+			d = e.f.waiting + e.f.fence + time.Duration(500+rec.rng.IntN(1000))*time.Millisecond
+			kind = "stall (long)"
+		}
+		rec.faultAt = time.Now()
+		_ = c.proc.Signal(syscall.SIGSTOP)
+		e.countFault(kind)
+		time.Sleep(d)
+		_ = c.proc.Signal(syscall.SIGCONT)
+		rec.resumeAt = time.Now()
+		p.mu.Unlock()
+	}
+}

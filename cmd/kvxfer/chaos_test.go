@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// TestChaosSoakShort runs the fencing soak briefly over tcp and shm: real
+// prefill processes (this binary as `kvxfer prefill`) are killed and
+// restarted, stopped and continued, given wrong token counts and write
+// delays while the in-process decode drops control messages, decides slowly
+// and aborts rooms, all on a pool small enough that every room reuses pages
+// of earlier, failed rooms. No rank uses --verify or --checksum: the harness
+// checks every accepted room's bytes itself. Both sides must agree on every
+// room and no accepted room may hold bytes that are not its own.
+func TestChaosSoakShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	// Faults make the engine log by design: as kvxfer chaos does, keep this
+	// process's log to errors.
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	model := filepath.Join(t.TempDir(), "tiny.json")
+	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := chaosFlags{rooms: 24, transports: "tcp,shm", faults: strings.Join(chaosFaults, ","), concurrency: 4, prefills: 3, faultRate: 0.5,
+		seed: 7, minTokens: 16, maxTokens: 96, poolMB: 1, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
+		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
+	if engine.ProbeTransport("shm") != nil {
+		f.transports = "tcp"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var out strings.Builder
+	reps, err := runChaos(ctx, &f, &out)
+	t.Logf("%s(%s)", out.String(), time.Since(start).Round(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != len(strings.Split(f.transports, ",")) {
+		t.Fatalf("%d reports for transports %q", len(reps), f.transports)
+	}
+	for _, r := range reps {
+		faults := 0
+		for _, n := range r.Faults {
+			faults += n
+		}
+		switch {
+		case r.Rooms != f.rooms:
+			t.Errorf("%s: %d rooms recorded, want %d", r.Transport, r.Rooms, f.rooms)
+		case r.Disagreements != 0 || r.Corruptions != 0:
+			t.Errorf("%s: %d outcome disagreements, %d silent corruptions (want 0 and 0): %v", r.Transport, r.Disagreements, r.Corruptions, r.Examples)
+		case faults == 0:
+			t.Errorf("%s: no fault was injected", r.Transport)
+		case r.DecodeOK == 0:
+			t.Errorf("%s: no room succeeded: the soak checked no bytes (%v)", r.Transport, r.FailureExamples)
+		}
+	}
+}
+
+// The harness's byte check flags a room whose pages hold another room's KV
+// (what a stale writer leaves), and an aux row of another room.
+func TestChaosCheckFlagsAnotherRoomsBytes(t *testing.T) {
+	model, err := workload.LookupModel("llama-3.1-8b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: 16, TPSize: 8, PPSize: 1, NumPages: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "chaos-check-test", Device: -1, Aux: workload.DefaultAux, AuxRows: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pages := []int32{5, 2, 7}
+	if err := workload.FillPattern(pool, 11, pages, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.FillAux(pool, 11, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := chaosCheck(pool, 11, pages, 1); err != nil {
+		t.Fatalf("room 11's own bytes: %v", err)
+	}
+	if err := chaosCheck(pool, 12, pages, 1); err == nil {
+		t.Fatal("room 11's bytes passed as room 12's")
+	}
+	if err := workload.FillPattern(pool, 12, pages[1:2], 1); err != nil { // one page overwritten by room 12
+		t.Fatal(err)
+	}
+	if err := chaosCheck(pool, 11, pages, 1); err == nil {
+		t.Fatal("a page of room 12 inside room 11 passed")
+	}
+}
+
+func TestChaosFlagsAndPlans(t *testing.T) {
+	for _, tc := range []struct {
+		t, page, want int
+	}{
+		{1, 16, 16}, {16, 16, 15}, {17, 16, 32}, {32, 16, 31}, {5, 16, 16},
+	} {
+		got := otherTokenCount(tc.t, tc.page)
+		if got != tc.want || got == tc.t {
+			t.Errorf("otherTokenCount(%d, %d) = %d, want %d", tc.t, tc.page, got, tc.want)
+		}
+		if (got+tc.page-1)/tc.page != (tc.t+tc.page-1)/tc.page {
+			t.Errorf("otherTokenCount(%d, %d) = %d fills another page count", tc.t, tc.page, got)
+		}
+	}
+	if _, err := parseChaosFaults("kill,nope"); err == nil || !strings.Contains(err.Error(), `unknown fault "nope"`) {
+		t.Errorf("parseChaosFaults(kill,nope) = %v", err)
+	}
+	if _, err := parseChaosFaults(" , "); err == nil {
+		t.Error("parseChaosFaults of no fault accepted")
+	}
+	base := chaosFlags{rooms: 10, transports: "tcp", faults: "kill", concurrency: 2, prefills: 2, faultRate: 0.5, minTokens: 16, maxTokens: 32,
+		poolMB: 16, waiting: time.Second, fence: time.Second, peer: time.Second}
+	for _, tc := range []struct {
+		name string
+		mod  func(*chaosFlags)
+		want string
+	}{
+		{"ok", func(*chaosFlags) {}, ""},
+		{"one prefill", func(f *chaosFlags) { f.prefills = 1 }, "--prefills 1"},
+		{"rate", func(f *chaosFlags) { f.faultRate = 1.5 }, "--fault-rate 1.5"},
+		{"tokens", func(f *chaosFlags) { f.minTokens = 40 }, "--min-tokens 40"},
+		{"timeouts", func(f *chaosFlags) { f.fence = 0 }, "--fence-timeout 0s"},
+		{"transport", func(f *chaosFlags) { f.transports = "tcp,carrier-pigeon" }, "carrier-pigeon"},
+	} {
+		f := base
+		tc.mod(&f)
+		err := validateChaosFlags(&f)
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want an error naming %q", tc.name, err, tc.want)
+		}
+	}
+	// A seed names the same plan whatever the timing.
+	env := &chaosEnv{f: &base, faults: []string{"kill", "tokens"}}
+	for i := 0; i < 20; i++ {
+		a, b := env.planRoom(99, i), env.planRoom(99, i)
+		if a.room != b.room || a.tokens != b.tokens || a.fault != b.fault || a.preTokens != b.preTokens {
+			t.Fatalf("room %d planned twice differently: %+v vs %+v", i, a, b)
+		}
+		if (a.fault == "tokens") != (a.preTokens != a.tokens) {
+			t.Fatalf("room %d: fault %q but prefill tokens %d, decode %d", i, a.fault, a.preTokens, a.tokens)
+		}
+	}
+}

@@ -28,3 +28,8 @@ func LockManager(m *Manager) (release func()) {
 func SendControl(m *Manager, endpoint string, frames [][]byte) error {
 	return m.send(endpoint, frames, true)
 }
+
+// FailMonitorReaders makes the manager's next control sockets fail to open
+// their monitor's reader, as a ZeroMQ context out of sockets does (tests
+// only).
+func FailMonitorReaders(m *Manager) { m.failMonitorReader.Store(true) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -436,15 +435,6 @@ var _ = fmt.Sprint
 // decode drops its cached bootstrap info, so a restarted prefill (new control
 // port) is resolved afresh and serves the next request.
 func TestBootstrapCacheInvalidatedOnPeerLoss(t *testing.T) {
-	// Known regression since 6c97211 (tcp idle redial, issue 18): about one
-	// run in two, the restarted prefill's first room fails on both sides
-	// with the decode reporting the new prefill "silent for more than 10s"
-	// on REGISTER (bisected 2026-12-01; see the issue 18 note). Skipped so
-	// CI stays meaningful until it is fixed; run it with -run and
-	// KVXFER_RUN_KNOWN_REGRESSIONS=1.
-	if os.Getenv("KVXFER_RUN_KNOWN_REGRESSIONS") == "" {
-		t.Skip("known regression: restarted prefill's first room can fail (peer silent on REGISTER) since 6c97211; set KVXFER_RUN_KNOWN_REGRESSIONS=1 to run")
-	}
 	addr, pre, dec := topology(t, smallGQA, 1, 1, 1, false)
 	for _, r := range transferOne(t, addr, pre, dec, 1, 2) {
 		if r.Poll() != engine.KVSuccess {

@@ -363,6 +363,9 @@ type Manager struct {
 	// beforeDispatch, when set (tests only), runs before each received
 	// message is dispatched, with its type.
 	beforeDispatch atomic.Pointer[func(msgType string)]
+	// failMonitorReader, when set (tests only), makes watch fail to open a
+	// monitor's reader, as a context out of sockets does.
+	failMonitorReader atomic.Bool
 }
 
 type pendingTransfer struct {
@@ -701,9 +704,10 @@ func (m *Manager) bind() error {
 		return fmt.Errorf("engine: zmq context: %w", err)
 	}
 	m.zctx = zctx
-	// Room for MaxPeers PUSH sockets, each with its monitor pair (ZeroMQ's
-	// default is 1023 sockets per context).
-	if err := zctx.SetMaxSockets(4*m.cfg.MaxPeers + 64); err != nil {
+	// Room for MaxPeers PUSH sockets, each with its monitor pair (3 sockets
+	// a peer), twice over for evicted ones still being reaped, plus the
+	// PULL and segment RPC sockets (ZeroMQ's default is 1023 per context).
+	if err := zctx.SetMaxSockets(6*m.cfg.MaxPeers + 128); err != nil {
 		return fmt.Errorf("engine: zmq context: max sockets: %w", err)
 	}
 	s, err := zctx.NewSocket(zmq.PULL)
@@ -1002,13 +1006,24 @@ func (m *Manager) watch(s *zmq.Socket, addr string) (*zmq.Socket, error) {
 	if err := s.Monitor(addr, zmq.EVENT_DISCONNECTED|zmq.EVENT_CONNECT_RETRIED|zmq.EVENT_CONNECTED); err != nil {
 		return nil, err
 	}
+	// A monitor must never be left without its reader: libzmq sends its
+	// events from the context's I/O thread with blocking sends, and a PAIR
+	// with no peer blocks that thread, and every socket of the context, for
+	// good (the reader's socket is the one that fails when the context is
+	// out of sockets).
 	pair, err := m.zctx.NewSocket(zmq.PAIR)
+	if err == nil && m.failMonitorReader.Load() {
+		_ = pair.Close()
+		pair, err = nil, errors.New("engine: monitor reader refused (test fault)")
+	}
 	if err != nil {
+		_ = s.Monitor("", 0)
 		return nil, err
 	}
 	_ = pair.SetLinger(0)
 	_ = pair.SetRcvtimeo(200 * time.Millisecond)
 	if err := pair.Connect(addr); err != nil {
+		_ = s.Monitor("", 0)
 		_ = pair.Close()
 		return nil, err
 	}
@@ -1155,10 +1170,16 @@ func (m *Manager) dropPush(endpoint string) {
 }
 
 // close closes the socket (idempotent); its monitor goroutine then ends.
+// The monitor is stopped first, while its reader still exists, so the
+// closing socket emits no event into a pipe about to lose its reader, and
+// the monitor's own socket is freed now rather than when the reaper gets to
+// the PUSH socket (an LRU eviction storm otherwise runs the context out of
+// sockets).
 func (ps *pushSock) close() {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.sock != nil {
+		_ = ps.sock.Monitor("", 0)
 		_ = ps.sock.Close()
 		ps.sock = nil
 	}

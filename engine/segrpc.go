@@ -356,6 +356,10 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 		} else {
 			mon = nil
 		}
+		if mon == nil {
+			// Never leave a monitor without its reader (see Manager.watch).
+			_ = s.Monitor("", 0)
+		}
 	}
 	if mon != nil {
 		// Stop monitoring before either socket closes: libzmq emits the

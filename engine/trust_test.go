@@ -249,3 +249,25 @@ func TestMaxPeersBoundsSockets(t *testing.T) {
 	}
 	sendOne(t, addr, p, d, 2)
 }
+
+// TestMonitorReaderFailureDoesNotFreezeControl: when a control socket's
+// monitor reader cannot be opened (a context out of sockets: "too many open
+// files"), the monitor is stopped too. Left running without a reader, its
+// first event (a reconnection attempt to an endpoint that refuses, every
+// 100 ms) blocked ZeroMQ's I/O thread and with it every control socket of
+// the rank: the pair's next room failed with each side calling the other
+// silent (TestMaxPeersBoundsSockets, about one run in two).
+func TestMonitorReaderFailureDoesNotFreezeControl(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, p, d, 1)
+	engine.FailMonitorReaders(d.m)
+	in := newInjector(t, d.m.Endpoint())
+	for i := range 3 { // answers go to endpoints nobody listens on
+		st := &engine.StatusMsg{Room: uint64(2000 + i), State: engine.KVFailed, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 22000+i), Reason: "stray"}
+		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
+	}
+	time.Sleep(500 * time.Millisecond) // several reconnection attempts
+	sendOne(t, addr, p, d, 2)
+}

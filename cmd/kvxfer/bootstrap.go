@@ -36,7 +36,7 @@ var bsFlags bootstrapFlags
 
 var bootstrapCmd = &cobra.Command{
 	Use:   "bootstrap",
-	Short: "Run the SGLang-compatible bootstrap directory server of one prefill instance",
+	Short: "run the SGLang-compatible bootstrap directory server of one prefill instance",
 	Long: `Run the bootstrap directory: prefill ranks register with PUT /route, decode
 ranks resolve the topology and each rank's endpoint with GET /route, rooms map
 to prefill DP ranks through /register_dp_rank and /query_dp_ranks, and /health

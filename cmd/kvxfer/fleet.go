@@ -52,7 +52,7 @@ func init() {
 	var f fleetFlags
 	cmd := &cobra.Command{
 		Use:   "fleet",
-		Short: "List the prefill instances and segments published in a metadata server (etcd), or simulate a fleet against it",
+		Short: "list the prefill instances and segments published in a metadata server (etcd), or simulate a fleet against it",
 		Long: `List what a kvxfer fleet publishes in etcd: every prefill instance's bootstrap
 directory (address, readiness, topology, registered and missing ranks) and the
 segments engines and ranks publish under their leases. Each registered rank is

@@ -70,7 +70,7 @@ func (c *child) exited(err error) {
 	c.mu.Lock()
 	c.dead = err
 	for room, ch := range c.wait {
-		ch <- replyLine{Room: new(room), Error: err.Error()}
+		ch <- replyLine{Room: new(room), Result: cluster.Result{Error: err.Error()}}
 	}
 	c.wait = map[uint64]chan replyLine{}
 	c.mu.Unlock()
@@ -85,7 +85,7 @@ func (c *child) submit(q requestLine) <-chan replyLine {
 	c.mu.Lock()
 	if c.dead != nil {
 		c.mu.Unlock()
-		ch <- replyLine{Room: new(q.Room), Error: c.dead.Error()}
+		ch <- replyLine{Room: new(q.Room), Result: cluster.Result{Error: c.dead.Error()}}
 		return ch
 	}
 	c.wait[q.Room] = ch
@@ -95,7 +95,7 @@ func (c *child) submit(q requestLine) <-chan replyLine {
 		c.mu.Lock()
 		if c.wait[q.Room] == ch {
 			delete(c.wait, q.Room)
-			ch <- replyLine{Room: new(q.Room), Error: fmt.Sprintf("write request: %v", err)}
+			ch <- replyLine{Room: new(q.Room), Result: cluster.Result{Error: fmt.Sprintf("write request: %v", err)}}
 		}
 		c.mu.Unlock()
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -239,9 +240,8 @@ type replyLine struct {
 	// Event is "ready" on the startup line and empty (omitted) on results.
 	Event string `json:"event,omitempty"`
 	// Line is the 1-based stdin line number a result answers.
-	Line       int      `json:"line,omitempty"`
-	Endpoint   string   `json:"endpoint,omitempty"`
-	Transports []string `json:"transports,omitempty"`
+	Line     int    `json:"line,omitempty"`
+	Endpoint string `json:"endpoint,omitempty"`
 	// Metrics (ready line) is the rank's bound --metrics-addr.
 	Metrics string `json:"metrics,omitempty"`
 	// Instance (ready line) is the rank's instance id.
@@ -255,35 +255,9 @@ type replyLine struct {
 	// Room is the request's bootstrap_room; absent on the ready line and on
 	// results for lines whose room could not be read.
 	Room *uint64 `json:"room,omitempty"`
-	OK   bool    `json:"ok"`
-	// Error says what failed (never empty when OK is false).
-	Error string `json:"error,omitempty"`
-	Pages int    `json:"pages"`
-	// Bytes is the KV bytes moved: what the prefill rank wrote (all
-	// destinations) or what the decode rank received.
-	Bytes uint64 `json:"bytes"`
-	// AuxBytes is the aux-row bytes moved with the KV.
-	AuxBytes uint64 `json:"aux_bytes,omitempty"`
-	// PrefixTokens is the prompt tokens the decode already held (not sent);
-	// SkippedBytes the KV bytes that saved.
-	PrefixTokens int    `json:"prefix_tokens,omitempty"`
-	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
-	Dummy        bool   `json:"dummy,omitempty"`
-	// Writes (prefill) is the KV write requests the transfer took: one per
-	// run of pages contiguous on both sides per buffer (engine
-	// TransferMetric.Writes).
-	Writes int `json:"writes,omitempty"`
-	// StartUnixNS and EndUnixNS (prefill) bound the transfer (first Send,
-	// Success) in Unix nanoseconds, so a driver on the same host can take
-	// the union of concurrent transfers' intervals.
-	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
-	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
-	// Digest (decode --digest) is the SHA-256 of the room's received KV
-	// bytes (workload.KVBuffers.Digest), taken after --hold.
-	Digest     string `json:"digest,omitempty"`
-	TransferUS int64  `json:"transfer_us"`
-	FillUS     int64  `json:"fill_us,omitempty"`
-	VerifyUS   int64  `json:"verify_us,omitempty"`
+	// Result is the room's outcome (ok, error, pages, bytes, timings); its
+	// Transports also carries the ready line's transports.
+	cluster.Result
 }
 
 // runRole runs a prefill or decode rank: it serves request lines from stdin
@@ -349,6 +323,10 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
 	}
+	// rc is how each request line's room is driven (cluster.PrefillRoom,
+	// DecodeRoom).
+	rc := cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest}
 	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
 		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
@@ -362,7 +340,8 @@ func runRole(role engine.Role, f *roleFlags) error {
 		cfg.BootstrapAddr = ""
 		cfg.FreePages = pool.FreePages
 		if f.verify {
-			cfg.VerifyKV = verifyKV(pool, f.pageSize)
+			rc.Verifier = cluster.NewVerifier(pool, f.pageSize)
+			cfg.VerifyKV = rc.Verifier.VerifyKV
 		}
 	}
 	obs, err := setupObservability(ctx, role, &f.obs)
@@ -438,11 +417,11 @@ loop:
 				release := func() {}
 				switch {
 				case in.err != nil:
-					r = replyLine{Error: fmt.Sprintf("line %d: %v", in.n, in.err)}
+					r.Error = fmt.Sprintf("line %d: %v", in.n, in.err)
 				case role == engine.RolePrefill:
-					r = prefillOne(ctx, m, pool, rows, f, in.q)
+					r.Result = cluster.PrefillRoom(ctx, m, pool, rows, rc, in.q.Room, in.q.Tokens)
 				default:
-					r, release = decodeOne(ctx, m, pool, rows, lease, f, in.q)
+					r.Result, release = cluster.DecodeRoom(ctx, m, pool, rows, lease, rc, in.q.Room, in.q.Tokens, in.q.Bootstrap)
 				}
 				// The result goes out first; a failed room's pages come
 				// back only once its producers are fenced.
@@ -628,259 +607,6 @@ type readyLine struct {
 	Metrics string `json:"metrics,omitempty"`
 }
 
-// allocWait allocates n items from a (KV pages or aux rows; what names them
-// in errors), waiting up to limit for finished requests to free some
-// (PageAllocator.AllocWait).
-func allocWait(ctx context.Context, a *workload.PageAllocator, what string, n int, limit time.Duration) ([]int32, error) {
-	wctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	p, err := a.AllocWait(wctx, n)
-	switch {
-	case err == nil:
-		return p, nil
-	case errors.Is(err, workload.ErrPoolTooSmall) && what == "pages":
-		return nil, fmt.Errorf("request needs %d pages, the KV buffers hold %d (raise --pool-mb)", n, a.Capacity())
-	case errors.Is(err, workload.ErrPoolTooSmall):
-		return nil, fmt.Errorf("request needs %d %s, there are %d", n, what, a.Capacity())
-	case ctx.Err() != nil:
-		return nil, ctx.Err()
-	}
-	return nil, fmt.Errorf("%s: %w", what, err)
-}
-
-func prefillOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, f *roleFlags, q requestLine) replyLine {
-	n := m.PagesForTokens(q.Tokens)
-	fail := func(err error) replyLine { return replyLine{Error: err.Error(), Pages: n} }
-	s, err := m.NewSender(q.Room)
-	if err != nil {
-		return fail(err)
-	}
-	defer s.Close()
-	// A failure here (no pages, a bad token count) reaches the decode with
-	// its reason, now or when its TRANSFER arrives.
-	fail = func(err error) replyLine {
-		s.AbortWith(err)
-		return replyLine{Error: err.Error(), Pages: n}
-	}
-	if err := s.SetTokens(q.Tokens); err != nil {
-		return fail(err)
-	}
-	// The prefill computes the whole prompt's KV (here: the test pattern)
-	// and its aux row while the decode resolves; only the pages after the
-	// decode's prefix are sent.
-	src, err := allocWait(ctx, pool.PageAllocator, "pages", n, f.waitingTimeout)
-	if err != nil {
-		return fail(err)
-	}
-	defer pool.Free(src)
-	aux, err := allocWait(ctx, rows, "aux rows", 1, f.waitingTimeout)
-	if err != nil {
-		return fail(err)
-	}
-	defer rows.Free(aux)
-	var r replyLine
-	if f.fill {
-		t := time.Now()
-		if err := workload.FillPattern(pool, q.Room, src, 0); err != nil {
-			return fail(err)
-		}
-		if err := workload.FillAux(pool, q.Room, int(aux[0])); err != nil {
-			return fail(err)
-		}
-		r.FillUS = time.Since(t).Microseconds()
-	}
-	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+time.Second)
-	st := s.Wait(wctx, engine.KVWaitingForInput)
-	cancel()
-	if st != engine.KVWaitingForInput {
-		if err := s.Failure(); err != nil {
-			return fail(err)
-		}
-		return fail(unfinished(ctx, q.Room, "sender", st, " after the bootstrap timeout"))
-	}
-	if !s.HasRealDst() {
-		// A dummy rank (MLA with prefill TP > decode TP): nothing to send.
-		r.Dummy = true
-		src = src[:0]
-	} else {
-		send, err := s.InitTokens(q.Tokens, int(aux[0]))
-		if err != nil {
-			return fail(err)
-		}
-		src = src[len(src)-send:]
-	}
-	t0 := time.Now()
-	chunk := f.chunkPages
-	if chunk <= 0 {
-		chunk = len(src) + 1
-	}
-	for i := 0; ; i += chunk {
-		end := min(i+chunk, len(src))
-		if err := s.Send(src[i:end], end == len(src)); err != nil {
-			return fail(err)
-		}
-		if end == len(src) {
-			break
-		}
-	}
-	// Success needs the decode's verdict; the engine bounds that wait by
-	// the waiting timeout, this bound is only a backstop.
-	wctx, cancel = context.WithTimeout(ctx, 2*f.waitingTimeout+5*time.Second)
-	st = s.Wait(wctx, engine.KVSuccess)
-	cancel()
-	t1 := time.Now()
-	r.TransferUS = t1.Sub(t0).Microseconds()
-	r.StartUnixNS, r.EndUnixNS = t0.UnixNano(), t1.UnixNano()
-	if st != engine.KVSuccess {
-		if err := s.Failure(); err != nil {
-			return fail(err)
-		}
-		return fail(unfinished(ctx, q.Room, "sender", st, " after twice the waiting timeout"))
-	}
-	mt := s.TransferMetric()
-	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
-	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes
-	return r
-}
-
-// decodeOne receives one request. With a prefix cache lease it asks only
-// for the pages after the held prefix and, once Success, waits for the
-// prefix blocks' own requests so the whole prompt is verified. It returns the
-// result line and release, which closes the receiver and frees the
-// destination pages and aux row: for a failed room that waits until every
-// producer is fenced (engine.Receiver.Close), so the caller prints the result
-// first.
-func decodeOne(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, lease *workload.Lease, f *roleFlags, q requestLine) (out replyLine, release func()) {
-	n := m.PagesForTokens(q.Tokens)
-	var frees []func() // run in reverse order by release
-	release = func() {
-		for i := len(frees) - 1; i >= 0; i-- {
-			frees[i]()
-		}
-	}
-	fail := func(err error) (replyLine, func()) { return replyLine{Error: err.Error(), Pages: n}, release }
-	addr := q.Bootstrap
-	if addr == "" {
-		addr = f.bootstrap
-	}
-	alloc := func(k int) ([]int32, error) { return allocWait(ctx, pool.PageAllocator, "pages", k, f.waitingTimeout) }
-	var pages []int32
-	var err error
-	prefix := 0
-	if lease != nil {
-		frees = append(frees, func() { lease.Finish(out.OK) })
-		prefix = lease.PrefixTokens
-		pages, err = lease.Pages(ctx, alloc)
-	} else {
-		pages, err = alloc(n)
-		if err == nil {
-			frees = append(frees, func() { pool.Free(pages) })
-		}
-	}
-	if err != nil {
-		return fail(err)
-	}
-	held := prefix / m.PageSize()
-	aux, err := allocWait(ctx, rows, "aux rows", 1, f.waitingTimeout)
-	if err != nil {
-		return fail(err)
-	}
-	frees = append(frees, func() { rows.Free(aux) })
-	r, err := m.NewReceiver(addr, q.Room)
-	if err != nil {
-		return fail(err)
-	}
-	frees = append(frees, r.Close)
-	if f.verify {
-		defer verifyTimes.Delete(q.Room)
-	}
-	t0 := time.Now()
-	if err := r.SetTokens(q.Tokens); err != nil {
-		return fail(err)
-	}
-	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
-		return fail(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, f.bootstrapTimeout+f.waitingTimeout)
-	st := r.Wait(wctx, engine.KVSuccess)
-	cancel()
-	out = replyLine{Pages: n, TransferUS: time.Since(t0).Microseconds()}
-	if st != engine.KVSuccess {
-		if err := r.Failure(); err != nil {
-			return fail(err)
-		}
-		return fail(unfinished(ctx, q.Room, "receiver", st, ""))
-	}
-	mt := r.TransferMetric()
-	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
-	// The held prefix is usable once the requests that receive it are done
-	// (it may have been counted while in flight).
-	var segs []workload.PrefixSegment
-	if lease != nil {
-		wctx, cancel := context.WithTimeout(ctx, f.waitingTimeout)
-		segs, err = lease.WaitPrefix(wctx)
-		cancel()
-		if err != nil {
-			return fail(err)
-		}
-	}
-	if f.verify {
-		// This room's pages and aux row were checked inside the engine,
-		// before the verdict (so a failure fails the prefill too); the
-		// held prefix blocks carry their own requests' pattern at the same
-		// token positions and are checked here.
-		t := time.Now()
-		for _, sg := range segs {
-			if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
-				return fail(fmt.Errorf("held prefix block: %w", err))
-			}
-		}
-		out.VerifyUS = verifyUS(q.Room) + time.Since(t).Microseconds()
-	}
-	if f.hold > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(f.hold):
-		}
-	}
-	if f.digest {
-		if out.Digest, err = pool.Digest(pages[held:]); err != nil {
-			return fail(err)
-		}
-	}
-	out.OK = true
-	return out, release
-}
-
-// verifyTimes holds how long --verify took per room (the check runs inside
-// the engine, before the decode's verdict, so that a room that fails it
-// fails on the prefill too).
-var verifyTimes sync.Map
-
-// verifyKV is the engine's VerifyKV hook for --verify: the test pattern of
-// the room's pages (after its prefix) and of its aux row.
-func verifyKV(pool *workload.KVBuffers, pageSize int) func(engine.ReceivedKV) error {
-	return func(kv engine.ReceivedKV) error {
-		t := time.Now()
-		defer func() { verifyTimes.Store(kv.Room, time.Since(t).Microseconds()) }()
-		if err := workload.VerifyPattern(pool, kv.Room, kv.Pages, kv.PrefixTokens/pageSize); err != nil {
-			return err
-		}
-		if kv.AuxIndex >= 0 {
-			return workload.VerifyAux(pool, kv.Room, kv.AuxIndex)
-		}
-		return nil
-	}
-}
-
-// verifyUS returns (and forgets) how long --verify took for room, µs.
-func verifyUS(room uint64) int64 {
-	if v, ok := verifyTimes.LoadAndDelete(room); ok {
-		return v.(int64)
-	}
-	return 0
-}
-
 // parseDevice parses --device (engine.ParseLocation): host memory gives
 // dev -1, "cuda:N" gives N and onDevice.
 func parseDevice(s string) (dev int, onDevice bool, err error) {
@@ -918,14 +644,4 @@ func deviceTransports(ts []engine.Transport, spec, device string) ([]engine.Tran
 		slog.Info("transports without device-memory support are not used with --device", "device", device, "dropped", names)
 	}
 	return keep, nil
-}
-
-// unfinished is the result of a room whose wait ended with no engine
-// failure: the rank shutting down (ctx cancelled by SIGINT/SIGTERM) says so,
-// anything else names the state the room was left in and the bound hit.
-func unfinished(ctx context.Context, room uint64, who string, st engine.KVPoll, bound string) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("room %d: aborted: the rank is shutting down (%v) while the %s was %s", room, context.Cause(ctx), who, st)
-	}
-	return fmt.Errorf("room %d: %s still %s%s", room, who, st, bound)
 }

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"context"
@@ -23,9 +23,9 @@ func TestUnfinishedNamesShutdown(t *testing.T) {
 		{gone, " after the bootstrap timeout", "aborted: the rank is shutting down", "bootstrap timeout"},
 		{live, " after the bootstrap timeout", "sender still Bootstrapping after the bootstrap timeout", "shutting down"},
 	} {
-		err := unfinished(tc.ctx, 7, "sender", engine.KVBootstrapping, tc.bound)
+		err := Unfinished(tc.ctx, 7, "sender", engine.KVBootstrapping, tc.bound)
 		if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.not) || !strings.Contains(err.Error(), "room 7") {
-			t.Errorf("unfinished: %v, want %q and not %q", err, tc.want, tc.not)
+			t.Errorf("Unfinished: %v, want %q and not %q", err, tc.want, tc.not)
 		}
 	}
 }

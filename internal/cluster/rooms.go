@@ -1,0 +1,368 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// The reference way to drive a Sender and a Receiver: what a prefill rank
+// and a decode rank do for one request (room), as `kvxfer prefill` and
+// `kvxfer decode` run them for every stdin line. The CLI adds the line
+// protocol around them; an embedding program can call them the same way.
+
+// Result is the outcome of one room on one rank, as the ranks' result
+// lines carry it (JSON names as in the CLI's output).
+type Result struct {
+	OK bool `json:"ok"`
+	// Error says what failed (never empty when OK is false).
+	Error string `json:"error,omitempty"`
+	// Pages is the room's page count for its prompt (prefill on Success:
+	// the pages sent, after the decode's prefix).
+	Pages int `json:"pages"`
+	// Bytes is the KV bytes moved: what the prefill rank wrote (all
+	// destinations) or what the decode rank received.
+	Bytes uint64 `json:"bytes"`
+	// AuxBytes is the aux-row bytes moved with the KV.
+	AuxBytes uint64 `json:"aux_bytes,omitempty"`
+	// PrefixTokens is the prompt tokens the decode already held (not sent);
+	// SkippedBytes the KV bytes that saved.
+	PrefixTokens int    `json:"prefix_tokens,omitempty"`
+	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
+	// Dummy (prefill) is a rank with nothing to send (MLA with prefill TP
+	// > decode TP).
+	Dummy bool `json:"dummy,omitempty"`
+	// Writes (prefill) is the KV write requests the transfer took: one per
+	// run of pages contiguous on both sides per buffer (engine
+	// TransferMetric.Writes).
+	Writes int `json:"writes,omitempty"`
+	// Transports (prefill) names the transports the room's bytes moved on.
+	Transports []string `json:"transports,omitempty"`
+	// StartUnixNS and EndUnixNS (prefill) bound the transfer (first Send,
+	// Success) in Unix nanoseconds, so a driver on the same host can take
+	// the union of concurrent transfers' intervals.
+	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
+	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
+	// Digest (decode, RoomConfig.Digest) is the SHA-256 of the room's
+	// received KV bytes (workload.KVBuffers.Digest), taken after Hold.
+	Digest string `json:"digest,omitempty"`
+	// TransferUS, FillUS and VerifyUS are microseconds: the transfer (first
+	// Send or the decode's metadata to Success), the prefill's pattern fill
+	// and the decode's pattern check.
+	TransferUS int64 `json:"transfer_us"`
+	FillUS     int64 `json:"fill_us,omitempty"`
+	VerifyUS   int64 `json:"verify_us,omitempty"`
+}
+
+// RoomConfig is how a rank drives its rooms (the CLI's role flags).
+type RoomConfig struct {
+	// Bootstrap is the decode's bootstrap server (host:port) for a room
+	// that names none.
+	Bootstrap string
+	// BootstrapTimeout and WaitingTimeout are the manager's (SGLang's)
+	// timeouts; they bound the waits here, and the waits for free pages.
+	BootstrapTimeout, WaitingTimeout time.Duration
+	// ChunkPages (prefill) sends a room in Send calls of this many pages
+	// (0: one call).
+	ChunkPages int
+	// Fill (prefill) writes the test pattern (workload.FillPattern) into the
+	// source pages and aux row before sending.
+	Fill bool
+	// Verifier (decode), when set, is the engine's VerifyKV hook
+	// (ManagerConfig.VerifyKV = Verifier.VerifyKV); DecodeRoom reports its
+	// time and checks a held prefix's blocks.
+	Verifier *Verifier
+	// Hold (decode) keeps a successful room's pages this long before the
+	// digest and release (to observe late writes).
+	Hold time.Duration
+	// Digest (decode) hashes the received KV bytes into Result.Digest.
+	Digest bool
+}
+
+// AllocWait allocates n items from a (KV pages or aux rows; what names them
+// in errors), waiting up to limit for finished requests to free some
+// (workload.PageAllocator.AllocWait). A request larger than the pool fails
+// at once, naming the pool's capacity (--pool-mb for pages).
+func AllocWait(ctx context.Context, a *workload.PageAllocator, what string, n int, limit time.Duration) ([]int32, error) {
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	p, err := a.AllocWait(wctx, n)
+	switch {
+	case err == nil:
+		return p, nil
+	case errors.Is(err, workload.ErrPoolTooSmall) && what == "pages":
+		return nil, fmt.Errorf("request needs %d pages, the KV buffers hold %d (raise --pool-mb)", n, a.Capacity())
+	case errors.Is(err, workload.ErrPoolTooSmall):
+		return nil, fmt.Errorf("request needs %d %s, there are %d", n, what, a.Capacity())
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("%s: %w", what, err)
+}
+
+// PrefillRoom sends one room's KV: it opens a Sender for room, takes the
+// prompt's pages and an aux row from pool and rows (waiting up to
+// WaitingTimeout for free ones), fills them when Fill, waits for the decode's
+// destination (up to BootstrapTimeout), sends the pages after the decode's
+// prefix in ChunkPages pieces and waits for the decode's verdict. A failure
+// here aborts the room so the decode learns the reason.
+func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, c RoomConfig, room uint64, tokens int) Result {
+	n := m.PagesForTokens(tokens)
+	fail := func(err error) Result { return Result{Error: err.Error(), Pages: n} }
+	s, err := m.NewSender(room)
+	if err != nil {
+		return fail(err)
+	}
+	defer s.Close()
+	// A failure here (no pages, a bad token count) reaches the decode with
+	// its reason, now or when its TRANSFER arrives.
+	fail = func(err error) Result {
+		s.AbortWith(err)
+		return Result{Error: err.Error(), Pages: n}
+	}
+	if err := s.SetTokens(tokens); err != nil {
+		return fail(err)
+	}
+	// The prefill computes the whole prompt's KV (here: the test pattern)
+	// and its aux row while the decode resolves; only the pages after the
+	// decode's prefix are sent.
+	src, err := AllocWait(ctx, pool.PageAllocator, "pages", n, c.WaitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Free(src)
+	aux, err := AllocWait(ctx, rows, "aux rows", 1, c.WaitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Free(aux)
+	var r Result
+	if c.Fill {
+		t := time.Now()
+		if err := workload.FillPattern(pool, room, src, 0); err != nil {
+			return fail(err)
+		}
+		if err := workload.FillAux(pool, room, int(aux[0])); err != nil {
+			return fail(err)
+		}
+		r.FillUS = time.Since(t).Microseconds()
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.BootstrapTimeout+time.Second)
+	st := s.Wait(wctx, engine.KVWaitingForInput)
+	cancel()
+	if st != engine.KVWaitingForInput {
+		if err := s.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(Unfinished(ctx, room, "sender", st, " after the bootstrap timeout"))
+	}
+	if !s.HasRealDst() {
+		// A dummy rank (MLA with prefill TP > decode TP): nothing to send.
+		r.Dummy = true
+		src = src[:0]
+	} else {
+		send, err := s.InitTokens(tokens, int(aux[0]))
+		if err != nil {
+			return fail(err)
+		}
+		src = src[len(src)-send:]
+	}
+	t0 := time.Now()
+	chunk := c.ChunkPages
+	if chunk <= 0 {
+		chunk = len(src) + 1
+	}
+	for i := 0; ; i += chunk {
+		end := min(i+chunk, len(src))
+		if err := s.Send(src[i:end], end == len(src)); err != nil {
+			return fail(err)
+		}
+		if end == len(src) {
+			break
+		}
+	}
+	// Success needs the decode's verdict; the engine bounds that wait by
+	// the waiting timeout, this bound is only a backstop.
+	wctx, cancel = context.WithTimeout(ctx, 2*c.WaitingTimeout+5*time.Second)
+	st = s.Wait(wctx, engine.KVSuccess)
+	cancel()
+	t1 := time.Now()
+	r.TransferUS = t1.Sub(t0).Microseconds()
+	r.StartUnixNS, r.EndUnixNS = t0.UnixNano(), t1.UnixNano()
+	if st != engine.KVSuccess {
+		if err := s.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(Unfinished(ctx, room, "sender", st, " after twice the waiting timeout"))
+	}
+	mt := s.TransferMetric()
+	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
+	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes
+	return r
+}
+
+// DecodeRoom receives one room: it takes destination pages and an aux row
+// (waiting up to WaitingTimeout), opens a Receiver for room at bootstrap
+// (RoomConfig.Bootstrap when empty), sends its metadata and waits for
+// Success (up to BootstrapTimeout + WaitingTimeout). With a prefix cache
+// lease it asks only for the pages after the held prefix and, once Success,
+// waits for the prefix blocks' own requests so the whole prompt is verified.
+// It returns the result and release, which closes the receiver and frees
+// the destination pages and aux row: for a failed room that waits until
+// every producer is fenced (engine.Receiver.Close), so the caller reports
+// the result first.
+func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers, rows *workload.PageAllocator, lease *workload.Lease, c RoomConfig, room uint64, tokens int, bootstrap string) (out Result, release func()) {
+	n := m.PagesForTokens(tokens)
+	var frees []func() // run in reverse order by release
+	release = func() {
+		for i := len(frees) - 1; i >= 0; i-- {
+			frees[i]()
+		}
+	}
+	fail := func(err error) (Result, func()) { return Result{Error: err.Error(), Pages: n}, release }
+	addr := bootstrap
+	if addr == "" {
+		addr = c.Bootstrap
+	}
+	alloc := func(k int) ([]int32, error) { return AllocWait(ctx, pool.PageAllocator, "pages", k, c.WaitingTimeout) }
+	var pages []int32
+	var err error
+	prefix := 0
+	if lease != nil {
+		frees = append(frees, func() { lease.Finish(out.OK) })
+		prefix = lease.PrefixTokens
+		pages, err = lease.Pages(ctx, alloc)
+	} else {
+		pages, err = alloc(n)
+		if err == nil {
+			frees = append(frees, func() { pool.Free(pages) })
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	held := prefix / m.PageSize()
+	aux, err := AllocWait(ctx, rows, "aux rows", 1, c.WaitingTimeout)
+	if err != nil {
+		return fail(err)
+	}
+	frees = append(frees, func() { rows.Free(aux) })
+	r, err := m.NewReceiver(addr, room)
+	if err != nil {
+		return fail(err)
+	}
+	frees = append(frees, r.Close)
+	if c.Verifier != nil {
+		defer c.Verifier.times.Delete(room)
+	}
+	t0 := time.Now()
+	if err := r.SetTokens(tokens); err != nil {
+		return fail(err)
+	}
+	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
+		return fail(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.BootstrapTimeout+c.WaitingTimeout)
+	st := r.Wait(wctx, engine.KVSuccess)
+	cancel()
+	out = Result{Pages: n, TransferUS: time.Since(t0).Microseconds()}
+	if st != engine.KVSuccess {
+		if err := r.Failure(); err != nil {
+			return fail(err)
+		}
+		return fail(Unfinished(ctx, room, "receiver", st, ""))
+	}
+	mt := r.TransferMetric()
+	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
+	// The held prefix is usable once the requests that receive it are done
+	// (it may have been counted while in flight).
+	var segs []workload.PrefixSegment
+	if lease != nil {
+		wctx, cancel := context.WithTimeout(ctx, c.WaitingTimeout)
+		segs, err = lease.WaitPrefix(wctx)
+		cancel()
+		if err != nil {
+			return fail(err)
+		}
+	}
+	if c.Verifier != nil {
+		// This room's pages and aux row were checked inside the engine,
+		// before the verdict (so a failure fails the prefill too); the
+		// held prefix blocks carry their own requests' pattern at the same
+		// token positions and are checked here.
+		t := time.Now()
+		for _, sg := range segs {
+			if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
+				return fail(fmt.Errorf("held prefix block: %w", err))
+			}
+		}
+		out.VerifyUS = c.Verifier.took(room) + time.Since(t).Microseconds()
+	}
+	if c.Hold > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(c.Hold):
+		}
+	}
+	if c.Digest {
+		if out.Digest, err = pool.Digest(pages[held:]); err != nil {
+			return fail(err)
+		}
+	}
+	out.OK = true
+	return out, release
+}
+
+// Verifier checks received rooms against the test pattern the prefill's
+// Fill wrote (workload.VerifyPattern, VerifyAux) and remembers how long each
+// check took. Its VerifyKV is the engine's ManagerConfig.VerifyKV hook: the
+// check runs inside the engine, before the decode's verdict, so a room that
+// fails it fails on the prefill too.
+type Verifier struct {
+	pool     *workload.KVBuffers
+	pageSize int      // tokens per page
+	times    sync.Map // room → µs the check took
+}
+
+// NewVerifier returns a Verifier of pool's pages (pageSize tokens each).
+func NewVerifier(pool *workload.KVBuffers, pageSize int) *Verifier {
+	return &Verifier{pool: pool, pageSize: pageSize}
+}
+
+// VerifyKV checks the room's pages (after its prefix) and its aux row; the
+// error names the first byte that differs.
+func (v *Verifier) VerifyKV(kv engine.ReceivedKV) error {
+	t := time.Now()
+	defer func() { v.times.Store(kv.Room, time.Since(t).Microseconds()) }()
+	if err := workload.VerifyPattern(v.pool, kv.Room, kv.Pages, kv.PrefixTokens/v.pageSize); err != nil {
+		return err
+	}
+	if kv.AuxIndex >= 0 {
+		return workload.VerifyAux(v.pool, kv.Room, kv.AuxIndex)
+	}
+	return nil
+}
+
+// took returns (and forgets) how long VerifyKV took for room, µs.
+func (v *Verifier) took(room uint64) int64 {
+	if d, ok := v.times.LoadAndDelete(room); ok {
+		return d.(int64)
+	}
+	return 0
+}
+
+// Unfinished is the error of a room whose wait ended with no engine
+// failure: the rank shutting down (ctx cancelled by SIGINT/SIGTERM) says so,
+// anything else names the state the room was left in (who: "sender" or
+// "receiver") and the bound hit.
+func Unfinished(ctx context.Context, room uint64, who string, st engine.KVPoll, bound string) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("room %d: aborted: the rank is shutting down (%v) while the %s was %s", room, context.Cause(ctx), who, st)
+	}
+	return fmt.Errorf("room %d: %s still %s%s", room, who, st, bound)
+}

@@ -259,8 +259,8 @@ func b01(v bool) []byte {
 
 func encodeGeometry(f [][]byte, g *Geometry) [][]byte {
 	return append(f, deci(g.TPRank), deci(g.TPSize), deci(g.PPRank), deci(g.PPSize), deci(g.StartLayer), deci(g.EndLayer), b01(g.MLA),
-		deci(g.PageSize), deci(g.KVHeadNum), deci(g.TotalKVHeadNum), PackU64(g.KVItemLens), PackU64(g.KVItems),
-		PackU64(g.AuxItemLens), PackU64(g.AuxItems), PackU64(g.StateItemLens), PackU64(g.StateItems))
+		deci(g.PageSize), deci(g.KVHeadNum), deci(g.TotalKVHeadNum), packU64(g.KVItemLens), packU64(g.KVItems),
+		packU64(g.AuxItemLens), packU64(g.AuxItems), packU64(g.StateItemLens), packU64(g.StateItems))
 }
 
 // Encode returns the message's frames.
@@ -269,7 +269,7 @@ func (m *RegisterMsg) Encode() [][]byte {
 	f = encodeGeometry(f, &m.Geometry)
 	f = append(f, deci(m.RingSlots), dec(m.Epoch), deci(len(m.Transports)))
 	for _, t := range m.Transports {
-		f = append(f, []byte(t.Name), t.Endpoint, PackRegions(t.regions()))
+		f = append(f, []byte(t.Name), t.Endpoint, packRegions(t.regions()))
 	}
 	return f
 }
@@ -283,7 +283,7 @@ func (m *RegisterAckMsg) Encode() [][]byte {
 // Encode returns the message's frames.
 func (m *TransferMsg) Encode() [][]byte {
 	f := header(MsgTransfer)
-	pages, slot, aux, state := PackI32(m.Pages), deci(m.Slot), []byte{}, PackI32(m.StateIndices)
+	pages, slot, aux, state := packI32(m.Pages), deci(m.Slot), []byte{}, packI32(m.StateIndices)
 	if m.AuxIndex >= 0 {
 		aux = deci(m.AuxIndex)
 	}
@@ -324,9 +324,9 @@ func (m *PingMsg) Encode() [][]byte {
 	return append(header(MsgPing), []byte(m.Endpoint))
 }
 
-// ControlType checks frames 0–1 (magic, version) and returns the message type
+// controlType checks frames 0–1 (magic, version) and returns the message type
 // in frame 2. Errors wrap ErrBadFrame and say what was found.
-func ControlType(parts [][]byte) (string, error) {
+func controlType(parts [][]byte) (string, error) {
 	if len(parts) < 3 {
 		return "", fmt.Errorf("%w: %d frames, want at least 3 (magic, version, type)", ErrBadFrame, len(parts))
 	}
@@ -354,7 +354,7 @@ func trunc(b []byte) string {
 // *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
 // *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
-	t, err := ControlType(parts)
+	t, err := controlType(parts)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +392,7 @@ type frameReader struct {
 }
 
 func newReader(parts [][]byte, typ string, minFrames int, exact bool) (*frameReader, error) {
-	t, err := ControlType(parts)
+	t, err := controlType(parts)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +479,7 @@ func (r *frameReader) geometry(i int) Geometry {
 	lists := []*[]uint64{&g.KVItemLens, &g.KVItems, &g.AuxItemLens, &g.AuxItems, &g.StateItemLens, &g.StateItems}
 	names := []string{"kv_item_lens", "kv_items", "aux_item_lens", "aux_items", "state_item_lens", "state_items"}
 	for k, l := range lists {
-		vs, err := UnpackU64(r.parts[i+10+k], maxBuffers)
+		vs, err := unpackU64(r.parts[i+10+k], maxBuffers)
 		if err != nil {
 			r.fail(i+10+k, "%s: %v", names[k], err)
 			return g
@@ -551,7 +551,7 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 		if len(parts[i+1]) > maxBlobBytes {
 			r.fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), maxBlobBytes)
 		}
-		regs, err := UnpackRegions(parts[i+2])
+		regs, err := unpackRegions(parts[i+2])
 		if err != nil {
 			r.fail(i+2, "region table: %v", err)
 		} else if len(regs) != 1+nkv+naux+nst {
@@ -610,7 +610,7 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		m.Dummy = true
 	} else {
 		m.Slot = r.int(6, 1<<20, "slot")
-		pages, err := UnpackI32(parts[5], maxPages)
+		pages, err := unpackI32(parts[5], maxPages)
 		if err != nil {
 			r.fail(5, "pages: %v", err)
 		}
@@ -624,7 +624,7 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		if len(parts[12]) > 0 {
 			m.AuxIndex = r.int(12, 1<<31-1, "aux index")
 		}
-		st, err := UnpackI32(parts[13], maxPages)
+		st, err := unpackI32(parts[13], maxPages)
 		if err != nil {
 			r.fail(13, "state indices: %v", err)
 		}
@@ -734,8 +734,8 @@ func DecodePing(parts [][]byte) (*PingMsg, error) {
 	return m, nil
 }
 
-// PackU64 packs vs as little-endian u64s.
-func PackU64(vs []uint64) []byte {
+// packU64 packs vs as little-endian u64s.
+func packU64(vs []uint64) []byte {
 	b := make([]byte, 8*len(vs))
 	for i, v := range vs {
 		binary.LittleEndian.PutUint64(b[8*i:], v)
@@ -743,9 +743,9 @@ func PackU64(vs []uint64) []byte {
 	return b
 }
 
-// UnpackU64 parses little-endian u64s; len(b) must be a multiple of 8 and
+// unpackU64 parses little-endian u64s; len(b) must be a multiple of 8 and
 // the count at most max.
-func UnpackU64(b []byte, max int) ([]uint64, error) {
+func unpackU64(b []byte, max int) ([]uint64, error) {
 	if len(b)%8 != 0 || len(b)/8 > max {
 		return nil, fmt.Errorf("%d bytes is not a whole number (at most %d) of 8-byte integers", len(b), max)
 	}
@@ -756,8 +756,8 @@ func UnpackU64(b []byte, max int) ([]uint64, error) {
 	return vs, nil
 }
 
-// PackI32 packs vs as little-endian int32s (SGLang's page-index arrays).
-func PackI32(vs []int32) []byte {
+// packI32 packs vs as little-endian int32s (SGLang's page-index arrays).
+func packI32(vs []int32) []byte {
 	b := make([]byte, 4*len(vs))
 	for i, v := range vs {
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
@@ -765,9 +765,9 @@ func PackI32(vs []int32) []byte {
 	return b
 }
 
-// UnpackI32 parses little-endian int32s; len(b) must be a multiple of 4 and
+// unpackI32 parses little-endian int32s; len(b) must be a multiple of 4 and
 // the count at most max.
-func UnpackI32(b []byte, max int) ([]int32, error) {
+func unpackI32(b []byte, max int) ([]int32, error) {
 	if len(b)%4 != 0 || len(b)/4 > max {
 		return nil, fmt.Errorf("%d bytes is not a whole number (at most %d) of 4-byte integers", len(b), max)
 	}
@@ -778,9 +778,9 @@ func UnpackI32(b []byte, max int) ([]int32, error) {
 	return vs, nil
 }
 
-// PackRegions encodes a region table: u32 count, then per region u32 id,
+// packRegions encodes a region table: u32 count, then per region u32 id,
 // u64 addr, u64 length, u8 kind, u32 key length and the key, little-endian.
-func PackRegions(rs []RegionDesc) []byte {
+func packRegions(rs []RegionDesc) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, uint32(len(rs)))
 	for _, r := range rs {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.ID))
@@ -793,9 +793,9 @@ func PackRegions(rs []RegionDesc) []byte {
 	return b
 }
 
-// UnpackRegions decodes PackRegions' encoding; errors say which region and
+// unpackRegions decodes packRegions' encoding; errors say which region and
 // field is short or invalid.
-func UnpackRegions(b []byte) ([]RegionDesc, error) {
+func unpackRegions(b []byte) ([]RegionDesc, error) {
 	if len(b) < 4 {
 		return nil, fmt.Errorf("%d bytes, too short for the region count", len(b))
 	}

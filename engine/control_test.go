@@ -126,9 +126,9 @@ func TestControlRejects(t *testing.T) {
 		val   []byte
 		want  string
 	}{
-		{14, PackU64([]uint64{4096}), "1 KV item lengths and 4 counts, want 4 each"},
-		{15, PackU64([]uint64{1, 2, 3, 0}), "kv_items: entry 0 out of range"},
-		{16, PackU64([]uint64{64}), "1 aux item lengths but 2 row counts"},
+		{14, packU64([]uint64{4096}), "1 KV item lengths and 4 counts, want 4 each"},
+		{15, packU64([]uint64{1, 2, 3, 0}), "kv_items: entry 0 out of range"},
+		{16, packU64([]uint64{64}), "1 aux item lengths but 2 row counts"},
 		{8, []byte("2"), "layers [2, 2) are empty"},
 		{6, []byte("1"), "pp_rank 1 not in [0, pp_size 1)"},
 		{12, []byte("0"), "kv_head_num and total_kv_head_num must be > 0"},
@@ -337,10 +337,10 @@ func FuzzDecodeAbortHandshakePing(f *testing.F) {
 }
 
 func FuzzUnpackRegions(f *testing.F) {
-	f.Add(PackRegions(sampleRegister().Transports[1:][0].regions()))
+	f.Add(packRegions(sampleRegister().Transports[1:][0].regions()))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rs, err := UnpackRegions(b)
-		if err == nil && !bytes.Equal(PackRegions(rs), b) {
+		rs, err := unpackRegions(b)
+		if err == nil && !bytes.Equal(packRegions(rs), b) {
 			t.Fatalf("region table does not re-encode to its input")
 		}
 	})

@@ -114,7 +114,7 @@ func SealControl(frames [][]byte, instance string, epoch uint64, now time.Time, 
 // error wrapping ErrUnauthenticated; without one, any tag is accepted
 // unchecked. Other errors wrap ErrBadFrame. It never panics.
 func OpenControl(parts [][]byte, key []byte, now time.Time) ([][]byte, Envelope, error) {
-	if _, err := ControlType(parts); err != nil {
+	if _, err := controlType(parts); err != nil {
 		return nil, Envelope{}, err
 	}
 	if len(parts) < 3+envelopeFrames {

@@ -28,7 +28,7 @@ import (
 //	4 probe id (>= 1; also the data-path epoch of the probe's segments)
 //	5 length: bytes to write per transport (1 … MaxProbeBytes)
 //	6 transport count n (1 … 8), then per transport 3 frames: name,
-//	  endpoint blob (Transport.Endpoint), region table (PackRegions: exactly
+//	  endpoint blob (Transport.Endpoint), region table (packRegions: exactly
 //	  one region, the scratch region, at least length bytes)
 //
 //	PROBE_RESULT (rank → prober):
@@ -102,7 +102,7 @@ type ProbeResultMsg struct {
 func (m *ProbeMsg) Encode() [][]byte {
 	f := append(header(MsgProbe), []byte(m.Endpoint), dec(m.ID), dec(m.Length), deci(len(m.Transports)))
 	for _, o := range m.Transports {
-		f = append(f, []byte(o.Name), o.Endpoint, PackRegions([]RegionDesc{o.Region}))
+		f = append(f, []byte(o.Name), o.Endpoint, packRegions([]RegionDesc{o.Region}))
 	}
 	return f
 }
@@ -141,7 +141,7 @@ func DecodeProbe(parts [][]byte) (*ProbeMsg, error) {
 		if len(parts[base+1]) > maxBlobBytes {
 			r.fail(base+1, "endpoint blob of %d bytes, longer than %d", len(parts[base+1]), maxBlobBytes)
 		}
-		regs, err := UnpackRegions(parts[base+2])
+		regs, err := unpackRegions(parts[base+2])
 		switch {
 		case err != nil:
 			r.fail(base+2, "region table: %v", err)

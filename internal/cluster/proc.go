@@ -4,6 +4,11 @@
 // server per child). A Proc is a child whose stdout is read line by line and
 // which stops when its stdin closes, with SIGTERM and SIGKILL behind that, so
 // no harness leaves a process behind.
+//
+// It also holds what one such rank does for a room (rooms.go): PrefillRoom
+// and DecodeRoom drive an engine Sender and Receiver over workload buffers,
+// the reference way to use them, which `kvxfer prefill`/`decode` run for
+// every request line.
 package cluster
 
 import (

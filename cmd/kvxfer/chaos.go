@@ -24,6 +24,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -661,13 +662,13 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	defer e.prefillResult(rec, preCh)
 
 	// The decode side.
-	pages, err := allocWait(ctx, e.pool.PageAllocator, "pages", (rec.tokens+15)/16, 10*time.Minute)
+	pages, err := cluster.AllocWait(ctx, e.pool.PageAllocator, "pages", (rec.tokens+15)/16, 10*time.Minute)
 	if err != nil {
 		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
 		return
 	}
 	defer e.pool.Free(pages)
-	aux, err := allocWait(ctx, e.rows, "aux rows", 1, 10*time.Minute)
+	aux, err := cluster.AllocWait(ctx, e.rows, "aux rows", 1, 10*time.Minute)
 	if err != nil {
 		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
 		return

@@ -88,13 +88,13 @@ const maxRecent = 100_000
 
 // rememberClosedLocked records a closed, failed sender's memo; m.mu held.
 func (m *Manager) rememberClosedLocked(room uint64, a ackMemo) {
-	if _, ok := m.recent[room]; !ok {
-		m.recentOrder = append(m.recentOrder, room)
+	if _, ok := m.pre.recent[room]; !ok {
+		m.pre.recentOrder = append(m.pre.recentOrder, room)
 	}
-	m.recent[room] = a
-	for len(m.recent) > maxRecent && len(m.recentOrder) > 0 {
-		delete(m.recent, m.recentOrder[0])
-		m.recentOrder = m.recentOrder[1:]
+	m.pre.recent[room] = a
+	for len(m.pre.recent) > maxRecent && len(m.pre.recentOrder) > 0 {
+		delete(m.pre.recent, m.pre.recentOrder[0])
+		m.pre.recentOrder = m.pre.recentOrder[1:]
 	}
 }
 
@@ -109,13 +109,13 @@ type epochKey struct {
 // that asks again after the room was closed.
 func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 	m.mu.Lock()
-	if _, ok := m.verdicts[room]; !ok {
-		m.verdictOrder = append(m.verdictOrder, room)
+	if _, ok := m.dec.verdicts[room]; !ok {
+		m.dec.verdictOrder = append(m.dec.verdictOrder, room)
 	}
-	m.verdicts[room] = verdict{ok: ok, reason: reason, at: time.Now()}
-	for len(m.verdicts) > maxVerdicts && len(m.verdictOrder) > 0 {
-		delete(m.verdicts, m.verdictOrder[0])
-		m.verdictOrder = m.verdictOrder[1:]
+	m.dec.verdicts[room] = verdict{ok: ok, reason: reason, at: time.Now()}
+	for len(m.dec.verdicts) > maxVerdicts && len(m.dec.verdictOrder) > 0 {
+		delete(m.dec.verdicts, m.dec.verdictOrder[0])
+		m.dec.verdictOrder = m.dec.verdictOrder[1:]
 	}
 	m.mu.Unlock()
 }
@@ -144,7 +144,7 @@ func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, ep
 func (m *Manager) handleAbortAck(v *AbortAckMsg) {
 	m.met.fence(RoleDecode, "abort_ack_received")
 	m.mu.Lock()
-	r := m.receivers[v.Room]
+	r := m.dec.receivers[v.Room]
 	m.mu.Unlock()
 	if r == nil {
 		if !v.Clean && v.Epoch != 0 {
@@ -166,17 +166,17 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 	}
 	k := epochKey{peer, epoch}
 	m.mu.Lock()
-	if m.closed || m.fenceOps[k] != nil {
+	if m.closed || m.dec.fenceOps[k] != nil {
 		m.mu.Unlock()
 		return
 	}
 	done := make(chan struct{})
-	m.fenceOps[k] = done
-	if p := m.ppeers[peer]; p != nil && p.epoch == epoch {
-		delete(m.ppeers, peer)
+	m.dec.fenceOps[k] = done
+	if p := m.dec.ppeers[peer]; p != nil && p.epoch == epoch {
+		delete(m.dec.ppeers, peer)
 	}
 	var rs []*Receiver
-	for _, r := range m.receivers {
+	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
 	m.wg.Add(1) // under m.mu with closed false: never concurrent with teardown's Wait
@@ -208,7 +208,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 		m.met.fence(RoleDecode, "fenced")
 		m.mu.Lock()
 		rs = rs[:0]
-		for _, r := range m.receivers {
+		for _, r := range m.dec.receivers {
 			rs = append(rs, r)
 		}
 		m.mu.Unlock()
@@ -246,7 +246,7 @@ func (m *Manager) fenceTransports(peer string, epoch uint64) error {
 func (m *Manager) epochFencing(peer string, epoch uint64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.fenceOps[epochKey{peer, epoch}] != nil
+	return m.dec.fenceOps[epochKey{peer, epoch}] != nil
 }
 
 // admitEpoch admits a new registration's epoch on transport t when it
@@ -280,32 +280,32 @@ func (m *Manager) goTracked(f func()) {
 // finished fence operations older than their time to live; m.mu held.
 func (m *Manager) pruneFenceStateLocked(now time.Time) {
 	ttl := m.verdictTTL()
-	for len(m.verdictOrder) > 0 {
-		room := m.verdictOrder[0]
-		if v, ok := m.verdicts[room]; ok && now.Sub(v.at) <= ttl {
+	for len(m.dec.verdictOrder) > 0 {
+		room := m.dec.verdictOrder[0]
+		if v, ok := m.dec.verdicts[room]; ok && now.Sub(v.at) <= ttl {
 			break // in order of first decision
 		}
-		delete(m.verdicts, room)
-		m.verdictOrder = m.verdictOrder[1:]
+		delete(m.dec.verdicts, room)
+		m.dec.verdictOrder = m.dec.verdictOrder[1:]
 	}
-	if cap(m.verdictOrder) > 2*len(m.verdictOrder)+1024 {
-		m.verdictOrder = append([]uint64(nil), m.verdictOrder...)
+	if cap(m.dec.verdictOrder) > 2*len(m.dec.verdictOrder)+1024 {
+		m.dec.verdictOrder = append([]uint64(nil), m.dec.verdictOrder...)
 	}
-	for len(m.recentOrder) > 0 {
-		room := m.recentOrder[0]
-		if a, ok := m.recent[room]; ok && now.Sub(a.at) <= m.cfg.BootstrapTimeout {
+	for len(m.pre.recentOrder) > 0 {
+		room := m.pre.recentOrder[0]
+		if a, ok := m.pre.recent[room]; ok && now.Sub(a.at) <= m.cfg.BootstrapTimeout {
 			break // in order of closing (a room closed again moves nothing)
 		}
-		delete(m.recent, room)
-		m.recentOrder = m.recentOrder[1:]
+		delete(m.pre.recent, room)
+		m.pre.recentOrder = m.pre.recentOrder[1:]
 	}
-	if cap(m.recentOrder) > 2*len(m.recentOrder)+1024 {
-		m.recentOrder = append([]uint64(nil), m.recentOrder...)
+	if cap(m.pre.recentOrder) > 2*len(m.pre.recentOrder)+1024 {
+		m.pre.recentOrder = append([]uint64(nil), m.pre.recentOrder...)
 	}
-	for k, done := range m.fenceOps {
+	for k, done := range m.dec.fenceOps {
 		select {
 		case <-done:
-			delete(m.fenceOps, k)
+			delete(m.dec.fenceOps, k)
 		default:
 		}
 	}

@@ -29,8 +29,8 @@ import (
 // can carry another room.
 func (m *Manager) awaitEpochSettled(ctx context.Context, self *Receiver, peer string, epoch uint64) {
 	m.mu.Lock()
-	rs := make([]*Receiver, 0, len(m.receivers))
-	for _, r := range m.receivers {
+	rs := make([]*Receiver, 0, len(m.dec.receivers))
+	for _, r := range m.dec.receivers {
 		if r != self {
 			rs = append(rs, r)
 		}

@@ -47,13 +47,13 @@ func bootstrapHeartbeatSettings(interval time.Duration, maxFail int) (time.Durat
 }
 
 // startHeartbeatLocked runs the bootstrap heartbeat for inst, which the caller
-// has just put in m.bcache; the caller holds m.mu and has checked that the
+// has just put in m.dec.bcache; the caller holds m.mu and has checked that the
 // manager is not closed.
 func (m *Manager) startHeartbeatLocked(inst *instanceInfo) {
 	if m.cfg.BootstrapHeartbeatInterval < 0 {
 		return
 	}
-	m.hbWG.Add(1)
+	m.dec.hbWG.Add(1)
 	go m.heartbeat(inst)
 }
 
@@ -61,7 +61,7 @@ func (m *Manager) startHeartbeatLocked(inst *instanceInfo) {
 // closes or inst leaves the cache (dropped on peer loss, or by this loop
 // after MaxFailure consecutive failures).
 func (m *Manager) heartbeat(inst *instanceInfo) {
-	defer m.hbWG.Done()
+	defer m.dec.hbWG.Done()
 	every := m.cfg.BootstrapHeartbeatInterval
 	timeout := min(max(every, minHealthTimeout), maxHealthTimeout)
 	t := time.NewTicker(every)
@@ -84,7 +84,7 @@ func (m *Manager) heartbeat(inst *instanceInfo) {
 		case <-t.C:
 		}
 		m.mu.Lock()
-		current := m.bcache[inst.addr] == inst
+		current := m.dec.bcache[inst.addr] == inst
 		m.mu.Unlock()
 		if !current {
 			return
@@ -128,16 +128,16 @@ func (m *Manager) bootstrapLost(inst *instanceInfo, fails int, last error) {
 		m.mu.Unlock()
 		return
 	}
-	if m.bcache[inst.addr] == inst {
-		delete(m.bcache, inst.addr)
+	if m.dec.bcache[inst.addr] == inst {
+		delete(m.dec.bcache, inst.addr)
 	}
 	inst.mu.Lock()
 	for _, ep := range inst.ranks {
-		delete(m.ppeers, ep)
+		delete(m.dec.ppeers, ep)
 	}
 	inst.mu.Unlock()
 	var rs []*Receiver
-	for _, r := range m.receivers {
+	for _, r := range m.dec.receivers {
 		if r.addr == inst.addr {
 			rs = append(rs, r)
 		}

@@ -17,7 +17,6 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
@@ -276,6 +275,13 @@ type pushSock struct {
 // the PUSH sockets to peers, the memory registrations with each transport,
 // the bootstrap registration (prefill) or the bootstrap cache and metadata
 // ring (decode), and the per-room Senders/Receivers. Safe for concurrent use.
+//
+// The Manager itself is what both roles share: sockets, dispatch, peers and
+// their liveness, registrations, metrics (manager.go, liveness.go,
+// trust.go). What one role alone holds is in its side, prefillSide
+// (prefill.go: the frames a prefill answers; Sender in sender.go) or
+// decodeSide (decode.go: directory lookups and registration; Receiver in
+// receiver.go, fencing in fence.go).
 type Manager struct {
 	cfg      ManagerConfig
 	log      *slog.Logger
@@ -287,30 +293,15 @@ type Manager struct {
 	port     int
 	regs     []*regSet // by priority, highest first
 
-	ring    *MetaRing   // decode
-	staging *HostBuffer // prefill: records to write
-	stageMu sync.Mutex
-	stFree  []int
+	// pre and dec hold what only one role uses (prefill.go, decode.go);
+	// the other role's side stays empty.
+	pre prefillSide
+	dec decodeSide
 
-	mu        sync.Mutex
-	closed    bool
-	push      map[string]*pushSock
-	lastSeen  map[string]time.Time
-	senders   map[uint64]*Sender
-	receivers map[uint64]*Receiver
-	pending   map[uint64]map[string]pendingTransfer // prefill: TRANSFERs before NewSender
-	aborted   map[uint64]time.Time                  // prefill: ABORTs before NewSender
-	recent    map[uint64]ackMemo                    // prefill: how closed senders ended (late ABORTs, TRANSFERs)
-	// recentOrder: rooms of recent in the order first closed (expiry).
-	recentOrder []uint64
-	verdicts    map[uint64]verdict // decode: outcomes of finished rooms
-	// verdictOrder: rooms of verdicts in the order first decided (expiry)
-	verdictOrder []uint64
-	fenceOps     map[epochKey]chan struct{} // decode: data-path fences running or done
-	dpeers       map[string]*decodePeer     // prefill: registered decode ranks
-	ppeers       map[string]*prefillPeer    // decode: prefill ranks registered with
-	bcache       map[string]*instanceInfo   // decode: bootstrap info per address
-	dir          *bootstrap.Client          // prefill: the directory this rank registers with
+	mu       sync.Mutex
+	closed   bool
+	push     map[string]*pushSock
+	lastSeen map[string]time.Time
 
 	instanceID string
 	// ctlKey tags and checks control frames (nil: AuthenticateControl off).
@@ -318,13 +309,10 @@ type Manager struct {
 	// dropped counts received control frames dropped as unauthenticated,
 	// malformed, or from another instance than the peer's; dropLog rate-
 	// limits the warning about them (recvLoop only).
-	dropped   atomic.Uint64
-	dropLog   dropLogger
-	epoch     uint64
-	reregs    atomic.Int64  // prefill: re-registrations (reregister.go)
-	segdir    segDirState   // ManagerConfig.Directory state (manager_dir.go)
-	watchStop chan struct{} // prefill: stops watchDirectory
-	watchDone chan struct{} // closed when watchDirectory returned
+	dropped atomic.Uint64
+	dropLog dropLogger
+	epoch   uint64
+	segdir  segDirState // ManagerConfig.Directory state (manager_dir.go)
 
 	// rankName is the rank's coordinates ("dp0/tp1/pp0" on a prefill,
 	// "tp1/pp0" on a decode): the rank attribute of logs and timelines.
@@ -339,12 +327,6 @@ type Manager struct {
 	probing   atomic.Bool
 	probeAcks map[probeKey]chan error
 
-	// flights coalesces identical directory lookups in flight (decode:
-	// topology per address, endpoint per rank; receiver.go).
-	flights singleflight.Group
-	// lookupErrs holds the latest failed attempt of each lookup in flight
-	// (key → error), for the caller that times out first (Manager.lookup).
-	lookupErrs sync.Map
 	// life ends when the manager closes; shared lookups run under it.
 	life     context.Context
 	stopLife context.CancelFunc
@@ -352,7 +334,6 @@ type Manager struct {
 	done  chan struct{}
 	wg    sync.WaitGroup
 	monWG sync.WaitGroup
-	hbWG  sync.WaitGroup // decode: bootstrap heartbeats (heartbeat.go)
 	monN  int
 
 	// Control-loop liveness (liveness.go): drainedAt is when the receive
@@ -366,11 +347,6 @@ type Manager struct {
 	// failMonitorReader, when set (tests only), makes watch fail to open a
 	// monitor's reader, as a context out of sockets does.
 	failMonitorReader atomic.Bool
-}
-
-type pendingTransfer struct {
-	msg *TransferMsg
-	at  time.Time
 }
 
 // NewManager validates the KV arguments (errors wrap ErrBadKVArgs), binds the
@@ -479,22 +455,13 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		log:        cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
 		push:       map[string]*pushSock{},
 		lastSeen:   map[string]time.Time{},
-		senders:    map[uint64]*Sender{},
-		receivers:  map[uint64]*Receiver{},
-		pending:    map[uint64]map[string]pendingTransfer{},
-		aborted:    map[uint64]time.Time{},
-		recent:     map[uint64]ackMemo{},
-		verdicts:   map[uint64]verdict{},
-		fenceOps:   map[epochKey]chan struct{}{},
-		dpeers:     map[string]*decodePeer{},
-		ppeers:     map[string]*prefillPeer{},
-		bcache:     map[string]*instanceInfo{},
 		probeAcks:  map[probeKey]chan error{},
 		done:       make(chan struct{}),
-		dir:        dir,
 		instanceID: cfg.InstanceID,
 		ctlKey:     controlKeyIf(cfg.AuthenticateControl, cfg.BootstrapAuthToken),
 		epoch:      uint64(time.Now().UnixNano()),
+		pre:        newPrefillSide(dir),
+		dec:        newDecodeSide(),
 	}
 	m.life, m.stopLife = context.WithCancel(context.Background())
 	if cfg.TracerProvider != nil {
@@ -554,16 +521,16 @@ func (m *Manager) setupMemory() error {
 		if err != nil {
 			return err
 		}
-		m.ring = r
+		m.dec.ring = r
 		meta = r.Memory()
 	} else {
 		b, err := AllocHost("record-staging", defaultStagingSlots*RecordSize)
 		if err != nil {
 			return err
 		}
-		m.staging = b
+		m.pre.staging = b
 		for i := defaultStagingSlots - 1; i >= 0; i-- {
-			m.stFree = append(m.stFree, i)
+			m.pre.stFree = append(m.pre.stFree, i)
 		}
 		meta = b.Memory()
 	}
@@ -813,7 +780,7 @@ func (m *Manager) PagesForTokens(tokens int) int {
 func (m *Manager) Role() Role { return m.cfg.Role }
 
 // Ring returns the decode's metadata ring (nil on a prefill).
-func (m *Manager) Ring() *MetaRing { return m.ring }
+func (m *Manager) Ring() *MetaRing { return m.dec.ring }
 
 // ProducerRank is SGLang's prefill_unique_rank with cp = 0 and cp size 1:
 // tp_rank × pp_size + pp_rank (spec §5.2.3).
@@ -839,11 +806,11 @@ func (m *Manager) Close() error {
 	}
 	m.closed = true
 	var ss []*Sender
-	for _, s := range m.senders {
+	for _, s := range m.pre.senders {
 		ss = append(ss, s)
 	}
 	var rs []*Receiver
-	for _, r := range m.receivers {
+	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
 	m.mu.Unlock()
@@ -853,12 +820,12 @@ func (m *Manager) Close() error {
 	for _, r := range rs {
 		r.failLocal(ErrManagerClosed)
 	}
-	if m.dir != nil {
+	if m.pre.dir != nil {
 		m.stopDirectoryWatch()
 		// Conditional on our instance id: a successor that took over these
 		// coordinates (rolling restart) keeps its entry.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := m.dir.Deregister(ctx, m.coord(), m.instanceID)
+		err := m.pre.dir.Deregister(ctx, m.coord(), m.instanceID)
 		cancel()
 		switch {
 		case err == nil:
@@ -885,12 +852,12 @@ func (m *Manager) teardown() {
 	m.stopSegmentDirectory()
 	m.wg.Wait()
 	m.monWG.Wait()
-	m.hbWG.Wait()
+	m.dec.hbWG.Wait()
 	m.mu.Lock()
-	for _, p := range m.dpeers {
+	for _, p := range m.pre.dpeers {
 		p.close()
 	}
-	m.dpeers = map[string]*decodePeer{}
+	m.pre.dpeers = map[string]*decodePeer{}
 	for ep, ps := range m.push {
 		ps.mu.Lock()
 		_ = ps.sock.Close()
@@ -912,11 +879,11 @@ func (m *Manager) teardown() {
 		}
 	}
 	m.regs = nil
-	if m.ring != nil {
-		_ = m.ring.Close()
+	if m.dec.ring != nil {
+		_ = m.dec.ring.Close()
 	}
-	if m.staging != nil {
-		_ = m.staging.Close()
+	if m.pre.staging != nil {
+		_ = m.pre.staging.Close()
 	}
 }
 
@@ -1341,15 +1308,15 @@ func (m *Manager) monitorLoop() {
 			}
 		}
 		var ss []*Sender
-		for _, s := range m.senders {
+		for _, s := range m.pre.senders {
 			ss = append(ss, s)
 		}
 		var rs []*Receiver
-		for _, r := range m.receivers {
+		for _, r := range m.dec.receivers {
 			rs = append(rs, r)
 		}
 		var expired []*TransferMsg
-		for room, p := range m.pending {
+		for room, p := range m.pre.pending {
 			for ep, pt := range p {
 				if now.Sub(pt.at) > m.cfg.BootstrapTimeout {
 					delete(p, ep)
@@ -1357,12 +1324,12 @@ func (m *Manager) monitorLoop() {
 				}
 			}
 			if len(p) == 0 {
-				delete(m.pending, room)
+				delete(m.pre.pending, room)
 			}
 		}
-		for room, at := range m.aborted {
+		for room, at := range m.pre.aborted {
 			if now.Sub(at) > m.cfg.BootstrapTimeout {
-				delete(m.aborted, room)
+				delete(m.pre.aborted, room)
 			}
 		}
 		m.pruneFenceStateLocked(now)
@@ -1409,30 +1376,30 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	m.mu.Lock()
 	delete(m.lastSeen, ep)
 	var ss []*Sender
-	for _, s := range m.senders {
+	for _, s := range m.pre.senders {
 		ss = append(ss, s)
 	}
 	var rs []*Receiver
-	for _, r := range m.receivers {
+	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
-	dp := m.dpeers[ep]
-	delete(m.dpeers, ep)
+	dp := m.pre.dpeers[ep]
+	delete(m.pre.dpeers, ep)
 	var lostEpoch uint64
-	if pp := m.ppeers[ep]; pp != nil {
+	if pp := m.dec.ppeers[ep]; pp != nil {
 		lostEpoch = pp.epoch
 	}
-	if pp := m.ppeers[ep]; pp != nil && pp.ack != nil {
+	if pp := m.dec.ppeers[ep]; pp != nil && pp.ack != nil {
 		select { // a registration waiting for REGISTER_ACK ends now
 		case pp.ack <- ackResult{err: err}:
 		default:
 		}
 	}
-	delete(m.ppeers, ep)
+	delete(m.dec.ppeers, ep)
 	m.unwatchPeerAsync(ep)
-	for addr, inst := range m.bcache {
+	for addr, inst := range m.dec.bcache {
 		if inst.names(ep) {
-			delete(m.bcache, addr)
+			delete(m.dec.bcache, addr)
 		}
 	}
 	m.mu.Unlock()
@@ -1469,81 +1436,4 @@ func (m *Manager) otherRole() string {
 		return "prefill"
 	}
 	return "decode"
-}
-
-// handleAbort: on a prefill, a decode failed the room (its verdict): the
-// sender fails with the decode's reason, stops writing and, once no batch of
-// the room is in flight, answers ABORT_ACK; a room this rank does not hold
-// (yet) is remembered so that a later NewSender fails at once, and is
-// acknowledged at once. On a decode (older peers): the producer aborted.
-func (m *Manager) handleAbort(v *AbortMsg) {
-	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
-	m.mu.Lock()
-	s := m.senders[v.Room]
-	r := m.receivers[v.Room]
-	var memo ackMemo
-	haveMemo := false
-	if m.cfg.Role == RolePrefill && s == nil {
-		m.aborted[v.Room] = time.Now()
-		delete(m.pending, v.Room)
-		memo, haveMemo = m.recent[v.Room]
-	}
-	m.mu.Unlock()
-	m.met.fence(m.cfg.Role, "abort_received")
-	if r != nil {
-		r.failLocal(err)
-	}
-	if m.cfg.Role != RolePrefill {
-		return
-	}
-	ack := &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
-	if s == nil {
-		if haveMemo {
-			ack.Clean, ack.Detail = memo.clean, memo.detail
-		}
-		go m.sendAbortAck(v.Endpoint, ack)
-		return
-	}
-	s.fail(err)
-	s.tr.event(s.tr.step(), v.Endpoint, "ABORT received")
-	go func() {
-		<-s.finished
-		ack.Clean, ack.Detail = s.cleanState()
-		ack.Epoch = s.dstEpoch(v.Endpoint, v.Epoch)
-		if m.sendAbortAck(v.Endpoint, ack) {
-			detail := "ABORT_ACK sent: clean"
-			if !ack.Clean {
-				detail = "ABORT_ACK sent: unclean (" + ack.Detail + ")"
-			}
-			s.tr.event(s.tr.step(), v.Endpoint, detail)
-		}
-	}()
-}
-
-// sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode
-// that misses it fences the data path after its FenceTimeout). It reports
-// whether the frame was handed to the control socket.
-func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) bool {
-	if m.send(ep, ack.Encode(), false) != nil {
-		return false
-	}
-	m.met.fence(RolePrefill, "abort_ack_sent")
-	return true
-}
-
-// handleVerdict (prefill): a decode's verdict on a room (STATUS from the
-// decode): Success completes the sender once every destination agreed.
-func (m *Manager) handleVerdict(v *StatusMsg) {
-	m.mu.Lock()
-	s := m.senders[v.Room]
-	m.mu.Unlock()
-	if s == nil {
-		return
-	}
-	switch v.State {
-	case KVSuccess:
-		s.onVerdict(v.Endpoint)
-	case KVFailed:
-		s.fail(fmt.Errorf("%w by decode %s: %s", ErrAborted, v.Endpoint, v.Reason))
-	}
 }

@@ -610,11 +610,11 @@ type managerState struct {
 func (m *Manager) stateSnapshot() managerState {
 	s := managerState{active: map[KVPoll]int{}, peers: map[string]int{}, freePages: -1}
 	m.mu.Lock()
-	polls := make([]*pollState, 0, len(m.senders)+len(m.receivers))
-	for _, x := range m.senders {
+	polls := make([]*pollState, 0, len(m.pre.senders)+len(m.dec.receivers))
+	for _, x := range m.pre.senders {
 		polls = append(polls, x.st)
 	}
-	for _, x := range m.receivers {
+	for _, x := range m.dec.receivers {
 		polls = append(polls, x.st)
 	}
 	socks := make([]*pushSock, 0, len(m.push))
@@ -643,10 +643,10 @@ func (m *Manager) stateSnapshot() managerState {
 	if f := m.cfg.FreePages; f != nil {
 		s.freePages = f()
 	}
-	if m.ring != nil {
-		s.ringSlots = m.ring.Slots()
-		s.ringUsed = m.ring.InUse()
-		s.ringWaiting = m.ring.Waiting()
+	if m.dec.ring != nil {
+		s.ringSlots = m.dec.ring.Slots()
+		s.ringUsed = m.dec.ring.InUse()
+		s.ringWaiting = m.dec.ring.Waiting()
 	}
 	return s
 }
@@ -657,8 +657,8 @@ func (m *Manager) stateSnapshot() managerState {
 // fenced): pages the caller cannot get back yet (Close waits).
 func (m *Manager) quarantinedPages() int {
 	m.mu.Lock()
-	rs := make([]*Receiver, 0, len(m.receivers))
-	for _, r := range m.receivers {
+	rs := make([]*Receiver, 0, len(m.dec.receivers))
+	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
 	m.mu.Unlock()

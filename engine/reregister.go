@@ -55,7 +55,7 @@ func (m *Manager) coord() bootstrap.Coord {
 }
 
 func (m *Manager) registerBootstrap(ctx context.Context) error {
-	if err := m.dir.Register(ctx, m.registerRequest()); err != nil {
+	if err := m.pre.dir.Register(ctx, m.registerRequest()); err != nil {
 		return fmt.Errorf("engine: prefill rank tp=%d pp=%d: %w", m.geo.TPRank, m.geo.PPRank, err)
 	}
 	return nil
@@ -64,9 +64,9 @@ func (m *Manager) registerBootstrap(ctx context.Context) error {
 // startDirectoryWatch starts the prefill's directory check (see
 // watchDirectory) unless disabled.
 func (m *Manager) startDirectoryWatch() {
-	m.watchStop, m.watchDone = make(chan struct{}), make(chan struct{})
+	m.pre.watchStop, m.pre.watchDone = make(chan struct{}), make(chan struct{})
 	if m.cfg.DirectoryCheckInterval < 0 {
-		close(m.watchDone)
+		close(m.pre.watchDone)
 		return
 	}
 	go m.watchDirectory()
@@ -75,15 +75,15 @@ func (m *Manager) startDirectoryWatch() {
 // stopDirectoryWatch stops the check and waits for it (idempotent), so a
 // deregistration that follows cannot be undone by a re-registration.
 func (m *Manager) stopDirectoryWatch() {
-	if m.watchStop == nil {
+	if m.pre.watchStop == nil {
 		return
 	}
 	select {
-	case <-m.watchStop:
+	case <-m.pre.watchStop:
 	default:
-		close(m.watchStop)
+		close(m.pre.watchStop)
 	}
-	<-m.watchDone
+	<-m.pre.watchDone
 }
 
 // watchDirectory makes a prefill rank notice a directory that lost it and
@@ -95,13 +95,13 @@ func (m *Manager) stopDirectoryWatch() {
 // in place. A directory without /v1/entry (SGLang's) is re-registered once
 // each time it answers again after failing, i.e. after a restart.
 func (m *Manager) watchDirectory() {
-	defer close(m.watchDone)
+	defer close(m.pre.watchDone)
 	every := m.cfg.DirectoryCheckInterval
 	down := false // the last check could not reach the directory
 	for {
 		t := time.NewTimer(time.Duration(float64(every) * (0.8 + 0.4*rand.Float64())))
 		select {
-		case <-m.watchStop:
+		case <-m.pre.watchStop:
 			t.Stop()
 			return
 		case <-m.done:
@@ -123,16 +123,16 @@ func (m *Manager) watchDirectory() {
 // rank was replaced) and whether the directory answered.
 func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reached bool) {
 	at := m.coord()
-	e, err := m.dir.Entry(ctx, at)
+	e, err := m.pre.dir.Entry(ctx, at)
 	switch {
 	case err == nil && e.InstanceID == m.instanceID:
 		if wasDown {
-			m.log.Info("bootstrap directory answers again and still names this rank", "bootstrap", m.dir.Addr())
+			m.log.Info("bootstrap directory answers again and still names this rank", "bootstrap", m.pre.dir.Addr())
 		}
 		return false, true
 	case err == nil && e.Epoch > m.epoch:
 		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it gets no new rooms and stops re-registering (stop this process)",
-			"bootstrap", m.dir.Addr(), "rank", at.String(), "successor", e.InstanceID, "successor_epoch", e.Epoch,
+			"bootstrap", m.pre.dir.Addr(), "rank", at.String(), "successor", e.InstanceID, "successor_epoch", e.Epoch,
 			"successor_endpoint", e.Endpoint(), "instance", m.instanceID, "epoch", m.epoch)
 		return true, true
 	case err == nil:
@@ -147,11 +147,11 @@ func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reach
 	}
 	var se *bootstrap.StatusError
 	if errors.As(err, &se) {
-		m.log.Warn("bootstrap directory check failed", "bootstrap", m.dir.Addr(), "err", err)
+		m.log.Warn("bootstrap directory check failed", "bootstrap", m.pre.dir.Addr(), "err", err)
 		return false, true
 	}
 	if !wasDown {
-		m.log.Warn("bootstrap directory unreachable; will register again when it answers", "bootstrap", m.dir.Addr(), "err", err)
+		m.log.Warn("bootstrap directory unreachable; will register again when it answers", "bootstrap", m.pre.dir.Addr(), "err", err)
 	}
 	return false, false
 }
@@ -160,21 +160,21 @@ func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reach
 // checking (the directory says a newer instance holds the coordinates).
 func (m *Manager) reregister(ctx context.Context, why string) (stop bool) {
 	t := time.Now()
-	err := m.dir.Register(ctx, m.registerRequest())
+	err := m.pre.dir.Register(ctx, m.registerRequest())
 	switch {
 	case err == nil:
-		m.log.Info("registered again with the bootstrap directory", "bootstrap", m.dir.Addr(), "why", why, "took", time.Since(t).Round(time.Millisecond))
-		m.reregs.Add(1)
+		m.log.Info("registered again with the bootstrap directory", "bootstrap", m.pre.dir.Addr(), "why", why, "took", time.Since(t).Round(time.Millisecond))
+		m.pre.reregs.Add(1)
 		return false
 	case errors.Is(err, bootstrap.ErrReplaced):
 		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it stops re-registering (stop this process)",
-			"bootstrap", m.dir.Addr(), "err", err)
+			"bootstrap", m.pre.dir.Addr(), "err", err)
 		return true
 	}
-	m.log.Warn("registering again with the bootstrap directory failed; retrying at the next check", "bootstrap", m.dir.Addr(), "why", why, "err", err)
+	m.log.Warn("registering again with the bootstrap directory failed; retrying at the next check", "bootstrap", m.pre.dir.Addr(), "why", why, "err", err)
 	return false
 }
 
 // Reregistrations returns how many times this prefill rank registered again
 // after noticing the directory had lost it.
-func (m *Manager) Reregistrations() int64 { return m.reregs.Load() }
+func (m *Manager) Reregistrations() int64 { return m.pre.reregs.Load() }

@@ -153,10 +153,10 @@ func (m *Manager) checkSender(msg any, env Envelope) bool {
 	var want peerID
 	var registering bool
 	if m.cfg.Role == RolePrefill {
-		if p := m.dpeers[ep]; p != nil {
+		if p := m.pre.dpeers[ep]; p != nil {
 			want = p.id
 		}
-	} else if p := m.ppeers[ep]; p != nil {
+	} else if p := m.dec.ppeers[ep]; p != nil {
 		want = p.id
 		select {
 		case <-p.done:
@@ -202,8 +202,8 @@ func (m *Manager) peerLiveLocked(ep string) bool {
 func (m *Manager) registerRefusalLocked(v *RegisterMsg, env Envelope, old *decodePeer) string {
 	switch {
 	case old == nil:
-		if len(m.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
-			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (ManagerConfig.MaxPeers %d)", ErrTooManyPeers, len(m.dpeers), m.cfg.MaxPeers)
+		if len(m.pre.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
+			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (ManagerConfig.MaxPeers %d)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
 		}
 		return ""
 	case old.id.is(envID(env)) && v.Epoch <= old.reg.Epoch:
@@ -218,11 +218,11 @@ func (m *Manager) registerRefusalLocked(v *RegisterMsg, env Envelope, old *decod
 // heard from within the peer timeout (a decode with a room in flight pings,
 // so it is kept), and reports whether it found one; m.mu held.
 func (m *Manager) evictIdleDecodeLocked() bool {
-	for ep, p := range m.dpeers {
+	for ep, p := range m.pre.dpeers {
 		if m.peerLiveLocked(ep) {
 			continue
 		}
-		delete(m.dpeers, ep)
+		delete(m.pre.dpeers, ep)
 		delete(m.lastSeen, ep)
 		go p.close()
 		go m.dropPush(ep)
@@ -242,7 +242,7 @@ func (m *Manager) evictIdleDecodeLocked() bool {
 func (m *Manager) sweepDeadPushLocked(now time.Time) []*pushSock {
 	var out []*pushSock
 	for ep, ps := range m.push {
-		if m.dpeers[ep] != nil || m.ppeers[ep] != nil || m.peerLiveLocked(ep) ||
+		if m.pre.dpeers[ep] != nil || m.dec.ppeers[ep] != nil || m.peerLiveLocked(ep) ||
 			now.Sub(time.Unix(0, ps.lastUse.Load())) <= m.cfg.PeerTimeout {
 			continue
 		}
@@ -265,7 +265,7 @@ func (m *Manager) evictIdlePushLocked() *pushSock {
 	var victim string
 	var oldest int64
 	for ep, ps := range m.push {
-		if m.dpeers[ep] != nil || m.ppeers[ep] != nil || m.peerLiveLocked(ep) {
+		if m.pre.dpeers[ep] != nil || m.dec.ppeers[ep] != nil || m.peerLiveLocked(ep) {
 			continue
 		}
 		if u := ps.lastUse.Load(); victim == "" || u < oldest {

@@ -1,0 +1,460 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"golang.org/x/sync/singleflight"
+)
+
+// decodeSide is what only a decode rank holds: the metadata ring, the
+// prefill ranks it registered with and its cache of their bootstrap
+// directories, the rooms' Receivers and the verdicts of finished rooms, and
+// the data-path fences it runs. Its maps are guarded by Manager.mu; on a
+// prefill rank it stays empty. The decode's control plane (directory
+// lookups, REGISTER and its ACK, HANDSHAKE, a producer's STATUS) is in this
+// file; the Receiver itself in receiver.go, fencing in fence.go and heal.go,
+// bootstrap heartbeats in heartbeat.go.
+type decodeSide struct {
+	ring *MetaRing
+
+	receivers map[uint64]*Receiver
+	verdicts  map[uint64]verdict // outcomes of finished rooms
+	// verdictOrder: rooms of verdicts in the order first decided (expiry)
+	verdictOrder []uint64
+	fenceOps     map[epochKey]chan struct{} // data-path fences running or done
+	ppeers       map[string]*prefillPeer    // prefill ranks registered with
+	bcache       map[string]*instanceInfo   // bootstrap info per address
+
+	// flights coalesces identical directory lookups in flight (topology per
+	// address, endpoint per rank).
+	flights singleflight.Group
+	// lookupErrs holds the latest failed attempt of each lookup in flight
+	// (key → error), for the caller that times out first (Manager.lookup).
+	lookupErrs sync.Map
+	hbWG       sync.WaitGroup // bootstrap heartbeats (heartbeat.go)
+}
+
+func newDecodeSide() decodeSide {
+	return decodeSide{
+		receivers: map[uint64]*Receiver{},
+		verdicts:  map[uint64]verdict{},
+		fenceOps:  map[epochKey]chan struct{}{},
+		ppeers:    map[string]*prefillPeer{},
+		bcache:    map[string]*instanceInfo{},
+	}
+}
+
+// instanceInfo is the decode's cache of one bootstrap address: the prefill
+// topology and the control endpoints of the ranks looked up so far (SGLang's
+// prefill_info_table + connection_pool, spec §4.2–4.4). It is dropped when a
+// peer it names is lost, or when its bootstrap server fails the heartbeat
+// (heartbeat.go).
+type instanceInfo struct {
+	m      *Manager
+	addr   string
+	client *bootstrap.Client
+	info   *bootstrap.PrefillServerInfo
+	mu     sync.Mutex
+	ranks  map[bootstrap.Coord]string
+	// insts maps a rank endpoint to the instance id and epoch its
+	// directory entry named (absent or zero: none).
+	insts map[string]peerID
+}
+
+// instanceOf returns the identity the directory named for the rank at
+// endpoint ep (zero when none).
+func (i *instanceInfo) instanceOf(ep string) peerID {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.insts[ep]
+}
+
+func (i *instanceInfo) names(ep string) bool {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	for _, e := range i.ranks {
+		if e == ep {
+			return true
+		}
+	}
+	return false
+}
+
+// prefillPeer is a prefill rank this decode registered with (REGISTER sent
+// once per epoch, answered by REGISTER_ACK with the prefill's geometry).
+// epoch names the data path of that registration.
+type prefillPeer struct {
+	done  chan struct{}
+	err   error
+	epoch uint64
+	geo   *Geometry // the prefill's, from REGISTER_ACK
+	ack   chan ackResult
+	// id is the prefill's identity: the one the directory named when the
+	// registration started (zero when it named none), then the one that
+	// answered REGISTER_ACK. Frames from another rank at this address are
+	// a replaced process (trust.go).
+	id peerID
+}
+
+// ackResult is a REGISTER_ACK, or why none will come (the peer was lost).
+type ackResult struct {
+	msg *RegisterAckMsg
+	err error
+}
+
+// retry calls f until it succeeds, fails with a non-retryable error, or ctx
+// ends (then the last error is returned, wrapped in ErrTimeout).
+func retry(ctx context.Context, what string, f func(context.Context) error) error {
+	return retryNoted(ctx, what, f, nil)
+}
+
+// retryNoted is retry that hands every failed attempt (0-based) and its
+// error to note, when note is not nil, before it waits for the next one.
+func retryNoted(ctx context.Context, what string, f func(context.Context) error, note func(attempt int, err error)) error {
+	var last error
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		if note != nil {
+			note(attempt, err)
+		}
+		if errors.Is(err, bootstrap.ErrMismatch) || errors.Is(err, bootstrap.ErrBadRequest) || errors.Is(err, bootstrap.ErrUnauthorized) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s: gave up after %d attempts; last error: %v", ErrTimeout, what, attempt+1, last)
+		case <-time.After(min(200*time.Millisecond*time.Duration(attempt+1), time.Second)):
+		}
+	}
+}
+
+// instance returns the cached bootstrap info of addr, fetching the topology
+// on a miss. Concurrent misses for one address share one fetch (one
+// GET /route topology query however many rooms arrive at once, issue 13);
+// the fetch runs under the manager's lifetime bounded by BootstrapTimeout,
+// not under the first caller's ctx, so a room that gives up early does not
+// fail the others. Each caller waits at most until its own ctx ends.
+func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, error) {
+	m.mu.Lock()
+	inst := m.dec.bcache[addr]
+	m.mu.Unlock()
+	if inst != nil {
+		return inst, nil
+	}
+	v, err := m.lookup(ctx, "topology "+addr, func(fctx context.Context, note func(int, error)) (any, error) {
+		m.mu.Lock()
+		cur := m.dec.bcache[addr]
+		m.mu.Unlock()
+		if cur != nil {
+			return cur, nil
+		}
+		c, err := bootstrap.NewClient(addr, bootstrap.WithAuthToken(m.cfg.BootstrapAuthToken))
+		if err != nil {
+			return nil, err
+		}
+		var info *bootstrap.PrefillServerInfo
+		err = retryNoted(fctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
+			var err error
+			info, err = c.ServerInfo(ctx)
+			return err
+		}, note)
+		if err != nil {
+			return nil, err
+		}
+		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, insts: map[string]peerID{}, m: m}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if cur := m.dec.bcache[addr]; cur != nil {
+			return cur, nil
+		}
+		if m.closed {
+			return nil, ErrManagerClosed
+		}
+		m.dec.bcache[addr] = inst
+		m.startHeartbeatLocked(inst)
+		return inst, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*instanceInfo), nil
+}
+
+// lookup runs fetch once for all concurrent callers with the same key
+// (singleflight) under a context that ends with the manager or after
+// BootstrapTimeout; each caller returns when the shared fetch ends or its
+// own ctx does.
+//
+// While the fetch retries, note records its latest failure for the key and
+// logs a warning on the first failed attempt and every tenth after it, so a
+// mistyped or dead bootstrap address is visible at once, not only when the
+// caller's timeout ends; a caller that times out first reports that last
+// failure (e.g. "connection refused") instead of a bare deadline.
+func (m *Manager) lookup(ctx context.Context, key string, fetch func(ctx context.Context, note func(attempt int, err error)) (any, error)) (any, error) {
+	note := func(attempt int, err error) {
+		m.dec.lookupErrs.Store(key, err)
+		if attempt%10 == 0 {
+			m.log.Warn("bootstrap lookup failed; retrying until the bootstrap timeout", "lookup", key, "attempt", attempt+1,
+				"timeout", m.cfg.BootstrapTimeout, "err", err)
+		}
+	}
+	ch := m.dec.flights.DoChan(key, func() (any, error) {
+		fctx, cancel := context.WithTimeout(m.life, m.cfg.BootstrapTimeout)
+		defer cancel()
+		v, err := fetch(fctx, note)
+		if err == nil {
+			// A failed lookup keeps its last error (one entry per address
+			// or rank that failed) for callers still timing out.
+			m.dec.lookupErrs.Delete(key)
+		}
+		return v, err
+	})
+	select {
+	case r := <-ch:
+		return r.Val, r.Err
+	case <-ctx.Done():
+		select {
+		case r := <-ch: // the shared fetch ended at the same moment
+			if r.Err != nil {
+				return nil, r.Err
+			}
+			return r.Val, nil
+		default:
+		}
+		if last, ok := m.dec.lookupErrs.Load(key); ok {
+			return nil, fmt.Errorf("%w: %s: %w; last error: %v", ErrTimeout, key, context.Cause(ctx), last)
+		}
+		return nil, fmt.Errorf("%w: %s: %w", ErrTimeout, key, context.Cause(ctx))
+	}
+}
+
+// rank returns the control endpoint of the prefill rank at c, asking the
+// directory on a miss; concurrent misses for the same rank share one
+// GET /route (see Manager.lookup).
+func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, error) {
+	i.mu.Lock()
+	ep, ok := i.ranks[c]
+	i.mu.Unlock()
+	if ok {
+		return ep, nil
+	}
+	v, err := i.m.lookup(ctx, "rank "+c.String()+" at "+i.addr, func(fctx context.Context, note func(int, error)) (any, error) {
+		i.mu.Lock()
+		ep, ok := i.ranks[c]
+		i.mu.Unlock()
+		if ok {
+			return ep, nil
+		}
+		var ri *bootstrap.PrefillRankInfo
+		err := retryNoted(fctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
+			var err error
+			ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
+			return err
+		}, note)
+		if err != nil {
+			return nil, err
+		}
+		ep = ri.Endpoint()
+		i.mu.Lock()
+		i.ranks[c] = ep
+		i.insts[ep] = peerID{ri.InstanceID, ri.Epoch}
+		i.mu.Unlock()
+		return ep, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return v.(string), nil
+}
+
+// ensureRegistered sends REGISTER (our geometry and, per transport, endpoint
+// and regions) to a prefill rank once per epoch and waits for its
+// REGISTER_ACK; it returns the epoch and the prefill's geometry, or its
+// refusal.
+func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (uint64, *Geometry, error) {
+	m.mu.Lock()
+	p := m.dec.ppeers[ep]
+	if p != nil && id.known() && p.id.known() && !p.id.is(id) {
+		// The directory now names another process at this address than
+		// the one registered here: that one is gone.
+		was := p.id
+		m.mu.Unlock()
+		m.peerLost(ep, false, fmt.Errorf("%w: the directory now names instance %s at prefill %s, this decode registered with instance %s there (the rank restarted or was replaced)", ErrPeerLost, id, ep, was))
+		m.mu.Lock()
+		p = m.dec.ppeers[ep]
+	}
+	owner := p == nil
+	if owner {
+		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch(), ack: make(chan ackResult, 1), id: id}
+		m.dec.ppeers[ep] = p
+	}
+	m.mu.Unlock()
+	if owner {
+		m.watchPeer(ep)
+	}
+	if !owner {
+		select {
+		case <-p.done:
+			return p.epoch, p.geo, p.err
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+	}
+	p.err = m.register(ctx, ep, p.epoch)
+	if p.err == nil {
+		// Watch the peer while waiting: a silent or dead prefill is lost
+		// after PeerTimeout (or at once on disconnect) and ends the wait.
+		m.mu.Lock()
+		if _, ok := m.lastSeen[ep]; !ok {
+			m.lastSeen[ep] = time.Now()
+		}
+		m.mu.Unlock()
+		select {
+		case a := <-p.ack:
+			switch {
+			case a.err != nil:
+				p.err = a.err
+			case a.msg.Err != "":
+				p.err = fmt.Errorf("engine: prefill %s refused this decode's registration: %s", ep, a.msg.Err)
+			default:
+				p.geo = &a.msg.Geometry
+			}
+		case <-ctx.Done():
+			hint := "a prefill that authenticates control frames drops untagged ones: give every rank the same token and AuthenticateControl (--control-auth)"
+			if m.ctlKey != nil {
+				hint = "this rank tags its control frames: the prefill drops them unless it has the same token"
+			}
+			p.err = fmt.Errorf("%w: prefill %s did not answer REGISTER (no REGISTER_ACK): %v (%s)", ErrTimeout, ep, ctx.Err(), hint)
+		}
+	}
+	if p.err != nil {
+		m.mu.Lock()
+		if m.dec.ppeers[ep] == p {
+			delete(m.dec.ppeers, ep)
+		}
+		m.mu.Unlock()
+		m.goTracked(func() { _ = m.fenceTransports(ep, p.epoch) }) // withdraw the admission
+	} else {
+		m.mu.Lock()
+		m.lastSeen[ep] = time.Now()
+		m.mu.Unlock()
+	}
+	close(p.done)
+	return p.epoch, p.geo, p.err
+}
+
+// handleRegisterAck hands a prefill's REGISTER_ACK to the registration
+// waiting for it (dropped when none waits, or for another epoch).
+func (m *Manager) handleRegisterAck(v *RegisterAckMsg, env Envelope) {
+	m.mu.Lock()
+	p := m.dec.ppeers[v.Endpoint]
+	if p != nil && p.ack != nil && p.epoch == v.Epoch && (!p.id.known() || p.id.is(envID(env))) {
+		p.id = envID(env) // the answering process is the peer (the directory may have named none, or no epoch)
+	}
+	m.mu.Unlock()
+	if p == nil || p.ack == nil || p.epoch != v.Epoch {
+		m.log.Debug("REGISTER_ACK without a registration in progress for its epoch", "from", v.Endpoint, "epoch", v.Epoch)
+		return
+	}
+	select {
+	case p.ack <- ackResult{msg: v}:
+	default:
+	}
+}
+
+// register sends REGISTER for epoch: per transport its endpoint for the
+// prefill (an rdma transport creates the QPs here) and, for a transport that
+// fences, the epoch admitted right after, so that its data path exists only
+// for this registration.
+func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
+	msg := &RegisterMsg{Endpoint: m.endpoint, Geometry: *m.geo, RingSlots: m.dec.ring.Slots(), Epoch: epoch}
+	for _, r := range m.regs {
+		blob, err := r.t.Endpoint(ctx, ep)
+		if err == nil {
+			err = m.admitEpoch(r.t, ep, epoch)
+		}
+		if err != nil {
+			m.log.Warn("transport cannot prepare an endpoint", "transport", r.t.Name(), "prefill", ep, "err", err)
+			continue
+		}
+		msg.Transports = append(msg.Transports, TransportOffer{Name: r.t.Name(), Endpoint: blob, Ring: r.meta, KV: r.kv, Aux: r.aux, State: r.state})
+	}
+	if len(msg.Transports) == 0 {
+		return fmt.Errorf("engine: no transport could prepare an endpoint for prefill %s", ep)
+	}
+	return m.send(ep, msg.Encode(), false)
+}
+
+func (m *Manager) handleHandshake(v *HandshakeMsg) {
+	if m.currentEpoch(v.Endpoint) == 0 {
+		// Not a prefill rank this decode registered with: no answer, so
+		// that frames naming endpoints at random open no sockets.
+		m.drop("sender", fmt.Errorf("HANDSHAKE from %s, a prefill rank this decode has no registration with", v.Endpoint))
+		return
+	}
+	var errText string
+	var acc Acceptor
+	for _, r := range m.regs {
+		if r.t.Name() == v.Transport {
+			acc, _ = r.t.(Acceptor)
+		}
+	}
+	if acc == nil {
+		errText = fmt.Sprintf("decode has no transport %q that accepts handshakes", v.Transport)
+	} else if cur := m.currentEpoch(v.Endpoint); cur != v.Epoch {
+		errText = fmt.Sprintf("handshake for epoch %d, but this decode's registration with %s is epoch %d (stale segment; it registers again)", v.Epoch, v.Endpoint, cur)
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := acc.Accept(ctx, v.Endpoint, v.Reply); err != nil {
+			errText = err.Error()
+		}
+		cancel()
+	}
+	if errText != "" {
+		m.log.Warn("handshake failed", "prefill", v.Endpoint, "transport", v.Transport, "err", errText)
+	}
+	_ = m.send(v.Endpoint, (&HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText, Epoch: v.Epoch}).Encode(), false)
+}
+
+// currentEpoch returns the epoch of this decode's registration with the
+// prefill rank ep (0 when there is none).
+func (m *Manager) currentEpoch(ep string) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p := m.dec.ppeers[ep]; p != nil {
+		return p.epoch
+	}
+	return 0
+}
+
+// handleStatus (decode): a producer's STATUS. For a room that is closed, or
+// already decided, the producer gets the verdict again (it may have missed
+// it); a producer asking about a room this decode does not know is told the
+// room failed.
+func (m *Manager) handleStatus(v *StatusMsg) {
+	m.mu.Lock()
+	r := m.dec.receivers[v.Room]
+	vd, known := m.dec.verdicts[v.Room]
+	m.mu.Unlock()
+	if r != nil {
+		r.onStatus(v)
+		return
+	}
+	if known {
+		go m.sendVerdict(v.Endpoint, v.Room, vd.ok, vd.reason, v.Epoch)
+		return
+	}
+	m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
+	go m.sendVerdict(v.Endpoint, v.Room, false, fmt.Sprintf("decode %s has no room %d (closed long ago, or never created here)", m.endpoint, v.Room), v.Epoch)
+}

@@ -1,0 +1,413 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+)
+
+// prefillSide is what only a prefill rank holds: the record staging buffer,
+// the decode ranks registered with it, the rooms' Senders and what the
+// control loop keeps about rooms that have no Sender yet or no longer have
+// one, and the rank's bootstrap registration. Its maps are guarded by
+// Manager.mu (the staging free list by stageMu); on a decode rank it stays
+// empty. The handlers of the frames a prefill receives (REGISTER, TRANSFER,
+// HANDSHAKE_ACK, ABORT, a verdict's STATUS) are in this file; the Sender
+// itself in sender.go, the re-registration in reregister.go.
+type prefillSide struct {
+	staging *HostBuffer // records to write (defaultStagingSlots x RecordSize bytes)
+	stageMu sync.Mutex
+	stFree  []int
+
+	senders map[uint64]*Sender
+	pending map[uint64]map[string]pendingTransfer // TRANSFERs before NewSender
+	aborted map[uint64]time.Time                  // ABORTs before NewSender
+	recent  map[uint64]ackMemo                    // how closed senders ended (late ABORTs, TRANSFERs)
+	// recentOrder: rooms of recent in the order first closed (expiry).
+	recentOrder []uint64
+	dpeers      map[string]*decodePeer // registered decode ranks
+
+	dir       *bootstrap.Client // the directory this rank registers with
+	reregs    atomic.Int64      // re-registrations (reregister.go)
+	watchStop chan struct{}     // stops watchDirectory
+	watchDone chan struct{}     // closed when watchDirectory returned
+}
+
+func newPrefillSide(dir *bootstrap.Client) prefillSide {
+	return prefillSide{
+		senders: map[uint64]*Sender{},
+		pending: map[uint64]map[string]pendingTransfer{},
+		aborted: map[uint64]time.Time{},
+		recent:  map[uint64]ackMemo{},
+		dpeers:  map[string]*decodePeer{},
+		dir:     dir,
+	}
+}
+
+// decodePeer is a decode rank that sent REGISTER to this prefill rank.
+type decodePeer struct {
+	reg *RegisterMsg
+	// id is the decode's identity (the REGISTER's envelope): only that
+	// rank may replace this registration (trust.go).
+	id        peerID
+	pairs     []BufferPair // this rank's KV buffers → the decode's (PairBuffers)
+	offer     TransportOffer
+	local     *regSet
+	seg       Segment
+	ready     chan struct{} // closed when seg is usable or err is set
+	err       error
+	mu        sync.Mutex // guards seg, offer, closed and broken
+	closed    bool
+	readyOnce sync.Once
+	// broken says why the data path can no longer be trusted (a batch was
+	// abandoned in flight, or the transport lost the receiver): the segment
+	// is closed, later TRANSFERs of this registration are refused, and the
+	// decode is told to fence the epoch and register again.
+	broken string
+}
+
+// breakPath marks the data path broken (first reason wins) and closes its
+// segment in the background (a tcp segment waits for its stream goroutines).
+func (p *decodePeer) breakPath(why string) {
+	p.mu.Lock()
+	first := p.broken == ""
+	if first {
+		p.broken = why
+	}
+	p.mu.Unlock()
+	if first {
+		go p.close()
+	}
+}
+
+// brokenReason returns why the data path is broken ("" when it is not).
+func (p *decodePeer) brokenReason() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.broken
+}
+
+// markReady sets the connection outcome once and releases the waiters.
+func (p *decodePeer) markReady(err error) {
+	p.readyOnce.Do(func() {
+		p.err = err
+		close(p.ready)
+	})
+}
+
+func (p *decodePeer) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.closed && p.seg != nil {
+		_ = p.seg.Close()
+	}
+	p.closed = true
+}
+
+// setSegment installs the open segment; false (and the segment closed) when
+// the peer was closed meanwhile.
+func (p *decodePeer) setSegment(seg Segment, o TransportOffer, rs *regSet) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		_ = seg.Close()
+		return false
+	}
+	p.seg, p.offer, p.local = seg, o, rs
+	return true
+}
+
+// handleRegister records a decode rank, pairs its buffers with this rank's
+// (PairBuffers), answers REGISTER_ACK (accepted, or the refusal naming both
+// sides) and opens a segment to it with the highest-priority transport both
+// sides have whose OpenSegment succeeds.
+func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
+	p := &decodePeer{reg: v, id: envID(env), ready: make(chan struct{})}
+	m.mu.Lock()
+	old := m.pre.dpeers[v.Endpoint]
+	if why := m.registerRefusalLocked(v, env, old); why != "" {
+		m.mu.Unlock()
+		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, envID(env), v.Epoch, why))
+		return
+	}
+	m.pre.dpeers[v.Endpoint] = p
+	m.lastSeen[v.Endpoint] = time.Now()
+	m.mu.Unlock()
+	m.watchPeer(v.Endpoint)
+	if old != nil {
+		go old.close() // closing a segment may wait for its streams: never in the control loop
+	}
+	go func() {
+		pairs, err := PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)
+		ack := &RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch}
+		if err != nil {
+			ack.Err = err.Error()
+		}
+		if serr := m.send(v.Endpoint, ack.Encode(), false); serr != nil && err == nil {
+			err = serr
+		}
+		if err != nil {
+			m.log.Warn("refused decode rank", "decode", v.Endpoint, "err", err)
+			p.markReady(err)
+			return
+		}
+		p.pairs = pairs
+		if err := m.connectPeer(p); err != nil {
+			m.log.Warn("cannot reach decode rank", "decode", v.Endpoint, "err", err)
+			p.markReady(err)
+		}
+	}()
+}
+
+func (m *Manager) connectPeer(p *decodePeer) error {
+	v := p.reg
+	var reasons []string
+	for _, rs := range m.regs {
+		for _, o := range v.Transports {
+			if o.Name != rs.t.Name() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: o.regions(), Epoch: v.Epoch})
+			cancel()
+			if err != nil {
+				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
+				continue
+			}
+			if !p.setSegment(seg, o, rs) {
+				return fmt.Errorf("engine: decode %s went away while connecting", v.Endpoint)
+			}
+			m.log.Debug("segment open", "decode", v.Endpoint, "transport", o.Name)
+			if rs.caps.Has(CapHandshake) {
+				reply := seg.HandshakeReply()
+				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply, Epoch: v.Epoch}).Encode(), false); err != nil {
+					return err
+				}
+				return nil // ready closes on HANDSHAKE_ACK
+			}
+			p.markReady(nil)
+			return nil
+		}
+	}
+	if len(reasons) == 0 {
+		offered := make([]string, len(v.Transports))
+		for i, o := range v.Transports {
+			offered[i] = o.Name
+		}
+		return fmt.Errorf("engine: no common transport with decode %s: it offers %v, this prefill has %v", v.Endpoint, offered, m.TransportNames())
+	}
+	return fmt.Errorf("engine: no transport reaches decode %s: %v", v.Endpoint, reasons)
+}
+
+func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
+	if m.probeHandshakeAck(v) {
+		return
+	}
+	m.mu.Lock()
+	p := m.pre.dpeers[v.Endpoint]
+	m.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	ok := p.seg != nil && p.offer.Name == v.Transport && p.reg.Epoch == v.Epoch
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	var err error
+	if v.Err != "" {
+		err = fmt.Errorf("engine: decode %s refused the %s handshake: %s", v.Endpoint, v.Transport, v.Err)
+	}
+	p.markReady(err)
+}
+
+// rejectTransfer fails the decode's room (STATUS Failed, then ABORT_ACK);
+// clean false tells the decode to fence the epoch and register again
+// (nothing was written for this room).
+func (m *Manager) rejectTransfer(v *TransferMsg, reason string, clean bool) {
+	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
+	go func() {
+		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+		m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
+	}()
+}
+
+func (m *Manager) handleTransfer(v *TransferMsg) {
+	m.mu.Lock()
+	p := m.pre.dpeers[v.Endpoint]
+	s := m.pre.senders[v.Room]
+	m.mu.Unlock()
+	reject := func(reason string, clean bool) { m.rejectTransfer(v, reason, clean) }
+	if p == nil {
+		reject("prefill got TRANSFER before REGISTER from "+v.Endpoint+" (this prefill lost the registration; the decode registers again)", false)
+		return
+	}
+	if v.Epoch != p.reg.Epoch {
+		reject(fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode's registration here is epoch %d (stale; the decode registers again)", v.Epoch, p.reg.Epoch), false)
+		return
+	}
+	if why := p.brokenReason(); why != "" {
+		reject(fmt.Sprintf("the data path of registration epoch %d is broken (%s); the decode registers again", v.Epoch, why), false)
+		return
+	}
+	if !v.Dummy {
+		if err := checkTransfer(v, &p.reg.Geometry, p.reg.RingSlots); err != nil {
+			reject(fmt.Sprintf("decode %s: %v", v.Endpoint, err), true)
+			return
+		}
+	}
+	if s != nil {
+		s.addDst(v, p)
+		return
+	}
+	m.mu.Lock()
+	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil {
+		m.mu.Unlock()
+		// The room failed here before this TRANSFER arrived (or this
+		// decode's STATUS was lost): nothing is written for it, so the
+		// data path stays clean unless this decode was a destination.
+		clean := memo.clean || !slices.Contains(memo.dsts, v.Endpoint)
+		reject(fmt.Sprintf("prefill %s failed room %d %s before this TRANSFER arrived: %s", m.endpoint, v.Room, time.Since(memo.at).Round(time.Millisecond), memo.failure), clean)
+		return
+	}
+	if m.pre.senders[v.Room] == nil {
+		if m.pre.pending[v.Room] == nil {
+			m.pre.pending[v.Room] = map[string]pendingTransfer{}
+		}
+		m.pre.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, at: time.Now()}
+		m.mu.Unlock()
+		return
+	}
+	s = m.pre.senders[v.Room]
+	m.mu.Unlock()
+	s.addDst(v, p)
+}
+
+// checkTransfer validates a non-dummy TRANSFER against the decode's geometry.
+func checkTransfer(v *TransferMsg, g *Geometry, ringSlots int) error {
+	if err := checkDstPages(v.Pages, g); err != nil {
+		return err
+	}
+	if v.Slot >= ringSlots {
+		return fmt.Errorf("metadata slot %d outside the decode's ring of %d", v.Slot, ringSlots)
+	}
+	if err := checkAux(v.AuxIndex, g); err != nil {
+		return err
+	}
+	if err := checkState(v.StateIndices, g); err != nil {
+		return err
+	}
+	if v.PrefixTokens%g.PageSize != 0 {
+		return fmt.Errorf("decode_prefix_len %d is not whole pages of %d tokens", v.PrefixTokens, g.PageSize)
+	}
+	return nil
+}
+
+func (m *Manager) producerRank() int {
+	return ProducerRank(m.geo.TPRank, m.geo.PPSize, m.geo.PPRank)
+}
+
+func (m *Manager) stageAcquire() (int, error) {
+	m.pre.stageMu.Lock()
+	defer m.pre.stageMu.Unlock()
+	if len(m.pre.stFree) == 0 {
+		return 0, fmt.Errorf("engine: all %d record staging slots in use (too many concurrent transfers)", defaultStagingSlots)
+	}
+	i := m.pre.stFree[len(m.pre.stFree)-1]
+	m.pre.stFree = m.pre.stFree[:len(m.pre.stFree)-1]
+	return i, nil
+}
+
+func (m *Manager) stageRelease(i int) {
+	m.pre.stageMu.Lock()
+	m.pre.stFree = append(m.pre.stFree, i)
+	m.pre.stageMu.Unlock()
+}
+
+type pendingTransfer struct {
+	msg *TransferMsg
+	at  time.Time
+}
+
+// handleAbort: on a prefill, a decode failed the room (its verdict): the
+// sender fails with the decode's reason, stops writing and, once no batch of
+// the room is in flight, answers ABORT_ACK; a room this rank does not hold
+// (yet) is remembered so that a later NewSender fails at once, and is
+// acknowledged at once. On a decode (older peers): the producer aborted.
+func (m *Manager) handleAbort(v *AbortMsg) {
+	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
+	m.mu.Lock()
+	s := m.pre.senders[v.Room]
+	r := m.dec.receivers[v.Room]
+	var memo ackMemo
+	haveMemo := false
+	if m.cfg.Role == RolePrefill && s == nil {
+		m.pre.aborted[v.Room] = time.Now()
+		delete(m.pre.pending, v.Room)
+		memo, haveMemo = m.pre.recent[v.Room]
+	}
+	m.mu.Unlock()
+	m.met.fence(m.cfg.Role, "abort_received")
+	if r != nil {
+		r.failLocal(err)
+	}
+	if m.cfg.Role != RolePrefill {
+		return
+	}
+	ack := &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
+	if s == nil {
+		if haveMemo {
+			ack.Clean, ack.Detail = memo.clean, memo.detail
+		}
+		go m.sendAbortAck(v.Endpoint, ack)
+		return
+	}
+	s.fail(err)
+	s.tr.event(s.tr.step(), v.Endpoint, "ABORT received")
+	go func() {
+		<-s.finished
+		ack.Clean, ack.Detail = s.cleanState()
+		ack.Epoch = s.dstEpoch(v.Endpoint, v.Epoch)
+		if m.sendAbortAck(v.Endpoint, ack) {
+			detail := "ABORT_ACK sent: clean"
+			if !ack.Clean {
+				detail = "ABORT_ACK sent: unclean (" + ack.Detail + ")"
+			}
+			s.tr.event(s.tr.step(), v.Endpoint, detail)
+		}
+	}()
+}
+
+// sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode
+// that misses it fences the data path after its FenceTimeout). It reports
+// whether the frame was handed to the control socket.
+func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) bool {
+	if m.send(ep, ack.Encode(), false) != nil {
+		return false
+	}
+	m.met.fence(RolePrefill, "abort_ack_sent")
+	return true
+}
+
+// handleVerdict (prefill): a decode's verdict on a room (STATUS from the
+// decode): Success completes the sender once every destination agreed.
+func (m *Manager) handleVerdict(v *StatusMsg) {
+	m.mu.Lock()
+	s := m.pre.senders[v.Room]
+	m.mu.Unlock()
+	if s == nil {
+		return
+	}
+	switch v.State {
+	case KVSuccess:
+		s.onVerdict(v.Endpoint)
+	case KVFailed:
+		s.fail(fmt.Errorf("%w by decode %s: %s", ErrAborted, v.Endpoint, v.Reason))
+	}
+}

@@ -21,7 +21,7 @@ var lib struct {
 	handles [3]unsafe.Pointer
 	paths   [3]string
 	devices int
-	nvrtcTo []string // NVRTC candidates, opened lazily by the proof
+	nvrtcTo []string // NVRTC candidates, opened lazily by CompileNVRTC
 }
 
 // availMu guards the cached outcome of Available.
@@ -583,85 +583,13 @@ func Synchronize(dev int) error {
 	return rawDeviceSync(dev)
 }
 
-// CheckRoom runs the GPU proof kernel on dev: it reads the 8-byte
-// little-endian bootstrap_room at device address slot (a ring slot's device
-// pointer, e.g. HostMem.DevicePtr()+slot*64) and compares it with expected.
-// mode picks NVRTC, the built-in PTX or auto (NVRTC, then PTX). It returns
-// the room the GPU read and the mode actually used; the error wraps
-// ErrRoomMismatch when the GPU read a different room.
-func CheckRoom(dev int, slot DevicePtr, expected uint64, mode ProofMode) (got uint64, used ProofMode, err error) {
-	image, used, err := proofImage(dev, mode)
-	if err != nil {
-		return 0, used, err
-	}
-	unlock, err := use("proof kernel", dev)
-	if err != nil {
-		return 0, used, err
-	}
-	defer unlock()
-	mod, err := rawModuleLoad(dev, image)
-	if err != nil {
-		return 0, used, fmt.Errorf("cuda: proof kernel (%s): load module: %w", used, err)
-	}
-	defer rawModuleUnload(dev, mod)
-	fn, err := rawModuleFunction(mod, ProofKernelName)
-	if err != nil {
-		return 0, used, fmt.Errorf("cuda: proof kernel (%s): %w", used, err)
-	}
-	out, err := rawMalloc(dev, 16)
-	if err != nil {
-		return 0, used, fmt.Errorf("cuda: proof kernel: result buffer: %w", err)
-	}
-	defer rawFree(dev, out)
-	if err := rawMemset(dev, out, 0xff, 16); err != nil {
-		return 0, used, err
-	}
-	if err := rawLaunch3(dev, fn, uint64(slot), expected, uint64(out)); err != nil {
-		return 0, used, fmt.Errorf("cuda: proof kernel (%s) on device %d: %w", used, dev, err)
-	}
-	var res [16]byte
-	if err := rawMemcpyGo(dev, uintptr(out), res[:], true); err != nil {
-		return 0, used, fmt.Errorf("cuda: proof kernel: read result: %w", err)
-	}
-	got = leUint64(res[0:8])
-	if ok := leUint64(res[8:16]); ok != 1 {
-		return got, used, fmt.Errorf("cuda: proof kernel on device %d: slot %#x holds room %d, want %d: %w", dev, uint64(slot), got, expected, ErrRoomMismatch)
-	}
-	return got, used, nil
-}
-
-func leUint64(b []byte) uint64 {
-	var v uint64
-	for i := 7; i >= 0; i-- {
-		v = v<<8 | uint64(b[i])
-	}
-	return v
-}
-
-// proofImage returns PTX for the proof kernel according to mode.
-func proofImage(dev int, mode ProofMode) (string, ProofMode, error) {
-	if mode == "" {
-		mode = ProofAuto
-	}
-	switch mode {
-	case ProofBuiltinPTX:
-		return ProofPTX, ProofBuiltinPTX, nil
-	case ProofNVRTC, ProofAuto:
-		ptx, err := compileProof(dev)
-		if err == nil {
-			return ptx, ProofNVRTC, nil
-		}
-		if mode == ProofAuto && errors.Is(err, ErrLibraryNotFound) {
-			return ProofPTX, ProofBuiltinPTX, nil
-		}
-		return "", ProofNVRTC, err
-	}
-	return "", mode, fmt.Errorf("cuda: proof kernel: unknown mode %q (want auto, nvrtc or ptx): %w", mode, ErrInvalidValue)
-}
-
-// compileProof opens NVRTC (once) and compiles ProofSource for dev's
-// compute capability.
-func compileProof(dev int) (string, error) {
+// CompileNVRTC compiles the CUDA C source (name: its file name in the
+// compiler's messages, e.g. "kernel.cu") to PTX for dev's compute
+// capability with NVRTC, which it opens on first use (the path from
+// WithNVRTCPath, else the usual names). Errors: ErrLibraryNotFound (wrapped
+// with ErrNotSupported) when NVRTC is not installed; a compile error
+// carries the compiler's log.
+func CompileNVRTC(dev int, source, name string) (string, error) {
 	props, err := Device(dev)
 	if err != nil {
 		return "", err
@@ -683,9 +611,72 @@ func compileProof(dev int) (string, error) {
 	lib.mu.RLock()
 	defer lib.mu.RUnlock()
 	arch := fmt.Sprintf("--gpu-arch=compute_%d%d", props.ComputeMajor, props.ComputeMinor)
-	ptx, err := rawNVRTCCompile(ProofSource, "kvx_check_room.cu", arch)
+	ptx, err := rawNVRTCCompile(source, name, arch)
 	if err != nil {
-		return "", fmt.Errorf("cuda: nvrtc compile of the proof kernel (%s): %w", arch, err)
+		return "", fmt.Errorf("cuda: nvrtc compile of %s (%s): %w", name, arch, err)
 	}
 	return ptx, nil
+}
+
+// Module is a CUDA module loaded on one device (cuModuleLoadData). Close it
+// when done; its methods are safe for concurrent use.
+type Module struct {
+	dev int
+	mu  sync.Mutex
+	h   unsafe.Pointer // nil after Close
+}
+
+// LoadModule loads image (PTX text, which the driver JIT-compiles, or a
+// cubin) on dev. Errors name the driver call (cuModuleLoadData).
+func LoadModule(dev int, image string) (*Module, error) {
+	unlock, err := use("load module", dev)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	h, err := rawModuleLoad(dev, image)
+	if err != nil {
+		return nil, err
+	}
+	return &Module{dev: dev, h: h}, nil
+}
+
+// Launch3 runs the module's kernel name (its unmangled entry) as one block
+// of one thread with three 64-bit parameters (device pointers or values),
+// and waits for it to finish. Errors: ErrInvalidValue after Close, a
+// missing kernel (cuModuleGetFunction) or a failed launch.
+func (m *Module) Launch3(name string, a0, a1, a2 uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.h == nil {
+		return fmt.Errorf("cuda: launch %s: module closed: %w", name, ErrInvalidValue)
+	}
+	unlock, err := use("launch kernel", m.dev)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	fn, err := rawModuleFunction(m.h, name)
+	if err != nil {
+		return err
+	}
+	return rawLaunch3(m.dev, fn, a0, a1, a2)
+}
+
+// Close unloads the module (cuModuleUnload); idempotent.
+func (m *Module) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.h == nil {
+		return nil
+	}
+	unlock, err := use("unload module", m.dev)
+	if err != nil {
+		m.h = nil // the libraries are gone, and the module with them
+		return err
+	}
+	defer unlock()
+	h := m.h
+	m.h = nil
+	return rawModuleUnload(m.dev, h)
 }

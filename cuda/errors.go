@@ -30,9 +30,6 @@ var (
 	// ErrInvalidValue: CUDA rejected an argument (bad pointer, size or
 	// ordinal).
 	ErrInvalidValue = errors.New("cuda: invalid value")
-	// ErrRoomMismatch: the GPU proof kernel read a bootstrap_room different
-	// from the expected one.
-	ErrRoomMismatch = errors.New("cuda: bootstrap_room mismatch read by the GPU")
 )
 
 // API names the library a code came from; runtime and driver codes are

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -269,7 +270,55 @@ func TestFakeDmaBuf(t *testing.T) {
 	}
 }
 
-// TestFakeProofKernel runs CheckRoom through the fake driver, whose launch
+// TestFakeModule drives the binding's module calls through the fake driver
+// (which knows one kernel, kvx_check_room: out[0] = *slot, out[1] =
+// *slot == expected): load, launch with three parameters in order, a missing
+// kernel and a closed module refused, Close idempotent.
+func TestFakeModule(t *testing.T) {
+	if err := loadFake(t, nil, nil); err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if _, err := cuda.LoadModule(0, "not ptx"); err == nil {
+		t.Fatal("LoadModule(garbage) succeeded")
+	}
+	if _, err := cuda.LoadModule(7, gpucheck.ProofPTX); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Fatalf("LoadModule(device 7) = %v, want ErrInvalidValue", err)
+	}
+	mod, err := cuda.LoadModule(0, gpucheck.ProofPTX)
+	if err != nil {
+		t.Fatalf("LoadModule: %v", err)
+	}
+	mem, err := cuda.AllocMapped(0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	binary.LittleEndian.PutUint64(mem.Bytes(), 42)
+	out := mem.DevicePtr() + 16
+	if err := mod.Launch3(gpucheck.ProofKernelName, uint64(mem.DevicePtr()), 42, uint64(out)); err != nil {
+		t.Fatalf("Launch3: %v", err)
+	}
+	if got, ok := binary.LittleEndian.Uint64(mem.Bytes()[16:]), binary.LittleEndian.Uint64(mem.Bytes()[24:]); got != 42 || ok != 1 {
+		t.Fatalf("kernel wrote %d, %d; want 42, 1", got, ok)
+	}
+	if err := mod.Launch3("no_such_kernel", 0, 0, 0); err == nil || !strings.Contains(err.Error(), "cuModuleGetFunction") {
+		t.Fatalf("Launch3(missing kernel) = %v, want a cuModuleGetFunction error", err)
+	}
+	if err := mod.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := mod.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := mod.Launch3(gpucheck.ProofKernelName, 0, 0, 0); !errors.Is(err, cuda.ErrInvalidValue) {
+		t.Fatalf("Launch3 after Close = %v, want ErrInvalidValue", err)
+	}
+	if _, err := cuda.CompileNVRTC(0, gpucheck.ProofSource, "k.cu"); !errors.Is(err, cuda.ErrLibraryNotFound) {
+		t.Fatalf("CompileNVRTC without NVRTC = %v, want ErrLibraryNotFound", err)
+	}
+}
+
+// TestFakeProofKernel runs gpucheck.CheckRoom through the fake driver, whose launch
 // executes the kernel's logic on the host: it checks the slot pointer,
 // expected room and result buffer reach the kernel in order.
 func TestFakeProofKernel(t *testing.T) {
@@ -285,18 +334,18 @@ func TestFakeProofKernel(t *testing.T) {
 	binary.LittleEndian.PutUint64(ring.Bytes()[2*64:], room)
 	slot := ring.DevicePtr() + 2*64
 
-	got, mode, err := cuda.CheckRoom(0, slot, room, cuda.ProofAuto)
-	if err != nil || got != room || mode != cuda.ProofBuiltinPTX {
+	got, mode, err := gpucheck.CheckRoom(0, slot, room, gpucheck.ProofAuto)
+	if err != nil || got != room || mode != gpucheck.ProofBuiltinPTX {
 		t.Fatalf("CheckRoom(auto, no NVRTC) = %#x, %s, %v; want %#x via ptx", got, mode, err, room)
 	}
-	got, _, err = cuda.CheckRoom(0, slot, room+1, cuda.ProofBuiltinPTX)
-	if !errors.Is(err, cuda.ErrRoomMismatch) || got != room {
+	got, _, err = gpucheck.CheckRoom(0, slot, room+1, gpucheck.ProofBuiltinPTX)
+	if !errors.Is(err, gpucheck.ErrRoomMismatch) || got != room {
 		t.Fatalf("CheckRoom(wrong room) = %#x, %v; want ErrRoomMismatch reading %#x", got, err, room)
 	}
-	if _, _, err := cuda.CheckRoom(0, slot, room, cuda.ProofNVRTC); !errors.Is(err, cuda.ErrLibraryNotFound) {
+	if _, _, err := gpucheck.CheckRoom(0, slot, room, gpucheck.ProofNVRTC); !errors.Is(err, cuda.ErrLibraryNotFound) {
 		t.Fatalf("CheckRoom(nvrtc) without NVRTC = %v, want ErrLibraryNotFound", err)
 	}
-	if _, _, err := cuda.CheckRoom(0, slot, room, "bogus"); !errors.Is(err, cuda.ErrInvalidValue) {
+	if _, _, err := gpucheck.CheckRoom(0, slot, room, "bogus"); !errors.Is(err, cuda.ErrInvalidValue) {
 		t.Fatalf("CheckRoom(bogus mode) = %v, want ErrInvalidValue", err)
 	}
 }

@@ -159,10 +159,10 @@ func TestGPUProofKernel(t *testing.T) {
 	for slot := 0; slot < 16; slot++ {
 		binary.LittleEndian.PutUint64(ring.Bytes()[slot*64:], uint64(1000+slot))
 	}
-	for _, mode := range []cuda.ProofMode{cuda.ProofNVRTC, cuda.ProofBuiltinPTX} {
+	for _, mode := range []gpucheck.ProofMode{gpucheck.ProofNVRTC, gpucheck.ProofBuiltinPTX} {
 		t.Run(string(mode), func(t *testing.T) {
-			got, used, err := cuda.CheckRoom(0, ring.DevicePtr()+5*64, 1005, mode)
-			if mode == cuda.ProofNVRTC && errors.Is(err, cuda.ErrLibraryNotFound) {
+			got, used, err := gpucheck.CheckRoom(0, ring.DevicePtr()+5*64, 1005, mode)
+			if mode == gpucheck.ProofNVRTC && errors.Is(err, cuda.ErrLibraryNotFound) {
 				t.Skipf("NVRTC not installed: %v", err)
 			}
 			if err != nil || got != 1005 || used != mode {
@@ -170,8 +170,8 @@ func TestGPUProofKernel(t *testing.T) {
 			}
 			// The host changes the slot; the GPU must see the new room.
 			binary.LittleEndian.PutUint64(ring.Bytes()[5*64:], 77)
-			got, _, err = cuda.CheckRoom(0, ring.DevicePtr()+5*64, 1005, mode)
-			if !errors.Is(err, cuda.ErrRoomMismatch) || got != 77 {
+			got, _, err = gpucheck.CheckRoom(0, ring.DevicePtr()+5*64, 1005, mode)
+			if !errors.Is(err, gpucheck.ErrRoomMismatch) || got != 77 {
 				t.Fatalf("CheckRoom after rewrite = %d, %v; want 77 and ErrRoomMismatch", got, err)
 			}
 			binary.LittleEndian.PutUint64(ring.Bytes()[5*64:], 1005)

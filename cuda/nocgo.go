@@ -118,10 +118,20 @@ func DmaBufRange(ptr uintptr, size uint64) (fd int, offset uint64, err error) { 
 // Synchronize returns ErrNoCgo.
 func Synchronize(dev int) error { return errNoCgo }
 
-// CheckRoom returns ErrNoCgo.
-func CheckRoom(dev int, slot DevicePtr, expected uint64, mode ProofMode) (uint64, ProofMode, error) {
-	return 0, mode, errNoCgo
-}
+// CompileNVRTC returns ErrNoCgo.
+func CompileNVRTC(dev int, source, name string) (string, error) { return "", errNoCgo }
+
+// Module is a loaded CUDA module; without cgo none can be loaded.
+type Module struct{}
+
+// LoadModule returns ErrNoCgo.
+func LoadModule(dev int, image string) (*Module, error) { return nil, errNoCgo }
+
+// Launch3 returns ErrNoCgo.
+func (m *Module) Launch3(name string, a0, a1, a2 uint64) error { return errNoCgo }
+
+// Close returns nil.
+func (m *Module) Close() error { return nil }
 
 // Leaked returns 0.
 func Leaked() int64 { return 0 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 )
 
 // TestAutoRingMemoryHostFallback: with no CUDA the ring is plain host memory
@@ -59,7 +60,7 @@ func TestRingGPUProof(t *testing.T) {
 		b := r.RingMem().Bytes()[r.Offset(slot):]
 		rec.EncodeBody(b)
 		rec.EncodeCommit(b)
-		got, mode, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), room, cuda.ProofAuto)
+		got, mode, err := gpucheck.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), room, gpucheck.ProofAuto)
 		if err != nil {
 			t.Fatalf("slot %d: GPU read room %#x via %s: %v", slot, got, mode, err)
 		}
@@ -118,10 +119,10 @@ func TestRingFakeCUDA(t *testing.T) {
 			b := r.RingMem().Bytes()[r.Offset(slot):]
 			rec.EncodeBody(b)
 			rec.EncodeCommit(b)
-			if got, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4242, cuda.ProofAuto); err != nil || got != 4242 {
+			if got, _, err := gpucheck.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4242, gpucheck.ProofAuto); err != nil || got != 4242 {
 				t.Fatalf("CheckRoom = %d, %v; want 4242", got, err)
 			}
-			if _, _, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4243, cuda.ProofAuto); !errors.Is(err, cuda.ErrRoomMismatch) {
+			if _, _, err := gpucheck.CheckRoom(0, cuda.DevicePtr(base+uintptr(r.Offset(slot))), 4243, gpucheck.ProofAuto); !errors.Is(err, gpucheck.ErrRoomMismatch) {
 				t.Fatalf("CheckRoom(wrong room) = %v, want ErrRoomMismatch", err)
 			}
 			if err := r.Close(); err != nil {

@@ -142,7 +142,7 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 		if base == 0 {
 			add("ring in mapped memory", 0, errors.New("ring has no device pointer on a CUDA host"), "")
 		}
-		for _, mode := range []cuda.ProofMode{cuda.ProofNVRTC, cuda.ProofBuiltinPTX} {
+		for _, mode := range []gpucheck.ProofMode{gpucheck.ProofNVRTC, gpucheck.ProofBuiltinPTX} {
 			slot, gen, err := ring.Acquire()
 			if err != nil {
 				add("ring proof ("+string(mode)+")", 0, err, "")
@@ -153,7 +153,7 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 			b := ring.RingMem().Bytes()[ring.Offset(slot):]
 			rec.EncodeBody(b)
 			rec.EncodeCommit(b)
-			got, used, err := cuda.CheckRoom(0, cuda.DevicePtr(base+uintptr(ring.Offset(slot))), room, mode)
+			got, used, err := gpucheck.CheckRoom(0, cuda.DevicePtr(base+uintptr(ring.Offset(slot))), room, mode)
 			add("ring proof ("+string(mode)+")", 0, err, fmt.Sprintf("kernel read bootstrap_room %#x at slot %d via %s", got, slot, used))
 			ring.Release(slot)
 		}

@@ -1,5 +1,6 @@
 // Package gpucheck holds measurements and checks built on the cuda binding
-// that are not part of it: the device↔host staging benchmark that `kvxfer
+// that are not part of it: the device↔host staging benchmark and the GPU
+// proof kernel (a ring slot read by device code, CheckRoom) that `kvxfer
 // gpucheck` and scripts/gpu-check.sh report. The binding (package cuda)
 // only wraps the CUDA libraries.
 package gpucheck

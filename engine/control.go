@@ -11,7 +11,7 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "4"        (ControlVersion, ASCII decimal)
+//	frame 1: "5"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
 //	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go))
@@ -35,7 +35,9 @@ const (
 	// answers with the prefill's, TRANSFER carries the aux index, state
 	// indices and decode prefix. Version 4: every message ends with the
 	// sender envelope (instance id, epoch, send time, HMAC tag; envelope.go).
-	ControlVersion = 4
+	// Version 5: the envelope carries the sender's frame sequence number
+	// (replay protection of authenticated frames; replay.go).
+	ControlVersion = 5
 )
 
 // Control message types (frame 2).

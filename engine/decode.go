@@ -311,6 +311,7 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (u
 			return 0, nil, ctx.Err()
 		}
 	}
+	regAt := time.Now()
 	p.err = m.register(ctx, ep, p.epoch)
 	if p.err == nil {
 		// Watch the peer while waiting: a silent or dead prefill is lost
@@ -334,6 +335,12 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (u
 			hint := "a prefill that authenticates control frames drops untagged ones: give every rank the same token and AuthenticateControl (--control-auth)"
 			if m.ctlKey != nil {
 				hint = "this rank tags its control frames: the prefill drops them unless it has the same token"
+				if d := m.unauth.since(ep, regAt); d != "" {
+					// The prefill answered, untagged or with another
+					// token: the claim is unverified, so it only
+					// explains the timeout.
+					hint = d + "; the prefill does not authenticate control frames with this rank's token: give every rank the same token and control authentication (--control-auth, kvx_kv_config.control_auth)"
+				}
 			}
 			p.err = fmt.Errorf("%w: prefill %s did not answer REGISTER (no REGISTER_ACK): %v (%s)", ErrTimeout, ep, ctx.Err(), hint)
 		}

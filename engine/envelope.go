@@ -12,17 +12,20 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap"
 )
 
-// Control-frame envelope (protocol version 4). Every control message on the
-// wire is the message's own frames (its Encode) followed by four frames
+// Control-frame envelope (protocol version 5). Every control message on the
+// wire is the message's own frames (its Encode) followed by five frames
 // that say who sent it and, optionally, prove it:
 //
-//	n-4 sender instance id  the sending rank's instance id (Manager.InstanceID,
+//	n-5 sender instance id  the sending rank's instance id (Manager.InstanceID,
 //	                        1–64 of [A-Za-z0-9._:-]; published in a prefill's
 //	                        directory entry)
-//	n-3 sender epoch        the sending rank's epoch (Manager.Epoch, its start
+//	n-4 sender epoch        the sending rank's epoch (Manager.Epoch, its start
 //	                        time in Unix ns; also in the directory entry), so a
 //	                        restart under a stable instance id is another peer
-//	n-2 sent at             sender's clock, Unix milliseconds (ASCII decimal)
+//	n-3 sent at             sender's clock, Unix milliseconds (ASCII decimal)
+//	n-2 sequence            the sender's frame number, 1, 2, 3, ... per sender
+//	                        epoch (ASCII decimal; 0: not numbered), so a
+//	                        receiver accepts each tagged frame once (replay.go)
 //	n-1 tag                 HMAC-SHA256 (32 bytes) over every frame before it,
 //	                        each as a 4-byte little-endian length and its
 //	                        bytes, keyed with ControlKey(token); empty when the
@@ -30,7 +33,8 @@ import (
 //
 // A rank with a token (ManagerConfig.ControlToken) drops every frame whose
 // tag does not verify, or whose send time is more than ReplayWindow away
-// from its own clock, before looking at anything the frame claims: nobody
+// from its own clock, or whose sequence number it has accepted from that
+// sender before (replay.go), before looking at anything the frame claims: nobody
 // without the deployment's token can inject a REGISTER, HANDSHAKE, TRANSFER,
 // ABORT or STATUS, or make it open a socket. A rank without a token accepts
 // frames with or without a tag (it cannot check them).
@@ -47,7 +51,7 @@ import (
 // addresses and memory keys, as RDMA fabrics expose anyway).
 
 // envelopeFrames is the number of frames the envelope appends.
-const envelopeFrames = 4
+const envelopeFrames = 5
 
 // ReplayWindow bounds how far a tagged frame's send time may be from the
 // receiver's clock (either way): a captured frame can be replayed at most
@@ -67,6 +71,8 @@ type Envelope struct {
 	Epoch uint64
 	// SentAt is the sender's clock when it sent the frame (ms precision).
 	SentAt time.Time
+	// Seq is the sender's frame number (0: not numbered).
+	Seq uint64
 	// Authenticated reports whether the tag verified with this rank's key.
 	Authenticated bool
 }
@@ -96,12 +102,15 @@ func controlTag(key []byte, frames [][]byte) []byte {
 }
 
 // SealControl appends the envelope to a message's frames (its Encode): the
-// sender's instance id and epoch, now in Unix milliseconds and, with a
-// non-nil key, the tag. frames is not modified.
-func SealControl(frames [][]byte, instance string, epoch uint64, now time.Time, key []byte) [][]byte {
+// sender's instance id and epoch, now in Unix milliseconds, the sender's
+// frame number seq (1, 2, ... per epoch, increasing in the order frames
+// leave for one receiver) and, with a non-nil key, the tag. frames is not
+// modified.
+func SealControl(frames [][]byte, instance string, epoch, seq uint64, now time.Time, key []byte) [][]byte {
 	out := make([][]byte, len(frames), len(frames)+envelopeFrames)
 	copy(out, frames)
-	out = append(out, []byte(instance), strconv.AppendUint(nil, epoch, 10), strconv.AppendInt(nil, now.UnixMilli(), 10))
+	out = append(out, []byte(instance), strconv.AppendUint(nil, epoch, 10), strconv.AppendInt(nil, now.UnixMilli(), 10),
+		strconv.AppendUint(nil, seq, 10))
 	if key == nil {
 		return append(out, []byte{})
 	}
@@ -118,10 +127,10 @@ func OpenControl(parts [][]byte, key []byte, now time.Time) ([][]byte, Envelope,
 		return nil, Envelope{}, err
 	}
 	if len(parts) < 3+envelopeFrames {
-		return nil, Envelope{}, fmt.Errorf("%w: %d frames: no room for the envelope (sender instance id, epoch, send time, tag)", ErrBadFrame, len(parts))
+		return nil, Envelope{}, fmt.Errorf("%w: %d frames: no room for the envelope (sender instance id, epoch, send time, sequence, tag)", ErrBadFrame, len(parts))
 	}
 	n := len(parts) - envelopeFrames
-	inst, ep, at, tag := parts[n], parts[n+1], parts[n+2], parts[n+3]
+	inst, ep, at, sq, tag := parts[n], parts[n+1], parts[n+2], parts[n+3], parts[n+4]
 	var env Envelope
 	if !bootstrap.ValidInstanceID(string(inst)) {
 		return nil, env, fmt.Errorf("%w: envelope frame %d: sender instance id %q: want 1–64 of [A-Za-z0-9._:-]", ErrBadFrame, n, trunc(inst))
@@ -137,14 +146,19 @@ func OpenControl(parts [][]byte, key []byte, now time.Time) ([][]byte, Envelope,
 		return nil, env, fmt.Errorf("%w: envelope frame %d: send time %q: want Unix milliseconds", ErrBadFrame, n+2, trunc(at))
 	}
 	env.SentAt = time.UnixMilli(ms)
+	seq, err := strconv.ParseUint(string(sq), 10, 64)
+	if err != nil || len(sq) > 20 || (len(sq) > 1 && sq[0] == '0') {
+		return nil, env, fmt.Errorf("%w: envelope frame %d: sequence %q: want an ASCII decimal", ErrBadFrame, n+3, trunc(sq))
+	}
+	env.Seq = seq
 	if len(tag) != 0 && len(tag) != sha256.Size {
-		return nil, env, fmt.Errorf("%w: envelope frame %d: tag of %d bytes, want %d or none", ErrBadFrame, n+3, len(tag), sha256.Size)
+		return nil, env, fmt.Errorf("%w: envelope frame %d: tag of %d bytes, want %d or none", ErrBadFrame, n+4, len(tag), sha256.Size)
 	}
 	if key != nil {
 		if len(tag) == 0 {
 			return nil, env, fmt.Errorf("%w: %s from instance %s carries no tag: the sender has no control token, this rank requires one (give every rank of the deployment the same token)", ErrUnauthenticated, parts[2], env.Instance)
 		}
-		if !hmac.Equal(tag, controlTag(key, parts[:n+3])) {
+		if !hmac.Equal(tag, controlTag(key, parts[:n+4])) {
 			return nil, env, fmt.Errorf("%w: %s claiming instance %s: tag does not verify (another token, or a forged or altered frame)", ErrUnauthenticated, parts[2], env.Instance)
 		}
 		if d := now.Sub(env.SentAt); d > ReplayWindow || d < -ReplayWindow {

@@ -306,6 +306,16 @@ type Manager struct {
 	instanceID string
 	// ctlKey tags and checks control frames (nil: AuthenticateControl off).
 	ctlKey []byte
+	// ctlSeq numbers the control frames this rank sends (envelope
+	// sequence; taken under the push socket's lock, so the frames to one
+	// peer leave in increasing order).
+	ctlSeq atomic.Uint64
+	// replay accepts each authenticated frame's sequence number once per
+	// sender (replay.go).
+	replay replayGuard
+	// unauth remembers frames dropped as unauthenticated by the endpoint
+	// they claim, for the error of a registration that then times out.
+	unauth unauthMemory
 	// dropped counts received control frames dropped as unauthenticated,
 	// malformed, or from another instance than the peer's; dropLog rate-
 	// limits the warning about them (recvLoop only).
@@ -903,8 +913,8 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 	if ps == nil && len(m.push) >= m.cfg.MaxPeers {
 		if evicted = m.evictIdlePushLocked(); evicted == nil {
 			m.mu.Unlock()
-			return fmt.Errorf("%w: not opening a control socket to %s: %d sockets open (ManagerConfig.MaxPeers), every one to a peer with a registration or heard from within the peer timeout; raise MaxPeers, or look for whoever sends frames naming many endpoints",
-				ErrTooManyPeers, endpoint, len(m.push))
+			return fmt.Errorf("%w: not opening a control socket to %s: %d sockets open, the limit (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS), every one to a peer with a registration or heard from within the peer timeout; raise the limit, or look for whoever sends frames naming many endpoints",
+				ErrTooManyPeers, endpoint, len(m.push), m.cfg.MaxPeers)
 		}
 	}
 	if evicted != nil {
@@ -951,7 +961,7 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return ErrManagerClosed
 	}
 	ps.lastUse.Store(time.Now().UnixNano())
-	frames = SealControl(frames, m.instanceID, m.epoch, time.Now(), m.ctlKey)
+	frames = SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
 	parts := make([]any, len(frames))
 	for i, f := range frames {
 		parts[i] = f
@@ -1214,14 +1224,24 @@ func (m *Manager) dispatch(parts [][]byte) {
 	if h := m.beforeDispatch.Load(); h != nil && len(parts) > 2 {
 		(*h)(string(parts[2]))
 	}
-	body, env, err := OpenControl(parts, m.ctlKey, time.Now())
+	now := time.Now()
+	body, env, err := OpenControl(parts, m.ctlKey, now)
 	if err != nil {
 		reason := "malformed"
 		if errors.Is(err, ErrUnauthenticated) {
 			reason = "unauthenticated"
+			if msg, derr := DecodeControl(parts[:len(parts)-envelopeFrames]); derr == nil {
+				m.unauth.note(msgEndpoint(msg), err, now)
+			}
 		}
 		m.drop(reason, err)
 		return
+	}
+	if env.Authenticated {
+		if err := m.replay.check(env, now); err != nil {
+			m.drop("replay", err)
+			return
+		}
 	}
 	msg, err := DecodeControl(body)
 	if err != nil {

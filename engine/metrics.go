@@ -95,7 +95,9 @@ const (
 	// MetricControlFramesDropped counts received control frames this rank
 	// dropped, by reason (malformed: not a kvxfer frame, another protocol
 	// version, a bad field; unauthenticated: AuthenticateControl is on and
-	// the tag is missing, wrong or outside the replay window; sender: from
+	// the tag is missing, wrong or outside the send-time window (ReplayWindow);
+	// replay: authenticated, but its sequence number was accepted from that
+	// sender before (replay.go); sender: from
 	// another instance than the peer state it names, a refused REGISTER, a
 	// HANDSHAKE from a prefill rank this decode has no registration with).
 	// Manager.DroppedFrames is their sum.
@@ -216,7 +218,7 @@ var metricSpecs = []metricSpec{
 	{MetricPoolPages, "Decode KV pool pages by state (free: reported by the caller; quarantined: pages of failed rooms waiting for their producers to be fenced).", "gaugefunc", []string{"state"}},
 	{MetricRingSlots, "Decode metadata ring slots by state (free, used).", "gaugefunc", []string{"state"}},
 	{MetricProbes, "Doctor probes this rank answered, by result (passed, failed, refused).", "counter", []string{"result"}},
-	{MetricControlFramesDropped, "Received control frames dropped, by reason (malformed, unauthenticated, sender: from another instance than the peer state it names).", "counter", []string{"reason"}},
+	{MetricControlFramesDropped, "Received control frames dropped, by reason (malformed, unauthenticated, replay: an authenticated frame accepted before, sender: from another instance than the peer state it names).", "counter", []string{"reason"}},
 	{MetricRedials, "Data connections dialled again after being lost while idle, by transport (read from the transport at scrape time).", "counterfunc", []string{"transport"}},
 	{MetricRingWaiters, "Decode rooms queued for a metadata ring slot (every slot in use).", "gaugefunc", nil},
 }

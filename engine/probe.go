@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -406,8 +407,9 @@ type Prober struct {
 	endpoint string
 	scratch  []*HostBuffer
 	regions  []RegionDesc
-	instance string // the prober's instance id (envelope)
-	key      []byte // ControlKey(AuthToken), or nil
+	instance string        // the prober's instance id (envelope)
+	seq      atomic.Uint64 // the prober's frame numbers (envelope)
+	key      []byte        // ControlKey(AuthToken), or nil
 	mu       sync.Mutex
 	closed   bool
 }
@@ -547,7 +549,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		return nil, fmt.Errorf("engine: probe: connect to %s: %w", endpoint, err)
 	}
 	send := func(frames [][]byte) error {
-		frames = SealControl(frames, p.instance, 0, time.Now(), p.key)
+		frames = SealControl(frames, p.instance, 0, p.seq.Add(1), time.Now(), p.key)
 		parts := make([]any, len(frames))
 		for i, f := range frames {
 			parts[i] = f

@@ -203,7 +203,7 @@ func (m *Manager) registerRefusalLocked(v *RegisterMsg, env Envelope, old *decod
 	switch {
 	case old == nil:
 		if len(m.pre.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
-			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (ManagerConfig.MaxPeers %d)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
+			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
 		}
 		return ""
 	case old.id.is(envID(env)) && v.Epoch <= old.reg.Epoch:

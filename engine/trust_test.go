@@ -21,6 +21,7 @@ type injector struct {
 	t    *testing.T
 	ctx  *zmq.Context
 	sock *zmq.Socket
+	seq  uint64 // the injector's envelope sequence numbers
 }
 
 func newInjector(t *testing.T, endpoint string) *injector {
@@ -45,7 +46,13 @@ func newInjector(t *testing.T, endpoint string) *injector {
 // send seals frames as instance (with key, or untagged) and sends them.
 func (in *injector) send(frames [][]byte, instance string, key []byte) {
 	in.t.Helper()
-	sealed := engine.SealControl(frames, instance, 0, time.Now(), key)
+	in.seq++
+	in.sendSealed(engine.SealControl(frames, instance, 0, in.seq, time.Now(), key))
+}
+
+// sendSealed sends frames already sealed (a captured frame, replayed).
+func (in *injector) sendSealed(sealed [][]byte) {
+	in.t.Helper()
 	parts := make([]any, len(sealed))
 	for i, f := range sealed {
 		parts[i] = f
@@ -144,6 +151,14 @@ func TestAuthenticatedControl(t *testing.T) {
 	in.send(abort, p.m.InstanceID(), engine.ControlKey("guessed"))
 	waitDropped(t, d.m, 2)
 	waitSample(t, decReg, engine.MetricControlFramesDropped, map[string]string{"reason": "unauthenticated"}, 2)
+	// A frame tagged with the deployment's key (as the prefill sends it),
+	// captured and sent again: the first copy is accepted, the replay is
+	// dropped and counted, within the send-time window.
+	ping := engine.SealControl((&engine.PingMsg{Endpoint: p.m.Endpoint()}).Encode(), p.m.InstanceID(), 0, 1<<40, time.Now(), engine.ControlKey(token))
+	in.sendSealed(ping)
+	in.sendSealed(ping)
+	waitDropped(t, d.m, 3)
+	waitSample(t, decReg, engine.MetricControlFramesDropped, map[string]string{"reason": "replay"}, 1)
 	s, err := p.m.NewSender(2)
 	if err != nil {
 		t.Fatal(err)

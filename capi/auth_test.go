@@ -66,3 +66,43 @@ func TestKVConfigAuthToken(t *testing.T) {
 		t.Fatalf("%d ranks left registered after close: the deregistration did not carry the token", n)
 	}
 }
+
+// TestControlSettings: kvx_kv_config.control_auth / max_peers win over the
+// environment (KVXFER_CONTROL_AUTH, KVXFER_MAX_PEERS), which fills in what
+// the caller left 0; bad values are refused naming the field or variable.
+func TestControlSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		auth, max uint32
+		env       map[string]string
+		wantAuth  bool
+		wantMax   int
+		err       string
+	}{
+		{name: "defaults"},
+		{name: "env on", env: map[string]string{"KVXFER_CONTROL_AUTH": "1", "KVXFER_MAX_PEERS": "16"}, wantAuth: true, wantMax: 16},
+		{name: "env off", env: map[string]string{"KVXFER_CONTROL_AUTH": "0"}},
+		{name: "field on", auth: controlAuthOn, max: 8, wantAuth: true, wantMax: 8},
+		{name: "field on beats env off", auth: controlAuthOn, env: map[string]string{"KVXFER_CONTROL_AUTH": "0"}, wantAuth: true},
+		{name: "field off beats env on", auth: controlAuthOff, env: map[string]string{"KVXFER_CONTROL_AUTH": "1"}},
+		{name: "field max beats env", max: 4, env: map[string]string{"KVXFER_MAX_PEERS": "16"}, wantMax: 4},
+		{name: "bad field", auth: 3, err: "cfg->control_auth is 3"},
+		{name: "bad env auth", env: map[string]string{"KVXFER_CONTROL_AUTH": "yes"}, err: `KVXFER_CONTROL_AUTH="yes"`},
+		{name: "bad env max", env: map[string]string{"KVXFER_MAX_PEERS": "0"}, err: `KVXFER_MAX_PEERS="0"`},
+		{name: "huge field max", max: 1<<20 + 1, err: "cfg->max_peers is 1048577"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := func(k string) string { return tc.env[k] }
+			auth, maxPeers, err := controlSettings(kvConfig{controlAuth: tc.auth, maxPeers: tc.max}, env)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || auth != tc.wantAuth || maxPeers != tc.wantMax {
+				t.Fatalf("got auth %v max %d err %v, want %v %d", auth, maxPeers, err, tc.wantAuth, tc.wantMax)
+			}
+		})
+	}
+}

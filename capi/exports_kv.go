@@ -60,6 +60,8 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 		waitingTimeout:   time.Duration(c.waiting_timeout_ms) * time.Millisecond,
 		authToken:        goStr(c.bootstrap_auth_token),
 		advertiseHost:    goStr(c.advertise_host),
+		controlAuth:      uint32(c.control_auth),
+		maxPeers:         uint32(c.max_peers),
 	}
 	if c.num_kv_buffers > 0 {
 		args, err := kvArgsFromC(&c)

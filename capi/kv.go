@@ -48,9 +48,58 @@ type kvConfig struct {
 	// authToken and advertiseHost are kvx_kv_config's (0.3); empty falls
 	// back to the environment (envAuthToken, KVXFER_ADVERTISE_HOST).
 	authToken, advertiseHost string
+	// controlAuth and maxPeers are kvx_kv_config's control_auth
+	// (KVX_CONTROL_AUTH_*) and max_peers; controlAuthEnv and 0 fall back
+	// to the environment (controlSettings).
+	controlAuth uint32
+	maxPeers    uint32
 	// args, when it has KV buffers, are the caller's buffers (0.2): the
 	// library allocates nothing.
 	args engine.KVArgs
+}
+
+// Values of kvx_kv_config.control_auth (KVX_CONTROL_AUTH_*).
+const (
+	controlAuthEnv = 0
+	controlAuthOn  = 1
+	controlAuthOff = 2
+)
+
+// controlSettings resolves a KV manager's control-frame authentication and
+// peer bound from kvx_kv_config (control_auth, max_peers), falling back to
+// the environment for what the caller left 0: KVXFER_CONTROL_AUTH ("1" on,
+// "0"/"" off) and KVXFER_MAX_PEERS (a positive decimal; unset: the engine's
+// default, engine.DefaultMaxPeers). Errors name the field or variable and
+// the values it takes.
+func controlSettings(c kvConfig, getenv func(string) string) (auth bool, maxPeers int, err error) {
+	switch c.controlAuth {
+	case controlAuthOn:
+		auth = true
+	case controlAuthOff:
+	case controlAuthEnv:
+		switch v := getenv("KVXFER_CONTROL_AUTH"); v {
+		case "1":
+			auth = true
+		case "", "0":
+		default:
+			return false, 0, fmt.Errorf("env KVXFER_CONTROL_AUTH=%q: want 1 (authenticate control frames) or 0", v)
+		}
+	default:
+		return false, 0, fmt.Errorf("cfg->control_auth is %d: want KVX_CONTROL_AUTH_ENV (0), KVX_CONTROL_AUTH_ON (1) or KVX_CONTROL_AUTH_OFF (2)", c.controlAuth)
+	}
+	maxPeers = int(c.maxPeers)
+	if maxPeers == 0 {
+		if v := getenv("KVXFER_MAX_PEERS"); v != "" {
+			n, perr := strconv.Atoi(v)
+			if perr != nil || n <= 0 || n > 1<<20 {
+				return false, 0, fmt.Errorf("env KVXFER_MAX_PEERS=%q: want a positive number of control peers (at most 1048576; default %d)", v, engine.DefaultMaxPeers)
+			}
+			maxPeers = n
+		}
+	} else if maxPeers > 1<<20 {
+		return false, 0, fmt.Errorf("cfg->max_peers is %d: over the limit of 1048576 control peers", c.maxPeers)
+	}
+	return auth, maxPeers, nil
 }
 
 // callerBuffers turns three parallel C arrays into buffers of one memory
@@ -120,6 +169,11 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		closePool()
 		return nil, fail(stInvalidArgument, "%s: %v", op, err)
 	}
+	auth, maxPeers, err := controlSettings(c, getenv)
+	if err != nil {
+		closePool()
+		return nil, fail(stInvalidArgument, "%s: %v", op, err)
+	}
 	mcfg := engine.ManagerConfig{
 		Role:             role,
 		KV:               args,
@@ -138,9 +192,11 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		// with the CLI's names.
 		BootstrapAuthToken: cmp.Or(c.authToken, getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),
 		AdvertiseHost:      cmp.Or(c.advertiseHost, getenv("KVXFER_ADVERTISE_HOST")),
-		// KVXFER_CONTROL_AUTH=1: HMAC-tagged control frames (as the CLI's
-		// --control-auth), keyed by the bootstrap auth token.
-		AuthenticateControl: getenv("KVXFER_CONTROL_AUTH") == "1",
+		// control_auth / KVXFER_CONTROL_AUTH=1: HMAC-tagged control frames
+		// (as the CLI's --control-auth), keyed by the bootstrap auth token;
+		// max_peers / KVXFER_MAX_PEERS (as --max-peers).
+		AuthenticateControl: auth,
+		MaxPeers:            maxPeers,
 		// GPU-visible mapped pinned memory when CUDA is present
 		// (KVXFER_RING_DEVICE picks the GPU), memfd memory otherwise.
 		RingAlloc: engine.CUDARingMemory(ringDev),

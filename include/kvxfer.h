@@ -622,19 +622,41 @@ typedef struct kvx_kv_config {
                                          does); NULL/"" = env KVXFER_BOOTSTRAP_AUTH_TOKEN,
                                          then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN,
                                          else none (a 401 then says the token is missing).
-                                         With env KVXFER_CONTROL_AUTH=1 it also keys an
-                                         HMAC on every control frame: frames without a
-                                         valid tag are dropped (every rank needs it) */
+                                         With control_auth it also keys an HMAC on every
+                                         control frame: frames without a valid tag are
+                                         dropped (every rank needs it) */
     const char *advertise_host;     /* host peers are told to connect to (rank_ip and
                                        endpoints); NULL/"" = env KVXFER_ADVERTISE_HOST,
                                        else control_host, and for a wildcard control_host
                                        (0.0.0.0, ::) the default-route interface's address */
+    /* --- end of KVX_KV_CONFIG_SIZE_V3 (up to the directory token, advertise host) --- */
+    uint32_t control_auth;          /* control-frame authentication (KVX_CONTROL_AUTH_*):
+                                       0 = env KVXFER_CONTROL_AUTH ("1" = on), else off;
+                                       1 = on: every control frame this rank sends carries
+                                       an HMAC-SHA256 tag keyed by bootstrap_auth_token
+                                       (required: KVX_ERR_INVALID_ARGUMENT without one),
+                                       frames without a valid tag, or replayed, are
+                                       dropped (kvxfer_control_frames_dropped_total);
+                                       every prefill and decode rank of the deployment
+                                       needs it and the same token; 2 = off (the
+                                       environment is not read) */
+    uint32_t max_peers;             /* control peers this rank keeps a socket and state
+                                       for; beyond it the least recently used idle one is
+                                       closed, with none idle a new peer is refused naming
+                                       the limit. 0 = env KVXFER_MAX_PEERS, else 1024 */
 } kvx_kv_config;
+
+/* kvx_kv_config.control_auth values. */
+#define KVX_CONTROL_AUTH_ENV 0 /* env KVXFER_CONTROL_AUTH=1 turns it on */
+#define KVX_CONTROL_AUTH_ON 1
+#define KVX_CONTROL_AUTH_OFF 2
 
 /* struct_size of the 0.1.0 kvx_kv_config (fields up to reserved1). */
 #define KVX_KV_CONFIG_SIZE_V1 96
 /* struct_size of a 0.2 kvx_kv_config (up to ib_device). */
 #define KVX_KV_CONFIG_SIZE_V2 216
+/* struct_size of a kvx_kv_config up to advertise_host (before control_auth). */
+#define KVX_KV_CONFIG_SIZE_V3 232
 
 /* Geometry reported by kvx_kv_layout_get. For a library-allocated pool, item
  * (buffer b, page p) is the item_len bytes at pool + b*buffer_len +

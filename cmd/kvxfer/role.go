@@ -114,7 +114,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 			"; a decode sends it on the same routes, which SGLang's protocol has it call none of today, so one environment can configure every rank")
 	}
 	fs.BoolVar(&f.controlAuth, "control-auth", envOr("KVXFER_CONTROL_AUTH", "") == "1", "tag every control frame with an HMAC keyed by the --bootstrap-auth-token and drop frames without a valid tag, so nobody without the token can inject control frames; every prefill and decode rank of the deployment needs it and the same token (env KVXFER_CONTROL_AUTH=1)")
-	fs.IntVar(&f.maxPeers, "max-peers", engine.DefaultMaxPeers, "control peers this rank keeps a socket and state for; beyond it the least recently used idle one is closed, and with none idle a new peer is refused naming the limit")
+	fs.IntVar(&f.maxPeers, "max-peers", envMaxPeers(), "control peers this rank keeps a socket and state for; beyond it the least recently used idle one is closed, and with none idle a new peer is refused naming the limit (env KVXFER_MAX_PEERS)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(workload.KVCacheDtypes, ", ")+
@@ -146,7 +146,25 @@ func closeAll(ts []engine.Transport) {
 
 // validateRoleFlags checks the flags runRole cannot take as given; each
 // error names the flag, the bad value and what is accepted.
+// envMaxPeers is --max-peers' default: KVXFER_MAX_PEERS, else
+// engine.DefaultMaxPeers; a value that is not a number is -1, which
+// validateRoleFlags refuses naming the variable.
+func envMaxPeers() int {
+	v := os.Getenv("KVXFER_MAX_PEERS")
+	if v == "" {
+		return engine.DefaultMaxPeers
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 func validateRoleFlags(f *roleFlags) error {
+	if f.maxPeers < 1 || f.maxPeers > 1<<20 {
+		return fmt.Errorf("--max-peers %d (or env KVXFER_MAX_PEERS=%q): want 1 … 1048576 control peers (default %d)", f.maxPeers, os.Getenv("KVXFER_MAX_PEERS"), engine.DefaultMaxPeers)
+	}
 	switch {
 	case f.pageSize < 1:
 		return fmt.Errorf("--page-size %d: must be >= 1 token (default %d; prefill and decode must match)", f.pageSize, workload.DefaultPageSize)

@@ -820,6 +820,20 @@ void owned_buffers() {
     int rc = kvx_kv_create(decode, &c, &bad_kv);
     CHECK(rc != KVX_OK && has_text("cannot register KV buffer 0 (layer 0 K)"));
     if (std::strcmp(g_transport, "shm") == 0) CHECK(rc == KVX_ERR_UNSUPPORTED_MEMORY);
+    // Control-frame authentication and the peer bound (control_auth,
+    // max_peers): refused values name the field; authentication needs the
+    // deployment's token.
+    c = dec->config(2);
+    c.control_auth = 3;
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("control_auth is 3"));
+    c = dec->config(2);
+    c.control_auth = KVX_CONTROL_AUTH_ON;
+    CHECK(kvx_kv_create(decode, &c, &bad_kv) != KVX_OK && has_text("BootstrapAuthToken"));
+    c = dec->config(2);
+    c.max_peers = (1u << 20) + 1;
+    EXPECT_RC(kvx_kv_create(decode, &c, &bad_kv), KVX_ERR_INVALID_ARGUMENT);
+    CHECK(has_text("max_peers is 1048577"));
 
     // A caller built against the 0.1 header: the smaller struct, the 0.1
     // model fields; what lies past struct_size is not read.
@@ -850,7 +864,7 @@ void owned_buffers() {
     pre.reset();
     dec.reset();
     std::printf("owned buffers (%s): room 77 with a 2-page prefix and aux row verified; prefix too long, aux list mismatch, "
-                "overlap, zero length, model+buffers, device memory and an old-size config checked\n",
+                "overlap, zero length, model+buffers, device memory, control_auth/max_peers and an old-size config checked\n",
                 where.c_str());
 }
 

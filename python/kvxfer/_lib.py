@@ -98,6 +98,12 @@ REGION_PEER_ADDRESS = 0xFFFFFFFF
 
 KV_CONFIG_SIZE_V1 = 96
 KV_CONFIG_SIZE_V2 = 216
+KV_CONFIG_SIZE_V3 = 232
+
+# kvx_kv_config.control_auth values (KVX_CONTROL_AUTH_*).
+CONTROL_AUTH_ENV = 0
+CONTROL_AUTH_ON = 1
+CONTROL_AUTH_OFF = 2
 ENGINE_CONFIG_SIZE_V1 = 40
 
 
@@ -198,6 +204,8 @@ class KVConfig(Structure):
         ("ib_device", c_char_p),
         ("bootstrap_auth_token", c_char_p),
         ("advertise_host", c_char_p),
+        ("control_auth", c_uint32),
+        ("max_peers", c_uint32),
     ]
 
 

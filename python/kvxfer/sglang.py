@@ -19,7 +19,12 @@ wildcard meaning loopback), checksum KVXFER_CHECKSUM=1 (decode verifies a
 CRC32C), segment metadata KVXFER_METADATA (etcd://...; default P2P), the
 directory's bearer token ``server_args.bootstrap_auth_token`` /
 KVXFER_BOOTSTRAP_AUTH_TOKEN / SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN, the
-advertised host KVXFER_ADVERTISE_HOST.
+advertised host KVXFER_ADVERTISE_HOST, control-frame authentication
+KVManager(..., control_auth=True) / ``server_args.kvxfer_control_auth`` /
+KVXFER_CONTROL_AUTH=1 (an HMAC keyed by that token on every control frame;
+untagged or replayed frames are dropped; every rank needs it and the same
+token), the control peer bound KVManager(..., max_peers=N) /
+``server_args.kvxfer_max_peers`` / KVXFER_MAX_PEERS (default 1024).
 Timeouts: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
 SGLANG_DISAGGREGATION_WAITING_TIMEOUT (seconds, 300 by default), read when a
 KVManager is created. (The library itself sees the environment only as it
@@ -207,10 +212,17 @@ class KVManager(Closable):
     server_args may be SGLang's ServerArgs or any object with (some of) its
     attributes: host, disaggregation_bootstrap_port (8998), dist_init_addr,
     tp_size, dp_size, pp_size, enable_dp_attention, kv_cache_dtype ("auto").
+    control_auth (bool) turns control-frame authentication on or off and
+    max_peers (int >= 1) bounds the control peers (kvxfer extensions; None:
+    server_args.kvxfer_control_auth / kvxfer_max_peers, else the environment,
+    KVXFER_CONTROL_AUTH and KVXFER_MAX_PEERS). control_auth needs the
+    deployment's token (server_args.bootstrap_auth_token or the environment).
     Raises KvxError when the manager cannot start (the message says which
-    buffer or setting and why). close() frees it (idempotent)."""
+    buffer or setting and why), ValueError for a max_peers below 1. close()
+    frees it (idempotent)."""
 
-    def __init__(self, args: KVArgs, disaggregation_mode, server_args, is_mla_backend: Optional[bool] = False):
+    def __init__(self, args: KVArgs, disaggregation_mode, server_args, is_mla_backend: Optional[bool] = False,
+                 control_auth: Optional[bool] = None, max_peers: Optional[int] = None):
         self.kv_args = args
         self.disaggregation_mode = disaggregation_mode
         self.server_args = server_args
@@ -220,6 +232,14 @@ class KVManager(Closable):
         self._kv = 0
         self._lock = threading.Lock()
         self._rooms: set = set()
+        if control_auth is None:
+            control_auth = getattr(server_args, "kvxfer_control_auth", None)
+        if max_peers is None:
+            max_peers = getattr(server_args, "kvxfer_max_peers", None)
+        if max_peers is not None and (int(max_peers) < 1 or int(max_peers) > 1 << 20):
+            raise ValueError(f"max_peers {max_peers}: want 1 … 1048576 control peers (default 1024)")
+        self.control_auth = control_auth
+        self.max_peers = max_peers
 
         sa = server_args
         tp_size = int(getattr(sa, "tp_size", 1) or 1)
@@ -293,6 +313,11 @@ class KVManager(Closable):
         token = os.environ.get("KVXFER_BOOTSTRAP_AUTH_TOKEN") or os.environ.get("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")
         c.bootstrap_auth_token = _lib.encode(getattr(self.server_args, "bootstrap_auth_token", None) or token or None)
         c.advertise_host = _lib.encode(os.environ.get("KVXFER_ADVERTISE_HOST") or None)
+        # None leaves both to the library's environment fallback.
+        if self.control_auth is not None:
+            c.control_auth = _lib.CONTROL_AUTH_ON if self.control_auth else _lib.CONTROL_AUTH_OFF
+        if self.max_peers is not None:
+            c.max_peers = int(self.max_peers)
         return c
 
     def _engine_create(self, transport):

@@ -360,3 +360,65 @@ def test_prefill_needs_a_bootstrap_server(monkeypatch):
     with pytest.raises(KvxError) as ei:
         KVManager(kv.kv_args(), "prefill", server_args(addr))
     assert addr in str(ei.value), str(ei.value)
+
+
+def test_control_auth_and_max_peers_arguments(peers, bootstrap, monkeypatch):
+    """Control-frame authentication and the peer bound through kvx_kv_config
+    (KVManager keyword arguments), without --verify: a decode with
+    control_auth=True drops the frames of a prefill that does not tag them,
+    and its room fails naming the unauthenticated frames and the setting;
+    the prefill's room fails too. A prefill with the same token and
+    KVXFER_CONTROL_AUTH=1 (the environment fallback) serves the same decode.
+    A decode with max_peers=1 refuses the second prefill rank of a TP-2
+    room naming the bound."""
+    short = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "5", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "5"}
+    for k, v in short.items():
+        monkeypatch.setenv(k, v)
+    for k in ("KVXFER_CONTROL_AUTH", "KVXFER_MAX_PEERS", "KVXFER_BOOTSTRAP_AUTH_TOKEN", "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    g = Geometry()
+    kv = RankKV(g)
+    with pytest.raises(KvxError, match="BootstrapAuthToken"):
+        KVManager(kv.kv_args(), DisaggregationMode.DECODE, server_args(), control_auth=True)
+    with pytest.raises(ValueError, match="max_peers"):
+        KVManager(kv.kv_args(), DisaggregationMode.DECODE, server_args(), max_peers=0)
+    sa = server_args()
+    sa.bootstrap_auth_token = "deployment-token"
+    mgr = KVManager(kv.kv_args(), DisaggregationMode.DECODE, sa, control_auth=True)
+    try:
+        (plain,) = prefill_ranks(peers, bootstrap, 1)
+        plain.send({"cmd": "send", "room": 61, "src_pages": [1, 2]})
+        r = KVReceiver(mgr, bootstrap.addr, 61)
+        r.init(0)
+        assert r.wait(KVPoll.Success, DEADLINE) == KVPoll.Failed
+        _, msg = r.failure_reason()
+        assert "unauthenticated" in msg and "control_auth" in msg, msg
+        res = plain.recv()
+        assert res["state"] == KVPoll.Failed, res
+        plain.close()
+
+        with KVBootstrapServer("127.0.0.1", 0) as bs2:
+            env = dict(short, KVXFER_CONTROL_AUTH="1", KVXFER_BOOTSTRAP_AUTH_TOKEN="deployment-token")
+            authed = peers("prefill", "--bootstrap", bs2.addr, "--tp-size", "1", "--tp-rank", "0", env=env)
+            authed.send({"cmd": "send", "room": 62, "src_pages": [1, 2]})
+            r = receive(mgr, bs2, 62, [3, 4])
+            assert r.wait(KVPoll.Success, DEADLINE) == KVPoll.Success, r.failure_reason()
+            assert authed.recv()["state"] == KVPoll.Success
+            check_pages(g, kv, 62, [1, 2], [3, 4])
+    finally:
+        mgr.close()
+
+    kv2 = RankKV(g)
+    one = KVManager(kv2.kv_args(), DisaggregationMode.DECODE, server_args(), max_peers=1)
+    try:
+        pre = prefill_ranks(peers, bootstrap, 2)
+        for p in pre:
+            p.send({"cmd": "send", "room": 63, "src_pages": [1, 2]})
+        r = KVReceiver(one, bootstrap.addr, 63)
+        r.init(0)
+        assert r.wait(KVPoll.Success, DEADLINE) == KVPoll.Failed
+        _, msg = r.failure_reason()
+        assert "too many control peers" in msg and "MaxPeers 1" in msg, msg
+        assert all(p.recv()["state"] == KVPoll.Failed for p in pre)
+    finally:
+        one.close()

@@ -16,6 +16,26 @@ import (
 //     the decode fence the epoch and drop the registration (fence.go), so
 //     the next room registers again with a new epoch: new connections (tcp),
 //     new QPs (rdma), a new admission (shm).
+//   - rdma has no redial: an RC QP is one half of a pair whose other half
+//     (QP number, PSN, GID) the peer creates for a registration, so a new QP
+//     needs the peer's part, i.e. a new registration through the control
+//     plane, not a dial the transport can do alone. What happens today:
+//     a peer process that restarts is a new instance with a new epoch:
+//     a restarted decode's REGISTER replaces its old registration on the
+//     prefill (the old segment and its QPs are closed), a restarted
+//     prefill's lost control connection makes the decode fence the old
+//     epoch (rdma FenceEpoch: its receiver QPs to ERR, destroyed) and the
+//     next room registers again, so the next room runs on new QPs. A QP
+//     that breaks while idle with both processes alive (link down past the
+//     retry timeout, a NIC reset) is not noticed then: RC has no keepalive
+//     and rdma does not read the device's async events, so the next room's
+//     first WRITE fails (IBV_WC_RETRY_EXC_ERR after about 4.096 us x
+//     2^qp_timeout x (retry_cnt+1), or rdma's stall_timeout, 10 s), that
+//     room fails once on both sides with the cause, its unclean ABORT_ACK
+//     makes the decode fence the epoch, and the room after it registers
+//     new QPs (the second bullet). Healing that break with no failed room
+//     would need the prefill to refuse the room before its first write
+//     and the decode to re-register and resend TRANSFER; it is not built.
 //   - A room that starts while an earlier room's producer on the same
 //     registration has not yet said whether its data path is clean
 //     (awaitEpochSettled) waits for that answer (at most FenceTimeout)

@@ -36,6 +36,18 @@ import (
 // Decoders never panic and reject an unknown magic, version or type with an
 // error wrapping ErrBadFrame; the listener drops such requests (logged at
 // debug) and keeps serving.
+//
+// Trust: the segment RPC is not authenticated (ManagerConfig's
+// AuthenticateControl covers the KV manager's control frames only, which
+// is how prefill and decode ranks set up their data paths; the segment RPC
+// serves TransferEngine named segments, kvx_engine_* and Python's
+// TransferEngine). Whoever reaches the rpc_port can DESCRIBE a segment (its
+// regions' addresses and lengths, each transport's endpoints: an rdma
+// rkey, a tcp data address) and, naming a peer id, make an rdma engine
+// prepare QPs for that id and connect them with ACCEPT: the same trust as
+// Mooncake's P2PHANDSHAKE, which assumes the fabric and the rpc_port are
+// reachable by the deployment only. Each peer id gets its own prepared
+// endpoint, and the number of ids is not bounded here.
 const (
 	// segmentRPCMagic is frame 0 of every segment RPC message.
 	segmentRPCMagic = "KVXSEG"

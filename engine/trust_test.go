@@ -103,10 +103,13 @@ func TestForgedControlFrames(t *testing.T) {
 	toPrefill.send(forged.Encode(), d.m.InstanceID(), nil)
 	waitDropped(t, p.m, 2)
 	waitSample(t, preReg, engine.MetricControlFramesDropped, map[string]string{"reason": "sender"}, 2)
+	t0 := time.Now()
 	sendOne(t, addr, p, d, 2)
+	t.Logf("room 2 after the forged REGISTERs: ok in %s", time.Since(t0).Round(time.Millisecond))
 	toDecode := newInjector(t, d.m.Endpoint())
 	before := engine.PushSockets(d.m)
 	const flood = 400
+	t0 = time.Now()
 	for i := range flood {
 		hs := &engine.HandshakeMsg{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i), Transport: "rdma", Reply: []byte("qp"), Epoch: uint64(i + 1)}
 		toDecode.send(hs.Encode(), fmt.Sprintf("flood-%d", i), nil)
@@ -116,7 +119,9 @@ func TestForgedControlFrames(t *testing.T) {
 	if n := engine.PushSockets(d.m); n != before {
 		t.Fatalf("the decode holds %d control sockets after the flood, %d before", n, before)
 	}
+	dropped := time.Since(t0)
 	sendOne(t, addr, p, d, 3)
+	t.Logf("%d HANDSHAKEs sent and dropped in %s; room 3 ok %s after the flood began", flood, dropped.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
 }
 
 // TestAuthenticatedControl: ranks with AuthenticateControl and the same

@@ -162,8 +162,8 @@ func envMaxPeers() int {
 }
 
 func validateRoleFlags(f *roleFlags) error {
-	if f.maxPeers < 1 || f.maxPeers > 1<<20 {
-		return fmt.Errorf("--max-peers %d (or env KVXFER_MAX_PEERS=%q): want 1 … 1048576 control peers (default %d)", f.maxPeers, os.Getenv("KVXFER_MAX_PEERS"), engine.DefaultMaxPeers)
+	if f.maxPeers < 0 || f.maxPeers > 1<<20 {
+		return fmt.Errorf("--max-peers %d (or env KVXFER_MAX_PEERS=%q): want 1 … 1048576 control peers (0: the default, %d)", f.maxPeers, os.Getenv("KVXFER_MAX_PEERS"), engine.DefaultMaxPeers)
 	}
 	switch {
 	case f.pageSize < 1:

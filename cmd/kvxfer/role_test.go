@@ -82,6 +82,7 @@ func TestValidateRoleFlags(t *testing.T) {
 		{"waiting", func(f *roleFlags) { f.waitingTimeout = 0 }, "--waiting-timeout"},
 		{"peer", func(f *roleFlags) { f.peerTimeout = 0 }, "--peer-timeout"},
 		{"aux rows", func(f *roleFlags) { f.auxRows = 0 }, "--aux-rows 0"},
+		{"max peers", func(f *roleFlags) { f.maxPeers = -1 }, "KVXFER_MAX_PEERS"},
 	}
 	for _, c := range cases {
 		f := good()

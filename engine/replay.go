@@ -156,9 +156,8 @@ func (g *replayGuard) evictLocked(now time.Time) {
 // did not verify: they are used for that message only. Bounded to
 // maxUnauthMemory endpoints.
 type unauthMemory struct {
-	mu  sync.Mutex
-	by  map[string]unauthDrop
-	max int
+	mu sync.Mutex
+	by map[string]unauthDrop
 }
 
 // unauthDrop is the last unauthenticated frame claiming one endpoint.

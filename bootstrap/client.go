@@ -487,9 +487,15 @@ func (c *Client) CheckLeader(ctx context.Context, distInitAddr string) error {
 }
 
 // Table fetches GET /v1/table (a kvxfer extension): the whole directory.
+// A server without the route (404 or 405: SGLang's directory, or no
+// directory at all) gives an error wrapping ErrUnsupported.
 func (c *Client) Table(ctx context.Context) (*TableSnapshot, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/v1/table", nil, nil, false)
 	if err != nil {
+		var se *StatusError
+		if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) {
+			return nil, fmt.Errorf("%w: GET %s/v1/table: %v", ErrUnsupported, c.addr, err)
+		}
 		return nil, err
 	}
 	var t TableSnapshot

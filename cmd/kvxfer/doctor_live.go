@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -131,6 +132,12 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 		if errors.Is(err, bootstrap.ErrUnsupported) {
 			// An SGLang directory: readiness without names.
 			err := w.call(func(ctx context.Context) error { _, err := client.ServerInfo(ctx); return err })
+			var se *bootstrap.StatusError
+			if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) {
+				s.fail(fmt.Sprintf("%s answers GET /health but has neither GET /v1/table nor GET /route: it is not a bootstrap directory (%v)", f.bootstrap, err),
+					"give --bootstrap the prefill instance's bootstrap host:port (default port 8998), not a rank's metrics or control port")
+				return
+			}
 			if err != nil {
 				s.fail(fmt.Sprintf("the directory (not a kvxfer one: no /v1/table) is not ready: %v", err),
 					"start the prefill ranks that did not register; each registers with PUT /route when it starts (see its log)")

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
@@ -228,4 +230,44 @@ func TestRoleMetricsAndTimelines(t *testing.T) {
 	if n := sumSeries(ds, engine.MetricPoolPages, `state="free"`); n == 0 {
 		t.Errorf("decode reports no free pool pages: %v", ds)
 	}
+}
+
+// TestDoctorSGLangDirectory: doctor --bootstrap against a directory that
+// speaks only SGLang's routes (GET /health, GET /route; anything else 404,
+// as SGLang's aiohttp server answers) passes the register step as "ready,
+// names not listed"; against a server that answers /health but is no
+// directory at all (a rank's metrics port) it says so and what to give.
+func TestDoctorSGLangDirectory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	sglang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/health":
+			_, _ = w.Write([]byte("OK"))
+		case r.URL.Path == "/route" && r.URL.Query().Get("target_tp_rank") == "-1":
+			_, _ = w.Write([]byte(`{"attn_tp_size":1,"attn_cp_size":1,"dp_size":1,"pp_size":1,"page_size":16,"kv_cache_dtype":"auto","follow_bootstrap_room":true}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer sglang.Close()
+	rep, _ := runDoctorProc(t, strings.TrimPrefix(sglang.URL, "http://"), "--transport", "tcp", "--timeout", "5s")
+	if st := stepOf(t, rep, "register"); st.Status != stepPass || !strings.Contains(st.Detail, "SGLang") {
+		t.Errorf("register step against an SGLang directory: %+v, want pass naming SGLang", st)
+	}
+
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			_, _ = w.Write([]byte("OK"))
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer plain.Close()
+	rep, code := runDoctorProc(t, strings.TrimPrefix(plain.URL, "http://"), "--transport", "tcp", "--timeout", "5s")
+	if code != 1 {
+		t.Errorf("exit %d against a server that is no directory, want 1", code)
+	}
+	wantFirstFailure(t, rep, "register", stepFail, "not a bootstrap directory")
 }

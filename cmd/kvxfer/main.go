@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -78,6 +79,12 @@ const tokenFlagHelp = "bearer token the bootstrap directory requires on its muta
 
 func main() {
 	if err := rootCmd.Execute(); err != nil {
+		if errors.Is(err, context.Canceled) {
+			// Every command's context ends on SIGINT/SIGTERM only; "context
+			// canceled" alone tells a user nothing.
+			fmt.Fprintf(os.Stderr, "kvxfer: interrupted (SIGINT or SIGTERM); stopped what was running (%v)\n", err)
+			os.Exit(130)
+		}
 		fmt.Fprintln(os.Stderr, "kvxfer:", err)
 		if _, stale := err.(errStale); stale {
 			os.Exit(3)

@@ -64,6 +64,10 @@ var (
 	ErrTimeout = errors.New("engine: timeout")
 	// ErrAborted: the request was aborted by either side.
 	ErrAborted = errors.New("engine: transfer aborted")
+	// ErrTokenMismatch: the prefill and the decode were given different
+	// token counts for the same room (the metadata record's token_count, or
+	// the TRANSFER's, against the local one); the error names both counts.
+	ErrTokenMismatch = errors.New("engine: token count mismatch")
 	// ErrChecksum: the CRC32C over the received bytes does not match the record.
 	ErrChecksum = errors.New("engine: KV checksum mismatch")
 	// ErrManagerClosed: the manager was closed.

@@ -681,7 +681,7 @@ func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
 	tokens := r.tokens
 	r.mu.Unlock()
 	if tokens != 0 && rec.TokenCount != 0 && int(rec.TokenCount) != tokens {
-		r.failLocal(fmt.Errorf("engine: room %d: token count mismatch: prefill rank %d covered %d tokens, the decode expects %d (the same request must reach both sides with the same prompt length)", r.room, t.producer, rec.TokenCount, tokens))
+		r.failLocal(fmt.Errorf("%w: room %d: prefill rank %d covered %d tokens, the decode expects %d (the same request must reach both sides with the same prompt length)", ErrTokenMismatch, r.room, t.producer, rec.TokenCount, tokens))
 		return
 	}
 	var wantBytes uint64

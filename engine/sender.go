@@ -423,7 +423,7 @@ func (s *Sender) tokenMismatchLocked() error {
 	}
 	for ep, d := range s.dsts {
 		if d.msg.Tokens != 0 && d.msg.Tokens != s.tokens {
-			return fmt.Errorf("engine: room %d: token count mismatch: prefill covers %d tokens, decode %s expects %d (the same request must reach both sides with the same prompt length)", s.room, s.tokens, ep, d.msg.Tokens)
+			return fmt.Errorf("%w: room %d: prefill covers %d tokens, decode %s expects %d (the same request must reach both sides with the same prompt length)", ErrTokenMismatch, s.room, s.tokens, ep, d.msg.Tokens)
 		}
 	}
 	return nil

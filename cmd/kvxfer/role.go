@@ -556,6 +556,16 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		want = `{"room": N, "tokens": N, "bootstrap": "host:port" (optional)}`
 	}
 	if err := dec.Decode(&raw); err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syn):
+			return q, false, fmt.Errorf("not JSON (invalid at byte %d of the line; want %s)", syn.Offset, want)
+		case errors.As(err, &typ) && typ.Field == "":
+			return q, false, fmt.Errorf("a JSON %s, not an object (want %s)", typ.Value, want)
+		case errors.As(err, &typ):
+			return q, false, fmt.Errorf("%q is a JSON %s, want %s", typ.Field, typ.Value, want)
+		}
 		return q, false, fmt.Errorf("not a request object: %v (want %s)", err, want)
 	}
 	if dec.More() {

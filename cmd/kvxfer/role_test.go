@@ -39,12 +39,15 @@ func TestParseRequest(t *testing.T) {
 		{` { "room" : 3 , "tokens" :	8 } `, engine.RolePrefill, requestLine{Room: 3, Tokens: 8}, true, ""},
 		{`{"room":1,"tokens":5,"tokenz":1}`, engine.RoleDecode, requestLine{}, false, `unknown field "tokenz"`},
 		{`{"room":1,"tokens":5} {"room":2}`, engine.RoleDecode, requestLine{}, false, "text after"},
-		{`garbage`, engine.RoleDecode, requestLine{}, false, "not a request object"},
+		{`garbage`, engine.RoleDecode, requestLine{}, false, "not JSON (invalid at byte 1"},
+		{`not json`, engine.RolePrefill, requestLine{}, false, "not JSON"},
+		{`[1,2]`, engine.RolePrefill, requestLine{}, false, "a JSON array, not an object"},
+		{`"room"`, engine.RolePrefill, requestLine{}, false, "a JSON string, not an object"},
 		{`{"room":1,"tokens":5,"bootstrap":"h:1"}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 5}, true, "decode request field"},
 		{`{"room":1,"tokens":5,"bootstrap":""}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 5}, true, "empty"},
 		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
 		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
-		{`{"room":1,"tokens":5,"hash_ids":["a"]}`, engine.RoleDecode, requestLine{}, false, "not a request object"},
+		{`{"room":1,"tokens":5,"hash_ids":["a"]}`, engine.RoleDecode, requestLine{}, false, `"hash_ids" is a JSON string`},
 	}
 	for _, c := range cases {
 		q, hasRoom, err := parseRequest(c.line, c.role)

@@ -36,6 +36,18 @@ const watchInterval = 100 * time.Millisecond
 type remoteRegion struct {
 	mapping []byte // page-aligned mapping to unmap
 	data    []byte // exactly the region: Length bytes
+
+	// First contact (warm.go): lead is data's offset in mapping; warm holds
+	// one bit per page of mapping: written through this mapping at least
+	// once. fdMu guards
+	// fd, the receiver's memfd kept open for that pwrite (-1 once every page
+	// is warm or the segment is released); fileOff is the file offset of
+	// data[0].
+	lead    uint64
+	warm    []atomic.Uint64
+	fdMu    sync.RWMutex
+	fd      int
+	fileOff uint64
 }
 
 type segment struct {
@@ -60,7 +72,8 @@ type segment struct {
 	mu      sync.Mutex // guards closed; Submit adds to batches under it
 	closed  bool
 	batches *engine.BatchTable[*batch]
-	running sync.WaitGroup // copy goroutines in flight; Close waits before unmapping
+	running sync.WaitGroup // copy goroutines and warmers in flight; Close waits before unmapping
+	warmMu  sync.Mutex     // one warmer at a time (warm.go)
 }
 
 var (
@@ -148,7 +161,7 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if st, err := procStartTime(pid); err != nil || st != ep.StartTime {
 		return nil, fmt.Errorf("shm: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", pid, st, ep.StartTime, err, engine.ErrUnavailable)
 	}
-	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes)
+	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes, false)
 	if err != nil {
 		return nil, fmt.Errorf("shm: map receiver control memfd: %v: %w", err, engine.ErrUnavailable)
 	}
@@ -191,6 +204,13 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	t.mu.Unlock()
 	ok = true
 	go s.watch()
+	fresh := make([]*remoteRegion, 0, len(s.regions))
+	for _, r := range s.regions {
+		fresh = append(fresh, r)
+	}
+	s.mu.Lock()
+	s.startWarmer(fresh)
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -210,15 +230,15 @@ func (s *segment) mapRegion(d engine.RegionDesc) (*remoteRegion, error) {
 	}
 	// Trust the receiver's control slot over the advertised descriptor.
 	if int(d.ID) >= MaxRegions {
-		return &remoteRegion{}, nil
+		return &remoteRegion{fd: -1}, nil
 	}
 	trueLen := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)])
 	trueOff := atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(d.ID)+1])
 	if trueLen == 0 || trueOff != k.Offset {
-		return &remoteRegion{}, nil
+		return &remoteRegion{fd: -1}, nil
 	}
 	length := min(d.Length, trueLen)
-	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length)
+	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length, true)
 	if err != nil {
 		return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
 	}
@@ -246,6 +266,7 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 		r, err := s.mapRegion(d)
 		if err != nil {
 			for _, a := range added {
+				a.closeFD()
 				if a.mapping != nil {
 					unix.Munmap(a.mapping)
 				}
@@ -254,21 +275,30 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 		}
 		added[d.ID] = r
 	}
+	fresh := make([]*remoteRegion, 0, len(added))
 	for id, r := range added {
 		s.regions[id] = r
+		fresh = append(fresh, r)
 	}
+	s.startWarmer(fresh)
 	return nil
 }
 
 // mapPeerFD opens /proc/PID/fd/FD, checks it is the advertised file, and maps
-// exactly length bytes from offset.
-func mapPeerFD(pid, fd int, dev, ino, offset, length uint64) (*remoteRegion, error) {
+// exactly length bytes from offset. With keepFD the region keeps the
+// descriptor for pwrite into the pages its mapping has not written yet.
+func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remoteRegion, error) {
 	path := "/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd)
 	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w (receiver gone, other user, or other pid namespace)", path, err)
 	}
-	defer unix.Close(f)
+	kept := false
+	defer func() {
+		if !kept {
+			unix.Close(f)
+		}
+	}()
 	var st unix.Stat_t
 	if err := unix.Fstat(f, &st); err != nil {
 		return nil, fmt.Errorf("fstat %s: %w", path, err)
@@ -292,8 +322,15 @@ func mapPeerFD(pid, fd int, dev, ino, offset, length uint64) (*remoteRegion, err
 	// Map the receiver's pages now (they are resident on its side when it
 	// prefaulted them), so the first batch does not fault once per 4 KiB
 	// in this process. Best effort: without it the copies fault them in.
+	// On a VM this is not enough (warm.go): the warmer and put finish it.
 	_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
-	return &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length]}, nil
+	r := &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length], fd: -1, fileOff: offset, lead: offset - start}
+	if keepFD {
+		words := ((span+pg-1)/pg + 63) / 64 // one bit per page of the mapping
+		r.warm = make([]atomic.Uint64, words)
+		r.fd, kept = f, true
+	}
+	return r, nil
 }
 
 // alive reports whether the receiver process is still running and its
@@ -352,10 +389,14 @@ func (s *segment) lose(err error) {
 
 func (s *segment) HandshakeReply() []byte { return nil }
 
-// piece is one contiguous copy.
+// piece is one contiguous copy. A write into a receiver region names the
+// region (rr) and dst's byte offset in it (off), so put can tell whether
+// dst is warm; a read (or a test) leaves rr nil.
 type piece struct {
 	dst []byte
 	src []byte
+	rr  *remoteRegion
+	off uint64
 }
 
 // unit is a run of pieces [start, end) into one remote region, at most
@@ -424,7 +465,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > chunkBytes {
 					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
 				}
-				pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m)})
+				pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m), rr: rr, off: off + c})
 				units[len(units)-1].end++
 				units[len(units)-1].bytes += m
 			}
@@ -567,7 +608,7 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 				return
 			}
 			for _, p := range pieces[u.start:u.end] {
-				copy(p.dst, p.src)
+				p.put()
 			}
 			s.leave(ph)
 			b.done.Add(u.bytes)
@@ -657,6 +698,7 @@ func (s *segment) Close() error {
 func (s *segment) release() error {
 	var errs []error
 	for id, r := range s.regions {
+		r.closeFD()
 		if r.mapping == nil {
 			continue
 		}

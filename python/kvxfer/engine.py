@@ -28,6 +28,7 @@ empty), MC_TCP_BIND_ADDRESS (data-plane bind host), MC_LEGACY_RPC_PORT_BINDING
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import enum
 import logging
@@ -185,6 +186,8 @@ class TransferEngine(Closable):
         self._regions: dict[int, tuple[int, int, object]] = {}  # addr -> (region id, length, keep-alive)
         self._managed: dict[int, tuple[HostBuffer, int]] = {}  # addr -> (buffer, length asked)
         self._async: dict[int, _Async] = {}
+        # batch id -> final transfer_check_status value, oldest first
+        self._finished: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._zombies: list[int] = []  # kvx batches cancelled but not yet terminal
         self._reader: ThreadPoolExecutor | None = None
         self._next_read_id = 1 << 62
@@ -651,13 +654,31 @@ class TransferEngine(Closable):
 
     def transfer_check_status(self, batch_id) -> int:
         """1 done, 0 in progress, -1 failed, -2 timed out (MC_TRANSFER_TIMEOUT
-        + 1 s/GiB after submit: the batch is cancelled). A finished batch id
-        (1 or -1 returned) is forgotten; an unknown id returns -1."""
+        + 1 s/GiB after submit: the batch is cancelled). A finished batch's
+        resources are freed at the call that reports it; asking again about
+        it returns the same final value (the last 4096 finished ids are
+        remembered), so a completed batch polled twice never reads as
+        failed. An id never submitted returns -1."""
         bid = int(batch_id)
+        with self._lock:
+            known = bid in self._async
+            final = self._finished.get(bid)
+        if not known and final is not None:
+            return final
+        r = self._check_status(bid)
+        if known and r != 0:
+            with self._lock:
+                if bid not in self._async:  # reported and freed: final
+                    self._finished[bid] = r
+                    while len(self._finished) > 4096:
+                        self._finished.popitem(last=False)
+        return r
+
+    def _check_status(self, bid: int) -> int:
         with self._lock:
             a = self._async.get(bid)
         if a is None:
-            self._fail(_lib.ERR_BAD_HANDLE, f"transfer_check_status: batch id {bid} is unknown (never submitted, or already reported done/failed)")
+            self._fail(_lib.ERR_BAD_HANDLE, f"transfer_check_status: batch id {bid} is unknown (never submitted, or finished more than 4096 batches ago)")
             return -1
         if a.future is not None:
             if a.future.done():

@@ -77,7 +77,8 @@ def test_async_submit_and_check_tcp(peers, local, kind):
     assert bid > 0, local.last_error
     status = wait_until(lambda: local.transfer_check_status(bid) or None, what="transfer_check_status != 0")
     assert status == 1
-    assert local.transfer_check_status(bid) == -1  # reported once, then forgotten
+    assert local.transfer_check_status(bid) == 1  # asked again: still done, never "failed"
+    assert local.transfer_check_status(987654321) == -1  # never submitted
     expect = bytes(memoryview(src).cast("B")[:n])
     assert peer_bytes(target, regions["b"], n) == expect
     ids = [local.batch_transfer_async_write(name, [addr, addr + 4096], [regions["a"], regions["a"] + 8192], [4096, 4096])

@@ -13,6 +13,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -44,7 +45,8 @@ type Spec struct {
 	// for, with the reason: the wait error, or an error saying it exited
 	// (status 0) or that stdout could not be read. Optional.
 	OnExit func(err error)
-	// Stderr receives the child's stderr (default: this process's).
+	// Stderr receives the child's stderr (default: this process's, each
+	// line prefixed with "[Name] " so a reader knows which child spoke).
 	Stderr io.Writer
 }
 
@@ -66,7 +68,7 @@ func Start(s Spec) (*Proc, error) {
 	}
 	cmd.Stderr = s.Stderr
 	if cmd.Stderr == nil {
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = &linePrefixer{prefix: "[" + s.Name + "] ", w: os.Stderr}
 	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -98,6 +100,9 @@ func (p *Proc) read(r io.Reader, onLine func([]byte), onExit func(error)) {
 		_, _ = io.Copy(io.Discard, r)
 	}
 	err := p.cmd.Wait()
+	if lp, ok := p.cmd.Stderr.(*linePrefixer); ok {
+		lp.flush() // Wait returned: the copying goroutine is done
+	}
 	switch {
 	case err != nil:
 	case readErr != nil:
@@ -164,4 +169,52 @@ func (p *Proc) Stop(grace time.Duration) {
 		_ = p.cmd.Process.Kill()
 		<-p.exit
 	}
+}
+
+// stderrMu serialises the children's prefixed lines on this process's
+// stderr, so lines of two children never interleave mid-line.
+var stderrMu sync.Mutex
+
+// linePrefixer writes each complete line it is given to w with prefix in
+// front; a partial line waits for its newline, or for flush once the child
+// exited. Used by one copying goroutine per child.
+type linePrefixer struct {
+	prefix string
+	w      io.Writer
+	buf    []byte
+}
+
+func (l *linePrefixer) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			break
+		}
+		stderrMu.Lock()
+		_, _ = io.WriteString(l.w, l.prefix)
+		_, _ = l.w.Write(l.buf[:i+1])
+		stderrMu.Unlock()
+		l.buf = l.buf[i+1:]
+	}
+	if len(l.buf) > 64<<10 { // a child writing without newlines: pass it on
+		stderrMu.Lock()
+		_, _ = io.WriteString(l.w, l.prefix)
+		_, _ = l.w.Write(append(l.buf, '\n'))
+		stderrMu.Unlock()
+		l.buf = l.buf[:0]
+	}
+	return len(p), nil
+}
+
+// flush writes a last line that had no newline.
+func (l *linePrefixer) flush() {
+	if len(l.buf) == 0 {
+		return
+	}
+	stderrMu.Lock()
+	_, _ = io.WriteString(l.w, l.prefix)
+	_, _ = l.w.Write(append(l.buf, '\n'))
+	stderrMu.Unlock()
+	l.buf = l.buf[:0]
 }

@@ -70,7 +70,7 @@ func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 		return err
 	}
 	res.Buffers = l.NumBuffers()
-	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0, Logger: quietLogger()})
 	sctx, stop := context.WithCancel(context.Background())
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Start(sctx) }()

@@ -198,7 +198,7 @@ func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	}
 	// Both timelines go on after the failure with the fencing.
 	waitTimeline(t, dec.m, 2, "pages quarantined", "ABORT_ACK: clean", "every producer fenced: pages reusable", "closed")
-	waitTimeline(t, dec.m, 2, "ABORT sent") // from its own goroutine: before or after the quarantine
+	waitTimeline(t, dec.m, 2, "ABORT sent", "ABORT_ACK: clean") // the question before its answer; from its own goroutine, so before or after the quarantine
 	waitTimeline(t, pre.m, 2, "ABORT received", "ABORT_ACK sent: clean")
 	time.Sleep(2 * time.Second) // any delayed write would have landed by now
 	if err := pagesAre(dec.pool, x.dst, 0xAA); err != nil {

@@ -774,8 +774,12 @@ func (r *Receiver) failLocal(err error) bool {
 	r.mu.Unlock()
 	for _, t := range ts {
 		go func() {
-			if r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch) {
-				r.tr.event(r.tr.step(), t.endpoint, "ABORT sent")
+			// Recorded before the send: the producer's ABORT_ACK can be
+			// handled before a send returns, and the timeline must not show
+			// the answer before the question.
+			r.tr.event(r.tr.step(), t.endpoint, "ABORT sent")
+			if !r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch) {
+				r.tr.event(r.tr.step(), t.endpoint, "ABORT could not be sent (control socket refused it); the fence timeout decides")
 			}
 		}()
 	}

@@ -169,7 +169,7 @@ func FuzzDecodeAck(f *testing.F) {
 			}
 			return
 		}
-		if n > maxAckMsg || a.Status > ackInternal {
+		if n > maxAckMsg || a.Status > ackFenced {
 			t.Fatalf("accepted invalid ack %+v n=%d", a, n)
 		}
 		if len(in) >= ackSize+n {

@@ -52,6 +52,14 @@ const (
 	controlSendTimeout       = 2 * time.Second
 )
 
+// Where a user raises the two room timeouts, named the same way by every
+// face of the engine (the CLI, the C ABI and Python pass their setting as
+// ManagerConfig's; SGLang's env is read only where neither is given).
+const (
+	waitingTimeoutHint   = "raise the waiting timeout: kvxfer --waiting-timeout, kvx_kv_config.waiting_timeout_ms, or env SGLANG_DISAGGREGATION_WAITING_TIMEOUT where neither is set"
+	bootstrapTimeoutHint = "raise the bootstrap timeout: kvxfer --bootstrap-timeout, kvx_kv_config.bootstrap_timeout_ms, or env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT where neither is set"
+)
+
 // Errors of the KV manager. The wrapping errors name the room and peer.
 var (
 	// ErrRoomActive: a Sender or Receiver for this bootstrap_room is already

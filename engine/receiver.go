@@ -750,7 +750,7 @@ func (r *Receiver) checkTimeout(now time.Time) {
 	left := r.remaining
 	r.mu.Unlock()
 	if !sent.IsZero() && now.Sub(sent) > r.m.cfg.WaitingTimeout {
-		r.failLocal(fmt.Errorf("%w: room %d: no Success from %d producer(s) within %s of TRANSFER (raise the waiting timeout: --waiting-timeout, or env SGLANG_DISAGGREGATION_WAITING_TIMEOUT when no flag is given; or check the prefill)", ErrTimeout, r.room, left, r.m.cfg.WaitingTimeout))
+		r.failLocal(fmt.Errorf("%w: room %d: no Success from %d producer(s) within %s of TRANSFER (%s, or check the prefill)", ErrTimeout, r.room, left, r.m.cfg.WaitingTimeout, waitingTimeoutHint))
 	}
 }
 

@@ -802,7 +802,7 @@ func (s *Sender) checkTimeout(now time.Time) {
 		s.mu.Lock()
 		n, req := len(s.dsts), s.required
 		s.mu.Unlock()
-		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (raise the bootstrap timeout: --bootstrap-timeout, or env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT when no flag is given; or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1)))
+		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (%s, or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1), bootstrapTimeoutHint))
 		return
 	}
 	if p != KVTransferring {
@@ -835,7 +835,7 @@ func (s *Sender) checkTimeout(now time.Time) {
 	switch {
 	case !s.written:
 	case s.giveUp == "" && now.Sub(s.awaitSince) > s.m.cfg.WaitingTimeout:
-		s.giveUp = fmt.Sprintf("room %d: every page and the metadata record landed, but decode %v gave no verdict within %s; the prefill gives up (raise the waiting timeout: --waiting-timeout, or env SGLANG_DISAGGREGATION_WAITING_TIMEOUT when no flag is given; or check the decode)", s.room, missing, s.m.cfg.WaitingTimeout)
+		s.giveUp = fmt.Sprintf("room %d: every page and the metadata record landed, but decode %v gave no verdict within %s; the prefill gives up (%s, or check the decode)", s.room, missing, s.m.cfg.WaitingTimeout, waitingTimeoutHint)
 		s.giveUpAt, s.lastAsk, ask = now, now, true
 	case s.giveUp != "":
 		for _, ep := range missing {

@@ -351,8 +351,7 @@ const HeaderEntry = "X-Kvxfer-Entry"
 func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
 	data, hdr, err := c.do(ctx, http.MethodGet, "/v1/entry", rankQuery(at.DP, at.CP, at.TP, at.PP), nil, false)
 	if err != nil {
-		var se *StatusError
-		if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) && hdr.Get(HeaderEntry) == "" {
+		if routeMissing(err) && hdr.Get(HeaderEntry) == "" {
 			return nil, fmt.Errorf("%w: GET %s/v1/entry: %v", ErrUnsupported, c.addr, err)
 		}
 		return nil, err
@@ -366,10 +365,15 @@ func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
 
 // ServerInfo fetches the prefill topology (GET /route with all four
 // parameters −1). The error wraps ErrNotReady on 503 (not every rank has
-// registered yet; retry later). Unknown keys in the answer are ignored.
+// registered yet; retry later), and ErrUnsupported beside the status on
+// 404/405 (the server has no GET /route: not a bootstrap directory).
+// Unknown keys in the answer are ignored.
 func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/route", rankQuery(-1, -1, -1, -1), nil, false)
 	if err != nil {
+		if routeMissing(err) { // every directory, SGLang's too, serves it
+			return nil, fmt.Errorf("%w: GET %s/route: %w", ErrUnsupported, c.addr, err)
+		}
 		return nil, err
 	}
 	var info PrefillServerInfo
@@ -492,8 +496,7 @@ func (c *Client) CheckLeader(ctx context.Context, distInitAddr string) error {
 func (c *Client) Table(ctx context.Context) (*TableSnapshot, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/v1/table", nil, nil, false)
 	if err != nil {
-		var se *StatusError
-		if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) {
+		if routeMissing(err) {
 			return nil, fmt.Errorf("%w: GET %s/v1/table: %v", ErrUnsupported, c.addr, err)
 		}
 		return nil, err
@@ -574,4 +577,11 @@ func (c *Client) WaitReady(ctx context.Context, poll time.Duration) (*PrefillSer
 		case <-t.C:
 		}
 	}
+}
+
+// routeMissing reports whether err is the server's answer for a route it
+// does not have (404 or 405).
+func routeMissing(err error) bool {
+	var se *StatusError
+	return errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed)
 }

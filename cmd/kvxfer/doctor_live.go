@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -132,8 +131,7 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 		if errors.Is(err, bootstrap.ErrUnsupported) {
 			// An SGLang directory: readiness without names.
 			err := w.call(func(ctx context.Context) error { _, err := client.ServerInfo(ctx); return err })
-			var se *bootstrap.StatusError
-			if errors.As(err, &se) && (se.Code == http.StatusNotFound || se.Code == http.StatusMethodNotAllowed) {
+			if errors.Is(err, bootstrap.ErrUnsupported) {
 				s.fail(fmt.Sprintf("%s answers GET /health but has neither GET /v1/table nor GET /route: it is not a bootstrap directory (%v)", f.bootstrap, err),
 					"give --bootstrap the prefill instance's bootstrap host:port (default port 8998), not a rank's metrics or control port")
 				return

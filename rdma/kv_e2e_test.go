@@ -3,12 +3,10 @@ package rdma_test
 import (
 	"context"
 	"errors"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/workload"
@@ -21,29 +19,12 @@ import (
 // fragmented, an aux row; the receiver verifies the room-tagged metadata
 // record and the test verifies every KV and aux byte.
 func TestKVTransferOverRDMA(t *testing.T) {
-	if err := rdma.Probe(); err != nil {
-		if os.Getenv("KVXFER_REQUIRE_RDMA") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("%v (run `make test-rdma` for the Soft-RoCE VM)", err)
-	}
+	rdma.RequireRDMA(t)
 	model := workload.ModelConfig{Name: "tiny-gqa", NumLayers: 4, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	bctx, bcancel := context.WithCancel(ctx)
-	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(bctx) }()
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("bootstrap server: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("bootstrap server did not start")
-	}
-	defer func() { bcancel(); <-done }()
-	addr := srv.Addr()
+	addr := startBootstrap(t)
 
 	type rank struct {
 		m    *engine.Manager

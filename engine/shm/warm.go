@@ -3,7 +3,6 @@ package shm
 import (
 	"errors"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"unsafe"
 
@@ -36,8 +35,8 @@ import (
 //   - The warmer: when a segment maps regions it starts one goroutine that
 //     writes once through every page not yet warm (an atomic add of 0 to
 //     one word per page: no value changes, even with the receiver or another
-//     sender writing the same word at once), region after region, on its own
-//     OS thread at nice 19, so on a busy host it takes only idle CPU; it
+//     sender writing the same word at once), region after region, as an
+//     ordinary goroutine (see warmRegions for why not a niced thread); it
 //     stops at Close (within warmChunk). Cost: one pass over the mapped
 //     regions, once per segment: 20–50 µs per page on the VM (5–13 s of one
 //     core per GiB), a few ns per page on bare metal, where the populate
@@ -76,10 +75,13 @@ func (s *segment) startWarmer(regs []*remoteRegion) {
 // each region's pwrite descriptor.
 func (s *segment) warmRegions(regs []*remoteRegion) {
 	defer s.running.Done()
-	// Own thread at the lowest priority; the thread exits with the
-	// goroutine (never unlocked), so the priority leaves with it.
-	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), warmNice)
+	// An ordinary goroutine, deliberately: a thread of its own at nice 19
+	// (locked and left to exit with the goroutine, since an unprivileged
+	// process cannot lower its nice value again) measured within noise of
+	// nice 0 in the same runs, and a Go thread that exits delivers the
+	// parent-death signal (Pdeathsig) to every child process it forked: it
+	// SIGKILLed the test suite's shared etcd when a shm segment's warmer
+	// ended on the thread that had started it.
 	s.warmMu.Lock()
 	defer s.warmMu.Unlock()
 	pg := os.Getpagesize()
@@ -184,8 +186,3 @@ func (r *remoteRegion) closeFD() {
 	}
 	r.fdMu.Unlock()
 }
-
-// warmNice is the warmer thread's nice value: the lowest priority, so the
-// warmer takes only CPU nothing else wants. (Same-run demo figures with 0,
-// 10 and 19 on the loaded VM were within the noise of each other.)
-const warmNice = 19

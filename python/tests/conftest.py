@@ -60,6 +60,18 @@ class Peer:
             raise AssertionError(f"peer {self.args} exited (status {self.p.wait()}) without answering")
         return json.loads(line)
 
+    def try_recv(self):
+        """The next JSON answer if one has arrived, else None (never waits);
+        AssertionError when the peer exited."""
+        try:
+            line = self._q.get_nowait()
+        except queue.Empty:
+            return None
+        if line is None:
+            self._q.put(None)
+            raise AssertionError(f"peer {self.args} exited (status {self.p.wait()})")
+        return json.loads(line)
+
     def call(self, obj, timeout=DEADLINE):
         self.send(obj)
         return self.recv(timeout)

@@ -82,6 +82,16 @@ class RankKV:
             i = np.arange(buf.shape[3]).reshape(1, 1, 1, -1)
             buf[...] = pattern(room, b, p, t, h, i)
 
+    def fill_pages(self, room, pages):
+        """fill(room) for the given pages only, so that several rooms can
+        hold their source pages in one rank's buffers at once."""
+        for b, buf in enumerate(self.kv):
+            t = np.arange(buf.shape[1]).reshape(-1, 1, 1)
+            h = np.arange(buf.shape[2]).reshape(1, -1, 1) + (0 if self.g.mla else self.rank * self.hpr)
+            i = np.arange(buf.shape[3]).reshape(1, 1, -1)
+            for p in pages:
+                buf[p] = pattern(room, b, np.full((1, 1, 1), p), t, h, i)
+
     def fill_aux(self, row, room):
         for k, a in enumerate(self.aux):
             a[row, :] = (np.arange(a.shape[1]) * 7 + k * 13 + room % 256) % 256

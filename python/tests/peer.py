@@ -5,6 +5,8 @@ one per line on stdout (its result). The first stdout line is
     peer.py mooncake --protocol tcp|shm
     peer.py prefill --bootstrap HOST:PORT --tp-size N --tp-rank R [--mla] [--host-buffers]
     peer.py decode --bootstrap HOST:PORT [--mla] [--host-buffers]
+    peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla]
+    peer.py sched-decode --bootstrap HOST:PORT [--mla] [--with-heads]
 """
 
 from __future__ import annotations
@@ -181,20 +183,101 @@ def decode(args):
     return 0
 
 
+def _scheduler_loop(sched, make_req):
+    """Drive a tests/sglang_sched.py scheduler: commands arrive on stdin
+    (read on a thread, so the loop never blocks), each step is one SGLang
+    scheduler cycle, and every finished request is reported as
+    {"event": "done", "rid", ...result}."""
+    import queue
+    import threading
+
+    cmds: queue.Queue = queue.Queue()
+
+    def read():
+        for c in commands():
+            cmds.put(c)
+        cmds.put({"cmd": "exit"})
+
+    threading.Thread(target=read, daemon=True).start()
+    reqs = {}
+    while True:
+        try:
+            while True:
+                c = cmds.get_nowait()
+                if c["cmd"] == "exit":
+                    sched.close()
+                    return 0
+                if c["cmd"] == "add":
+                    r = make_req(c)
+                    reqs[r.rid] = r
+                    sched.add(r)
+                elif c["cmd"] == "abort":
+                    sched.abort(c["rid"])
+                elif c["cmd"] == "release":
+                    reqs[c["rid"]].hooks["released"] = True
+        except queue.Empty:
+            pass
+        sched.step()
+        for rid in list(sched.done):
+            out({"event": "done", "rid": rid, **sched.done.pop(rid)})
+        time.sleep(0.002)
+
+
+def _sched_req(c):
+    from sglang_sched import Req
+
+    host, _, port = c["bootstrap"].rpartition(":")
+    hooks = {k: c[k] for k in ("hold", "die_after_chunks", "die_after_metadata", "abort_after_chunks") if k in c}
+    return Req(c["rid"], c["room"], host, int(port), c["tokens"], c["pages"], c.get("prefix_tokens", 0),
+               c.get("prefix_pages", ()), c.get("src_pages"), c.get("chunks", 1), **hooks)
+
+
+def _die(event, req, **kw):
+    """Scheduler hook: stop here (the test SIGKILLs this process)."""
+    if event == "chunk" and req.hooks.get("die_after_chunks") == kw.get("k"):
+        out({"event": "dying", "rid": req.rid, "chunks_sent": kw["k"]})
+        time.sleep(600)
+    if event == "metadata" and req.hooks.get("die_after_metadata"):
+        out({"event": "dying", "rid": req.rid})
+        time.sleep(600)
+
+
+def sched_prefill(args):
+    from sglang_sched import PrefillScheduler
+
+    g = Geometry(mla=args.mla)
+    kv = RankKV(g, tp=args.tp_size, rank=args.tp_rank)
+    sched = PrefillScheduler(kv, server_args(args.bootstrap, args.tp_size), args.tp_rank, args.mla, hook=_die)
+    out({"event": "ready", "transport": sched.kv_manager.transport, "pid": os.getpid()})
+    return _scheduler_loop(sched, _sched_req)
+
+
+def sched_decode(args):
+    from sglang_sched import DecodeScheduler
+
+    g = Geometry(mla=args.mla)
+    kv = RankKV(g)
+    sched = DecodeScheduler(kv, server_args(args.bootstrap, 1), 0, args.mla, with_heads=args.with_heads, hook=_die)
+    out({"event": "ready", "transport": sched.kv_manager.transport, "pid": os.getpid()})
+    return _scheduler_loop(sched, _sched_req)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="role", required=True)
     m = sub.add_parser("mooncake")
     m.add_argument("--protocol", default="tcp")
-    for name in ("prefill", "decode"):
+    for name in ("prefill", "decode", "sched-prefill", "sched-decode"):
         p = sub.add_parser(name)
         p.add_argument("--bootstrap", required=True)
         p.add_argument("--tp-size", type=int, default=1)
         p.add_argument("--tp-rank", type=int, default=0)
         p.add_argument("--mla", action="store_true")
         p.add_argument("--host-buffers", action="store_true")
+        p.add_argument("--with-heads", action="store_true")
     args = ap.parse_args()
-    return {"mooncake": mooncake, "prefill": prefill, "decode": decode}[args.role](args)
+    roles = {"mooncake": mooncake, "prefill": prefill, "decode": decode, "sched-prefill": sched_prefill, "sched-decode": sched_decode}
+    return roles[args.role](args)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ func TestLeaseExpiryOfPartitionedPublisher(t *testing.T) {
 }
 
 // newEngine starts a TransferEngine on tr with store as its directory.
-func newEngine(t *testing.T, transport, name string, store *metadata.Store) *engine.TransferEngine {
+func newEngine(t *testing.T, transport, name string, store engine.SegmentDirectory) *engine.TransferEngine {
 	t.Helper()
 	tr, err := engine.OpenTransport(transport, engine.DefaultOptions())
 	if err != nil {

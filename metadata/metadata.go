@@ -28,6 +28,12 @@
 // (PublishInstance, InstancePublisher) so that routers and decodes can
 // discover instances; Fleet builds the `kvxfer fleet` report from both.
 //
+// HTTPStore is the other engine.SegmentDirectory: Mooncake's HTTP metadata
+// mode ("http://host:port/metadata"), served by package httpmeta (`kvxfer
+// metadata-server`) or Mooncake's mooncake_http_metadata_server. It has no
+// leases, so a crashed engine's descriptor stays until the name is published
+// again (see HTTPStore).
+//
 // The library reads no environment variables: cmd/ and capi/ turn
 // --metadata / KVXFER_METADATA / kvx_engine_config.metadata_server into a
 // URL. A Store is safe for concurrent use; Close it when done (idempotent).
@@ -87,8 +93,8 @@ func IsP2P(s string) bool {
 }
 
 // ParseURL parses "etcd://host:port[,host:port…][/prefix]". Errors name
-// what is wrong: another scheme (Mooncake's http:// and redis:// metadata
-// servers are not supported), no endpoint, an endpoint without a valid port,
+// what is wrong: another scheme (http:// is OpenHTTP's; Mooncake's redis://
+// is not supported), no endpoint, an endpoint without a valid port,
 // an empty prefix segment.
 func ParseURL(s string) (URL, error) {
 	rest, ok := strings.CutPrefix(strings.TrimSpace(s), "etcd://")
@@ -97,7 +103,11 @@ func ParseURL(s string) (URL, error) {
 		if !strings.Contains(s, "://") {
 			scheme = s
 		}
-		return URL{}, fmt.Errorf("metadata: %q: want etcd://host:port[,host:port…][/prefix] (scheme %q is not supported; P2P needs no metadata server)", s, scheme)
+		hint := "P2P needs no metadata server"
+		if IsHTTP(s) {
+			hint = "an http:// metadata server is opened with OpenHTTP, which engines created through the C ABI and Python use"
+		}
+		return URL{}, fmt.Errorf("metadata: %q: want etcd://host:port[,host:port…][/prefix] (scheme %q is not supported here; %s)", s, scheme, hint)
 	}
 	hosts, prefix, _ := strings.Cut(rest, "/")
 	u := URL{Prefix: DefaultPrefix}

@@ -3,10 +3,13 @@
 // that holds the default route, else the first non-loopback address, and
 // loopback only when the host has nothing else (issue 13: a prefill bound to
 // 0.0.0.0 used to register rank_ip 127.0.0.1, which no decode on another
-// host can reach).
+// host can reach). ResolveLocal turns a host name ("localhost", this
+// machine's name) into the address of this machine a listener binds.
 package hostaddr
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -42,6 +45,8 @@ type system struct {
 	routeSource func(network string) (netip.Addr, bool)
 	// addrs lists the interfaces' addresses in interface-index order.
 	addrs func() []ifaceAddr
+	// lookup resolves a host name (net.DefaultResolver.LookupNetIP).
+	lookup func(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 type ifaceAddr struct {
@@ -51,7 +56,53 @@ type ifaceAddr struct {
 	addr  netip.Addr
 }
 
-var host = system{routeSource: routeSource, addrs: interfaceAddrs}
+var host = system{routeSource: routeSource, addrs: interfaceAddrs, lookup: func(ctx context.Context, name string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+}}
+
+// ResolveLocal returns the address a listener given the host name name
+// binds: the first address name resolves to that belongs to this machine,
+// IPv4 before IPv6 (loopback addresses belong to every machine: "localhost"
+// is 127.0.0.1, Debian's own name 127.0.1.1). An IP address, a wildcard or
+// "" is returned unchanged (brackets removed). Errors say what to change:
+// a name that does not resolve, or one whose addresses (listed) are all
+// another machine's. ZeroMQ and the transports bind addresses, not names
+// (binding "localhost" fails with "no such device"), hence this step.
+func ResolveLocal(ctx context.Context, name string) (string, error) {
+	return host.resolveLocal(ctx, name)
+}
+
+func (s system) resolveLocal(ctx context.Context, name string) (string, error) {
+	h := strings.TrimSuffix(strings.TrimPrefix(name, "["), "]")
+	if h == "" {
+		return "", nil
+	}
+	if a, err := netip.ParseAddr(h); err == nil {
+		return a.String(), nil
+	}
+	ips, err := s.lookup(ctx, h)
+	if err != nil {
+		return "", fmt.Errorf("host name %q does not resolve (%v); use an IP address of this machine, or fix /etc/hosts or DNS", h, err)
+	}
+	mine := map[netip.Addr]bool{}
+	for _, x := range s.addrs() {
+		mine[x.addr] = true
+	}
+	var seen []string
+	for _, want6 := range []bool{false, true} {
+		for _, a := range ips {
+			a = a.Unmap()
+			if a.Is6() != want6 {
+				continue
+			}
+			if a.IsLoopback() || mine[a] {
+				return a.String(), nil
+			}
+			seen = append(seen, a.String())
+		}
+	}
+	return "", fmt.Errorf("host name %q resolves to %s, none of which is an address of this machine; give this machine's own name or address (see `ip -brief addr`)", h, strings.Join(seen, ", "))
+}
 
 // Pick chooses the address to advertise for a listener bound to the wildcard
 // bind: "0.0.0.0" looks at IPv4 addresses only, "::" at IPv6 first and then

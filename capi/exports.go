@@ -56,6 +56,43 @@ func kvx_bootstrap_stop(server C.kvx_bootstrap_t) (rc C.int) {
 	return finish(b.stop())
 }
 
+//export kvx_metadata_server_start
+func kvx_metadata_server_start(host *C.char, port C.uint16_t, out *C.kvx_metadata_server_t) (rc C.int) {
+	const op = "kvx_metadata_server_start"
+	defer guard(op, &rc)
+	if out == nil {
+		return finish(nullArg(op, "out"))
+	}
+	m, err := startMetaServer(goStr(host), int(port))
+	if err != nil {
+		return finish(err)
+	}
+	*out = C.kvx_metadata_server_t(metaSrvs.add(m))
+	return finish(nil)
+}
+
+//export kvx_metadata_server_addr
+func kvx_metadata_server_addr(server C.kvx_metadata_server_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_metadata_server_addr"
+	defer guard(op, &rc)
+	m, ok := metaSrvs.get(uint64(server))
+	if !ok {
+		return finish(badHandle(op, "metadata server", uint64(server)))
+	}
+	return finish(writeOut(op, []byte(m.srv.Addr()), true, unsafe.Pointer(buf), capacity, needed))
+}
+
+//export kvx_metadata_server_stop
+func kvx_metadata_server_stop(server C.kvx_metadata_server_t) (rc C.int) {
+	const op = "kvx_metadata_server_stop"
+	defer guard(op, &rc)
+	m, ok := metaSrvs.take(uint64(server))
+	if !ok {
+		return finish(badHandle(op, "metadata server", uint64(server)))
+	}
+	return finish(m.stop())
+}
+
 //export kvx_engine_create
 func kvx_engine_create(cfg *C.kvx_engine_config, out *C.kvx_engine_t) (rc C.int) {
 	const op = "kvx_engine_create"

@@ -6,12 +6,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
 // Handle tables. Objects are removed from their table before they are
@@ -22,6 +25,7 @@ var (
 	batches    = newTable[*batchObj]()
 	hostBufs   = newTable[*engine.HostBuffer]()
 	bootstraps = newTable[*bootstrapObj]()
+	metaSrvs   = newTable[*metaServerObj]()
 )
 
 // opTimeout bounds control operations that talk to a peer (Endpoint,
@@ -80,9 +84,16 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	if err != nil {
 		return nil, err
 	}
+	listenHost, err := resolveBindHost(cfg.listenHost)
+	if err != nil {
+		if metaClose != nil {
+			_ = metaClose()
+		}
+		return nil, failWrap(stInvalidArgument, err, "%s: listen_host %q", op, cfg.listenHost)
+	}
 	opts := engine.DefaultOptions()
-	if cfg.listenHost != "" {
-		opts.ListenHost = cfg.listenHost
+	if listenHost != "" {
+		opts.ListenHost = listenHost
 	}
 	opts.ListenPort = cfg.listenPort
 	opts.Streams = cfg.streams
@@ -116,11 +127,24 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	if local == "" {
 		local = opts.ListenHost
 	}
+	bindLocal, named, err := resolveLocalHostname(local)
+	if err != nil {
+		closeRest()
+		_ = tr.Close()
+		if metaClose != nil {
+			_ = metaClose()
+		}
+		return nil, failWrap(stInvalidArgument, err, "%s: local_hostname %q", op, local)
+	}
+	advertise := getenv("KVXFER_ADVERTISE_HOST")
+	if advertise == "" {
+		advertise = named // a host name is advertised as given, as Mooncake does
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.rpcTimeout)
 	defer cancel()
 	te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{
-		Transport: tr, LocalHostname: local, SegmentName: cfg.segmentName, Directory: meta,
-		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: getenv("KVXFER_ADVERTISE_HOST"),
+		Transport: tr, LocalHostname: bindLocal, SegmentName: cfg.segmentName, Directory: meta,
+		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: advertise,
 	})
 	if err != nil { // NewTransferEngine closed the transport
 		closeRest()
@@ -145,6 +169,38 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		segments:      map[uint64]struct{}{},
 		notify:        newNotifier(),
 	}, nil
+}
+
+// resolveBindHost turns a host name given as a bind host into the address
+// of this machine it stands for (hostaddr.ResolveLocal); an IP address, a
+// wildcard or "" is returned as is.
+func resolveBindHost(host string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	return hostaddr.ResolveLocal(ctx, host)
+}
+
+// resolveLocalHostname splits Mooncake's local_hostname ("host" or
+// "host:port") and, when host is a name rather than an address, returns
+// the same form with the name's local address (what the RPC listener binds)
+// and the name itself (what the engine advertises); named is "" for an
+// address.
+func resolveLocalHostname(local string) (bind, named string, err error) {
+	host, port, serr := net.SplitHostPort(local)
+	if serr != nil {
+		host, port = local, ""
+	}
+	if _, perr := netip.ParseAddr(strings.Trim(host, "[]")); perr == nil || host == "" {
+		return local, "", nil
+	}
+	ip, err := resolveBindHost(host)
+	if err != nil {
+		return "", "", err
+	}
+	if port == "" {
+		return ip, host, nil
+	}
+	return net.JoinHostPort(ip, port), host, nil
 }
 
 // close closes the engine's KV managers (and their rooms), segments,

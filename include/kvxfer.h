@@ -137,7 +137,7 @@ typedef enum kvx_status {
     KVX_ERR_INTERNAL = 18,
     /* No engine publishes a segment under this name in the metadata store. */
     KVX_ERR_NOT_FOUND = 19,
-    /* The metadata server (etcd) cannot be reached or refused the request;
+    /* The metadata server (etcd or http) cannot be reached or refused the request;
      * kvx_last_error names its endpoints. */
     KVX_ERR_METADATA = 20
 } kvx_status;
@@ -150,6 +150,7 @@ typedef uint64_t kvx_segment_t;   /* a sender's connection to a receiver     */
 typedef uint64_t kvx_batch_t;     /* a Mooncake-style transfer batch          */
 typedef uint64_t kvx_hostbuf_t;   /* host memory from kvx_alloc_host          */
 typedef uint64_t kvx_bootstrap_t; /* an embedded bootstrap server             */
+typedef uint64_t kvx_metadata_server_t; /* an embedded HTTP metadata server */
 typedef uint32_t kvx_region_t;    /* a registered region, per engine          */
 
 /* ------------------------------------------------------------------------ */
@@ -201,6 +202,34 @@ KVX_API int kvx_bootstrap_stop(kvx_bootstrap_t server);
 #endif
 
 /* ------------------------------------------------------------------------ */
+/* Embedded HTTP metadata server (Mooncake's http://host:port/metadata)      */
+/* ------------------------------------------------------------------------ */
+
+/* Start an in-memory metadata server on host:port (host NULL = "127.0.0.1";
+ * port 0 = any free port; Mooncake's default is 8080) serving
+ * GET/PUT/DELETE /metadata?key=... and GET /health as Mooncake's
+ * mooncake_http_metadata_server does. Engines use it with metadata_server
+ * "http://host:port/metadata"; so do Mooncake's own engines. Returns once it
+ * is listening. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_metadata_server_start(const char *host, uint16_t port,
+                                      kvx_metadata_server_t *out);
+#endif
+
+/* Write the server's "host:port" (NUL-terminated) into buf; buffer rules as
+ * kvx_bootstrap_addr. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_metadata_server_addr(kvx_metadata_server_t server, char *buf,
+                                     size_t cap, size_t *needed);
+#endif
+
+/* Stop the server (what it stored is lost) and free the handle. Thread-safe;
+ * a second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_metadata_server_stop(kvx_metadata_server_t server);
+#endif
+
+/* ------------------------------------------------------------------------ */
 /* Engines                                                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -223,7 +252,8 @@ typedef struct kvx_engine_config {
     uint32_t struct_size;       /* sizeof(kvx_engine_config) */
     int32_t role;               /* kvx_role */
     const char *transport;      /* "auto" (NULL), "tcp", "shm", "rdma" */
-    const char *listen_host;    /* data-plane bind host; NULL = 127.0.0.1 */
+    const char *listen_host;    /* data-plane bind host (an IP or a host name of
+                                   this machine); NULL = 127.0.0.1 */
     const char *bootstrap_addr; /* "host:port" of the bootstrap server, or NULL */
     uint16_t listen_port;       /* data-plane port; 0 = any free port */
     uint16_t reserved0;
@@ -232,16 +262,25 @@ typedef struct kvx_engine_config {
     /* Mooncake's local_hostname: "host" or "host:rpc_port". The segment RPC
      * listener binds there (0.0.0.0/:: = every interface, advertised as
      * loopback); no port or port 0 = a free port (kvx_engine_rpc_port).
+     * A host name ("localhost", this machine's name) binds the first
+     * address it resolves to that belongs to this machine (IPv4 first) and
+     * is advertised as given, so the default segment name is "name:port".
      * NULL = listen_host, else 127.0.0.1. */
     const char *local_hostname;
     /* Where segment descriptors live. NULL: the environment variable
      * KVXFER_METADATA, else P2P. "" or "P2PHANDSHAKE": P2P (peers are named
      * "host:rpc_port" and answer over their RPC listener).
      * "etcd://host:port[,host:port...][/prefix]": publish this engine's
-     * descriptor in etcd under a lease and resolve names there. */
+     * descriptor in etcd under a lease and resolve names there.
+     * "http://host:port/metadata": Mooncake's HTTP metadata mode (a
+     * kvx_metadata_server, `kvxfer metadata-server` or Mooncake's
+     * mooncake_http_metadata_server): the descriptor is stored under
+     * "kvxfer/segments/<name>", checked every 5 s and stored again when the
+     * server lost it; with no lease, a crashed engine's entry stays until
+     * its name is published again. */
     const char *metadata_server;
     /* The segment name peers open; NULL = "host:rpc_port" (required form in
-     * P2P mode; with etcd any unique string). */
+     * P2P mode; with etcd or http any unique string). */
     const char *segment_name;
     /* Bound on each segment RPC / metadata request (open, refresh, submit's
      * address translation) in ms; 0 = 5000. */

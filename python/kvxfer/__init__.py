@@ -5,6 +5,10 @@ libkvxfer.so (ctypes; standard library only, numpy optional).
   for Mooncake's ``from mooncake.engine import TransferEngine``.
 * ``kvxfer.sglang``: KVArgs, KVPoll, KVManager, KVSender, KVReceiver,
   KVBootstrapServer with SGLang's disaggregation interface shapes.
+* ``kvxfer.MetadataServer``: Mooncake's HTTP metadata server
+  (http://host:port/metadata) in this process.
+* the optional ``mooncake`` package (python/mooncake, installed separately)
+  makes ``from mooncake.engine import TransferEngine`` kvxfer's.
 
 The library is found through the KVXFER_LIBRARY environment variable, the
 package directory, or the linker path (in that order); importing this package
@@ -17,11 +21,13 @@ places when it is missing). Do not fork a process after the library is loaded
 from ._lib import KvxError, LibraryNotFoundError, last_error, library_path, version
 from ._memory import HostBuffer, address_of
 from .engine import TransferEngine, TransferNotify, TransferOpcode
+from .metadata_server import MetadataServer
 
 __all__ = [
     "TransferEngine",
     "TransferOpcode",
     "TransferNotify",
+    "MetadataServer",
     "HostBuffer",
     "KvxError",
     "LibraryNotFoundError",

@@ -1,7 +1,9 @@
 """Addresses of Python buffers, and host memory from kvx_alloc_host.
 
-kvxfer moves bytes between addresses. Callers pass plain integers (as with
-Mooncake) or, as a kvxfer extension, any object exposing a contiguous buffer:
+kvxfer moves bytes between addresses. Callers pass integers as Mooncake's
+pybind11 binding accepts them (int, numpy integer scalars such as np.uint64 or
+np.int64, any object with __index__) or, as a kvxfer extension, any object
+exposing a contiguous buffer:
 bytearray, memoryview, array.array, mmap, bytes (read-only: a source only) and
 numpy arrays (numpy is never imported here; arrays are recognised by their
 ``ctypes.data``/``nbytes`` attributes).
@@ -10,6 +12,7 @@ numpy arrays (numpy is never imported here; arrays are recognised by their
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 
 from . import _lib
@@ -19,21 +22,26 @@ from ._lib import Closable
 def address_of(obj, what: str = "buffer", writable: bool = False) -> tuple[int, int, object]:
     """(address, length in bytes, keep-alive object) of obj.
 
-    obj is an int (an address; length 0 = unknown), a numpy array (must be
-    C-contiguous), or an object with the buffer protocol. The keep-alive
-    object must be held as long as the address is used; for writable buffers
-    it is a ctypes view that also stops a bytearray from being resized.
-    Raises TypeError naming `what` when obj is none of these, or when
-    writable is true and obj is read-only (bytes)."""
+    obj is an address (length 0 = unknown): an int, a numpy integer scalar
+    or any object with __index__; a numpy array (must be C-contiguous); or an
+    object with the buffer protocol. The keep-alive object must be held as
+    long as the address is used; for writable buffers it is a ctypes view
+    that also stops a bytearray from being resized. Raises TypeError naming
+    `what` when obj is none of these, when writable is true and obj is
+    read-only (bytes), and ValueError for an address outside 0..2**64-1."""
     if isinstance(obj, bool):
         raise TypeError(f"{what}: a bool is not an address or a buffer")
     if isinstance(obj, int):
-        return obj, 0, None
+        return check_address(obj, what), 0, None
     if hasattr(obj, "__array_interface__") and hasattr(obj, "ctypes") and hasattr(obj, "nbytes"):
         flags = getattr(obj, "flags", None)
         if flags is not None and not flags["C_CONTIGUOUS"]:
             raise TypeError(f"{what}: the numpy array is not C-contiguous; pass np.ascontiguousarray(a) or an address")
         return int(obj.ctypes.data), int(obj.nbytes), obj
+    if hasattr(type(obj), "__index__"):
+        # numpy integer scalars (np.uint64, np.int64, ...) also export a
+        # read-only one-element buffer: they are addresses, as in Mooncake.
+        return check_address(operator.index(obj), what), 0, None
     if isinstance(obj, bytes):
         if writable:
             raise TypeError(f"{what}: bytes are read-only; register a bytearray, a numpy array or HostBuffer memory")
@@ -55,6 +63,28 @@ def address_of(obj, what: str = "buffer", writable: bool = False) -> tuple[int, 
         )
     view = (ctypes.c_char * n).from_buffer(mv) if n else None
     return (ctypes.addressof(view) if view is not None else 0), n, (view, mv)
+
+
+def check_address(v: int, what: str = "address") -> int:
+    """v when it is a valid 64-bit address (0..2**64-1), else ValueError
+    naming `what` (a negative number is often a failed call's return code
+    used as an address)."""
+    if v < 0 or v >= 1 << 64:
+        raise ValueError(f"{what}: {v} is not an address (want 0..2**64-1; a negative value is usually an error code)")
+    return v
+
+
+def as_int(v, what: str) -> int:
+    """An integer argument (length, capacity, address, batch id) as Mooncake's
+    binding converts it: int, numpy integer or any __index__ object; TypeError
+    naming `what` otherwise (floats and strings are refused, as pybind11
+    does)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{what}: a bool is not an integer")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what}: {type(v).__name__} {v!r} is not an integer") from None
 
 
 class HostBuffer(Closable):

@@ -9,21 +9,34 @@ python/README.md for the method table). Differences, all documented there:
   failure is negative, as in Mooncake, and the code says why: -8 a peer range
   outside every registered region, -10 timed out, -12 peer lost, -17 not
   supported by the transport, ...); the text goes to the "kvxfer" logger and
-  to ``engine.last_error``. transfer_check_status keeps Mooncake's 1/0/-1/-2
-  and batch_transfer_async_* return 0 on failure, as Mooncake's do;
-* metadata: "P2PHANDSHAKE" (peers are "host:rpc_port") and etcd
-  ("etcd://host:port" or a bare "host:port", Mooncake's default type);
-  http:// and redis:// metadata servers are not supported;
+  to ``engine.last_error``. transfer_check_status keeps Mooncake's 1/0/-1/-2,
+  and transfer_submit_write and batch_transfer_async_* return 0 when the
+  batch could not be submitted (unknown or unreachable peer, bad range), as
+  Mooncake's do; transfer_check_status(0) then returns -1;
+* metadata: "P2PHANDSHAKE" (peers are "host:rpc_port"), etcd
+  ("etcd://host:port" or a bare "host:port", Mooncake's default type) and
+  Mooncake's HTTP metadata server ("http://host:port/metadata"; kvxfer
+  serves one itself: kvxfer.MetadataServer, `kvxfer metadata-server`). With
+  a metadata server the segment is named local_hostname as given, as in
+  Mooncake; redis:// is not supported;
 * protocols: "tcp", "rdma", and kvxfer's "shm" (same host) and "auto";
-* transfer_sync_read works where the transport can read the peer's memory
-  (shm); tcp and rdma move bytes by one-sided WRITE only and return -17
-  (KVX_ERR_NOT_SUPPORTED) with a log line.
+  MC_FORCE_TCP turns any of them into "tcp", as in Mooncake;
+* local_hostname may be a host name ("localhost", this machine's name): the
+  engine binds its local address and peers name it "name:rpc_port";
+* addresses and lengths are integers as Mooncake's binding takes them: int,
+  numpy integer scalars, any object with __index__ (and, as a kvxfer
+  extension, buffer objects);
+* transfer_sync_read and the other READs go through the library's read entry
+  point (kvx_segment_read): they work where the transport can read the
+  peer's memory (shm today); elsewhere they return -17
+  (KVX_ERR_NOT_SUPPORTED) with a log line naming the transport.
 
 Environment (read when a TransferEngine is constructed / initialized):
 MC_TRANSFER_TIMEOUT (seconds, at least 5, default 30; a transfer may take that
 plus one second per GiB), MC_METADATA_SERVER (used when metadata_server is
-empty), MC_TCP_BIND_ADDRESS (data-plane bind host), MC_LEGACY_RPC_PORT_BINDING
-(bind the port given in local_hostname in P2P mode instead of a free one).
+empty), MC_FORCE_TCP (use tcp whatever the protocol; 0/false/no/off = unset),
+MC_TCP_BIND_ADDRESS (data-plane bind host), MC_LEGACY_RPC_PORT_BINDING (bind
+the port given in local_hostname instead of a free one).
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import enum
+import ipaddress
 import logging
 import os
 import threading
@@ -40,7 +54,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import _lib
 from ._lib import Closable, KvxError
-from ._memory import HostBuffer, address_of
+from ._memory import HostBuffer, address_of, as_int, check_address
 
 log = logging.getLogger("kvxfer")
 
@@ -51,6 +65,7 @@ SUPPORT_EFA = False
 SUPPORT_HIP = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
+SUPPORT_MUSA = False
 #: Mooncake's *_on_cuda stream-triggered methods are not provided.
 SUPPORT_CUDA = False
 
@@ -123,25 +138,67 @@ def split_host_port(s: str) -> tuple[str, int | None]:
 def parse_metadata_server(metadata_server: str | None, metadata_type: str | None = None) -> str:
     """Mooncake's metadata connection string -> kvx_engine_config.metadata_server.
 
-    "P2PHANDSHAKE" -> "P2PHANDSHAKE"; "etcd://..." as is; "host:port" without
-    a scheme is etcd (Mooncake's default type, or metadata_type when given).
-    Raises ValueError for metadata types kvxfer does not have (http, redis)."""
+    "P2PHANDSHAKE" -> "P2PHANDSHAKE"; "etcd://...", "http://..." and
+    "https://..." as they are; a string without a scheme gets metadata_type's
+    (Mooncake's default type etcd: "host:port" -> "etcd://host:port"; with
+    metadata_type "http", "host:port/metadata" -> "http://host:port/metadata").
+    Raises ValueError for metadata types kvxfer does not have (redis)."""
     ms = (metadata_server or "").strip()
     if ms == "" or ms == P2PHANDSHAKE:
         return P2PHANDSHAKE
     if "://" in ms:
         scheme = ms.split("://", 1)[0].lower()
+        ms = scheme + ms[len(scheme):]
     else:
         scheme = (metadata_type or "etcd").strip().lower() or "etcd"
         if scheme in ("p2p", "p2phandshake"):
             return P2PHANDSHAKE
         ms = f"{scheme}://{ms}"
-    if scheme != "etcd":
+    if scheme not in ("etcd", "http", "https"):
         raise ValueError(
-            f"metadata server {metadata_server!r}: kvxfer supports P2PHANDSHAKE and etcd (etcd://host:port), "
-            f"not {scheme}://; use P2PHANDSHAKE (peers named host:rpc_port) or an etcd cluster"
+            f"metadata server {metadata_server!r}: kvxfer supports P2PHANDSHAKE, etcd (etcd://host:port) and "
+            f"Mooncake's HTTP metadata server (http://host:port/metadata), not {scheme}://; use one of those "
+            "(`kvxfer metadata-server` or kvxfer.MetadataServer serves the HTTP one)"
         )
     return ms
+
+
+_FALSE = ("0", "false", "no", "off")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+def force_tcp(env=None) -> bool:
+    """Whether MC_FORCE_TCP asks for the tcp transport whatever protocol
+    initialize() names. Mooncake's engine checks only that the variable is
+    set; kvxfer also reads an explicit 0/false/no/off as unset."""
+    env = os.environ if env is None else env
+    v = env.get("MC_FORCE_TCP")
+    return v is not None and v.strip().lower() not in _FALSE
+
+
+class InnerTransferEngine:
+    """What get_engine() returns: Mooncake's Python name for its C++ engine
+    object, which Mooncake hands to its other components (Store, EP). In
+    kvxfer it stands for the engine it came from: ``handle`` is the
+    kvx_engine_t (get_engine_ptr()), ``segment_name`` and ``transport`` the
+    engine's. Holding it does not keep the engine open."""
+
+    __slots__ = ("handle", "segment_name", "transport")
+
+    def __init__(self, handle: int, segment_name: str, transport: str):
+        self.handle = handle
+        self.segment_name = segment_name
+        self.transport = transport
+
+    def __repr__(self):
+        return f"<kvxfer InnerTransferEngine {self.segment_name} ({self.transport}) handle={self.handle}>"
 
 
 def _location(location) -> bytes:
@@ -194,15 +251,20 @@ class TransferEngine(Closable):
         self._transport = ""
         self._name = ""
         self.last_error = ""
+        self.last_code = 0
+        self._submit_error: tuple[int, str] = (0, "")
+        self._inner = None
         self.transfer_timeout_ns = transfer_timeout_s() * 1_000_000_000
 
     # ------------------------------------------------------------------
     # helpers
     # ------------------------------------------------------------------
     def _fail(self, status: int, message: str, level=logging.WARNING) -> int:
+        code = -status if status > 0 else -1
         self.last_error = message
+        self.last_code = code
         log.log(level, "kvxfer: %s", message)
-        return -status if status > 0 else -1
+        return code
 
     def _not_initialized(self, op: str) -> int:
         return self._fail(_lib.ERR_BAD_HANDLE, f"{op}: the engine is not initialized; call initialize() first")
@@ -259,12 +321,12 @@ class TransferEngine(Closable):
             addr, _, k = address_of(buffers[i], f"{op}: buffers[{i}]")
             if k is not None:
                 keep.append(k)
-            length = int(lengths[i])
+            length = as_int(lengths[i], f"{op}: lengths[{i}]")
             if length <= 0:
                 raise ValueError(f"{op}: lengths[{i}] is {length}; want > 0 bytes")
             r = reqs[i]
             r.local_addr = addr
-            r.remote_offset = int(peer_addresses[i])
+            r.remote_offset = check_address(as_int(peer_addresses[i], f"{op}: peer_buffer_addresses[{i}]"), f"{op}: peer_buffer_addresses[{i}]")
             r.length = length
             r.remote_region = _lib.REGION_PEER_ADDRESS
             r.count = 1
@@ -333,21 +395,26 @@ class TransferEngine(Closable):
     # initialization
     # ------------------------------------------------------------------
     def initialize(self, local_hostname, metadata_server, protocol, device_name) -> int:
-        """Start the engine: local_hostname is "host" or "host:port" (the
-        segment RPC listener; in P2P mode the port is chosen free, as Mooncake
-        does, unless MC_LEGACY_RPC_PORT_BINDING is set), metadata_server
-        "P2PHANDSHAKE" or etcd, protocol "tcp" | "rdma" | "shm" | "auto",
-        device_name a comma list of RDMA devices or "". Returns 0, or a
-        negative code with the reason logged."""
+        """Start the engine: local_hostname is "host" or "host:port" (an IP
+        or a host name of this machine; the segment RPC listener's port is
+        chosen free, as Mooncake does, unless MC_LEGACY_RPC_PORT_BINDING is
+        set), metadata_server "P2PHANDSHAKE" (the segment is named
+        "host:rpc_port"), etcd or "http://host:port/metadata" (the segment is
+        named local_hostname as given), protocol "tcp" | "rdma" | "shm" |
+        "auto" (MC_FORCE_TCP: tcp), device_name a comma list of RDMA devices
+        or "". Returns 0, or a negative code with the reason logged."""
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, None)
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type) -> int:
-        """initialize() with an explicit metadata type ("etcd", "p2p") for a
-        metadata_server given without a scheme."""
+        """initialize() with an explicit metadata type ("etcd", "http", "p2p")
+        for a metadata_server given without a scheme."""
         op = "initialize"
         if self._engine:
             return self._fail(_lib.ERR_BUSY, f"{op}: this engine is already initialized as {self._name}; create another TransferEngine")
         proto = (protocol or "auto").strip().lower()
+        if force_tcp() and proto != "tcp":
+            log.info("kvxfer: MC_FORCE_TCP is set: using the tcp transport instead of %r, as Mooncake does", protocol)
+            proto = "tcp"
         if proto not in _PROTOCOLS:
             return self._fail(
                 _lib.ERR_NOT_SUPPORTED,
@@ -365,8 +432,20 @@ class TransferEngine(Closable):
             host, port = split_host_port(local)
         except ValueError as e:
             return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: local_hostname {local_hostname!r}: {e}", logging.ERROR)
-        if meta == P2PHANDSHAKE and port is not None and not os.environ.get("MC_LEGACY_RPC_PORT_BINDING"):
-            local = f"[{host}]" if ":" in host else host  # Mooncake P2P: a free RPC port
+        legacy = bool(os.environ.get("MC_LEGACY_RPC_PORT_BINDING"))
+        segment_name = None
+        if meta != P2PHANDSHAKE:
+            # With a metadata server Mooncake names the segment local_hostname
+            # as given ("127.0.0.1:12345", or any name) and serves its RPC on
+            # a free port of this machine's address, published with it: a
+            # name that is not an IP address is not bound (every interface
+            # is, advertising the default-route address, as Mooncake's
+            # findLocalIpAddresses does) unless MC_LEGACY_RPC_PORT_BINDING.
+            segment_name = local
+            if not legacy and not _is_ip(host):
+                host = "0.0.0.0"
+        if (port is not None or segment_name) and not legacy:
+            local = f"[{host}]" if ":" in host else host  # Mooncake: a free RPC port
         bind = os.environ.get("MC_TCP_BIND_ADDRESS", "") or host
         cfg = _lib.EngineConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -375,6 +454,7 @@ class TransferEngine(Closable):
         cfg.listen_host = bind.encode()
         cfg.local_hostname = local.encode()
         cfg.metadata_server = meta.encode()
+        cfg.segment_name = segment_name.encode() if segment_name else None
         cfg.devices = (device_name or "").encode()
         out = ctypes.c_uint64(0)
         rc, msg = _lib.try_call("kvx_engine_create", ctypes.byref(cfg), ctypes.byref(out))
@@ -413,9 +493,16 @@ class TransferEngine(Closable):
         return self._engine
 
     def get_engine(self):
-        """Mooncake returns its C++ InnerTransferEngine for other Mooncake
-        components; kvxfer has none. Raises NotImplementedError."""
-        raise NotImplementedError("kvxfer: get_engine() returns Mooncake's C++ engine object, which kvxfer does not have; use get_engine_ptr() for the kvx_engine_t handle")
+        """Mooncake returns its C++ engine (an InnerTransferEngine) for its
+        other components; kvxfer returns an InnerTransferEngine naming this
+        engine (the same object on every call), or None before initialize()
+        (Mooncake's engine is null then)."""
+        if not self._engine:
+            return None
+        with self._lock:
+            if self._inner is None or self._inner.handle != self._engine:
+                self._inner = InnerTransferEngine(self._engine, self._name, self._transport)
+            return self._inner
 
     def get_local_topology(self, device_name=None) -> str:
         """Not provided: raises NotImplementedError (the C ABI exports no
@@ -437,9 +524,9 @@ class TransferEngine(Closable):
             return self._not_initialized(op)
         try:
             addr, n, keep = address_of(buffer_addr, f"{op}: buffer_addr", writable=True)
-        except TypeError as e:
+            length = as_int(capacity, f"{op}: capacity") if capacity is not None else n
+        except (TypeError, ValueError) as e:
             return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
-        length = int(capacity) if capacity is not None else n
         if length <= 0 or addr == 0:
             return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: address {addr:#x} length {length}: want a non-null address and capacity > 0 bytes")
         if n and length > n:
@@ -462,7 +549,7 @@ class TransferEngine(Closable):
             return self._not_initialized(op)
         try:
             addr, _, _ = address_of(buffer_addr, f"{op}: buffer_addr")
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
         with self._lock:
             entry = self._regions.pop(addr, None)
@@ -508,8 +595,9 @@ class TransferEngine(Closable):
             self._not_initialized(op)
             return 0
         try:
-            hb = HostBuffer(int(length), "mooncake-managed")
-        except (KvxError, ValueError) as e:
+            length = as_int(length, f"{op}: length")
+            hb = HostBuffer(length, "mooncake-managed")
+        except (KvxError, ValueError, TypeError) as e:
             self._fail(getattr(e, "status", _lib.ERR_INVALID_ARGUMENT), f"{op}({length}): {e}")
             return 0
         region = ctypes.c_uint32(0)
@@ -520,17 +608,21 @@ class TransferEngine(Closable):
             return 0
         with self._lock:
             self._regions[hb.addr] = (region.value, hb.nbytes, None)
-            self._managed[hb.addr] = (hb, int(length))
+            self._managed[hb.addr] = (hb, length)
         return hb.addr
 
     def free_managed_buffer(self, buffer_addr, length) -> int:
         """Deregister and unmap a buffer from allocate_managed_buffer. Returns 0
         or a negative code (-6 for an address it did not return)."""
         op = "free_managed_buffer"
+        try:
+            addr = check_address(as_int(buffer_addr, f"{op}: buffer_addr"), f"{op}: buffer_addr")
+        except (TypeError, ValueError) as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
         with self._lock:
-            m = self._managed.pop(int(buffer_addr), None)
+            m = self._managed.pop(addr, None)
         if m is None:
-            return self._fail(_lib.ERR_NOT_REGISTERED, f"{op}: {int(buffer_addr):#x} is not a managed buffer of this engine")
+            return self._fail(_lib.ERR_NOT_REGISTERED, f"{op}: {addr:#x} is not a managed buffer of this engine")
         rc = self.unregister_memory(m[0].addr)
         m[0].close()
         return rc
@@ -539,15 +631,25 @@ class TransferEngine(Closable):
         """Copy `length` bytes of src_ptr (bytes-like) to dest_address. Returns
         0, or -1 (invalid argument) when src_ptr is shorter than length."""
         src = bytes(src_ptr) if not isinstance(src_ptr, bytes) else src_ptr
-        length = int(length)
+        try:
+            length = as_int(length, "write_bytes_to_buffer: length")
+            dest = check_address(as_int(dest_address, "write_bytes_to_buffer: dest_address"), "write_bytes_to_buffer: dest_address")
+        except (TypeError, ValueError) as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
         if length < 0 or length > len(src):
             return self._fail(_lib.ERR_INVALID_ARGUMENT, f"write_bytes_to_buffer: length {length} but {len(src)} source bytes")
-        ctypes.memmove(int(dest_address), src, length)
+        if dest == 0 and length:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, "write_bytes_to_buffer: dest_address is 0 (NULL)")
+        ctypes.memmove(dest, src, length)
         return 0
 
     def read_bytes_from_buffer(self, source_address, length) -> bytes:
         """`length` bytes at source_address as bytes."""
-        return ctypes.string_at(int(source_address), int(length))
+        addr = check_address(as_int(source_address, "read_bytes_from_buffer: source_address"), "read_bytes_from_buffer: source_address")
+        n = as_int(length, "read_bytes_from_buffer: length")
+        if n < 0 or (addr == 0 and n):
+            raise ValueError(f"read_bytes_from_buffer: {n} bytes at {addr:#x}: want a non-NULL address and length >= 0")
+        return ctypes.string_at(addr, n)
 
     # ------------------------------------------------------------------
     # transfers
@@ -609,25 +711,28 @@ class TransferEngine(Closable):
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
         """Submit one WRITE; returns a batch id (> 0) for transfer_check_status,
-        or a negative code."""
-        return self._submit_async("transfer_submit_write", target_hostname, [buffer], [peer_buffer_address], [length], fail_value=None)
+        or 0 when it could not be submitted (Mooncake's failure sentinel: an
+        unknown or unreachable peer, a range outside the peer's memory, ...;
+        the reason is logged and in last_error, and transfer_check_status(0)
+        returns -1)."""
+        return self._submit_async("transfer_submit_write", target_hostname, [buffer], [peer_buffer_address], [length])
 
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
         """Submit WRITEs as one batch; returns its id, or 0 on failure (as
         Mooncake). Poll with transfer_check_status / get_batch_transfer_status."""
-        return self._submit_async("batch_transfer_async_write", target_hostname, buffers, peer_buffer_addresses, lengths, fail_value=0)
+        return self._submit_async("batch_transfer_async_write", target_hostname, buffers, peer_buffer_addresses, lengths)
 
     def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
         """READs run on a worker thread (shm only, see transfer_sync_read);
         returns a batch id, or 0 on failure."""
         op = "batch_transfer_async_read"
         if not self._engine:
-            self._not_initialized(op)
+            self._submit_failed(self._not_initialized(op))
             return 0
         try:
-            total = sum(int(x) for x in lengths)
-        except (TypeError, ValueError):
-            self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: lengths must be integers")
+            total = sum(as_int(x, f"{op}: lengths") for x in lengths)
+        except TypeError as e:
+            self._submit_failed(self._fail(_lib.ERR_INVALID_ARGUMENT, str(e)))
             return 0
         with self._lock:
             if self._reader is None:
@@ -644,10 +749,16 @@ class TransferEngine(Closable):
             return self.batch_transfer_async_read(target_hostname, buffers, peer_buffer_addresses, lengths)
         return self.batch_transfer_async_write(target_hostname, buffers, peer_buffer_addresses, lengths)
 
-    def _submit_async(self, op, target, buffers, peer_addresses, lengths, fail_value):
+    def _submit_failed(self, code: int) -> None:
+        """Remember why the last asynchronous submit returned 0, for
+        transfer_check_status(0)."""
+        self._submit_error = (code, self.last_error)
+
+    def _submit_async(self, op, target, buffers, peer_addresses, lengths):
         batch, total, code = self._submit(op, target, buffers, peer_addresses, lengths)
         if code:
-            return code if fail_value is None else fail_value
+            self._submit_failed(code)
+            return 0
         with self._lock:
             self._async[batch] = _Async(batch, None, self.transfer_timeout_ns + total, len(buffers), target)
         return batch
@@ -659,7 +770,16 @@ class TransferEngine(Closable):
         it returns the same final value (the last 4096 finished ids are
         remembered), so a completed batch polled twice never reads as
         failed. An id never submitted returns -1."""
-        bid = int(batch_id)
+        try:
+            bid = as_int(batch_id, "transfer_check_status: batch_id")
+        except TypeError as e:
+            self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+            return -1
+        if bid == 0:
+            code, why = self._submit_error
+            self._fail(_lib.ERR_INVALID_ARGUMENT, f"transfer_check_status: batch id 0 is the failure sentinel of a submit that did not go out"
+                       + (f" (last one: {why}, code {code})" if why else ""))
+            return -1
         with self._lock:
             known = bid in self._async
             final = self._finished.get(bid)
@@ -684,7 +804,11 @@ class TransferEngine(Closable):
             if a.future.done():
                 with self._lock:
                     self._async.pop(bid, None)
-                return 1 if a.future.result() == 0 else -1
+                rc = a.future.result()
+                if rc == 0:
+                    return 1
+                self._fail(-rc, f"transfer_check_status: read batch {bid} from {a.target} failed: {self.last_error}")
+                return -1
             if time.monotonic_ns() - a.start_ns > a.timeout_ns:
                 self._fail(_lib.ERR_TIMEOUT, f"transfer_check_status: read batch {bid} from {a.target} timed out")
                 return -2
@@ -740,6 +864,10 @@ class TransferEngine(Closable):
         one failed or timed out (the others are then abandoned and freed)."""
         failed = False
         for bid in batch_ids:
+            if as_int(bid, "get_batch_transfer_status: batch_ids") == 0:
+                self.transfer_check_status(0)  # logs why
+                failed = True
+                break
             while True:
                 s = self.transfer_check_status(bid)
                 if s == 1:
@@ -863,3 +991,8 @@ class TransferEngine(Closable):
             _lib.try_call("kvx_engine_destroy", eng)  # closes segments and batches
         for hb, _ in managed:
             hb.close()
+
+
+#: As in Mooncake's binding, the opcode enum is also a class attribute
+#: (TransferEngine.TransferOpcode.Read).
+TransferEngine.TransferOpcode = TransferOpcode

@@ -2,7 +2,7 @@
 one per line on stdout (its result). The first stdout line is
 {"event": "ready", ...}.
 
-    peer.py mooncake --protocol tcp|shm
+    peer.py mooncake --protocol tcp|shm [--name H] [--metadata M] [--target] [--caller sglang|lmcache|vllm]
     peer.py prefill --bootstrap HOST:PORT --tp-size N --tp-rank R [--mla] [--host-buffers]
     peer.py decode --bootstrap HOST:PORT [--mla] [--host-buffers]
     peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla]
@@ -42,28 +42,76 @@ def commands():
 
 
 def mooncake(args):
-    e = kvxfer.TransferEngine()
-    rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", args.protocol, "")
-    if rc != 0:
-        out({"event": "error", "rc": rc, "error": e.last_error})
-        return 1
+    """A Mooncake TransferEngine peer. Default: P2P, two 1 MiB regions
+    registered (a bytearray and a numpy array; managed and HostBuffer memory on
+    shm). --target: set up as Mooncake's transfer_engine_target.py does
+    (initialize(--name, --metadata, --protocol), get_first_buffer_address of
+    its own name, a managed buffer of --capacity when that is 0). --caller:
+    initialize and register as that caller's Mooncake backend does (sglang:
+    protocol "rdma" with MC_FORCE_TCP from the environment, batch_register_memory;
+    lmcache: hostname from MC_LOCAL_HOSTNAME or "localhost", register_memory;
+    vllm: batch_register_memory of KV tensors)."""
+    from mooncake.engine import TransferEngine  # the shim: what callers import
+
+    e = TransferEngine()
     keep = []
-    if args.protocol == "shm":
-        a = e.allocate_managed_buffer(REGION)
-        hb = kvxfer.HostBuffer(REGION)
-        keep.append(hb)
-        arr = hb.numpy("uint8")
-        assert e.register_memory(hb.addr, hb.nbytes) == 0, e.last_error
-        regions = {"a": a, "b": hb.addr}
+    if args.caller:
+        hostname = args.name
+        proto = {"sglang": "rdma", "lmcache": args.protocol, "vllm": args.protocol}[args.caller]
+        if args.caller == "lmcache":
+            hostname = os.environ.get("MC_LOCAL_HOSTNAME", "localhost")
+        rc = e.initialize(hostname, args.metadata, proto, "")
+        if rc != 0:
+            out({"event": "error", "rc": rc, "error": e.last_error})
+            return 1
+        session = f"{hostname}:{e.get_rpc_port()}"
+        if args.protocol == "shm":
+            bufs = [kvxfer.HostBuffer(REGION) for _ in range(2)]
+            keep += bufs
+            ptrs, lens = [b.addr for b in bufs], [b.nbytes for b in bufs]
+        else:
+            arrs = [np.zeros(REGION, dtype=np.uint8) for _ in range(2)]
+            keep += arrs
+            ptrs, lens = [a.ctypes.data for a in arrs], [a.nbytes for a in arrs]
+        if args.caller == "lmcache":
+            assert e.register_memory(ptrs[0], lens[0]) == 0, e.last_error
+            assert e.register_memory(ptrs[1], lens[1]) == 0, e.last_error
+        else:
+            assert e.batch_register_memory(ptrs, lens) == 0, e.last_error
+        regions = {"a": ptrs[0], "b": ptrs[1]}
+        name = session
+    elif args.target:
+        rc = e.initialize(args.name, args.metadata, args.protocol, "")
+        if rc != 0:
+            out({"event": "error", "rc": rc, "error": e.last_error})
+            return 1
+        name = args.name if args.metadata != "P2PHANDSHAKE" else e.segment_name
+        buf = e.get_first_buffer_address(name)
+        if buf == 0:
+            buf = e.allocate_managed_buffer(args.capacity)
+            assert buf != 0, e.last_error
+        regions = {"a": buf}
     else:
-        ba = bytearray(REGION)
-        arr = np.zeros(REGION, dtype=np.uint8)
-        keep += [ba, arr]
-        assert e.register_memory(ba) == 0, e.last_error  # a buffer object (kvxfer extension)
-        assert e.register_memory(arr.ctypes.data, arr.nbytes) == 0, e.last_error  # an address, as Mooncake
-        regions = {"a": kvxfer.address_of(ba)[0], "b": int(arr.ctypes.data)}
-    out({"event": "ready", "name": e.segment_name, "rpc_port": e.get_rpc_port(), "regions": regions, "size": REGION,
-         "pid": os.getpid()})
+        rc = e.initialize(args.name, args.metadata, args.protocol, "")
+        if rc != 0:
+            out({"event": "error", "rc": rc, "error": e.last_error})
+            return 1
+        name = e.segment_name
+        if args.protocol == "shm":
+            a = e.allocate_managed_buffer(REGION)
+            hb = kvxfer.HostBuffer(REGION)
+            keep.append(hb)
+            assert e.register_memory(hb.addr, hb.nbytes) == 0, e.last_error
+            regions = {"a": a, "b": hb.addr}
+        else:
+            ba = bytearray(REGION)
+            arr = np.zeros(REGION, dtype=np.uint8)
+            keep += [ba, arr]
+            assert e.register_memory(ba) == 0, e.last_error  # a buffer object (kvxfer extension)
+            assert e.register_memory(arr.ctypes.data, arr.nbytes) == 0, e.last_error  # an address, as Mooncake
+            regions = {"a": kvxfer.address_of(ba)[0], "b": int(arr.ctypes.data)}
+    out({"event": "ready", "name": name, "rpc_port": e.get_rpc_port(), "regions": regions, "size": REGION,
+         "transport": e.transport, "pid": os.getpid()})
     for c in commands():
         cmd = c["cmd"]
         if cmd == "read":
@@ -267,6 +315,11 @@ def main():
     sub = ap.add_subparsers(dest="role", required=True)
     m = sub.add_parser("mooncake")
     m.add_argument("--protocol", default="tcp")
+    m.add_argument("--name", default="127.0.0.1", help="local_hostname")
+    m.add_argument("--metadata", default="P2PHANDSHAKE")
+    m.add_argument("--target", action="store_true", help="set up as Mooncake's transfer_engine_target.py")
+    m.add_argument("--capacity", type=int, default=8 << 20)
+    m.add_argument("--caller", choices=["sglang", "lmcache", "vllm"])
     for name in ("prefill", "decode", "sched-prefill", "sched-decode"):
         p = sub.add_parser(name)
         p.add_argument("--bootstrap", required=True)

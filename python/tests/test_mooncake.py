@@ -101,8 +101,13 @@ def test_outside_every_region_is_refused_and_logged(peers, local, caplog):
     text = caplog.text
     assert name in text and f"{bad:#x}" in text and "+16 bytes" in text, text
     assert "not inside any region the peer registered" in text
-    assert local.transfer_submit_write(name, addr, 0x10, 16) == -kvxfer._lib.ERR_OUT_OF_BOUNDS
-    assert local.batch_transfer_async_write(name, [addr], [0x10], [16]) == 0  # Mooncake: 0 on failure
+    # Asynchronous submits return Mooncake's failure sentinel 0; the status
+    # of batch 0 is "failed" and last_error / last_code say why.
+    assert local.transfer_submit_write(name, addr, 0x10, 16) == 0
+    assert local.last_code == -kvxfer._lib.ERR_OUT_OF_BOUNDS
+    assert local.transfer_check_status(0) == -1
+    assert "not inside any region the peer registered" in local.last_error
+    assert local.batch_transfer_async_write(name, [addr], [0x10], [16]) == 0
     # Nothing was written to the peer.
     assert peer_bytes(target, regions["a"] + MiB - 8, 8) == bytes(8)
 
@@ -121,13 +126,21 @@ def test_region_registered_after_open(peers, local):
     assert peer_bytes(target, late["addr"] + 4096, 4096) == bytes(src)
 
 
-def test_sync_read_unsupported_on_tcp(peers, local, caplog):
+def test_sync_read_on_tcp(peers, local, caplog):
+    """READ goes through the library's read entry point: today tcp answers
+    -17 (KVX_ERR_NOT_SUPPORTED) and the log names the transport; once the
+    transport reads, the bytes must be the peer's."""
     target = peers("mooncake", "--protocol", "tcp")
+    src_hex = (b"tcp-read" * 4).hex()
+    assert target.call({"cmd": "write", "addr": target.ready["regions"]["a"], "hex": src_hex})["rc"] == 0
     dst = bytearray(32)
     assert local.register_memory(dst) == 0
     with caplog.at_level(logging.WARNING, logger="kvxfer"):
         rc = local.transfer_sync_read(target.ready["name"], kvxfer.address_of(dst)[0], target.ready["regions"]["a"], 32)
-    assert rc == -kvxfer._lib.ERR_NOT_SUPPORTED == -17
+    if rc == 0:
+        assert bytes(dst) == b"tcp-read" * 4
+        return
+    assert rc == -kvxfer._lib.ERR_NOT_SUPPORTED == -17 == local.last_code
     assert "cannot READ" in caplog.text and "tcp" in caplog.text
 
 
@@ -209,6 +222,9 @@ def test_stalled_peer_times_out(peers, monkeypatch):
         assert e.send_probe(name) == 0
         target.kill(signal.SIGSTOP)
         try:
+            # The signal is asynchronous: submit only once the peer is stopped
+            # (else a 1 MiB write can still complete before it lands).
+            wait_until(lambda: proc_state(target.p.pid) in ("T", "t"), what="peer stopped")
             bid = e.transfer_submit_write(name, src.ctypes.data, regions["a"], MiB)
             t0 = time.monotonic()
             rc = e.transfer_sync_write(name, src.ctypes.data, regions["b"], MiB)
@@ -221,6 +237,12 @@ def test_stalled_peer_times_out(peers, monkeypatch):
             target.kill(signal.SIGCONT)
     finally:
         e.close()
+
+
+def proc_state(pid: int) -> str:
+    """The process state letter of /proc/PID/stat ("T" when stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_registration_errors(local, caplog):
@@ -259,8 +281,9 @@ def test_initialize_errors(caplog):
         assert e.transfer_sync_write("127.0.0.1:1", 0, 0, 1) < 0
         with caplog.at_level(logging.ERROR, logger="kvxfer"):
             assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == -17
-            assert e.initialize("127.0.0.1", "http://127.0.0.1:8080/metadata", "tcp", "") == -17
-        assert "nvlink" in caplog.text and "http" in caplog.text
+            assert e.initialize("127.0.0.1", "redis://127.0.0.1:6379", "tcp", "") == -17
+            assert e.initialize("127.0.0.1", "http://127.0.0.1:1/metadata", "tcp", "") == -kvxfer._lib.ERR_METADATA
+        assert "nvlink" in caplog.text and "redis" in caplog.text and "http://127.0.0.1:1/metadata" in caplog.text
         assert e.initialize("127.0.0.1:0", "P2PHANDSHAKE", "tcp", "mlx5_0") == 0  # device_name ignored by tcp
         assert e.get_rpc_port() > 0
         assert e.segment_name == f"127.0.0.1:{e.get_rpc_port()}"
@@ -294,13 +317,16 @@ def test_transfer_timeout_env(raw, want):
         ("10.0.0.1:2379", None, "etcd://10.0.0.1:2379"),
         ("10.0.0.1:2379", "etcd", "etcd://10.0.0.1:2379"),
         ("10.0.0.1:2379", "p2p", "P2PHANDSHAKE"),
-        ("http://h:8080/metadata", None, ValueError),
+        ("http://h:8080/metadata", None, "http://h:8080/metadata"),
+        ("HTTP://h:8080/metadata", None, "http://h:8080/metadata"),
+        ("h:8080/metadata", "http", "http://h:8080/metadata"),
         ("h:6379", "redis", ValueError),
+        ("redis://h:6379", None, ValueError),
     ],
 )
 def test_parse_metadata_server(server, mtype, want):
     if want is ValueError:
-        with pytest.raises(ValueError, match="P2PHANDSHAKE"):
+        with pytest.raises(ValueError, match="P2PHANDSHAKE.*http://host:port/metadata"):
             kengine.parse_metadata_server(server, mtype)
     else:
         assert kengine.parse_metadata_server(server, mtype) == want

@@ -8,7 +8,7 @@ FUZZTIME  ?= 20s
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export CGO_ENABLED := 1
 
-.PHONY: generate generate-check help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma python-lib test-python staticcheck
+.PHONY: generate generate-check help deps build test test-race test-short fuzz vet fmt-check demo ci clean capi ctest test-rdma python-lib test-python python-wheel python-install staticcheck
 
 # The Python package's tests need pytest and numpy: Debian's interpreter has
 # them (python3-pytest, python3-numpy); a `python3` on PATH may not (pyenv).
@@ -52,6 +52,25 @@ $(PYLIB): $(PYLIB_SRC)
 	@mkdir -p $(dir $@)
 	CGO_ENABLED=1 $(GO) build -trimpath -buildmode=c-shared "-ldflags=-extldflags=-Wl,-soname,libkvxfer.so.0" -o $@ ./capi
 	@rm -f $(basename $@).h
+
+# Wheels land in PYDIST; python-install installs them into VENV (created with
+# --system-site-packages when it does not exist, so Debian's numpy and
+# pytest stay visible). Everything offline with Debian's packages: pip
+# wheel --no-build-isolation uses python3-setuptools and python3-wheel.
+PYDIST    := build/python/dist
+VENV      ?= .venv
+MOONCAKE  ?= 0
+
+python-wheel: deps python-lib ## wheels in build/python/dist: kvxfer (libkvxfer.so inside) and the optional mooncake shim (offline)
+	@$(PYTHON) -c 'import setuptools, wheel, pip' 2>/dev/null || { echo "$(PYTHON) lacks setuptools, wheel or pip (Debian: python3-setuptools python3-wheel python3-pip; scripts/install-deps.sh installs them)"; exit 1; }
+	@rm -rf $(PYDIST) python/build python/mooncake-shim/build
+	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps --no-index --no-cache-dir -w $(PYDIST) ./python ./python/mooncake-shim
+	@ls $(PYDIST)
+
+python-install: python-wheel ## install kvxfer into the venv VENV (default .venv; created with --system-site-packages); MOONCAKE=1 adds the mooncake shim
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q --no-index --no-deps --force-reinstall $(PYDIST)/kvxfer-*.whl $(if $(filter 1,$(MOONCAKE)),$(PYDIST)/kvxfer_mooncake_shim-*.whl)
+	@$(VENV)/bin/python -c 'import kvxfer; print("kvxfer", kvxfer.__version__, "installed in $(VENV); library", kvxfer.library_path())'
 
 test-python: deps python-lib ## the Python package's tests (pytest on $(PYTHON), two-process loopback; ~1-2 min)
 	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || { echo "$(PYTHON) lacks pytest or numpy: run scripts/install-deps.sh (python3-pytest, python3-numpy) or set PYTHON="; exit 1; }

@@ -11,9 +11,13 @@ set -euo pipefail
 # internal/etcdtest); Debian's package also enables an etcd service on
 # 127.0.0.1:2379, which the tests do not use (they pick free ports).
 # python3-*: the Python package's tests (make test-python) run on Debian's
-# interpreter with pytest and numpy, and pip-install the package into a venv.
+# interpreter with pytest and numpy; `make python-wheel` builds the wheels
+# offline with setuptools + wheel (without python3-wheel pip says "invalid
+# command 'bdist_wheel'"), `make python-install` installs them into a venv
+# (python3-venv) because Debian's own pip refuses the system interpreter
+# ("externally-managed-environment").
 base=(pkg-config libzmq3-dev libibverbs-dev ibverbs-providers cmake g++ make etcd-server
-      python3 python3-pytest python3-numpy python3-setuptools python3-pip python3-venv)
+      python3 python3-pytest python3-numpy python3-setuptools python3-wheel python3-pip python3-venv)
 bench=(iperf3 ucx-utils wrk)
 rdmavm=(qemu-system-x86 busybox-static ibverbs-utils perftest cpio kmod xz-utils iproute2)
 

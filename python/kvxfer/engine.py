@@ -442,8 +442,11 @@ class TransferEngine(Closable):
             # is, advertising the default-route address, as Mooncake's
             # findLocalIpAddresses does) unless MC_LEGACY_RPC_PORT_BINDING.
             segment_name = local
-            if not legacy and not _is_ip(host):
-                host = "0.0.0.0"
+            if not legacy:
+                if os.environ.get("MC_TCP_BIND_ADDRESS"):  # Mooncake's RPC address in this mode
+                    host = os.environ["MC_TCP_BIND_ADDRESS"]
+                elif not _is_ip(host):
+                    host = "0.0.0.0"
         if (port is not None or segment_name) and not legacy:
             local = f"[{host}]" if ":" in host else host  # Mooncake: a free RPC port
         bind = os.environ.get("MC_TCP_BIND_ADDRESS", "") or host

@@ -121,3 +121,19 @@ def wait_until(cond, timeout=DEADLINE, what="condition"):
         if time.monotonic() > end:
             raise AssertionError(f"{what} not reached within {timeout} s")
         time.sleep(0.01)
+
+
+@pytest.fixture
+def local():
+    """An initialized tcp kvxfer.TransferEngine in this process (P2P)."""
+    import kvxfer
+
+    e = kvxfer.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0, e.last_error
+    yield e
+    e.close()
+
+
+def peer_bytes(peer, addr, n) -> bytes:
+    """n bytes at addr in a tests/peer.py mooncake peer's memory."""
+    return bytes.fromhex(peer.call({"cmd": "read", "addr": int(addr), "len": int(n)})["hex"])

@@ -15,22 +15,9 @@ import pytest
 
 import kvxfer
 from kvxfer import engine as kengine
-from conftest import wait_until
+from conftest import peer_bytes, wait_until
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def local():
-    """An initialized tcp engine in this process."""
-    e = kvxfer.TransferEngine()
-    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0, e.last_error
-    yield e
-    e.close()
-
-
-def peer_bytes(peer, addr, n):
-    return bytes.fromhex(peer.call({"cmd": "read", "addr": addr, "len": n})["hex"])
 
 
 @pytest.mark.parametrize("kind", ["bytearray", "numpy"])

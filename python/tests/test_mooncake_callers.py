@@ -14,14 +14,10 @@ import socket
 import numpy as np
 import pytest
 
-from conftest import wait_until
+from conftest import peer_bytes, wait_until
 
 MiB = 1 << 20
 PAGE = 4096
-
-
-def peer_bytes(peer, addr, n):
-    return bytes.fromhex(peer.call({"cmd": "read", "addr": int(addr), "len": int(n)})["hex"])
 
 
 class SGLangStyle:

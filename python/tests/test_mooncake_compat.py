@@ -20,7 +20,7 @@ import pytest
 
 import kvxfer
 from kvxfer import engine as kengine
-from conftest import HERE, wait_until
+from conftest import HERE, peer_bytes, wait_until
 
 MiB = 1 << 20
 PY = os.path.join(HERE, "..")
@@ -34,18 +34,6 @@ class Index:
 
     def __index__(self):
         return self.v
-
-
-@pytest.fixture
-def local():
-    e = kvxfer.TransferEngine()
-    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0, e.last_error
-    yield e
-    e.close()
-
-
-def peer_bytes(peer, addr, n):
-    return bytes.fromhex(peer.call({"cmd": "read", "addr": addr, "len": n})["hex"])
 
 
 @pytest.mark.parametrize("conv", [np.uint64, np.int64, Index, int], ids=["np.uint64", "np.int64", "__index__", "int"])

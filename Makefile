@@ -65,6 +65,8 @@ python-wheel: deps python-lib ## wheels in build/python/dist: kvxfer (libkvxfer.
 	@$(PYTHON) -c 'import setuptools, wheel, pip' 2>/dev/null || { echo "$(PYTHON) lacks setuptools, wheel or pip (Debian: python3-setuptools python3-wheel python3-pip; scripts/install-deps.sh installs them)"; exit 1; }
 	@rm -rf $(PYDIST) python/build python/mooncake-shim/build
 	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps --no-index --no-cache-dir -w $(PYDIST) ./python ./python/mooncake-shim
+	@# the in-tree build's leftovers: an egg-info next to the sources would make python/ look installed (entry points)
+	@rm -rf python/build python/*.egg-info python/mooncake-shim/build python/mooncake-shim/*.egg-info
 	@ls $(PYDIST)
 
 python-install: python-wheel ## install kvxfer into the venv VENV (default .venv; created with --system-site-packages); MOONCAKE=1 adds the mooncake shim

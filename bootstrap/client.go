@@ -346,13 +346,15 @@ const HeaderEntry = "X-Kvxfer-Entry"
 // Entry fetches the directory's entry at `at` with GET /v1/entry (a kvxfer
 // extension), whether or not the directory is ready (GET /route answers 503
 // until every rank registered): a rank uses it to check that the directory
-// still names it. Errors wrap ErrNotFound (no entry there) or
-// ErrUnsupported (the server has no such route: not a kvxfer directory).
+// still names it. Errors wrap ErrNotFound (no entry there), or are an
+// *UnsupportedError (the server has no such route: not a kvxfer
+// directory), which matches ErrUnsupported and gives the *StatusError (the
+// 404/405) to errors.As.
 func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
 	data, hdr, err := c.do(ctx, http.MethodGet, "/v1/entry", rankQuery(at.DP, at.CP, at.TP, at.PP), nil, false)
 	if err != nil {
 		if routeMissing(err) && hdr.Get(HeaderEntry) == "" {
-			return nil, fmt.Errorf("%w: GET %s/v1/entry: %v", ErrUnsupported, c.addr, err)
+			return nil, unsupported(err)
 		}
 		return nil, err
 	}
@@ -365,14 +367,15 @@ func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
 
 // ServerInfo fetches the prefill topology (GET /route with all four
 // parameters −1). The error wraps ErrNotReady on 503 (not every rank has
-// registered yet; retry later), and ErrUnsupported beside the status on
-// 404/405 (the server has no GET /route: not a bootstrap directory).
+// registered yet; retry later); on 404/405 (the server has no GET /route:
+// not a bootstrap directory) it is an *UnsupportedError (ErrUnsupported, and
+// the *StatusError for errors.As).
 // Unknown keys in the answer are ignored.
 func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/route", rankQuery(-1, -1, -1, -1), nil, false)
 	if err != nil {
 		if routeMissing(err) { // every directory, SGLang's too, serves it
-			return nil, fmt.Errorf("%w: GET %s/route: %w", ErrUnsupported, c.addr, err)
+			return nil, unsupported(err)
 		}
 		return nil, err
 	}
@@ -492,12 +495,13 @@ func (c *Client) CheckLeader(ctx context.Context, distInitAddr string) error {
 
 // Table fetches GET /v1/table (a kvxfer extension): the whole directory.
 // A server without the route (404 or 405: SGLang's directory, or no
-// directory at all) gives an error wrapping ErrUnsupported.
+// directory at all) gives an *UnsupportedError: it matches ErrUnsupported,
+// and errors.As gives its *StatusError (the code and the server's text).
 func (c *Client) Table(ctx context.Context) (*TableSnapshot, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/v1/table", nil, nil, false)
 	if err != nil {
 		if routeMissing(err) {
-			return nil, fmt.Errorf("%w: GET %s/v1/table: %v", ErrUnsupported, c.addr, err)
+			return nil, unsupported(err)
 		}
 		return nil, err
 	}
@@ -577,6 +581,40 @@ func (c *Client) WaitReady(ctx context.Context, poll time.Duration) (*PrefillSer
 		case <-t.C:
 		}
 	}
+}
+
+// UnsupportedError is a server's 404 or 405 for a kvxfer route it does not
+// offer (an SGLang directory has no GET /v1/table or /v1/entry): it matches
+// ErrUnsupported with errors.Is, and errors.As gives its *StatusError (the
+// code and the server's text). It deliberately does not match ErrNotFound:
+// the route is missing, not an entry.
+type UnsupportedError struct {
+	// Status is the server's answer.
+	Status *StatusError
+}
+
+// Error names the route, the server and its answer.
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("%v: %s %s: HTTP %d: %s", ErrUnsupported, e.Status.Op, e.Status.Addr, e.Status.Code, e.Status.Body)
+}
+
+// Is matches ErrUnsupported only.
+func (e *UnsupportedError) Is(target error) bool { return target == ErrUnsupported }
+
+// As sets a **StatusError target to the server's answer.
+func (e *UnsupportedError) As(target any) bool {
+	if p, ok := target.(**StatusError); ok {
+		*p = e.Status
+		return true
+	}
+	return false
+}
+
+// unsupported turns a route-missing *StatusError into an *UnsupportedError.
+func unsupported(err error) error {
+	var se *StatusError
+	errors.As(err, &se)
+	return &UnsupportedError{Status: se}
 }
 
 // routeMissing reports whether err is the server's answer for a route it

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -36,5 +37,45 @@ func TestClientRejectsUnusableRankIP(t *testing.T) {
 		} else if err != nil || ri.RankIP != tc.want {
 			t.Errorf("rank_ip %q: got %+v %v, want %q", tc.ip, ri, err, tc.want)
 		}
+	}
+}
+
+// TestRouteMissingErrors (issue 22 item 13): against a directory without
+// kvxfer's routes (SGLang's answers 404 for GET /v1/table and /v1/entry, 405
+// for a method it lacks) Table, Entry, CheckIn and ServerInfo return an error
+// that matches ErrUnsupported and gives the *StatusError to errors.As, but
+// does not match ErrNotFound: a rank must not take "no such route" for "no
+// entry" and re-register at every check.
+func TestRouteMissingErrors(t *testing.T) {
+	for _, code := range []int{http.StatusNotFound, http.StatusMethodNotAllowed} {
+		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "Not Found: "+r.URL.Path, code)
+		}))
+		c, err := NewClient(strings.TrimPrefix(hs.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		calls := map[string]func() error{
+			"Table":      func() error { _, err := c.Table(ctx); return err },
+			"Entry":      func() error { _, err := c.Entry(ctx, Coord{TP: 1}); return err },
+			"ServerInfo": func() error { _, err := c.ServerInfo(ctx); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			var se *StatusError
+			switch {
+			case !errors.Is(err, ErrUnsupported):
+				t.Errorf("%d %s: %v does not match ErrUnsupported", code, name, err)
+			case !errors.As(err, &se) || se.Code != code || !strings.Contains(se.Body, "Not Found"):
+				t.Errorf("%d %s: errors.As gave %+v from %v", code, name, se, err)
+			case errors.Is(err, ErrNotFound):
+				t.Errorf("%d %s: %v matches ErrNotFound", code, name, err)
+			case !strings.Contains(err.Error(), c.Addr()):
+				t.Errorf("%d %s: %v does not name the server", code, name, err)
+			}
+		}
+		cancel()
+		hs.Close()
 	}
 }

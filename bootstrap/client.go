@@ -345,13 +345,36 @@ const HeaderEntry = "X-Kvxfer-Entry"
 
 // Entry fetches the directory's entry at `at` with GET /v1/entry (a kvxfer
 // extension), whether or not the directory is ready (GET /route answers 503
-// until every rank registered): a rank uses it to check that the directory
-// still names it. Errors wrap ErrNotFound (no entry there), or are an
-// *UnsupportedError (the server has no such route: not a kvxfer
-// directory), which matches ErrUnsupported and gives the *StatusError (the
-// 404/405) to errors.As.
+// until every rank registered). It changes nothing; a rank checking that
+// the directory still names it uses CheckIn. Errors wrap ErrNotFound (no
+// entry there), or are an *UnsupportedError (the server has no such route:
+// not a kvxfer directory), which matches ErrUnsupported and gives the
+// *StatusError (the 404/405) to errors.As.
 func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
-	data, hdr, err := c.do(ctx, http.MethodGet, "/v1/entry", rankQuery(at.DP, at.CP, at.TP, at.PP), nil, false)
+	return c.entry(ctx, at, "")
+}
+
+// CheckIn is Entry by the rank registered at `at` with instanceID: when the
+// entry names that instance, the directory counts it as the rank's heartbeat
+// (the registration's heartbeat_ms promised one at least that often) and the
+// rank is not reported stale. The bearer token is sent (WithAuthToken): a
+// directory with a token refuses a check-in without it (401, wrapping
+// ErrUnauthorized). An entry naming another instance is returned as is and
+// kept unchanged. A directory without heartbeats (an older kvxfer one)
+// answers as Entry does.
+func (c *Client) CheckIn(ctx context.Context, at Coord, instanceID string) (*TableRank, error) {
+	if !ValidInstanceID(instanceID) {
+		return nil, fmt.Errorf("bootstrap: check-in for rank %s: instance id %q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", at, truncate(instanceID))
+	}
+	return c.entry(ctx, at, instanceID)
+}
+
+func (c *Client) entry(ctx context.Context, at Coord, instanceID string) (*TableRank, error) {
+	q := rankQuery(at.DP, at.CP, at.TP, at.PP)
+	if instanceID != "" {
+		q.Set("instance_id", instanceID)
+	}
+	data, hdr, err := c.do(ctx, http.MethodGet, "/v1/entry", q, nil, instanceID != "")
 	if err != nil {
 		if routeMissing(err) && hdr.Get(HeaderEntry) == "" {
 			return nil, unsupported(err)
@@ -366,11 +389,11 @@ func (c *Client) Entry(ctx context.Context, at Coord) (*TableRank, error) {
 }
 
 // ServerInfo fetches the prefill topology (GET /route with all four
-// parameters −1). The error wraps ErrNotReady on 503 (not every rank has
-// registered yet; retry later); on 404/405 (the server has no GET /route:
-// not a bootstrap directory) it is an *UnsupportedError (ErrUnsupported, and
-// the *StatusError for errors.As).
-// Unknown keys in the answer are ignored.
+// parameters −1), decoded by ParsePrefillServerInfo (either key set; unknown
+// keys ignored; a malformed answer gives its *FieldError). The error wraps
+// ErrNotReady on 503 (not every rank has registered yet; retry later); on
+// 404/405 (the server has no GET /route: not a bootstrap directory) it is an
+// *UnsupportedError (ErrUnsupported, and the *StatusError for errors.As).
 func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
 	data, _, err := c.do(ctx, http.MethodGet, "/route", rankQuery(-1, -1, -1, -1), nil, false)
 	if err != nil {
@@ -379,15 +402,11 @@ func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
 		}
 		return nil, err
 	}
-	var info PrefillServerInfo
-	if err := json.Unmarshal(data, &info); err != nil {
-		return nil, fmt.Errorf("bootstrap: GET %s/route topology: decode PrefillServerInfo: %w", c.addr, err)
+	info, err := ParsePrefillServerInfo(data)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: GET %s/route topology: %w", c.addr, err)
 	}
-	if info.AttnTPSize < 1 || info.AttnCPSize < 1 || info.DPSize < 1 || info.PPSize < 1 {
-		return nil, fmt.Errorf("bootstrap: GET %s/route topology: sizes must be ≥ 1, got attn_tp_size=%d attn_cp_size=%d dp_size=%d pp_size=%d",
-			c.addr, info.AttnTPSize, info.AttnCPSize, info.DPSize, info.PPSize)
-	}
-	return &info, nil
+	return info, nil
 }
 
 // RankInfo fetches the control endpoint of the prefill rank at (dp, cp, tp,

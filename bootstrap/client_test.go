@@ -59,6 +59,7 @@ func TestRouteMissingErrors(t *testing.T) {
 		calls := map[string]func() error{
 			"Table":      func() error { _, err := c.Table(ctx); return err },
 			"Entry":      func() error { _, err := c.Entry(ctx, Coord{TP: 1}); return err },
+			"CheckIn":    func() error { _, err := c.CheckIn(ctx, Coord{TP: 1}, "inst-1"); return err },
 			"ServerInfo": func() error { _, err := c.ServerInfo(ctx); return err },
 		}
 		for name, call := range calls {

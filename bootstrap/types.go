@@ -9,14 +9,36 @@
 // Protocol facts (routes, JSON keys, status codes, the 503 readiness rule, the
 // room→dp-rank registry and its TTL, the rank-mapping table) come from
 // /work/shared/spec/sglang-bootstrap.md §2–§4, which was written from SGLang's
-// python/sglang/srt/disaggregation/common/conn.py at commit 0094505d. Where
-// SGLang answers 500 to malformed input, kvxfer's server answers 400 naming
-// the field; valid input gets SGLang's exact codes and key sets.
+// python/sglang/srt/disaggregation/common/conn.py at commit 0094505d. The
+// newest protocol (CompatSGLangNewest) is that file at commit b7e89b39
+// (CommonKVBootstrapServer._handle_route_put/_handle_route_get,
+// PrefillServerInfo, CommonKVReceiver.init, register_to_bootstrap): every
+// rank's registration adds "decode_allocation_policy" (default "early") and
+// "dsv41_spec_layout" (a JSON object or null); the server answers 400 to a
+// rank that disagrees with the ranks before it on either ("Inconsistent
+// prefill allocation policies", "DeepSeek-V4.1 DSpark PD layout differs
+// across prefill ranks"); the topology answer always carries
+// decode_allocation_policy and carries dsv41_spec_layout only when it is not
+// null; a decode fails every room whose prefill declares another policy than
+// its own ("Disaggregation decode allocation policy mismatch") and refuses a
+// layout that differs from its own ("PD layout mismatch"). Where SGLang
+// answers 500 to malformed input, kvxfer's server answers 400 naming the
+// field; valid input gets SGLang's exact codes and key sets.
+//
+// Rank liveness is a kvxfer extension (SGLang's directory has none): a rank
+// that registers with heartbeat_ms checks in (GET /v1/entry with its
+// instance_id, Client.CheckIn) at least that often; one silent for longer
+// than StaleAfter(heartbeat) is reported stale in GET /v1/table (and the
+// table is then not Ready), while GET /route keeps answering it (see
+// TableRank.Stale for why).
 package bootstrap
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -31,16 +53,139 @@ const DefaultEntryTTL = 120 * time.Second
 // Compatibility levels select the PrefillServerInfo key set that GET /route
 // returns for the topology query. There is no version field anywhere in
 // SGLang's protocol, and an SGLang decode builds PrefillServerInfo(**data), so
-// an extra or missing key breaks the pairing (spec §2.5, §10 item 2).
+// an extra or missing key breaks the pairing (spec §2.5, §10 item 2): a decode
+// older than the allocation-policy change raises TypeError on the newest key
+// set, so it needs CompatSGLang0094505.
 const (
-	// CompatSGLang0094505 is the pinned default: the key set of SGLang commit
-	// 0094505da74125a31ceb354f37ae7a1b6a97d3f5 (common/conn.py): the nine
-	// topology keys plus the six decode-side keys sent as null.
-	CompatSGLang0094505 = "sglang-0094505"
-	// CompatSGLangNewest adds "decode_allocation_policy" ("early"), the key the
-	// newest upstream tests expect (spec §2.5).
+	// CompatSGLangNewest is the default: the key set of SGLang's newest
+	// common/conn.py (commit b7e89b394f2fe306f07a9731611b2dc9caa4767f): the
+	// nine topology keys, "decode_allocation_policy" (always: "early" unless
+	// the ranks registered another policy) and "dsv41_spec_layout" (only when
+	// the ranks registered one), plus the six decode-side keys sent as null.
 	CompatSGLangNewest = "sglang-newest"
+	// CompatSGLang0094505 is the key set of SGLang commit
+	// 0094505da74125a31ceb354f37ae7a1b6a97d3f5 (common/conn.py), for decodes
+	// of that age: the nine topology keys plus the six decode-side keys sent
+	// as null. It cannot carry an allocation policy or a DSpark layout, so a
+	// server at this level refuses (400) a rank that registers either
+	// (decode_allocation_policy other than "early", dsv41_spec_layout not
+	// null) instead of dropping it.
+	CompatSGLang0094505 = "sglang-0094505"
+	// DefaultCompat is the level a server uses when none is given.
+	DefaultCompat = CompatSGLangNewest
 )
+
+// Decode allocation policies: SGLang's
+// --disaggregation-decode-allocation-policy (newest common/conn.py, b7e89b39).
+// Under "early" a decode reserves its KV pages as soon as it has resolved the
+// prefill ranks; under "prefill_complete" it subscribes to each prefill rank
+// (ZMQ [BOOTSTRAP, room, decode_ip, decode_port]) and reserves them only once
+// the prefill has finished computing the request and said so (a
+// WaitingForInput status), so KV memory is not held while the prefill
+// computes. Both roles must run the same policy; SGLang serves
+// prefill_complete only with prefill attention TP 1, CP 1 and PP 1.
+const (
+	// PolicyEarly is SGLang's default policy (also what an absent key means).
+	PolicyEarly = "early"
+	// PolicyPrefillComplete defers the decode's allocation until the prefill
+	// finished computing.
+	PolicyPrefillComplete = "prefill_complete"
+)
+
+// MaxSpecLayoutBytes bounds a dsv41_spec_layout object (bytes of JSON); real
+// layouts are a few KiB.
+const MaxSpecLayoutBytes = 1 << 20
+
+// CanonicalSpecLayout validates a dsv41_spec_layout value and returns it in
+// canonical form (object keys sorted, no insignificant space, numbers as
+// written), so that two layouts are equal when SGLang's dict comparison
+// calls them equal (up to numbers written differently, e.g. 1 and 1.0). A
+// JSON null, or nothing, gives nil (no layout). Errors: not a JSON object,
+// invalid JSON, larger than MaxSpecLayoutBytes.
+func CanonicalSpecLayout(raw []byte) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || string(t) == "null" {
+		return nil, nil
+	}
+	if len(t) > MaxSpecLayoutBytes {
+		return nil, fmt.Errorf("%d bytes, over the limit of %d", len(t), MaxSpecLayoutBytes)
+	}
+	if t[0] != '{' {
+		return nil, fmt.Errorf("want a JSON object (SGLang's get_dsv41_spec_layout) or null, got %s", truncate(string(t)))
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	dec.UseNumber()
+	var v map[string]any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("invalid JSON object: %v", err)
+	}
+	if dec.More() {
+		return nil, errors.New("trailing data after the JSON object")
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("re-encode: %v", err)
+	}
+	return b, nil
+}
+
+// DiffSpecLayouts names the top-level keys on which two canonical layouts
+// (CanonicalSpecLayout; nil for none) differ, sorted, as SGLang's decode does
+// in its "PD layout mismatch" error; nil when they are equal.
+func DiffSpecLayouts(a, b json.RawMessage) []string {
+	if bytes.Equal(a, b) {
+		return nil
+	}
+	var ma, mb map[string]json.RawMessage
+	_ = json.Unmarshal(a, &ma)
+	_ = json.Unmarshal(b, &mb)
+	keys := map[string]bool{}
+	for k, v := range ma {
+		if w, ok := mb[k]; !ok || !bytes.Equal(v, w) {
+			keys[k] = true
+		}
+	}
+	for k := range mb {
+		if _, ok := ma[k]; !ok {
+			keys[k] = true
+		}
+	}
+	out := make([]string, 0, len(keys))
+	for k := range keys {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	if len(out) == 0 { // one side has no layout at all
+		out = append(out, "(the whole layout)")
+	}
+	return out
+}
+
+// Rank liveness (a kvxfer extension; SGLang's directory has none).
+const (
+	// StaleAfterBeats is how many of its declared heartbeat intervals a rank
+	// may miss before the directory reports it stale: a kvxfer prefill checks
+	// its entry every DirectoryCheckInterval ±20 %, each check bounded by
+	// max(2 intervals, 2 s), so a live rank's check-ins are at most about
+	// 3.2 intervals apart even when the directory answers slowly.
+	StaleAfterBeats = 4
+	// MinStaleAfter is the shortest silence that makes a rank stale, however
+	// short its interval (GC pauses and scheduling noise on a loaded host).
+	MinStaleAfter = time.Second
+	// MaxHeartbeatMS bounds a declared heartbeat interval (one day).
+	MaxHeartbeatMS = 86_400_000
+)
+
+// StaleAfter is how long a rank that declared heartbeat interval hb may be
+// silent (no check-in, no registration) before the directory reports it
+// stale: StaleAfterBeats × hb, at least MinStaleAfter. 0 for hb ≤ 0 (the rank
+// declared none and is never stale).
+func StaleAfter(hb time.Duration) time.Duration {
+	if hb <= 0 {
+		return 0
+	}
+	return max(StaleAfterBeats*hb, MinStaleAfter)
+}
 
 // Errors returned by the client and by TargetRanks. Test with errors.Is; the
 // wrapping error names the address, field or sizes involved.
@@ -137,6 +282,34 @@ type RegisterRequest struct {
 	// kvxfer ranks send their start time in Unix nanoseconds, so a
 	// replacement started later wins. 0 when not sent.
 	Epoch uint64 `json:"epoch,omitempty"`
+	// DecodeAllocationPolicy is the prefill's
+	// --disaggregation-decode-allocation-policy (newest SGLang sends it
+	// always): PolicyEarly or PolicyPrefillComplete; "" (absent or null)
+	// means PolicyEarly, as SGLang's data.get(…, "early"). Every rank of an
+	// instance must register the same one (400 otherwise).
+	DecodeAllocationPolicy string `json:"decode_allocation_policy,omitempty"`
+	// DSV41SpecLayout is the prefill's DeepSeek-V4.1 DSpark speculative KV
+	// layout (SGLang's get_dsv41_spec_layout(kv_args): a JSON object such as
+	// {"block_size":…,"num_draft_tokens":…,"kv_layer_ids":[…],…}), or nil
+	// (absent or null: no DSpark). Opaque to kvxfer: the parser stores it in
+	// canonical form (CanonicalSpecLayout), the server compares it across
+	// ranks (400 when a rank's differs) and answers it in PrefillServerInfo.
+	DSV41SpecLayout json.RawMessage `json:"dsv41_spec_layout,omitempty"`
+	// HeartbeatMS is how often, in ms, this rank checks in with the
+	// directory (Client.CheckIn), a kvxfer extension: the directory reports
+	// it stale after StaleAfter of silence. 0 (absent): the rank makes no
+	// promise and is never reported stale. Needs InstanceID (the check-in
+	// names the instance); 1 … MaxHeartbeatMS.
+	HeartbeatMS int `json:"heartbeat_ms,omitempty"`
+}
+
+// AllocationPolicy returns the registration's decode allocation policy,
+// PolicyEarly when none was given.
+func (r RegisterRequest) AllocationPolicy() string {
+	if r.DecodeAllocationPolicy == "" {
+		return PolicyEarly
+	}
+	return r.DecodeAllocationPolicy
 }
 
 // DPSize returns the instance's dp_size as SGLang derives it: AttnDPSize when
@@ -168,10 +341,12 @@ func (r RegisterRequest) FollowBootstrapRoom() bool {
 const LoadBalanceFollowBootstrapRoom = "follow_bootstrap_room"
 
 // PrefillServerInfo is the topology a decode gets from GET /route with all four
-// parameters −1 (spec §2.5). The JSON key set is that of the pinned SGLang
-// commit 0094505 (CompatSGLang0094505): the decode-side fields are always
-// sent as null by the server. DecodeAllocationPolicy is emitted only under
-// CompatSGLangNewest. Decoding ignores unknown keys.
+// parameters −1 (spec §2.5). The fields are in the order of SGLang's
+// dataclass (newest, b7e89b39); the decode-side fields are always sent as
+// null by the server. DecodeAllocationPolicy is sent only under
+// CompatSGLangNewest (always there), DSV41SpecLayout only under it and only
+// when not null (SGLang pops a null one). ParsePrefillServerInfo decodes it,
+// ignoring unknown keys.
 type PrefillServerInfo struct {
 	// AttnTPSize is the prefill attention-TP size.
 	AttnTPSize int `json:"attn_tp_size"`
@@ -189,6 +364,15 @@ type PrefillServerInfo struct {
 	FollowBootstrapRoom bool `json:"follow_bootstrap_room"`
 	// EnableDSACacheLayerSplit is true when DSA cache layers are split across CP.
 	EnableDSACacheLayerSplit bool `json:"enable_dsa_cache_layer_split"`
+	// DSV41SpecLayout is the prefill ranks' DeepSeek-V4.1 DSpark layout (a
+	// canonical JSON object, see CanonicalSpecLayout), or nil: sent only
+	// under CompatSGLangNewest and only when not nil. A decode with DSpark
+	// refuses a prefill whose layout differs from its own.
+	DSV41SpecLayout json.RawMessage `json:"dsv41_spec_layout,omitempty"`
+	// DecodeAllocationPolicy is the prefill ranks' decode allocation policy
+	// (PolicyEarly or PolicyPrefillComplete); sent only under
+	// CompatSGLangNewest. nil reads as PolicyEarly (AllocationPolicy).
+	DecodeAllocationPolicy *string `json:"decode_allocation_policy,omitempty"`
 	// PrefillHTTPPort is the prefill HTTP API port, or nil.
 	PrefillHTTPPort *int `json:"prefill_http_port"`
 
@@ -208,10 +392,16 @@ type PrefillServerInfo struct {
 	RequiredDstInfoNum *int `json:"required_dst_info_num"`
 	// RequiredPrefillResponseNum is decode-side (null on the wire).
 	RequiredPrefillResponseNum *int `json:"required_prefill_response_num"`
+}
 
-	// DecodeAllocationPolicy is "early" or "prefill_complete"; sent only under
-	// CompatSGLangNewest.
-	DecodeAllocationPolicy *string `json:"decode_allocation_policy,omitempty"`
+// AllocationPolicy returns the prefill's decode allocation policy,
+// PolicyEarly when the answer carried none (an older directory, or
+// CompatSGLang0094505), as SGLang's dataclass default.
+func (i PrefillServerInfo) AllocationPolicy() string {
+	if i.DecodeAllocationPolicy == nil || *i.DecodeAllocationPolicy == "" {
+		return PolicyEarly
+	}
+	return *i.DecodeAllocationPolicy
 }
 
 // PrefillRankInfo is the per-rank GET /route answer: the control-socket
@@ -323,10 +513,16 @@ type Targets struct {
 type TableSnapshot struct {
 	// Compat is the PrefillServerInfo key set this server emits.
 	Compat string `json:"compat"`
-	// Ready is true when every distinct rank has registered (GET /route answers 200).
+	// Ready is true when every distinct rank has registered and none is
+	// stale (TableRank.Stale). GET /route's topology query answers 200 as
+	// soon as Registered == Expected, stale ranks or not, as SGLang's does:
+	// the topology is still right, and a decode judges a dead rank itself.
 	Ready bool `json:"ready"`
 	// Registered is the number of distinct ranks registered.
 	Registered int `json:"registered"`
+	// Stale is the number of registered ranks silent beyond their
+	// heartbeat bound (TableRank.Stale).
+	Stale int `json:"stale"`
 	// Expected is dp·cp·tp·pp of the topology (0 before the first registration).
 	Expected int `json:"expected"`
 	// Topology is the PrefillServerInfo the server would answer, or null.
@@ -351,4 +547,21 @@ type TableRank struct {
 	RegisteredAt time.Time `json:"registered_at"`
 	// Reregistrations counts registrations that replaced this entry.
 	Reregistrations int `json:"reregistrations"`
+	// HeartbeatMS is the check-in interval the rank declared (heartbeat_ms),
+	// 0 when it declared none (every SGLang rank): such a rank is never
+	// reported stale.
+	HeartbeatMS int `json:"heartbeat_ms,omitempty"`
+	// Stale is true when the rank declared a heartbeat and has neither
+	// checked in nor registered for longer than StaleAfter(HeartbeatMS): it
+	// is dead, hung, or cut off from the directory. GET /route still answers
+	// its endpoint: the directory's evidence is second hand (a rank cut off
+	// from the directory alone still serves its decodes), a decode judges the
+	// rank first hand (kvxfer: its control connection drops or the peer
+	// timeout passes; SGLang: its waiting timeout), and a restarted rank
+	// replaces the entry when it registers.
+	Stale bool `json:"stale,omitempty"`
+	// SilentSince is the time of the rank's last check-in or registration,
+	// set only while it is Stale (so the table does not change with every
+	// check-in).
+	SilentSince *time.Time `json:"silent_since,omitempty"`
 }

@@ -142,10 +142,14 @@ func optBool(m map[string]json.RawMessage, field string) (bool, error) {
 // rank_port and prefill_http_port in 1–65535, page_size ≥ 1, rank_ip a
 // usable IPv4 or IPv6 address (brackets are removed; not unspecified,
 // multicast or broadcast) or an RFC 1123 hostname (see validHost),
-// kv_cache_dtype present (string or null), instance_id (kvxfer's, optional)
-// per ValidInstanceID and epoch (optional) in [0, 2^63−1]. Unknown keys are
-// ignored, as a
-// newer SGLang may add some. The error message names the field.
+// kv_cache_dtype present (string or null), decode_allocation_policy
+// (optional, string or null) a policy name (ValidPolicyName; any name, so a
+// policy newer than this build still registers), dsv41_spec_layout
+// (optional) a JSON object or null (CanonicalSpecLayout), instance_id
+// (kvxfer's, optional) per ValidInstanceID, epoch (optional) in
+// [0, 2^63−1] and heartbeat_ms (kvxfer's, optional) in [1, MaxHeartbeatMS]
+// and only with an instance_id. Unknown keys are ignored, as a newer SGLang
+// may add some. The error message names the field.
 func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 	var r RegisterRequest
 	m, err := jsonObject(body, "PUT /route registration")
@@ -258,6 +262,35 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		}
 		r.Epoch = uint64(v)
 	}
+	pol, _, err := optString(m, "decode_allocation_policy")
+	if err != nil {
+		return r, err
+	}
+	if pol != nil {
+		if !ValidPolicyName(*pol) {
+			return r, fieldErr("decode_allocation_policy", "%q: want a policy name such as %q or %q (1–64 letters, digits, '_', '-' or '.')",
+				truncate(*pol), PolicyEarly, PolicyPrefillComplete)
+		}
+		r.DecodeAllocationPolicy = *pol
+	}
+	if raw, ok := m["dsv41_spec_layout"]; ok {
+		if r.DSV41SpecLayout, err = CanonicalSpecLayout(raw); err != nil {
+			return r, fieldErr("dsv41_spec_layout", "%v", err)
+		}
+	}
+	if raw, ok := m["heartbeat_ms"]; ok && !isNull(raw) {
+		v, err := parseInt("heartbeat_ms", raw)
+		if err != nil {
+			return r, err
+		}
+		if v < 1 || v > MaxHeartbeatMS {
+			return r, fieldErr("heartbeat_ms", "%d out of range [1, %d] (the rank's check-in interval in ms)", v, MaxHeartbeatMS)
+		}
+		if r.InstanceID == "" {
+			return r, fieldErr("heartbeat_ms", "needs instance_id: a check-in (GET /v1/entry&instance_id=…) names the instance it keeps alive")
+		}
+		r.HeartbeatMS = int(v)
+	}
 	if raw, ok := m["prefill_http_port"]; ok && !isNull(raw) {
 		v, err := parseInt("prefill_http_port", raw)
 		if err != nil {
@@ -270,6 +303,57 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		r.PrefillHTTPPort = &p
 	}
 	return r, nil
+}
+
+// ValidPolicyName reports whether p can be a decode allocation policy name:
+// 1–64 characters of letters, digits, '_', '-' or '.' (SGLang's are
+// PolicyEarly and PolicyPrefillComplete; the directory only carries and
+// compares the name, so it accepts newer ones too).
+func ValidPolicyName(p string) bool {
+	if p == "" || len(p) > 64 {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// ParsePrefillServerInfo decodes a GET /route topology answer (spec §2.5)
+// from any directory, SGLang's or kvxfer's, of either key set: unknown keys
+// are ignored and missing newer ones read as SGLang's defaults (no DSpark
+// layout, policy PolicyEarly). Errors name the key: not a JSON object, a
+// size below 1 (attn_tp_size, attn_cp_size, dp_size, pp_size), a page_size
+// below 1, a decode_allocation_policy that is not a policy name, a
+// dsv41_spec_layout that is neither an object nor null. A null layout reads
+// as nil; a layout is returned in canonical form.
+func ParsePrefillServerInfo(data []byte) (*PrefillServerInfo, error) {
+	var info PrefillServerInfo
+	if t := bytes.TrimSpace(data); len(t) == 0 || t[0] != '{' {
+		return nil, fieldErr("body", "not a JSON object (PrefillServerInfo)")
+	}
+	if err := json.Unmarshal(data, &info); err != nil {
+		return nil, fieldErr("body", "decode PrefillServerInfo: %v", err)
+	}
+	if info.AttnTPSize < 1 || info.AttnCPSize < 1 || info.DPSize < 1 || info.PPSize < 1 {
+		return nil, fieldErr("attn_tp_size", "sizes must be ≥ 1, got attn_tp_size=%d attn_cp_size=%d dp_size=%d pp_size=%d",
+			info.AttnTPSize, info.AttnCPSize, info.DPSize, info.PPSize)
+	}
+	if info.PageSize != nil && *info.PageSize < 1 {
+		return nil, fieldErr("page_size", "%d: want ≥ 1 or null", *info.PageSize)
+	}
+	if p := info.DecodeAllocationPolicy; p != nil && !ValidPolicyName(*p) {
+		return nil, fieldErr("decode_allocation_policy", "%q is not a policy name (want e.g. %q or %q)", truncate(*p), PolicyEarly, PolicyPrefillComplete)
+	}
+	layout, err := CanonicalSpecLayout(info.DSV41SpecLayout)
+	if err != nil {
+		return nil, fieldErr("dsv41_spec_layout", "%v", err)
+	}
+	info.DSV41SpecLayout = layout
+	return &info, nil
 }
 
 // keySize returns size when the field is a table key, else 0 (unchecked).

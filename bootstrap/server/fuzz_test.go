@@ -77,6 +77,18 @@ func FuzzPutRoute(f *testing.F) {
 	}
 	f.Add(strings.Replace(rankIPBody(`"10.0.0.9"`), `{`, `{"instance_id":"a-1","epoch":9,`, 1))
 	f.Add(strings.Replace(rankIPBody(`"10.0.0.9"`), `{`, `{"instance_id":"b:2","epoch":3,`, 1))
+	// The newest keys (decode_allocation_policy, dsv41_spec_layout) and
+	// kvxfer's heartbeat_ms: valid ones the table refuses (400, another
+	// policy than the table's "early"), malformed ones, and agreeing ones.
+	for _, extra := range []string{
+		`"decode_allocation_policy":"prefill_complete",`, `"decode_allocation_policy":"early",`, `"decode_allocation_policy":null,`,
+		`"decode_allocation_policy":"",`, `"decode_allocation_policy":["early"],`,
+		`"dsv41_spec_layout":{"block_size":128,"kv_layer_ids":[1,2]},`, `"dsv41_spec_layout":null,`, `"dsv41_spec_layout":[],`,
+		`"dsv41_spec_layout":{"a":1e999},`, `"dsv41_spec_layout":{"a":{"b":[{"c":null}]}},`,
+		`"instance_id":"p-1","heartbeat_ms":2000,`, `"heartbeat_ms":2000,`, `"instance_id":"p-1","heartbeat_ms":0,`, `"instance_id":"p-1","heartbeat_ms":1e3,`,
+	} {
+		f.Add(strings.Replace(strings.Replace(rankIPBody(`"10.0.0.9"`), `"attn_tp_size":1,"attn_tp_rank":0`, `"attn_tp_size":2,"attn_tp_rank":1`, 1), `{`, `{`+extra, 1))
+	}
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, body string) {
 		before := s.Snapshot()
@@ -84,8 +96,11 @@ func FuzzPutRoute(f *testing.F) {
 		if w.Code >= 500 {
 			t.Fatalf("PUT %q → %d %q", body, w.Code, w.Body.String())
 		}
-		_, perr := bootstrap.ParseRegisterRequest([]byte(body))
-		if (perr != nil && w.Code != 400) || (perr == nil && w.Code != 200 && w.Code != 409 && w.Code != 412) {
+		r, perr := bootstrap.ParseRegisterRequest([]byte(body))
+		// A valid body gets 400 only for a policy or layout other than the
+		// table's (the fuzz table's ranks registered the defaults).
+		inconsistent := perr == nil && (r.AllocationPolicy() != bootstrap.PolicyEarly || r.DSV41SpecLayout != nil)
+		if (perr != nil && w.Code != 400) || (perr == nil && w.Code != 200 && w.Code != 409 && w.Code != 412 && !(inconsistent && w.Code == 400)) {
 			t.Fatalf("PUT %q → %d %q, parser says %v", body, w.Code, w.Body.String(), perr)
 		}
 		if w.Code != 200 {
@@ -110,6 +125,9 @@ func FuzzRouteQuery(f *testing.F) {
 	f.Add("prefill_dp_rank=99999999999999999999999&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0")
 	f.Add("")
 	f.Add("prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0&instance_id=p1")
+	f.Add("prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0&instance_id=")
+	f.Add("prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=1&target_pp_rank=0&instance_id=%20bad")
+	f.Add("prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1&instance_id=p1")
 	s := fuzzServer(f)
 	f.Fuzz(func(t *testing.T, q string) {
 		for _, m := range []string{http.MethodGet, http.MethodDelete} {

@@ -14,28 +14,33 @@ type metrics struct {
 	regBad        prometheus.Counter
 	regConflict   prometheus.Counter
 	regSuperseded prometheus.Counter
-	delRefused    prometheus.Counter
-	unauth        prometheus.Counter
-	deregs        prometheus.Counter
-	lookTopo      prometheus.Counter
-	lookRank      prometheus.Counter
-	lookMiss      prometheus.Counter
-	lookBad       prometheus.Counter
-	notReady      prometheus.Counter
-	dpRegs        prometheus.Counter
-	dpQueries     prometheus.Counter
-	dpRooms       prometheus.Counter
-	dpDropped     prometheus.Counter
-	tableSize     prometheus.Gauge
-	expected      prometheus.Gauge
-	roomsSize     prometheus.Gauge
+	// regInconsistent: 400 for a policy or DSpark layout that disagrees
+	// with the table's, or that the compat key set cannot carry.
+	regInconsistent prometheus.Counter
+	delRefused      prometheus.Counter
+	unauth          prometheus.Counter
+	deregs          prometheus.Counter
+	lookTopo        prometheus.Counter
+	lookRank        prometheus.Counter
+	lookMiss        prometheus.Counter
+	lookBad         prometheus.Counter
+	notReady        prometheus.Counter
+	dpRegs          prometheus.Counter
+	dpQueries       prometheus.Counter
+	dpRooms         prometheus.Counter
+	dpDropped       prometheus.Counter
+	tableSize       prometheus.Gauge
+	expected        prometheus.Gauge
+	roomsSize       prometheus.Gauge
 }
 
-func newMetrics() metrics {
+// newMetrics builds the registry; stale reports the number of stale ranks
+// at scrape time (kvxfer_bootstrap_stale_ranks).
+func newMetrics(stale func() float64) metrics {
 	reg := prometheus.NewRegistry()
 	registrations := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvxfer_bootstrap_registrations_total",
-		Help: "PUT /route registrations by result (ok, replaced, bad_request, conflict, superseded: from an instance older than the entry's, refused).",
+		Help: "PUT /route registrations by result (ok, replaced, bad_request, conflict, superseded: from an instance older than the entry's, refused; inconsistent: a decode_allocation_policy or dsv41_spec_layout other than the registered ranks', or one the compat key set cannot carry, refused with 400).",
 	}, []string{"result"})
 	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvxfer_bootstrap_lookups_total",
@@ -46,20 +51,21 @@ func newMetrics() metrics {
 		Help: "Room→dp-rank registry calls: register, query, rooms asked by queries, and rooms_dropped (entries whose dp_rank was out of range of the topology that became known).",
 	}, []string{"op"})
 	m := metrics{
-		reg:           reg,
-		regOK:         registrations.WithLabelValues("ok"),
-		regReplaced:   registrations.WithLabelValues("replaced"),
-		regBad:        registrations.WithLabelValues("bad_request"),
-		regConflict:   registrations.WithLabelValues("conflict"),
-		regSuperseded: registrations.WithLabelValues("superseded"),
-		lookTopo:      lookups.WithLabelValues("topology", "ok"),
-		lookRank:      lookups.WithLabelValues("rank", "ok"),
-		lookMiss:      lookups.WithLabelValues("rank", "not_found"),
-		lookBad:       lookups.WithLabelValues("any", "bad_request"),
-		dpRegs:        dp.WithLabelValues("register"),
-		dpQueries:     dp.WithLabelValues("query"),
-		dpRooms:       dp.WithLabelValues("rooms_queried"),
-		dpDropped:     dp.WithLabelValues("rooms_dropped"),
+		reg:             reg,
+		regOK:           registrations.WithLabelValues("ok"),
+		regReplaced:     registrations.WithLabelValues("replaced"),
+		regBad:          registrations.WithLabelValues("bad_request"),
+		regConflict:     registrations.WithLabelValues("conflict"),
+		regSuperseded:   registrations.WithLabelValues("superseded"),
+		regInconsistent: registrations.WithLabelValues("inconsistent"),
+		lookTopo:        lookups.WithLabelValues("topology", "ok"),
+		lookRank:        lookups.WithLabelValues("rank", "ok"),
+		lookMiss:        lookups.WithLabelValues("rank", "not_found"),
+		lookBad:         lookups.WithLabelValues("any", "bad_request"),
+		dpRegs:          dp.WithLabelValues("register"),
+		dpQueries:       dp.WithLabelValues("query"),
+		dpRooms:         dp.WithLabelValues("rooms_queried"),
+		dpDropped:       dp.WithLabelValues("rooms_dropped"),
 		unauth: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_bootstrap_unauthorized_total",
 			Help: "Mutating requests refused with 401 (bearer token missing or wrong).",
@@ -89,7 +95,11 @@ func newMetrics() metrics {
 			Help: "Live entries in the room→dp-rank registry.",
 		}),
 	}
-	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.delRefused, m.notReady, m.tableSize, m.expected, m.roomsSize,
+	staleRanks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvxfer_bootstrap_stale_ranks",
+		Help: "Registered ranks that declared a heartbeat (heartbeat_ms) and have been silent beyond its bound (bootstrap.StaleAfter): dead, hung or cut off from the directory.",
+	}, stale)
+	reg.MustRegister(registrations, lookups, dp, m.unauth, m.deregs, m.delRefused, m.notReady, m.tableSize, m.expected, m.roomsSize, staleRanks,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

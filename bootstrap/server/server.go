@@ -5,8 +5,11 @@
 //
 // Routes (spec §2.2, /work/shared/spec/sglang-bootstrap.md): PUT/GET /route,
 // POST /register_dp_rank, POST /query_dp_ranks, GET /health — SGLang's shapes
-// and codes (from common/conn.py at commit 0094505d) — plus kvxfer's
-// extensions DELETE /route, GET /v1/table and GET /metrics.
+// and codes (from common/conn.py at commit 0094505d, and at b7e89b39 for the
+// newest key set: decode_allocation_policy and dsv41_spec_layout carried,
+// 400 for a rank that disagrees on either) — plus kvxfer's extensions
+// DELETE /route, GET /v1/table, GET /v1/entry (with instance_id: a rank's
+// check-in, the heartbeat behind TableRank.Stale) and GET /metrics.
 package server
 
 import (
@@ -37,7 +40,7 @@ const (
 )
 
 // Options configure a Server. The zero value serves on all interfaces at a
-// kernel-chosen port with the pinned SGLang key set, a 120 s room TTL and no
+// kernel-chosen port with the newest SGLang key set, a 120 s room TTL and no
 // authentication; `kvxfer bootstrap` defaults the port to DefaultPort.
 type Options struct {
 	// Host is the listen host (IP or hostname; "" = all interfaces).
@@ -51,8 +54,11 @@ type Options struct {
 	// the mutating routes (PUT/DELETE /route, POST /register_dp_rank); a
 	// missing or wrong token gets 401 "Unauthorized". Compared in constant time.
 	AuthToken string
-	// Compat selects the PrefillServerInfo key set: CompatSGLang0094505 (the
-	// default when empty) or CompatSGLangNewest.
+	// Compat selects the PrefillServerInfo key set: CompatSGLangNewest (the
+	// default when empty: SGLang's newest, with decode_allocation_policy and
+	// dsv41_spec_layout) or CompatSGLang0094505 (for decodes of that age,
+	// which refuse keys they do not know; it refuses registrations declaring
+	// a non-default policy or a DSpark layout).
 	Compat string
 	// DistInitAddr, when set, is the multi-node prefill's --dist-init-addr;
 	// the server reports it in the X-Kvxfer-Dist-Init-Addr header so that
@@ -107,7 +113,7 @@ func New(opts Options) *Server {
 		opts.EntryTTL = bootstrap.DefaultEntryTTL
 	}
 	if opts.Compat == "" {
-		opts.Compat = bootstrap.CompatSGLang0094505
+		opts.Compat = bootstrap.DefaultCompat
 	}
 	if opts.MaxRooms <= 0 {
 		opts.MaxRooms = 1_000_000
@@ -127,8 +133,8 @@ func New(opts Options) *Server {
 		ready: make(chan struct{}),
 		table: make(map[bootstrap.Coord]*rankEntry),
 		rooms: make(map[uint64]roomEntry),
-		m:     newMetrics(),
 	}
+	s.m = newMetrics(func() float64 { return float64(s.staleCount(time.Now())) })
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
@@ -244,9 +250,10 @@ func (s *Server) Start(ctx context.Context) error {
 		"entry_ttl", s.opts.EntryTTL, "auth", s.opts.AuthToken != "")
 	close(s.ready)
 
-	sweepDone := make(chan struct{})
+	sweepDone, liveDone := make(chan struct{}), make(chan struct{})
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	go func() { defer close(sweepDone); s.sweepRooms(sweepCtx) }()
+	go func() { defer close(liveDone); s.watchLiveness(sweepCtx.Done()) }()
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -284,6 +291,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	stopSweep()
 	<-sweepDone
+	<-liveDone
 	return result
 }
 
@@ -549,20 +557,38 @@ func (s *Server) handleDeleteRoute(c echo.Context) error {
 // handleEntry serves GET /v1/entry?<the four rank coordinates> (a kvxfer
 // extension): the entry at those coordinates as a TableRank, whether or not
 // the directory is ready, or 404 with HeaderEntry "absent". Ranks poll it to
-// notice a directory that lost them (restart) or names another instance.
+// notice a directory that lost them (restart) or names another instance;
+// with &instance_id=ID naming the entry's instance the poll is also the
+// rank's check-in (its heartbeat: the entry is not stale for another
+// StaleAfter), which needs the bearer token when the server has one.
 func (s *Server) handleEntry(c echo.Context) error {
 	coord, all, err := bootstrap.ParseRankQueryString(c.Request().URL.RawQuery)
 	if err == nil && all {
 		err = bootstrap.NewFieldError("prefill_dp_rank", "GET /v1/entry needs one rank's coordinates, not the all -1 topology form")
 	}
+	id := c.QueryParam("instance_id")
+	checkIn := c.QueryParams().Has("instance_id")
+	if err == nil && checkIn && !bootstrap.ValidInstanceID(id) {
+		err = bootstrap.NewFieldError("instance_id", "%q: want 1–64 characters of letters, digits, '.', '_', ':' or '-'", short(id))
+	}
 	if err != nil {
 		return badRequest(c, err)
 	}
+	if checkIn && !s.authorized(c) {
+		return text(c, http.StatusUnauthorized, "Unauthorized")
+	}
+	now := time.Now()
 	s.mu.RLock()
 	ent := s.table[coord]
 	var tr bootstrap.TableRank
 	if ent != nil {
-		tr = bootstrap.TableRank{Coord: coord, PrefillRankInfo: ent.info, RegisteredAt: ent.registeredAt, Reregistrations: ent.updates}
+		if checkIn && ent.info.InstanceID == id {
+			ent.lastSeen.Store(now.UnixNano())
+			if ent.staleLogged.Swap(false) {
+				s.log.Info("stale prefill rank checks in again", "rank", coord.String(), "endpoint", ent.info.Endpoint(), "instance", id)
+			}
+		}
+		tr = tableRank(coord, ent, now)
 	}
 	s.mu.RUnlock()
 	if ent == nil {

@@ -143,7 +143,7 @@ func TestReadinessCountsDistinctRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := bootstrap.PrefillServerInfo{AttnTPSize: 2, AttnCPSize: 1, DPSize: 1, PPSize: 1, PageSize: ptr(16),
-		KVCacheDtype: ptr("auto"), FollowBootstrapRoom: true, PrefillHTTPPort: ptr(30000)}
+		KVCacheDtype: ptr("auto"), FollowBootstrapRoom: true, PrefillHTTPPort: ptr(30000), DecodeAllocationPolicy: ptr("early")}
 	if !reflect.DeepEqual(*info, want) {
 		t.Fatalf("ServerInfo = %+v, want %+v", *info, want)
 	}
@@ -160,12 +160,15 @@ func TestReadinessCountsDistinctRanks(t *testing.T) {
 	}
 }
 
-// TestKeySets pins the exact JSON keys of both answers (spec §2.5, §2.6).
+// TestKeySets pins the exact JSON keys of both answers (spec §2.5, §2.6):
+// the newest key set by default (decode_allocation_policy always, no
+// dsv41_spec_layout when the ranks registered none), SGLang 0094505's with
+// --compat.
 func TestKeySets(t *testing.T) {
 	for _, tc := range []struct {
 		compat string
 		extra  []string
-	}{{"", nil}, {bootstrap.CompatSGLangNewest, []string{"decode_allocation_policy"}}} {
+	}{{"", []string{"decode_allocation_policy"}}, {bootstrap.CompatSGLangNewest, []string{"decode_allocation_policy"}}, {bootstrap.CompatSGLang0094505, nil}} {
 		t.Run("compat="+tc.compat, func(t *testing.T) {
 			s, c := startServer(t, Options{Compat: tc.compat})
 			r := reg(1, 0, 5000)

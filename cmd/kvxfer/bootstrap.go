@@ -87,8 +87,9 @@ func init() {
 	f.IntVar(&bsFlags.port, "port", bootstrap.DefaultPort, "listen port, SGLang's --disaggregation-bootstrap-port; 0 picks a free one (env KVXFER_BOOTSTRAP_PORT)")
 	f.DurationVar(&bsFlags.entryTTL, "entry-ttl", bootstrap.DefaultEntryTTL, "lifetime of room→dp-rank entries (env KVXFER_BOOTSTRAP_ENTRY_TTL, SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL in seconds)")
 	f.StringVar(&bsFlags.authToken, "auth-token", "", "require this bearer token on PUT/DELETE /route and POST /register_dp_rank; off when empty (env KVXFER_BOOTSTRAP_AUTH_TOKEN, SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; prefer the env, flags show in ps)")
-	f.StringVar(&bsFlags.compat, "compat", envOr("KVXFER_BOOTSTRAP_COMPAT", bootstrap.CompatSGLang0094505),
-		"PrefillServerInfo key set: "+bootstrap.CompatSGLang0094505+" (pinned default) or "+bootstrap.CompatSGLangNewest+" (env KVXFER_BOOTSTRAP_COMPAT)")
+	f.StringVar(&bsFlags.compat, "compat", envOr("KVXFER_BOOTSTRAP_COMPAT", bootstrap.DefaultCompat),
+		"PrefillServerInfo key set: "+bootstrap.CompatSGLangNewest+" (default: SGLang's newest, with decode_allocation_policy and dsv41_spec_layout) or "+
+			bootstrap.CompatSGLang0094505+" (for SGLang decodes of that age, which refuse keys they do not know) (env KVXFER_BOOTSTRAP_COMPAT)")
 	f.StringVar(&bsFlags.distInitAddr, "dist-init-addr", envOr("KVXFER_DIST_INIT_ADDR", ""), "multi-node prefill leader address host:port; reported to followers for their leader check (env KVXFER_DIST_INIT_ADDR)")
 	f.BoolVar(&bsFlags.requestLog, "request-log", false, "log every request at debug level")
 	addMetadataFlags(f, &bsFlags.metadata, &bsFlags.metadataTTL)

@@ -106,3 +106,48 @@ func TestControlSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestKVConfigDeclarations: kvx_kv_config.decode_allocation_policy and
+// dsv41_spec_layout reach the prefill rank's registration (the directory's
+// topology answer carries them), and a value SGLang does not take fails
+// kvx_kv_create's path naming the C field.
+func TestKVConfigDeclarations(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := server.New(server.Options{Host: "127.0.0.1", Logger: slog.New(slog.DiscardHandler)})
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		t.Fatal(err)
+	}
+	defer func() { cancel(); <-done }()
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	e := &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
+	kc := func(policy, layout string) kvConfig {
+		return kvConfig{modelName: "llama-3.1-8b", layout: workload.LayoutOptions{PageSize: 16, NumPages: 4},
+			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, allocPolicy: policy, specLayout: layout}
+	}
+	for _, tc := range []struct{ policy, layout, want string }{
+		{"eager", "", "cfg->decode_allocation_policy"},
+		{"", "[1, 2]", "cfg->dsv41_spec_layout"},
+	} {
+		if _, err := newKV(e, kc(tc.policy, tc.layout)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("policy %q layout %q: %v, want an error naming %s", tc.policy, tc.layout, err, tc.want)
+		}
+	}
+	k, err := newKV(e, kc("prefill_complete", `{"block_size": 64}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.close()
+	top := srv.Snapshot().Topology
+	if top == nil || top.AllocationPolicy() != "prefill_complete" || string(top.DSV41SpecLayout) != `{"block_size":64}` {
+		t.Fatalf("topology %+v", top)
+	}
+}

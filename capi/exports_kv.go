@@ -62,6 +62,8 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 		advertiseHost:    goStr(c.advertise_host),
 		controlAuth:      uint32(c.control_auth),
 		maxPeers:         uint32(c.max_peers),
+		allocPolicy:      goStr(c.decode_allocation_policy),
+		specLayout:       goStr(c.dsv41_spec_layout),
 	}
 	if c.num_kv_buffers > 0 {
 		args, err := kvArgsFromC(&c)

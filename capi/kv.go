@@ -53,6 +53,10 @@ type kvConfig struct {
 	// to the environment (controlSettings).
 	controlAuth uint32
 	maxPeers    uint32
+	// allocPolicy and specLayout are kvx_kv_config's (0.4)
+	// decode_allocation_policy and dsv41_spec_layout; "" declares the
+	// defaults ("early", none).
+	allocPolicy, specLayout string
 	// args, when it has KV buffers, are the caller's buffers (0.2): the
 	// library allocates nothing.
 	args engine.KVArgs
@@ -100,6 +104,22 @@ func controlSettings(c kvConfig, getenv func(string) string) (auth bool, maxPeer
 		return false, 0, fmt.Errorf("cfg->max_peers is %d: over the limit of 1048576 control peers", c.maxPeers)
 	}
 	return auth, maxPeers, nil
+}
+
+// declarations checks kvx_kv_config's decode_allocation_policy and
+// dsv41_spec_layout (what a prefill rank declares in its registration) and
+// returns them for engine.ManagerConfig; errors name the C field.
+func declarations(c kvConfig) (policy string, layout []byte, err error) {
+	switch c.allocPolicy {
+	case "", bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete:
+	default:
+		return "", nil, fmt.Errorf("cfg->decode_allocation_policy %q: want %q (the default, also NULL) or %q, as SGLang's --disaggregation-decode-allocation-policy",
+			c.allocPolicy, bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete)
+	}
+	if layout, err = bootstrap.CanonicalSpecLayout([]byte(c.specLayout)); err != nil {
+		return "", nil, fmt.Errorf("cfg->dsv41_spec_layout: %v", err)
+	}
+	return c.allocPolicy, layout, nil
 }
 
 // callerBuffers turns three parallel C arrays into buffers of one memory
@@ -174,20 +194,29 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		closePool()
 		return nil, fail(stInvalidArgument, "%s: %v", op, err)
 	}
+	policy, layout, err := declarations(c)
+	if err != nil {
+		closePool()
+		return nil, fail(stInvalidArgument, "%s: %v", op, err)
+	}
 	mcfg := engine.ManagerConfig{
-		Role:             role,
-		KV:               args,
-		Transports:       e.trs,
-		Directory:        e.meta,
-		BootstrapAddr:    e.bootstrapAddr,
-		DPRank:           c.dpRank,
-		DPSize:           c.dpSize,
-		KVCacheDtype:     c.kvCacheDtype,
-		ControlHost:      c.controlHost,
-		ControlPort:      c.controlPort,
-		BootstrapTimeout: c.bootstrapTimeout,
-		WaitingTimeout:   c.waitingTimeout,
-		Checksum:         c.checksum,
+		// What a prefill rank declares in its registration
+		// (decode_allocation_policy, dsv41_spec_layout).
+		DecodeAllocationPolicy: policy,
+		DSV41SpecLayout:        layout,
+		Role:                   role,
+		KV:                     args,
+		Transports:             e.trs,
+		Directory:              e.meta,
+		BootstrapAddr:          e.bootstrapAddr,
+		DPRank:                 c.dpRank,
+		DPSize:                 c.dpSize,
+		KVCacheDtype:           c.kvCacheDtype,
+		ControlHost:            c.controlHost,
+		ControlPort:            c.controlPort,
+		BootstrapTimeout:       c.bootstrapTimeout,
+		WaitingTimeout:         c.waitingTimeout,
+		Checksum:               c.checksum,
 		// The C ABI reads the environment for what the caller left unset,
 		// with the CLI's names.
 		BootstrapAuthToken: cmp.Or(c.authToken, getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")),

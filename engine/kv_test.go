@@ -74,6 +74,8 @@ type rankOpts struct {
 	authControl      bool   // AuthenticateControl (needs authToken)
 	instance         string // InstanceID ("": random)
 	maxPeers         int    // MaxPeers (0: default)
+	policy           string // prefill: DecodeAllocationPolicy
+	layout           []byte // prefill: DSV41SpecLayout
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -112,7 +114,8 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
 		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots,
-		BootstrapAuthToken: o.authToken, AuthenticateControl: o.authControl, InstanceID: o.instance, MaxPeers: o.maxPeers}
+		BootstrapAuthToken: o.authToken, AuthenticateControl: o.authControl, InstanceID: o.instance, MaxPeers: o.maxPeers,
+		DecodeAllocationPolicy: o.policy, DSV41SpecLayout: o.layout}
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}

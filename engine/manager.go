@@ -200,8 +200,25 @@ type ManagerConfig struct {
 	NoPrefault bool
 	// DirectoryCheckInterval (prefill) is how often the rank checks that
 	// its bootstrap directory still names it and registers again if not
-	// (DefaultDirectoryCheckInterval when 0; negative disables).
+	// (DefaultDirectoryCheckInterval when 0; negative disables). Each check
+	// is also the rank's check-in: its registration declares the interval
+	// (heartbeat_ms) and the directory reports the rank stale after
+	// bootstrap.StaleAfter of silence (a disabled check declares none).
 	DirectoryCheckInterval time.Duration
+	// DecodeAllocationPolicy (prefill) is the decode allocation policy this
+	// rank declares in its directory registration, SGLang's
+	// --disaggregation-decode-allocation-policy: bootstrap.PolicyEarly (also
+	// when empty) or bootstrap.PolicyPrefillComplete. Every rank of an
+	// instance must declare the same one (the directory answers 400
+	// otherwise), and a decode running another policy fails its rooms.
+	// kvxfer's own decodes reserve their pages as under "early" whichever
+	// is declared (README, SGLang compatibility).
+	DecodeAllocationPolicy string
+	// DSV41SpecLayout (prefill) is the DeepSeek-V4.1 DSpark speculative KV
+	// layout this rank declares (a JSON object, SGLang's
+	// get_dsv41_spec_layout(kv_args)), or nil for none. Every rank must
+	// declare the same one; a decode with another refuses the prefill.
+	DSV41SpecLayout []byte
 	// Directory, when set, is where the rank publishes its segment
 	// descriptor (named by its control "host:port", under the directory's
 	// lease) and watches its peers' descriptors: a peer whose descriptor
@@ -454,6 +471,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = DefaultDirectoryCheckInterval
+	}
+	if err := checkDeclarations(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.MaxPeers <= 0 {
 		cfg.MaxPeers = DefaultMaxPeers

@@ -36,17 +36,41 @@ func (m *Manager) InstanceID() string { return m.instanceID }
 // restart) has the higher one. Published in the directory entry.
 func (m *Manager) Epoch() uint64 { return m.epoch }
 
+// checkDeclarations validates (and canonicalises) what a prefill rank
+// declares in its registration besides its place: the decode allocation
+// policy and the DSpark layout.
+func checkDeclarations(cfg *ManagerConfig) error {
+	switch cfg.DecodeAllocationPolicy {
+	case "", bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete:
+	default:
+		return fmt.Errorf("engine: manager: decode allocation policy %q: want %q (the default) or %q, as the decode's --disaggregation-decode-allocation-policy",
+			cfg.DecodeAllocationPolicy, bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete)
+	}
+	l, err := bootstrap.CanonicalSpecLayout(cfg.DSV41SpecLayout)
+	if err != nil {
+		return fmt.Errorf("engine: manager: DSpark layout (dsv41_spec_layout): %w", err)
+	}
+	cfg.DSV41SpecLayout = l
+	return nil
+}
+
 // registerRequest is this prefill rank's PUT /route body.
 func (m *Manager) registerRequest() bootstrap.RegisterRequest {
 	l := m.geo
 	dtype := m.cfg.KVCacheDtype
-	return bootstrap.RegisterRequest{
+	r := bootstrap.RegisterRequest{
 		AttnTPSize: l.TPSize, AttnTPRank: l.TPRank, AttnCPSize: 1, AttnCPRank: 0,
 		AttnDPSize: m.cfg.DPSize, AttnDPRank: m.cfg.DPRank, PPSize: l.PPSize, PPRank: l.PPRank,
 		SystemDPSize: 1, SystemDPRank: m.cfg.DPRank, // as SGLang files DP attention
 		RankIP: m.host, RankPort: m.port, PageSize: l.PageSize, KVCacheDtype: &dtype,
 		InstanceID: m.instanceID, Epoch: m.epoch,
+		DecodeAllocationPolicy: m.cfg.DecodeAllocationPolicy, DSV41SpecLayout: m.cfg.DSV41SpecLayout,
 	}
+	if every := m.cfg.DirectoryCheckInterval; every > 0 {
+		// The directory check (watchDirectory) is the check-in.
+		r.HeartbeatMS = int(min(max(every/time.Millisecond, 1), bootstrap.MaxHeartbeatMS))
+	}
+	return r
 }
 
 // coord is this prefill rank's directory coordinates.
@@ -88,7 +112,8 @@ func (m *Manager) stopDirectoryWatch() {
 
 // watchDirectory makes a prefill rank notice a directory that lost it and
 // register again (issue 18): every DirectoryCheckInterval (±20 %) it reads
-// its entry (GET /v1/entry). An absent entry (the directory restarted, or
+// its entry (GET /v1/entry), naming its instance so that the read is also
+// its check-in (the heartbeat its registration declared). An absent entry (the directory restarted, or
 // the entry was removed) or one naming an older instance is re-registered
 // at once; one naming a newer instance means this rank was replaced (a
 // rolling restart): it says so and stops checking, leaving the successor
@@ -123,7 +148,7 @@ func (m *Manager) watchDirectory() {
 // rank was replaced) and whether the directory answered.
 func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reached bool) {
 	at := m.coord()
-	e, err := m.pre.dir.Entry(ctx, at)
+	e, err := m.pre.dir.CheckIn(ctx, at, m.instanceID)
 	switch {
 	case err == nil && e.InstanceID == m.instanceID:
 		if wasDown {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // entry polls the directory at addr until cond holds for the entry at
@@ -90,6 +92,72 @@ func TestRollingRestartKeepsSuccessor(t *testing.T) {
 	for _, r := range transferOne(t, addr, []*rank{p2}, []*rank{dec}, 5, 2) {
 		if r.Poll() != engine.KVSuccess {
 			t.Fatalf("room after the rolling restart: %s %v", r.Poll(), r.Failure())
+		}
+	}
+}
+
+// TestPrefillDeclaresPolicyLayoutAndHeartbeat: a prefill rank's
+// registration carries the decode allocation policy and DSpark layout it
+// was configured with (the topology answer has them, as SGLang's newest
+// server gives them to a decode) and its directory-check interval as
+// heartbeat_ms; its checks are check-ins, so the directory never reports it
+// stale while it runs, well past the stale bound. A policy SGLang does not
+// have, or a layout that is not a JSON object, fails NewManager naming it.
+func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
+	addr := startBootstrap(t)
+	layout := []byte(`{"num_draft_tokens": 6, "block_size": 128}`)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, dirCheck: 100 * time.Millisecond,
+		policy: bootstrap.PolicyPrefillComplete, layout: layout})
+	c, err := bootstrap.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	info, err := c.WaitReady(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AllocationPolicy() != bootstrap.PolicyPrefillComplete || string(info.DSV41SpecLayout) != `{"block_size":128,"num_draft_tokens":6}` {
+		t.Fatalf("topology policy %q layout %s", info.AllocationPolicy(), info.DSV41SpecLayout)
+	}
+	bound := bootstrap.StaleAfter(100 * time.Millisecond)
+	for start := time.Now(); time.Since(start) < bound+time.Second; time.Sleep(50 * time.Millisecond) {
+		tab, err := c.Table(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tab.Ranks) != 1 || tab.Ranks[0].HeartbeatMS != 100 || tab.Ranks[0].InstanceID != p.m.InstanceID() {
+			t.Fatalf("table %+v", tab.Ranks)
+		}
+		if tab.Ranks[0].Stale || !tab.Ready {
+			t.Fatalf("running rank reported stale %v after registering (bound %v): %+v", time.Since(start), bound, tab)
+		}
+	}
+
+	for _, tc := range []struct {
+		policy string
+		layout []byte
+		want   string
+	}{{"eager", nil, `"eager"`}, {"", []byte(`[1]`), "dsv41_spec_layout"}} {
+		l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "decl", Device: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), BootstrapAddr: addr, Transports: []engine.Transport{tr},
+			DecodeAllocationPolicy: tc.policy, DSV41SpecLayout: tc.layout})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("policy %q layout %s: NewManager %v, want an error naming %s", tc.policy, tc.layout, err, tc.want)
 		}
 	}
 }

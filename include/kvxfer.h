@@ -683,6 +683,17 @@ typedef struct kvx_kv_config {
                                        for; beyond it the least recently used idle one is
                                        closed, with none idle a new peer is refused naming
                                        the limit. 0 = env KVXFER_MAX_PEERS, else 1024 */
+    /* --- end of KVX_KV_CONFIG_SIZE_V4 (up to max_peers) --- */
+    const char *decode_allocation_policy; /* prefill: the decode allocation policy this
+                                       rank declares in its directory registration, as
+                                       SGLang's --disaggregation-decode-allocation-policy:
+                                       "early" or "prefill_complete"; NULL/"" = "early".
+                                       Every rank of the instance must declare the same
+                                       (the directory refuses another with 400) */
+    const char *dsv41_spec_layout;  /* prefill: the DeepSeek-V4.1 DSpark KV layout this
+                                       rank declares, JSON object text (SGLang's
+                                       get_dsv41_spec_layout); NULL/"" = none. Every rank
+                                       must declare the same */
 } kvx_kv_config;
 
 /* kvx_kv_config.control_auth values. */
@@ -696,6 +707,8 @@ typedef struct kvx_kv_config {
 #define KVX_KV_CONFIG_SIZE_V2 216
 /* struct_size of a kvx_kv_config up to advertise_host (before control_auth). */
 #define KVX_KV_CONFIG_SIZE_V3 232
+/* struct_size of a kvx_kv_config up to max_peers (before decode_allocation_policy). */
+#define KVX_KV_CONFIG_SIZE_V4 240
 
 /* Geometry reported by kvx_kv_layout_get. For a library-allocated pool, item
  * (buffer b, page p) is the item_len bytes at pool + b*buffer_len +

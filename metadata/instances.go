@@ -57,7 +57,7 @@ func DecodeInstanceRecord(b []byte) (InstanceRecord, error) {
 		return InstanceRecord{}, fmt.Errorf("%w: instance record version %d, this build reads %d", ErrBadRecord, r.Version, InstanceRecordVersion)
 	case r.Addr == "" || len(r.Addr) > 1024:
 		return InstanceRecord{}, fmt.Errorf("%w: instance record: addr is empty or too long", ErrBadRecord)
-	case r.Table.Registered < 0 || r.Table.Expected < 0 || r.HeartbeatSeconds < 0:
+	case r.Table.Registered < 0 || r.Table.Expected < 0 || r.Table.Stale < 0 || r.HeartbeatSeconds < 0:
 		return InstanceRecord{}, fmt.Errorf("%w: instance %s: negative counts", ErrBadRecord, r.Addr)
 	}
 	return r, nil
@@ -167,11 +167,20 @@ type RankStatus struct {
 	// directory lists an older incarnation) or "absent" (nothing published:
 	// the rank crashed more than a TTL ago, or runs without --metadata).
 	Segment string `json:"segment"`
+	// Heartbeat is the directory's view of the rank: "live" (it checks in
+	// within its bound), "stale" (silent beyond bootstrap.StaleAfter of its
+	// declared interval: dead, hung or cut off from the directory) or "none"
+	// (it declared no heartbeat: an SGLang rank, or one with the directory
+	// check off).
+	Heartbeat string `json:"heartbeat"`
 }
 
 // InstanceStatus is one prefill instance in a FleetReport.
 type InstanceStatus struct {
-	Addr       string                       `json:"addr"`
+	Addr string `json:"addr"`
+	// Ready is true when the directory is ready (every rank registered,
+	// none silent beyond its heartbeat bound) and nothing about the instance
+	// is stale: never "ready" above a STALE line.
 	Ready      bool                         `json:"ready"`
 	Registered int                          `json:"registered"`
 	Expected   int                          `json:"expected"`
@@ -233,8 +242,23 @@ func BuildFleetReport(url string, insts []InstanceRecord, segs []engine.SegmentD
 			st.Stale = append(st.Stale, fmt.Sprintf("record not rewritten for %.0f s (publisher %s stuck; heartbeat %.0f s)", st.AgeSeconds, st.Publisher, hb))
 		}
 		for _, k := range r.Table.Ranks {
-			rs := RankStatus{Coord: k.Coord, RankIP: k.RankIP, RankPort: k.RankPort, InstanceID: k.InstanceID, Epoch: k.Epoch, Segment: "absent"}
+			rs := RankStatus{Coord: k.Coord, RankIP: k.RankIP, RankPort: k.RankPort, InstanceID: k.InstanceID, Epoch: k.Epoch, Segment: "absent", Heartbeat: "none"}
 			name := bootstrap.JoinHostPort(k.RankIP, k.RankPort)
+			switch {
+			case k.Stale:
+				rs.Heartbeat = "stale"
+				since := "its registration"
+				silent := ""
+				if k.SilentSince != nil {
+					since = k.SilentSince.UTC().Format(time.RFC3339)
+					silent = fmt.Sprintf(", %.1f s ago", max(0, now.Sub(*k.SilentSince).Seconds()))
+				}
+				hb := time.Duration(k.HeartbeatMS) * time.Millisecond
+				st.Stale = append(st.Stale, fmt.Sprintf("rank %s at %s: the directory last heard from it at %s%s; it checks in every %v and is stale after %v of silence (dead, hung, or cut off from the directory: see its log)",
+					k.Coord, name, since, silent, hb, bootstrap.StaleAfter(hb)))
+			case k.HeartbeatMS > 0:
+				rs.Heartbeat = "live"
+			}
 			if d, ok := byName[name]; ok {
 				rs.Segment = "live"
 				if k.Epoch != 0 && d.Epoch != k.Epoch {
@@ -249,6 +273,7 @@ func BuildFleetReport(url string, insts []InstanceRecord, segs []engine.SegmentD
 			}
 			st.Ranks = append(st.Ranks, rs)
 		}
+		st.Ready = st.Ready && len(st.Stale) == 0
 		rep.Stale += len(st.Stale)
 		rep.Instances = append(rep.Instances, st)
 	}
@@ -290,7 +315,17 @@ func FormatFleet(rep FleetReport) string {
 				topo += fmt.Sprintf(", page %d", *t.PageSize)
 			}
 		}
-		fmt.Fprintf(&b, "\ninstance %s  %s  %d/%d ranks  (%s)  by %s, %.1f s ago\n", in.Addr, ready, in.Registered, in.Expected, topo, in.Publisher, in.AgeSeconds)
+		stale := 0
+		for _, r := range in.Ranks {
+			if r.Heartbeat == "stale" || r.Segment != "live" {
+				stale++
+			}
+		}
+		ranks := fmt.Sprintf("%d/%d ranks registered", in.Registered, in.Expected)
+		if stale > 0 {
+			ranks += fmt.Sprintf(", %d stale", stale)
+		}
+		fmt.Fprintf(&b, "\ninstance %s  %s  %s  (%s)  by %s, %.1f s ago\n", in.Addr, ready, ranks, topo, in.Publisher, in.AgeSeconds)
 		if len(in.Missing) > 0 {
 			var ms []string
 			for _, c := range in.Missing {
@@ -299,7 +334,7 @@ func FormatFleet(rep FleetReport) string {
 			fmt.Fprintf(&b, "  missing ranks: %s\n", strings.Join(ms, ", "))
 		}
 		for _, r := range in.Ranks {
-			fmt.Fprintf(&b, "  rank %s  %s  segment %s\n", r.Coord.String(), bootstrap.JoinHostPort(r.RankIP, r.RankPort), r.Segment)
+			fmt.Fprintf(&b, "  rank %s  %s  segment %s, heartbeat %s\n", r.Coord.String(), bootstrap.JoinHostPort(r.RankIP, r.RankPort), r.Segment, r.Heartbeat)
 		}
 		for _, s := range in.Stale {
 			fmt.Fprintf(&b, "  STALE: %s\n", s)

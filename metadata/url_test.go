@@ -95,6 +95,34 @@ func TestBuildFleetReport(t *testing.T) {
 			t.Errorf("text report lacks %q:\n%s", want, txt)
 		}
 	}
+
+	// Issue 26 item 10: a directory whose every rank is registered and
+	// published, but one rank went silent (killed; its lease not expired
+	// yet), is not "ready" above its own STALE line.
+	silent := now.Add(-9 * time.Second)
+	dead := InstanceRecord{Addr: "10.0.0.3:8998", Host: "h", PID: 2, Updated: now, HeartbeatSeconds: 10,
+		Table: bootstrap.TableSnapshot{Ready: true, Registered: 2, Expected: 2,
+			Topology: &bootstrap.PrefillServerInfo{AttnTPSize: 2, AttnCPSize: 1, DPSize: 1, PPSize: 1},
+			Ranks: []bootstrap.TableRank{
+				{Coord: bootstrap.Coord{TP: 0}, PrefillRankInfo: bootstrap.PrefillRankInfo{RankIP: "10.0.0.3", RankPort: 100, Epoch: 5}, HeartbeatMS: 2000},
+				{Coord: bootstrap.Coord{TP: 1}, PrefillRankInfo: bootstrap.PrefillRankInfo{RankIP: "10.0.0.3", RankPort: 101, Epoch: 6}, HeartbeatMS: 2000,
+					Stale: true, SilentSince: &silent},
+			}}}
+	segs = []engine.SegmentDescriptor{{Name: "10.0.0.3:100", Epoch: 5, Kind: "prefill"}, {Name: "10.0.0.3:101", Epoch: 6, Kind: "prefill"}}
+	rep = BuildFleetReport("etcd://x:1/kvxfer", []InstanceRecord{dead}, segs, 0, now)
+	in := rep.Instances[0]
+	if in.Ready || rep.Stale != 1 || in.Ranks[0].Heartbeat != "live" || in.Ranks[1].Heartbeat != "stale" || in.Ranks[1].Segment != "live" {
+		t.Fatalf("instance with a silent rank: %+v (stale %d)", in, rep.Stale)
+	}
+	txt = FormatFleet(rep)
+	for _, want := range []string{"NOT READY  2/2 ranks registered, 1 stale", "heartbeat stale", "STALE: rank dp_rank=0 cp_rank=0 tp_rank=1 pp_rank=0 at 10.0.0.3:101: the directory last heard from it at", "9.0 s ago", "checks in every 2s"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("text report lacks %q:\n%s", want, txt)
+		}
+	}
+	if strings.Contains(txt, "  ready  ") {
+		t.Errorf("text report says ready:\n%s", txt)
+	}
 }
 
 func TestDecodeInstanceRecord(t *testing.T) {
@@ -112,6 +140,10 @@ func TestDecodeInstanceRecord(t *testing.T) {
 func FuzzDecodeInstanceRecord(f *testing.F) {
 	f.Add([]byte(`{"v":1,"addr":"a:1","table":{"ready":true,"ranks":[{"dp":0,"cp":0,"tp":0,"pp":0,"rank_ip":"h","rank_port":1}]}}`))
 	f.Add([]byte(`{"v":1}`))
+	f.Add([]byte(`{"v":1,"addr":"a:1","table":{"ready":false,"stale":1,"registered":1,"expected":1,"topology":{"attn_tp_size":1,"attn_cp_size":1,"dp_size":1,"pp_size":1,"decode_allocation_policy":"prefill_complete","dsv41_spec_layout":{"block_size":1}},` +
+		`"ranks":[{"dp":0,"cp":0,"tp":0,"pp":0,"rank_ip":"h","rank_port":1,"heartbeat_ms":2000,"stale":true,"silent_since":"2026-01-01T00:00:00Z"}]}}`))
+	f.Add([]byte(`{"v":1,"addr":"a:1","table":{"stale":-1,"ranks":[{"heartbeat_ms":-5,"stale":true}]}}`))
+	f.Add([]byte(`{"v":1,"addr":"a:1","table":{"ranks":[{"heartbeat_ms":9223372036854775807,"stale":true,"silent_since":"0001-01-01T00:00:00Z"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := DecodeInstanceRecord(b)
 		if err != nil {

@@ -151,6 +151,15 @@ func runLiveDoctor(ctx context.Context, f *liveDoctorFlags) (*chainReport, error
 		switch {
 		case table.Expected == 0:
 			s.fail("no prefill rank has registered yet", "start the prefill ranks with --bootstrap "+f.bootstrap+"; each registers with PUT /route when it starts")
+		case !table.Ready && table.Registered == table.Expected && table.Stale > 0:
+			var silent []string
+			for _, r := range table.Ranks {
+				if r.Stale {
+					silent = append(silent, fmt.Sprintf("%s at %s", coordName(r.Coord), r.Endpoint()))
+				}
+			}
+			s.fail(fmt.Sprintf("all %d ranks registered, but %d stopped checking in with the directory beyond their heartbeat bound: %s", table.Registered, table.Stale, strings.Join(silent, ", ")),
+				"those ranks are dead, hung or cut off from the directory: read their logs, restart them (a restarted rank registers again), and check that they reach "+f.bootstrap)
 		case !table.Ready:
 			var miss []string
 			for i, c := range table.Missing {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/metadata"
 )
@@ -178,4 +179,112 @@ func TestDemoWithMetadata(t *testing.T) {
 	if err != nil || len(rep.Instances) != 0 || len(rep.Segments) != 0 {
 		t.Fatalf("after the demo: %+v %v", rep, err)
 	}
+}
+
+// TestKilledRankNotReady (issue 26 item 10): a TP-2 prefill instance
+// registered with a bootstrap process, its ranks publishing in etcd under a
+// 30 s lease (so the segments outlive the kill: only the directory's
+// heartbeat can tell). After SIGKILL of rank 1 the directory reports it
+// stale and not ready within the heartbeat bound (check-ins every 200 ms,
+// bound bootstrap.StaleAfter), GET /route still answers it, and `kvxfer
+// fleet` says NOT READY with a STALE line for it and exits 3, never "ready"
+// above its own STALE line; a restarted rank 1 makes both ready again.
+func TestKilledRankNotReady(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	c := etcdtest.Start(t, etcdtest.Options{})
+	url := c.URL("killed")
+	env := []string{metadataEnv + "=" + url}
+	_, addr := startBootstrapProc(t, "127.0.0.1", 0, env...)
+	rank := func(tp int) *proc {
+		return startProc(t, "prefill tp"+strconv.Itoa(tp), env, roleArgs("prefill", addr, "127.0.0.1", "--tp-size", "2", "--tp-rank", strconv.Itoa(tp),
+			"--directory-check-interval", "200ms", "--metadata-ttl", "30s")...)
+	}
+	pre := []*proc{rank(0), rank(1)}
+	for _, p := range pre {
+		p.ready()
+	}
+	pollTable(t, addr, 30*time.Second, "both ranks registered and live", func(tab *bootstrap.TableSnapshot) bool {
+		return tab.Ready && tab.Registered == 2 && tab.Stale == 0 && tab.Ranks[1].HeartbeatMS == 200
+	})
+	fleetOK := func(rep metadata.FleetReport) bool {
+		return len(rep.Instances) == 1 && rep.Instances[0].Ready && len(rep.Instances[0].Ranks) == 2 &&
+			rep.Instances[0].Ranks[1].Segment == "live" && rep.Instances[0].Ranks[1].Heartbeat == "live"
+	}
+	waitFleet := func(what string, cond func(metadata.FleetReport, error) bool) metadata.FleetReport {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			rep, err := fleetReport(t, url)
+			if cond(rep, err) {
+				return rep
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("fleet: %s: not within 30 s: %+v %v", what, rep, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFleet("the ready instance", func(rep metadata.FleetReport, err error) bool { return err == nil && fleetOK(rep) })
+
+	pre[1].kill9()
+	killed := time.Now()
+	bound := bootstrap.StaleAfter(200 * time.Millisecond)
+	pollTable(t, addr, 30*time.Second, "the killed rank reported stale", func(tab *bootstrap.TableSnapshot) bool {
+		return tab.Stale == 1 && tab.Ranks[1].Stale && !tab.Ranks[0].Stale
+	})
+	t.Logf("killed rank reported stale by the directory %s after SIGKILL (bound %s; segment lease 30 s)", time.Since(killed).Round(time.Millisecond), bound)
+	if tab := mustTable(t, addr); tab.Ready || tab.Ranks[1].SilentSince == nil {
+		t.Fatalf("table with a killed rank: %+v", tab)
+	}
+	bc, err := bootstrap.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ri, err := bc.RankInfo(ctx, 0, 0, 1, 0); err != nil || ri.RankPort == 0 {
+		t.Fatalf("GET /route for the killed rank: %+v %v, want its endpoint still answered", ri, err)
+	}
+	rep := waitFleet("the killed rank", func(rep metadata.FleetReport, err error) bool {
+		var st errStale
+		return errors.As(err, &st) && len(rep.Instances) == 1 && rep.Instances[0].Ranks[1].Heartbeat == "stale"
+	})
+	if in := rep.Instances[0]; in.Ready || in.Ranks[1].Segment != "live" {
+		t.Fatalf("fleet with a killed rank (its lease still alive): %+v", in)
+	}
+	var txt bytes.Buffer
+	cmd := &cobra.Command{}
+	cmd.SetOut(&txt)
+	_ = runFleet(context.Background(), cmd, fleetFlags{metadata: url})
+	if s := txt.String(); !strings.Contains(s, "NOT READY  2/2 ranks registered, 1 stale") || !strings.Contains(s, "STALE: rank dp_rank=0 cp_rank=0 tp_rank=1") || strings.Contains(s, "  ready  ") {
+		t.Fatalf("fleet text with a killed rank:\n%s", s)
+	}
+
+	pre[1] = rank(1)
+	pre[1].ready()
+	pollTable(t, addr, 30*time.Second, "the restarted rank live", func(tab *bootstrap.TableSnapshot) bool { return tab.Ready && tab.Stale == 0 })
+	waitFleet("ready again", func(rep metadata.FleetReport, err error) bool { return err == nil && fleetOK(rep) })
+	for _, p := range pre {
+		if err := p.exit(30 * time.Second); err != nil {
+			t.Fatalf("%s exit: %v\n%s", p.name, err, p.stderr.String())
+		}
+	}
+}
+
+// mustTable reads the directory's table once.
+func mustTable(t *testing.T, addr string) *bootstrap.TableSnapshot {
+	t.Helper()
+	c, err := bootstrap.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tab, err := c.Table(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tab
 }

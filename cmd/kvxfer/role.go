@@ -69,6 +69,8 @@ type roleFlags struct {
 	fragmentSeed     uint64
 	obs              obsFlags
 	noProbe          bool
+	allocPolicy      string
+	specLayout       string
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -83,6 +85,10 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.DurationVar(&f.writeDelay, "inject-write-delay", 0, "fault injection (kvxfer chaos): land every transfer batch this long after it was posted (engine/faulty DelayWrites)")
 		_ = fs.MarkHidden("inject-write-delay")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
+		fs.StringVar(&f.allocPolicy, "decode-allocation-policy", bootstrap.PolicyEarly,
+			"decode allocation policy this rank declares in its registration, as SGLang's --disaggregation-decode-allocation-policy: "+
+				bootstrap.PolicyEarly+" or "+bootstrap.PolicyPrefillComplete+"; every rank of the instance and the decodes must use the same (kvxfer decodes reserve pages early under either)")
+		fs.StringVar(&f.specLayout, "dsv41-spec-layout", "", "DeepSeek-V4.1 DSpark KV layout this rank declares (SGLang's get_dsv41_spec_layout): a JSON object, or @FILE holding one; empty = none")
 		fs.BoolVar(&f.noProbe, "no-probe", false, "refuse kvxfer doctor probes (by default this rank answers one at a time by writing a small pattern from a buffer of its own into the doctor's scratch region, never its KV)")
 	} else {
 		fs.StringVar(&f.bootstrap, "bootstrap", "127.0.0.1:8998", "default bootstrap server host:port of the prefill instance (a request line may name another)")
@@ -195,7 +201,38 @@ func validateRoleFlags(f *roleFlags) error {
 	if _, err := workload.KVCacheDtypeBytes(f.kvDtype); err != nil {
 		return fmt.Errorf("--kv-cache-dtype %q: want one of %s", f.kvDtype, strings.Join(workload.KVCacheDtypes, ", "))
 	}
+	switch f.allocPolicy {
+	case "", bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete:
+	default:
+		return fmt.Errorf("--decode-allocation-policy %q: want %s or %s (SGLang's --disaggregation-decode-allocation-policy values)", f.allocPolicy, bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete)
+	}
+	if _, err := f.layout(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// layout reads --dsv41-spec-layout (inline JSON or @FILE) in canonical form;
+// nil when none is given.
+func (f *roleFlags) layout() ([]byte, error) {
+	v := strings.TrimSpace(f.specLayout)
+	if v == "" {
+		return nil, nil
+	}
+	src := "the value"
+	b := []byte(v)
+	if name, ok := strings.CutPrefix(v, "@"); ok {
+		var err error
+		if b, err = os.ReadFile(name); err != nil {
+			return nil, fmt.Errorf("--dsv41-spec-layout: %w", err)
+		}
+		src = name
+	}
+	l, err := bootstrap.CanonicalSpecLayout(b)
+	if err != nil {
+		return nil, fmt.Errorf("--dsv41-spec-layout (%s): %v", src, err)
+	}
+	return l, nil
 }
 
 // roleLayout builds the rank's layout from the flags; a --kv-cache-dtype
@@ -370,6 +407,12 @@ func runRole(role engine.Role, f *roleFlags) error {
 	cfg.Metrics, cfg.TracerProvider, cfg.TimelineRooms, cfg.NoProbe = obs.reg, obs.tracer, timelineRooms(f.obs.timelineRooms), f.noProbe
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
+	}
+	if role == engine.RolePrefill {
+		cfg.DecodeAllocationPolicy = f.allocPolicy
+		if cfg.DSV41SpecLayout, err = f.layout(); err != nil {
+			return err
+		}
 	}
 	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
 	if err != nil {

@@ -99,6 +99,7 @@ REGION_PEER_ADDRESS = 0xFFFFFFFF
 KV_CONFIG_SIZE_V1 = 96
 KV_CONFIG_SIZE_V2 = 216
 KV_CONFIG_SIZE_V3 = 232
+KV_CONFIG_SIZE_V4 = 240
 
 # kvx_kv_config.control_auth values (KVX_CONTROL_AUTH_*).
 CONTROL_AUTH_ENV = 0
@@ -206,6 +207,8 @@ class KVConfig(Structure):
         ("advertise_host", c_char_p),
         ("control_auth", c_uint32),
         ("max_peers", c_uint32),
+        ("decode_allocation_policy", c_char_p),
+        ("dsv41_spec_layout", c_char_p),
     ]
 
 

@@ -23,6 +23,7 @@ from kvxfer.sglang import (
     KVReceiver,
     KVSender,
     KVTransferError,
+    PrefillServerInfo,
 )
 from conftest import DEADLINE
 from kvpattern import Geometry, RankKV, expected_aux, expected_page
@@ -422,3 +423,34 @@ def test_control_auth_and_max_peers_arguments(peers, bootstrap, monkeypatch):
         assert all(p.recv()["state"] == KVPoll.Failed for p in pre)
     finally:
         one.close()
+
+
+def test_prefill_declares_allocation_policy_and_layout(bootstrap):
+    """A prefill KVManager registers server_args'
+    disaggregation_decode_allocation_policy and KVArgs' dsv41_spec_layout,
+    as SGLang's register_to_bootstrap does, so the directory's topology
+    answer carries them to decodes (a decode running prefill_complete fails
+    every room whose prefill declares "early")."""
+    import json
+    import urllib.request
+
+    g = Geometry()
+    kv = RankKV(g)
+    args = kv.kv_args()
+    args.dsv41_spec_layout = {"num_draft_tokens": 6, "block_size": 128}
+    sa = server_args(bootstrap.addr)
+    sa.disaggregation_decode_allocation_policy = "prefill_complete"
+    mgr = KVManager(args, DisaggregationMode.PREFILL, sa)
+    try:
+        url = f"http://{bootstrap.addr}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            info = json.load(resp)
+        assert info["decode_allocation_policy"] == "prefill_complete", info
+        assert info["dsv41_spec_layout"] == {"num_draft_tokens": 6, "block_size": 128}, info
+        parsed = PrefillServerInfo.from_json(info)
+        assert parsed.decode_allocation_policy == "prefill_complete" and parsed.dsv41_spec_layout == info["dsv41_spec_layout"], parsed
+        assert not parsed.extra, parsed.extra
+        old = {k: v for k, v in info.items() if k not in ("decode_allocation_policy", "dsv41_spec_layout")}
+        assert PrefillServerInfo.from_json(old).decode_allocation_policy == "early"  # SGLang 0094505's key set
+    finally:
+        mgr.close()

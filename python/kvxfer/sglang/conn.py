@@ -279,6 +279,11 @@ class PrefillServerInfo:
     kv_cache_dtype: Optional[str]
     follow_bootstrap_room: bool
     enable_dsa_cache_layer_split: bool = False
+    # Newest SGLang (common/conn.py b7e89b39): the prefill ranks' DSpark
+    # layout and decode allocation policy ("early" when the directory is
+    # older or answers SGLang 0094505's key set).
+    dsv41_spec_layout: Optional[dict] = None
+    decode_allocation_policy: str = "early"
     prefill_http_port: Optional[int] = None
     target_tp_rank: Optional[int] = None
     target_tp_ranks: Optional[List[int]] = None
@@ -316,6 +321,9 @@ class PrefillServerInfo:
             info.follow_bootstrap_room = bool(info.follow_bootstrap_room)
             info.enable_dsa_cache_layer_split = bool(info.enable_dsa_cache_layer_split)
             info.prefill_http_port = int(info.prefill_http_port) if info.prefill_http_port is not None else None
+            info.decode_allocation_policy = str(info.decode_allocation_policy or "early")
+            if info.dsv41_spec_layout is not None and not isinstance(info.dsv41_spec_layout, dict):
+                raise ValueError(f"dsv41_spec_layout is {type(info.dsv41_spec_layout).__name__}, want a JSON object or null")
         except (TypeError, ValueError) as e:
             raise ValueError(f"topology answer {data!r}: {e}") from None
         return info
@@ -495,6 +503,16 @@ class KVManager(Closable):
             c.control_auth = _lib.CONTROL_AUTH_ON if self.control_auth else _lib.CONTROL_AUTH_OFF
         if self.max_peers is not None:
             c.max_peers = int(self.max_peers)
+        if self.mode == "prefill":
+            # What the rank declares in its directory registration, as
+            # SGLang's register_to_bootstrap: the decode allocation policy
+            # and the DeepSeek-V4.1 DSpark layout (KVArgs.dsv41_spec_layout;
+            # SGLang computes it from mla_compression_ratios layouts, which
+            # kvxfer refuses above, so only an explicit one is sent).
+            policy = getattr(self.server_args, "disaggregation_decode_allocation_policy", None)
+            c.decode_allocation_policy = _lib.encode(str(policy) if policy else None)
+            layout = _arg(a, "dsv41_spec_layout")
+            c.dsv41_spec_layout = _lib.encode(json.dumps(layout) if layout is not None else None)
         return c
 
     def _head_counts(self):

@@ -169,6 +169,7 @@ type Store struct {
 	leaseLost int              // leases lost and replaced (for tests and logs)
 	lostID    clientv3.LeaseID // the lease whose keep-alive stopped last
 	kick      chan struct{}    // wakes the lease supervisor
+	diag      diagCache        // the latest diagnosis of a failed request (diagnose.go)
 }
 
 var _ engine.SegmentDirectory = (*Store)(nil)
@@ -178,8 +179,9 @@ var ErrBadRecord = errors.New("metadata: malformed record")
 
 // Open connects to the etcd cluster url names and checks that it answers
 // (one read, bounded by Options.Timeout). An unreachable cluster fails with
-// an error that wraps engine.ErrMetadataUnavailable and names the
-// endpoints. The lease is granted on the first publish.
+// an error that wraps engine.ErrMetadataUnavailable and says what each
+// endpoint did (connection refused, no answer, answering without a leader:
+// quorum lost). The lease is granted on the first publish.
 func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 	u, err := ParseURL(rawURL)
 	if err != nil {
@@ -218,17 +220,23 @@ func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	if _, err := cli.Get(cctx, u.Prefix+"/", clientv3.WithCountOnly()); err != nil {
+		uerr := s.unavailable("connect", err) // before Close: it probes with the client
 		s.Close()
-		return nil, s.unavailable("connect", err)
+		return nil, uerr
 	}
 	return s, nil
 }
 
-// unavailable wraps an etcd error as ErrMetadataUnavailable naming the
-// endpoints.
+// unavailable wraps an etcd error as ErrMetadataUnavailable saying what
+// happened: which endpoints answered, whether the cluster has a leader
+// (quorum), what the others did (connection refused at an endpoint, no
+// answer within the timeout, paused) and what to do (diagnose).
 func (s *Store) unavailable(op string, err error) error {
-	return fmt.Errorf("metadata: %s: etcd at %s (endpoints %s) unreachable or not answering: %w: %v",
-		op, s.url, strings.Join(s.url.Endpoints, ", "), engine.ErrMetadataUnavailable, err)
+	d := s.diagnose(err)
+	if d == "" {
+		d = "endpoints " + strings.Join(s.url.Endpoints, ", ") + " unreachable or not answering"
+	}
+	return fmt.Errorf("metadata: %s: etcd at %s: %s: %w: %v", op, s.url, d, engine.ErrMetadataUnavailable, err)
 }
 
 // URL returns the store's URL.

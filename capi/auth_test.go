@@ -14,29 +14,37 @@ import (
 	"github.com/kvxfer/kvxfer/workload"
 )
 
+// directoryAndEngine starts a bootstrap directory (requiring token when not
+// empty) and a prefill engine object with a tcp transport pointing at it, as
+// kvx_engine_create would make; the test's cleanup stops both.
+func directoryAndEngine(t *testing.T, token string) (*server.Server, *engineObj) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := server.New(server.Options{Host: "127.0.0.1", AuthToken: token, Logger: slog.New(slog.DiscardHandler)})
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return srv, &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
+}
+
 // TestKVConfigAuthToken: a prefill KV manager created through the C ABI's
 // path (newKV, as kvx_kv_create) registers with a directory that requires a
 // token when kvx_kv_config.bootstrap_auth_token carries it, or the
 // environment does; without either the error says the directory requires a
 // token and names the variable.
 func TestKVConfigAuthToken(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	srv := server.New(server.Options{Host: "127.0.0.1", AuthToken: "tok", Logger: slog.New(slog.DiscardHandler)})
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(ctx) }()
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatal(err)
-	}
-	defer func() { cancel(); <-done }()
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	e := &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
+	srv, e := directoryAndEngine(t, "tok")
 	kc := func(token string) kvConfig {
 		return kvConfig{modelName: "llama-3.1-8b", layout: workload.LayoutOptions{PageSize: 16, NumPages: 4},
 			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, authToken: token}
@@ -112,23 +120,7 @@ func TestControlSettings(t *testing.T) {
 // topology answer carries them), and a value SGLang does not take fails
 // kvx_kv_create's path naming the C field.
 func TestKVConfigDeclarations(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	srv := server.New(server.Options{Host: "127.0.0.1", Logger: slog.New(slog.DiscardHandler)})
-	done := make(chan error, 1)
-	go func() { done <- srv.Start(ctx) }()
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatal(err)
-	}
-	defer func() { cancel(); <-done }()
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	e := &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
+	srv, e := directoryAndEngine(t, "")
 	kc := func(policy, layout string) kvConfig {
 		return kvConfig{modelName: "llama-3.1-8b", layout: workload.LayoutOptions{PageSize: 16, NumPages: 4},
 			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, allocPolicy: policy, specLayout: layout}

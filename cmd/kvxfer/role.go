@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -71,6 +71,8 @@ type roleFlags struct {
 	noProbe          bool
 	allocPolicy      string
 	specLayout       string
+	serve            string
+	drainTimeout     time.Duration
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -130,6 +132,10 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
 	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
+	fs.StringVar(&f.serve, "serve", envOr("KVXFER_SERVE", ""), "where request lines come from: empty = stdin (JSON lines; the rank stops at its end); "+
+		"unix:PATH = connections to a unix socket (each gets the ready line, then one result line per request line it sends); "+
+		"http://HOST:PORT = POST /v1/requests (request lines in, result lines out as NDJSON) and GET /v1/ready; for a long-lived rank with no stdin (systemd, containers; env KVXFER_SERVE)")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", DefaultDrainTimeout, "after SIGTERM or SIGINT the rank reads no new request (lines already sent get a refusal result) and gives the rooms in flight this long to finish before it cancels them; a second signal cancels them at once")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
 	addObsFlags(fs, &f.obs)
 }
@@ -184,6 +190,8 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--fence-timeout %s: must be > 0", f.fenceTimeout)
 	case f.hold < 0:
 		return fmt.Errorf("--hold %s: must be >= 0", f.hold)
+	case f.drainTimeout <= 0:
+		return fmt.Errorf("--drain-timeout %s: must be > 0 (how long the rooms in flight at SIGTERM get to finish)", f.drainTimeout)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	case f.auxRows < 1 || f.auxRows > 1<<20:
@@ -192,6 +200,9 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--prefix-cache-blocks %d: must be >= 0 (0 = off)", f.prefixBlocks)
 	case f.prefixBlocks > 0 && (f.blockTokens < 1 || f.blockTokens%f.pageSize != 0):
 		return fmt.Errorf("--prefix-block-tokens %d: must be a whole number of --page-size %d pages", f.blockTokens, f.pageSize)
+	}
+	if _, err := parseServe(f.serve); err != nil {
+		return err
 	}
 	if f.advertiseHost != "" {
 		if _, err := bootstrap.ValidateHost(f.advertiseHost); err != nil {
@@ -301,6 +312,9 @@ type replyLine struct {
 	Metrics string `json:"metrics,omitempty"`
 	// Instance (ready line) is the rank's instance id.
 	Instance string `json:"instance,omitempty"`
+	// Serve (ready line) is where the rank takes requests with --serve:
+	// "unix:PATH" or "http://HOST:PORT" as bound; absent when it reads stdin.
+	Serve string `json:"serve,omitempty"`
 	// Ring (decode's ready line) is where the metadata ring lives: "gpu"
 	// (pinned and mapped, a kernel can read it) or "host".
 	Ring   string `json:"ring,omitempty"`
@@ -315,30 +329,75 @@ type replyLine struct {
 	cluster.Result
 }
 
-// runRole runs a prefill or decode rank: it serves request lines from stdin
-// until EOF (or a signal), writing one reply line per request to stdout.
+// runRole runs a prefill or decode rank: it starts it (a stop signal during
+// start-up cancels that), then serves request lines from stdin or --serve
+// until stdin's end or a stop signal, and drains: every request line read
+// gets its result line (serve.go).
 func runRole(role engine.Role, f *roleFlags) error {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	r, closeRank, err := startRank(ctx, role, f)
+	stop() // a signal from now on drains (sigs still holds one that came during start-up)
+	if err != nil {
+		return err
+	}
+	defer closeRank()
+	spec, _ := parseServe(f.serve) // validated by validateRoleFlags
+	switch {
+	case spec.unix != "":
+		ln, err := listenUnix(spec.unix)
+		if err != nil {
+			return err
+		}
+		r.ready.Serve = "unix:" + spec.unix
+		return r.serveUnix(ln, sigs)
+	case spec.http != "":
+		ln, err := net.Listen("tcp", spec.http)
+		if err != nil {
+			return fmt.Errorf("--serve http://%s: %w (is the port in use? port 0 picks a free one)", spec.http, err)
+		}
+		r.ready.Serve = "http://" + ln.Addr().String()
+		return r.serveHTTP(ln, sigs)
+	}
+	return r.serveStdin(sigs)
+}
+
+// startRank validates the flags, allocates the rank's KV pool, opens its
+// transports and starts its manager (and metrics, tracing, metadata); the
+// returned close undoes it all, in reverse order.
+func startRank(ctx context.Context, role engine.Role, f *roleFlags) (r *rank, closeRank func(), err error) {
+	var closers []func()
+	closeRank = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeRank()
+		}
+	}()
 	for _, env := range []string{sglangenv.BootstrapTimeout, sglangenv.WaitingTimeout} {
 		if _, err := sglangenv.Seconds(os.Getenv, env, 0); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	if err := validateRoleFlags(f); err != nil {
-		return err
+		return nil, nil, err
 	}
 	layout, err := roleLayout(f)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	dev, onDevice, err := parseDevice(f.device)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if onDevice {
 		if err := cuda.Available(); err != nil {
-			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
+			return nil, nil, fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
 		}
 	}
 	// The rank's KV memory, laid out as a serving engine lays it out: one
@@ -346,26 +405,28 @@ func runRole(role engine.Role, f *roleFlags) error {
 	// aux (metadata) buffers; the KV manager only registers them.
 	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows, Prefault: f.prefault})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer pool.Close()
+	closers = append(closers, func() { _ = pool.Close() })
 	if f.fragmentSeed != 0 {
 		pool.Fragment(f.fragmentSeed)
 	}
-	rows := workload.NewPageAllocator(f.auxRows)
-	var cache *workload.PrefixCache
+	r = &rank{role: role, pool: pool, layout: layout, rows: workload.NewPageAllocator(f.auxRows), drainTimeout: f.drainTimeout}
+	r.inflightZero = sync.NewCond(&r.inflightMu)
+	r.roomCtx, r.cancelRooms = context.WithCancelCause(context.Background())
+	closers = append(closers, func() { r.cancelRooms(errors.New("rank closed")) })
 	if role == engine.RoleDecode && f.prefixBlocks > 0 {
-		if cache, err = workload.NewPrefixCache(pool.PageAllocator, f.pageSize, f.blockTokens, f.prefixBlocks); err != nil {
-			return err
+		if r.cache, err = workload.NewPrefixCache(pool.PageAllocator, f.pageSize, f.blockTokens, f.prefixBlocks); err != nil {
+			return nil, nil, err
 		}
 	}
 	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if onDevice {
 		if ts, err = deviceTransports(ts, f.transport, f.device); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	if f.writeDelay > 0 {
@@ -373,17 +434,18 @@ func runRole(role engine.Role, f *roleFlags) error {
 			ts[i] = faulty.Wrap(t, faulty.DelayWrites(f.writeDelay))
 		}
 	}
-	defer closeAll(ts)
+	closers = append(closers, func() { closeAll(ts) })
 	ring := engine.RingAllocator(engine.AutoRingMemory)
 	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
 	}
 	// rc is how each request line's room is driven (cluster.PrefillRoom,
 	// DecodeRoom).
-	rc := cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+	r.rc = cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest}
+	r.token = bootstrapToken(f.authToken, os.Getenv)
 	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
-		BootstrapAuthToken: bootstrapToken(f.authToken, os.Getenv), DirectoryCheckInterval: f.dirCheck,
+		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
 		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
@@ -395,15 +457,15 @@ func runRole(role engine.Role, f *roleFlags) error {
 		cfg.BootstrapAddr = ""
 		cfg.FreePages = pool.FreePages
 		if f.verify {
-			rc.Verifier = cluster.NewVerifier(pool, f.pageSize)
-			cfg.VerifyKV = rc.Verifier.VerifyKV
+			r.rc.Verifier = cluster.NewVerifier(pool, f.pageSize)
+			cfg.VerifyKV = r.rc.Verifier.VerifyKV
 		}
 	}
 	obs, err := setupObservability(ctx, role, &f.obs)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer obs.close()
+	closers = append(closers, obs.close)
 	cfg.Metrics, cfg.TracerProvider, cfg.TimelineRooms, cfg.NoProbe = obs.reg, obs.tracer, timelineRooms(f.obs.timelineRooms), f.noProbe
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
@@ -411,104 +473,40 @@ func runRole(role engine.Role, f *roleFlags) error {
 	if role == engine.RolePrefill {
 		cfg.DecodeAllocationPolicy = f.allocPolicy
 		if cfg.DSV41SpecLayout, err = f.layout(); err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
 	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	if store != nil {
-		defer store.Close()
+		closers = append(closers, func() { _ = store.Close() })
 		cfg.Directory = store
 	}
 	// SGLang's heartbeat variables (the timeouts are flag defaults above).
 	if err := sglangenv.Apply(os.Getenv, &cfg); err != nil {
-		return err
+		return nil, nil, err
 	}
 	m, err := engine.NewManager(ctx, cfg)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer m.Close()
+	closers = append(closers, func() { _ = m.Close() })
+	r.m = m
 	if err := obs.serve(f.obs.metricsAddr, m); err != nil {
-		return err
+		return nil, nil, err
 	}
-	out := &lineWriter{w: os.Stdout}
-	ready := readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID(),
+	r.ready = readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID(),
 		Metrics: obs.addr()}
-	if r := m.Ring(); r != nil {
-		ready.Ring = "host"
-		if r.RingMem().DevicePtr() != 0 {
-			ready.Ring = "gpu"
+	if ring := m.Ring(); ring != nil {
+		r.ready.Ring = "host"
+		if ring.RingMem().DevicePtr() != 0 {
+			r.ready.Ring = "gpu"
 		}
-		slog.Info("metadata ring", "slots", r.Slots(), "where", ready.Ring, "device_ptr", fmt.Sprintf("%#x", r.RingMem().DevicePtr()))
+		slog.Info("metadata ring", "slots", ring.Slots(), "where", r.ready.Ring, "device_ptr", fmt.Sprintf("%#x", ring.RingMem().DevicePtr()))
 	}
-	out.write(ready)
-	slog.Info("rank serving requests from stdin", "role", role, "control", m.Endpoint(), "model", layout.Model.Name,
-		"pages", layout.NumPages, "item_len", layout.ItemLen(), "crc32c", engine.CRC32CPath())
-
-	lines := make(chan inputLine)
-	readErr := make(chan error, 1)
-	go func() {
-		readErr <- readRequests(os.Stdin, role, lines)
-	}()
-	var wg sync.WaitGroup
-	var total, failed atomic.Int64
-	var rerr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case rerr = <-readErr:
-			break loop
-		case in := <-lines:
-			total.Add(1)
-			wg.Add(1)
-			// Prefix decisions are made here, in arrival order, so decode
-			// ranks fed the same lines decide alike (workload.PrefixCache).
-			var lease *workload.Lease
-			if cache != nil && in.err == nil {
-				lease = cache.Plan(in.q.Room, in.q.HashIDs, in.q.Tokens)
-			}
-			go func() {
-				defer wg.Done()
-				var r replyLine
-				release := func() {}
-				switch {
-				case in.err != nil:
-					r.Error = fmt.Sprintf("line %d: %v", in.n, in.err)
-				case role == engine.RolePrefill:
-					r.Result = cluster.PrefillRoom(ctx, m, pool, rows, rc, in.q.Room, in.q.Tokens)
-				default:
-					r.Result, release = cluster.DecodeRoom(ctx, m, pool, rows, lease, rc, in.q.Room, in.q.Tokens, in.q.Bootstrap)
-				}
-				// The result goes out first; a failed room's pages come
-				// back only once its producers are fenced.
-				defer release()
-				r.Role, r.TPRank, r.PPRank, r.Line = role.String(), layout.TPRank, layout.PPRank, in.n
-				if in.hasRoom {
-					r.Room = new(in.q.Room)
-				}
-				if !r.OK {
-					if r.Error == "" {
-						r.Error = "failed without a reason (report this as a bug)"
-					}
-					failed.Add(1)
-				}
-				out.write(r)
-			}()
-		}
-	}
-	wg.Wait()
-	if rerr != nil {
-		return fmt.Errorf("reading requests from stdin: %w", rerr)
-	}
-	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d of %d requests failed (see the error field of their result lines)", n, total.Load())
-	}
-	return nil
+	return r, closeRank, nil
 }
 
 // inputLine is one non-blank stdin line: its 1-based number and either the
@@ -518,17 +516,21 @@ type inputLine struct {
 	q       requestLine
 	hasRoom bool
 	err     error
+	// readAt is when the line was read whole (a line read after a stop
+	// signal is refused, one read before it served).
+	readAt time.Time
 }
 
 // maxLineBytes bounds one request line; a longer line gets an error result
 // and the rank reads on (issue 18).
 const maxLineBytes = 1 << 20
 
-// readRequests sends every non-blank line of r, parsed or not, to out; it
-// returns at EOF (nil) or on a read error. A line longer than maxLineBytes
+// readRequests hands every non-blank line of r, parsed or not, to handle
+// (in order, from this goroutine); it returns at EOF (nil) or on a read
+// error. A line longer than maxLineBytes
 // is read to its end without being kept and sent as an error naming its
 // length, so one bad line costs one failed result, not the rank.
-func readRequests(r io.Reader, role engine.Role, out chan<- inputLine) error {
+func readRequests(r io.Reader, role engine.Role, handle func(inputLine)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	n := 0
 	for {
@@ -541,10 +543,10 @@ func readRequests(r io.Reader, role engine.Role, out chan<- inputLine) error {
 		}
 		n++
 		if size > maxLineBytes {
-			out <- inputLine{n: n, err: fmt.Errorf("line of %d bytes is longer than the limit of %d bytes (1 MiB): skipped (want one JSON request object per line)", size, maxLineBytes)}
+			handle(inputLine{n: n, readAt: time.Now(), err: fmt.Errorf("line of %d bytes is longer than the limit of %d bytes (1 MiB): skipped (want one JSON request object per line)", size, maxLineBytes)})
 		} else if text := strings.TrimSpace(string(line)); text != "" {
 			q, hasRoom, perr := parseRequest(text, role)
-			out <- inputLine{n: n, q: q, hasRoom: hasRoom, err: perr}
+			handle(inputLine{n: n, q: q, hasRoom: hasRoom, err: perr, readAt: time.Now()})
 		}
 		if err == io.EOF {
 			return nil
@@ -646,9 +648,12 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 	return q, true, nil
 }
 
+// lineWriter writes JSON lines whole (concurrent writers do not
+// interleave); flush, when set, runs after each line (an HTTP response).
 type lineWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu    sync.Mutex
+	w     io.Writer
+	flush func()
 }
 
 func (l *lineWriter) write(v any) {
@@ -659,6 +664,9 @@ func (l *lineWriter) write(v any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, _ = io.WriteString(l.w, b.String())
+	if l.flush != nil {
+		l.flush()
+	}
 }
 
 // readyLine is the first stdout line of a rank: {"event":"ready", ...}
@@ -676,6 +684,9 @@ type readyLine struct {
 	Instance string `json:"instance"`
 	// Metrics is the bound --metrics-addr ("" when off).
 	Metrics string `json:"metrics,omitempty"`
+	// Serve is where the rank takes requests with --serve ("unix:PATH" or
+	// "http://HOST:PORT" as bound); absent when it reads stdin.
+	Serve string `json:"serve,omitempty"`
 }
 
 // parseDevice parses --device (engine.ParseLocation): host memory gives

@@ -68,7 +68,7 @@ func TestParseRequest(t *testing.T) {
 
 func TestValidateRoleFlags(t *testing.T) {
 	good := func() roleFlags {
-		return roleFlags{pageSize: 16, kvDtype: "auto", bootstrapTimeout: time.Second, waitingTimeout: time.Second, peerTimeout: time.Second, auxRows: 8}
+		return roleFlags{pageSize: 16, kvDtype: "auto", bootstrapTimeout: time.Second, waitingTimeout: time.Second, peerTimeout: time.Second, auxRows: 8, drainTimeout: time.Second}
 	}
 	cases := []struct {
 		name   string
@@ -86,6 +86,14 @@ func TestValidateRoleFlags(t *testing.T) {
 		{"peer", func(f *roleFlags) { f.peerTimeout = 0 }, "--peer-timeout"},
 		{"aux rows", func(f *roleFlags) { f.auxRows = 0 }, "--aux-rows 0"},
 		{"max peers", func(f *roleFlags) { f.maxPeers = -1 }, "KVXFER_MAX_PEERS"},
+		{"drain 0", func(f *roleFlags) { f.drainTimeout = 0 }, "--drain-timeout 0s"},
+		{"serve unix", func(f *roleFlags) { f.serve = "unix:/run/kvxfer/d.sock" }, ""},
+		{"serve http", func(f *roleFlags) { f.serve = "http://127.0.0.1:0" }, ""},
+		{"serve empty unix", func(f *roleFlags) { f.serve = "unix:" }, "needs a socket path"},
+		{"serve long unix", func(f *roleFlags) { f.serve = "unix:/" + strings.Repeat("d", 120) }, "at most 107 bytes"},
+		{"serve http path", func(f *roleFlags) { f.serve = "http://127.0.0.1:9100/v1" }, "no path"},
+		{"serve http no port", func(f *roleFlags) { f.serve = "http://127.0.0.1" }, "HOST:PORT"},
+		{"serve tcp", func(f *roleFlags) { f.serve = "tcp://127.0.0.1:9" }, "want unix:PATH"},
 	}
 	for _, c := range cases {
 		f := good()
@@ -184,14 +192,9 @@ func TestReadRequestsLongLine(t *testing.T) {
 	huge := `{"room":1,"tokens":2,"pad":"` + strings.Repeat("x", maxLineBytes) + `"}`
 	exact := `{"room":3,"tokens":1}` + strings.Repeat(" ", maxLineBytes-len(`{"room":3,"tokens":1}`))
 	in := strings.Join([]string{`{"room":5,"tokens":4}`, huge, ``, exact, `{"room":6,"tokens":7}`, huge}, "\n") // last line without "\n"
-	out := make(chan inputLine, 16)
-	if err := readRequests(strings.NewReader(in), engine.RoleDecode, out); err != nil {
-		t.Fatal(err)
-	}
-	close(out)
 	var got []inputLine
-	for l := range out {
-		got = append(got, l)
+	if err := readRequests(strings.NewReader(in), engine.RoleDecode, func(l inputLine) { got = append(got, l) }); err != nil {
+		t.Fatal(err)
 	}
 	if len(got) != 5 {
 		t.Fatalf("%d lines read, want 5 (blank line skipped): %+v", len(got), got)

@@ -158,3 +158,50 @@ func resolve(name string, dir map[string][]string) (string, []string, bool) {
 	}
 	return name, nil, false
 }
+
+// TestJobPickerListsRanksAndDirectories: the $job variable lists the jobs of
+// a metric family every rank exports from its start (a gauge of the
+// engine) and of one the bootstrap directory exports, so a directory
+// scraped under a job of its own can be picked (it used to list only the
+// jobs with kvxfer_rooms_total, which a directory never has).
+func TestJobPickerListsRanksAndDirectories(t *testing.T) {
+	b, err := os.ReadFile("kvxfer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	var def string
+	for _, v := range d.Templating.List {
+		if v.Name == "job" {
+			def = v.Definition
+		}
+	}
+	m := regexp.MustCompile(`^label_values\(\{__name__=~"([^"]+)"\}, job\)$`).FindStringSubmatch(def)
+	if m == nil {
+		t.Fatalf("$job query %q: want label_values({__name__=~\"a|b\"}, job)", def)
+	}
+	dir := directoryMetrics(t)
+	var engineGauge, directory bool
+	for _, name := range strings.Split(m[1], "|") {
+		if _, ok := dir[name]; ok {
+			directory = true
+		} else if engine.MetricKind(name) == "gauge" {
+			engineGauge = true
+		} else {
+			t.Errorf("$job query names %s, which neither the directory nor the engine (as a gauge) exports", name)
+		}
+	}
+	if !engineGauge || !directory {
+		t.Fatalf("$job query %q: want an engine gauge (every rank has it from its start) and a directory metric", def)
+	}
+}

@@ -281,3 +281,30 @@ func TestRunCaseOddBlock(t *testing.T) {
 		t.Fatalf("odd block: err %q verify %q", res.Err, res.VerifyErr)
 	}
 }
+
+// TestCaseBudget: without --case-timeout a case's time budget grows with
+// the bytes it must move (a 1 GiB batch at the 0.6 GiB/s needs
+// about 19 GiB moved, ~34 s before fill and verify, past the old fixed
+// 60 s on a loaded machine), and an explicit CaseTimeout wins.
+func TestCaseBudget(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxRegionBytes = 1 << 30
+	small := cfg.CaseBudget(Case{Transport: "tcp", BlockBytes: 4 << 10, Depth: 8})
+	if small < time.Minute || small > 2*time.Minute {
+		t.Errorf("4K×8 budget %s: want about the 60 s base", small)
+	}
+	big := Case{Transport: "tcp", BlockBytes: 64 << 10, Depth: 16384}
+	b := cfg.CaseBudget(big)
+	// Warm-up 4 + 5 reps × 3 batches of 1 GiB, plus 4 region passes per rep.
+	moved := float64((4+5*3)<<30 + 5*4<<30)
+	if need := time.Duration(moved / 0.6e9 * float64(time.Second)); b < 3*need {
+		t.Errorf("1 GiB-batch budget %s: want well above the %s it takes at 0.6 GB/s", b, need)
+	}
+	if b < small {
+		t.Errorf("budget does not grow with bytes: %s < %s", b, small)
+	}
+	cfg.CaseTimeout = 5 * time.Second
+	if got := cfg.CaseBudget(big); got != 5*time.Second {
+		t.Errorf("explicit CaseTimeout: budget %s, want 5s", got)
+	}
+}

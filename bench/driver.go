@@ -100,5 +100,6 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 		progress("done", total, total)
 	}
 	rep.ElapsedSeconds = time.Since(start).Seconds()
+	rep.Method.LoadAvgEnd = ReadLoadAvg()
 	return rep, nil
 }

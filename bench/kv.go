@@ -52,7 +52,19 @@ const (
 // failure is returned in KVResult.Err.
 func RunKV(ctx context.Context, cfg Config, transport string) (res KVResult) {
 	res = KVResult{Transport: transport, Model: cfg.KVModel, Tokens: cfg.KVTokens}
-	ctx, cancel := context.WithTimeout(ctx, cfg.CaseTimeout)
+	budget := cfg.CaseTimeout
+	if budget <= 0 {
+		// As CaseBudget: the base plus every room's KV bytes at the floor rate.
+		budget = caseBudgetBase
+		if model, err := workload.LookupModel(cfg.KVModel); err == nil {
+			pages := (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize
+			if l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: pages}); err == nil {
+				room := float64(l.NumBuffers()) * float64(pages) * float64(l.ItemLen())
+				budget += time.Duration(room * float64(cfg.Warmup+cfg.Reps) / caseBudgetFloor * float64(time.Second))
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	if err := runKV(ctx, cfg, &res); err != nil {
 		res.Err = err.Error()

@@ -20,26 +20,64 @@ const (
 type Target struct {
 	// What is compared ("tcp vs ucx_perftest tag_bw UCX_TLS=tcp at 1M").
 	What string
-	// Ours and Theirs in GB/s; Want is the minimum ratio.
+	// Ours and Theirs in GB/s (the medians of the repetitions, or a peer's
+	// one run); Want is the minimum ratio.
 	Ours, Theirs, Want float64
-	// Paired, when > 0, is the ratio measured pairwise (median over
-	// repetitions of ours/theirs taken back to back); it is used instead of
-	// Ours/Theirs.
+	// Paired, when > 0, is the same comparison measured pairwise (median
+	// over repetitions of ours/theirs taken back to back), printed beside
+	// the ratio as a second opinion; the verdict uses Ratio, the ratio of
+	// the two figures printed.
 	Paired float64
 	// Missing says why the target could not be evaluated.
 	Missing string
 }
 
-// Ratio is Paired when set, else Ours/Theirs (NaN when Theirs is missing).
-func (t Target) Ratio() float64 {
-	if t.Paired > 0 {
-		return t.Paired
+// Ratio is Ours/Theirs, the ratio of the figures printed beside it (NaN
+// when Theirs is missing).
+func (t Target) Ratio() float64 { return Ratio(t.Ours, t.Theirs) }
+
+// Met reports whether the ratio reaches Want and is believable
+// (SuspectRatio: a ratio over 10× is flagged, not met).
+func (t Target) Met() bool { return t.Missing == "" && t.Ratio() >= t.Want && !SuspectRatio(t.Ratio()) }
+
+// Verdict is "met", "missed" or, for a ratio over SuspectRatioMax, a flag
+// that the comparison is not believable as it stands.
+func (t Target) Verdict() string {
+	switch {
+	case t.Missing != "":
+		return "not evaluated: " + t.Missing
+	case SuspectRatio(t.Ratio()):
+		return fmt.Sprintf("SUSPECT: over %d× the reference (a starved or misconfigured peer, or a broken measurement): not counted as met", SuspectRatioMax)
+	case t.Met():
+		return "met"
 	}
-	return Ratio(t.Ours, t.Theirs)
+	return "missed"
 }
 
-// Met reports whether the ratio reaches Want.
-func (t Target) Met() bool { return t.Missing == "" && t.Ratio() >= t.Want }
+// SuspectRatioMax is the largest ratio against a peer or baseline taken as
+// a measurement: beyond it (182× was once reported "met") one side of the
+// comparison did not run as it should.
+const SuspectRatioMax = 10
+
+// SuspectRatio reports whether x exceeds SuspectRatioMax.
+func SuspectRatio(x float64) bool { return !math.IsNaN(x) && x > SuspectRatioMax }
+
+// fmtCheckedRatio is fmtRatio with a "(suspect)" mark on a ratio over
+// SuspectRatioMax.
+func fmtCheckedRatio(x float64) string {
+	if SuspectRatio(x) {
+		return fmtRatio(x) + " (suspect)"
+	}
+	return fmtRatio(x)
+}
+
+// pairedNote is the paired ratio beside a target, "" when there is none.
+func (t Target) pairedNote() string {
+	if t.Paired <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; paired per-repetition ratio %s", fmtRatio(t.Paired))
+}
 
 // TargetBlock is the block size the targets are stated at (1 MiB).
 const TargetBlock = 1 << 20
@@ -68,7 +106,7 @@ func (r *Report) Targets() []Target {
 		out = append(out, t)
 	}
 	peer("tcp", "ucx_perftest tag_bw UCX_TLS=tcp", 1.0)
-	t := Target{What: "shm vs memcpy (1 goroutine, same working set) at 1M; ratio = median of per-rep pairs", Want: 0.8}
+	t := Target{What: "shm vs memcpy (1 goroutine, same working set) at 1M", Want: 0.8}
 	if res, ok := best["shm"][TargetBlock]; ok && res.MemcpyGBps.Median > 0 {
 		t.Ours, t.Theirs = res.GBps.Median, res.MemcpyGBps.Median
 		t.Paired = res.MemcpyRatio.Median
@@ -123,8 +161,14 @@ func RenderMarkdown(r *Report, plotRel, jsonRel string) (string, error) {
 	}
 	if m.LoadAvg != "" {
 		fmt.Fprintf(&b, "; load average at start %s", m.LoadAvg)
+		if m.LoadAvgEnd != "" {
+			fmt.Fprintf(&b, ", at end %s", m.LoadAvgEnd)
+		}
 	}
 	b.WriteString(".\n")
+	if w := m.LoadWarning(); w != "" {
+		fmt.Fprintf(&b, "\n**Warning: %s.**\n\n", w)
+	}
 	if len(m.PeerVersions) > 0 {
 		b.WriteString("Peers: ")
 		first := true
@@ -148,14 +192,14 @@ func RenderMarkdown(r *Report, plotRel, jsonRel string) (string, error) {
 	b.WriteString("\n### Targets (one run)\n\n| target | kvxfer GB/s | reference GB/s | ratio | want | |\n|---|---|---|---|---|---|\n")
 	for _, t := range r.Targets() {
 		if t.Missing != "" {
-			fmt.Fprintf(&b, "| %s | | | | ≥ %.1f× | not evaluated: %s |\n", t.What, t.Want, t.Missing)
+			fmt.Fprintf(&b, "| %s | | | | ≥ %.1f× | %s |\n", t.What, t.Want, t.Verdict())
 			continue
 		}
-		verdict := "met"
-		if !t.Met() {
-			verdict = "**missed** (see analysis below)"
+		verdict := t.Verdict()
+		if verdict != "met" {
+			verdict = "**" + verdict + "** (see analysis below)"
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f× | ≥ %.1f× | %s |\n", t.What, t.Ours, t.Theirs, t.Ratio(), t.Want, verdict)
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f×%s | ≥ %.1f× | %s |\n", t.What, t.Ours, t.Theirs, t.Ratio(), t.pairedNote(), t.Want, verdict)
 	}
 	b.WriteString("\n### Best configuration per block size, beside the peers (GB/s = 1e9 B/s)\n\n")
 	best := r.Best()
@@ -200,7 +244,7 @@ func RenderMarkdown(r *Report, plotRel, jsonRel string) (string, error) {
 			ours := best[p.Transport][blk].GBps.Median
 			cell := fmt.Sprintf("%.2f", p.GBps)
 			if x := Ratio(ours, p.GBps); !math.IsNaN(x) {
-				cell += fmt.Sprintf(" (%.2f×)", x)
+				cell += " (" + fmtCheckedRatio(x) + ")"
 			}
 			if p.ToolBlockBytes != p.BlockBytes {
 				cell += fmt.Sprintf(" [tool ran %s]", FormatSize(p.ToolBlockBytes))
@@ -209,7 +253,7 @@ func RenderMarkdown(r *Report, plotRel, jsonRel string) (string, error) {
 		}
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
-	b.WriteString("\nRatios in parentheses: kvxfer's best configuration at that size over the peer.\n")
+	fmt.Fprintf(&b, "\nRatios in parentheses: kvxfer's best configuration at that size (its median) over the peer (one run); a ratio over %d× is marked suspect.\n", SuspectRatioMax)
 	if plotRel != "" {
 		fmt.Fprintf(&b, "\n![bandwidth vs block size](%s)\n", plotRel)
 	}

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,9 +29,14 @@ type Method struct {
 	L2Bytes       int      `json:"l2_bytes"`
 	L3Bytes       int      `json:"l3_bytes"`
 	GOMAXPROCS    int      `json:"gomaxprocs"`
-	// LoadAvg is /proc/loadavg's 1, 5 and 15 minute averages at the start:
-	// other work on the machine moves every figure.
-	LoadAvg string `json:"load_avg,omitempty"`
+	// LoadAvg is /proc/loadavg's 1, 5 and 15 minute averages at the start
+	// and LoadAvgEnd at the end of the run: other work on the machine moves
+	// every figure (LoadWarning).
+	LoadAvg    string `json:"load_avg,omitempty"`
+	LoadAvgEnd string `json:"load_avg_end,omitempty"`
+	// CPUs is the CPUs this process may run on (runtime.NumCPU), what
+	// LoadWarning compares the load with.
+	CPUs int `json:"cpus,omitempty"`
 	// Kernel is uname's release and version.
 	Kernel    string `json:"kernel"`
 	GoVersion string `json:"go_version"`
@@ -62,6 +69,7 @@ func CollectMethod(cfg Config) Method {
 		L2Bytes:       cpuid.CPU.Cache.L2,
 		L3Bytes:       cpuid.CPU.Cache.L3,
 		GOMAXPROCS:    runtime.GOMAXPROCS(0),
+		CPUs:          runtime.NumCPU(),
 		GoVersion:     runtime.Version(),
 		CommandLine:   strings.Join(os.Args, " "),
 		Config:        cfg,
@@ -76,11 +84,7 @@ func CollectMethod(cfg Config) Method {
 		},
 	}
 	m.Hostname, _ = os.Hostname()
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		if f := strings.Fields(string(b)); len(f) >= 3 {
-			m.LoadAvg = strings.Join(f[:3], " ")
-		}
-	}
+	m.LoadAvg = ReadLoadAvg()
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		m.Kernel = unix.ByteSliceToString(u.Release[:]) + " " + unix.ByteSliceToString(u.Version[:])
@@ -114,6 +118,56 @@ func CollectMethod(cfg Config) Method {
 		}
 	}
 	return m
+}
+
+// ReadLoadAvg returns /proc/loadavg's 1, 5 and 15 minute load averages
+// ("1.92 2.21 2.99"), or "" where there is none.
+func ReadLoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// LoadWarning says, when the 1-minute load average at the start or the end
+// of the run exceeded the machine's CPUs, that other work competed for them
+// and the figures are noisy ("" otherwise, or when either is unknown).
+func (m Method) LoadWarning() string {
+	load, at, cpus := m.loadExcess()
+	if at == "" {
+		return ""
+	}
+	return fmt.Sprintf("load average %.2f at the %s of the run exceeds the %d CPUs: other work competed for them, so figures and ratios are noisy; rerun on a quiet machine", load, at, cpus)
+}
+
+// loadExcess returns the highest 1-minute load average of the run's start
+// and end and which it was, when it exceeds the CPUs (at "" otherwise).
+func (m Method) loadExcess() (load float64, at string, cpus int) {
+	cpus = m.CPUs
+	if cpus <= 0 {
+		cpus = m.LogicalCores
+	}
+	if cpus <= 0 {
+		return 0, "", 0
+	}
+	for _, l := range []struct{ v, when string }{{m.LoadAvg, "start"}, {m.LoadAvgEnd, "end"}} {
+		f := strings.Fields(l.v)
+		if len(f) == 0 {
+			continue
+		}
+		if x, err := strconv.ParseFloat(f[0], 64); err == nil && x > load {
+			load, at = x, l.when
+		}
+	}
+	if load <= float64(cpus) {
+		return load, "", cpus
+	}
+	return load, at, cpus
 }
 
 // toolVersion returns the first non-empty line of `tool args...` (stdout and

@@ -45,7 +45,9 @@ type Config struct {
 	Memcpy bool `json:"memcpy"`
 	// Peers runs the installed peer tools.
 	Peers bool `json:"peers"`
-	// CaseTimeout bounds one case (setup, reps, verification).
+	// CaseTimeout bounds one case (setup, reps, verification); 0 = the
+	// case's own budget (CaseBudget: it scales with the bytes the case
+	// moves, so a 1 GiB batch finishes where a fixed 60 s cut it off).
 	CaseTimeout time.Duration `json:"case_timeout_ns"`
 	// KVModel (a workload model name or config.json; "" = none) adds one
 	// KV-room case per transport (RunKV): requests of KVTokens tokens.
@@ -70,7 +72,7 @@ func DefaultConfig() Config {
 		MaxRegionBytes: 128 << 20,
 		Verify:         true,
 		Memcpy:         true,
-		CaseTimeout:    60 * time.Second,
+		CaseTimeout:    0, // CaseBudget
 		KVModel:        DefaultKVModel,
 		KVTokens:       DefaultKVTokens,
 	}
@@ -137,16 +139,48 @@ func RegionBytes(c Case, max uint64) uint64 {
 	return n
 }
 
+// Case budget (CaseBudget): a fixed part for setup and peers' start-up,
+// plus the bytes a case must move and the memory passes it makes at a floor
+// rate far below any transport's on a loaded machine (the demo saw 0.08 GB/s
+// at worst on a 2-core VM), so only a case that is stuck hits it.
+const (
+	caseBudgetBase  = 60 * time.Second
+	caseBudgetFloor = 0.05e9 // bytes/s
+)
+
+// CaseBudget is how long case c may take when Config.CaseTimeout is 0: the
+// base (60 s) plus, at 0.05 GB/s, the bytes of its warm-up and of every
+// repetition's minimum batches (each repetition writes at least
+// max(MinBatches, one pass over the region) batches), its fill, verify and
+// memcpy passes over the region (4 per repetition), and its repetitions'
+// RepTime.
+func (c *Config) CaseBudget(k Case) time.Duration {
+	if c.CaseTimeout > 0 {
+		return c.CaseTimeout
+	}
+	region := RegionBytes(k, c.MaxRegionBytes)
+	batch := k.BlockBytes * uint64(k.Depth)
+	slots := region / k.BlockBytes
+	nb := max(1, (slots+uint64(k.Depth)-1)/uint64(k.Depth))
+	perRep := max(uint64(c.MinBatches), nb)
+	bytes := float64(batch)*float64(uint64(max(c.Warmup, 0))+uint64(c.Reps)*perRep) + float64(4*region)*float64(c.Reps)
+	return caseBudgetBase + time.Duration(c.Reps)*c.RepTime + time.Duration(bytes/caseBudgetFloor*float64(time.Second))
+}
+
 // RunCase measures one case end to end: two transport instances (receiver and
 // sender) from the engine registry, memfd buffers, a segment, warm-up,
 // cfg.Reps timed repetitions each followed by verification, and the memcpy
 // baseline. A failure is returned in Result.Err, never as a panic.
 func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	res = Result{Case: c, RegionBytes: RegionBytes(c, cfg.MaxRegionBytes)}
-	ctx, cancel := context.WithTimeout(ctx, cfg.CaseTimeout)
+	budget := cfg.CaseBudget(c)
+	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	fail := func(format string, args ...any) Result {
 		res.Err = fmt.Sprintf(format, args...)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			res.Err += fmt.Sprintf(" (the case ran past its time budget of %s; --case-timeout sets another)", budget.Round(time.Second))
+		}
 		return res
 	}
 	opts := engine.DefaultOptions()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -48,7 +49,7 @@ func WriteTable(w io.Writer, r *Report) error {
 			var parts []string
 			for _, l := range peerCols[res.Transport] {
 				if p, ok := r.PeerFor(l, res.BlockBytes); ok {
-					parts = append(parts, fmt.Sprintf("%s (%s)", fmtRatio(Ratio(res.GBps.Median, p.GBps)), shortPeer(l)))
+					parts = append(parts, fmt.Sprintf("%s (%s)", fmtCheckedRatio(Ratio(res.GBps.Median, p.GBps)), shortPeer(l)))
 				}
 			}
 			row = append(row, strings.Join(parts, " "))
@@ -78,7 +79,7 @@ func WriteTable(w io.Writer, r *Report) error {
 			if p.ToolBlockBytes != p.BlockBytes {
 				blk += " (tool: " + FormatSize(p.ToolBlockBytes) + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%.3f\t%s\t\n", p.Label(), p.Transport, blk, p.GBps, ours, fmtRatio(Ratio(ours, p.GBps)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%.3f\t%s\t\n", p.Label(), p.Transport, blk, p.GBps, ours, fmtCheckedRatio(Ratio(ours, p.GBps)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -89,7 +90,7 @@ func WriteTable(w io.Writer, r *Report) error {
 			}
 		}
 	}
-	if ts := r.Targets(); len(ts) > 0 {
+	if ts := r.Targets(); slices.ContainsFunc(ts, func(t Target) bool { return t.Missing == "" }) {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "target\tkvxfer GB/s\treference GB/s\tratio\twant\t")
@@ -97,11 +98,11 @@ func WriteTable(w io.Writer, r *Report) error {
 			if t.Missing != "" {
 				continue
 			}
-			verdict := "met"
-			if !t.Met() {
+			verdict := t.Verdict()
+			if verdict == "missed" {
 				verdict = "MISSED"
 			}
-			fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s\t≥ %.1f× %s\t\n", t.What, t.Ours, t.Theirs, fmtRatio(t.Ratio()), t.Want, verdict)
+			fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%s%s\t≥ %.1f× %s\t\n", t.What, t.Ours, t.Theirs, fmtRatio(t.Ratio()), t.pairedNote(), t.Want, verdict)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -112,6 +113,9 @@ func WriteTable(w io.Writer, r *Report) error {
 	}
 	if r.Hardware.Note != "" {
 		fmt.Fprintf(w, "per (NIC, GPU) pair: %s\n", r.Hardware.Note)
+	}
+	if warn := r.Method.LoadWarning(); warn != "" {
+		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}
 	return nil
 }

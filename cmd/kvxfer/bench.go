@@ -63,6 +63,9 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 					return fmt.Errorf("--plot %q: want a file name ending in .png or .svg", plotPath)
 				}
 			}
+			if cfg.CaseTimeout < 0 {
+				return fmt.Errorf("--case-timeout %s: must be >= 0 (0 = each case's own budget)", cfg.CaseTimeout)
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -169,6 +172,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.StringVar(&plotPath, "plot", "", "write a bandwidth-vs-block-size plot to this .png or .svg file")
 	f.StringVar(&mdPath, "markdown", "", "replace the generated section (between the kvxfer bench markers) of this markdown file, e.g. bench/RESULTS.md")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar (it is also off when stderr is not a terminal)")
-	f.DurationVar(&timeout, "timeout", 10*time.Minute, "abort the whole run after this long (0 = no limit)")
+	f.DurationVar(&cfg.CaseTimeout, "case-timeout", 0, "abort a case that runs longer than this; 0 = its own budget: 60 s plus the bytes it must move (warm-up, the repetitions' minimum batches, fill/verify passes) at 0.05 GB/s, so a 1 GiB batch is not cut off")
+	f.DurationVar(&timeout, "timeout", 0, "abort the whole run after this long (0 = no limit beyond each case's --case-timeout)")
 	rootCmd.AddCommand(cmd)
 }

@@ -2,23 +2,19 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/signal"
-	"strconv"
+	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
-	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
@@ -90,16 +86,26 @@ the longest prefix it holds (SGLang's decode_prefix_len); verification still
 covers the whole prompt.
 
 Workload: --trace FILE reads a Mooncake JSONL trace (timestamp, input_length,
-output_length, hash_ids); without it a chat-like generator draws prompt
-lengths (mean ≈ 12k tokens) and hash_ids (a shared system-prompt block, half
-the prompts continuing an earlier conversation). Prompts longer than the pools
-allow are capped.`,
+output_length, hash_ids). --trace conversation or --trace synthetic names one of
+the Mooncake FAST'25 traces (github.com/kvcache-ai/Mooncake, FAST25-release/traces;
+not in this repository): the file is read from $KVXFER_TRACE_DIR or
+../shared/data/traces (from the working directory or beside the binary's
+checkout) when there, and otherwise a workload of that trace's shape is
+generated (its length distributions, arrivals and prefix sharing); the demo
+says which. Without --trace a chat-like generator draws prompt lengths (mean
+≈ 12k tokens) and hash_ids (a shared system-prompt block, half the prompts
+continuing an earlier conversation). Prompts longer than one request may be
+(the smallest rank's pool over --concurrency) are cut to that length, and the
+demo says how many and why before it starts and in the summary.
+
+While the ranks start, the demo shows how much of their KV buffers they have
+prefaulted: a progress bar on a terminal, a line every 5 s otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runDemo(cmd.Context(), &f) },
 	}
 	fs := cmd.Flags()
 	fs.IntVar(&f.requests, "requests", 6, "number of requests, >= 1 (with --trace: the first N of the trace; 0 = the whole trace, only with --trace)")
-	fs.StringVar(&f.trace, "trace", "", "Mooncake-format JSONL trace (e.g. ../shared/data/traces/conversation_trace.jsonl)")
+	fs.StringVar(&f.trace, "trace", "", "requests from a Mooncake-format JSONL trace: a file path, or conversation / synthetic, the Mooncake FAST'25 traces, read from $KVXFER_TRACE_DIR or ../shared/data/traces when there and otherwise generated with that trace's shape (lengths, arrivals, prefix sharing); empty: a chat-like generator")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name or Hugging Face config.json path")
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill attention-TP size (processes per PP stage)")
 	fs.IntVar(&f.prefillPP, "prefill-pp", 1, "prefill pipeline-parallel size")
@@ -156,6 +162,10 @@ type demoResult struct {
 	EndUnixNS   int64 `json:"end_unix_ns,omitempty"`
 	// Warmup marks an untimed warm-up request (--warmup).
 	Warmup bool `json:"warmup,omitempty"`
+	// DummyRanks are the prefill ranks ("tp1 pp0") that had nothing to
+	// send for the room (MLA with prefill TP > decode TP: one latent KV per
+	// token, written by one rank).
+	DummyRanks []string `json:"dummy_ranks,omitempty"`
 }
 
 type demoSummary struct {
@@ -222,8 +232,21 @@ type demoSummary struct {
 	LaterP50MS float64 `json:"later_requests_transfer_p50_ms"`
 	// Prefault is whether the ranks prefaulted their buffers (--prefault).
 	Prefault bool `json:"prefault"`
+	// CapNote says how many prompts were cut to MaxTokens and why ("" when
+	// none was); CappedTokens is the prompt tokens the cut left out.
+	CapNote      string `json:"cap_note,omitempty"`
+	CappedTokens int64  `json:"capped_tokens"`
+	// DummyRanks are the prefill ranks that were dummies (nothing to send:
+	// MLA with prefill TP > decode TP) for the verified requests, and
+	// WriterRanks those that wrote KV.
+	DummyRanks  []string `json:"dummy_prefill_ranks,omitempty"`
+	WriterRanks []string `json:"writer_prefill_ranks,omitempty"`
 }
 
+// runDemo runs the demo: its flags are checked (validateDemoFlags), the
+// workload and its limits planned (planDemo), the bootstrap server and the
+// ranks started (startDemoCluster), the requests driven through them
+// (runRequests) and the results reported (report).
 func runDemo(parent context.Context, f *demoFlags) error {
 	if parent == nil {
 		parent = context.Background()
@@ -233,318 +256,204 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	if err := validateDemoFlags(f); err != nil {
 		return err
 	}
-	if _, onDevice, err := parseDevice(f.device); err != nil {
-		return err
-	} else if onDevice {
-		if err := cuda.Available(); err != nil {
-			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pools in host memory)", f.device, err)
-		}
-	}
-	model, err := workload.LookupModel(f.model)
+	plan, err := planDemo(f)
 	if err != nil {
 		return err
 	}
-	// Token capacity of the smallest pool, shared by the requests in flight.
-	capTokens := 1 << 30
-	for _, o := range []workload.LayoutOptions{
-		{PageSize: f.pageSize, TPSize: f.prefillTP, PPSize: f.prefillPP},
-		{PageSize: f.pageSize, TPSize: f.decodeTP, PPSize: 1},
-	} {
-		n, err := workload.PagesForBytes(model, o, uint64(f.poolMB)<<20)
-		if err != nil {
-			return err
-		}
-		capTokens = min(capTokens, n*f.pageSize/f.concurrency)
-	}
-	if capTokens < 1 {
-		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, model.Name, f.concurrency)
-	}
-	// The decode's prefix cache: whole 512-token blocks (Mooncake hash_ids).
-	prefixBlocks, prefixNote := 0, ""
-	switch dl, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.decodeTP, NumPages: 1}); {
-	case err != nil:
+	plan.announce(os.Stderr)
+	c, err := startDemoCluster(ctx, f, plan)
+	if err != nil {
 		return err
-	case f.prefixMB == 0:
-		prefixNote = "off (--prefix-cache-mb 0)"
-	case workload.DefaultBlockTokens%f.pageSize != 0:
-		prefixNote = fmt.Sprintf("off: --page-size %d does not divide the %d-token hash_ids blocks", f.pageSize, workload.DefaultBlockTokens)
-	default:
-		blockBytes := uint64(workload.DefaultBlockTokens/f.pageSize) * dl.ItemLen() * uint64(dl.NumBuffers())
-		if prefixBlocks = int((uint64(f.prefixMB) << 20) / blockBytes); prefixBlocks == 0 {
-			prefixNote = fmt.Sprintf("off: --prefix-cache-mb %d holds no %d-token block of %s (%d MiB)", f.prefixMB, workload.DefaultBlockTokens, model.Name, blockBytes>>20)
-		}
 	}
-	seed := f.seed
-	if seed == 0 {
-		seed = rand.Uint64()
+	defer c.close()
+	results, wall := c.runRequests(ctx, f, plan)
+	return c.report(ctx, f, plan, results, wall)
+}
+
+// demoPlan is what a validated demo runs: the model, how long one prompt
+// may be, the decode's prefix cache, the requests (warm-up first) and
+// their rooms.
+type demoPlan struct {
+	model workload.ModelConfig
+	// capTokens is the longest prompt one request may have (the smallest
+	// rank's pool over --concurrency); capWhy says so in words.
+	capTokens int
+	capWhy    string
+	// prefixBlocks is each decode rank's prefix cache (0: off, prefixNote
+	// says why).
+	prefixBlocks int
+	prefixNote   string
+	seed         uint64
+	// reqs are the requests, the nWarm warm-up ones first; workload
+	// describes where they come from; rooms their bootstrap_rooms.
+	reqs     []workload.Request
+	nWarm    int
+	workload string
+	rooms    []uint64
+}
+
+// planDemo resolves the model, the prompt cap, the prefix cache and the
+// workload (with its warm-up requests and random rooms).
+func planDemo(f *demoFlags) (*demoPlan, error) {
+	model, err := workload.LookupModel(f.model)
+	if err != nil {
+		return nil, err
 	}
-	var reqs []workload.Request
-	wl := "generated chat-like (mean ≈ 12k tokens)"
-	if f.trace != "" {
-		if reqs, err = workload.LoadMooncake(f.trace, f.requests); err != nil {
-			return err
-		}
-		wl = "trace " + f.trace
-	} else {
-		reqs = workload.Generate(f.requests, seed, 64, 0)
+	p := &demoPlan{model: model, seed: f.seed}
+	if p.seed == 0 {
+		p.seed = rand.Uint64()
+	}
+	if err := p.planCap(f); err != nil {
+		return nil, err
+	}
+	if err := p.planPrefix(f); err != nil {
+		return nil, err
+	}
+	if p.reqs, p.workload, err = demoWorkload(f, p.seed); err != nil {
+		return nil, err
 	}
 	// Warm-up requests: the first prompts' lengths again, without hash_ids
 	// (they must not fill the decode's prefix cache for the timed ones).
-	nWarm := 0
-	if f.warmup > 0 && len(reqs) > 0 {
-		nWarm = f.warmup
-		warm := make([]workload.Request, nWarm)
+	if f.warmup > 0 && len(p.reqs) > 0 {
+		p.nWarm = f.warmup
+		warm := make([]workload.Request, p.nWarm)
 		for i := range warm {
-			warm[i] = reqs[i%len(reqs)]
+			warm[i] = p.reqs[i%len(p.reqs)]
 			warm[i].HashIDs = nil
 		}
-		reqs = append(warm, reqs...)
+		p.reqs = append(warm, p.reqs...)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		exe = os.Args[0]
+	rng := rand.New(rand.NewPCG(p.seed, 0x726f6f6d))
+	used := map[uint64]bool{}
+	p.rooms = make([]uint64, len(p.reqs))
+	for i := range p.rooms {
+		for p.rooms[i] = rng.Uint64() >> 1; used[p.rooms[i]]; p.rooms[i] = rng.Uint64() >> 1 {
+		}
+		used[p.rooms[i]] = true
 	}
+	return p, nil
+}
 
-	// Bootstrap server.
-	token := bootstrapToken(f.authToken, os.Getenv)
-	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0, AuthToken: token})
-	sctx, cancelSrv := context.WithCancel(context.Background())
-	srvDone := make(chan error, 1)
-	go func() { srvDone <- srv.Start(sctx) }()
-	defer func() { cancelSrv(); <-srvDone }()
-	select {
-	case <-srv.Ready():
-	case err := <-srvDone:
-		return fmt.Errorf("bootstrap server: %w", err)
-	}
-	addr := srv.Addr()
-	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)
-	if err != nil {
-		return err
-	}
-	if store != nil {
-		defer store.Close()
-		pctx, stopPub := context.WithCancel(context.Background())
-		pubDone := make(chan struct{})
-		go func() { defer close(pubDone); store.PublishInstanceLoop(pctx, addr, srv.Snapshot, 0, 0) }()
-		defer func() { stopPub(); <-pubDone }()
-	}
-
-	rankSeed := func(i int) []string { // distinct, non-zero free-list seeds per rank
-		if !f.fragment {
-			return nil
-		}
-		return []string{"--fragment-seed", strconv.FormatUint(seed*0x9e3779b97f4a7c15+uint64(i)+1|1, 10)}
-	}
-	common := []string{"--log-level", f.childLog, "--model", f.model, "--page-size", strconv.Itoa(f.pageSize),
-		"--pool-mb", strconv.Itoa(f.poolMB), "--transport", f.transport, "--bootstrap", addr,
-		"--bootstrap-timeout", f.timeout.String(), "--waiting-timeout", f.timeout.String(), "--prefault=" + strconv.FormatBool(f.prefault),
-		"--metrics-addr", "127.0.0.1:0"}
-	if f.otlpEndpoint != "" {
-		common = append(common, "--otlp-endpoint", f.otlpEndpoint)
-	}
-	if f.device != "" {
-		common = append(common, "--device", f.device)
-	}
-	var childEnv []string
-	if store != nil {
-		// Through the environment: the URL may carry credentials one day.
-		childEnv = append(childEnv, metadataEnv+"="+f.metadata)
-		common = append(common, "--metadata-ttl", f.metadataTTL.String())
-	}
-	if token != "" {
-		childEnv = append(childEnv, "KVXFER_BOOTSTRAP_AUTH_TOKEN="+token)
-	}
-	var children, prefills, decodes []*child
-	defer func() {
-		var wg sync.WaitGroup
-		for _, c := range children {
-			wg.Add(1)
-			go func() { defer wg.Done(); c.stop(10 * time.Second) }()
-		}
-		wg.Wait()
-	}()
-	for tp := 0; tp < f.prefillTP; tp++ {
-		for pp := 0; pp < f.prefillPP; pp++ {
-			args := append([]string{"prefill"}, common...)
-			args = append(args, "--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp),
-				"--pp-size", strconv.Itoa(f.prefillPP), "--pp-rank", strconv.Itoa(pp), "--chunk-pages", strconv.Itoa(f.chunkPages))
-			args = append(args, rankSeed(len(children))...)
-			c, err := startChild(exe, fmt.Sprintf("prefill tp%d pp%d", tp, pp), args, childEnv)
-			if err != nil {
-				return err
-			}
-			children = append(children, c)
-			prefills = append(prefills, c)
-		}
-	}
-	for tp := 0; tp < f.decodeTP; tp++ {
-		args := append([]string{"decode"}, common...)
-		args = append(args, "--tp-size", strconv.Itoa(f.decodeTP), "--tp-rank", strconv.Itoa(tp), "--verify", "--checksum="+strconv.FormatBool(f.checksum))
-		args = append(args, rankSeed(len(children))...)
-		if prefixBlocks > 0 {
-			args = append(args, "--prefix-cache-blocks", strconv.Itoa(prefixBlocks), "--prefix-block-tokens", strconv.Itoa(workload.DefaultBlockTokens))
-		}
-		c, err := startChild(exe, fmt.Sprintf("decode tp%d", tp), args, childEnv)
+// planCap sets the longest prompt one request may have: the token capacity
+// of the smallest rank's pool, shared by the requests in flight.
+func (p *demoPlan) planCap(f *demoFlags) error {
+	p.capTokens = 1 << 30
+	for _, side := range []struct {
+		name string
+		o    workload.LayoutOptions
+	}{
+		{fmt.Sprintf("prefill rank (TP %d, PP %d)", f.prefillTP, f.prefillPP), workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.prefillTP, PPSize: f.prefillPP}},
+		{fmt.Sprintf("decode rank (TP %d)", f.decodeTP), workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.decodeTP, PPSize: 1}},
+	} {
+		n, err := workload.PagesForBytes(p.model, side.o, uint64(f.poolMB)<<20)
 		if err != nil {
 			return err
 		}
-		children = append(children, c)
-		decodes = append(decodes, c)
-	}
-	transports, err := waitReady(ctx, f, children)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
-		addr, len(prefills), f.prefillTP, f.prefillPP, len(decodes), model.Name, len(reqs), transports)
-
-	var bar *progressbar.ProgressBar
-	// No bar when stderr is not a terminal (make demo > log, CI): its \r
-	// frames would fill the log and run into the summary.
-	if !f.noProgress && term.IsTerminal(int(os.Stderr.Fd())) {
-		bar = progressbar.NewOptions(len(reqs), progressbar.OptionSetWriter(os.Stderr), progressbar.OptionSetDescription("transfer+verify"),
-			progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100*time.Millisecond))
-	}
-	rng := rand.New(rand.NewPCG(seed, 0x726f6f6d))
-	results := make([]demoResult, len(reqs))
-	used := map[uint64]bool{}
-	rooms := make([]uint64, len(reqs))
-	for i := range rooms {
-		for {
-			r := rng.Uint64() >> 1
-			if !used[r] {
-				used[r] = true
-				rooms[i] = r
-				break
-			}
+		if c := n * f.pageSize / f.concurrency; c < p.capTokens {
+			p.capTokens = c
+			p.capWhy = fmt.Sprintf("the --pool-mb %d of a %s of %s holds %d tokens, shared by --concurrency %d requests in flight",
+				f.poolMB, side.name, p.model.Name, n*f.pageSize, f.concurrency)
 		}
 	}
-	sem := make(chan struct{}, f.concurrency)
-	var decodeOrder sync.Mutex
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, rq := range reqs {
-		if i == nWarm && nWarm > 0 {
-			wg.Wait() // the timed requests start on a warm system
-			start = time.Now()
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			results[i] = demoResult{Room: rooms[i], Error: "interrupted"}
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			tokens := rq.InputLength
-			res := demoResult{Room: rooms[i], Tokens: min(tokens, capTokens), Capped: tokens > capTokens}
-			q := requestLine{Room: rooms[i], Tokens: res.Tokens}
-			var chs []<-chan replyLine
-			dq := q
-			if prefixBlocks > 0 {
-				dq.HashIDs = rq.HashIDs
-			}
-			// Every decode rank sees the requests in the same order, so
-			// their prefix caches decide alike (as SGLang's TP ranks do).
-			decodeOrder.Lock()
-			for _, c := range decodes {
-				chs = append(chs, c.submit(dq))
-			}
-			decodeOrder.Unlock()
-			for _, c := range prefills {
-				chs = append(chs, c.submit(q))
-			}
-			res.OK = true
-			for k, ch := range chs {
-				r := <-ch
-				if !r.OK {
-					res.OK = false
-					if res.Error == "" {
-						res.Error = fmt.Sprintf("%s tp%d pp%d: %s", r.Role, r.TPRank, r.PPRank, r.Error)
-					}
-				}
-				if k < len(decodes) {
-					res.Bytes += r.Bytes
-					res.SkippedBytes += r.SkippedBytes
-					res.PrefixTokens = max(res.PrefixTokens, r.PrefixTokens)
-					res.Pages += r.Pages
-					res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
-				} else {
-					res.SentBytes += r.Bytes
-					res.Writes += r.Writes
-					if !r.Dummy && r.StartUnixNS > 0 {
-						if res.StartUnixNS == 0 || r.StartUnixNS < res.StartUnixNS {
-							res.StartUnixNS = r.StartUnixNS
-						}
-						res.EndUnixNS = max(res.EndUnixNS, r.EndUnixNS)
-					}
-					if !r.Dummy {
-						res.TransferMS = max(res.TransferMS, float64(r.TransferUS)/1000)
-						if len(r.Transports) > 0 {
-							res.Transport = strings.Join(r.Transports, ",")
-						}
-					}
-				}
-			}
-			results[i] = res
-			if bar != nil {
-				_ = bar.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	wall := time.Since(start)
-	if bar != nil {
-		_ = bar.Finish()
-	}
-
-	sum := demoSummary{Model: model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
-		Transports: transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: wl, Requests: len(reqs),
-		MaxTokens: capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: prefixBlocks, PrefixNote: prefixNote, Fragment: f.fragment,
-		Warmup: nWarm}
-	sum.tally(results, nWarm, wall, f.prefault)
-	// Every rank's engine metrics and, for failed rooms, both sides'
-	// timelines, read from the children's debug servers before they stop.
-	mctx, mcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	metrics := scrapeChildren(mctx, children)
-	timelines := failedTimelines(mctx, children, results)
-	mcancel()
-	if f.bench {
-		nPrefill := len(prefills)
-		sum.BenchCase, sum.BenchGBps, sum.BenchNote = benchAt(ctx, sum, f, nPrefill)
-		if sum.BenchGBps > 0 && sum.AggregateGBps > 0 {
-			sum.BenchRatio = sum.AggregateGBps / sum.BenchGBps
-		}
-	} else {
-		sum.BenchNote = "not run (--bench=false)"
-	}
-	printSummary(os.Stdout, sum, results)
-	printMetrics(os.Stdout, metrics)
-	printTimelines(os.Stdout, timelines)
-	if f.jsonOut != "" {
-		b, _ := json.MarshalIndent(struct {
-			Summary  demoSummary    `json:"summary"`
-			Requests []demoResult   `json:"requests"`
-			Metrics  []childMetrics `json:"metrics"`
-			// Timelines are the failed rooms' timelines on every rank.
-			Timelines map[string][]engine.RoomTimeline `json:"failed_room_timelines,omitempty"`
-		}{sum, results, metrics, timelines}, "", "  ")
-		if err := os.WriteFile(f.jsonOut, append(b, '\n'), 0o644); err != nil {
-			return fmt.Errorf("write --json %s: %w", f.jsonOut, err)
-		}
-	}
-	if sum.Failures > 0 {
-		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
-	}
-	if sum.WarmupFailures > 0 {
-		return fmt.Errorf("%d of %d warm-up requests failed transfer or verification", sum.WarmupFailures, sum.Warmup)
+	if p.capTokens < 1 {
+		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, p.model.Name, f.concurrency)
 	}
 	return nil
+}
+
+// planPrefix sizes the decode's prefix cache: whole 512-token blocks
+// (Mooncake hash_ids) within --prefix-cache-mb.
+func (p *demoPlan) planPrefix(f *demoFlags) error {
+	dl, err := workload.NewLayout(p.model, workload.LayoutOptions{PageSize: f.pageSize, TPSize: f.decodeTP, NumPages: 1})
+	switch {
+	case err != nil:
+		return err
+	case f.prefixMB == 0:
+		p.prefixNote = "off (--prefix-cache-mb 0)"
+	case workload.DefaultBlockTokens%f.pageSize != 0:
+		p.prefixNote = fmt.Sprintf("off: --page-size %d does not divide the %d-token hash_ids blocks", f.pageSize, workload.DefaultBlockTokens)
+	default:
+		blockBytes := uint64(workload.DefaultBlockTokens/f.pageSize) * dl.ItemLen() * uint64(dl.NumBuffers())
+		if p.prefixBlocks = int((uint64(f.prefixMB) << 20) / blockBytes); p.prefixBlocks == 0 {
+			p.prefixNote = fmt.Sprintf("off: --prefix-cache-mb %d holds no %d-token block of %s (%d MiB)", f.prefixMB, workload.DefaultBlockTokens, p.model.Name, blockBytes>>20)
+		}
+	}
+	return nil
+}
+
+// capped counts the timed prompts longer than capTokens and the prompt
+// tokens the cap leaves out of a total.
+func (p *demoPlan) capped() (n int, cut, total int64) {
+	for _, r := range p.reqs[p.nWarm:] {
+		total += int64(r.InputLength)
+		if r.InputLength > p.capTokens {
+			n++
+			cut += int64(r.InputLength - p.capTokens)
+		}
+	}
+	return n, cut, total
+}
+
+// capLine says how many prompts are cut and why ("" when none is).
+func (p *demoPlan) capLine() string {
+	n, cut, total := p.capped()
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d prompts are longer than %d tokens and are cut to it (%d of their %d prompt tokens are not sent): %s; raise --pool-mb or lower --concurrency to send them whole",
+		n, len(p.reqs)-p.nWarm, p.capTokens, cut, total, p.capWhy)
+}
+
+// announce tells, before anything starts, where the requests come from and
+// how many are cut.
+func (p *demoPlan) announce(w io.Writer) {
+	fmt.Fprintf(w, "kvxfer demo: workload: %s\n", p.workload)
+	if l := p.capLine(); l != "" {
+		fmt.Fprintf(w, "kvxfer demo: %s\n", l)
+	}
+}
+
+// traceDirs are where --trace conversation|synthetic looks for the
+// Mooncake trace files: $KVXFER_TRACE_DIR, ../shared/data/traces from the
+// working directory, and, for a binary in a checkout's bin/, the same
+// beside that checkout (bin/kvxfer → ../../shared/data/traces).
+func traceDirs() []string {
+	dirs := []string{os.Getenv("KVXFER_TRACE_DIR"), filepath.Join("..", "shared", "data", "traces")}
+	if exe, err := os.Executable(); err == nil && filepath.Base(filepath.Dir(exe)) == "bin" {
+		dirs = append(dirs, filepath.Join(filepath.Dir(exe), "..", "..", "shared", "data", "traces"))
+	}
+	return dirs
+}
+
+// demoWorkload returns the demo's requests and what they are: a trace
+// file, a named Mooncake trace (its file when found, else requests of its
+// shape), or the chat-like generator.
+func demoWorkload(f *demoFlags, seed uint64) ([]workload.Request, string, error) {
+	if f.trace == "" {
+		return workload.Generate(f.requests, seed, 64, 0), "generated chat-like (mean ≈ 12k tokens)", nil
+	}
+	tf, err := workload.ResolveTrace(f.trace, traceDirs())
+	if err != nil {
+		return nil, "", fmt.Errorf("--trace: %w", err)
+	}
+	if tf.Path != "" {
+		reqs, err := workload.LoadMooncake(tf.Path, f.requests)
+		if err != nil {
+			return nil, "", err
+		}
+		what := "trace " + tf.Path
+		if tf.Shape.Name != "" {
+			what += " (the Mooncake FAST'25 " + tf.Shape.Name + " trace)"
+		}
+		return reqs, fmt.Sprintf("%s, %d requests", what, len(reqs)), nil
+	}
+	n := f.requests
+	if n == 0 {
+		n = tf.Shape.Requests
+	}
+	return workload.GenerateTrace(tf.Shape, n, seed), fmt.Sprintf("%d requests generated with the shape of the Mooncake %s trace (mean input %.0f tokens, output %.0f, %.0f%% of prompt blocks on a shared prefix): "+
+		"%s was not found in %s; the real file is one of %s", n, tf.Shape.Name, tf.Shape.MeanInput, tf.Shape.MeanOutput, 100*tf.Shape.PrefixHit,
+		tf.Shape.File, strings.Join(tf.Looked, ", "), workload.TraceSource), nil
 }
 
 // validateDemoFlags checks the demo's flags before any process starts, so a
@@ -575,6 +484,13 @@ func validateDemoFlags(f *demoFlags) error {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(f.childLog)); err != nil {
 		return fmt.Errorf("--child-log-level %q: want debug, info, warn or error", f.childLog)
+	}
+	if _, onDevice, err := parseDevice(f.device); err != nil {
+		return err
+	} else if onDevice {
+		if err := cuda.Available(); err != nil {
+			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pools in host memory)", f.device, err)
+		}
 	}
 	return checkTransportSpec(f.transport)
 }
@@ -616,43 +532,3 @@ func checkTransportSpec(spec string) error {
 // benchMaxWrite bounds the write size the demo benchmarks (its region is
 // one batch of such writes, at most 128 MiB).
 const benchMaxWrite = 64 << 20
-
-// waitReady waits for every rank's ready line (recording its metrics
-// address) and returns the transports the last one opened. Prefaulting
-// makes every page of the pools resident and warm before a rank is ready
-// (about one memory pass per rank: well under a second per GiB on bare
-// metal, much longer in some VMs), so with --prefault it allows 10 minutes
-// and says why after 15 s; else 60 s.
-func waitReady(ctx context.Context, f *demoFlags, children []*child) ([]string, error) {
-	var transports []string
-	readyLimit := 60 * time.Second
-	if f.prefault {
-		readyLimit = 10 * time.Minute
-	}
-	slow := time.NewTimer(15 * time.Second)
-	defer slow.Stop()
-	deadline := time.NewTimer(readyLimit)
-	defer deadline.Stop()
-	for _, c := range children {
-		var r replyLine
-		for ready := false; !ready; {
-			select {
-			case r = <-c.ready:
-				ready = true
-			case <-slow.C:
-				if f.prefault {
-					fmt.Fprintf(os.Stderr, "kvxfer demo: ranks still starting: each prefaults its %d MiB of KV buffers so the first request runs at the later ones' speed (--prefault=false skips it)\n", f.poolMB)
-				}
-			case <-c.exit():
-				return nil, fmt.Errorf("%s exited before it was ready: %v", c.name, c.proc.Err())
-			case <-deadline.C:
-				return nil, fmt.Errorf("%s not ready within %s", c.name, readyLimit)
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		transports = r.Transports
-		c.metrics = r.Metrics
-	}
-	return transports, nil
-}

@@ -6,9 +6,11 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +22,76 @@ import (
 	"github.com/kvxfer/kvxfer/internal/debugsrv"
 	"github.com/kvxfer/kvxfer/workload"
 )
+
+// report prints the demo's summary, every rank's metrics and the failed
+// rooms' timelines (read from the ranks' debug servers before they stop),
+// runs kvxfer bench at the demo's write size (--bench), writes --json, and
+// returns an error when a request failed.
+func (c *demoCluster) report(ctx context.Context, f *demoFlags, p *demoPlan, results []demoResult, wall time.Duration) error {
+	sum := demoSummary{Model: p.model.Name, PrefillTP: f.prefillTP, PrefillPP: f.prefillPP, DecodeTP: f.decodeTP, PageSize: f.pageSize,
+		Transports: c.transports, Checksum: f.checksum, CRC32CPath: engine.CRC32CPath(), Workload: p.workload, Requests: len(p.reqs),
+		MaxTokens: p.capTokens, WallSeconds: wall.Seconds(), PrefixCacheBlocks: p.prefixBlocks, PrefixNote: p.prefixNote, Fragment: f.fragment,
+		Warmup: p.nWarm, CapNote: p.capLine()}
+	_, sum.CappedTokens, _ = p.capped()
+	sum.tally(results, p.nWarm, wall, f.prefault)
+	sum.prefillRoles(c.prefills, results)
+	mctx, mcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	metrics := scrapeChildren(mctx, c.children)
+	timelines := failedTimelines(mctx, c.children, results)
+	mcancel()
+	if f.bench {
+		sum.BenchCase, sum.BenchGBps, sum.BenchNote = benchAt(ctx, sum, f, len(c.prefills))
+		if sum.BenchGBps > 0 && sum.AggregateGBps > 0 {
+			sum.BenchRatio = sum.AggregateGBps / sum.BenchGBps
+		}
+	} else {
+		sum.BenchNote = "not run (--bench=false)"
+	}
+	printSummary(os.Stdout, sum, results)
+	printMetrics(os.Stdout, metrics)
+	printTimelines(os.Stdout, timelines)
+	if f.jsonOut != "" {
+		b, _ := json.MarshalIndent(struct {
+			Summary  demoSummary    `json:"summary"`
+			Requests []demoResult   `json:"requests"`
+			Metrics  []childMetrics `json:"metrics"`
+			// Timelines are the failed rooms' timelines on every rank.
+			Timelines map[string][]engine.RoomTimeline `json:"failed_room_timelines,omitempty"`
+		}{sum, results, metrics, timelines}, "", "  ")
+		if err := os.WriteFile(f.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("write --json %s: %w", f.jsonOut, err)
+		}
+	}
+	if sum.Failures > 0 {
+		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
+	}
+	if sum.WarmupFailures > 0 {
+		return fmt.Errorf("%d of %d warm-up requests failed transfer or verification", sum.WarmupFailures, sum.Warmup)
+	}
+	return nil
+}
+
+// prefillRoles records which prefill ranks wrote KV and which were
+// dummies for the verified requests (a rank a dummy for some rooms and a
+// writer for others is listed as a writer).
+func (s *demoSummary) prefillRoles(prefills []*child, results []demoResult) {
+	dummy := map[string]bool{}
+	for _, r := range results {
+		if r.OK {
+			for _, d := range r.DummyRanks {
+				dummy[d] = true
+			}
+		}
+	}
+	for _, c := range prefills {
+		rank := strings.TrimPrefix(c.name, "prefill ")
+		if dummy[rank] {
+			s.DummyRanks = append(s.DummyRanks, rank)
+		} else {
+			s.WriterRanks = append(s.WriterRanks, rank)
+		}
+	}
+}
 
 // percentile returns the p-th percentile (nearest rank) of sorted xs.
 func percentile(xs []float64, p float64) float64 {
@@ -41,7 +113,16 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "model\t%s (prefill tp %d × pp %d → decode tp %d, page %d tokens)\n", s.Model, s.PrefillTP, s.PrefillPP, s.DecodeTP, s.PageSize)
 	fmt.Fprintf(tw, "transport\t%s (offered %s); checksum %s (CRC32C available: %s)\n", strings.Join(s.Used, ","), strings.Join(s.Transports, ","), onOff(s.Checksum), strings.NewReplacer("(", "", ")", "").Replace(s.CRC32CPath))
-	fmt.Fprintf(tw, "workload\t%s; prompts capped at %d tokens (%d capped)\n", s.Workload, s.MaxTokens, s.CappedRequests)
+	fmt.Fprintf(tw, "workload\t%s\n", s.Workload)
+	if s.CapNote != "" {
+		fmt.Fprintf(tw, "prompts cut\t%s\n", s.CapNote)
+	} else {
+		fmt.Fprintf(tw, "prompts cut\tnone (one request may have up to %d tokens)\n", s.MaxTokens)
+	}
+	if len(s.DummyRanks) > 0 {
+		fmt.Fprintf(tw, "prefill ranks\t%s wrote the KV; %s: dummy (nothing to send: MLA keeps one latent KV per token, which one rank writes for a decode with fewer TP ranks)\n",
+			strings.Join(s.WriterRanks, ", "), strings.Join(s.DummyRanks, ", "))
+	}
 	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
 	if s.Warmup > 0 {
 		fmt.Fprintf(tw, "warm-up\t%d requests first, verified, not counted below (%d failed)\n", s.Warmup, s.WarmupFailures)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,6 +71,15 @@ func TestDemoTopologies(t *testing.T) {
 			s := got.Summary
 			if s.Requests != 3 || s.Verified != 3 || s.Failures != 0 || s.Bytes == 0 || len(s.Used) == 0 {
 				t.Fatalf("summary %+v", s)
+			}
+			// MLA with prefill TP 2 → decode TP 1: the summary names the
+			// dummy rank (issue 26); other topologies have none.
+			wantDummy := ""
+			if c.model == mla {
+				wantDummy = "tp1 pp0"
+			}
+			if strings.Join(s.DummyRanks, ",") != wantDummy || len(s.WriterRanks) != c.ptp*c.ppp-len(s.DummyRanks) {
+				t.Errorf("dummy ranks %q, writers %q; want dummy %q", s.DummyRanks, s.WriterRanks, wantDummy)
 			}
 			// Every rank's engine metrics are in --json: 3 successful rooms each.
 			if len(got.Metrics) != c.ptp*c.ppp+c.dtp {
@@ -336,5 +346,67 @@ func TestBenchAtNotes(t *testing.T) {
 		if _, gbps, note := benchAt(context.Background(), tc.s, f, 1); gbps != 0 || !strings.Contains(note, tc.want) {
 			t.Errorf("%+v: %v %q, want a note containing %q", tc.s, gbps, note, tc.want)
 		}
+	}
+}
+
+// TestPlanDemoWorkload: --trace conversation reads the trace directory's
+// file when there and otherwise generates requests of the trace's shape,
+// saying where the real traces come from; a prompt cap names how many
+// prompts it cuts and why (issue 26: 10 of 20 prompts were cut in
+// silence); a missing trace path names the sources.
+func TestPlanDemoWorkload(t *testing.T) {
+	empty := t.TempDir()
+	t.Chdir(empty) // no ../shared/data/traces here
+	t.Setenv("KVXFER_TRACE_DIR", empty)
+	f := &demoFlags{requests: 20, trace: "conversation", model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, pageSize: 16,
+		poolMB: 256, concurrency: 2, seed: 3, prefixMB: 64}
+	p, err := planDemo(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.reqs) != 20 || !strings.Contains(p.workload, "shape of the Mooncake conversation trace") || !strings.Contains(p.workload, "kvcache-ai/Mooncake") {
+		t.Fatalf("%d requests, workload %q: want 20 generated with the conversation shape, naming the source", len(p.reqs), p.workload)
+	}
+	n, cut, _ := p.capped()
+	if line := p.capLine(); n == 0 || cut == 0 || !strings.Contains(line, fmt.Sprintf("%d of 20 prompts are longer than %d tokens", n, p.capTokens)) ||
+		!strings.Contains(line, "--pool-mb 256") || !strings.Contains(line, "--concurrency 2") {
+		t.Errorf("cap line %q (%d cut)", line, n)
+	}
+	var sb strings.Builder
+	p.announce(&sb)
+	if !strings.Contains(sb.String(), "workload: ") || !strings.Contains(sb.String(), "prompts are longer") {
+		t.Errorf("announcement:\n%s", sb.String())
+	}
+	// The file, when the trace directory has it.
+	line := `{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [0]}` + "\n"
+	if err := os.WriteFile(filepath.Join(empty, "conversation_trace.jsonl"), []byte(strings.Repeat(line, 4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = planDemo(f); err != nil || len(p.reqs) != 4 || !strings.Contains(p.workload, "conversation_trace.jsonl") || p.capLine() != "" {
+		t.Fatalf("trace file: %v, %d requests, %q, cap %q", err, len(p.reqs), p.workload, p.capLine())
+	}
+	f.trace = "../shared/data/traces/conversation_trace.jsonl"
+	if _, err := planDemo(f); err == nil || !strings.Contains(err.Error(), "kvcache-ai/Mooncake") || !strings.Contains(err.Error(), "--trace conversation") {
+		t.Fatalf("missing trace path: %v", err)
+	}
+}
+
+// TestStartProgressLines: without a terminal the ranks' start is reported
+// in periodic lines naming the ranks ready and the KV bytes prefaulted.
+func TestStartProgressLines(t *testing.T) {
+	c, err := startChild("/bin/sleep", "sleeper", []string{"30"}, nil)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer c.stop(0)
+	var out strings.Builder
+	p := newStartProgress(&out, &demoFlags{prefault: true, poolMB: 1024}, []*child{c})
+	p.every = 0
+	p.update()
+	if !strings.Contains(out.String(), "0 of 1 ready") || !strings.Contains(out.String(), "prefaulted 0.00 of 1.00 GiB") {
+		t.Fatalf("progress line %q", out.String())
+	}
+	if got := rssShmem(os.Getpid()); got < 0 {
+		t.Errorf("rssShmem of this process: %d", got)
 	}
 }

@@ -53,7 +53,8 @@ instance from this host, as a decode would, with a probe room:
                     its data path to this host (RDMA QP exchange included)
   transfer          per rank and transport: a small pattern (--probe-bytes) is
                     written from a buffer of the rank's own into a scratch region
-                    here — never into or from serving KV
+                    here — never into or from serving KV; under 4 MiB the time
+                    is a write's latency, from 4 MiB on it is also given as GB/s
   verify            per rank and transport: the bytes landed intact
 
 Each step and rank is timed. The first failing step is printed with what to do,

@@ -108,6 +108,18 @@ func TestDoctorLiveDeployment(t *testing.T) {
 				t.Errorf("%s: %d items, want one per rank over tcp: %+v", name, len(s.Items), s.Items)
 			}
 		}
+		// The default 64 KiB probe is a latency, not a bandwidth (issue 26).
+		for _, it := range stepOf(t, rep, "transfer").Items {
+			if !strings.Contains(it.Detail, "latency") || strings.Contains(it.Detail, "GB/s") {
+				t.Errorf("transfer item %q: want a latency and no GB/s for a 64 KiB probe", it.Detail)
+			}
+		}
+		rep, code = runDoctorProc(t, addr, "--transport", "tcp", "--probe-bytes", strconv.Itoa(8<<20))
+		for _, it := range stepOf(t, rep, "transfer").Items {
+			if code != 0 || !strings.Contains(it.Detail, "GB/s") {
+				t.Errorf("8 MiB probe (exit %d): transfer item %q, want GB/s", code, it.Detail)
+			}
+		}
 	})
 	t.Run("missing-rank", func(t *testing.T) {
 		_, addr := startBootstrapProc(t, "127.0.0.1", 0)

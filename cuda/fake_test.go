@@ -400,21 +400,3 @@ func TestFakeRegisterHost(t *testing.T) {
 		t.Fatalf("after UnregisterHost: %+v", info)
 	}
 }
-
-// TestFakeMeasureStaging runs the staging benchmark's code path (copies and
-// the byte check) on the fake runtime; the numbers mean nothing there.
-func TestFakeMeasureStaging(t *testing.T) {
-	if err := loadFake(t, nil, nil); err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	r, err := gpucheck.MeasureStaging(0, 1<<20, 256<<10, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.StagedDtoH <= 0 || r.PlainDtoHPageable <= 0 || r.StagedHtoD <= 0 {
-		t.Fatalf("MeasureStaging = %+v, want positive rates", r)
-	}
-	if _, err := gpucheck.MeasureStaging(0, 1000, 256, 1); !errors.Is(err, cuda.ErrInvalidValue) {
-		t.Fatalf("MeasureStaging(size not a multiple of chunk) = %v, want ErrInvalidValue", err)
-	}
-}

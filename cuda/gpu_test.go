@@ -5,7 +5,6 @@ package cuda_test
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -177,19 +176,4 @@ func TestGPUProofKernel(t *testing.T) {
 			binary.LittleEndian.PutUint64(ring.Bytes()[5*64:], 1005)
 		})
 	}
-}
-
-// TestGPUStagingBandwidth runs MeasureStaging (pinned-bounce staging vs a
-// plain cudaMemcpy of the same size) and logs a STAGING line that
-// scripts/gpu-check.sh collects; it asserts correctness, never timing.
-func TestGPUStagingBandwidth(t *testing.T) {
-	requireGPU(t)
-	r, err := gpucheck.MeasureStaging(0, 256<<20, 4<<20, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := fmt.Sprintf("STAGING size_MiB=%d chunk_MiB=%d dtoh_plain_pageable_GBps=%.2f dtoh_plain_pinned_GBps=%.2f dtoh_staged_GBps=%.2f htod_plain_pageable_GBps=%.2f htod_staged_GBps=%.2f",
-		r.Size>>20, r.Chunk>>20, r.PlainDtoHPageable, r.PlainDtoHPinned, r.StagedDtoH, r.PlainHtoDPageable, r.StagedHtoD)
-	t.Log(line)
-	fmt.Println(line)
 }

@@ -6,7 +6,8 @@
 #   1. environment: nvidia-smi, driver, the CUDA libraries found, lib mode;
 #   2. kvxfer topo (table and --json);
 #   3. the cuda package tests with KVXFER_REQUIRE_GPU=1 (a skip is a failure):
-#      devices, memory round trip, dma-buf, the GPU proof kernel, staging;
+#      devices, memory round trip, dma-buf, the GPU proof kernel; the staging
+#      benchmark's tests (bench/gpustaging);
 #   4. kvxfer gpucheck --require: GPU proof on the engine's metadata ring,
 #      tcp and shm transfers with device-memory KV pools (bytes verified),
 #      device<->host staging vs a plain cudaMemcpy of the same size;
@@ -145,6 +146,7 @@ step topo 30 "$ROOT" "$K" topo
 cat "$OUTDIR/topo.log" >>"$LOG"
 step topo-json 30 "$ROOT" "$K" topo --json
 step cuda-tests 150 "$ROOT/cuda" "$T/cuda.test" -test.v -test.count=1 -test.timeout 140s
+step staging-tests 60 "$ROOT/bench/gpustaging" "$T/bench_gpustaging.test" -test.v -test.count=1 -test.timeout 50s
 step gpucheck 150 "$ROOT" "$K" gpucheck --require --size-mib 256 --staging-mib 512 --timeout 60s
 # The real prefill/decode processes with their KV pools in device memory
 # (filled and verified through host copies, CRC32C checked; tcp bounce).
@@ -162,7 +164,7 @@ step engine-tests 150 "$ROOT/engine" "$T/engine.test" -test.count=1 -test.v -tes
 	echo
 	echo "== kvxfer gpucheck (device-memory KV pools over tcp/shm, ring proof, staging)"
 	grep -A 40 '^CHECK' "$OUTDIR/gpucheck.log" || echo "(no gpucheck table: see gpucheck.log)"
-	grep -h '^STAGING' "$OUTDIR/cuda-tests.log" 2>/dev/null | head -1
+	grep -h '^STAGING' "$OUTDIR/staging-tests.log" 2>/dev/null | head -1
 	grep -h 'GPU read bootstrap_room' "$OUTDIR/engine-ring-gpu.log" 2>/dev/null | head -3 | sed 's/^ *//'
 	echo "== kvxfer demo --device cuda:0 (device-memory KV pools, real sender/receiver)"
 	grep -E '^(transport|requests|bytes|GB/s|transfer latency|failures) ' "$OUTDIR/demo-device.log" 2>/dev/null || echo "(no demo summary: see demo-device.log)"

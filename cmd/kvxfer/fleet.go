@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvxfer/kvxfer/bench/fleetsim"
 	"github.com/kvxfer/kvxfer/metadata"
 )
 
@@ -95,7 +96,7 @@ func runFleet(ctx context.Context, cmd *cobra.Command, f fleetFlags) error {
 		if f.simulate < 2 {
 			return fmt.Errorf("--simulate %d: want at least 2 ranks", f.simulate)
 		}
-		r, err := metadata.Simulate(ctx, f.metadata, metadata.SimOptions{Ranks: f.simulate, Clients: f.clients, Resolves: f.resolves})
+		r, err := fleetsim.Simulate(ctx, f.metadata, fleetsim.Options{Ranks: f.simulate, Clients: f.clients, Resolves: f.resolves})
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvxfer/kvxfer/bench/gpustaging"
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 	"github.com/kvxfer/kvxfer/engine"
@@ -171,7 +172,7 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 		add(name, gbps, err, "bytes verified")
 	}
 
-	r, err := gpucheck.MeasureStaging(0, stagingSize, 4<<20, 5)
+	r, err := gpustaging.MeasureStaging(0, stagingSize, 4<<20, 5)
 	detail := func(plain, staged float64) string {
 		if plain <= 0 {
 			return ""

@@ -1,3 +1,8 @@
+// Package gpucheck holds the GPU proof kernel built on the cuda binding: a
+// metadata-ring slot read by device code (CheckRoom), which `kvxfer
+// gpucheck`, the engine's ring tests and scripts/gpu-check.sh use to prove
+// the ring is GPU-visible. The binding (package cuda) only wraps the CUDA
+// libraries; the staging benchmark is bench/gpustaging.
 package gpucheck
 
 import (

@@ -1,9 +1,11 @@
-// Package gpucheck holds measurements and checks built on the cuda binding
-// that are not part of it: the device↔host staging benchmark and the GPU
-// proof kernel (a ring slot read by device code, CheckRoom) that `kvxfer
-// gpucheck` and scripts/gpu-check.sh report. The binding (package cuda)
-// only wraps the CUDA libraries.
-package gpucheck
+// Package gpustaging is the device↔host staging benchmark that `kvxfer
+// gpucheck` and scripts/gpu-check.sh report: copies between device memory
+// and host memory through a pinned bounce buffer (the tcp transport's path
+// for device memory) against a plain cudaMemcpy of the same size. A
+// benchmark, built on the cuda binding; it sits in bench/, not beside the
+// binding (package cuda wraps the CUDA libraries only; cuda/gpucheck holds
+// the GPU proof kernel).
+package gpustaging
 
 import (
 	"fmt"
@@ -38,7 +40,7 @@ type StagingResult struct {
 func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error) {
 	res := StagingResult{Size: size, Chunk: chunk, Reps: reps}
 	if size == 0 || chunk == 0 || size%chunk != 0 || reps <= 0 {
-		return res, fmt.Errorf("gpucheck: staging benchmark: size %d must be a positive multiple of chunk %d, reps %d > 0: %w", size, chunk, reps, cuda.ErrInvalidValue)
+		return res, fmt.Errorf("gpustaging: size %d must be a positive multiple of chunk %d, reps %d > 0: %w", size, chunk, reps, cuda.ErrInvalidValue)
 	}
 	d, err := cuda.Malloc(dev, size)
 	if err != nil {
@@ -101,7 +103,7 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 	if ferr == nil {
 		for i := uint64(0); i < size; i += 4096 {
 			if pageable[i] != 0x3c {
-				return res, fmt.Errorf("gpucheck: staging benchmark: byte %d = %#x after staged copy, want 0x3c", i, pageable[i])
+				return res, fmt.Errorf("gpustaging: byte %d = %#x after staged copy, want 0x3c", i, pageable[i])
 			}
 		}
 	}
@@ -120,7 +122,7 @@ func MeasureStaging(dev int, size, chunk uint64, reps int) (StagingResult, error
 	})
 	res.PlainHtoDPageable = gbps(func() error { return cuda.CopyToDevice(dev, d, pageable) })
 	if ferr != nil {
-		return res, fmt.Errorf("gpucheck: staging benchmark: %w", ferr)
+		return res, fmt.Errorf("gpustaging: %w", ferr)
 	}
 	return res, nil
 }

@@ -1,18 +1,18 @@
-package metadata_test
+package fleetsim_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/bench/fleetsim"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
-	"github.com/kvxfer/kvxfer/metadata"
 )
 
 // TestSimulateSmall runs the scale simulation at a size CI affords.
 func TestSimulateSmall(t *testing.T) {
-	url := sharedURL(t)
-	r, err := metadata.Simulate(context.Background(), url, metadata.SimOptions{Ranks: 50, Clients: 5, Resolves: 200, TTL: 5 * time.Second})
+	c := etcdtest.Start(t, etcdtest.Options{HeartbeatMS: 100, ElectionMS: 1000})
+	r, err := fleetsim.Simulate(context.Background(), c.URL("sim"), fleetsim.Options{Ranks: 50, Clients: 5, Resolves: 200, TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,11 +25,11 @@ func TestSimulateSmall(t *testing.T) {
 // BenchmarkFleet is the scale figure of bench/RESULTS.md: 1,000 simulated
 // ranks against one local etcd (started here on tmpfs).
 //
-//	go test ./metadata -run '^$' -bench Fleet -benchtime 1x
+//	go test ./bench/fleetsim -run '^$' -bench Fleet -benchtime 1x
 func BenchmarkFleet(b *testing.B) {
 	c := etcdtest.Start(b, etcdtest.Options{HeartbeatMS: 100, ElectionMS: 1000})
 	for b.Loop() {
-		r, err := metadata.Simulate(context.Background(), c.URL("bench"), metadata.SimOptions{Ranks: 1000})
+		r, err := fleetsim.Simulate(context.Background(), c.URL("bench"), fleetsim.Options{Ranks: 1000})
 		if err != nil {
 			b.Fatal(err)
 		}

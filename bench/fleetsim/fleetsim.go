@@ -1,4 +1,10 @@
-package metadata
+// Package fleetsim is the scale benchmark of the etcd metadata backend
+// (`kvxfer fleet --simulate N`, bench/RESULTS.md): N simulated ranks
+// against a real etcd, each granting a lease and publishing a descriptor as
+// a rank process does, then name lookups, then a watched rank's restart.
+// A bench tool on top of package metadata (its URL form and defaults) and
+// the etcd client; the library (metadata) carries none of it.
+package fleetsim
 
 import (
 	"context"
@@ -13,10 +19,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/metadata"
 )
 
-// SimOptions configure Simulate.
-type SimOptions struct {
+// Options configure Simulate.
+type Options struct {
 	// Ranks is the number of simulated ranks (each with its own lease and
 	// descriptor key, as a real rank process has).
 	Ranks int
@@ -27,14 +34,14 @@ type SimOptions struct {
 	// Resolves is the number of name lookups timed (default 10 per rank),
 	// issued by Concurrency workers (default 16).
 	Resolves, Concurrency int
-	// TTL is each rank's lease TTL (DefaultTTL).
+	// TTL is each rank's lease TTL (metadata.DefaultTTL).
 	TTL time.Duration
-	// Timeout bounds each etcd request (DefaultTimeout).
+	// Timeout bounds each etcd request (metadata.DefaultTimeout).
 	Timeout time.Duration
 }
 
-// SimResult are the scale figures of one Simulate run.
-type SimResult struct {
+// Result are the scale figures of one Simulate run.
+type Result struct {
 	URL      string `json:"url"`
 	Ranks    int    `json:"ranks"`
 	Clients  int    `json:"clients"`
@@ -58,7 +65,7 @@ type SimResult struct {
 }
 
 // String renders the figures on a few lines.
-func (r SimResult) String() string {
+func (r Result) String() string {
 	return fmt.Sprintf("%d ranks over %d etcd clients (%s)\n"+
 		"  time to all registered (lease + descriptor each): %v\n"+
 		"  resolve (%d lookups): p50 %v  p99 %v  max %v\n"+
@@ -85,13 +92,13 @@ func simDescriptor(name string, epoch uint64, regions int) engine.SegmentDescrip
 // name lookups, then has every rank watch one rank, restarts that rank (new
 // lease, new epoch) and times the fan-out of the change. It measures etcd
 // and the client as kvxfer uses them; no data moves.
-func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) {
-	u, err := ParseURL(url)
+func Simulate(ctx context.Context, url string, o Options) (Result, error) {
+	u, err := metadata.ParseURL(url)
 	if err != nil {
-		return SimResult{}, err
+		return Result{}, err
 	}
 	if o.Ranks < 2 {
-		return SimResult{}, fmt.Errorf("metadata: simulate: want at least 2 ranks, got %d", o.Ranks)
+		return Result{}, fmt.Errorf("fleetsim: want at least 2 ranks, got %d", o.Ranks)
 	}
 	if o.Clients <= 0 {
 		o.Clients = max(1, (o.Ranks+24)/25)
@@ -104,13 +111,13 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 		o.Concurrency = 16
 	}
 	if o.TTL <= 0 {
-		o.TTL = DefaultTTL
+		o.TTL = metadata.DefaultTTL
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
+		o.Timeout = metadata.DefaultTimeout
 	}
 	prefix := fmt.Sprintf("%s/sim-%x", u.Prefix, rand.Uint32())
-	res := SimResult{URL: url, Ranks: o.Ranks, Clients: o.Clients, Resolves: o.Resolves}
+	res := Result{URL: url, Ranks: o.Ranks, Clients: o.Clients, Resolves: o.Resolves}
 	clis := make([]*clientv3.Client, o.Clients)
 	defer func() {
 		if clis[0] != nil {
@@ -127,7 +134,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	for i := range clis {
 		c, err := clientv3.New(clientv3.Config{Endpoints: u.Endpoints, DialTimeout: o.Timeout, Logger: zap.NewNop()})
 		if err != nil {
-			return res, fmt.Errorf("metadata: simulate: client %d: %w", i, err)
+			return res, fmt.Errorf("fleetsim: client %d: %w", i, err)
 		}
 		clis[i] = c
 	}
@@ -135,7 +142,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	_, err = clis[0].Get(cctx, prefix+"/", clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
-		return res, fmt.Errorf("metadata: simulate: etcd at %s unreachable: %w: %v", u, engine.ErrMetadataUnavailable, err)
+		return res, fmt.Errorf("fleetsim: etcd at %s unreachable: %w: %v", u, engine.ErrMetadataUnavailable, err)
 	}
 	key := func(i int) string { return fmt.Sprintf("%s/segments/10.0.%d.%d:17000", prefix, i/250, i%250) }
 	cli := func(i int) *clientv3.Client { return clis[i%len(clis)] }
@@ -187,7 +194,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	res.KeysBytes = int(bytes.Load())
 	select {
 	case err := <-errs:
-		return res, fmt.Errorf("metadata: simulate: registration: %w", err)
+		return res, fmt.Errorf("fleetsim: registration: %w", err)
 	default:
 	}
 
@@ -228,7 +235,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	wg.Wait()
 	select {
 	case err := <-errs:
-		return res, fmt.Errorf("metadata: simulate: %w", err)
+		return res, fmt.Errorf("fleetsim: %w", err)
 	default:
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
@@ -243,7 +250,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	g, err := clis[0].Get(gctx, target)
 	gcancel()
 	if err != nil {
-		return res, fmt.Errorf("metadata: simulate: %w", err)
+		return res, fmt.Errorf("fleetsim: %w", err)
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -278,7 +285,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 		case <-time.After(4 * o.Timeout):
 			stopWatch()
 			wg.Wait()
-			return res, fmt.Errorf("metadata: simulate: only %d of %d watches created", i-1, o.Ranks-1)
+			return res, fmt.Errorf("fleetsim: only %d of %d watches created", i-1, o.Ranks-1)
 		}
 	}
 	res.Watchers = o.Ranks - 1
@@ -301,7 +308,7 @@ func Simulate(ctx context.Context, url string, o SimOptions) (SimResult, error) 
 	stopWatch()
 	wg.Wait()
 	if err != nil {
-		return res, fmt.Errorf("metadata: simulate: restart fan-out: %w", err)
+		return res, fmt.Errorf("fleetsim: restart fan-out: %w", err)
 	}
 	var ds []time.Duration
 	for i := 1; i < o.Ranks; i++ {

@@ -367,16 +367,16 @@ func runRole(role engine.Role, f *roleFlags) error {
 // startRank validates the flags, allocates the rank's KV pool, opens its
 // transports and starts its manager (and metrics, tracing, metadata); the
 // returned close undoes it all, in reverse order.
-func startRank(ctx context.Context, role engine.Role, f *roleFlags) (r *rank, closeRank func(), err error) {
+func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ func(), err error) {
 	var closers []func()
-	closeRank = func() {
+	closeAllOf := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
 	defer func() {
 		if err != nil {
-			closeRank()
+			closeAllOf()
 		}
 	}()
 	for _, env := range []string{sglangenv.BootstrapTimeout, sglangenv.WaitingTimeout} {
@@ -411,7 +411,7 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (r *rank, cl
 	if f.fragmentSeed != 0 {
 		pool.Fragment(f.fragmentSeed)
 	}
-	r = &rank{role: role, pool: pool, layout: layout, rows: workload.NewPageAllocator(f.auxRows), drainTimeout: f.drainTimeout}
+	r := &rank{role: role, pool: pool, layout: layout, rows: workload.NewPageAllocator(f.auxRows), drainTimeout: f.drainTimeout}
 	r.inflightZero = sync.NewCond(&r.inflightMu)
 	r.roomCtx, r.cancelRooms = context.WithCancelCause(context.Background())
 	closers = append(closers, func() { r.cancelRooms(errors.New("rank closed")) })
@@ -506,7 +506,7 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (r *rank, cl
 		}
 		slog.Info("metadata ring", "slots", ring.Slots(), "where", r.ready.Ring, "device_ptr", fmt.Sprintf("%#x", ring.RingMem().DevicePtr()))
 	}
-	return r, closeRank, nil
+	return r, closeAllOf, nil
 }
 
 // inputLine is one non-blank stdin line: its 1-based number and either the

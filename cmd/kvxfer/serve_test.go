@@ -375,3 +375,47 @@ func TestRoleServeHTTP(t *testing.T) {
 		t.Fatalf("%s still answers after the rank exited", base)
 	}
 }
+
+// TestRoleStartFailureExitsCleanly: a rank whose start fails part-way (a
+// transport this host lacks; a --metrics-addr in use, after the manager
+// started; a --serve socket path in a missing directory) undoes what it
+// started and exits 1 with the reason, never a panic.
+func TestRoleStartFailureExitsCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	cases := [][]string{
+		{"--metrics-addr", busy.Addr().String()},
+		{"--serve", "unix:" + filepath.Join(t.TempDir(), "no-such-dir", "rank.sock")},
+		{"--transport", "rdma"}, // fails where rdma is missing; starts (and stops at stdin's end) where it is not
+	}
+	for _, extra := range cases {
+		args := append([]string{"decode", "--pool-mb", "16", "--bootstrap", "127.0.0.1:1", "--log-level", "error"}, extra...)
+		if extra[0] != "--transport" {
+			args = append(args, "--transport", "tcp")
+		}
+		cmd := exec.Command(exe, args...)
+		cmd.Env = append(os.Environ(), "KVXFER_TEST_AS_CLI=1")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		if strings.Contains(stderr.String(), "panic") || strings.Contains(stderr.String(), "goroutine ") {
+			t.Fatalf("%v: the rank panicked:\n%s", extra, stderr.String())
+		}
+		if extra[0] == "--transport" && err == nil {
+			continue // this host has RDMA: the rank started and stopped at stdin's end
+		}
+		if exitCode(err) != 1 || !strings.Contains(stderr.String(), "kvxfer: ") {
+			t.Errorf("%v: exit %v, want 1 with the reason:\n%s", extra, err, stderr.String())
+		}
+	}
+}

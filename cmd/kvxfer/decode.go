@@ -33,18 +33,7 @@ EOF on stdin shuts the rank down once every request has finished (and says
 so: a rank started with stdin closed exits at once). Exit status: 0 when every
 request succeeded, 1 when any failed (after all input was processed) or the
 rank could not start.
-
---serve runs a long-lived rank with no stdin, on the same request and result
-lines: unix:PATH (each connection gets the ready line, then one result line per
-request line it sends) or http://HOST:PORT (POST /v1/requests with request
-lines as the body, answered as NDJSON; GET /v1/ready). Exit status 0 once
-drained.
-
-SIGTERM or SIGINT drains: no new request starts (a line read after the signal
-gets a result with ok false saying the rank is draining, lines already written
-to it included), the rooms in flight finish, every line read gets its result
-line, then the rank exits; the rooms still running after --drain-timeout, or
-at a second signal, are cancelled, their result naming why.`,
+` + serveHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error { return runRole(engine.RoleDecode, &f) },
 	}

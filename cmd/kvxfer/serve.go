@@ -34,6 +34,20 @@ import (
 // (90 s), so a drained rank exits before it is killed.
 const DefaultDrainTimeout = 20 * time.Second
 
+// serveHelp ends the prefill and decode help: --serve and the drain.
+const serveHelp = `
+--serve runs a long-lived rank with no stdin, on the same request and result
+lines: unix:PATH (each connection gets the ready line, then one result line per
+request line it sends) or http://HOST:PORT (POST /v1/requests with request
+lines as the body, answered as NDJSON; GET /v1/ready). Exit status 0 once
+drained.
+
+SIGTERM or SIGINT drains: no new request starts (a line read after the signal
+gets a result with ok false saying the rank is draining, lines already written
+to it included), the rooms in flight finish, every line read gets its result
+line, then the rank exits; the rooms still running after --drain-timeout, or
+at a second signal, are cancelled, their result naming why.`
+
 // drainRefusal is the error of a request line read after the stop signal.
 const drainRefusal = "not started: the rank is draining (it got %s and finishes only the rooms it had started); send the request to another rank"
 

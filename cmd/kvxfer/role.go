@@ -379,26 +379,9 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 			closeAllOf()
 		}
 	}()
-	for _, env := range []string{sglangenv.BootstrapTimeout, sglangenv.WaitingTimeout} {
-		if _, err := sglangenv.Seconds(os.Getenv, env, 0); err != nil {
-			return nil, nil, err
-		}
-	}
-	if err := validateRoleFlags(f); err != nil {
-		return nil, nil, err
-	}
-	layout, err := roleLayout(f)
+	layout, dev, onDevice, err := roleInputs(f)
 	if err != nil {
 		return nil, nil, err
-	}
-	dev, onDevice, err := parseDevice(f.device)
-	if err != nil {
-		return nil, nil, err
-	}
-	if onDevice {
-		if err := cuda.Available(); err != nil {
-			return nil, nil, fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
-		}
 	}
 	// The rank's KV memory, laid out as a serving engine lays it out: one
 	// buffer per layer for K and for V (or per layer for MLA), plus SGLang's
@@ -420,47 +403,12 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 			return nil, nil, err
 		}
 	}
-	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
+	ts, err := rankTransports(f, onDevice)
 	if err != nil {
 		return nil, nil, err
 	}
-	if onDevice {
-		if ts, err = deviceTransports(ts, f.transport, f.device); err != nil {
-			return nil, nil, err
-		}
-	}
-	if f.writeDelay > 0 {
-		for i, t := range ts {
-			ts[i] = faulty.Wrap(t, faulty.DelayWrites(f.writeDelay))
-		}
-	}
 	closers = append(closers, func() { closeAll(ts) })
-	ring := engine.RingAllocator(engine.AutoRingMemory)
-	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
-		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
-	}
-	// rc is how each request line's room is driven (cluster.PrefillRoom,
-	// DecodeRoom).
-	r.rc = cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest}
-	r.token = bootstrapToken(f.authToken, os.Getenv)
-	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
-		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
-		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
-		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
-		// The decode's metadata ring: memfd memory, also pinned and mapped for
-		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
-		// the shm transport can share it by fd either way.
-		RingAlloc: ring}
-	if role == engine.RoleDecode {
-		cfg.BootstrapAddr = ""
-		cfg.FreePages = pool.FreePages
-		if f.verify {
-			r.rc.Verifier = cluster.NewVerifier(pool, f.pageSize)
-			cfg.VerifyKV = r.rc.Verifier.VerifyKV
-		}
-	}
+	cfg := r.managerConfig(f, ts, dev, onDevice)
 	obs, err := setupObservability(ctx, role, &f.obs)
 	if err != nil {
 		return nil, nil, err
@@ -507,6 +455,84 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 		slog.Info("metadata ring", "slots", ring.Slots(), "where", r.ready.Ring, "device_ptr", fmt.Sprintf("%#x", ring.RingMem().DevicePtr()))
 	}
 	return r, closeAllOf, nil
+}
+
+// roleInputs checks the role's flags and environment and returns the
+// rank's layout and where its KV pool lives (dev -1: host memory).
+func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, err error) {
+	for _, env := range []string{sglangenv.BootstrapTimeout, sglangenv.WaitingTimeout} {
+		if _, err := sglangenv.Seconds(os.Getenv, env, 0); err != nil {
+			return nil, 0, false, err
+		}
+	}
+	if err := validateRoleFlags(f); err != nil {
+		return nil, 0, false, err
+	}
+	if layout, err = roleLayout(f); err != nil {
+		return nil, 0, false, err
+	}
+	if dev, onDevice, err = parseDevice(f.device); err != nil {
+		return nil, 0, false, err
+	}
+	if onDevice {
+		if err := cuda.Available(); err != nil {
+			return nil, 0, false, fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
+		}
+	}
+	return layout, dev, onDevice, nil
+}
+
+// rankTransports opens the rank's data transports (--transport; with
+// --device only those that can move device memory), wrapped in the fault
+// injector when --inject-write-delay is set.
+func rankTransports(f *roleFlags, onDevice bool) ([]engine.Transport, error) {
+	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
+	if err != nil {
+		return nil, err
+	}
+	if onDevice {
+		if ts, err = deviceTransports(ts, f.transport, f.device); err != nil {
+			return nil, err
+		}
+	}
+	if f.writeDelay > 0 {
+		for i, t := range ts {
+			ts[i] = faulty.Wrap(t, faulty.DelayWrites(f.writeDelay))
+		}
+	}
+	return ts, nil
+}
+
+// managerConfig is the rank's engine.ManagerConfig from its flags (and
+// sets how each request line's room is driven, r.rc, and the HTTP token).
+func (r *rank) managerConfig(f *roleFlags, ts []engine.Transport, dev int, onDevice bool) engine.ManagerConfig {
+	ring := engine.RingAllocator(engine.AutoRingMemory)
+	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
+		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
+	}
+	// rc is how each request line's room is driven (cluster.PrefillRoom,
+	// DecodeRoom).
+	r.rc = cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest}
+	r.token = bootstrapToken(f.authToken, os.Getenv)
+	cfg := engine.ManagerConfig{Role: r.role, KV: r.pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
+		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
+		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
+		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
+		// The decode's metadata ring: memfd memory, also pinned and mapped for
+		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
+		// the shm transport can share it by fd either way.
+		RingAlloc: ring}
+	if r.role == engine.RoleDecode {
+		cfg.BootstrapAddr = ""
+		cfg.FreePages = r.pool.FreePages
+		if f.verify {
+			r.rc.Verifier = cluster.NewVerifier(r.pool, f.pageSize)
+			cfg.VerifyKV = r.rc.Verifier.VerifyKV
+		}
+	}
+	return cfg
 }
 
 // inputLine is one non-blank stdin line: its 1-based number and either the

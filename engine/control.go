@@ -56,12 +56,19 @@ const (
 // Decoder limits: anything larger is rejected as malformed.
 const (
 	maxPages       = 1 << 24
-	maxBuffers     = 1 << 16
+	maxBuffers     = MaxBuffers
 	maxTransports  = 8
 	maxRegions     = 3*maxBuffers + 1
 	maxKeyBytes    = 1 << 16
 	maxBlobBytes   = 1 << 20
 	maxStringBytes = 4096
+)
+
+// STATUS states: the first and the last KVPoll value (SGLang's numbering,
+// engine.KVPoll) that StatusMsg.State carries.
+const (
+	StatusFailed  = 0 // KVPoll Failed
+	StatusSuccess = 4 // KVPoll Success
 )
 
 // ErrBadFrame is wrapped by every control-frame decoding error.
@@ -199,7 +206,7 @@ type AbortAckMsg struct {
 	Detail   string
 }
 
-// StatusMsg: 3 room, 4 KVPoll state (ASCII decimal), 5 rank, 6 sender
+// StatusMsg: 3 room, 4 KVPoll state (ASCII decimal, StatusFailed … StatusSuccess), 5 rank, 6 sender
 // endpoint, 7 failure reason ("" on Success), 8 epoch.
 //
 // Prefill → decode (spec §5.2.3): the producer's outcome; 5 is the producer
@@ -211,8 +218,10 @@ type AbortAckMsg struct {
 // registration epoch. A prefill reports Success only after this verdict, so
 // both sides report the same outcome.
 type StatusMsg struct {
-	Room     uint64
-	State    KVPoll
+	Room uint64
+	// State is the sender's KVPoll value in SGLang's numbering (engine.KVPoll):
+	// StatusFailed (0) … StatusSuccess (4).
+	State    int
 	Producer int
 	Endpoint string
 	Reason   string
@@ -681,7 +690,7 @@ func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
 	}
 	m := &StatusMsg{
 		Room:     r.uint(3, maxRoom, "room"),
-		State:    KVPoll(r.int(4, int(KVSuccess), "state")),
+		State:    r.int(4, StatusSuccess, "state"),
 		Producer: r.int(5, 1<<30, "producer rank"),
 		Endpoint: r.endpoint(6),
 		Reason:   r.str(7, "reason"),

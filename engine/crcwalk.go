@@ -1,5 +1,12 @@
 package engine
 
+import (
+	"fmt"
+	"hash/crc32"
+
+	"github.com/kvxfer/kvxfer/cuda"
+)
+
 // The checksum walk. A decode that asks for a checksum compares the CRC32C
 // in a producer's metadata record with one it computes over the bytes it
 // received; both sides must visit the same bytes in the same order, so the
@@ -66,4 +73,39 @@ func crcExtras(crc uint32, kv KVArgs, aux int, state []int32, scratch *[]byte) (
 		}
 	}
 	return crc, nil
+}
+
+// crcMem extends crc (CRC32C) over the n bytes at byte offset off of mem; a
+// device range is copied to the host through *scratch first.
+func crcMem(crc uint32, mem Memory, off, n uint64, scratch *[]byte) (uint32, error) {
+	if mem.Kind == MemoryHost {
+		return crc32.Update(crc, castagnoli, mem.Bytes()[off:off+n]), nil
+	}
+	b, err := readMem(mem, off, n, scratch)
+	if err != nil {
+		return crc, err
+	}
+	return crc32.Update(crc, castagnoli, b), nil
+}
+
+// readMem returns the n bytes at byte offset off of mem: the memory itself
+// for a host range, a copy in *scratch for a device range (cudaMemcpy).
+func readMem(mem Memory, off, n uint64, scratch *[]byte) ([]byte, error) {
+	if off > mem.Length || n > mem.Length-off {
+		return nil, fmt.Errorf("engine: read [%d, %d) outside a %d-byte buffer", off, off+n, mem.Length)
+	}
+	if mem.Kind == MemoryHost {
+		return mem.Bytes()[off : off+n], nil
+	}
+	if uint64(cap(*scratch)) < n {
+		*scratch = make([]byte, n)
+	}
+	b := (*scratch)[:n]
+	if n == 0 {
+		return b, nil
+	}
+	if err := cuda.CopyFromDevice(mem.Device, b, cuda.DevicePtr(mem.Addr)+cuda.DevicePtr(off)); err != nil {
+		return nil, fmt.Errorf("engine: read [%d, %d) from cuda:%d: %w", off, off+n, mem.Device, err)
+	}
+	return b, nil
 }

@@ -62,12 +62,4 @@ var (
 	// ErrMetadataUnavailable: the metadata store (etcd) cannot be reached or
 	// did not answer in time; established segments keep working.
 	ErrMetadataUnavailable = errors.New("metadata store unavailable")
-	// ErrRegionOverlap: a registration overlaps memory already registered
-	// with the engine (a peer virtual address must name one region).
-	ErrRegionOverlap = errors.New("overlaps a registered region")
-	// ErrSegmentStale: the peer behind an open segment restarted (new epoch)
-	// or vanished (its descriptor left the directory: crashed or
-	// partitioned); reopen the segment by name. Errors wrapping it also wrap
-	// ErrPeerLost.
-	ErrSegmentStale = errors.New("segment stale")
 )

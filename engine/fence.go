@@ -126,7 +126,7 @@ func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) bool {
 	var frames [][]byte
 	if ok {
-		frames = (&StatusMsg{Room: room, State: KVSuccess, Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
+		frames = (&StatusMsg{Room: room, State: int(KVSuccess), Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
 	} else {
 		frames = (&AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
 	}

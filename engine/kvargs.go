@@ -160,6 +160,11 @@ func (g *Geometry) bufferName(i int) string {
 	return fmt.Sprintf("KV buffer %d (layer %d K)", i, layer)
 }
 
+// MaxBuffers is the most buffers one list of KVArgs (KV, aux or state) may
+// hold; Geometry refuses more, and so does the control codec in the
+// REGISTER and REGISTER_ACK it decodes.
+const MaxBuffers = 1 << 16
+
 // ErrBadKVArgs is wrapped by every KVArgs validation error.
 var ErrBadKVArgs = errors.New("engine: invalid KV arguments")
 
@@ -188,12 +193,12 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 	switch {
 	case len(a.KVBuffers) == 0:
 		return bad("no KV buffers (kv_data_ptrs is empty): give one buffer per layer for K and one for V, or one per layer for MLA")
-	case len(a.KVBuffers) > maxBuffers:
-		return bad("%d KV buffers, more than %d", len(a.KVBuffers), maxBuffers)
+	case len(a.KVBuffers) > MaxBuffers:
+		return bad("%d KV buffers, more than %d", len(a.KVBuffers), MaxBuffers)
 	case !a.MLA && len(a.KVBuffers)%2 != 0:
 		return bad("%d KV buffers: an MHA/GQA rank gives K buffers then V buffers (an even count); set MLA for one buffer per layer", len(a.KVBuffers))
-	case len(a.AuxBuffers) > maxBuffers || len(a.StateBuffers) > maxBuffers:
-		return bad("%d aux and %d state buffers, more than %d", len(a.AuxBuffers), len(a.StateBuffers), maxBuffers)
+	case len(a.AuxBuffers) > MaxBuffers || len(a.StateBuffers) > MaxBuffers:
+		return bad("%d aux and %d state buffers, more than %d", len(a.AuxBuffers), len(a.StateBuffers), MaxBuffers)
 	case a.PageSize <= 0 || a.PageSize > 1<<20:
 		return bad("page_size %d: want 1 … 2^20 tokens", a.PageSize)
 	case a.TPSize < 0 || a.EngineRank < 0 || a.EngineRank >= tp:

@@ -759,30 +759,7 @@ func (m *Manager) bind() error {
 // bind host, or for a wildcard bind the address hostaddr.Pick chooses
 // (SGLang advertises loopback there, which no peer on another host reaches).
 func (m *Manager) advertiseHost(bindHost string) string {
-	return advertiseHost(m.cfg.AdvertiseHost, bindHost, "control socket", m.log)
-}
-
-// advertiseHost is the one advertise rule of every kvxfer listener (the KV
-// manager's control socket, the TransferEngine's segment RPC listener):
-// advertise if set, else a non-wildcard bindHost as is, else the address
-// hostaddr.Pick chooses, logged (a warning when only loopback is left).
-// what names the listener in the log line.
-func advertiseHost(advertise, bindHost, what string, log *slog.Logger) string {
-	if h := strings.Trim(advertise, "[]"); h != "" {
-		return h
-	}
-	if !hostaddr.IsWildcard(bindHost) {
-		return bindHost
-	}
-	c := hostaddr.Pick(bindHost)
-	if c.Loopback {
-		log.Warn(what+" bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set the advertise host)",
-			"bind", bindHost, "advertised", c.Host)
-	} else {
-		log.Info(what+" bound to a wildcard advertises the address chosen for it (set the advertise host to choose another)",
-			"bind", bindHost, "advertised", c.Host, "interface", c.Iface, "how", c.How)
-	}
-	return c.Host
+	return hostaddr.Advertise(m.cfg.AdvertiseHost, bindHost, "control socket", m.log)
 }
 
 // bracket encloses an IPv6 address in brackets (for "host:port" forms).

@@ -233,7 +233,7 @@ func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
 func (m *Manager) rejectTransfer(v *TransferMsg, reason string, clean bool) {
 	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 	go func() {
-		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: KVFailed, Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
 		m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
 	}()
 }
@@ -404,7 +404,7 @@ func (m *Manager) handleVerdict(v *StatusMsg) {
 	if s == nil {
 		return
 	}
-	switch v.State {
+	switch KVPoll(v.State) {
 	case KVSuccess:
 		s.onVerdict(v.Endpoint)
 	case KVFailed:

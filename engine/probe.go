@@ -14,59 +14,15 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// Doctor probes (kvxfer doctor --bootstrap): a prober proves the data path
-// from a prefill rank into this host without touching serving KV. It
-// registers a scratch region per transport, sends PROBE to the rank's
-// control socket, and the rank (unless it refuses probes) opens a segment to
-// the scratch region per transport (the handshake, with the RDMA QP exchange
-// over HANDSHAKE/HANDSHAKE_ACK like a decode's), writes a pattern derived
-// from the probe id from its own freshly allocated probe buffer (never from
-// its KV buffers), and answers PROBE_RESULT with the timings; the prober
-// then checks the bytes.
-//
-//	PROBE (prober → rank):
-//	3 prober endpoint "tcp://host:port"
-//	4 probe id (>= 1; also the data-path epoch of the probe's segments)
-//	5 length: bytes to write per transport (1 … MaxProbeBytes)
-//	6 transport count n (1 … 8), then per transport 3 frames: name,
-//	  endpoint blob (Transport.Endpoint), region table (packRegions: exactly
-//	  one region, the scratch region, at least length bytes)
-//
-//	PROBE_RESULT (rank → prober):
-//	3 rank endpoint   4 probe id
-//	5 refusal ("" = the probe ran; else why not, e.g. --no-probe)
-//	6 rank ("prefill dp0/tp1/pp0")   7 the rank's transports, comma list
-//	8 result count n (0 … 8), then per result 6 frames: transport, failed
-//	  stage ("", "handshake" or "transfer"), error, not applicable (0/1: the
-//	  transport cannot connect these hosts, e.g. shm across hosts),
-//	  handshake µs, transfer µs
+// Doctor probes: the PROBE and PROBE_RESULT frames are in the control codec
+// (package engine/internal/control).
 const (
-	MsgProbe       = "PROBE"
-	MsgProbeResult = "PROBE_RESULT"
-	// MaxProbeBytes bounds a probe's length per transport (16 MiB).
-	MaxProbeBytes = 16 << 20
 	// DefaultProbeBytes is the probe length a Prober uses when none is
 	// given (1 MiB).
 	DefaultProbeBytes = 1 << 20
 	// probeStepTimeout bounds each stage of a probe on the rank.
 	probeStepTimeout = 10 * time.Second
 )
-
-// ProbeOffer is one prober transport in PROBE: its endpoint blob and the
-// scratch region.
-type ProbeOffer struct {
-	Name     string
-	Endpoint []byte
-	Region   RegionDesc
-}
-
-// ProbeMsg is PROBE (see the frame table above).
-type ProbeMsg struct {
-	Endpoint   string
-	ID         uint64
-	Length     uint64
-	Transports []ProbeOffer
-}
 
 // ProbeTransportResult is the outcome of one transport of a probe.
 type ProbeTransportResult struct {
@@ -89,110 +45,18 @@ type ProbeTransportResult struct {
 	VerifyErr string `json:"verify_error,omitempty"`
 }
 
-// ProbeResultMsg is PROBE_RESULT (see the frame table above).
-type ProbeResultMsg struct {
-	Endpoint   string
-	ID         uint64
-	Refused    string
-	Rank       string
-	Transports []string
-	Results    []ProbeTransportResult
+// wire is the part of r that PROBE_RESULT carries.
+func (r ProbeTransportResult) wire() ProbeResult {
+	return ProbeResult{Transport: r.Transport, Stage: r.Stage, Err: r.Err, NotApplicable: r.NotApplicable, Handshake: r.Handshake, Transfer: r.Transfer}
 }
 
-// Encode returns the message's frames.
-func (m *ProbeMsg) Encode() [][]byte {
-	f := append(header(MsgProbe), []byte(m.Endpoint), dec(m.ID), dec(m.Length), deci(len(m.Transports)))
-	for _, o := range m.Transports {
-		f = append(f, []byte(o.Name), o.Endpoint, packRegions([]RegionDesc{o.Region}))
+// fromWire returns the results of a PROBE_RESULT, not yet verified.
+func fromWire(rs []ProbeResult) []ProbeTransportResult {
+	var out []ProbeTransportResult // nil when there is none, as before the codec had its own type
+	for _, r := range rs {
+		out = append(out, ProbeTransportResult{Transport: r.Transport, Stage: r.Stage, Err: r.Err, NotApplicable: r.NotApplicable, Handshake: r.Handshake, Transfer: r.Transfer})
 	}
-	return f
-}
-
-// Encode returns the message's frames.
-func (m *ProbeResultMsg) Encode() [][]byte {
-	f := append(header(MsgProbeResult), []byte(m.Endpoint), dec(m.ID), []byte(m.Refused), []byte(m.Rank),
-		[]byte(strings.Join(m.Transports, ",")), deci(len(m.Results)))
-	for _, r := range m.Results {
-		f = append(f, []byte(r.Transport), []byte(r.Stage), []byte(r.Err), b01(r.NotApplicable),
-			dec(uint64(r.Handshake.Microseconds())), dec(uint64(r.Transfer.Microseconds())))
-	}
-	return f
-}
-
-// DecodeProbe decodes a PROBE message. Errors wrap ErrBadFrame.
-func DecodeProbe(parts [][]byte) (*ProbeMsg, error) {
-	r, err := newReader(parts, MsgProbe, 7, false)
-	if err != nil {
-		return nil, err
-	}
-	m := &ProbeMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Length: r.uint(5, MaxProbeBytes, "length")}
-	n := r.int(6, maxTransports, "transport count")
-	if r.err == nil && (m.ID == 0 || m.Length == 0 || n == 0) {
-		r.fail(4, "probe id, length and transport count must be >= 1 (id %d, length %d, %d transports)", m.ID, m.Length, n)
-	}
-	if r.err == nil && len(parts) != 7+3*n {
-		r.fail(6, "%d transports need %d frames, message has %d", n, 7+3*n, len(parts))
-	}
-	for i := 0; r.err == nil && i < n; i++ {
-		base := 7 + 3*i
-		o := ProbeOffer{Name: r.str(base, "transport name")}
-		if r.err == nil && o.Name == "" {
-			r.fail(base, "transport name is empty")
-		}
-		if len(parts[base+1]) > maxBlobBytes {
-			r.fail(base+1, "endpoint blob of %d bytes, longer than %d", len(parts[base+1]), maxBlobBytes)
-		}
-		regs, err := unpackRegions(parts[base+2])
-		switch {
-		case err != nil:
-			r.fail(base+2, "region table: %v", err)
-		case len(regs) != 1:
-			r.fail(base+2, "region table has %d regions, want exactly the scratch region", len(regs))
-		case regs[0].Length < m.Length:
-			r.fail(base+2, "scratch region of %d bytes is shorter than the probe length %d", regs[0].Length, m.Length)
-		}
-		if r.err != nil {
-			break
-		}
-		o.Endpoint = append([]byte(nil), parts[base+1]...)
-		o.Region = regs[0]
-		m.Transports = append(m.Transports, o)
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	return m, nil
-}
-
-// DecodeProbeResult decodes a PROBE_RESULT message. Errors wrap ErrBadFrame.
-func DecodeProbeResult(parts [][]byte) (*ProbeResultMsg, error) {
-	r, err := newReader(parts, MsgProbeResult, 9, false)
-	if err != nil {
-		return nil, err
-	}
-	m := &ProbeResultMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Refused: r.str(5, "refusal"), Rank: r.str(6, "rank")}
-	if ts := r.str(7, "transports"); ts != "" {
-		m.Transports = strings.Split(ts, ",")
-	}
-	n := r.int(8, maxTransports, "result count")
-	if r.err == nil && len(parts) != 9+6*n {
-		r.fail(8, "%d results need %d frames, message has %d", n, 9+6*n, len(parts))
-	}
-	for i := 0; r.err == nil && i < n; i++ {
-		base := 9 + 6*i
-		res := ProbeTransportResult{Transport: r.str(base, "transport"), Stage: r.str(base+1, "stage"), Err: r.str(base+2, "error"),
-			NotApplicable: r.bool(base+3, "not applicable"),
-			Handshake:     time.Duration(r.uint(base+4, 1<<40, "handshake µs")) * time.Microsecond,
-			Transfer:      time.Duration(r.uint(base+5, 1<<40, "transfer µs")) * time.Microsecond}
-		if r.err == nil && res.Stage != "" && res.Stage != "handshake" && res.Stage != "transfer" {
-			r.fail(base+1, "stage %q: want \"\", handshake or transfer", trunc([]byte(res.Stage)))
-		}
-		m.Results = append(m.Results, res)
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	return m, nil
+	return out
 }
 
 // ProbePattern fills b with the bytes a probe of id writes over transport
@@ -257,7 +121,7 @@ func (m *Manager) handleProbe(v *ProbeMsg) {
 			if r.Err != "" && !r.NotApplicable {
 				passed = false
 			}
-			res.Results = append(res.Results, r)
+			res.Results = append(res.Results, r.wire())
 		}
 		result := "passed"
 		if !passed {
@@ -592,7 +456,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 			if v.ID != id {
 				continue
 			}
-			rep := &ProbeReport{Endpoint: v.Endpoint, Rank: v.Rank, Transports: v.Transports, Refused: v.Refused, RoundTrip: time.Since(start), Results: v.Results}
+			rep := &ProbeReport{Endpoint: v.Endpoint, Rank: v.Rank, Transports: v.Transports, Refused: v.Refused, RoundTrip: time.Since(start), Results: fromWire(v.Results)}
 			p.verify(id, rep)
 			return rep, nil
 		}

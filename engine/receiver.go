@@ -620,10 +620,10 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 		}
 	}
 	p, ferr := r.st.get()
-	if t != nil && v.State == KVSuccess && !t.rank.Dummy && (v.Epoch == t.epoch || v.Epoch == 0) {
+	if t != nil && KVPoll(v.State) == KVSuccess && !t.rank.Dummy && (v.Epoch == t.epoch || v.Epoch == 0) {
 		t.wrote = true // it writes nothing more for this room
 	}
-	if t != nil && v.State == KVFailed && p != KVFailed && r.peerFail == nil {
+	if t != nil && KVPoll(v.State) == KVFailed && p != KVFailed && r.peerFail == nil {
 		reason := v.Reason
 		if reason == "" {
 			reason = "Failed to get kvcache from prefill instance, it might be dead"
@@ -642,13 +642,13 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 		// decode's Success stands.
 		go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
 	case p == KVFailed:
-		if v.State == KVSuccess { // it missed the ABORT
+		if KVPoll(v.State) == KVSuccess { // it missed the ABORT
 			go r.m.sendVerdict(v.Endpoint, r.room, false, ferr.Error(), t.epoch)
 		}
 		r.updateFence()
-	case v.State == KVFailed:
+	case KVPoll(v.State) == KVFailed:
 		r.failLocal(peerFail)
-	case v.State == KVSuccess && !t.rank.Dummy:
+	case KVPoll(v.State) == KVSuccess && !t.rank.Dummy:
 		r.tr.peer(StepTransfer, v.Endpoint, "STATUS Success")
 		r.m.goTracked(func() { r.accept(t, v) }) // Close waits for it before the ring goes
 	}

@@ -223,6 +223,14 @@ func sortRegionsByAddr(rs []RegionDesc) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
 }
 
+// sortedCopy returns a copy of rs sorted by Addr, the order FindRegion
+// needs (rs is not modified).
+func sortedCopy(rs []RegionDesc) []RegionDesc {
+	out := append([]RegionDesc(nil), rs...)
+	sortRegionsByAddr(out)
+	return out
+}
+
 // Transport returns the entry for the named transport.
 func (d SegmentDescriptor) Transport(name string) (SegmentTransport, bool) {
 	for _, t := range d.Transports {

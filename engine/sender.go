@@ -679,7 +679,7 @@ func (s *Sender) fail(err error) bool {
 // stayed clean. One goroutine, so the decode gets them in that order.
 func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	for _, d := range ds {
-		if e := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVFailed, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
+		if e := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(KVFailed), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
 			s.m.log.Debug("STATUS Failed not sent", "room", s.room, "decode", d.msg.Endpoint, "err", e)
 		}
 	}
@@ -783,7 +783,7 @@ func (s *Sender) sendStatus(ds []*senderDst, reason string) {
 	}
 	for _, d := range ds {
 		go func() {
-			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: state, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: reason, Epoch: d.msg.Epoch}).Encode(), true)
+			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(state), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: reason, Epoch: d.msg.Epoch}).Encode(), true)
 		}()
 	}
 }
@@ -911,7 +911,7 @@ func (s *Sender) worker() {
 				if already {
 					continue
 				}
-				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: KVSuccess, Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), false); err != nil {
+				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(KVSuccess), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), false); err != nil {
 					s.fail(err)
 					return
 				}

@@ -261,6 +261,39 @@ type Segment interface {
 	Close() error
 }
 
+// RegionAdder is implemented by transport Segments whose region table can
+// grow after OpenSegment: AddRegions makes writes to the given regions of the
+// receiver valid on this segment (regions already known are ignored). The
+// receiver still checks every write. TransferEngine calls it when a refresh
+// of the peer's descriptor finds regions registered after the open.
+type RegionAdder interface {
+	AddRegions(regions []RegionDesc) error
+}
+
+// ReadRequest is one one-sided READ: Length bytes from byte RemoteOffset of
+// the receiver's region Remote into local address Local (inside memory
+// registered with the reading side's transport).
+type ReadRequest struct {
+	Local        uintptr
+	Remote       RegionID
+	RemoteOffset uint64
+	Length       uint64
+}
+
+// SegmentReader is implemented by transport Segments that can READ the
+// receiver's registered memory (shm, which maps it). Read copies every
+// request before it returns; nothing is read when validation fails (errors
+// wrap ErrUnknownRegion or ErrOutOfBounds), and a receiver that is gone
+// fails it with ErrPeerLost. tcp and rdma move bytes by one-sided WRITE
+// only and do not implement it.
+type SegmentReader interface {
+	Read(ctx context.Context, reqs []ReadRequest) error
+}
+
+// ErrReadUnsupported: the transport moves bytes by one-sided WRITE only
+// (tcp, rdma); reads need a transport that implements SegmentReader (shm).
+var ErrReadUnsupported = errors.New("transport cannot read: one-sided WRITE only")
+
 // Errors shared by every transport. Transports wrap them with context
 // ("tcp: write to region 3 at offset 4096+8192: ...").
 var (

@@ -257,7 +257,7 @@ func TestMaxPeersBoundsSockets(t *testing.T) {
 	sendOne(t, addr, p, d, 1)
 	in := newInjector(t, d.m.Endpoint())
 	for i := range 40 {
-		st := &engine.StatusMsg{Room: uint64(1000 + i), State: engine.KVFailed, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+i), Reason: "stray"}
+		st := &engine.StatusMsg{Room: uint64(1000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+i), Reason: "stray"}
 		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
 		if n := engine.PushSockets(d.m); n > 4 {
 			t.Fatalf("%d control sockets after %d stray STATUS frames, limit 4", n, i+1)
@@ -285,7 +285,7 @@ func TestMonitorReaderFailureDoesNotFreezeControl(t *testing.T) {
 	engine.FailMonitorReaders(d.m)
 	in := newInjector(t, d.m.Endpoint())
 	for i := range 3 { // answers go to endpoints nobody listens on
-		st := &engine.StatusMsg{Room: uint64(2000 + i), State: engine.KVFailed, Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 22000+i), Reason: "stray"}
+		st := &engine.StatusMsg{Room: uint64(2000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 22000+i), Reason: "stray"}
 		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
 	}
 	time.Sleep(500 * time.Millisecond) // several reconnection attempts

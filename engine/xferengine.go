@@ -9,13 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
 // TransferEngineConfig configures a TransferEngine.
@@ -144,7 +145,7 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		return nil, fmt.Errorf("engine: transfer engine: zmq context: %w", err)
 	}
 	te.client = &rpcClient{zctx: te.zctx}
-	te.rpcHost = advertiseHost(cfg.AdvertiseHost, host, "segment RPC listener", cfg.Logger)
+	te.rpcHost = hostaddr.Advertise(cfg.AdvertiseHost, host, "segment RPC listener", cfg.Logger)
 	te.rpc, err = listenRPC(te.zctx, host, port, te.handleRPC, cfg.RPCTimeout, cfg.Logger)
 	if err != nil {
 		_ = te.zctx.Term()
@@ -651,11 +652,4 @@ func (te *TransferEngine) forget(s *RemoteSegment) {
 	if stop != nil {
 		stop()
 	}
-}
-
-// sortedCopy returns regions sorted by address.
-func sortedCopy(rs []RegionDesc) []RegionDesc {
-	out := append([]RegionDesc(nil), rs...)
-	sort.Slice(out, func(i, j int) bool { return out[i].Addr < out[j].Addr })
-	return out
 }

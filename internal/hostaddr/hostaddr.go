@@ -10,6 +10,7 @@ package hostaddr
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -196,4 +197,27 @@ func interfaceAddrs() []ifaceAddr {
 		}
 	}
 	return out
+}
+
+// Advertise is the one advertise rule of every kvxfer listener (the KV
+// manager's control socket, the TransferEngine's segment RPC listener):
+// advertise if set, else a non-wildcard bindHost as is, else the address
+// Pick chooses, logged (a warning when only loopback is left).
+// what names the listener in the log line.
+func Advertise(advertise, bindHost, what string, log *slog.Logger) string {
+	if h := strings.Trim(advertise, "[]"); h != "" {
+		return h
+	}
+	if !IsWildcard(bindHost) {
+		return bindHost
+	}
+	c := Pick(bindHost)
+	if c.Loopback {
+		log.Warn(what+" bound to a wildcard advertises loopback: this host has no other address, so peers on other hosts cannot reach it (set the advertise host)",
+			"bind", bindHost, "advertised", c.Host)
+	} else {
+		log.Info(what+" bound to a wildcard advertises the address chosen for it (set the advertise host to choose another)",
+			"bind", bindHost, "advertised", c.Host, "interface", c.Iface, "how", c.How)
+	}
+	return c.Host
 }

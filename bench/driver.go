@@ -6,10 +6,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
 	// The transports the benchmark measures register themselves.
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // PeerTimeout bounds one peer-tool run (server and client).
@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 	rep := &Report{}
 	var usable []string
 	for _, t := range cfg.Transports {
-		if err := engine.ProbeTransport(t); err != nil {
+		if err := transport.ProbeTransport(t); err != nil {
 			rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s: %v", t, err))
 			continue
 		}

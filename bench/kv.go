@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -96,7 +97,7 @@ func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 	}
 	type side struct {
 		bufs *workload.KVBuffers
-		tr   engine.Transport
+		tr   transport.Transport
 		m    *engine.Manager
 	}
 	open := func(role engine.Role) (*side, error) {
@@ -106,11 +107,11 @@ func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 			return nil, err
 		}
 		_ = s.bufs.Prefault() // first-touch faults are not the transport's cost
-		if s.tr, err = engine.OpenTransport(res.Transport, engine.DefaultOptions()); err != nil {
+		if s.tr, err = transport.OpenTransport(res.Transport, transport.DefaultOptions()); err != nil {
 			s.bufs.Close()
 			return nil, err
 		}
-		mc := engine.ManagerConfig{Role: role, KV: s.bufs.Args(), Transports: []engine.Transport{s.tr}, BootstrapAddr: srv.Addr(),
+		mc := engine.ManagerConfig{Role: role, KV: s.bufs.Args(), Transports: []transport.Transport{s.tr}, BootstrapAddr: srv.Addr(),
 			BootstrapTimeout: cfg.CaseTimeout, WaitingTimeout: cfg.CaseTimeout, Logger: quietLogger()}
 		if role == engine.RoleDecode {
 			mc.BootstrapAddr = ""

@@ -1,5 +1,5 @@
 // Package bench is kvxfer's benchmark: it drives engine transports (through
-// engine.OpenTransport and segments, never raw sockets) over a matrix of
+// transport.OpenTransport and segments, never raw sockets) over a matrix of
 // transport × block size × batch depth × streams, verifies every byte after
 // each timed repetition, runs installed peer tools (iperf3, ucx_perftest,
 // ib_write_bw) with matched sizes, and reports a table, JSON and a plot.
@@ -100,7 +100,7 @@ type Case struct {
 	BlockBytes uint64 `json:"block_bytes"`
 	// Depth is the number of WriteRequests per transfer batch.
 	Depth int `json:"depth"`
-	// Streams is engine.Options.Streams (0 = the transport's default: tcp
+	// Streams is transport.Options.Streams (0 = the transport's default: tcp
 	// connections, shm copy goroutines).
 	Streams int `json:"streams"`
 	// Inflight is the number of batches kept submitted at once.

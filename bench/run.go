@@ -9,9 +9,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/shm"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/rdma"
 )
 
@@ -23,7 +23,7 @@ type Config struct {
 	BlockSizes []uint64 `json:"block_sizes"`
 	// Depths are WriteRequests per transfer batch.
 	Depths []int `json:"depths"`
-	// Streams are engine.Options.Streams values (0 = transport default).
+	// Streams are transport.Options.Streams values (0 = transport default).
 	Streams []int `json:"streams"`
 	// Inflight is the number of batches kept submitted at once (>= 1).
 	Inflight int `json:"inflight"`
@@ -183,24 +183,24 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 		}
 		return res
 	}
-	opts := engine.DefaultOptions()
+	opts := transport.DefaultOptions()
 	opts.Streams = c.Streams
-	rcv, err := engine.OpenTransport(c.Transport, opts)
+	rcv, err := transport.OpenTransport(c.Transport, opts)
 	if err != nil {
 		return fail("open receiver: %v", err)
 	}
 	defer rcv.Close()
-	snd, err := engine.OpenTransport(c.Transport, opts)
+	snd, err := transport.OpenTransport(c.Transport, opts)
 	if err != nil {
 		return fail("open sender: %v", err)
 	}
 	defer snd.Close()
-	src, err := engine.AllocHost("bench-src", int64(res.RegionBytes))
+	src, err := transport.AllocHost("bench-src", int64(res.RegionBytes))
 	if err != nil {
 		return fail("%v", err)
 	}
 	defer src.Close()
-	dst, err := engine.AllocHost("bench-dst", int64(res.RegionBytes))
+	dst, err := transport.AllocHost("bench-dst", int64(res.RegionBytes))
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -216,15 +216,15 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	if err != nil {
 		return fail("receiver endpoint: %v", err)
 	}
-	seg, err := snd.OpenSegment(ctx, engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{dd}})
+	seg, err := snd.OpenSegment(ctx, transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{dd}})
 	if err != nil {
 		return fail("open segment: %v", err)
 	}
 	defer seg.Close()
 	if reply := seg.HandshakeReply(); reply != nil {
-		acc, ok := rcv.(engine.Acceptor)
+		acc, ok := rcv.(transport.Acceptor)
 		if !ok {
-			return fail("transport %s returned a handshake reply but its receiver is not an engine.Acceptor", c.Transport)
+			return fail("transport %s returned a handshake reply but its receiver is not an transport.Acceptor", c.Transport)
 		}
 		if err := acc.Accept(ctx, "bench-sender", reply); err != nil {
 			return fail("accept handshake: %v", err)
@@ -232,18 +232,18 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	}
 
 	slots := res.RegionBytes / c.BlockBytes
-	mkBatch := func(k int) *engine.TransferBatch {
-		b := &engine.TransferBatch{Requests: make([]engine.WriteRequest, c.Depth)}
+	mkBatch := func(k int) *transport.TransferBatch {
+		b := &transport.TransferBatch{Requests: make([]transport.WriteRequest, c.Depth)}
 		for j := range b.Requests {
 			off := (uint64(k*c.Depth+j) % slots) * c.BlockBytes
-			b.Requests[j] = engine.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: c.BlockBytes}
+			b.Requests[j] = transport.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: c.BlockBytes}
 		}
 		return b
 	}
 	// Batches cycle over a fixed set, prebuilt so the timed region measures
 	// the transport rather than request construction.
 	nb := int(max(1, (slots+uint64(c.Depth)-1)/uint64(c.Depth)))
-	batches := make([]*engine.TransferBatch, nb)
+	batches := make([]*transport.TransferBatch, nb)
 	for k := range batches {
 		batches[k] = mkBatch(k)
 	}
@@ -307,9 +307,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 // minBatches completed and (dur elapsed or maxBatches completed, when those
 // are > 0), then drains. It returns completed batches and messages, and
 // appends per-batch latencies (µs) to lats when non-nil.
-func pump(ctx context.Context, seg engine.Segment, batches []*engine.TransferBatch, minBatches int, dur time.Duration, maxBatches uint64, inflight int, lats *[]float64) (done, msgs int, err error) {
+func pump(ctx context.Context, seg transport.Segment, batches []*transport.TransferBatch, minBatches int, dur time.Duration, maxBatches uint64, inflight int, lats *[]float64) (done, msgs int, err error) {
 	type pending struct {
-		id engine.BatchID
+		id transport.BatchID
 		t  time.Time
 		n  int
 	}
@@ -336,7 +336,7 @@ func pump(ctx context.Context, seg engine.Segment, batches []*engine.TransferBat
 			*lats = append(*lats, durationMicros(time.Since(p.t)))
 		}
 		seg.Release(p.id)
-		if st.State != engine.BatchCompleted {
+		if st.State != transport.BatchCompleted {
 			return fmt.Errorf("batch ended %v: %v", st.State, st.Err)
 		}
 		done++
@@ -438,7 +438,7 @@ func MemcpyBaseline(dst, src []byte, block uint64, reps int, dur time.Duration) 
 }
 
 // EffectiveStreams is the stream count a transport uses when
-// engine.Options.Streams is 0, taken from the transports' own defaults: tcp
+// transport.Options.Streams is 0, taken from the transports' own defaults: tcp
 // connections per segment, shm copy goroutines, RDMA QPs per device per peer;
 // 0 for a transport it does not know.
 func EffectiveStreams(transport string) int {

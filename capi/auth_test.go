@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -30,12 +30,12 @@ func directoryAndEngine(t *testing.T, token string) (*server.Server, *engineObj)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); <-done })
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tr.Close() })
-	return srv, &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []engine.Transport{tr}}
+	return srv, &engineObj{role: 0, bootstrapAddr: srv.Addr(), tr: tr, trs: []transport.Transport{tr}}
 }
 
 // TestKVConfigAuthToken: a prefill KV manager created through the C ABI's

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 func TestSplitHostPort(t *testing.T) {
@@ -61,18 +62,18 @@ func TestCodeOf(t *testing.T) {
 		want status
 	}{
 		{nil, stOK},
-		{engine.ErrOutOfBounds, stOutOfBounds},
-		{errors.Join(errors.New("tcp: write"), engine.ErrPeerLost), stPeerLost},
+		{transport.ErrOutOfBounds, stOutOfBounds},
+		{errors.Join(errors.New("tcp: write"), transport.ErrPeerLost), stPeerLost},
 		{fail(stBusy, "x"), stBusy},
-		{failWrap(stOK, engine.ErrUnknownRegion, "x"), stUnknownRegion},
-		{failWrap(stBootstrap, engine.ErrClosed, "x"), stBootstrap},
+		{failWrap(stOK, transport.ErrUnknownRegion, "x"), stUnknownRegion},
+		{failWrap(stBootstrap, transport.ErrClosed, "x"), stBootstrap},
 		{errors.New("something else"), stTransferFailed},
-		{fmt.Errorf("open: %w", engine.ErrSegmentNotFound), stNotFound},
-		{fmt.Errorf("open: %w", engine.ErrMetadataUnavailable), stMetadata},
-		{fmt.Errorf("read: %w", engine.ErrReadUnsupported), stNotSupported},
+		{fmt.Errorf("open: %w", transport.ErrSegmentNotFound), stNotFound},
+		{fmt.Errorf("open: %w", transport.ErrMetadataUnavailable), stMetadata},
+		{fmt.Errorf("read: %w", transport.ErrReadUnsupported), stNotSupported},
 		{fmt.Errorf("x: %w: refused", engine.ErrSegmentUnreachable), stPeerLost},
 		{fmt.Errorf("x: %w: %w", engine.ErrSegmentUnreachable, context.DeadlineExceeded), stTimeout},
-		{fmt.Errorf("x: %w: %w", engine.ErrSegmentStale, engine.ErrPeerLost), stPeerLost},
+		{fmt.Errorf("x: %w: %w", engine.ErrSegmentStale, transport.ErrPeerLost), stPeerLost},
 	}
 	for _, tc := range tests {
 		if got := codeOf(tc.err); got != tc.want {
@@ -81,7 +82,7 @@ func TestCodeOf(t *testing.T) {
 	}
 }
 
-// The segment blob is engine.SegmentDescriptor's wire form; its decoder is
+// The segment blob is transport.SegmentDescriptor's wire form; its decoder is
 // tested and fuzzed in package engine (FuzzDecodeSegmentDescriptor).
 
 func TestSplitDevices(t *testing.T) {

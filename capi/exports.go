@@ -19,7 +19,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 //export kvx_bootstrap_start
@@ -232,7 +232,7 @@ func kvx_alloc_host(name *C.char, size C.uint64_t, out *C.kvx_hostbuf_t, addr *u
 	if n == "" {
 		n = "capi"
 	}
-	hb, err := engine.AllocHost(n, int64(size))
+	hb, err := transport.AllocHost(n, int64(size))
 	if err != nil {
 		return finish(failWrap(stInvalidArgument, err, "%s", op))
 	}
@@ -293,5 +293,5 @@ func kvx_deregister_memory(eng C.kvx_engine_t, region C.kvx_region_t) (rc C.int)
 	if !ok {
 		return finish(badHandle(op, "engine", uint64(eng)))
 	}
-	return finish(e.deregister(engine.RegionID(region)))
+	return finish(e.deregister(transport.RegionID(region)))
 }

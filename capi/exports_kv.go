@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -95,11 +96,11 @@ func kvArgsFromC(c *C.kvx_kv_config) (engine.KVArgs, error) {
 	if c.model != nil || c.num_layers != 0 || c.num_kv_heads != 0 || c.head_dim != 0 || c.dtype_bytes != 0 || c.num_pages != 0 {
 		return engine.KVArgs{}, errors.New("both caller buffers (num_kv_buffers > 0) and a model/pool size (model, num_layers, num_kv_heads, head_dim, dtype_bytes, num_pages) are set; the buffers define the geometry, leave the others 0/NULL")
 	}
-	kind, dev, err := engine.ParseLocation(goStr(c.kv_location))
+	kind, dev, err := transport.ParseLocation(goStr(c.kv_location))
 	if err != nil {
 		return engine.KVArgs{}, fmt.Errorf("kv_location: %w", err)
 	}
-	if kind == engine.MemoryHost {
+	if kind == transport.MemoryHost {
 		dev = -1
 	}
 	arrays := func(list string, n C.uint32_t, ptrs, lens, items *C.uint64_t) ([][]uint64, error) {
@@ -135,7 +136,7 @@ func kvArgsFromC(c *C.kvx_kv_config) (engine.KVArgs, error) {
 	if err != nil {
 		return a, err
 	}
-	if a.AuxBuffers, err = callerBuffers("aux", int(c.num_aux_buffers), aux[0], aux[1], aux[2], engine.MemoryHost, -1); err != nil {
+	if a.AuxBuffers, err = callerBuffers("aux", int(c.num_aux_buffers), aux[0], aux[1], aux[2], transport.MemoryHost, -1); err != nil {
 		return a, err
 	}
 	st, err := arrays("state", c.num_state_buffers, c.state_data_ptrs, c.state_data_lens, c.state_item_lens)

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 //export kvx_segment_export
@@ -143,18 +144,18 @@ func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32
 		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
 	}
 	in := unsafe.Slice(reqs, int(n))
-	rr := make([]engine.ReadRequest, len(in))
+	rr := make([]transport.ReadRequest, len(in))
 	var byAddr []engine.PeerRead
 	var at []int
 	for i, r := range in {
 		if r.count > 1 {
 			return finish(fail(stInvalidArgument, "%s: request %d has count %d; reads are contiguous (count 0 or 1)", op, i, r.count))
 		}
-		w := engine.WriteRequest{Local: uintptr(r.local_addr), Length: uint64(r.length)}
+		w := transport.WriteRequest{Local: uintptr(r.local_addr), Length: uint64(r.length)}
 		if err := s.eng.checkLocal(op, i, w); err != nil {
 			return finish(err)
 		}
-		rr[i] = engine.ReadRequest{Local: uintptr(r.local_addr), Remote: engine.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
+		rr[i] = transport.ReadRequest{Local: uintptr(r.local_addr), Remote: transport.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
 		if r.remote_region == C.KVX_REGION_PEER_ADDRESS {
 			byAddr = append(byAddr, engine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
 			at = append(at, i)
@@ -238,11 +239,11 @@ func kvx_batch_submit(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32
 		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
 	}
 	in := unsafe.Slice(reqs, int(n))
-	wr := make([]engine.WriteRequest, len(in))
+	wr := make([]transport.WriteRequest, len(in))
 	for i, r := range in {
-		wr[i] = engine.WriteRequest{
+		wr[i] = transport.WriteRequest{
 			Local:        uintptr(r.local_addr),
-			Remote:       engine.RegionID(r.remote_region),
+			Remote:       transport.RegionID(r.remote_region),
 			RemoteOffset: uint64(r.remote_offset),
 			Length:       uint64(r.length),
 			Count:        uint32(r.count),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -125,14 +126,14 @@ func declarations(c kvConfig) (policy string, layout []byte, err error) {
 // callerBuffers turns three parallel C arrays into buffers of one memory
 // kind; host buffers inside a kvx_alloc_host block get its memfd, so the
 // shm transport can share them.
-func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind engine.MemoryKind, dev int) ([]engine.Buffer, error) {
+func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind transport.MemoryKind, dev int) ([]engine.Buffer, error) {
 	out := make([]engine.Buffer, n)
 	for i := range out {
 		if ptrs[i] == 0 || ptrs[i] > uint64(^uintptr(0)) {
 			return nil, fmt.Errorf("%s_data_ptrs[%d] = %#x is not an address", list, i, ptrs[i])
 		}
-		m := engine.Memory{Addr: uintptr(ptrs[i]), Length: lens[i], Kind: kind, Device: dev, FD: -1}
-		if kind == engine.MemoryHost {
+		m := transport.Memory{Addr: uintptr(ptrs[i]), Length: lens[i], Kind: kind, Device: dev, FD: -1}
+		if kind == transport.MemoryHost {
 			if fd, off, ok := hostBufferFor(m.Addr, m.Length); ok {
 				m.FD, m.FDOffset = fd, off
 			}

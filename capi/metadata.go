@@ -7,13 +7,13 @@ import (
 	"errors"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/metadata"
 )
 
 // peerAddressRegion is KVX_REGION_PEER_ADDRESS: a kvx_write_request whose
 // remote_region is this value addresses the peer by virtual address.
-const peerAddressRegion = engine.RegionID(0xFFFFFFFF)
+const peerAddressRegion = transport.RegionID(0xFFFFFFFF)
 
 // openMetadata turns kvx_engine_config.metadata_server (or KVXFER_METADATA)
 // into a segment directory: nil for P2P ("", "P2PHANDSHAKE"), an HTTP
@@ -21,7 +21,7 @@ const peerAddressRegion = engine.RegionID(0xFFFFFFFF)
 // else an etcd store (lease TTL metadata.DefaultTTL), with its close
 // function. An unreachable server is KVX_ERR_METADATA, a malformed URL (or
 // a server that is not a metadata server) KVX_ERR_INVALID_ARGUMENT.
-func openMetadata(url string, timeout time.Duration) (engine.SegmentDirectory, func() error, error) {
+func openMetadata(url string, timeout time.Duration) (transport.SegmentDirectory, func() error, error) {
 	if metadata.IsP2P(url) {
 		return nil, nil, nil
 	}
@@ -29,7 +29,7 @@ func openMetadata(url string, timeout time.Duration) (engine.SegmentDirectory, f
 	defer cancel()
 	var (
 		s interface {
-			engine.SegmentDirectory
+			transport.SegmentDirectory
 			Close() error
 		}
 		err error
@@ -41,7 +41,7 @@ func openMetadata(url string, timeout time.Duration) (engine.SegmentDirectory, f
 	}
 	if err != nil {
 		code := stInvalidArgument
-		if errors.Is(err, engine.ErrMetadataUnavailable) {
+		if errors.Is(err, transport.ErrMetadataUnavailable) {
 			code = stMetadata
 		}
 		return nil, nil, failWrap(code, err, "kvx_engine_create: metadata_server %q", url)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
@@ -57,7 +57,7 @@ func TestEngineMetadataErrors(t *testing.T) {
 	dead := l.Addr().String()
 	l.Close()
 	_, err = newEngine(engineConfig{role: 0, transport: "tcp", metadataServer: "etcd://" + dead, rpcTimeout: 1e9})
-	if codeOf(err) != stMetadata || !errors.Is(err, engine.ErrMetadataUnavailable) {
+	if codeOf(err) != stMetadata || !errors.Is(err, transport.ErrMetadataUnavailable) {
 		t.Fatalf("unreachable etcd: %v (code %d), want KVX_ERR_METADATA", err, codeOf(err))
 	}
 	if _, err = newEngine(engineConfig{role: 0, transport: "tcp", metadataServer: "redis://x:1"}); codeOf(err) != stInvalidArgument {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
@@ -23,7 +24,7 @@ var (
 	engines    = newTable[*engineObj]()
 	segments   = newTable[*segmentObj]()
 	batches    = newTable[*batchObj]()
-	hostBufs   = newTable[*engine.HostBuffer]()
+	hostBufs   = newTable[*transport.HostBuffer]()
 	bootstraps = newTable[*bootstrapObj]()
 	metaSrvs   = newTable[*metaServerObj]()
 )
@@ -40,9 +41,9 @@ type engineObj struct {
 	role          int32
 	bootstrapAddr string
 	te            *engine.TransferEngine
-	tr            engine.Transport        // the TransferEngine's: trs[0]
-	trs           []engine.Transport      // every transport opened, highest priority first (KV managers use them all)
-	meta          engine.SegmentDirectory // nil in P2P mode; closed with the engine
+	tr            transport.Transport        // the TransferEngine's: trs[0]
+	trs           []transport.Transport      // every transport opened, highest priority first (KV managers use them all)
+	meta          transport.SegmentDirectory // nil in P2P mode; closed with the engine
 	metaClose     func() error
 	timeout       time.Duration
 	notify        *notifier
@@ -91,7 +92,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		}
 		return nil, failWrap(stInvalidArgument, err, "%s: listen_host %q", op, cfg.listenHost)
 	}
-	opts := engine.DefaultOptions()
+	opts := transport.DefaultOptions()
 	if listenHost != "" {
 		opts.ListenHost = listenHost
 	}
@@ -102,20 +103,20 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	if name == "" {
 		name = "auto"
 	}
-	// engine.OpenTransports is the CLI's meaning of the name too: "auto"
+	// transport.OpenTransports is the CLI's meaning of the name too: "auto"
 	// opens every transport usable here. The segment API (TransferEngine)
 	// moves bytes on the first, highest-priority one; KV managers offer
 	// them all, so a peer on another host falls back from shm to tcp.
-	trs, err := engine.OpenTransports(name, opts)
+	trs, err := transport.OpenTransports(name, opts)
 	if err != nil {
 		if metaClose != nil {
 			_ = metaClose()
 		}
 		code := stUnavailable
-		if errors.Is(err, engine.ErrUnknownTransport) {
+		if errors.Is(err, transport.ErrUnknownTransport) {
 			code = stInvalidArgument
 		}
-		return nil, failWrap(code, err, "%s: transport %q (compiled in: %s)", op, name, strings.Join(engine.Transports(), ", "))
+		return nil, failWrap(code, err, "%s: transport %q (compiled in: %s)", op, name, strings.Join(transport.Transports(), ", "))
 	}
 	tr := trs[0]
 	closeRest := func() {
@@ -152,7 +153,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 			_ = metaClose()
 		}
 		code := stOK
-		if !errors.Is(err, engine.ErrMetadataUnavailable) {
+		if !errors.Is(err, transport.ErrMetadataUnavailable) {
 			code = stInvalidArgument
 		}
 		return nil, failWrap(code, err, "%s: local_hostname %q", op, local)
@@ -266,13 +267,13 @@ func hostBufferFor(addr uintptr, n uint64) (fd int, off uint64, ok bool) {
 	return -1, 0, false
 }
 
-func (e *engineObj) register(addr uintptr, n uint64, loc string) (engine.RegionID, error) {
-	kind, dev, err := engine.ParseLocation(loc)
+func (e *engineObj) register(addr uintptr, n uint64, loc string) (transport.RegionID, error) {
+	kind, dev, err := transport.ParseLocation(loc)
 	if err != nil {
 		return 0, failWrap(stInvalidArgument, err, "kvx_register_memory")
 	}
-	m := engine.Memory{Addr: addr, Length: n, Kind: kind, Device: dev, FD: -1}
-	if kind == engine.MemoryHost {
+	m := transport.Memory{Addr: addr, Length: n, Kind: kind, Device: dev, FD: -1}
+	if kind == transport.MemoryHost {
 		if fd, off, ok := hostBufferFor(addr, n); ok {
 			m.FD, m.FDOffset = fd, off
 		}
@@ -294,7 +295,7 @@ func (e *engineObj) register(addr uintptr, n uint64, loc string) (engine.RegionI
 	return desc.ID, nil
 }
 
-func (e *engineObj) deregister(id engine.RegionID) error {
+func (e *engineObj) deregister(id transport.RegionID) error {
 	e.mu.Lock()
 	closed := e.closed
 	e.mu.Unlock()
@@ -309,7 +310,7 @@ func (e *engineObj) deregister(id engine.RegionID) error {
 
 // checkLocal verifies that every block a request reads (or, for a read,
 // fills) lies inside one registered local region.
-func (e *engineObj) checkLocal(op string, i int, r engine.WriteRequest) error {
+func (e *engineObj) checkLocal(op string, i int, r transport.WriteRequest) error {
 	if r.Length == 0 {
 		return fail(stInvalidArgument, "%s: request %d has length 0 bytes", op, i)
 	}
@@ -324,7 +325,7 @@ func (e *engineObj) checkLocal(op string, i int, r engine.WriteRequest) error {
 }
 
 // maxSegmentDesc bounds the blob kvx_segment_open accepts.
-const maxSegmentDesc = engine.MaxSegmentDescriptorBytes
+const maxSegmentDesc = transport.MaxSegmentDescriptorBytes
 
 func (e *engineObj) exportSegment(peer string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
@@ -363,7 +364,7 @@ func (e *engineObj) addSegment(op string, engH uint64, rs *engine.RemoteSegment)
 
 func (e *engineObj) openSegment(engH uint64, blob []byte) (uint64, error) {
 	const op = "kvx_segment_open"
-	d, err := engine.DecodeSegmentDescriptor(blob)
+	d, err := transport.DecodeSegmentDescriptor(blob)
 	if err != nil {
 		return 0, failWrap(stInvalidArgument, err, "%s: not a kvx_segment_export blob", op)
 	}
@@ -433,14 +434,14 @@ type batchObj struct {
 // batchPart is one kvx_batch_submit call: one engine TransferBatch.
 type batchPart struct {
 	first, count uint32
-	id           engine.BatchID
+	id           transport.BatchID
 	bytes        []uint64 // per-request payload
 	cancel       context.CancelFunc
 	done         chan struct{}
-	st           engine.BatchStatus // valid after done is closed
+	st           transport.BatchStatus // valid after done is closed
 }
 
-func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
+func (b *batchObj) submit(batchH uint64, reqs []transport.WriteRequest) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.seg.eng.timeout)
 	defer cancel()
 	for i := range reqs {
@@ -464,7 +465,7 @@ func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
 	if uint64(b.n)+uint64(len(reqs)) > uint64(b.capacity) {
 		return fail(stBusy, "kvx_batch_submit: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", len(reqs), b.capacity, b.n)
 	}
-	tb := &engine.TransferBatch{Requests: reqs}
+	tb := &transport.TransferBatch{Requests: reqs}
 	id, err := b.seg.seg.Submit(ctx, tb)
 	if err != nil {
 		return failWrap(stOK, err, "kvx_batch_submit: submit %d requests (%d bytes)", len(reqs), tb.Bytes())
@@ -484,7 +485,7 @@ func (b *batchObj) submit(batchH uint64, reqs []engine.WriteRequest) error {
 			if s2, err2 := b.seg.seg.Poll(id); err2 == nil && s2.State.Terminal() {
 				st = s2
 			} else {
-				st = engine.BatchStatus{State: engine.BatchFailed, Err: err}
+				st = transport.BatchStatus{State: transport.BatchFailed, Err: err}
 			}
 		}
 		p.st = st
@@ -507,15 +508,15 @@ func (b *batchObj) partOf(i uint32) *batchPart {
 }
 
 // transferState maps an engine batch state to kvx_transfer_state.
-func transferState(s engine.BatchState) int32 {
+func transferState(s transport.BatchState) int32 {
 	switch s {
-	case engine.BatchPending:
+	case transport.BatchPending:
 		return 1
-	case engine.BatchCompleted:
+	case transport.BatchCompleted:
 		return 2
-	case engine.BatchFailed:
+	case transport.BatchFailed:
 		return 3
-	case engine.BatchCanceled:
+	case transport.BatchCanceled:
 		return 4
 	}
 	return 3
@@ -535,11 +536,11 @@ func (b *batchObj) status(i uint32) (int32, status, uint64, error) {
 		st := p.st
 		var bytes uint64
 		code := stOK
-		if st.State == engine.BatchCompleted {
+		if st.State == transport.BatchCompleted {
 			bytes = p.bytes[i-p.first]
 		} else {
 			code = codeOf(st.Err)
-			if st.State == engine.BatchCanceled {
+			if st.State == transport.BatchCanceled {
 				code = stCanceled
 			}
 		}
@@ -562,9 +563,9 @@ func (b *batchObj) wait(timeout time.Duration) error {
 		case <-t.C:
 			return fail(stTimeout, "kvx_batch_wait: requests %d..%d still pending after %v", p.first, p.first+p.count-1, timeout)
 		}
-		if p.st.State != engine.BatchCompleted && first == nil {
+		if p.st.State != transport.BatchCompleted && first == nil {
 			code := codeOf(p.st.Err)
-			if p.st.State == engine.BatchCanceled {
+			if p.st.State == transport.BatchCanceled {
 				code = stCanceled
 			}
 			first = failWrap(code, p.st.Err, "kvx_batch_wait: requests %d..%d %s", p.first, p.first+p.count-1, p.st.State)
@@ -633,7 +634,7 @@ func splitHostPort(addr string) (string, int, error) {
 
 // registeredAnywhere reports an engine and region that still register memory
 // overlapping [addr, addr+n).
-func registeredAnywhere(addr uintptr, n uint64) (uint64, engine.RegionID, bool) {
+func registeredAnywhere(addr uintptr, n uint64) (uint64, transport.RegionID, bool) {
 	engines.mu.Lock()
 	all := make(map[uint64]*engineObj, len(engines.m))
 	for h, e := range engines.m {

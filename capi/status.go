@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // status mirrors enum kvx_status in include/kvxfer.h. The values are part of
@@ -98,31 +99,31 @@ func codeOf(err error) status {
 		return c
 	}
 	switch {
-	case errors.Is(err, engine.ErrSegmentNotFound):
+	case errors.Is(err, transport.ErrSegmentNotFound):
 		return stNotFound
-	case errors.Is(err, engine.ErrMetadataUnavailable):
+	case errors.Is(err, transport.ErrMetadataUnavailable):
 		return stMetadata
-	case errors.Is(err, engine.ErrReadUnsupported):
+	case errors.Is(err, transport.ErrReadUnsupported):
 		return stNotSupported
 	case errors.Is(err, engine.ErrSegmentUnreachable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
 		return stTimeout
 	case errors.Is(err, engine.ErrSegmentUnreachable):
 		return stPeerLost
-	case errors.Is(err, engine.ErrOutOfBounds):
+	case errors.Is(err, transport.ErrOutOfBounds):
 		return stOutOfBounds
-	case errors.Is(err, engine.ErrUnknownRegion):
+	case errors.Is(err, transport.ErrUnknownRegion):
 		return stUnknownRegion
-	case errors.Is(err, engine.ErrClosed):
+	case errors.Is(err, transport.ErrClosed):
 		return stClosed
-	case errors.Is(err, engine.ErrPeerLost):
+	case errors.Is(err, transport.ErrPeerLost):
 		return stPeerLost
-	case errors.Is(err, engine.ErrCanceled), errors.Is(err, context.Canceled):
+	case errors.Is(err, transport.ErrCanceled), errors.Is(err, context.Canceled):
 		return stCanceled
-	case errors.Is(err, engine.ErrUnknownBatch):
+	case errors.Is(err, transport.ErrUnknownBatch):
 		return stBadHandle
-	case errors.Is(err, engine.ErrUnsupportedMemory):
+	case errors.Is(err, transport.ErrUnsupportedMemory):
 		return stUnsupportedMem
-	case errors.Is(err, engine.ErrUnavailable):
+	case errors.Is(err, transport.ErrUnavailable):
 		return stUnavailable
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
 		return stTimeout

@@ -18,7 +18,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // event is kvx_event in Go types.
@@ -39,7 +39,7 @@ const (
 
 func eventBatch(h uint64, p *batchPart) event {
 	code := stOK
-	if p.st.State != engine.BatchCompleted {
+	if p.st.State != transport.BatchCompleted {
 		code = codeOf(p.st.Err)
 	}
 	return event{kind: eventKindBatch, status: code, handle: h, first: p.first, count: p.count, state: transferState(p.st.State)}

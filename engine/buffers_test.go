@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -28,11 +29,11 @@ func newBufRank(t *testing.T, role engine.Role, addr string, o sideOpts, checksu
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []engine.Transport{tr}, BootstrapAddr: addr, Checksum: checksum,
+	cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []transport.Transport{tr}, BootstrapAddr: addr, Checksum: checksum,
 		BootstrapTimeout: 20 * time.Second, WaitingTimeout: 20 * time.Second}
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
@@ -323,10 +324,10 @@ func TestRequestRefusals(t *testing.T) {
 // memory without the CUDA bounce) is left out; none left is an error that
 // names every transport and the buffer it refused.
 func TestTransportRefusesBuffers(t *testing.T) {
-	open := func(names ...string) []engine.Transport {
-		var ts []engine.Transport
+	open := func(names ...string) []transport.Transport {
+		var ts []transport.Transport
 		for _, n := range names {
-			tr, err := engine.OpenTransport(n, engine.DefaultOptions())
+			tr, err := transport.OpenTransport(n, transport.DefaultOptions())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -364,7 +365,7 @@ func TestTransportRefusesBuffers(t *testing.T) {
 	// Device memory (fake addresses: refused before anything touches them).
 	dev := pool.Args()
 	for i := range dev.KVBuffers {
-		dev.KVBuffers[i].Memory = engine.Memory{Addr: uintptr(0x7000_0000_0000 + i<<20), Length: l.BufferLen(), Kind: engine.MemoryCUDA, Device: 0, FD: -1}
+		dev.KVBuffers[i].Memory = transport.Memory{Addr: uintptr(0x7000_0000_0000 + i<<20), Length: l.BufferLen(), Kind: transport.MemoryCUDA, Device: 0, FD: -1}
 	}
 	dev.GPUID = 0
 	_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: dev, Transports: open("shm")})
@@ -394,7 +395,7 @@ func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.
 	args := pool.Args()
 	var states []engine.Buffer
 	for _, item := range []uint64{128, 64} {
-		h, err := engine.AllocHost("state", int64(4*item))
+		h, err := transport.AllocHost("state", int64(4*item))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -404,11 +405,11 @@ func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.
 		states = append(states, engine.Buffer{Memory: m, ItemLen: item})
 	}
 	args.StateBuffers = states
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := engine.ManagerConfig{Role: role, KV: args, Transports: []engine.Transport{tr}, BootstrapAddr: addr, Checksum: role == engine.RoleDecode,
+	cfg := engine.ManagerConfig{Role: role, KV: args, Transports: []transport.Transport{tr}, BootstrapAddr: addr, Checksum: role == engine.RoleDecode,
 		BootstrapTimeout: 20 * time.Second, WaitingTimeout: 20 * time.Second}
 	if role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"strconv"
 )
 
@@ -132,15 +133,15 @@ type RegisterAckMsg struct {
 type TransportOffer struct {
 	Name     string
 	Endpoint []byte
-	Ring     RegionDesc
-	KV       []RegionDesc
-	Aux      []RegionDesc
-	State    []RegionDesc
+	Ring     transport.RegionDesc
+	KV       []transport.RegionDesc
+	Aux      []transport.RegionDesc
+	State    []transport.RegionDesc
 }
 
 // regions is the offer's region table in wire order.
-func (t TransportOffer) regions() []RegionDesc {
-	out := make([]RegionDesc, 0, 1+len(t.KV)+len(t.Aux)+len(t.State))
+func (t TransportOffer) regions() []transport.RegionDesc {
+	out := make([]transport.RegionDesc, 0, 1+len(t.KV)+len(t.Aux)+len(t.State))
 	out = append(out, t.Ring)
 	out = append(out, t.KV...)
 	out = append(out, t.Aux...)
@@ -791,7 +792,7 @@ func unpackI32(b []byte, max int) ([]int32, error) {
 
 // packRegions encodes a region table: u32 count, then per region u32 id,
 // u64 addr, u64 length, u8 kind, u32 key length and the key, little-endian.
-func packRegions(rs []RegionDesc) []byte {
+func packRegions(rs []transport.RegionDesc) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, uint32(len(rs)))
 	for _, r := range rs {
 		b = binary.LittleEndian.AppendUint32(b, uint32(r.ID))
@@ -806,7 +807,7 @@ func packRegions(rs []RegionDesc) []byte {
 
 // unpackRegions decodes packRegions' encoding; errors say which region and
 // field is short or invalid.
-func unpackRegions(b []byte) ([]RegionDesc, error) {
+func unpackRegions(b []byte) ([]transport.RegionDesc, error) {
 	if len(b) < 4 {
 		return nil, fmt.Errorf("%d bytes, too short for the region count", len(b))
 	}
@@ -815,18 +816,18 @@ func unpackRegions(b []byte) ([]RegionDesc, error) {
 		return nil, fmt.Errorf("%d regions, more than %d", n, maxRegions)
 	}
 	b = b[4:]
-	out := make([]RegionDesc, 0, n)
+	out := make([]transport.RegionDesc, 0, n)
 	for i := uint32(0); i < n; i++ {
 		if len(b) < 25 {
 			return nil, fmt.Errorf("region %d: %d bytes left, want 25", i, len(b))
 		}
-		r := RegionDesc{
-			ID:     RegionID(binary.LittleEndian.Uint32(b)),
+		r := transport.RegionDesc{
+			ID:     transport.RegionID(binary.LittleEndian.Uint32(b)),
 			Addr:   binary.LittleEndian.Uint64(b[4:]),
 			Length: binary.LittleEndian.Uint64(b[12:]),
-			Kind:   MemoryKind(b[20]),
+			Kind:   transport.MemoryKind(b[20]),
 		}
-		if r.Kind > MemoryCUDA {
+		if r.Kind > transport.MemoryCUDA {
 			return nil, fmt.Errorf("region %d: unknown memory kind %d", i, b[20])
 		}
 		kl := binary.LittleEndian.Uint32(b[21:])

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"reflect"
 	"strings"
 	"testing"
@@ -16,18 +17,18 @@ func sampleGeometry() Geometry {
 }
 
 func sampleRegister() *RegisterMsg {
-	kv := func(base RegionID, kind MemoryKind, key []byte) []RegionDesc {
-		var out []RegionDesc
+	kv := func(base transport.RegionID, kind transport.MemoryKind, key []byte) []transport.RegionDesc {
+		var out []transport.RegionDesc
 		for i := range 4 {
-			out = append(out, RegionDesc{ID: base + RegionID(i), Addr: 0x7f0000000000 + uint64(i)<<20, Length: 409600, Kind: kind, Key: key})
+			out = append(out, transport.RegionDesc{ID: base + transport.RegionID(i), Addr: 0x7f0000000000 + uint64(i)<<20, Length: 409600, Kind: kind, Key: key})
 		}
 		return out
 	}
-	aux := []RegionDesc{{ID: 20, Addr: 0x7f2000000000, Length: 2048}, {ID: 21, Addr: 0x7f3000000000, Length: 16384}}
+	aux := []transport.RegionDesc{{ID: 20, Addr: 0x7f2000000000, Length: 2048}, {ID: 21, Addr: 0x7f3000000000, Length: 16384}}
 	return &RegisterMsg{Endpoint: "tcp://127.0.0.1:5555", Geometry: sampleGeometry(), RingSlots: 64, Epoch: 77,
 		Transports: []TransportOffer{
-			{Name: "tcp", Endpoint: []byte("127.0.0.1:4000"), Ring: RegionDesc{ID: 2, Addr: 0x7f1000000000, Length: 4096}, KV: kv(3, MemoryHost, nil), Aux: aux, State: []RegionDesc{}},
-			{Name: "rdma", Endpoint: []byte{0, 1, 2, 255}, Ring: RegionDesc{ID: 8, Length: 4096, Key: []byte{1}}, KV: kv(9, MemoryCUDA, []byte{9, 9}), Aux: aux, State: []RegionDesc{}},
+			{Name: "tcp", Endpoint: []byte("127.0.0.1:4000"), Ring: transport.RegionDesc{ID: 2, Addr: 0x7f1000000000, Length: 4096}, KV: kv(3, transport.MemoryHost, nil), Aux: aux, State: []transport.RegionDesc{}},
+			{Name: "rdma", Endpoint: []byte{0, 1, 2, 255}, Ring: transport.RegionDesc{ID: 8, Length: 4096, Key: []byte{1}}, KV: kv(9, transport.MemoryCUDA, []byte{9, 9}), Aux: aux, State: []transport.RegionDesc{}},
 		}}
 }
 
@@ -166,7 +167,7 @@ func FuzzDecodeControl(f *testing.F) {
 		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}, Epoch: 1},
 		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
-		&ProbeMsg{Endpoint: "tcp://h:3", ID: 9, Length: 64, Transports: []ProbeOffer{{Name: "tcp", Endpoint: []byte("h:4"), Region: RegionDesc{ID: 1, Addr: 4096, Length: 64}}}},
+		&ProbeMsg{Endpoint: "tcp://h:3", ID: 9, Length: 64, Transports: []ProbeOffer{{Name: "tcp", Endpoint: []byte("h:4"), Region: transport.RegionDesc{ID: 1, Addr: 4096, Length: 64}}}},
 		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Rank: "prefill dp0/tp0/pp0", Transports: []string{"tcp", "shm"},
 			Results: []ProbeResult{{Transport: "tcp", Handshake: 3 * time.Microsecond, Transfer: 9 * time.Microsecond}, {Transport: "shm", Stage: "handshake", Err: "x", NotApplicable: true}}},
 		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Refused: "no"},

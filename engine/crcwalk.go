@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // The checksum walk. A decode that asks for a checksum compares the CRC32C
@@ -77,8 +78,8 @@ func crcExtras(crc uint32, kv KVArgs, aux int, state []int32, scratch *[]byte) (
 
 // crcMem extends crc (CRC32C) over the n bytes at byte offset off of mem; a
 // device range is copied to the host through *scratch first.
-func crcMem(crc uint32, mem Memory, off, n uint64, scratch *[]byte) (uint32, error) {
-	if mem.Kind == MemoryHost {
+func crcMem(crc uint32, mem transport.Memory, off, n uint64, scratch *[]byte) (uint32, error) {
+	if mem.Kind == transport.MemoryHost {
 		return crc32.Update(crc, castagnoli, mem.Bytes()[off:off+n]), nil
 	}
 	b, err := readMem(mem, off, n, scratch)
@@ -90,11 +91,11 @@ func crcMem(crc uint32, mem Memory, off, n uint64, scratch *[]byte) (uint32, err
 
 // readMem returns the n bytes at byte offset off of mem: the memory itself
 // for a host range, a copy in *scratch for a device range (cudaMemcpy).
-func readMem(mem Memory, off, n uint64, scratch *[]byte) ([]byte, error) {
+func readMem(mem transport.Memory, off, n uint64, scratch *[]byte) ([]byte, error) {
 	if off > mem.Length || n > mem.Length-off {
 		return nil, fmt.Errorf("engine: read [%d, %d) outside a %d-byte buffer", off, off+n, mem.Length)
 	}
-	if mem.Kind == MemoryHost {
+	if mem.Kind == transport.MemoryHost {
 		return mem.Bytes()[off : off+n], nil
 	}
 	if uint64(cap(*scratch)) < n {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -290,13 +291,13 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (u
 		// the one registered here: that one is gone.
 		was := p.id
 		m.mu.Unlock()
-		m.peerLost(ep, false, fmt.Errorf("%w: the directory now names instance %s at prefill %s, this decode registered with instance %s there (the rank restarted or was replaced)", ErrPeerLost, id, ep, was))
+		m.peerLost(ep, false, fmt.Errorf("%w: the directory now names instance %s at prefill %s, this decode registered with instance %s there (the rank restarted or was replaced)", transport.ErrPeerLost, id, ep, was))
 		m.mu.Lock()
 		p = m.dec.ppeers[ep]
 	}
 	owner := p == nil
 	if owner {
-		p = &prefillPeer{done: make(chan struct{}), epoch: NewEpoch(), ack: make(chan ackResult, 1), id: id}
+		p = &prefillPeer{done: make(chan struct{}), epoch: transport.NewEpoch(), ack: make(chan ackResult, 1), id: id}
 		m.dec.ppeers[ep] = p
 	}
 	m.mu.Unlock()
@@ -411,10 +412,10 @@ func (m *Manager) handleHandshake(v *HandshakeMsg) {
 		return
 	}
 	var errText string
-	var acc Acceptor
+	var acc transport.Acceptor
 	for _, r := range m.regs {
 		if r.t.Name() == v.Transport {
-			acc, _ = r.t.(Acceptor)
+			acc, _ = r.t.(transport.Acceptor)
 		}
 	}
 	if acc == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"time"
 )
 
@@ -182,7 +183,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 	m.wg.Add(1) // under m.mu with closed false: never concurrent with teardown's Wait
 	m.mu.Unlock()
 	m.log.Warn("fencing the data path of a prefill rank", "peer", peerLabel(peer), "epoch", epoch, "why", why)
-	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", ErrPeerLost, peer, epoch, why)
+	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", transport.ErrPeerLost, peer, epoch, why)
 	for _, r := range rs {
 		if r.usesEpoch(peer, epoch) {
 			r.failLocal(cause)
@@ -226,7 +227,7 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 func (m *Manager) fenceTransports(peer string, epoch uint64) error {
 	var errs []error
 	for _, rs := range m.regs {
-		f, ok := rs.t.(Fencer)
+		f, ok := rs.t.(transport.Fencer)
 		if !ok {
 			m.log.Warn("transport cannot fence a data path (no engine.Fencer); a failed room's pages are reused without it", "transport", rs.t.Name(), "peer", peerLabel(peer), "epoch", epoch)
 			continue
@@ -251,8 +252,8 @@ func (m *Manager) epochFencing(peer string, epoch uint64) bool {
 
 // admitEpoch admits a new registration's epoch on transport t when it
 // fences, before REGISTER names it.
-func (m *Manager) admitEpoch(t Transport, peer string, epoch uint64) error {
-	if f, ok := t.(Fencer); ok {
+func (m *Manager) admitEpoch(t transport.Transport, peer string, epoch uint64) error {
+	if f, ok := t.(transport.Fencer); ok {
 		if err := f.AdmitEpoch(peer, epoch); err != nil {
 			return fmt.Errorf("engine: %s: admit data-path epoch %d for prefill %s: %w", t.Name(), epoch, peer, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -148,7 +149,7 @@ func testDecodeFailureAbortsProducer(t *testing.T, tr string) {
 	addr := startBootstrap(t)
 	preReg, decReg := prometheus.NewRegistry(), prometheus.NewRegistry()
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr, metrics: preReg,
-		wrap: func(tr engine.Transport) engine.Transport {
+		wrap: func(tr transport.Transport) transport.Transport {
 			return faulty.Wrap(tr, faulty.DelayWrites(1500*time.Millisecond))
 		}})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: 300 * time.Millisecond, fenceTmo: time.Minute, metrics: decReg})
@@ -223,7 +224,7 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 	var ft *faulty.Transport
 	decReg := prometheus.NewRegistry()
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr, controlFault: drop.Filter,
-		wrap: func(tr engine.Transport) engine.Transport { ft = faulty.Wrap(tr); return ft }})
+		wrap: func(tr transport.Transport) transport.Transport { ft = faulty.Wrap(tr); return ft }})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, waiting: time.Second, fenceTmo: 500 * time.Millisecond, metrics: decReg})
 	a := openRoom(t, addr, pre, dec, 1, 8)
 	if err := a.s.Send(a.src[:4], false); err != nil {
@@ -286,7 +287,7 @@ func testStalledProducerFencedBeforeReuse(t *testing.T, tr string) {
 func forTransports(t *testing.T, f func(t *testing.T, transport string)) {
 	for _, tr := range []string{"tcp", "shm"} {
 		t.Run(tr, func(t *testing.T) {
-			if err := engine.ProbeTransport(tr); err != nil {
+			if err := transport.ProbeTransport(tr); err != nil {
 				t.Skipf("%s unavailable: %v", tr, err)
 			}
 			f(t, tr)
@@ -454,7 +455,7 @@ func TestKillMidBatchThenRecover(t *testing.T) { forTransports(t, testKillMidBat
 func testKillMidBatchThenRecover(t *testing.T, tr string) {
 	addr := startBootstrap(t)
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, addr: addr,
-		wrap: func(tr engine.Transport) engine.Transport { return faulty.Wrap(tr, faulty.KillMidBatch(1)) }})
+		wrap: func(tr transport.Transport) transport.Transport { return faulty.Wrap(tr, faulty.KillMidBatch(1)) }})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{tr}, fenceTmo: time.Minute})
 	a := openRoom(t, addr, pre, dec, 21, 8)
 	if err := a.s.Send(a.src, true); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"time"
 )
 
@@ -146,7 +147,7 @@ func (m *Manager) bootstrapLost(inst *instanceInfo, fails int, last error) {
 	failed := 0
 	for _, r := range rs {
 		err := fmt.Errorf("%w (%w): room %d: bootstrap server %s failed %d consecutive health checks (GET /health every %s); last error: %v; the prefill instance is treated as dead: retry the request once it is back",
-			ErrBootstrapLost, ErrPeerLost, r.room, inst.addr, fails, m.cfg.BootstrapHeartbeatInterval, last)
+			ErrBootstrapLost, transport.ErrPeerLost, r.room, inst.addr, fails, m.cfg.BootstrapHeartbeatInterval, last)
 		if r.failLocal(err) {
 			failed++
 			r.mu.Lock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // stoppableBootstrap starts a bootstrap server on host:port (port 0: a free
@@ -90,7 +91,7 @@ func TestBootstrapHeartbeatFailsWaitingReceivers(t *testing.T) {
 		t.Fatalf("receiver after the bootstrap server stopped: %s, want Failed", st)
 	}
 	ferr := r.Failure()
-	if !errors.Is(ferr, engine.ErrBootstrapLost) || !errors.Is(ferr, engine.ErrPeerLost) {
+	if !errors.Is(ferr, engine.ErrBootstrapLost) || !errors.Is(ferr, transport.ErrPeerLost) {
 		t.Fatalf("failure %v: want ErrBootstrapLost and ErrPeerLost", ferr)
 	}
 	if msg := ferr.Error(); !strings.Contains(msg, addr) || !strings.Contains(msg, "2 consecutive health checks") {

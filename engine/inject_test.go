@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -27,7 +28,7 @@ func TestRoomMismatchDetected(t *testing.T) {
 		rewritten.Add(1)
 	}}
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-		wrap: func(tr engine.Transport) engine.Transport { rw.Transport = tr; return rw }})}
+		wrap: func(tr transport.Transport) transport.Transport { rw.Transport = tr; return rw }})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})}
 	const n = 20
 	for i := 0; i < n; i++ {
@@ -89,7 +90,10 @@ func TestChecksumCatchesCorruptData(t *testing.T) {
 	addr := startBootstrap(t)
 	var ft *faulty.Transport
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-		wrap: func(tr engine.Transport) engine.Transport { ft = faulty.Wrap(tr, faulty.CorruptData(1)); return ft }})}
+		wrap: func(tr transport.Transport) transport.Transport {
+			ft = faulty.Wrap(tr, faulty.CorruptData(1))
+			return ft
+		}})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, checksum: true})}
 	r := transferOneExpectFail(t, addr, pre, dec, 31337, 4)
 	if r.Poll() != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrChecksum) {
@@ -107,7 +111,7 @@ func TestChecksumCatchesCorruptData(t *testing.T) {
 func TestSubmitFailureFailsBothSides(t *testing.T) {
 	addr := startBootstrap(t)
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-		wrap: func(tr engine.Transport) engine.Transport { return faulty.Wrap(tr, faulty.FailAfter(0)) }})}
+		wrap: func(tr transport.Transport) transport.Transport { return faulty.Wrap(tr, faulty.FailAfter(0)) }})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})}
 	r := transferOneExpectFail(t, addr, pre, dec, 55, 2)
 	if r.Poll() != engine.KVFailed || !strings.Contains(r.Failure().Error(), "reported Failed") {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -50,13 +51,13 @@ func helperPrefill() error {
 	if err != nil {
 		return err
 	}
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []engine.Transport{tr},
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []transport.Transport{tr},
 		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second})
 	if err != nil {
 		return err
@@ -152,7 +153,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st := r.Wait(ctx, engine.KVSuccess)
-	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+	if st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) {
 		t.Fatalf("receiver after the prefill was killed: %s %v, want Failed/ErrPeerLost", st, r.Failure())
 	}
 	t.Logf("decode failed %s after SIGKILL of the prefill: %v", time.Since(start).Round(time.Millisecond), r.Failure())

@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -55,7 +56,7 @@ type rankOpts struct {
 	checksum         bool
 	waiting, peerTmo time.Duration
 	bootTmo          time.Duration
-	wrap             func(engine.Transport) engine.Transport
+	wrap             func(transport.Transport) transport.Transport
 	transports       []string             // default: tcp
 	envTimeouts      bool                 // leave zero timeouts to the SGLang env variables
 	bootHB           time.Duration        // decode: BootstrapHeartbeatInterval (0: default)
@@ -94,14 +95,14 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	if len(o.transports) == 0 {
 		o.transports = []string{"tcp"}
 	}
-	var trs []engine.Transport
-	topts := engine.DefaultOptions()
+	var trs []transport.Transport
+	topts := transport.DefaultOptions()
 	if o.host != "" {
 		topts.ListenHost = o.host
 	}
 	topts.AdvertiseHost = o.advertise
 	for i, name := range o.transports {
-		tr, err := engine.OpenTransport(name, topts)
+		tr, err := transport.OpenTransport(name, topts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -426,7 +427,7 @@ func TestPeerClosedMidTransfer(t *testing.T) {
 	start := time.Now()
 	pre[0].m.Close()
 	st := r.Wait(ctx, engine.KVSuccess)
-	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+	if st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) {
 		t.Fatalf("receiver after prefill loss: %s %v", st, r.Failure())
 	}
 	t.Logf("decode noticed the lost prefill after %s: %v", time.Since(start).Round(time.Millisecond), r.Failure())
@@ -456,7 +457,7 @@ func TestBootstrapCacheInvalidatedOnPeerLoss(t *testing.T) {
 	r.Wait(ctx, engine.KVTransferring)
 	old := pre[0].m.Endpoint()
 	pre[0].m.Close() // the prefill rank goes away
-	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) {
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) {
 		t.Fatalf("receiver: %s %v", st, r.Failure())
 	}
 	r.Close()

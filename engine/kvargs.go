@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"slices"
 	"sort"
 )
@@ -13,7 +14,7 @@ import (
 // transport, never frees it, and deregisters it on Close; the range must stay
 // allocated until then.
 type Buffer struct {
-	Memory
+	transport.Memory
 	// ItemLen is the bytes of one item: for a KV buffer one page (SGLang
 	// kv_item_len = page_size × heads per rank × head_dim × dtype bytes), for
 	// an aux buffer one request row (aux_item_len), for a state buffer one
@@ -236,11 +237,11 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 				return fmt.Errorf("%w: %s: item length is 0 (bytes per page, row or slot)", ErrBadKVArgs, name)
 			case b.Length < b.ItemLen:
 				return fmt.Errorf("%w: %s: %d bytes hold no item of %d bytes", ErrBadKVArgs, name, b.Length, b.ItemLen)
-			case b.Kind != MemoryHost && b.Kind != MemoryCUDA:
+			case b.Kind != transport.MemoryHost && b.Kind != transport.MemoryCUDA:
 				return fmt.Errorf("%w: %s: unknown memory kind %d", ErrBadKVArgs, name, b.Kind)
-			case b.Kind == MemoryCUDA && b.Device < 0:
+			case b.Kind == transport.MemoryCUDA && b.Device < 0:
 				return fmt.Errorf("%w: %s: CUDA device %d: want an ordinal >= 0", ErrBadKVArgs, name, b.Device)
-			case b.Kind == MemoryCUDA && a.GPUID >= 0 && b.Device != a.GPUID:
+			case b.Kind == transport.MemoryCUDA && a.GPUID >= 0 && b.Device != a.GPUID:
 				return fmt.Errorf("%w: %s is on cuda:%d, but the rank's gpu_id is %d", ErrBadKVArgs, name, b.Device, a.GPUID)
 			}
 			if kv {

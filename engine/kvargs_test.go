@@ -6,13 +6,14 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
 // hostBuf is a fake buffer description at addr (never dereferenced: only
 // Geometry is called on these).
 func hostBuf(addr uintptr, length, item uint64) engine.Buffer {
-	return engine.Buffer{Memory: engine.Memory{Addr: addr, Length: length, Kind: engine.MemoryHost, FD: -1}, ItemLen: item}
+	return engine.Buffer{Memory: transport.Memory{Addr: addr, Length: length, Kind: transport.MemoryHost, FD: -1}, ItemLen: item}
 }
 
 func TestKVArgsGeometryRefusals(t *testing.T) {
@@ -49,7 +50,7 @@ func TestKVArgsGeometryRefusals(t *testing.T) {
 		{"mla heads", func(a *engine.KVArgs) { a.MLA = true }, "kv_head_num 2 on an MLA rank"},
 		{"gpu", func(a *engine.KVArgs) {
 			a.GPUID = 1
-			a.KVBuffers[0].Kind, a.KVBuffers[0].Device = engine.MemoryCUDA, 0
+			a.KVBuffers[0].Kind, a.KVBuffers[0].Device = transport.MemoryCUDA, 0
 		}, "is on cuda:0, but the rank's gpu_id is 1"},
 	}
 	for _, c := range cases {

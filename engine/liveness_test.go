@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -106,7 +107,7 @@ func TestStoppedPeerStillLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st := r.Wait(ctx, engine.KVSuccess)
-	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) || !strings.Contains(r.Failure().Error(), "silent") {
+	if st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) || !strings.Contains(r.Failure().Error(), "silent") {
 		t.Fatalf("receiver after SIGSTOP of its prefill: %s %v, want Failed: peer lost … silent", st, r.Failure())
 	}
 	t.Logf("decode failed the room %s after SIGSTOP of the prefill (peer timeout %s): %v", time.Since(start).Round(time.Millisecond), peerTimeout, r.Failure())

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
@@ -96,7 +97,7 @@ type ManagerConfig struct {
 	KV KVArgs
 	// Transports are the opened transports (at least one); the manager picks
 	// among them by registry priority. The manager does not close them.
-	Transports []Transport
+	Transports []transport.Transport
 	// BootstrapAddr (prefill only) is the bootstrap server "host:port" the
 	// rank registers its control endpoint with (PUT /route); an IPv6 host is
 	// bracketed ("[fd00::2]:8998"). NewManager refuses a malformed address
@@ -224,7 +225,7 @@ type ManagerConfig struct {
 	// lease) and watches its peers' descriptors: a peer whose descriptor
 	// vanishes or changes epoch is lost at once (manager_dir.go). nil: no
 	// directory (the default). The manager does not close it.
-	Directory SegmentDirectory
+	Directory transport.SegmentDirectory
 	// Logger receives the manager's logs (slog.Default when nil). Every
 	// line carries role, rank (dp/tp/pp coordinates), tp and pp; lines
 	// about a room add room, step and, where one is concerned, peer.
@@ -268,17 +269,17 @@ type ReceivedKV struct {
 // regSet is what one transport registered for this manager: one region per
 // KV, aux and state buffer (KVArgs order) and the metadata memory.
 type regSet struct {
-	t     Transport
-	kv    []RegionDesc
-	aux   []RegionDesc
-	state []RegionDesc
-	meta  RegionDesc // decode: metadata ring; prefill: record staging
-	caps  Caps
+	t     transport.Transport
+	kv    []transport.RegionDesc
+	aux   []transport.RegionDesc
+	state []transport.RegionDesc
+	meta  transport.RegionDesc // decode: metadata ring; prefill: record staging
+	caps  transport.Caps
 }
 
 // all lists every region of the set (for deregistration).
-func (r *regSet) all() []RegionDesc {
-	return append(append(append([]RegionDesc{r.meta}, r.kv...), r.aux...), r.state...)
+func (r *regSet) all() []transport.RegionDesc {
+	return append(append(append([]transport.RegionDesc{r.meta}, r.kv...), r.aux...), r.state...)
 }
 
 type pushSock struct {
@@ -557,7 +558,7 @@ func cloneArgs(a KVArgs) KVArgs {
 }
 
 func (m *Manager) setupMemory() error {
-	var meta Memory
+	var meta transport.Memory
 	if m.cfg.Role == RoleDecode {
 		r, err := NewMetaRing(m.cfg.RingSlots, m.cfg.RingAlloc)
 		if err != nil {
@@ -566,7 +567,7 @@ func (m *Manager) setupMemory() error {
 		m.dec.ring = r
 		meta = r.Memory()
 	} else {
-		b, err := AllocHost("record-staging", defaultStagingSlots*RecordSize)
+		b, err := transport.AllocHost("record-staging", defaultStagingSlots*RecordSize)
 		if err != nil {
 			return err
 		}
@@ -580,7 +581,7 @@ func (m *Manager) setupMemory() error {
 		m.prefault(meta)
 	}
 	ts := slices.Clone(m.cfg.Transports)
-	slices.SortStableFunc(ts, func(a, b Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
+	slices.SortStableFunc(ts, func(a, b transport.Transport) int { return transportPriority(a.Name()) - transportPriority(b.Name()) })
 	var refused refusals
 	for _, t := range ts {
 		rs, err := m.registerAll(t, meta)
@@ -616,20 +617,20 @@ func (r refusals) Unwrap() []error { return r }
 // prefault makes every host buffer and the metadata memory resident (see
 // Prefault) and logs how long it took; a failure is logged and only costs
 // the first room speed.
-func (m *Manager) prefault(meta Memory) {
+func (m *Manager) prefault(meta transport.Memory) {
 	t := time.Now()
 	var bytes uint64
-	all := []Memory{meta}
+	all := []transport.Memory{meta}
 	for _, list := range [][]Buffer{m.cfg.KV.KVBuffers, m.cfg.KV.AuxBuffers, m.cfg.KV.StateBuffers} {
 		for _, b := range list {
 			all = append(all, b.Memory)
 		}
 	}
 	for _, mem := range all {
-		if mem.Kind != MemoryHost {
+		if mem.Kind != transport.MemoryHost {
 			continue
 		}
-		if err := Prefault(mem); err != nil {
+		if err := transport.Prefault(mem); err != nil {
 			m.log.Warn("host buffer not prefaulted; the first rooms will be slower", "err", err)
 			continue
 		}
@@ -643,19 +644,19 @@ func (m *Manager) prefault(meta Memory) {
 // registerAll registers the metadata memory and every KV, aux and state
 // buffer with t; on any refusal it deregisters what it registered and returns
 // an error naming the transport and the buffer.
-func (m *Manager) registerAll(t Transport, meta Memory) (*regSet, error) {
+func (m *Manager) registerAll(t transport.Transport, meta transport.Memory) (*regSet, error) {
 	rs := &regSet{t: t, caps: t.Capabilities()}
-	var done []RegionID
+	var done []transport.RegionID
 	undo := func() {
 		for _, id := range done {
 			_ = t.DeregisterMemory(id)
 		}
 	}
-	reg := func(what string, mem Memory) (RegionDesc, error) {
+	reg := func(what string, mem transport.Memory) (transport.RegionDesc, error) {
 		d, err := t.RegisterMemory(mem)
 		if err != nil {
 			undo()
-			return RegionDesc{}, fmt.Errorf("%s cannot register %s (%s, %d bytes at %#x): %w", t.Name(), what, memWhere(mem), mem.Length, mem.Addr, err)
+			return transport.RegionDesc{}, fmt.Errorf("%s cannot register %s (%s, %d bytes at %#x): %w", t.Name(), what, memWhere(mem), mem.Length, mem.Addr, err)
 		}
 		done = append(done, d.ID)
 		return d, nil
@@ -689,8 +690,8 @@ func (m *Manager) registerAll(t Transport, meta Memory) (*regSet, error) {
 }
 
 // memWhere is "host" or "cuda:N".
-func memWhere(mem Memory) string {
-	if mem.Kind == MemoryCUDA {
+func memWhere(mem transport.Memory) string {
+	if mem.Kind == transport.MemoryCUDA {
 		return fmt.Sprintf("cuda:%d", mem.Device)
 	}
 	return mem.Kind.String()
@@ -699,7 +700,7 @@ func memWhere(mem Memory) string {
 // transportPriority orders names by the registry (highest first → lowest
 // key); unknown names go last.
 func transportPriority(name string) int {
-	for i, n := range Transports() {
+	for i, n := range transport.Transports() {
 		if n == name {
 			return i
 		}
@@ -1060,7 +1061,7 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 			if !lost {
 				lost = true
 				m.met.peerLost(m.cfg.Role, "disconnected")
-				go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", ErrPeerLost, m.otherRole(), ep))
+				go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", transport.ErrPeerLost, m.otherRole(), ep))
 			}
 			continue // until peerLost closed the socket
 		}
@@ -1136,12 +1137,12 @@ func (m *Manager) lostError(ep string) error {
 	switch {
 	case unreachable && !connected:
 		return fmt.Errorf("%w: %s peer %s could not be reached: no connection to its control socket succeeded in %s%s; check that address (host, port, IPv6 brackets) and that the process listens there and is reachable from this host",
-			ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+			transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
 	case unreachable:
 		return fmt.Errorf("%w: %s peer %s was reached before, but every reconnection for more than %s failed%s (the process exited or was killed, or its host is down)",
-			ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+			transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
 	}
-	return fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
+	return fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
 }
 
 // dropPush closes the cached PUSH socket of a lost peer.

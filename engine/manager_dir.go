@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"os"
 	"strings"
 	"sync"
@@ -46,14 +47,14 @@ func (m *Manager) publishSegment(ctx context.Context) error {
 		return nil
 	}
 	host, _ := os.Hostname()
-	d := SegmentDescriptor{Name: m.segmentName(), Epoch: m.epoch, Kind: m.cfg.Role.String(), Hostname: host, PID: os.Getpid()}
+	d := transport.SegmentDescriptor{Name: m.segmentName(), Epoch: m.epoch, Kind: m.cfg.Role.String(), Hostname: host, PID: os.Getpid()}
 	for _, dev := range strings.Split(m.cfg.KV.IBDevice, ",") {
 		if dev = strings.TrimSpace(dev); dev != "" {
 			d.Devices = append(d.Devices, dev)
 		}
 	}
 	for _, b := range m.cfg.KV.KVBuffers {
-		if b.Kind == MemoryCUDA {
+		if b.Kind == transport.MemoryCUDA {
 			d.Devices = append(d.Devices, fmt.Sprintf("cuda:%d", b.Device))
 			break
 		}
@@ -61,10 +62,10 @@ func (m *Manager) publishSegment(ctx context.Context) error {
 	for _, r := range m.regs {
 		// Endpoints travel per peer in REGISTER; the descriptor lists the
 		// transports for listings.
-		d.Transports = append(d.Transports, SegmentTransport{Name: r.t.Name(), PerPeer: true})
+		d.Transports = append(d.Transports, transport.SegmentTransport{Name: r.t.Name(), PerPeer: true})
 	}
 	if len(m.regs) > 0 {
-		d.Regions = sortedCopy(m.regs[0].all())
+		d.Regions = transport.SortedRegions(m.regs[0].all())
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -103,7 +104,7 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 	dir := m.cfg.Directory
 	name := strings.TrimPrefix(ep, "tcp://")
 	var (
-		d   SegmentDescriptor
+		d   transport.SegmentDescriptor
 		rev int64
 		err error
 	)
@@ -114,7 +115,7 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, ErrSegmentNotFound) {
+		if errors.Is(err, transport.ErrSegmentNotFound) {
 			m.log.Debug("peer publishes no segment; not watched", "peer", ep, "directory", dir)
 			return
 		}
@@ -126,15 +127,15 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 	}
 	epoch := d.Epoch
 	role := m.otherRole()
-	stop := dir.Watch(name, rev, func(ev SegmentEvent) {
+	stop := dir.Watch(name, rev, func(ev transport.SegmentEvent) {
 		var err error
 		hung := false // a restarted peer is gone; a vanished one may only hang
 		switch {
 		case ev.Deleted:
-			err = fmt.Errorf("%w: %s %s: its segment vanished from %s (lease expired: the process crashed, hangs or is partitioned)", ErrPeerLost, role, ep, dir)
+			err = fmt.Errorf("%w: %s %s: its segment vanished from %s (lease expired: the process crashed, hangs or is partitioned)", transport.ErrPeerLost, role, ep, dir)
 			hung = true
 		case ev.Desc.Epoch != epoch:
-			err = fmt.Errorf("%w: %s %s restarted (epoch %d → %d in %s)", ErrPeerLost, role, ep, epoch, ev.Desc.Epoch, dir)
+			err = fmt.Errorf("%w: %s %s restarted (epoch %d → %d in %s)", transport.ErrPeerLost, role, ep, epoch, ev.Desc.Epoch, dir)
 		default:
 			return
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Engine metrics (Prometheus, registered on ManagerConfig.Metrics). Names
@@ -164,7 +165,7 @@ func FailureReason(err error) string {
 		return ReasonBootstrap
 	case errors.Is(err, ErrTimeout):
 		return ReasonTimeout
-	case errors.Is(err, ErrPeerLost):
+	case errors.Is(err, transport.ErrPeerLost):
 		return ReasonPeerLost
 	case errors.Is(err, errPeerFailed):
 		return ReasonPeerFailed
@@ -175,8 +176,8 @@ func FailureReason(err error) string {
 	case errors.Is(err, bootstrap.ErrNotFound), errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrUnauthorized),
 		errors.Is(err, bootstrap.ErrBadRequest), errors.Is(err, bootstrap.ErrUnsupported):
 		return ReasonDirectory
-	case errors.Is(err, ErrOutOfBounds), errors.Is(err, ErrUnknownRegion), errors.Is(err, ErrCanceled), errors.Is(err, ErrClosed),
-		errors.Is(err, ErrUnsupportedMemory), errors.Is(err, ErrUnavailable), errors.Is(err, ErrUnknownBatch):
+	case errors.Is(err, transport.ErrOutOfBounds), errors.Is(err, transport.ErrUnknownRegion), errors.Is(err, transport.ErrCanceled), errors.Is(err, transport.ErrClosed),
+		errors.Is(err, transport.ErrUnsupportedMemory), errors.Is(err, transport.ErrUnavailable), errors.Is(err, transport.ErrUnknownBatch):
 		return ReasonTransport
 	}
 	return ReasonOther
@@ -399,23 +400,23 @@ func peerLabel(ep string) string { return strings.TrimPrefix(ep, "tcp://") }
 //
 // The end function reads the batch's final status through st when it is
 // called, so it can be deferred right after Submit.
-func (em *engineMetrics) batchStart(transport, peer string, b *TransferBatch) func(st *BatchStatus) {
-	g := em.inFlight.WithLabelValues(transport)
+func (em *engineMetrics) batchStart(transportName, peer string, b *transport.TransferBatch) func(st *transport.BatchStatus) {
+	g := em.inFlight.WithLabelValues(transportName)
 	g.Inc()
 	t := time.Now()
-	return func(st *BatchStatus) {
+	return func(st *transport.BatchStatus) {
 		g.Dec()
-		em.batchSec.WithLabelValues(transport).Observe(time.Since(t).Seconds())
+		em.batchSec.WithLabelValues(transportName).Observe(time.Since(t).Seconds())
 		outcome := "canceled" // canceled, or never terminal
 		switch st.State {
-		case BatchCompleted:
+		case transport.BatchCompleted:
 			outcome = "completed"
-			em.bytes.WithLabelValues(transport, peer).Add(float64(b.Bytes()))
-			em.writes.WithLabelValues(transport, peer).Add(float64(len(b.Requests)))
-		case BatchFailed:
+			em.bytes.WithLabelValues(transportName, peer).Add(float64(b.Bytes()))
+			em.writes.WithLabelValues(transportName, peer).Add(float64(len(b.Requests)))
+		case transport.BatchFailed:
 			outcome = "failed"
 		}
-		em.batches.WithLabelValues(transport, peer, outcome).Inc()
+		em.batches.WithLabelValues(transportName, peer, outcome).Inc()
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -87,7 +88,7 @@ func TestMetricsAcrossOutcomes(t *testing.T) {
 		}
 	}}
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: preReg,
-		wrap: func(tr engine.Transport) engine.Transport { rw.Transport = tr; return rw }})}
+		wrap: func(tr transport.Transport) transport.Transport { rw.Transport = tr; return rw }})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, metrics: decReg, waiting: 1500 * time.Millisecond})}
 	decRooms := func(state, reason, step string) map[string]string {
 		return map[string]string{"role": "decode", "state": state, "reason": reason, "step": step}
@@ -216,8 +217,8 @@ type redialing struct {
 
 func (r redialing) Redials() uint64 { return r.n }
 
-func withRedials(n uint64) func(engine.Transport) engine.Transport {
-	return func(tr engine.Transport) engine.Transport { return redialing{tr.(*tcp.Transport), n} }
+func withRedials(n uint64) func(transport.Transport) transport.Transport {
+	return func(tr transport.Transport) transport.Transport { return redialing{tr.(*tcp.Transport), n} }
 }
 
 // TestMetricsShareRegistry: two managers of one process may register on the
@@ -254,12 +255,12 @@ func TestMetricsShareRegistry(t *testing.T) {
 	l, _ := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 4})
 	pool, _ := workload.NewKVBuffers(l, workload.BufferOptions{Name: "bad", Device: -1})
 	defer pool.Close()
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	_, err = engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []engine.Transport{tr}, Metrics: bad})
+	_, err = engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []transport.Transport{tr}, Metrics: bad})
 	if err == nil || !strings.Contains(err.Error(), "register metrics") {
 		t.Fatalf("NewManager with a conflicting registry: %v, want a register-metrics error", err)
 	}
@@ -287,12 +288,12 @@ func TestMetricNamesAreRegistered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	m, err := engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []engine.Transport{tr}, Metrics: rr})
+	m, err := engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []transport.Transport{tr}, Metrics: rr})
 	if err != nil {
 		t.Fatal(err)
 	}

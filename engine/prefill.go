@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // prefillSide is what only a prefill rank holds: the record staging buffer,
@@ -20,7 +21,7 @@ import (
 // HANDSHAKE_ACK, ABORT, a verdict's STATUS) are in this file; the Sender
 // itself in sender.go, the re-registration in reregister.go.
 type prefillSide struct {
-	staging *HostBuffer // records to write (defaultStagingSlots x RecordSize bytes)
+	staging *transport.HostBuffer // records to write (defaultStagingSlots x RecordSize bytes)
 	stageMu sync.Mutex
 	stFree  []int
 
@@ -58,7 +59,7 @@ type decodePeer struct {
 	pairs     []BufferPair // this rank's KV buffers → the decode's (PairBuffers)
 	offer     TransportOffer
 	local     *regSet
-	seg       Segment
+	seg       transport.Segment
 	ready     chan struct{} // closed when seg is usable or err is set
 	err       error
 	mu        sync.Mutex // guards seg, offer, closed and broken
@@ -111,7 +112,7 @@ func (p *decodePeer) close() {
 
 // setSegment installs the open segment; false (and the segment closed) when
 // the peer was closed meanwhile.
-func (p *decodePeer) setSegment(seg Segment, o TransportOffer, rs *regSet) bool {
+func (p *decodePeer) setSegment(seg transport.Segment, o TransportOffer, rs *regSet) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -173,7 +174,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: o.regions(), Epoch: v.Epoch})
+			seg, err := rs.t.OpenSegment(ctx, transport.SegmentInfo{Endpoint: o.Endpoint, Regions: o.regions(), Epoch: v.Epoch})
 			cancel()
 			if err != nil {
 				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
@@ -183,7 +184,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 				return fmt.Errorf("engine: decode %s went away while connecting", v.Endpoint)
 			}
 			m.log.Debug("segment open", "decode", v.Endpoint, "transport", o.Name)
-			if rs.caps.Has(CapHandshake) {
+			if rs.caps.Has(transport.CapHandshake) {
 				reply := seg.HandshakeReply()
 				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply, Epoch: v.Epoch}).Encode(), false); err != nil {
 					return err

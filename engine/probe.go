@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/transport"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -153,10 +154,10 @@ func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
 	}
 	fail := func(stage string, err error) ProbeTransportResult {
 		r.Stage, r.Err = stage, err.Error()
-		r.NotApplicable = errors.Is(err, ErrUnavailable)
+		r.NotApplicable = errors.Is(err, transport.ErrUnavailable)
 		return r
 	}
-	buf, err := AllocHost("kvxfer-probe", int64(v.Length))
+	buf, err := transport.AllocHost("kvxfer-probe", int64(v.Length))
 	if err != nil {
 		return fail("handshake", fmt.Errorf("allocate the probe buffer: %w", err))
 	}
@@ -170,12 +171,12 @@ func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
 	ctx, cancel := context.WithTimeout(m.life, probeStepTimeout)
 	defer cancel()
 	t0 := time.Now()
-	seg, err := rs.t.OpenSegment(ctx, SegmentInfo{Endpoint: o.Endpoint, Regions: []RegionDesc{o.Region}, Epoch: v.ID})
+	seg, err := rs.t.OpenSegment(ctx, transport.SegmentInfo{Endpoint: o.Endpoint, Regions: []transport.RegionDesc{o.Region}, Epoch: v.ID})
 	if err != nil {
 		return fail("handshake", fmt.Errorf("open a %s segment to %s: %w", o.Name, peerLabel(v.Endpoint), err))
 	}
 	defer seg.Close()
-	if rs.caps.Has(CapHandshake) {
+	if rs.caps.Has(transport.CapHandshake) {
 		k := probeKey{v.Endpoint, v.ID, o.Name}
 		ch := make(chan error, 1)
 		m.mu.Lock()
@@ -200,20 +201,20 @@ func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
 	}
 	r.Handshake = time.Since(t0)
 	t1 := time.Now()
-	b := &TransferBatch{Requests: []WriteRequest{{Local: buf.Addr(), Remote: o.Region.ID, Length: v.Length}}}
+	b := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: buf.Addr(), Remote: o.Region.ID, Length: v.Length}}}
 	id, err := seg.Submit(ctx, b)
 	if err != nil {
 		return fail("transfer", fmt.Errorf("submit %d bytes: %w", v.Length, err))
 	}
 	defer seg.Release(id)
-	var st BatchStatus
+	var st transport.BatchStatus
 	defer m.met.batchStart(o.Name, peerLabel(v.Endpoint), b)(&st)
 	st, err = seg.Wait(ctx, id)
 	switch {
 	case err != nil:
 		_ = seg.Cancel(id)
 		return fail("transfer", fmt.Errorf("write %d bytes: %w", v.Length, err))
-	case st.State != BatchCompleted:
+	case st.State != transport.BatchCompleted:
 		return fail("transfer", fmt.Errorf("write %d bytes: batch %s after %d bytes: %v", v.Length, st.State, st.BytesDone, st.Err))
 	}
 	r.Transfer = time.Since(t1)
@@ -245,7 +246,7 @@ type ProberConfig struct {
 	// Transports are the prober's opened transports (at least one); each
 	// gets a scratch region that probes write into. The prober does not
 	// close them.
-	Transports []Transport
+	Transports []transport.Transport
 	// Length is the bytes each probe writes per transport
 	// (DefaultProbeBytes when 0; at most MaxProbeBytes).
 	Length int
@@ -269,8 +270,8 @@ type Prober struct {
 	zctx     *zmq.Context
 	pull     *zmq.Socket
 	endpoint string
-	scratch  []*HostBuffer
-	regions  []RegionDesc
+	scratch  []*transport.HostBuffer
+	regions  []transport.RegionDesc
 	instance string        // the prober's instance id (envelope)
 	seq      atomic.Uint64 // the prober's frame numbers (envelope)
 	key      []byte        // ControlKey(AuthToken), or nil
@@ -308,7 +309,7 @@ func NewProber(cfg ProberConfig) (*Prober, error) {
 		}
 	}()
 	for _, t := range cfg.Transports {
-		b, err := AllocHost("kvxfer-probe-scratch", int64(cfg.Length))
+		b, err := transport.AllocHost("kvxfer-probe-scratch", int64(cfg.Length))
 		if err != nil {
 			return nil, fmt.Errorf("engine: prober: scratch region: %w", err)
 		}
@@ -380,11 +381,11 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, ErrClosed
+		return nil, transport.ErrClosed
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	id := NewEpoch()
+	id := transport.NewEpoch()
 	msg := &ProbeMsg{Endpoint: p.endpoint, ID: id, Length: uint64(p.cfg.Length)}
 	for i, t := range p.cfg.Transports {
 		clear(p.scratch[i].Bytes()) // stale bytes never pass verification
@@ -469,7 +470,7 @@ func (p *Prober) accept(ctx context.Context, v *HandshakeMsg) error {
 		if t.Name() != v.Transport {
 			continue
 		}
-		acc, ok := t.(Acceptor)
+		acc, ok := t.(transport.Acceptor)
 		if !ok {
 			return fmt.Errorf("prober transport %s accepts no handshake", v.Transport)
 		}

@@ -12,13 +12,14 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 func newProber(t *testing.T, transports ...string) *engine.Prober {
 	t.Helper()
-	var trs []engine.Transport
+	var trs []transport.Transport
 	for _, name := range transports {
-		tr, err := engine.OpenTransport(name, engine.DefaultOptions())
+		tr, err := transport.OpenTransport(name, transport.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +38,7 @@ func newProber(t *testing.T, transports ...string) *engine.Prober {
 // into the prober's scratch region over tcp and shm; the prober verifies it
 // and the rank counts the probe.
 func TestProbeTransfersAndVerifies(t *testing.T) {
-	if err := engine.ProbeTransport("shm"); err != nil {
+	if err := transport.ProbeTransport("shm"); err != nil {
 		t.Skipf("shm unusable here: %v", err)
 	}
 	addr := startBootstrap(t)
@@ -83,7 +84,7 @@ func TestProbeRefusedAndMismatch(t *testing.T) {
 	if !strings.Contains(rep.Refused, "--no-probe") || len(rep.Results) != 0 {
 		t.Fatalf("probe of a --no-probe rank: %+v", rep)
 	}
-	if err := engine.ProbeTransport("shm"); err != nil {
+	if err := transport.ProbeTransport("shm"); err != nil {
 		t.Skipf("shm unusable here: %v", err)
 	}
 	addr2 := startBootstrap(t)
@@ -102,12 +103,12 @@ func TestProbeRefusedAndMismatch(t *testing.T) {
 // fails the probe with a timeout that says where the answer was expected.
 func TestProbeSilentRank(t *testing.T) {
 	ln := silentListener(t)
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	p, err := engine.NewProber(engine.ProberConfig{Transports: []engine.Transport{tr}, Length: 4096, Timeout: time.Second})
+	p, err := engine.NewProber(engine.ProberConfig{Transports: []transport.Transport{tr}, Length: 4096, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"strings"
 	"time"
 )
@@ -43,7 +44,7 @@ const (
 type ProbeOffer struct {
 	Name     string
 	Endpoint []byte
-	Region   RegionDesc
+	Region   transport.RegionDesc
 }
 
 // ProbeMsg is PROBE (see the frame table above).
@@ -86,7 +87,7 @@ type ProbeResultMsg struct {
 func (m *ProbeMsg) Encode() [][]byte {
 	f := append(header(MsgProbe), []byte(m.Endpoint), dec(m.ID), dec(m.Length), deci(len(m.Transports)))
 	for _, o := range m.Transports {
-		f = append(f, []byte(o.Name), o.Endpoint, packRegions([]RegionDesc{o.Region}))
+		f = append(f, []byte(o.Name), o.Endpoint, packRegions([]transport.RegionDesc{o.Region}))
 	}
 	return f
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestFailureReason: each sentinel, wrapped as the engine wraps it, maps to
@@ -19,7 +20,7 @@ func TestFailureReason(t *testing.T) {
 	}{
 		{nil, engine.ReasonNone},
 		{wrap(engine.ErrTimeout), engine.ReasonTimeout},
-		{wrap(engine.ErrPeerLost), engine.ReasonPeerLost},
+		{wrap(transport.ErrPeerLost), engine.ReasonPeerLost},
 		{wrap(engine.ErrAborted), engine.ReasonAborted},
 		{wrap(engine.ErrRoomMismatch), engine.ReasonRoomMismatch},
 		{wrap(engine.ErrChecksum), engine.ReasonChecksum},

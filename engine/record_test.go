@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -18,19 +19,19 @@ import (
 // metadata record a sender writes (the 56-byte write at a slot boundary)
 // before it goes out: a producer that lies about its record.
 type recordEditor struct {
-	engine.Transport
+	transport.Transport
 	edit func(rec []byte)
 }
 
 type editSeg struct {
-	engine.Segment
+	transport.Segment
 	t *recordEditor
 }
 
 // fenceOf forwards a test decorator's Fencer methods to the transport it
 // wraps (the decode admits and fences epochs through it).
-func fenceOf(t engine.Transport) engine.Fencer {
-	if f, ok := t.(engine.Fencer); ok {
+func fenceOf(t transport.Transport) transport.Fencer {
+	if f, ok := t.(transport.Fencer); ok {
 		return f
 	}
 	return nil
@@ -44,7 +45,7 @@ func (r *recordEditor) FenceEpoch(ctx context.Context, peer string, epoch uint64
 	return fenceOf(r.Transport).FenceEpoch(ctx, peer, epoch)
 }
 
-func (r *recordEditor) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (r *recordEditor) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	s, err := r.Transport.OpenSegment(ctx, info)
 	if err != nil {
 		return nil, err
@@ -52,7 +53,7 @@ func (r *recordEditor) OpenSegment(ctx context.Context, info engine.SegmentInfo)
 	return &editSeg{Segment: s, t: r}, nil
 }
 
-func (s *editSeg) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
+func (s *editSeg) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	for _, w := range b.Requests {
 		if w.Length == engine.RecordCommitOffset && w.RemoteOffset%engine.RecordSize == 0 && w.Count <= 1 {
 			addr := w.Local // registered staging memory (mmap, not Go heap)
@@ -154,7 +155,7 @@ func TestRecordTokenAndEpochChecked(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			addr := startBootstrap(t)
 			pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-				wrap: func(tr engine.Transport) engine.Transport { return &recordEditor{Transport: tr, edit: c.edit} }})
+				wrap: func(tr transport.Transport) transport.Transport { return &recordEditor{Transport: tr, edit: c.edit} }})
 			dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
 			_, r := transferTokens(t, addr, pre, dec, 77, 2, 8, 8)
 			if r.Poll() != engine.KVFailed || !strings.Contains(r.Failure().Error(), c.want) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"math/bits"
 	"strings"
 	"sync"
@@ -56,23 +57,23 @@ type PeerWrite struct {
 type RemoteSegment struct {
 	te   *TransferEngine
 	name string
-	seg  Segment
+	seg  transport.Segment
 
 	mu      sync.Mutex
-	desc    SegmentDescriptor
-	byID    map[RegionID]RegionDesc
+	desc    transport.SegmentDescriptor
+	byID    map[transport.RegionID]transport.RegionDesc
 	stale   error
 	closed  bool
 	refresh sync.Mutex // one refresh at a time
 	gen     uint64     // bumped by every completed refresh (under mu)
 }
 
-var _ Segment = (*RemoteSegment)(nil)
+var _ transport.Segment = (*RemoteSegment)(nil)
 
-func (s *RemoteSegment) setDesc(d SegmentDescriptor) {
-	d.Regions = sortedCopy(d.Regions)
+func (s *RemoteSegment) setDesc(d transport.SegmentDescriptor) {
+	d.Regions = transport.SortedRegions(d.Regions)
 	s.desc = d
-	s.byID = make(map[RegionID]RegionDesc, len(d.Regions))
+	s.byID = make(map[transport.RegionID]transport.RegionDesc, len(d.Regions))
 	for _, r := range d.Regions {
 		s.byID[r.ID] = r
 	}
@@ -89,11 +90,11 @@ func (s *RemoteSegment) Epoch() uint64 {
 }
 
 // Descriptor returns a copy of the peer's descriptor as last fetched.
-func (s *RemoteSegment) Descriptor() SegmentDescriptor {
+func (s *RemoteSegment) Descriptor() transport.SegmentDescriptor {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.desc
-	d.Regions = append([]RegionDesc(nil), d.Regions...)
+	d.Regions = append([]transport.RegionDesc(nil), d.Regions...)
 	return d
 }
 
@@ -109,7 +110,7 @@ func (s *RemoteSegment) usable() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("engine: segment %q: %w", s.name, ErrClosed)
+		return fmt.Errorf("engine: segment %q: %w", s.name, transport.ErrClosed)
 	}
 	return s.stale
 }
@@ -163,12 +164,12 @@ func (s *RemoteSegment) refreshAfter(ctx context.Context, gen uint64) error {
 		return fmt.Errorf("engine: segment %q: refresh descriptor: %w", s.name, err)
 	}
 	if d.Epoch != epoch {
-		reason := fmt.Errorf("engine: segment %q: the peer at %s restarted (epoch %#x → %#x); reopen the segment: %w: %w", s.name, rpc, epoch, d.Epoch, ErrSegmentStale, ErrPeerLost)
+		reason := fmt.Errorf("engine: segment %q: the peer at %s restarted (epoch %#x → %#x); reopen the segment: %w: %w", s.name, rpc, epoch, d.Epoch, ErrSegmentStale, transport.ErrPeerLost)
 		s.invalidate(reason)
 		return reason
 	}
 	s.mu.Lock()
-	var added []RegionDesc
+	var added []transport.RegionDesc
 	for _, r := range d.Regions {
 		if _, ok := s.byID[r.ID]; !ok {
 			added = append(added, r)
@@ -176,7 +177,7 @@ func (s *RemoteSegment) refreshAfter(ctx context.Context, gen uint64) error {
 	}
 	s.mu.Unlock()
 	if len(added) > 0 {
-		ra, ok := s.seg.(RegionAdder)
+		ra, ok := s.seg.(transport.RegionAdder)
 		if !ok {
 			return fmt.Errorf("engine: segment %q: the peer registered %d new regions but transport %s cannot add regions to an open segment; reopen the segment", s.name, len(added), s.te.tr.Name())
 		}
@@ -192,10 +193,10 @@ func (s *RemoteSegment) refreshAfter(ctx context.Context, gen uint64) error {
 }
 
 // lookupAddr translates [addr, addr+span) with the current table.
-func (s *RemoteSegment) lookupAddr(addr, span uint64) (RegionDesc, uint64, bool) {
+func (s *RemoteSegment) lookupAddr(addr, span uint64) (transport.RegionDesc, uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := FindRegion(s.desc.Regions, addr, span)
+	r, ok := transport.FindRegion(s.desc.Regions, addr, span)
 	return r, s.gen, ok
 }
 
@@ -204,7 +205,7 @@ func (s *RemoteSegment) lookupAddr(addr, span uint64) (RegionDesc, uint64, bool)
 // once when no known region holds it. The error for a range outside every
 // registered region wraps ErrOutOfBounds and names the peer, the address,
 // the length and the peer's regions.
-func (s *RemoteSegment) Translate(ctx context.Context, addr, length uint64) (RegionID, uint64, error) {
+func (s *RemoteSegment) Translate(ctx context.Context, addr, length uint64) (transport.RegionID, uint64, error) {
 	if length == 0 {
 		return 0, 0, fmt.Errorf("engine: segment %q: peer address %#x: length is 0 bytes", s.name, addr)
 	}
@@ -239,7 +240,7 @@ func (s *RemoteSegment) outside(addr, length uint64) error {
 		b.WriteString("none")
 	}
 	return fmt.Errorf("engine: segment %q (peer %s, epoch %#x): peer address range [%#x, +%d bytes) is not inside any region the peer registered (regions: %s); register that memory on the peer first: %w",
-		s.name, s.desc.RPC, s.desc.Epoch, addr, length, b.String(), ErrOutOfBounds)
+		s.name, s.desc.RPC, s.desc.Epoch, addr, length, b.String(), transport.ErrOutOfBounds)
 }
 
 // span returns the bytes from the first block's start to the last block's
@@ -258,29 +259,29 @@ func span(length uint64, count uint32, stride uint64) (uint64, bool) {
 
 // Resolve translates peer-addressed writes into region WriteRequests
 // (refreshing the descriptor once when a range misses).
-func (s *RemoteSegment) Resolve(ctx context.Context, ws []PeerWrite) ([]WriteRequest, error) {
-	out := make([]WriteRequest, len(ws))
+func (s *RemoteSegment) Resolve(ctx context.Context, ws []PeerWrite) ([]transport.WriteRequest, error) {
+	out := make([]transport.WriteRequest, len(ws))
 	for i, w := range ws {
 		n, ok := span(w.Length, w.Count, w.PeerStride)
 		if !ok {
-			return nil, fmt.Errorf("engine: segment %q: write %d: %d blocks of %d bytes with peer stride %d overflow: %w", s.name, i, w.Count, w.Length, w.PeerStride, ErrOutOfBounds)
+			return nil, fmt.Errorf("engine: segment %q: write %d: %d blocks of %d bytes with peer stride %d overflow: %w", s.name, i, w.Count, w.Length, w.PeerStride, transport.ErrOutOfBounds)
 		}
 		id, off, err := s.Translate(ctx, w.PeerAddr, n)
 		if err != nil {
 			return nil, fmt.Errorf("write %d: %w", i, err)
 		}
-		out[i] = WriteRequest{Local: w.Local, Remote: id, RemoteOffset: off, Length: w.Length, Count: w.Count, LocalStride: w.LocalStride, RemoteStride: w.PeerStride}
+		out[i] = transport.WriteRequest{Local: w.Local, Remote: id, RemoteOffset: off, Length: w.Length, Count: w.Count, LocalStride: w.LocalStride, RemoteStride: w.PeerStride}
 	}
 	return out, nil
 }
 
 // SubmitPeerWrites translates ws (Resolve) and submits them as one batch.
-func (s *RemoteSegment) SubmitPeerWrites(ctx context.Context, ws []PeerWrite) (BatchID, error) {
+func (s *RemoteSegment) SubmitPeerWrites(ctx context.Context, ws []PeerWrite) (transport.BatchID, error) {
 	reqs, err := s.Resolve(ctx, ws)
 	if err != nil {
 		return 0, err
 	}
-	return s.Submit(ctx, &TransferBatch{Requests: reqs})
+	return s.Submit(ctx, &transport.TransferBatch{Requests: reqs})
 }
 
 // Read copies the peer ranges of rs into local memory (Mooncake's
@@ -291,13 +292,13 @@ func (s *RemoteSegment) Read(ctx context.Context, rs []PeerRead) error {
 	if err := s.readable(); err != nil {
 		return err
 	}
-	reqs := make([]ReadRequest, len(rs))
+	reqs := make([]transport.ReadRequest, len(rs))
 	for i, r := range rs {
 		id, off, err := s.Translate(ctx, r.PeerAddr, r.Length)
 		if err != nil {
 			return fmt.Errorf("read %d: %w", i, err)
 		}
-		reqs[i] = ReadRequest{Local: r.Local, Remote: id, RemoteOffset: off, Length: r.Length}
+		reqs[i] = transport.ReadRequest{Local: r.Local, Remote: id, RemoteOffset: off, Length: r.Length}
 	}
 	return s.ReadRegions(ctx, reqs)
 }
@@ -308,26 +309,26 @@ func (s *RemoteSegment) readable() error {
 	if err := s.usable(); err != nil {
 		return err
 	}
-	if _, ok := s.seg.(SegmentReader); !ok {
-		return fmt.Errorf("engine: segment %q: read: transport %s: %w; use shm between processes of one host, or have the peer write", s.name, s.te.tr.Name(), ErrReadUnsupported)
+	if _, ok := s.seg.(transport.SegmentReader); !ok {
+		return fmt.Errorf("engine: segment %q: read: transport %s: %w; use shm between processes of one host, or have the peer write", s.name, s.te.tr.Name(), transport.ErrReadUnsupported)
 	}
 	return nil
 }
 
 // ReadRegions copies region-addressed ranges of the peer into local memory
 // (see Read), refreshing the descriptor once for an unknown region ID.
-func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []ReadRequest) error {
+func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []transport.ReadRequest) error {
 	if err := s.readable(); err != nil {
 		return err
 	}
-	check := &TransferBatch{Requests: make([]WriteRequest, len(reqs))}
+	check := &transport.TransferBatch{Requests: make([]transport.WriteRequest, len(reqs))}
 	for i, r := range reqs {
-		check.Requests[i] = WriteRequest{Local: r.Local, Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: r.Length}
+		check.Requests[i] = transport.WriteRequest{Local: r.Local, Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: r.Length}
 	}
 	if err := s.checkRegions(ctx, check); err != nil {
 		return err
 	}
-	if err := s.seg.(SegmentReader).Read(ctx, reqs); err != nil {
+	if err := s.seg.(transport.SegmentReader).Read(ctx, reqs); err != nil {
 		if st := s.Err(); st != nil {
 			return st
 		}
@@ -338,7 +339,7 @@ func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []ReadRequest) err
 
 // checkRegions verifies every request names a known region and stays inside
 // it, refreshing the descriptor once for an unknown region ID.
-func (s *RemoteSegment) checkRegions(ctx context.Context, b *TransferBatch) error {
+func (s *RemoteSegment) checkRegions(ctx context.Context, b *transport.TransferBatch) error {
 	refreshed := false
 	for i := 0; i < len(b.Requests); i++ {
 		r := b.Requests[i]
@@ -355,12 +356,12 @@ func (s *RemoteSegment) checkRegions(ctx context.Context, b *TransferBatch) erro
 			continue
 		}
 		if !ok {
-			return fmt.Errorf("engine: segment %q (epoch %#x): request %d: region %d is not registered on the peer: %w", s.name, s.Epoch(), i, r.Remote, ErrUnknownRegion)
+			return fmt.Errorf("engine: segment %q (epoch %#x): request %d: region %d is not registered on the peer: %w", s.name, s.Epoch(), i, r.Remote, transport.ErrUnknownRegion)
 		}
 		n, ok := span(r.Length, r.Count, r.RemoteStride)
 		if !ok || r.RemoteOffset+n < r.RemoteOffset || r.RemoteOffset+n > rd.Length {
 			return fmt.Errorf("engine: segment %q: request %d writes %d×%d bytes at offset %d (stride %d) of region %d, which has %d bytes: %w",
-				s.name, i, r.Blocks(), r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, rd.Length, ErrOutOfBounds)
+				s.name, i, r.Blocks(), r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, rd.Length, transport.ErrOutOfBounds)
 		}
 	}
 	return nil
@@ -369,7 +370,7 @@ func (s *RemoteSegment) checkRegions(ctx context.Context, b *TransferBatch) erro
 // Submit checks every request against the peer's regions (refreshing once
 // for an unknown region ID), then submits the batch on the transport
 // segment. A stale segment fails at once with its reason (ErrSegmentStale).
-func (s *RemoteSegment) Submit(ctx context.Context, b *TransferBatch) (BatchID, error) {
+func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	if err := s.usable(); err != nil {
 		return 0, err
 	}
@@ -388,8 +389,8 @@ func (s *RemoteSegment) Submit(ctx context.Context, b *TransferBatch) (BatchID, 
 
 // explain adds the stale reason to a batch that failed because the segment
 // was invalidated.
-func (s *RemoteSegment) explain(st BatchStatus) BatchStatus {
-	if st.State == BatchFailed {
+func (s *RemoteSegment) explain(st transport.BatchStatus) transport.BatchStatus {
+	if st.State == transport.BatchFailed {
 		if reason := s.Err(); reason != nil && !errors.Is(st.Err, ErrSegmentStale) {
 			st.Err = fmt.Errorf("%w (batch: %v)", reason, st.Err)
 		}
@@ -402,22 +403,22 @@ func (s *RemoteSegment) explain(st BatchStatus) BatchStatus {
 func (s *RemoteSegment) HandshakeReply() []byte { return s.seg.HandshakeReply() }
 
 // Poll returns the batch's state without blocking.
-func (s *RemoteSegment) Poll(id BatchID) (BatchStatus, error) {
+func (s *RemoteSegment) Poll(id transport.BatchID) (transport.BatchStatus, error) {
 	st, err := s.seg.Poll(id)
 	return s.explain(st), err
 }
 
 // Wait blocks until the batch is terminal or ctx ends.
-func (s *RemoteSegment) Wait(ctx context.Context, id BatchID) (BatchStatus, error) {
+func (s *RemoteSegment) Wait(ctx context.Context, id transport.BatchID) (transport.BatchStatus, error) {
 	st, err := s.seg.Wait(ctx, id)
 	return s.explain(st), err
 }
 
 // Cancel asks the batch to stop (best effort; keep polling).
-func (s *RemoteSegment) Cancel(id BatchID) error { return s.seg.Cancel(id) }
+func (s *RemoteSegment) Cancel(id transport.BatchID) error { return s.seg.Cancel(id) }
 
 // Release forgets a terminal batch.
-func (s *RemoteSegment) Release(id BatchID) { s.seg.Release(id) }
+func (s *RemoteSegment) Release(id transport.BatchID) { s.seg.Release(id) }
 
 // Close closes the transport segment (pending batches fail) and stops
 // watching the peer when no other segment of this engine is open to it.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -149,12 +150,12 @@ func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+		tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tr.Close()
-		_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), BootstrapAddr: addr, Transports: []engine.Transport{tr},
+		_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), BootstrapAddr: addr, Transports: []transport.Transport{tr},
 			DecodeAllocationPolicy: tc.policy, DSV41SpecLayout: tc.layout})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("policy %q layout %s: NewManager %v, want an error naming %s", tc.policy, tc.layout, err, tc.want)

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/cpuid/v2"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Metadata record layout (one ring slot; little-endian; 64 bytes, one cache
@@ -138,7 +139,7 @@ type RingMemory interface {
 	// DevicePtr is the ring's address for a GPU (0 when not GPU-visible).
 	DevicePtr() uintptr
 	// Memory describes the ring for Transport.RegisterMemory.
-	Memory() Memory
+	Memory() transport.Memory
 	// Close frees the memory; idempotent.
 	Close() error
 }
@@ -146,13 +147,13 @@ type RingMemory interface {
 // RingAllocator allocates size bytes of ring memory.
 type RingAllocator func(size int) (RingMemory, error)
 
-type hostRing struct{ *HostBuffer }
+type hostRing struct{ *transport.HostBuffer }
 
 func (hostRing) DevicePtr() uintptr { return 0 }
 
 // HostRingMemory is the default RingAllocator: AllocHost memory, not GPU-visible.
 func HostRingMemory(size int) (RingMemory, error) {
-	b, err := AllocHost("meta-ring", int64(size))
+	b, err := transport.AllocHost("meta-ring", int64(size))
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +199,7 @@ func NewMetaRing(slots int, alloc RingAllocator) (*MetaRing, error) {
 }
 
 // Memory describes the ring for Transport.RegisterMemory.
-func (r *MetaRing) Memory() Memory { return r.mem.Memory() }
+func (r *MetaRing) Memory() transport.Memory { return r.mem.Memory() }
 
 // Slots is the ring size in records.
 func (r *MetaRing) Slots() int { return r.slots }

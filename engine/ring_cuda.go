@@ -6,13 +6,14 @@ import (
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // cudaRing is ring memory a GPU can read: a memfd-backed HostBuffer (so the
 // shm transport can still share it by fd) page-locked and mapped into the
 // device's address space with cudaHostRegister(Mapped|Portable).
 type cudaRing struct {
-	*HostBuffer
+	*transport.HostBuffer
 	mu   sync.Mutex
 	dev  int
 	dptr cuda.DevicePtr
@@ -60,7 +61,7 @@ func CUDARingMemory(dev int) RingAllocator {
 			}
 			return nil, fmt.Errorf("engine: metadata ring on cuda:%d: %w", dev, err)
 		}
-		b, err := AllocHost("meta-ring", int64(size))
+		b, err := transport.AllocHost("meta-ring", int64(size))
 		if err != nil {
 			return nil, err
 		}
@@ -87,8 +88,8 @@ type mappedRing struct{ m *cuda.HostMem }
 func (r mappedRing) Bytes() []byte      { return r.m.Bytes() }
 func (r mappedRing) DevicePtr() uintptr { return uintptr(r.m.DevicePtr()) }
 func (r mappedRing) Close() error       { return r.m.Close() }
-func (r mappedRing) Memory() Memory {
-	return Memory{Addr: r.m.Host(), Length: r.m.Len(), Kind: MemoryHost, FD: -1}
+func (r mappedRing) Memory() transport.Memory {
+	return transport.Memory{Addr: r.m.Host(), Length: r.m.Len(), Kind: transport.MemoryHost, FD: -1}
 }
 
 // AutoRingMemory is the RingAllocator to use by default: GPU-visible memory

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestAutoRingMemoryHostFallback: with no CUDA the ring is plain host memory
@@ -25,7 +26,7 @@ func TestAutoRingMemoryHostFallback(t *testing.T) {
 	if d := r.RingMem().DevicePtr(); d != 0 {
 		t.Fatalf("DevicePtr = %#x without CUDA, want 0", d)
 	}
-	if m := r.Memory(); m.FD < 0 || m.Kind != MemoryHost || m.Length < 8*RecordSize {
+	if m := r.Memory(); m.FD < 0 || m.Kind != transport.MemoryHost || m.Length < 8*RecordSize {
 		t.Fatalf("ring memory = %+v, want memfd-backed host memory", m)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/transport"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -64,7 +65,7 @@ const (
 )
 
 // maxRPCMessage bounds a segment RPC message (descriptor plus framing).
-const maxRPCMessage = MaxSegmentDescriptorBytes + 64<<10
+const maxRPCMessage = transport.MaxSegmentDescriptorBytes + 64<<10
 
 // DefaultRPCTimeout bounds one segment RPC request (connect, answer) when
 // the caller's context has no earlier deadline.

@@ -13,6 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -56,7 +57,7 @@ func sendOne(t *testing.T, addr string, p, d *rank, room uint64) []string {
 }
 
 func TestTransportSelectionAndFallback(t *testing.T) {
-	if err := engine.ProbeTransport("shm"); err != nil {
+	if err := transport.ProbeTransport("shm"); err != nil {
 		t.Skipf("shm transport unavailable: %v", err)
 	}
 	addr := startBootstrap(t)
@@ -71,8 +72,8 @@ func TestTransportSelectionAndFallback(t *testing.T) {
 	// host): it falls back to tcp.
 	addr2 := startBootstrap(t)
 	p2 := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr2, transports: []string{"shm", "tcp"},
-		wrap: func(tr engine.Transport) engine.Transport {
-			return faulty.Wrap(tr, faulty.FailInstall(), faulty.FailWith(engine.ErrUnavailable))
+		wrap: func(tr transport.Transport) transport.Transport {
+			return faulty.Wrap(tr, faulty.FailInstall(), faulty.FailWith(transport.ErrUnavailable))
 		}})
 	d2 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: []string{"shm", "tcp"}})
 	if got := sendOne(t, addr2, p2, d2, 2); !reflect.DeepEqual(got, []string{"tcp"}) {
@@ -84,15 +85,15 @@ func TestTransportSelectionAndFallback(t *testing.T) {
 // handshake step (CapHandshake, as RDMA's QP exchange): the segment returns a
 // reply blob and the receiver's Accept must see it.
 type handshakeTransport struct {
-	engine.Transport
+	transport.Transport
 	accepted atomic.Value // []byte
 	refuse   bool
 }
 
-type handshakeSeg struct{ engine.Segment }
+type handshakeSeg struct{ transport.Segment }
 
-func (h *handshakeTransport) Capabilities() engine.Caps {
-	return h.Transport.Capabilities() | engine.CapHandshake
+func (h *handshakeTransport) Capabilities() transport.Caps {
+	return h.Transport.Capabilities() | transport.CapHandshake
 }
 
 func (h *handshakeTransport) AdmitEpoch(peer string, epoch uint64) error {
@@ -103,7 +104,7 @@ func (h *handshakeTransport) FenceEpoch(ctx context.Context, peer string, epoch 
 	return fenceOf(h.Transport).FenceEpoch(ctx, peer, epoch)
 }
 
-func (h *handshakeTransport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (h *handshakeTransport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	s, err := h.Transport.OpenSegment(ctx, info)
 	if err != nil {
 		return nil, err
@@ -126,9 +127,9 @@ func TestHandshakeTransport(t *testing.T) {
 		addr := startBootstrap(t)
 		dh := &handshakeTransport{refuse: refuse}
 		p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-			wrap: func(tr engine.Transport) engine.Transport { return &handshakeTransport{Transport: tr} }})
+			wrap: func(tr transport.Transport) transport.Transport { return &handshakeTransport{Transport: tr} }})
 		d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1,
-			wrap: func(tr engine.Transport) engine.Transport { dh.Transport = tr; return dh }})
+			wrap: func(tr transport.Transport) transport.Transport { dh.Transport = tr; return dh }})
 		if !refuse {
 			sendOne(t, addr, p, d, 5)
 			if got, _ := dh.accepted.Load().([]byte); string(got) != "qpn=7;psn=9" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"maps"
 	"slices"
 	"strings"
@@ -955,7 +956,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	}
 	d.pages += uint32(len(c.pages))
 	d.bytes += nbytes
-	b := &TransferBatch{Requests: reqs}
+	b := &transport.TransferBatch{Requests: reqs}
 	stage := -1
 	var extra uint64
 	if c.last {
@@ -987,7 +988,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		buf := s.m.pre.staging.Bytes()[i*RecordSize : (i+1)*RecordSize]
 		rec.EncodeBody(buf)
 		rec.EncodeCommit(buf)
-		b.Requests = append(b.Requests, WriteRequest{Local: s.m.pre.staging.Addr() + uintptr(i*RecordSize), Remote: p.offer.Ring.ID,
+		b.Requests = append(b.Requests, transport.WriteRequest{Local: s.m.pre.staging.Addr() + uintptr(i*RecordSize), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot) * RecordSize, Length: RecordCommitOffset})
 	}
 	if err := s.run(p, b); err != nil {
@@ -997,7 +998,7 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 	s.auxSent.Add(extra)
 	s.writes.Add(int64(len(reqs)))
 	if stage >= 0 {
-		cb := &TransferBatch{Requests: []WriteRequest{{Local: s.m.pre.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
+		cb := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: s.m.pre.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}
 		if err := s.run(p, cb); err != nil {
 			return err
@@ -1011,19 +1012,19 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 // state slot s.state[k] of every state buffer to the decode's slot
 // d.msg.StateIndices[k]. Errors name both sides when the decode asks for
 // what this sender was not given.
-func (s *Sender) extras(d *senderDst) ([]WriteRequest, uint64, error) {
+func (s *Sender) extras(d *senderDst) ([]transport.WriteRequest, uint64, error) {
 	s.mu.Lock()
 	aux, state := s.auxIndex, s.state
 	s.mu.Unlock()
 	p := d.peer
-	var reqs []WriteRequest
+	var reqs []transport.WriteRequest
 	var n uint64
 	if d.msg.AuxIndex >= 0 {
 		if aux < 0 {
 			return nil, 0, fmt.Errorf("engine: room %d: decode %s asked for aux row %d, but this prefill sender has no aux_index (give one to Init)", s.room, d.msg.Endpoint, d.msg.AuxIndex)
 		}
 		for i, b := range s.m.cfg.KV.AuxBuffers {
-			reqs = append(reqs, WriteRequest{Local: b.Addr + uintptr(uint64(aux)*b.ItemLen), Remote: p.offer.Aux[i].ID,
+			reqs = append(reqs, transport.WriteRequest{Local: b.Addr + uintptr(uint64(aux)*b.ItemLen), Remote: p.offer.Aux[i].ID,
 				RemoteOffset: uint64(d.msg.AuxIndex) * b.ItemLen, Length: b.ItemLen})
 			n += b.ItemLen
 		}
@@ -1034,7 +1035,7 @@ func (s *Sender) extras(d *senderDst) ([]WriteRequest, uint64, error) {
 		}
 		for i, b := range s.m.cfg.KV.StateBuffers {
 			for k, src := range state {
-				reqs = append(reqs, WriteRequest{Local: b.Addr + uintptr(uint64(src)*b.ItemLen), Remote: p.offer.State[i].ID,
+				reqs = append(reqs, transport.WriteRequest{Local: b.Addr + uintptr(uint64(src)*b.ItemLen), Remote: p.offer.State[i].ID,
 					RemoteOffset: uint64(d.msg.StateIndices[k]) * b.ItemLen, Length: b.ItemLen})
 				n += b.ItemLen
 			}
@@ -1067,10 +1068,10 @@ const cancelWait = 2 * time.Second
 // (bytes may still be in the transport's buffers on their way, or the
 // receiver fenced us), as opposed to a refused or canceled write.
 func pathLost(err error) bool {
-	return errors.Is(err, ErrPeerLost) || errors.Is(err, ErrClosed) || errors.Is(err, ErrFenced)
+	return errors.Is(err, transport.ErrPeerLost) || errors.Is(err, transport.ErrClosed) || errors.Is(err, transport.ErrFenced)
 }
 
-func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
+func (s *Sender) run(p *decodePeer, b *transport.TransferBatch) error {
 	if len(b.Requests) == 0 {
 		return nil
 	}
@@ -1082,7 +1083,7 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 		return fmt.Errorf("engine: room %d: submit %d writes (%d bytes) to decode %s over %s: %w", s.room, len(b.Requests), b.Bytes(), p.reg.Endpoint, p.offer.Name, err)
 	}
 	defer p.seg.Release(id)
-	var st BatchStatus
+	var st transport.BatchStatus
 	defer s.m.met.batchStart(p.offer.Name, peerLabel(p.reg.Endpoint), b)(&st)
 	st, err = p.seg.Wait(s.ctx, id)
 	if err != nil || !st.State.Terminal() {
@@ -1093,19 +1094,19 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 		switch {
 		case !st.State.Terminal():
 			s.markUnclean(p, fmt.Sprintf("a transfer batch of %d bytes was still in flight %s after it was canceled", b.Bytes(), cancelWait))
-		case st.State == BatchFailed && pathLost(st.Err):
+		case st.State == transport.BatchFailed && pathLost(st.Err):
 			s.markUnclean(p, st.Err.Error())
 		}
 		if ferr := s.Failure(); ferr != nil {
 			return ferr
 		}
 		if err == nil {
-			err = ErrCanceled
+			err = transport.ErrCanceled
 		}
 		return fmt.Errorf("engine: room %d: transfer to decode %s: %w", s.room, p.reg.Endpoint, err)
 	}
 	switch st.State {
-	case BatchCompleted:
+	case transport.BatchCompleted:
 		return nil
 	default:
 		if pathLost(st.Err) {
@@ -1119,10 +1120,10 @@ func (s *Sender) run(p *decodePeer, b *TransferBatch) error {
 // of pages contiguous on both sides coalesced into one request, or, when
 // heads are sliced (TP mismatch, non-MLA), one strided request per run whose
 // blocks are the token rows (spec §6.3–6.4).
-func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) {
+func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]transport.WriteRequest, uint64) {
 	ps := uint64(s.m.geo.PageSize)
 	bufs := s.m.cfg.KV.KVBuffers
-	var reqs []WriteRequest
+	var reqs []transport.WriteRequest
 	var total uint64
 	for _, pr := range p.pairs {
 		base := bufs[pr.Src].Addr
@@ -1136,11 +1137,11 @@ func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]WriteRequest, uint64) 
 			local := base + uintptr(uint64(src[j])*pr.SrcItem)
 			roff := uint64(dst[j]) * pr.DstItem
 			if pr.Full {
-				reqs = append(reqs, WriteRequest{Local: local, Remote: remote, RemoteOffset: roff, Length: n * pr.SrcItem})
+				reqs = append(reqs, transport.WriteRequest{Local: local, Remote: remote, RemoteOffset: roff, Length: n * pr.SrcItem})
 				total += n * pr.SrcItem
 			} else {
 				rows := n * ps
-				reqs = append(reqs, WriteRequest{Local: local + uintptr(pr.Slice.SrcOffset), Remote: remote, RemoteOffset: roff + pr.Slice.DstOffset,
+				reqs = append(reqs, transport.WriteRequest{Local: local + uintptr(pr.Slice.SrcOffset), Remote: remote, RemoteOffset: roff + pr.Slice.DstOffset,
 					Length: pr.Slice.Length, Count: uint32(rows), LocalStride: pr.SrcToken, RemoteStride: pr.DstToken})
 				total += rows * pr.Slice.Length
 			}

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestRoomSpans: with a TracerProvider each side of a room records a
@@ -25,7 +26,7 @@ func TestRoomSpans(t *testing.T) {
 		}
 	}}
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, tracer: preTP,
-		wrap: func(tr engine.Transport) engine.Transport { rw.Transport = tr; return rw }})}
+		wrap: func(tr transport.Transport) transport.Transport { rw.Transport = tr; return rw }})}
 	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, tracer: decTP})}
 	r := transferOneExpectFail(t, addr, pre, dec, 777, 2)
 	if r.Poll() != engine.KVSuccess {

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"sync"
 	"time"
 )
@@ -126,7 +127,7 @@ func (m *Manager) checkSender(msg any, env Envelope) bool {
 		what = "the directory's"
 	}
 	err := fmt.Errorf("%w: prefill %s answers as instance %s, but %s instance there is %s: the address now belongs to another process (the rank restarted or was replaced, or the directory entry is stale); its rooms fail now and the next room resolves the rank again",
-		ErrPeerLost, ep, got, what, want)
+		transport.ErrPeerLost, ep, got, what, want)
 	m.log.Warn("prefill rank replaced at its address", "peer", peerLabel(ep), "expected_instance", want.String(), "instance", got.String())
 	m.met.peerLost(m.cfg.Role, "replaced")
 	go m.peerLost(ep, false, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // injector sends hand-made control frames to a rank's control endpoint, as
@@ -85,15 +86,15 @@ func TestForgedControlFrames(t *testing.T) {
 	sendOne(t, addr, p, d, 1)
 	toPrefill := newInjector(t, p.m.Endpoint())
 	g := d.m.Geometry()
-	regions := func(n int) []engine.RegionDesc {
-		rs := make([]engine.RegionDesc, n)
+	regions := func(n int) []transport.RegionDesc {
+		rs := make([]transport.RegionDesc, n)
 		for i := range rs {
-			rs[i] = engine.RegionDesc{ID: engine.RegionID(i + 2), Addr: 1 << 20, Length: 1 << 20}
+			rs[i] = transport.RegionDesc{ID: transport.RegionID(i + 2), Addr: 1 << 20, Length: 1 << 20}
 		}
 		return rs
 	}
 	forged := &engine.RegisterMsg{Endpoint: d.m.Endpoint(), Geometry: *g, RingSlots: 64, Epoch: 1 << 40,
-		Transports: []engine.TransportOffer{{Name: "tcpx", Endpoint: []byte("127.0.0.1:9"), Ring: engine.RegionDesc{ID: 1, Length: 4096},
+		Transports: []engine.TransportOffer{{Name: "tcpx", Endpoint: []byte("127.0.0.1:9"), Ring: transport.RegionDesc{ID: 1, Length: 4096},
 			KV: regions(len(g.KVItemLens)), Aux: regions(len(g.AuxItemLens)), State: regions(len(g.StateItemLens))}}}
 	if _, err := engine.DecodeRegister(forged.Encode()); err != nil {
 		t.Fatalf("the forged REGISTER must be well formed: %v", err)
@@ -234,7 +235,7 @@ func TestPrefillReplacedAtAddress(t *testing.T) {
 		}
 		start := time.Now()
 		now := fmt.Sprintf("inst-new (epoch %d)", p.m.Epoch())
-		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) ||
+		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) ||
 			!strings.Contains(r.Failure().Error(), e.want) || !strings.Contains(r.Failure().Error(), now) {
 			t.Fatalf("room with a replaced prefill: %s %v, want Failed naming %q and %q", st, r.Failure(), e.want, now)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestDeadRegisteredPrefillUnreachable: a prefill rank that was killed
@@ -51,7 +52,7 @@ func TestDeadRegisteredPrefillUnreachable(t *testing.T) {
 	}
 	st := r.Wait(ctx, engine.KVSuccess)
 	err = r.Failure()
-	if st != engine.KVFailed || !errors.Is(err, engine.ErrPeerLost) {
+	if st != engine.KVFailed || !errors.Is(err, transport.ErrPeerLost) {
 		t.Fatalf("receiver for a dead prefill: %s %v, want Failed with ErrPeerLost", st, err)
 	}
 	if msg := err.Error(); !strings.Contains(msg, "could not be reached") || !strings.Contains(msg, "connection refused") ||

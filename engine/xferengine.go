@@ -16,6 +16,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
@@ -24,7 +25,7 @@ type TransferEngineConfig struct {
 	// Transport is the opened transport the engine moves bytes with
 	// (required). The engine owns it from NewTransferEngine on: Close closes
 	// it, and NewTransferEngine closes it when it fails.
-	Transport Transport
+	Transport transport.Transport
 	// LocalHostname is Mooncake's local_hostname: "host" or "host:port". The
 	// host is where the segment RPC listener binds and what the default
 	// segment name and the published RPC address carry; a wildcard
@@ -46,7 +47,7 @@ type TransferEngineConfig struct {
 	// Directory, when set, is where the engine publishes its descriptor
 	// (etcd) and where OpenSegment resolves names; nil is P2P. The engine
 	// does not close it.
-	Directory SegmentDirectory
+	Directory transport.SegmentDirectory
 	// RPCTimeout bounds each segment RPC request and directory call made by
 	// the engine (default DefaultRPCTimeout).
 	RPCTimeout time.Duration
@@ -58,8 +59,8 @@ type TransferEngineConfig struct {
 
 // regionEntry is one registered local region.
 type regionEntry struct {
-	mem  Memory
-	desc RegionDesc
+	mem  transport.Memory
+	desc transport.RegionDesc
 }
 
 // TransferEngine is one node of the Mooncake-style transfer API: a
@@ -73,8 +74,8 @@ type regionEntry struct {
 // (idempotent); it closes its transport and the segments it opened.
 type TransferEngine struct {
 	cfg     TransferEngineConfig
-	tr      Transport
-	caps    Caps
+	tr      transport.Transport
+	caps    transport.Caps
 	log     *slog.Logger
 	name    string
 	epoch   uint64
@@ -88,7 +89,7 @@ type TransferEngine struct {
 
 	mu      sync.Mutex
 	closed  bool
-	regions map[RegionID]regionEntry
+	regions map[transport.RegionID]regionEntry
 	segs    map[*RemoteSegment]struct{}
 	watches map[string]*segWatch
 
@@ -129,11 +130,11 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 	}
 	te = &TransferEngine{
 		cfg: cfg, tr: cfg.Transport, caps: cfg.Transport.Capabilities(), timeout: cfg.RPCTimeout,
-		regions: map[RegionID]regionEntry{}, segs: map[*RemoteSegment]struct{}{}, watches: map[string]*segWatch{},
+		regions: map[transport.RegionID]regionEntry{}, segs: map[*RemoteSegment]struct{}{}, watches: map[string]*segWatch{},
 		pubKick: make(chan struct{}, 1), pubDone: make(chan struct{}), stop: make(chan struct{}),
 	}
 	te.epoch = newEpoch()
-	if !te.caps.Has(CapHandshake) {
+	if !te.caps.Has(transport.CapHandshake) {
 		ectx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
 		te.shared, err = te.tr.Endpoint(ectx, "")
 		cancel()
@@ -227,10 +228,10 @@ func (te *TransferEngine) RPCAddr() string {
 }
 
 // Transport returns the engine's transport.
-func (te *TransferEngine) Transport() Transport { return te.tr }
+func (te *TransferEngine) Transport() transport.Transport { return te.tr }
 
 // Directory returns the configured directory (nil in P2P mode).
-func (te *TransferEngine) Directory() SegmentDirectory { return te.cfg.Directory }
+func (te *TransferEngine) Directory() transport.SegmentDirectory { return te.cfg.Directory }
 
 func (te *TransferEngine) directoryName() string {
 	if te.cfg.Directory == nil {
@@ -244,26 +245,26 @@ func (te *TransferEngine) directoryName() string {
 // an open segment find it when a write misses: they refresh once). Errors:
 // a closed engine, a range overlapping a registered region (peer virtual
 // addresses must map to one region), and the transport's errors.
-func (te *TransferEngine) RegisterMemory(m Memory) (RegionDesc, error) {
+func (te *TransferEngine) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
 	if m.Length == 0 {
-		return RegionDesc{}, fmt.Errorf("engine: register memory at %#x: length is 0 bytes", m.Addr)
+		return transport.RegionDesc{}, fmt.Errorf("engine: register memory at %#x: length is 0 bytes", m.Addr)
 	}
 	if uint64(m.Addr)+m.Length < uint64(m.Addr) {
-		return RegionDesc{}, fmt.Errorf("engine: register memory [%#x, +%d bytes): range wraps the address space", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("engine: register memory [%#x, +%d bytes): range wraps the address space", m.Addr, m.Length)
 	}
 	te.mu.Lock()
 	defer te.mu.Unlock()
 	if te.closed {
-		return RegionDesc{}, fmt.Errorf("engine: register memory: transfer engine %w", ErrClosed)
+		return transport.RegionDesc{}, fmt.Errorf("engine: register memory: transfer engine %w", transport.ErrClosed)
 	}
 	for id, r := range te.regions {
 		if m.Addr < r.mem.Addr+uintptr(r.mem.Length) && r.mem.Addr < m.Addr+uintptr(m.Length) {
-			return RegionDesc{}, fmt.Errorf("engine: register memory [%#x, +%d bytes): %w %d [%#x, +%d bytes); deregister it first or register one range covering both", m.Addr, m.Length, ErrRegionOverlap, id, r.mem.Addr, r.mem.Length)
+			return transport.RegionDesc{}, fmt.Errorf("engine: register memory [%#x, +%d bytes): %w %d [%#x, +%d bytes); deregister it first or register one range covering both", m.Addr, m.Length, ErrRegionOverlap, id, r.mem.Addr, r.mem.Length)
 		}
 	}
 	desc, err := te.tr.RegisterMemory(m)
 	if err != nil {
-		return RegionDesc{}, err
+		return transport.RegionDesc{}, err
 	}
 	te.regions[desc.ID] = regionEntry{mem: m, desc: desc}
 	te.kickPublish()
@@ -273,14 +274,14 @@ func (te *TransferEngine) RegisterMemory(m Memory) (RegionDesc, error) {
 // DeregisterMemory removes a region from the transport and the descriptor.
 // Errors: a closed engine, a region this engine did not register, the
 // transport's error.
-func (te *TransferEngine) DeregisterMemory(id RegionID) error {
+func (te *TransferEngine) DeregisterMemory(id transport.RegionID) error {
 	te.mu.Lock()
 	defer te.mu.Unlock()
 	if te.closed {
-		return fmt.Errorf("engine: deregister region %d: transfer engine %w", id, ErrClosed)
+		return fmt.Errorf("engine: deregister region %d: transfer engine %w", id, transport.ErrClosed)
 	}
 	if _, ok := te.regions[id]; !ok {
-		return fmt.Errorf("engine: deregister region %d: not registered with this engine (already deregistered?): %w", id, ErrUnknownRegion)
+		return fmt.Errorf("engine: deregister region %d: not registered with this engine (already deregistered?): %w", id, transport.ErrUnknownRegion)
 	}
 	delete(te.regions, id)
 	te.kickPublish()
@@ -288,24 +289,24 @@ func (te *TransferEngine) DeregisterMemory(id RegionID) error {
 }
 
 // Regions returns the registered regions sorted by address.
-func (te *TransferEngine) Regions() []RegionDesc {
+func (te *TransferEngine) Regions() []transport.RegionDesc {
 	te.mu.Lock()
 	defer te.mu.Unlock()
 	return te.regionsLocked()
 }
 
-func (te *TransferEngine) regionsLocked() []RegionDesc {
-	out := make([]RegionDesc, 0, len(te.regions))
+func (te *TransferEngine) regionsLocked() []transport.RegionDesc {
+	out := make([]transport.RegionDesc, 0, len(te.regions))
 	for _, r := range te.regions {
 		out = append(out, r.desc)
 	}
-	sortRegionsByAddr(out)
+	transport.SortRegions(out)
 	return out
 }
 
 // LocalRegion returns the registered memory that holds [addr, addr+n)
 // entirely, and false when none does.
-func (te *TransferEngine) LocalRegion(addr uintptr, n uint64) (Memory, RegionDesc, bool) {
+func (te *TransferEngine) LocalRegion(addr uintptr, n uint64) (transport.Memory, transport.RegionDesc, bool) {
 	te.mu.Lock()
 	defer te.mu.Unlock()
 	for _, r := range te.regions {
@@ -314,24 +315,24 @@ func (te *TransferEngine) LocalRegion(addr uintptr, n uint64) (Memory, RegionDes
 			return m, r.desc, true
 		}
 	}
-	return Memory{}, RegionDesc{}, false
+	return transport.Memory{}, transport.RegionDesc{}, false
 }
 
 // baseDescriptor is the descriptor without transport endpoints.
-func (te *TransferEngine) baseDescriptor() SegmentDescriptor {
+func (te *TransferEngine) baseDescriptor() transport.SegmentDescriptor {
 	host, _ := os.Hostname()
 	te.mu.Lock()
 	regs := te.regionsLocked()
 	te.mu.Unlock()
-	return SegmentDescriptor{Name: te.name, Epoch: te.epoch, RPC: te.RPCAddr(), Kind: "engine", Hostname: host, PID: os.Getpid(),
+	return transport.SegmentDescriptor{Name: te.name, Epoch: te.epoch, RPC: te.RPCAddr(), Kind: "engine", Hostname: host, PID: os.Getpid(),
 		Devices: te.cfg.Devices, Regions: regs}
 }
 
 // publishedDescriptor is the descriptor as stored in a directory: the
 // shared endpoint, or none for a per-peer transport.
-func (te *TransferEngine) publishedDescriptor() SegmentDescriptor {
+func (te *TransferEngine) publishedDescriptor() transport.SegmentDescriptor {
 	d := te.baseDescriptor()
-	d.Transports = []SegmentTransport{{Name: te.tr.Name(), Endpoint: te.shared, PerPeer: te.caps.Has(CapHandshake)}}
+	d.Transports = []transport.SegmentTransport{{Name: te.tr.Name(), Endpoint: te.shared, PerPeer: te.caps.Has(transport.CapHandshake)}}
 	return d
 }
 
@@ -341,18 +342,18 @@ func (te *TransferEngine) publishedDescriptor() SegmentDescriptor {
 // reply back (TransferEngine.OpenSegment does). peer "" returns the regions
 // and shared endpoints only. This is what the segment RPC answers and what
 // kvx_segment_export writes.
-func (te *TransferEngine) Describe(ctx context.Context, peer string) (SegmentDescriptor, error) {
+func (te *TransferEngine) Describe(ctx context.Context, peer string) (transport.SegmentDescriptor, error) {
 	te.mu.Lock()
 	closed := te.closed
 	te.mu.Unlock()
 	if closed {
-		return SegmentDescriptor{}, fmt.Errorf("engine: describe segment %q: transfer engine %w", te.name, ErrClosed)
+		return transport.SegmentDescriptor{}, fmt.Errorf("engine: describe segment %q: transfer engine %w", te.name, transport.ErrClosed)
 	}
 	d := te.publishedDescriptor()
-	if te.caps.Has(CapHandshake) && peer != "" {
+	if te.caps.Has(transport.CapHandshake) && peer != "" {
 		ep, err := te.tr.Endpoint(ctx, peer)
 		if err != nil {
-			return SegmentDescriptor{}, fmt.Errorf("engine: segment %q: prepare %s endpoint for peer %q: %w", te.name, te.tr.Name(), peer, err)
+			return transport.SegmentDescriptor{}, fmt.Errorf("engine: segment %q: prepare %s endpoint for peer %q: %w", te.name, te.tr.Name(), peer, err)
 		}
 		d.Transports[0].Endpoint = ep
 		d.PreparedFor = peer
@@ -373,7 +374,7 @@ func (te *TransferEngine) handleRPC(ctx context.Context, req *segmentRequest) ([
 		}
 		return d.Encode(), nil
 	case rpcAccept:
-		acc, ok := te.tr.(Acceptor)
+		acc, ok := te.tr.(transport.Acceptor)
 		if !ok {
 			return nil, fmt.Errorf("segment %q: transport %s takes no handshake reply", te.name, te.tr.Name())
 		}
@@ -483,11 +484,11 @@ func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*Remote
 	closed := te.closed
 	te.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("engine: open segment %q: transfer engine %w", name, ErrClosed)
+		return nil, fmt.Errorf("engine: open segment %q: transfer engine %w", name, transport.ErrClosed)
 	}
 	peer := te.peerID()
 	var (
-		d   SegmentDescriptor
+		d   transport.SegmentDescriptor
 		rev int64
 		err error
 	)
@@ -527,7 +528,7 @@ func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*Remote
 // band (kvx_segment_export / kvx_segment_open). A per-peer transport's
 // handshake reply goes to the descriptor's RPC address for the peer id it
 // was prepared for. The segment is not watched (no directory revision).
-func (te *TransferEngine) OpenSegmentDescriptor(ctx context.Context, d SegmentDescriptor) (*RemoteSegment, error) {
+func (te *TransferEngine) OpenSegmentDescriptor(ctx context.Context, d transport.SegmentDescriptor) (*RemoteSegment, error) {
 	if err := te.checkTransport(d); err != nil {
 		return nil, err
 	}
@@ -541,7 +542,7 @@ func (te *TransferEngine) peerID() string {
 	return fmt.Sprintf("%s#%x.%d", te.name, te.epoch&0xffffffff, te.connSeq.Add(1))
 }
 
-func (te *TransferEngine) checkTransport(d SegmentDescriptor) error {
+func (te *TransferEngine) checkTransport(d transport.SegmentDescriptor) error {
 	if _, ok := d.Transport(te.tr.Name()); !ok {
 		return fmt.Errorf("engine: open segment %q: the peer runs %v, this engine runs %s (create both engines with the same transport)", d.Name, d.TransportNames(), te.tr.Name())
 	}
@@ -550,28 +551,28 @@ func (te *TransferEngine) checkTransport(d SegmentDescriptor) error {
 
 // describePeer asks the segment RPC listener at addr for the descriptor
 // prepared for peer ("" = regions and shared endpoints only).
-func (te *TransferEngine) describePeer(ctx context.Context, addr, peer string) (SegmentDescriptor, error) {
+func (te *TransferEngine) describePeer(ctx context.Context, addr, peer string) (transport.SegmentDescriptor, error) {
 	rctx, cancel := context.WithTimeout(ctx, te.timeout)
 	defer cancel()
 	b, err := te.client.call(rctx, addr, &segmentRequest{Type: rpcDescribe, Peer: peer, Transport: te.tr.Name()})
 	if err != nil {
-		return SegmentDescriptor{}, err
+		return transport.SegmentDescriptor{}, err
 	}
-	d, err := DecodeSegmentDescriptor(b)
+	d, err := transport.DecodeSegmentDescriptor(b)
 	if err != nil {
-		return SegmentDescriptor{}, fmt.Errorf("engine: segment RPC DESCRIBE to %s: %w", addr, err)
+		return transport.SegmentDescriptor{}, fmt.Errorf("engine: segment RPC DESCRIBE to %s: %w", addr, err)
 	}
 	return d, nil
 }
 
 // open connects the transport segment for descriptor d.
-func (te *TransferEngine) open(ctx context.Context, name string, d SegmentDescriptor, rev int64) (*RemoteSegment, error) {
+func (te *TransferEngine) open(ctx context.Context, name string, d transport.SegmentDescriptor, rev int64) (*RemoteSegment, error) {
 	t, _ := d.Transport(te.tr.Name())
-	seg, err := te.tr.OpenSegment(ctx, SegmentInfo{Endpoint: t.Endpoint, Regions: d.Regions})
+	seg, err := te.tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: t.Endpoint, Regions: d.Regions})
 	if err != nil {
 		return nil, fmt.Errorf("engine: open segment %q (epoch %#x, %s): %w", name, d.Epoch, te.tr.Name(), err)
 	}
-	if te.caps.Has(CapHandshake) {
+	if te.caps.Has(transport.CapHandshake) {
 		if d.PreparedFor == "" {
 			_ = seg.Close()
 			return nil, fmt.Errorf("engine: open segment %q: the %s endpoint was not prepared for a peer; the handshake cannot complete", name, te.tr.Name())
@@ -590,7 +591,7 @@ func (te *TransferEngine) open(ctx context.Context, name string, d SegmentDescri
 	if te.closed {
 		te.mu.Unlock()
 		_ = seg.Close()
-		return nil, fmt.Errorf("engine: open segment %q: transfer engine %w during the open", name, ErrClosed)
+		return nil, fmt.Errorf("engine: open segment %q: transfer engine %w during the open", name, transport.ErrClosed)
 	}
 	te.segs[s] = struct{}{}
 	if te.cfg.Directory != nil && rev > 0 {
@@ -598,7 +599,7 @@ func (te *TransferEngine) open(ctx context.Context, name string, d SegmentDescri
 		if w == nil {
 			w = &segWatch{segs: map[*RemoteSegment]struct{}{}}
 			te.watches[name] = w
-			w.stop = te.cfg.Directory.Watch(name, rev, func(ev SegmentEvent) { te.onSegmentEvent(ev) })
+			w.stop = te.cfg.Directory.Watch(name, rev, func(ev transport.SegmentEvent) { te.onSegmentEvent(ev) })
 		}
 		w.segs[s] = struct{}{}
 	}
@@ -608,7 +609,7 @@ func (te *TransferEngine) open(ctx context.Context, name string, d SegmentDescri
 
 // onSegmentEvent invalidates the segments open to a peer that vanished or
 // restarted.
-func (te *TransferEngine) onSegmentEvent(ev SegmentEvent) {
+func (te *TransferEngine) onSegmentEvent(ev transport.SegmentEvent) {
 	te.mu.Lock()
 	w := te.watches[ev.Name]
 	var segs []*RemoteSegment
@@ -624,10 +625,10 @@ func (te *TransferEngine) onSegmentEvent(ev SegmentEvent) {
 		switch {
 		case ev.Deleted:
 			reason = fmt.Errorf("engine: segment %q (epoch %#x): its descriptor vanished from %s (lease expired: the peer crashed or is partitioned, or it shut down): %w: %w",
-				ev.Name, epoch, te.directoryName(), ErrSegmentStale, ErrPeerLost)
+				ev.Name, epoch, te.directoryName(), ErrSegmentStale, transport.ErrPeerLost)
 		case ev.Desc.Epoch != epoch:
 			reason = fmt.Errorf("engine: segment %q: the peer restarted (epoch %#x → %#x in %s); reopen the segment: %w: %w",
-				ev.Name, epoch, ev.Desc.Epoch, te.directoryName(), ErrSegmentStale, ErrPeerLost)
+				ev.Name, epoch, ev.Desc.Epoch, te.directoryName(), ErrSegmentStale, transport.ErrPeerLost)
 		default:
 			continue // same incarnation published new regions
 		}

@@ -20,12 +20,13 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // newTE starts a TransferEngine on the named transport (loopback).
-func newTE(t *testing.T, transport string, mod ...func(*engine.TransferEngineConfig)) *engine.TransferEngine {
+func newTE(t *testing.T, transportName string, mod ...func(*engine.TransferEngineConfig)) *engine.TransferEngine {
 	t.Helper()
-	tr, err := engine.OpenTransport(transport, engine.DefaultOptions())
+	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,9 +43,9 @@ func newTE(t *testing.T, transport string, mod ...func(*engine.TransferEngineCon
 }
 
 // regBuf allocates and registers n bytes with te.
-func regBuf(t *testing.T, te *engine.TransferEngine, name string, n int64) (*engine.HostBuffer, engine.RegionDesc) {
+func regBuf(t *testing.T, te *engine.TransferEngine, name string, n int64) (*transport.HostBuffer, transport.RegionDesc) {
 	t.Helper()
-	b, err := engine.AllocHost(name, n)
+	b, err := transport.AllocHost(name, n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func writeSync(t *testing.T, seg *engine.RemoteSegment, ws ...engine.PeerWrite) 
 	if err != nil {
 		return err
 	}
-	if st.State != engine.BatchCompleted {
+	if st.State != transport.BatchCompleted {
 		return fmt.Errorf("batch %v: %w", st.State, st.Err)
 	}
 	return nil
@@ -122,11 +123,11 @@ func TestTransferEngineNamedSegment(t *testing.T) {
 			}
 			// Region-addressed writes still work through the RemoteSegment.
 			ctx := context.Background()
-			id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: dd.ID, RemoteOffset: 0, Length: 64}}})
+			id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr(), Remote: dd.ID, RemoteOffset: 0, Length: 64}}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st, _ := seg.Wait(ctx, id); st.State != engine.BatchCompleted {
+			if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
 				t.Fatalf("region write: %v %v", st.State, st.Err)
 			}
 		})
@@ -154,7 +155,7 @@ func TestTransferEngineAddressOutsideRegions(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: c.addr, Length: c.n})
-			if !errors.Is(err, engine.ErrOutOfBounds) {
+			if !errors.Is(err, transport.ErrOutOfBounds) {
 				t.Fatalf("err = %v, want ErrOutOfBounds", err)
 			}
 			for _, want := range []string{recv.Name(), fmt.Sprintf("%#x", c.addr), fmt.Sprintf("+%d bytes", c.n), "not inside any region"} {
@@ -165,8 +166,8 @@ func TestTransferEngineAddressOutsideRegions(t *testing.T) {
 		})
 	}
 	// Unknown region ID (after one refresh) and an out-of-bounds offset.
-	_, err = seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: 999, Length: 8}}})
-	if !errors.Is(err, engine.ErrUnknownRegion) || !strings.Contains(err.Error(), "region 999") {
+	_, err = seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr(), Remote: 999, Length: 8}}})
+	if !errors.Is(err, transport.ErrUnknownRegion) || !strings.Contains(err.Error(), "region 999") {
 		t.Fatalf("unknown region: err = %v", err)
 	}
 }
@@ -197,11 +198,11 @@ func TestTransferEngineRegionRegisteredAfterOpen(t *testing.T) {
 			// A region ID learnt the same way.
 			late2, ld2 := regBuf(t, recv, "late2", 1<<16)
 			ctx := context.Background()
-			id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: ld2.ID, Length: 64}}})
+			id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr(), Remote: ld2.ID, Length: 64}}})
 			if err != nil {
 				t.Fatalf("write to region %d registered after the open: %v", ld2.ID, err)
 			}
-			if st, _ := seg.Wait(ctx, id); st.State != engine.BatchCompleted {
+			if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
 				t.Fatalf("%v %v", st.State, st.Err)
 			}
 			if !bytes.Equal(late2.Bytes()[:64], src.Bytes()[:64]) {
@@ -254,10 +255,10 @@ func TestTransferEngineOpenErrors(t *testing.T) {
 	t.Run("closed engine", func(t *testing.T) {
 		e := newTE(t, "tcp")
 		e.Close()
-		if _, err := e.OpenSegment(ctx, send.Name()); !errors.Is(err, engine.ErrClosed) {
+		if _, err := e.OpenSegment(ctx, send.Name()); !errors.Is(err, transport.ErrClosed) {
 			t.Fatalf("err = %v, want ErrClosed", err)
 		}
-		if _, err := e.RegisterMemory(engine.Memory{Addr: 4096, Length: 4096}); !errors.Is(err, engine.ErrClosed) {
+		if _, err := e.RegisterMemory(transport.Memory{Addr: 4096, Length: 4096}); !errors.Is(err, transport.ErrClosed) {
 			t.Fatalf("register on a closed engine: err = %v", err)
 		}
 		if err := e.Close(); err != nil {
@@ -288,12 +289,12 @@ func TestTransferEngineConfiguredNameAndPort(t *testing.T) {
 	if te.RPCPort() != port || te.Name() != "127.0.0.1:"+strconv.Itoa(port) {
 		t.Fatalf("RPCPort %d Name %q, want port %d", te.RPCPort(), te.Name(), port)
 	}
-	tr, _ := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, _ := transport.OpenTransport("tcp", transport.DefaultOptions())
 	_, err = engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:" + strconv.Itoa(port)})
 	if err == nil || !strings.Contains(err.Error(), "port") {
 		t.Fatalf("second engine on the same RPC port: err = %v", err)
 	}
-	tr, _ = engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, _ = transport.OpenTransport("tcp", transport.DefaultOptions())
 	if _, err = engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:99999"}); err == nil {
 		t.Fatal("port 99999 accepted")
 	}
@@ -380,7 +381,7 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 	var again *engine.TransferEngine
 	deadline := time.Now().Add(20 * time.Second)
 	for again == nil {
-		tr, _ := engine.OpenTransport("tcp", engine.DefaultOptions())
+		tr, _ := transport.OpenTransport("tcp", transport.DefaultOptions())
 		e, err := engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: name})
 		if err == nil {
 			again = e
@@ -394,7 +395,7 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 	defer again.Close()
 	b, _ := regBuf(t, again, "new", 1<<16)
 	err = writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(b.Addr()), Length: 64})
-	if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, engine.ErrPeerLost) || !strings.Contains(err.Error(), fmt.Sprintf("%#x", old)) {
+	if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) || !strings.Contains(err.Error(), fmt.Sprintf("%#x", old)) {
 		t.Fatalf("write after the peer restarted: err = %v, want ErrSegmentStale naming the old epoch %#x", err, old)
 	}
 	if seg.Err() == nil {
@@ -418,7 +419,7 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 // "READY name addr len", then on each stdin line "sum" prints the CRC32 of
 // its buffer.
 func helperSegment() error {
-	tr, err := engine.OpenTransport(os.Getenv("KVX_TRANSPORT"), engine.DefaultOptions())
+	tr, err := transport.OpenTransport(os.Getenv("KVX_TRANSPORT"), transport.DefaultOptions())
 	if err != nil {
 		return err
 	}
@@ -427,7 +428,7 @@ func helperSegment() error {
 		return err
 	}
 	defer te.Close()
-	b, err := engine.AllocHost("helper", 1<<20)
+	b, err := transport.AllocHost("helper", 1<<20)
 	if err != nil {
 		return err
 	}
@@ -495,7 +496,7 @@ func TestTransferEngineCrossProcess(t *testing.T) {
 			deadline := time.Now().Add(20 * time.Second)
 			for {
 				err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: addr, Length: 4096})
-				if errors.Is(err, engine.ErrPeerLost) {
+				if errors.Is(err, transport.ErrPeerLost) {
 					t.Logf("after the kill: %v", err)
 					break
 				}
@@ -529,11 +530,11 @@ func TestTransferEngineRead(t *testing.T) {
 		t.Fatal("read: bytes differ")
 	}
 	err = seg.Read(ctx, []engine.PeerRead{{Local: local.Addr(), PeerAddr: uint64(peer.Addr()) + 1<<20 - 4, Length: 8}})
-	if !errors.Is(err, engine.ErrOutOfBounds) || !strings.Contains(err.Error(), recv.Name()) {
+	if !errors.Is(err, transport.ErrOutOfBounds) || !strings.Contains(err.Error(), recv.Name()) {
 		t.Fatalf("read past the peer region: %v", err)
 	}
 	err = seg.Read(ctx, []engine.PeerRead{{Local: 0x1000, PeerAddr: uint64(peer.Addr()), Length: 8}})
-	if !errors.Is(err, engine.ErrOutOfBounds) {
+	if !errors.Is(err, transport.ErrOutOfBounds) {
 		t.Fatalf("read into unregistered local memory: %v", err)
 	}
 
@@ -547,7 +548,7 @@ func TestTransferEngineRead(t *testing.T) {
 	}
 	defer tseg.Close()
 	err = tseg.Read(ctx, []engine.PeerRead{{Local: tl.Addr(), PeerAddr: 1, Length: 1}})
-	if !errors.Is(err, engine.ErrReadUnsupported) || !strings.Contains(err.Error(), "tcp") {
+	if !errors.Is(err, transport.ErrReadUnsupported) || !strings.Contains(err.Error(), "tcp") {
 		t.Fatalf("tcp read: err = %v, want ErrReadUnsupported", err)
 	}
 }

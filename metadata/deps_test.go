@@ -7,7 +7,7 @@ import (
 )
 
 // TestEngineDoesNotLinkEtcd: the engine reaches the metadata store only
-// through engine.SegmentDirectory; the etcd client (and gRPC) stay in this
+// through transport.SegmentDirectory; the etcd client (and gRPC) stay in this
 // package and the programs that import it.
 func TestEngineDoesNotLinkEtcd(t *testing.T) {
 	if testing.Short() {
@@ -19,7 +19,7 @@ func TestEngineDoesNotLinkEtcd(t *testing.T) {
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		if strings.HasPrefix(dep, "go.etcd.io/") || strings.HasPrefix(dep, "google.golang.org/grpc") || dep == "github.com/kvxfer/kvxfer/metadata" {
-			t.Errorf("engine depends on %s; the metadata backend must stay behind engine.SegmentDirectory", dep)
+			t.Errorf("engine depends on %s; the metadata backend must stay behind transport.SegmentDirectory", dep)
 		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/metadata"
 )
@@ -16,7 +16,7 @@ import (
 // part of want.
 func wantAll(t *testing.T, what string, err error, want ...string) {
 	t.Helper()
-	if !errors.Is(err, engine.ErrMetadataUnavailable) {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) {
 		t.Fatalf("%s: %v, want ErrMetadataUnavailable", what, err)
 	}
 	for _, w := range want {
@@ -62,7 +62,7 @@ func TestQuorumLossSaysWhatHappened(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "requests work again with two of three members", func() bool {
 		_, _, err := before.Resolve(context.Background(), "any")
-		return errors.Is(err, engine.ErrSegmentNotFound)
+		return errors.Is(err, transport.ErrSegmentNotFound)
 	})
 }
 

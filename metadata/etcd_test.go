@@ -14,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/metadata"
 )
@@ -56,19 +57,19 @@ func open(t *testing.T, url string, mod ...func(*metadata.Options)) *metadata.St
 	return s
 }
 
-func desc(name string, epoch uint64) engine.SegmentDescriptor {
-	return engine.SegmentDescriptor{Name: name, Epoch: epoch, RPC: "127.0.0.1:1", Kind: "engine",
-		Transports: []engine.SegmentTransport{{Name: "tcp", Endpoint: []byte("127.0.0.1:2")}},
-		Regions:    []engine.RegionDesc{{ID: 1, Addr: 4096, Length: 4096}}}
+func desc(name string, epoch uint64) transport.SegmentDescriptor {
+	return transport.SegmentDescriptor{Name: name, Epoch: epoch, RPC: "127.0.0.1:1", Kind: "engine",
+		Transports: []transport.SegmentTransport{{Name: "tcp", Endpoint: []byte("127.0.0.1:2")}},
+		Regions:    []transport.RegionDesc{{ID: 1, Addr: 4096, Length: 4096}}}
 }
 
 // events collects watch events.
 type events struct {
 	mu sync.Mutex
-	ev []engine.SegmentEvent
+	ev []transport.SegmentEvent
 }
 
-func (e *events) add(ev engine.SegmentEvent) { e.mu.Lock(); e.ev = append(e.ev, ev); e.mu.Unlock() }
+func (e *events) add(ev transport.SegmentEvent) { e.mu.Lock(); e.ev = append(e.ev, ev); e.mu.Unlock() }
 
 // waitFor polls until cond holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
@@ -83,7 +84,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.
 	return time.Since(start)
 }
 
-func (e *events) count(pred func(engine.SegmentEvent) bool) int {
+func (e *events) count(pred func(transport.SegmentEvent) bool) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
@@ -104,7 +105,7 @@ func TestOpenUnreachable(t *testing.T) {
 	l.Close()
 	start := time.Now()
 	_, err = metadata.Open(context.Background(), "etcd://"+dead+",127.0.0.1:1/x", metadata.Options{Timeout: time.Second})
-	if !errors.Is(err, engine.ErrMetadataUnavailable) || !strings.Contains(err.Error(), dead) || !strings.Contains(err.Error(), "127.0.0.1:1") {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) || !strings.Contains(err.Error(), dead) || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("err = %v; want ErrMetadataUnavailable naming both endpoints", err)
 	}
 	if el := time.Since(start); el > 10*time.Second {
@@ -117,7 +118,7 @@ func TestPublishResolveWatch(t *testing.T) {
 	url := sharedURL(t)
 	a, b := open(t, url), open(t, url)
 	ctx := context.Background()
-	if _, _, err := b.Resolve(ctx, "seg-a"); !errors.Is(err, engine.ErrSegmentNotFound) || !strings.Contains(err.Error(), "seg-a") {
+	if _, _, err := b.Resolve(ctx, "seg-a"); !errors.Is(err, transport.ErrSegmentNotFound) || !strings.Contains(err.Error(), "seg-a") {
 		t.Fatalf("resolve before publish: %v", err)
 	}
 	if err := a.Publish(ctx, desc("seg-a", 7)); err != nil {
@@ -134,20 +135,20 @@ func TestPublishResolveWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "PUT event with epoch 8", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 8 }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 8 }) == 1
 	})
 	if err := a.Unpublish(ctx, "seg-a"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "DELETE event", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return e.Deleted }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return e.Deleted }) == 1
 	})
 	// Close revokes the lease: everything a process published vanishes.
 	if err := a.Publish(ctx, desc("seg-a2", 1)); err != nil {
 		t.Fatal(err)
 	}
 	a.Close()
-	if _, _, err := b.Resolve(ctx, "seg-a2"); !errors.Is(err, engine.ErrSegmentNotFound) {
+	if _, _, err := b.Resolve(ctx, "seg-a2"); !errors.Is(err, transport.ErrSegmentNotFound) {
 		t.Fatalf("after Close (lease revoked): %v", err)
 	}
 	segs, _, err := b.Segments(ctx)
@@ -179,7 +180,7 @@ func TestLeaseExpiryOfPartitionedPublisher(t *testing.T) {
 	proxy.Block()
 	blocked := time.Now()
 	gone := waitFor(t, testTTL+10*time.Second, "key gone after the publisher's lease expired", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return e.Deleted }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return e.Deleted }) == 1
 	})
 	t.Logf("partitioned publisher's key vanished %v after the block (TTL %v)", gone, testTTL)
 	if time.Since(blocked) < testTTL-500*time.Millisecond {
@@ -187,7 +188,7 @@ func TestLeaseExpiryOfPartitionedPublisher(t *testing.T) {
 	}
 	proxy.Unblock()
 	back := waitFor(t, 30*time.Second, "publisher re-published after the partition healed", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 42 }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 42 }) == 1
 	})
 	t.Logf("re-published %v after the partition healed", back)
 	if pub.LeaseLosses() < 1 {
@@ -199,9 +200,9 @@ func TestLeaseExpiryOfPartitionedPublisher(t *testing.T) {
 }
 
 // newEngine starts a TransferEngine on tr with store as its directory.
-func newEngine(t *testing.T, transport, name string, store engine.SegmentDirectory) *engine.TransferEngine {
+func newEngine(t *testing.T, transportName, name string, store transport.SegmentDirectory) *engine.TransferEngine {
 	t.Helper()
-	tr, err := engine.OpenTransport(transport, engine.DefaultOptions())
+	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,9 +214,9 @@ func newEngine(t *testing.T, transport, name string, store engine.SegmentDirecto
 	return te
 }
 
-func reg(t *testing.T, te *engine.TransferEngine, n int64) *engine.HostBuffer {
+func reg(t *testing.T, te *engine.TransferEngine, n int64) *transport.HostBuffer {
 	t.Helper()
-	b, err := engine.AllocHost("t", n)
+	b, err := transport.AllocHost("t", n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func write(seg *engine.RemoteSegment, local uintptr, peer uint64, n uint64) erro
 	if err != nil {
 		return err
 	}
-	if st.State != engine.BatchCompleted {
+	if st.State != transport.BatchCompleted {
 		return st.Err
 	}
 	return nil
@@ -285,7 +286,7 @@ func TestTransferEngineOverEtcd(t *testing.T) {
 				t.Fatalf("Err() = %v", seg.Err())
 			}
 			err = write(seg, src.Addr(), uint64(dst.Addr()), 64)
-			if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, engine.ErrPeerLost) {
+			if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) {
 				t.Fatalf("write on the stale segment: %v", err)
 			}
 			_ = oldEpoch
@@ -301,7 +302,7 @@ func TestTransferEngineOverEtcd(t *testing.T) {
 			if err := write(seg2, src.Addr(), uint64(nd.Addr()), 4096); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := send.OpenSegment(context.Background(), "no-such-segment"); !errors.Is(err, engine.ErrSegmentNotFound) {
+			if _, err := send.OpenSegment(context.Background(), "no-such-segment"); !errors.Is(err, transport.ErrSegmentNotFound) {
 				t.Fatalf("open of an unknown name: %v", err)
 			}
 		})

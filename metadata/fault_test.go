@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/metadata"
 )
@@ -29,7 +30,7 @@ func helperEngine() error {
 	if err != nil {
 		return err
 	}
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		return err
 	}
@@ -37,7 +38,7 @@ func helperEngine() error {
 	if err != nil {
 		return err
 	}
-	b, err := engine.AllocHost("helper", 1<<20)
+	b, err := transport.AllocHost("helper", 1<<20)
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func TestCrashedEngineVanishes(t *testing.T) {
 		return seg.Err() != nil && strings.Contains(seg.Err().Error(), "vanished")
 	})
 	t.Logf("killed peer's segment went stale %v after SIGKILL (TTL %v): %v", time.Since(killed), testTTL, seg.Err())
-	if _, err := send.OpenSegment(ctx, "crashy"); !errors.Is(err, engine.ErrSegmentNotFound) {
+	if _, err := send.OpenSegment(ctx, "crashy"); !errors.Is(err, transport.ErrSegmentNotFound) {
 		t.Fatalf("open after the crash: %v", err)
 	}
 
@@ -196,7 +197,7 @@ func TestEtcdDownMidRun(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	_, err = send.OpenSegment(ctx, "recv")
-	if !errors.Is(err, engine.ErrMetadataUnavailable) || !strings.Contains(err.Error(), c.Members[0].Addr()) {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) || !strings.Contains(err.Error(), c.Members[0].Addr()) {
 		t.Fatalf("open while etcd is down: %v; want ErrMetadataUnavailable naming %s", err, c.Members[0].Addr())
 	}
 	t.Logf("open while etcd is down: %v", err)
@@ -283,7 +284,7 @@ func TestMemberFailover(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("%d resolve+open+write rounds over %v after the leader was killed, slowest %v", ops, time.Since(start), worst)
-	if n := ev.count(func(e engine.SegmentEvent) bool { return e.Deleted || e.Desc.Epoch != recv.Epoch() }); n != 0 || seg.Err() != nil {
+	if n := ev.count(func(e transport.SegmentEvent) bool { return e.Deleted || e.Desc.Epoch != recv.Epoch() }); n != 0 || seg.Err() != nil {
 		t.Fatalf("watcher saw %d disappearances/restarts; segment: %v", n, seg.Err())
 	}
 	if rs.LeaseLosses() != 0 {

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // HTTPSegmentPrefix is the key prefix of segment descriptors in an HTTP
@@ -31,7 +31,7 @@ const (
 	// DefaultHTTPPoll is how often a Watch asks for the watched descriptor.
 	DefaultHTTPPoll = time.Second
 	// maxHTTPValue bounds a value read from the server.
-	maxHTTPValue = engine.MaxSegmentDescriptorBytes
+	maxHTTPValue = transport.MaxSegmentDescriptorBytes
 )
 
 // IsHTTP reports whether s names an HTTP metadata server ("http://" or
@@ -91,7 +91,7 @@ type HTTPOptions struct {
 
 // HTTPStore is a connection to a Mooncake-style HTTP metadata server
 // (package httpmeta, or Mooncake's mooncake_http_metadata_server). It
-// implements engine.SegmentDirectory with the server's GET/PUT/DELETE
+// implements transport.SegmentDirectory with the server's GET/PUT/DELETE
 // /metadata?key= routes.
 //
 // The server has no leases: a descriptor stays until it is deleted, so a
@@ -127,12 +127,12 @@ type httpRev struct {
 	val []byte
 }
 
-var _ engine.SegmentDirectory = (*HTTPStore)(nil)
+var _ transport.SegmentDirectory = (*HTTPStore)(nil)
 
 // OpenHTTP checks that the metadata server at rawURL answers (one GET,
 // bounded by Timeout: 200 or 404 is an answer) and starts the publisher's
 // refresh. An unreachable server fails with an error wrapping
-// engine.ErrMetadataUnavailable and naming the URL; a malformed URL or a
+// transport.ErrMetadataUnavailable and naming the URL; a malformed URL or a
 // server that answers something else (not a metadata server) fails without
 // it.
 func OpenHTTP(ctx context.Context, rawURL string, o HTTPOptions) (*HTTPStore, error) {
@@ -176,14 +176,14 @@ func OpenHTTP(ctx context.Context, rawURL string, o HTTPOptions) (*HTTPStore, er
 	return s, nil
 }
 
-// String returns the server's URL (engine.SegmentDirectory).
+// String returns the server's URL (transport.SegmentDirectory).
 func (s *HTTPStore) String() string { return s.u.String() }
 
 // SegmentKey returns the key of a segment name.
 func (s *HTTPStore) SegmentKey(name string) string { return HTTPSegmentPrefix + name }
 
 func (s *HTTPStore) unavailable(op string, err error) error {
-	return fmt.Errorf("metadata: %s: HTTP metadata server %s unreachable or not answering: %w: %v", op, s.u, engine.ErrMetadataUnavailable, err)
+	return fmt.Errorf("metadata: %s: HTTP metadata server %s unreachable or not answering: %w: %v", op, s.u, transport.ErrMetadataUnavailable, err)
 }
 
 // do sends one request for key and returns the status and body (at most
@@ -226,7 +226,7 @@ func (s *HTTPStore) answer(op string, code int, body []byte) error {
 		msg = msg[:200] + "…"
 	}
 	if code >= 500 {
-		return fmt.Errorf("metadata: %s: HTTP metadata server %s answered %d %q: %w", op, s.u, code, msg, engine.ErrMetadataUnavailable)
+		return fmt.Errorf("metadata: %s: HTTP metadata server %s answered %d %q: %w", op, s.u, code, msg, transport.ErrMetadataUnavailable)
 	}
 	return fmt.Errorf("metadata: %s: HTTP metadata server %s answered %d %q", op, s.u, code, msg)
 }
@@ -235,15 +235,15 @@ func (s *HTTPStore) checkOpen(op string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("metadata: %s: store for %s: %w", op, s.u, engine.ErrClosed)
+		return fmt.Errorf("metadata: %s: store for %s: %w", op, s.u, transport.ErrClosed)
 	}
 	return nil
 }
 
-// Publish stores desc under its segment name (engine.SegmentDirectory). The
+// Publish stores desc under its segment name (transport.SegmentDirectory). The
 // value is kept even when the server is unreachable, so the refresher
 // publishes the latest once it answers.
-func (s *HTTPStore) Publish(ctx context.Context, desc engine.SegmentDescriptor) error {
+func (s *HTTPStore) Publish(ctx context.Context, desc transport.SegmentDescriptor) error {
 	if desc.Name == "" || strings.ContainsAny(desc.Name, "\x00") {
 		return fmt.Errorf("metadata: publish: segment name %q is empty or has a NUL byte", desc.Name)
 	}
@@ -267,7 +267,7 @@ func (s *HTTPStore) Publish(ctx context.Context, desc engine.SegmentDescriptor) 
 }
 
 // Unpublish removes a segment name and stops publishing it
-// (engine.SegmentDirectory). A name the server does not hold is not an error.
+// (transport.SegmentDirectory). A name the server does not hold is not an error.
 func (s *HTTPStore) Unpublish(ctx context.Context, name string) error {
 	key := s.SegmentKey(name)
 	s.mu.Lock()
@@ -312,29 +312,29 @@ func (s *HTTPStore) note(name string, val []byte) int64 {
 }
 
 // Resolve returns the descriptor published under name and a revision for
-// Watch (engine.SegmentDirectory). Errors wrap engine.ErrSegmentNotFound,
-// engine.ErrMetadataUnavailable or ErrBadRecord.
-func (s *HTTPStore) Resolve(ctx context.Context, name string) (engine.SegmentDescriptor, int64, error) {
+// Watch (transport.SegmentDirectory). Errors wrap transport.ErrSegmentNotFound,
+// transport.ErrMetadataUnavailable or ErrBadRecord.
+func (s *HTTPStore) Resolve(ctx context.Context, name string) (transport.SegmentDescriptor, int64, error) {
 	val, ok, err := s.get(ctx, name)
 	if err != nil {
-		return engine.SegmentDescriptor{}, 0, err
+		return transport.SegmentDescriptor{}, 0, err
 	}
 	if !ok {
-		return engine.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q is not published in %s (not started, shut down, or started with another metadata server): %w",
-			name, s.u, engine.ErrSegmentNotFound)
+		return transport.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q is not published in %s (not started, shut down, or started with another metadata server): %w",
+			name, s.u, transport.ErrSegmentNotFound)
 	}
-	d, err := engine.DecodeSegmentDescriptor(val)
+	d, err := transport.DecodeSegmentDescriptor(val)
 	if err != nil {
-		return engine.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q in %s: %w: %w", name, s.u, ErrBadRecord, err)
+		return transport.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q in %s: %w: %w", name, s.u, ErrBadRecord, err)
 	}
 	return d, s.note(name, val), nil
 }
 
 // Watch polls name's descriptor every Poll and calls fn, from one goroutine
 // and in order, when it changed after revision rev or vanished for longer
-// than DeleteGrace (engine.SegmentDirectory). An unreachable server delivers nothing until
+// than DeleteGrace (transport.SegmentDirectory). An unreachable server delivers nothing until
 // it answers again; a value that does not decode is logged and skipped.
-func (s *HTTPStore) Watch(name string, rev int64, fn func(engine.SegmentEvent)) (stop func()) {
+func (s *HTTPStore) Watch(name string, rev int64, fn func(transport.SegmentEvent)) (stop func()) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -373,15 +373,15 @@ func (s *HTTPStore) Watch(name string, rev int64, fn func(engine.SegmentEvent)) 
 				s.rev++
 				r := s.rev
 				s.mu.Unlock()
-				fn(engine.SegmentEvent{Name: name, Deleted: true, Rev: r})
+				fn(transport.SegmentEvent{Name: name, Deleted: true, Rev: r})
 			case ok && (!present || !bytes.Equal(val, last)):
-				d, err := engine.DecodeSegmentDescriptor(val)
+				d, err := transport.DecodeSegmentDescriptor(val)
 				present, last = true, val
 				if err != nil {
 					s.log.Warn("ignoring a malformed segment descriptor in the HTTP metadata server", "key", s.SegmentKey(name), "err", err)
 					continue
 				}
-				fn(engine.SegmentEvent{Name: name, Desc: d, Rev: s.note(name, val)})
+				fn(transport.SegmentEvent{Name: name, Desc: d, Rev: s.note(name, val)})
 			}
 		}
 	}()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/metadata"
 	"github.com/kvxfer/kvxfer/metadata/httpmeta"
 )
@@ -101,7 +102,7 @@ func TestOpenHTTPErrors(t *testing.T) {
 	ln.Close()
 	start := time.Now()
 	_, err = metadata.OpenHTTP(context.Background(), dead, metadata.HTTPOptions{Timeout: time.Second})
-	if !errors.Is(err, engine.ErrMetadataUnavailable) || !strings.Contains(err.Error(), dead) {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) || !strings.Contains(err.Error(), dead) {
 		t.Fatalf("nothing listening: %v", err)
 	}
 	if time.Since(start) > 10*time.Second {
@@ -111,7 +112,7 @@ func TestOpenHTTPErrors(t *testing.T) {
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "who?", http.StatusTeapot) }))
 	defer other.Close()
 	_, err = metadata.OpenHTTP(context.Background(), other.URL+"/metadata", metadata.HTTPOptions{})
-	if err == nil || errors.Is(err, engine.ErrMetadataUnavailable) || !strings.Contains(err.Error(), "is it a metadata server") {
+	if err == nil || errors.Is(err, transport.ErrMetadataUnavailable) || !strings.Contains(err.Error(), "is it a metadata server") {
 		t.Fatalf("teapot: %v", err)
 	}
 	// A server that accepts and never answers: bounded by Timeout.
@@ -122,7 +123,7 @@ func TestOpenHTTPErrors(t *testing.T) {
 	defer hang.Close()
 	start = time.Now()
 	_, err = metadata.OpenHTTP(context.Background(), "http://"+hang.Addr().String()+"/metadata", metadata.HTTPOptions{Timeout: 300 * time.Millisecond})
-	if !errors.Is(err, engine.ErrMetadataUnavailable) || time.Since(start) > 10*time.Second {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) || time.Since(start) > 10*time.Second {
 		t.Fatalf("stalled server: %v after %v", err, time.Since(start))
 	}
 }
@@ -134,7 +135,7 @@ func TestHTTPStoreDirectory(t *testing.T) {
 	srv := startMetaServer(t, 0)
 	a, b := openHTTP(t, srv.url), openHTTP(t, srv.url)
 	ctx := context.Background()
-	if _, _, err := b.Resolve(ctx, "seg-a"); !errors.Is(err, engine.ErrSegmentNotFound) {
+	if _, _, err := b.Resolve(ctx, "seg-a"); !errors.Is(err, transport.ErrSegmentNotFound) {
 		t.Fatalf("resolve before publish: %v", err)
 	}
 	d := desc("seg-a", 7)
@@ -155,13 +156,13 @@ func TestHTTPStoreDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "watch sees the new epoch", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 8 }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return !e.Deleted && e.Desc.Epoch == 8 }) == 1
 	})
 	if err := a.Unpublish(ctx, "seg-a"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "watch sees the deletion", func() bool {
-		return ev.count(func(e engine.SegmentEvent) bool { return e.Deleted }) == 1
+		return ev.count(func(e transport.SegmentEvent) bool { return e.Deleted }) == 1
 	})
 	if err := a.Unpublish(ctx, "seg-a"); err != nil {
 		t.Fatalf("unpublish of an absent name: %v", err)
@@ -173,11 +174,11 @@ func TestHTTPStoreDirectory(t *testing.T) {
 	if _, _, err := b.Resolve(ctx, "junk"); !errors.Is(err, metadata.ErrBadRecord) {
 		t.Fatalf("junk record: %v", err)
 	}
-	if err := a.Publish(ctx, engine.SegmentDescriptor{}); err == nil {
+	if err := a.Publish(ctx, transport.SegmentDescriptor{}); err == nil {
 		t.Fatal("empty name published")
 	}
 	a.Close()
-	if err := a.Publish(ctx, d); !errors.Is(err, engine.ErrClosed) {
+	if err := a.Publish(ctx, d); !errors.Is(err, transport.ErrClosed) {
 		t.Fatalf("publish after close: %v", err)
 	}
 }
@@ -234,7 +235,7 @@ func TestTransferEngineOverHTTP(t *testing.T) {
 			if err := write(seg2, src.Addr(), uint64(nd.Addr()), 4096); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := send.OpenSegment(context.Background(), "unreachable_peer:9"); !errors.Is(err, engine.ErrSegmentNotFound) {
+			if _, err := send.OpenSegment(context.Background(), "unreachable_peer:9"); !errors.Is(err, transport.ErrSegmentNotFound) {
 				t.Fatalf("open of an unknown name: %v", err)
 			}
 		})
@@ -261,7 +262,7 @@ func TestHTTPServerDownAndRestarted(t *testing.T) {
 		t.Fatalf("established segment with the metadata server down: %v", err)
 	}
 	_, err = send.OpenSegment(context.Background(), "recv-other")
-	if !errors.Is(err, engine.ErrMetadataUnavailable) || !strings.Contains(err.Error(), srv.url) {
+	if !errors.Is(err, transport.ErrMetadataUnavailable) || !strings.Contains(err.Error(), srv.url) {
 		t.Fatalf("open with the server down: %v", err)
 	}
 	back := startMetaServer(t, port)

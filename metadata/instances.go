@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // InstanceRecordVersion is the wire version of InstanceRecord.
@@ -224,9 +224,9 @@ func (s *Store) Fleet(ctx context.Context, now time.Time) (FleetReport, error) {
 }
 
 // BuildFleetReport is Fleet's pure part (testable without etcd).
-func BuildFleetReport(url string, insts []InstanceRecord, segs []engine.SegmentDescriptor, bad int, now time.Time) FleetReport {
+func BuildFleetReport(url string, insts []InstanceRecord, segs []transport.SegmentDescriptor, bad int, now time.Time) FleetReport {
 	rep := FleetReport{URL: url, Segments: map[string]int{}, BadRecords: bad, Instances: []InstanceStatus{}}
-	byName := map[string]engine.SegmentDescriptor{}
+	byName := map[string]transport.SegmentDescriptor{}
 	for _, d := range segs {
 		byName[d.Name] = d
 		rep.Segments[d.Kind]++

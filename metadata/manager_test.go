@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/metadata"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -31,13 +32,13 @@ func newManager(role engine.Role, store *metadata.Store, bootstrapAddr string) (
 	if err != nil {
 		return nil, nil, err
 	}
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []engine.Transport{tr},
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []transport.Transport{tr},
 		BootstrapAddr: bootstrapAddr, Directory: store,
 		// Long enough that only the directory can explain a fast failure.
 		PeerTimeout: 60 * time.Second, BootstrapTimeout: 30 * time.Second, WaitingTimeout: 120 * time.Second,
@@ -135,7 +136,7 @@ func TestManagerPeerPausedFailsFast(t *testing.T) {
 	defer wcancel()
 	st := r.Wait(wctx, engine.KVSuccess)
 	took := time.Since(paused)
-	if st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrPeerLost) || !strings.Contains(r.Failure().Error(), "vanished") {
+	if st != engine.KVFailed || !errors.Is(r.Failure(), transport.ErrPeerLost) || !strings.Contains(r.Failure().Error(), "vanished") {
 		t.Fatalf("receiver after the prefill paused: %s %v; want Failed by the directory", st, r.Failure())
 	}
 	t.Logf("decode room failed %v after SIGSTOP of the prefill (TTL %v, peer timeout 60 s): %v", took.Round(time.Millisecond), testTTL, r.Failure())

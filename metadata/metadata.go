@@ -8,8 +8,8 @@
 //
 //	etcd://host:port[,host:port…][/prefix]        (prefix default "/kvxfer")
 //
-// It implements engine.SegmentDirectory: every engine (TransferEngine or KV
-// manager rank) publishes its engine.SegmentDescriptor under
+// It implements transport.SegmentDirectory: every engine (TransferEngine or KV
+// manager rank) publishes its transport.SegmentDescriptor under
 //
 //	<prefix>/segments/<segment name>
 //
@@ -28,7 +28,7 @@
 // (PublishInstance, InstancePublisher) so that routers and decodes can
 // discover instances; Fleet builds the `kvxfer fleet` report from both.
 //
-// HTTPStore is the other engine.SegmentDirectory: Mooncake's HTTP metadata
+// HTTPStore is the other transport.SegmentDirectory: Mooncake's HTTP metadata
 // mode ("http://host:port/metadata"), served by package httpmeta (`kvxfer
 // metadata-server`) or Mooncake's mooncake_http_metadata_server. It has no
 // leases, so a crashed engine's descriptor stays until the name is published
@@ -55,7 +55,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Defaults.
@@ -149,7 +149,7 @@ type Options struct {
 
 // Store is a connection to an etcd cluster under one prefix, with one lease
 // for everything this process publishes. It implements
-// engine.SegmentDirectory.
+// transport.SegmentDirectory.
 type Store struct {
 	url  URL
 	opts Options
@@ -172,14 +172,14 @@ type Store struct {
 	diag      diagCache        // the latest diagnosis of a failed request (diagnose.go)
 }
 
-var _ engine.SegmentDirectory = (*Store)(nil)
+var _ transport.SegmentDirectory = (*Store)(nil)
 
 // ErrBadRecord is wrapped by errors decoding a record read from etcd.
 var ErrBadRecord = errors.New("metadata: malformed record")
 
 // Open connects to the etcd cluster url names and checks that it answers
 // (one read, bounded by Options.Timeout). An unreachable cluster fails with
-// an error that wraps engine.ErrMetadataUnavailable and says what each
+// an error that wraps transport.ErrMetadataUnavailable and says what each
 // endpoint did (connection refused, no answer, answering without a leader:
 // quorum lost). The lease is granted on the first publish.
 func Open(ctx context.Context, rawURL string, o Options) (*Store, error) {
@@ -236,13 +236,13 @@ func (s *Store) unavailable(op string, err error) error {
 	if d == "" {
 		d = "endpoints " + strings.Join(s.url.Endpoints, ", ") + " unreachable or not answering"
 	}
-	return fmt.Errorf("metadata: %s: etcd at %s: %s: %w: %v", op, s.url, d, engine.ErrMetadataUnavailable, err)
+	return fmt.Errorf("metadata: %s: etcd at %s: %s: %w: %v", op, s.url, d, transport.ErrMetadataUnavailable, err)
 }
 
 // URL returns the store's URL.
 func (s *Store) URL() URL { return s.url }
 
-// String returns the URL, for error messages (engine.SegmentDirectory).
+// String returns the URL, for error messages (transport.SegmentDirectory).
 func (s *Store) String() string { return s.url.String() }
 
 // TTL returns the lease TTL.
@@ -292,7 +292,7 @@ func (s *Store) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, fmt.Errorf("metadata: store for %s: %w", s.url, engine.ErrClosed)
+		return 0, fmt.Errorf("metadata: store for %s: %w", s.url, transport.ErrClosed)
 	}
 	if s.lease != 0 {
 		return s.lease, nil
@@ -467,7 +467,7 @@ func (s *Store) put(ctx context.Context, key, val string) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return fmt.Errorf("metadata: store for %s: %w", s.url, engine.ErrClosed)
+		return fmt.Errorf("metadata: store for %s: %w", s.url, transport.ErrClosed)
 	}
 	s.published[key] = val
 	s.mu.Unlock()
@@ -501,8 +501,8 @@ func (s *Store) del(ctx context.Context, key string) error {
 	return nil
 }
 
-// Publish stores desc under its segment name (engine.SegmentDirectory).
-func (s *Store) Publish(ctx context.Context, desc engine.SegmentDescriptor) error {
+// Publish stores desc under its segment name (transport.SegmentDirectory).
+func (s *Store) Publish(ctx context.Context, desc transport.SegmentDescriptor) error {
 	if desc.Name == "" || strings.ContainsAny(desc.Name, "\x00") {
 		return fmt.Errorf("metadata: publish: segment name %q is empty or has a NUL byte", desc.Name)
 	}
@@ -511,7 +511,7 @@ func (s *Store) Publish(ctx context.Context, desc engine.SegmentDescriptor) erro
 	return s.put(ctx, s.SegmentKey(desc.Name), string(desc.Encode()))
 }
 
-// Unpublish removes a segment name (engine.SegmentDirectory).
+// Unpublish removes a segment name (transport.SegmentDirectory).
 func (s *Store) Unpublish(ctx context.Context, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
@@ -519,29 +519,29 @@ func (s *Store) Unpublish(ctx context.Context, name string) error {
 }
 
 // Resolve returns the descriptor published under name and the store
-// revision of the read (engine.SegmentDirectory). Errors wrap
-// engine.ErrSegmentNotFound, engine.ErrMetadataUnavailable or ErrBadRecord.
-func (s *Store) Resolve(ctx context.Context, name string) (engine.SegmentDescriptor, int64, error) {
+// revision of the read (transport.SegmentDirectory). Errors wrap
+// transport.ErrSegmentNotFound, transport.ErrMetadataUnavailable or ErrBadRecord.
+func (s *Store) Resolve(ctx context.Context, name string) (transport.SegmentDescriptor, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	resp, err := s.cli.Get(ctx, s.SegmentKey(name))
 	if err != nil {
-		return engine.SegmentDescriptor{}, 0, s.unavailable("resolve segment "+strconv.Quote(name), err)
+		return transport.SegmentDescriptor{}, 0, s.unavailable("resolve segment "+strconv.Quote(name), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return engine.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q is not published in %s (not started, crashed more than a lease TTL ago, or started without this metadata server): %w",
-			name, s.url, engine.ErrSegmentNotFound)
+		return transport.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q is not published in %s (not started, crashed more than a lease TTL ago, or started without this metadata server): %w",
+			name, s.url, transport.ErrSegmentNotFound)
 	}
-	d, err := engine.DecodeSegmentDescriptor(resp.Kvs[0].Value)
+	d, err := transport.DecodeSegmentDescriptor(resp.Kvs[0].Value)
 	if err != nil {
-		return engine.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q in %s: %w: %w", name, s.url, ErrBadRecord, err)
+		return transport.SegmentDescriptor{}, 0, fmt.Errorf("metadata: segment %q in %s: %w: %w", name, s.url, ErrBadRecord, err)
 	}
 	return d, resp.Header.Revision, nil
 }
 
 // Segments lists every published segment descriptor (records that do not
 // decode are skipped and counted in bad).
-func (s *Store) Segments(ctx context.Context) (out []engine.SegmentDescriptor, bad int, err error) {
+func (s *Store) Segments(ctx context.Context) (out []transport.SegmentDescriptor, bad int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	resp, err := s.cli.Get(ctx, s.url.Prefix+"/segments/", clientv3.WithPrefix())
@@ -549,7 +549,7 @@ func (s *Store) Segments(ctx context.Context) (out []engine.SegmentDescriptor, b
 		return nil, 0, s.unavailable("list segments", err)
 	}
 	for _, kv := range resp.Kvs {
-		d, err := engine.DecodeSegmentDescriptor(kv.Value)
+		d, err := transport.DecodeSegmentDescriptor(kv.Value)
 		if err != nil {
 			bad++
 			continue
@@ -560,11 +560,11 @@ func (s *Store) Segments(ctx context.Context) (out []engine.SegmentDescriptor, b
 }
 
 // Watch calls fn for every change of name's descriptor after revision rev
-// (engine.SegmentDirectory). It survives etcd outages and member failover
+// (transport.SegmentDirectory). It survives etcd outages and member failover
 // (the client reconnects to another endpoint and the watch resumes from the
 // last revision seen); when etcd compacted that history, the key is read
 // again and its current state delivered.
-func (s *Store) Watch(name string, rev int64, fn func(engine.SegmentEvent)) (stop func()) {
+func (s *Store) Watch(name string, rev int64, fn func(transport.SegmentEvent)) (stop func()) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	done := make(chan struct{})
 	key := s.SegmentKey(name)
@@ -590,11 +590,11 @@ func (s *Store) Watch(name string, rev int64, fn func(engine.SegmentEvent)) (sto
 				backoff = 100 * time.Millisecond
 				for _, ev := range wr.Events {
 					next = ev.Kv.ModRevision + 1
-					se := engine.SegmentEvent{Name: name, Rev: ev.Kv.ModRevision}
+					se := transport.SegmentEvent{Name: name, Rev: ev.Kv.ModRevision}
 					if ev.Type == clientv3.EventTypeDelete {
 						se.Deleted = true
 					} else {
-						d, err := engine.DecodeSegmentDescriptor(ev.Kv.Value)
+						d, err := transport.DecodeSegmentDescriptor(ev.Kv.Value)
 						if err != nil {
 							s.log.Warn("ignoring a malformed segment descriptor in etcd", "key", key, "err", err)
 							continue
@@ -615,17 +615,17 @@ func (s *Store) Watch(name string, rev int64, fn func(engine.SegmentEvent)) (sto
 }
 
 // resync reads key after a compaction and delivers its current state.
-func (s *Store) resync(ctx context.Context, name, key string, fn func(engine.SegmentEvent)) (int64, bool) {
+func (s *Store) resync(ctx context.Context, name, key string, fn func(transport.SegmentEvent)) (int64, bool) {
 	gctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	resp, err := s.cli.Get(gctx, key)
 	if err != nil {
 		return 0, false
 	}
-	ev := engine.SegmentEvent{Name: name, Rev: resp.Header.Revision}
+	ev := transport.SegmentEvent{Name: name, Rev: resp.Header.Revision}
 	if len(resp.Kvs) == 0 {
 		ev.Deleted = true
-	} else if d, err := engine.DecodeSegmentDescriptor(resp.Kvs[0].Value); err == nil {
+	} else if d, err := transport.DecodeSegmentDescriptor(resp.Kvs[0].Value); err == nil {
 		ev.Desc = d
 	} else {
 		return resp.Header.Revision + 1, true

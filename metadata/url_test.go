@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 func TestParseURL(t *testing.T) {
@@ -69,7 +69,7 @@ func TestBuildFleetReport(t *testing.T) {
 			}}}
 	old := rec
 	old.Addr, old.Updated, old.Table = "10.0.0.2:8998", now.Add(-time.Minute), bootstrap.TableSnapshot{Ready: true}
-	segs := []engine.SegmentDescriptor{
+	segs := []transport.SegmentDescriptor{
 		{Name: "10.0.0.1:100", Epoch: 5, Kind: "prefill"},
 		{Name: "10.0.0.1:101", Epoch: 9, Kind: "prefill"}, // restarted
 		{Name: "10.0.0.9:7", Epoch: 1, Kind: "decode"},
@@ -108,7 +108,7 @@ func TestBuildFleetReport(t *testing.T) {
 				{Coord: bootstrap.Coord{TP: 1}, PrefillRankInfo: bootstrap.PrefillRankInfo{RankIP: "10.0.0.3", RankPort: 101, Epoch: 6}, HeartbeatMS: 2000,
 					Stale: true, SilentSince: &silent},
 			}}}
-	segs = []engine.SegmentDescriptor{{Name: "10.0.0.3:100", Epoch: 5, Kind: "prefill"}, {Name: "10.0.0.3:101", Epoch: 6, Kind: "prefill"}}
+	segs = []transport.SegmentDescriptor{{Name: "10.0.0.3:100", Epoch: 5, Kind: "prefill"}, {Name: "10.0.0.3:101", Epoch: 6, Kind: "prefill"}}
 	rep = BuildFleetReport("etcd://x:1/kvxfer", []InstanceRecord{dead}, segs, 0, now)
 	in := rep.Instances[0]
 	if in.Ready || rep.Stale != 1 || in.Ranks[0].Heartbeat != "live" || in.Ranks[1].Heartbeat != "stale" || in.Ranks[1].Segment != "live" {

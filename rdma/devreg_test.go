@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/ibverbs"
 	"golang.org/x/sys/unix"
 )
@@ -45,10 +45,10 @@ func TestRegDeviceFallback(t *testing.T) {
 			wantMR: plainMR, want: calls{export: 1, dmaReg: 1, plainReg: 1, dmaIOVA: uint64(base), plainAddr: base, closedFD: true}},
 		{name: "both fail after export", off: 8, n: 4096, dmaErr: syscall.EOPNOTSUPP, plainErr: syscall.EFAULT,
 			want:      calls{export: 1, dmaReg: 1, plainReg: 1, dmaOffset: 8, dmaIOVA: uint64(base) + 8, plainAddr: base + 8, closedFD: true},
-			wantErrIs: []error{engine.ErrUnsupportedMemory, syscall.EOPNOTSUPP, syscall.EFAULT}},
+			wantErrIs: []error{transport.ErrUnsupportedMemory, syscall.EOPNOTSUPP, syscall.EFAULT}},
 		{name: "export and peer memory fail", off: 0, n: 4096, exportErr: exportErr, plainErr: syscall.EINVAL,
 			want:      calls{export: 1, plainReg: 1, plainAddr: base},
-			wantErrIs: []error{engine.ErrUnsupportedMemory, exportErr, syscall.EINVAL}},
+			wantErrIs: []error{transport.ErrUnsupportedMemory, exportErr, syscall.EINVAL}},
 	}
 	saved := [3]any{dmaBufRange, regDmaBufMR, regMR}
 	defer func() {
@@ -101,7 +101,7 @@ func TestRegDeviceFallback(t *testing.T) {
 				}
 				return plainMR, nil
 			}
-			m := engine.Memory{Addr: base, Length: 1 << 30, Kind: engine.MemoryCUDA, Device: 3, FD: -1}
+			m := transport.Memory{Addr: base, Length: 1 << 30, Kind: transport.MemoryCUDA, Device: 3, FD: -1}
 			mr, err := regDevice(nil, "mlx5_7", m, tc.off, tc.n)
 			if fd >= 0 {
 				_, ferr := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
@@ -134,7 +134,7 @@ func TestRegDeviceFallback(t *testing.T) {
 				}
 			}
 			// RegisterMemory's hint must not be appended a second time.
-			if h := regHint(err, engine.MemoryCUDA); h.Error() != msg {
+			if h := regHint(err, transport.MemoryCUDA); h.Error() != msg {
 				t.Errorf("regHint changed a device registration error: %q", h)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -43,12 +44,12 @@ func TestFencingOverRDMA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts := engine.DefaultOptions()
+		opts := transport.DefaultOptions()
 		// A vanished responder QP fails the sender's writes in about a
 		// second (or at the 3 s stall backstop on a silent rxe).
 		qpTimeout, retry := uint8(14), uint8(3)
-		opts.RDMA = engine.RDMAOptions{QPTimeout: &qpTimeout, RetryCount: &retry, StallTimeout: 3 * time.Second}
-		inner, err := engine.OpenTransport("rdma", opts)
+		opts.RDMA = transport.RDMAOptions{QPTimeout: &qpTimeout, RetryCount: &retry, StallTimeout: 3 * time.Second}
+		inner, err := transport.OpenTransport("rdma", opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +63,7 @@ func TestFencingOverRDMA(t *testing.T) {
 		} else {
 			cfg.BootstrapAddr = ""
 		}
-		cfg.Transports = []engine.Transport{tr}
+		cfg.Transports = []transport.Transport{tr}
 		m, err := engine.NewManager(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)

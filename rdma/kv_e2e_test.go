@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/rdma"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -39,15 +40,15 @@ func TestKVTransferOverRDMA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		opts := engine.DefaultOptions()
+		opts := transport.DefaultOptions()
 		if role == engine.RoleDecode {
 			opts.RDMA.MaxMRSize = 8192 // 32 KiB buffers: 4 MRs each
 		}
-		tr, err := engine.OpenTransport("rdma", opts)
+		tr, err := transport.OpenTransport("rdma", opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []engine.Transport{tr}, BootstrapAddr: addr,
+		cfg := engine.ManagerConfig{Role: role, KV: pool.Args(), Transports: []transport.Transport{tr}, BootstrapAddr: addr,
 			BootstrapTimeout: 30 * time.Second, WaitingTimeout: 60 * time.Second}
 		if role == engine.RoleDecode {
 			cfg.BootstrapAddr = ""

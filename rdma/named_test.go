@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestNamedSegmentOverRDMA opens a TransferEngine's segment by name over
@@ -19,7 +20,7 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout())
 	defer cancel()
 	newTE := func() *engine.TransferEngine {
-		te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{Transport: newT(t, 0, engine.RDMAOptions{})})
+		te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{Transport: newT(t, 0, transport.RDMAOptions{})})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +52,7 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st.State != engine.BatchCompleted {
+		if st.State != transport.BatchCompleted {
 			return st.Err
 		}
 		return nil
@@ -72,7 +73,7 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 	if !bytes.Equal(late.Bytes()[64:64+4096], src.Bytes()[:4096]) {
 		t.Fatal("late region: bytes differ")
 	}
-	if err := write(src.Addr(), uint64(dst.Addr())+1<<20-8, 16); !errors.Is(err, engine.ErrOutOfBounds) {
+	if err := write(src.Addr(), uint64(dst.Addr())+1<<20-8, 16); !errors.Is(err, transport.ErrOutOfBounds) {
 		t.Fatalf("write past the region: %v", err)
 	}
 }

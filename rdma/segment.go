@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/ibverbs"
 )
 
@@ -33,12 +33,12 @@ type slice struct {
 }
 
 type batch struct {
-	id       engine.BatchID
+	id       transport.BatchID
 	total    uint64
 	done     uint64
 	inflight int
 	queued   int
-	state    engine.BatchState
+	state    transport.BatchState
 	err      error
 	canceled bool
 	doneCh   chan struct{}
@@ -74,7 +74,7 @@ func chainLen(sqDepth int) int {
 
 // segment is a sender's RC QPs to one receiver, striping each batch across
 // them in slices. One pump goroutine posts WRs and polls the CQs.
-var _ engine.RegionAdder = (*segment)(nil)
+var _ transport.RegionAdder = (*segment)(nil)
 
 type segment struct {
 	t       *Transport
@@ -82,7 +82,7 @@ type segment struct {
 	reply   []byte
 	qps     []*sqp
 	cqs     []*ibverbs.CQ
-	regions map[engine.RegionID]remoteRegion
+	regions map[transport.RegionID]remoteRegion
 	// events (RDMAOptions.CQPoll false): one completion channel per CQ, watched by a notifier
 	// that signals cqev; the pump arms the CQs and sleeps on cqev.
 	chans []*ibverbs.CompChannel
@@ -92,8 +92,8 @@ type segment struct {
 	mu      sync.Mutex
 	closed  bool
 	broken  error
-	batches map[engine.BatchID]*batch
-	nextID  engine.BatchID
+	batches map[transport.BatchID]*batch
+	nextID  transport.BatchID
 	slots   []chain // chain slots, indexed by chain ID
 	free    []uint64
 	rr      int
@@ -103,26 +103,26 @@ type segment struct {
 }
 
 type remoteRegion struct {
-	desc engine.RegionDesc
+	desc transport.RegionDesc
 	key  regionKey
 }
 
 // OpenSegment connects to the receiver described by info.Endpoint: one QP
 // per remote QP, spread over the local devices, each moved to RTS. The
 // receiver must then Accept(HandshakeReply()).
-func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (t *Transport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	h, err := decodeHandshake(info.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("rdma: open segment: %w", err)
 	}
-	s := &segment{t: t, peer: h.QPs[0].GID, regions: map[engine.RegionID]remoteRegion{},
-		batches: map[engine.BatchID]*batch{}, wake: make(chan struct{}, 1), cqev: make(chan struct{}, 1), stopped: make(chan struct{})}
+	s := &segment{t: t, peer: h.QPs[0].GID, regions: map[transport.RegionID]remoteRegion{},
+		batches: map[transport.BatchID]*batch{}, wake: make(chan struct{}, 1), cqev: make(chan struct{}, 1), stopped: make(chan struct{})}
 	for _, rd := range info.Regions {
 		k, err := decodeRegionKey(rd.Key)
 		if err != nil {
 			return nil, fmt.Errorf("rdma: open segment to %s: region %d: %w", s.peer, rd.ID, err)
 		}
-		if engine.RegionID(k.ID) != rd.ID {
+		if transport.RegionID(k.ID) != rd.ID {
 			// Keep it out of the table: writes to it fail with ErrUnknownRegion.
 			continue
 		}
@@ -131,13 +131,13 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, fmt.Errorf("rdma: open segment: %w", engine.ErrClosed)
+		return nil, fmt.Errorf("rdma: open segment: %w", transport.ErrClosed)
 	}
 	cqByDev := map[int]*ibverbs.CQ{}
 	var replies []qpInfo
-	fail := func(d *device, stage string, err error) (engine.Segment, error) {
+	fail := func(d *device, stage string, err error) (transport.Segment, error) {
 		s.destroy()
-		return nil, fmt.Errorf("rdma: %s -> peer %s: open segment: %s: %w", d.name, s.peer, stage, regHint(err, engine.MemoryHost))
+		return nil, fmt.Errorf("rdma: %s -> peer %s: open segment: %s: %w", d.name, s.peer, stage, regHint(err, transport.MemoryHost))
 	}
 	perDev := (len(h.QPs) + len(t.devs) - 1) / len(t.devs)
 	for i, rq := range h.QPs {
@@ -148,7 +148,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 			var ch *ibverbs.CompChannel
 			if t.cfg.cqEvents {
 				if ch, err = d.ctx.CreateCompChannel(); err != nil {
-					return fail(d, "create completion channel (set engine.RDMAOptions.CQPoll to poll instead)", err)
+					return fail(d, "create completion channel (set transport.RDMAOptions.CQPoll to poll instead)", err)
 				}
 				s.chans = append(s.chans, ch)
 			}
@@ -160,7 +160,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 			if ch != nil {
 				n, err := newCQNotifier(ch, s.cqev)
 				if err != nil {
-					return fail(d, "watch completion channel (set engine.RDMAOptions.CQPoll to poll instead)", err)
+					return fail(d, "watch completion channel (set transport.RDMAOptions.CQPoll to poll instead)", err)
 				}
 				s.notes = append(s.notes, n)
 			}
@@ -210,17 +210,17 @@ func (s *segment) destroy() {
 func (s *segment) HandshakeReply() []byte { return s.reply }
 
 // AddRegions adds receiver regions registered after the segment was opened
-// (engine.RegionAdder): their rkeys come from the descriptor's keys.
+// (transport.RegionAdder): their rkeys come from the descriptor's keys.
 // Regions already known are kept; a key that does not decode is an error
 // and nothing is added.
-func (s *segment) AddRegions(regions []engine.RegionDesc) error {
-	add := map[engine.RegionID]remoteRegion{}
+func (s *segment) AddRegions(regions []transport.RegionDesc) error {
+	add := map[transport.RegionID]remoteRegion{}
 	for _, rd := range regions {
 		k, err := decodeRegionKey(rd.Key)
 		if err != nil {
 			return fmt.Errorf("rdma: add region %d to segment to %s: %w", rd.ID, s.peer, err)
 		}
-		if engine.RegionID(k.ID) != rd.ID {
+		if transport.RegionID(k.ID) != rd.ID {
 			continue // as in OpenSegment: writes to it fail with ErrUnknownRegion
 		}
 		add[rd.ID] = remoteRegion{desc: rd, key: k}
@@ -242,7 +242,7 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 // the receiver's NIC (RC ACK: the bytes are placed in its memory); so a
 // caller that writes its metadata record in a later batch, after this one
 // completed, commits it only after all KV writes landed.
-func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
+func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -253,7 +253,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 		rr, ok := s.regions[r.Remote]
 		if !ok {
 			t.mu.Unlock()
-			return 0, fmt.Errorf("rdma: request %d: remote region %d: %w", i, r.Remote, engine.ErrUnknownRegion)
+			return 0, fmt.Errorf("rdma: request %d: remote region %d: %w", i, r.Remote, transport.ErrUnknownRegion)
 		}
 		if r.Length == 0 {
 			continue
@@ -263,17 +263,17 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 			la := r.Local + uintptr(k*r.LocalStride)
 			if ro+r.Length < ro || ro+r.Length > rr.desc.Length {
 				t.mu.Unlock()
-				return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside region %d (%d bytes): %w", i, k, ro, r.Length, r.Remote, rr.desc.Length, engine.ErrOutOfBounds)
+				return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside region %d (%d bytes): %w", i, k, ro, r.Length, r.Remote, rr.desc.Length, transport.ErrOutOfBounds)
 			}
 			for _, q := range s.qps {
 				if ext := rr.key.extent(q.rdev); ro+r.Length > ext {
 					t.mu.Unlock()
-					return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside the %d bytes region %d has registered on %s: %w", i, k, ro, r.Length, ext, r.Remote, q.rdev, engine.ErrOutOfBounds)
+					return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside the %d bytes region %d has registered on %s: %w", i, k, ro, r.Length, ext, r.Remote, q.rdev, transport.ErrOutOfBounds)
 				}
 			}
 			if _, _, ok := t.localLKey(0, la, r.Length); !ok {
 				t.mu.Unlock()
-				return 0, fmt.Errorf("rdma: request %d block %d: local %#x+%d is not inside a registered region: %w", i, k, la, r.Length, engine.ErrOutOfBounds)
+				return 0, fmt.Errorf("rdma: request %d block %d: local %#x+%d is not inside a registered region: %w", i, k, la, r.Length, transport.ErrOutOfBounds)
 			}
 		}
 	}
@@ -281,7 +281,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 	if s.closed || s.broken != nil {
 		err := s.broken
 		if s.closed {
-			err = engine.ErrClosed
+			err = transport.ErrClosed
 		}
 		s.mu.Unlock()
 		t.mu.Unlock()
@@ -318,7 +318,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 		}
 	}
 	if bt.queued == 0 {
-		s.finish(bt, engine.BatchCompleted, nil)
+		s.finish(bt, transport.BatchCompleted, nil)
 	}
 	s.mu.Unlock()
 	t.mu.Unlock()
@@ -337,7 +337,7 @@ func (s *segment) stats() postStats {
 }
 
 // finish makes a batch terminal; s.mu held.
-func (s *segment) finish(b *batch, st engine.BatchState, err error) {
+func (s *segment) finish(b *batch, st transport.BatchState, err error) {
 	if b.state.Terminal() {
 		return
 	}
@@ -352,11 +352,11 @@ func (s *segment) settle(b *batch) {
 	}
 	switch {
 	case b.err != nil:
-		s.finish(b, engine.BatchFailed, b.err)
+		s.finish(b, transport.BatchFailed, b.err)
 	case b.canceled:
-		s.finish(b, engine.BatchCanceled, fmt.Errorf("rdma: batch %d: %w", b.id, engine.ErrCanceled))
+		s.finish(b, transport.BatchCanceled, fmt.Errorf("rdma: batch %d: %w", b.id, transport.ErrCanceled))
 	default:
-		s.finish(b, engine.BatchCompleted, nil)
+		s.finish(b, transport.BatchCompleted, nil)
 	}
 }
 
@@ -366,9 +366,9 @@ func (s *segment) wcErr(q *sqp, wc *ibverbs.WC) error {
 	base := fmt.Errorf("rdma: %s QP %d -> peer %s: write completion: %w", q.dev.name, q.qp.QPN(), s.peer, wc.Err())
 	switch wc.Status {
 	case ibverbs.WCRemAccessErr, ibverbs.WCRemInvReqErr:
-		return fmt.Errorf("%w (receiver NIC refused the write: region deregistered or write out of its bounds): %w; %w", base, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+		return fmt.Errorf("%w (receiver NIC refused the write: region deregistered or write out of its bounds): %w; %w", base, transport.ErrOutOfBounds, transport.ErrUnknownRegion)
 	case ibverbs.WCRetryExcErr, ibverbs.WCRNRRetryExcErr, ibverbs.WCRespTimeoutErr:
-		return fmt.Errorf("%w (no ACK from the receiver: it closed, died or is unreachable): %w", base, engine.ErrPeerLost)
+		return fmt.Errorf("%w (no ACK from the receiver: it closed, died or is unreachable): %w", base, transport.ErrPeerLost)
 	case ibverbs.WCLocProtErr:
 		return fmt.Errorf("%w (local buffer not covered by its MR)", base)
 	}
@@ -649,7 +649,7 @@ func (s *segment) failLocked(err error) {
 		if b.err == nil {
 			b.err = s.broken
 		}
-		s.finish(b, engine.BatchFailed, b.err)
+		s.finish(b, transport.BatchFailed, b.err)
 	}
 }
 
@@ -660,35 +660,35 @@ func (s *segment) stalled() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failLocked(fmt.Errorf("rdma: %s -> peer %s: no completion for %v with %d WR chains in flight (receiver closed, died or unreachable): %w",
-		s.qps[0].dev.name, s.peer, s.t.cfg.stall, len(s.slots)-len(s.free), engine.ErrPeerLost))
+		s.qps[0].dev.name, s.peer, s.t.cfg.stall, len(s.slots)-len(s.free), transport.ErrPeerLost))
 }
 
-func (s *segment) get(id engine.BatchID) (*batch, error) {
+func (s *segment) get(id transport.BatchID) (*batch, error) {
 	b, ok := s.batches[id]
 	if !ok {
-		return nil, fmt.Errorf("rdma: batch %d: %w", id, engine.ErrUnknownBatch)
+		return nil, fmt.Errorf("rdma: batch %d: %w", id, transport.ErrUnknownBatch)
 	}
 	return b, nil
 }
 
 // Poll returns the batch's state without blocking.
-func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Poll(id transport.BatchID) (transport.BatchStatus, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, err := s.get(id)
 	if err != nil {
-		return engine.BatchStatus{}, err
+		return transport.BatchStatus{}, err
 	}
-	return engine.BatchStatus{State: b.state, BytesDone: b.done, Err: b.err}, nil
+	return transport.BatchStatus{State: b.state, BytesDone: b.done, Err: b.err}, nil
 }
 
 // Wait blocks until the batch is terminal or ctx ends.
-func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Wait(ctx context.Context, id transport.BatchID) (transport.BatchStatus, error) {
 	s.mu.Lock()
 	b, err := s.get(id)
 	s.mu.Unlock()
 	if err != nil {
-		return engine.BatchStatus{}, err
+		return transport.BatchStatus{}, err
 	}
 	select {
 	case <-b.doneCh:
@@ -701,7 +701,7 @@ func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStat
 
 // Cancel drops the batch's slices not yet posted; WRs already posted run to
 // completion, then the batch ends BatchCanceled.
-func (s *segment) Cancel(id engine.BatchID) error {
+func (s *segment) Cancel(id transport.BatchID) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, err := s.get(id)
@@ -728,7 +728,7 @@ func (s *segment) Cancel(id engine.BatchID) error {
 }
 
 // Release forgets a terminal batch.
-func (s *segment) Release(id engine.BatchID) {
+func (s *segment) Release(id transport.BatchID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if b, ok := s.batches[id]; ok && b.state.Terminal() {
@@ -754,7 +754,7 @@ func (s *segment) Close() error {
 	s.mu.Lock()
 	for _, b := range s.batches {
 		if !b.state.Terminal() {
-			s.finish(b, engine.BatchFailed, fmt.Errorf("rdma: segment to peer %s closed: %w", s.peer, engine.ErrClosed))
+			s.finish(b, transport.BatchFailed, fmt.Errorf("rdma: segment to peer %s closed: %w", s.peer, transport.ErrClosed))
 		}
 	}
 	s.mu.Unlock()

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/ibverbs"
 )
 
 func init() {
-	engine.RegisterTransport("rdma", 300, Probe, func(o engine.Options) (engine.Transport, error) { return New(o) })
+	transport.RegisterTransport("rdma", 300, Probe, func(o transport.Options) (transport.Transport, error) { return New(o) })
 }
 
 // Device-memory registration seams. Tests replace them to exercise the
@@ -40,7 +40,7 @@ const peerMemHint = "load the nvidia-peermem module (`modprobe nvidia-peermem`) 
 	"or use a kernel (>= 5.12) and NVIDIA driver with dma-buf support (open kernel modules, CUDA >= 11.7)"
 
 // deviceRegError reports that a GPU range could be registered with neither
-// ibv_reg_dmabuf_mr nor ibv_reg_mr. It wraps engine.ErrUnsupportedMemory and
+// ibv_reg_dmabuf_mr nor ibv_reg_mr. It wraps transport.ErrUnsupportedMemory and
 // both causes (errors.Is finds any of them).
 type deviceRegError struct {
 	nic    string  // RDMA device name, e.g. "mlx5_0"
@@ -53,11 +53,11 @@ type deviceRegError struct {
 
 func (e *deviceRegError) Error() string {
 	return fmt.Sprintf("%v: GPU cuda:%d range %#x+%d on %s: dma-buf MR failed (%v); plain MR (peer memory) failed (%v); %s",
-		engine.ErrUnsupportedMemory, e.gpu, e.addr, e.length, e.nic, e.dmaBuf, e.plain, peerMemHint)
+		transport.ErrUnsupportedMemory, e.gpu, e.addr, e.length, e.nic, e.dmaBuf, e.plain, peerMemHint)
 }
 
 func (e *deviceRegError) Unwrap() []error {
-	return []error{engine.ErrUnsupportedMemory, e.dmaBuf, e.plain}
+	return []error{transport.ErrUnsupportedMemory, e.dmaBuf, e.plain}
 }
 
 // regDevice registers n bytes of GPU memory at m.Addr+off on the RDMA device
@@ -66,7 +66,7 @@ func (e *deviceRegError) Unwrap() []error {
 // MR on the device pointer (peer memory, nvidia-peermem). Both MRs use the
 // device pointer as their address, so remote writes name the same address
 // whichever succeeded. When both fail it returns a *deviceRegError.
-func regDevice(pd *ibverbs.PD, nic string, m engine.Memory, off, n uint64) (*ibverbs.MR, error) {
+func regDevice(pd *ibverbs.PD, nic string, m transport.Memory, off, n uint64) (*ibverbs.MR, error) {
 	ptr := m.Addr + uintptr(off)
 	var dmaErr error
 	fd, bufOff, err := dmaBufRange(ptr, n)
@@ -88,10 +88,10 @@ func regDevice(pd *ibverbs.PD, nic string, m engine.Memory, off, n uint64) (*ibv
 }
 
 // DefaultStreams is the number of RC QPs per device per peer when
-// engine.Options.Streams is 0.
+// transport.Options.Streams is 0.
 const DefaultStreams = 2
 
-// Defaults of the engine.RDMAOptions settings.
+// Defaults of the transport.RDMAOptions settings.
 const (
 	defaultSliceSize = 1 << 20 // bytes per RDMA WRITE when striping
 	defaultSQDepth   = 256     // send WRs in flight per QP
@@ -99,12 +99,12 @@ const (
 	defaultRetry     = 7       // transport retries before IBV_WC_RETRY_EXC_ERR
 )
 
-// config holds the transport's tunables (engine.RDMAOptions fields in
+// config holds the transport's tunables (transport.RDMAOptions fields in
 // parentheses).
 type config struct {
 	sliceSize uint64 // SliceSize: max bytes per WRITE WR (4 KiB..1 GiB)
 	sqDepth   int    // SQDepth: send queue depth per QP
-	streams   int    // engine.Options.Streams: QPs per device per peer
+	streams   int    // transport.Options.Streams: QPs per device per peer
 	timeout   uint8  // QPTimeout: ACK timeout code (0..31)
 	retry     uint8  // RetryCount: 0..7
 	maxMR     uint64 // MaxMRSize: split regions into MRs of at most this (default: device max_mr_size)
@@ -121,11 +121,11 @@ type config struct {
 	// fd in Go's netpoller) while WRs are in flight, instead of polling
 	// its CQs with a 20 us..1 ms backoff.
 	cqEvents bool
-	// log is engine.Options.Logger (slog.Default() when nil).
+	// log is transport.Options.Logger (slog.Default() when nil).
 	log *slog.Logger
 }
 
-func parseConfig(o engine.Options) (config, error) {
+func parseConfig(o transport.Options) (config, error) {
 	c := config{sliceSize: defaultSliceSize, sqDepth: defaultSQDepth, streams: o.Streams,
 		timeout: defaultTimeout, retry: defaultRetry, gidIndex: -1, stall: 10 * time.Second, cqEvents: true, log: o.Log()}
 	if o.GIDIndex != nil {
@@ -222,17 +222,17 @@ func usable(n NIC, gidIndex int, addrs func(string) ([]net.IP, error)) (Port, GI
 
 // Probe reports whether the rdma transport can run here: cgo built in, at
 // least one RDMA device with an ACTIVE port and a usable GID. Otherwise it
-// returns an error wrapping engine.ErrUnavailable that says why.
+// returns an error wrapping transport.ErrUnavailable that says why.
 func Probe() error {
 	if !ibverbs.Available {
-		return fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, ibverbs.ErrNoCgo)
+		return fmt.Errorf("rdma: %w: %w", transport.ErrUnavailable, ibverbs.ErrNoCgo)
 	}
 	nics, err := Discover()
 	if err != nil {
-		return fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, err)
+		return fmt.Errorf("rdma: %w: %w", transport.ErrUnavailable, err)
 	}
 	if len(nics) == 0 {
-		return fmt.Errorf("rdma: %w: no RDMA device in /sys/class/infiniband (load the NIC driver, or rdma_rxe for Soft-RoCE)", engine.ErrUnavailable)
+		return fmt.Errorf("rdma: %w: no RDMA device in /sys/class/infiniband (load the NIC driver, or rdma_rxe for Soft-RoCE)", transport.ErrUnavailable)
 	}
 	c := newConfig(nil)
 	var errs []error
@@ -243,7 +243,7 @@ func Probe() error {
 		}
 		return nil
 	}
-	return fmt.Errorf("rdma: %w: no usable device: %w", engine.ErrUnavailable, errors.Join(errs...))
+	return fmt.Errorf("rdma: %w: no usable device: %w", transport.ErrUnavailable, errors.Join(errs...))
 }
 
 // Transport is the RDMA transport: one node's devices, registered regions,
@@ -254,25 +254,25 @@ type Transport struct {
 
 	mu      sync.Mutex
 	closed  bool
-	regions map[engine.RegionID]*region
-	nextID  engine.RegionID
+	regions map[transport.RegionID]*region
+	nextID  transport.RegionID
 	peers   map[string]*peerConn
 	segs    map[*segment]struct{}
 }
 
 var (
-	_ engine.Transport = (*Transport)(nil)
-	_ engine.Acceptor  = (*Transport)(nil)
-	_ engine.Fencer    = (*Transport)(nil)
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Acceptor  = (*Transport)(nil)
+	_ transport.Fencer    = (*Transport)(nil)
 )
 
 // region is a registered memory range, split into MRs per device.
 type region struct {
-	id    engine.RegionID
-	mem   engine.Memory
+	id    transport.RegionID
+	mem   transport.Memory
 	mrs   [][]*ibverbs.MR // [device][chunk]
 	chunk []uint64        // per-device chunk size in bytes
-	desc  engine.RegionDesc
+	desc  transport.RegionDesc
 }
 
 // peerConn is the receiver's QPs prepared for one sender peer; epoch is the
@@ -290,21 +290,21 @@ type peerConn struct {
 // stall timeout and CQ polling; o.Logger gets its logs). Each batch's writes are
 // posted per QP as chains of up to SQDepth/4 WRs with only the last one
 // signaled (one doorbell and one completion per chain), at most sq_depth
-// WRs in flight per QP. Errors wrap engine.ErrUnavailable when no device is usable.
-func New(o engine.Options) (*Transport, error) {
+// WRs in flight per QP. Errors wrap transport.ErrUnavailable when no device is usable.
+func New(o transport.Options) (*Transport, error) {
 	cfg, err := parseConfig(o)
 	if err != nil {
 		return nil, err
 	}
 	if !ibverbs.Available {
-		return nil, fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, ibverbs.ErrNoCgo)
+		return nil, fmt.Errorf("rdma: %w: %w", transport.ErrUnavailable, ibverbs.ErrNoCgo)
 	}
 	dc := newConfig([]Option{WithDevices(o.Devices...)})
 	nics, err := discover(dc)
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, regions: map[engine.RegionID]*region{}, peers: map[string]*peerConn{}, segs: map[*segment]struct{}{}}
+	t := &Transport{cfg: cfg, regions: map[transport.RegionID]*region{}, peers: map[string]*peerConn{}, segs: map[*segment]struct{}{}}
 	var errs []error
 	for _, n := range nics {
 		p, g, err := usable(n, cfg.gidIndex, dc.addrs)
@@ -323,7 +323,7 @@ func New(o engine.Options) (*Transport, error) {
 		if len(nics) == 0 {
 			errs = append(errs, fmt.Errorf("no RDMA device found (devices filter %v)", o.Devices))
 		}
-		return nil, fmt.Errorf("rdma: %w: %w", engine.ErrUnavailable, errors.Join(errs...))
+		return nil, fmt.Errorf("rdma: %w: %w", transport.ErrUnavailable, errors.Join(errs...))
 	}
 	return t, nil
 }
@@ -376,8 +376,8 @@ func (t *Transport) Name() string { return "rdma" }
 
 // Capabilities: host memory, device memory (dma-buf), cross-host,
 // zero-copy, and the two-step QP handshake.
-func (t *Transport) Capabilities() engine.Caps {
-	return engine.CapHostMemory | engine.CapDeviceMemory | engine.CapCrossHost | engine.CapZeroCopy | engine.CapHandshake
+func (t *Transport) Capabilities() transport.Caps {
+	return transport.CapHostMemory | transport.CapDeviceMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapHandshake
 }
 
 // Devices returns the names of the devices in use, in striping order.
@@ -392,14 +392,14 @@ func (t *Transport) Devices() []string {
 const mrAccess = ibverbs.AccessLocalWrite | ibverbs.AccessRemoteWrite | ibverbs.AccessRemoteRead
 
 // regHint adds the usual fix to a registration error.
-func regHint(err error, kind engine.MemoryKind) error {
+func regHint(err error, kind transport.MemoryKind) error {
 	var dre *deviceRegError
 	switch {
 	case errors.As(err, &dre):
 		return err // names its own fix
 	case errors.Is(err, syscall.ENOMEM):
 		return fmt.Errorf("%w (pinned-memory limit too low? raise RLIMIT_MEMLOCK: `ulimit -l unlimited`, or LimitMEMLOCK=infinity / --ulimit memlock=-1)", err)
-	case errors.Is(err, syscall.EFAULT) && kind == engine.MemoryCUDA:
+	case errors.Is(err, syscall.EFAULT) && kind == transport.MemoryCUDA:
 		return fmt.Errorf("%w (GPU memory: needs dma-buf support (kernel >= 5.12, CUDA >= 11.7 open driver) or the nvidia-peermem module)", err)
 	case errors.Is(err, syscall.EFAULT):
 		return fmt.Errorf("%w (address range not mapped in this process)", err)
@@ -408,21 +408,21 @@ func regHint(err error, kind engine.MemoryKind) error {
 }
 
 // RegisterMemory registers m on every device, split into MRs of at most the
-// device's max_mr_size. Device memory (engine.MemoryCUDA) is registered as a
+// device's max_mr_size. Device memory (transport.MemoryCUDA) is registered as a
 // dma-buf MR, falling back to a plain peer-memory MR (see regDevice); when
-// neither works the error wraps engine.ErrUnsupportedMemory and names both
+// neither works the error wraps transport.ErrUnsupportedMemory and names both
 // causes and the fix.
-func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+func (t *Transport) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
 	if m.Length == 0 || m.Addr == 0 {
-		return engine.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: empty or null range", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: empty or null range", m.Addr, m.Length)
 	}
 	if m.Addr+uintptr(m.Length) < m.Addr {
-		return engine.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: range wraps the address space", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("rdma: register %#x+%d: range wraps the address space", m.Addr, m.Length)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return engine.RegionDesc{}, fmt.Errorf("rdma: register: %w", engine.ErrClosed)
+		return transport.RegionDesc{}, fmt.Errorf("rdma: register: %w", transport.ErrClosed)
 	}
 	r := &region{mem: m}
 	cleanup := func() {
@@ -448,7 +448,7 @@ func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 					_ = x.Close()
 				}
 				cleanup()
-				return engine.RegionDesc{}, fmt.Errorf("rdma: register %s memory %#x+%d on %s (MR at offset %d, %d bytes): %w",
+				return transport.RegionDesc{}, fmt.Errorf("rdma: register %s memory %#x+%d on %s (MR at offset %d, %d bytes): %w",
 					m.Kind, m.Addr, m.Length, d.name, off, n, regHint(err, m.Kind))
 			}
 			mrs = append(mrs, mr)
@@ -461,29 +461,29 @@ func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	t.nextID++
 	r.id = t.nextID
 	key.ID = uint32(r.id)
-	r.desc = engine.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind, Key: encodeRegionKey(key)}
+	r.desc = transport.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind, Key: encodeRegionKey(key)}
 	t.regions[r.id] = r
 	return r.desc, nil
 }
 
-func (t *Transport) regChunk(d *device, m engine.Memory, off, n uint64) (*ibverbs.MR, error) {
+func (t *Transport) regChunk(d *device, m transport.Memory, off, n uint64) (*ibverbs.MR, error) {
 	switch m.Kind {
-	case engine.MemoryHost:
+	case transport.MemoryHost:
 		return d.pd.RegMR(m.Addr+uintptr(off), n, mrAccess)
-	case engine.MemoryCUDA:
+	case transport.MemoryCUDA:
 		return regDevice(d.pd, d.name, m, off, n)
 	}
-	return nil, fmt.Errorf("memory kind %v: %w", m.Kind, engine.ErrUnsupportedMemory)
+	return nil, fmt.Errorf("memory kind %v: %w", m.Kind, transport.ErrUnsupportedMemory)
 }
 
 // DeregisterMemory deregisters a region's MRs; later remote writes to it
 // fail with a remote access error.
-func (t *Transport) DeregisterMemory(id engine.RegionID) error {
+func (t *Transport) DeregisterMemory(id transport.RegionID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r, ok := t.regions[id]
 	if !ok {
-		return fmt.Errorf("rdma: deregister region %d: %w", id, engine.ErrUnknownRegion)
+		return fmt.Errorf("rdma: deregister region %d: %w", id, transport.ErrUnknownRegion)
 	}
 	delete(t.regions, id)
 	var errs []error
@@ -525,7 +525,7 @@ func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, fmt.Errorf("rdma: endpoint for %q: %w", peer, engine.ErrClosed)
+		return nil, fmt.Errorf("rdma: endpoint for %q: %w", peer, transport.ErrClosed)
 	}
 	if old := t.peers[peer]; old != nil {
 		old.close()
@@ -543,7 +543,7 @@ func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 			}
 			if err != nil {
 				pc.close()
-				return nil, fmt.Errorf("rdma: %s: create QP for peer %q (endpoint): %w", d.name, peer, regHint(err, engine.MemoryHost))
+				return nil, fmt.Errorf("rdma: %s: create QP for peer %q (endpoint): %w", d.name, peer, regHint(err, transport.MemoryHost))
 			}
 			pc.qps = append(pc.qps, qp)
 			pc.devs = append(pc.devs, d)
@@ -572,7 +572,7 @@ func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return fmt.Errorf("rdma: admit epoch %d for %q: %w", epoch, peer, engine.ErrClosed)
+		return fmt.Errorf("rdma: admit epoch %d for %q: %w", epoch, peer, transport.ErrClosed)
 	}
 	pc := t.peers[peer]
 	if pc == nil {
@@ -626,7 +626,7 @@ func (t *Transport) Accept(ctx context.Context, peer string, reply []byte) error
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return fmt.Errorf("rdma: accept from peer %q: %w", peer, engine.ErrClosed)
+		return fmt.Errorf("rdma: accept from peer %q: %w", peer, transport.ErrClosed)
 	}
 	pc := t.peers[peer]
 	if pc == nil {

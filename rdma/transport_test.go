@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
 )
 
@@ -23,7 +23,7 @@ import (
 func requireRDMA(t testing.TB) {
 	t.Helper()
 	if err := Probe(); err != nil {
-		if !errors.Is(err, engine.ErrUnavailable) {
+		if !errors.Is(err, transport.ErrUnavailable) {
 			t.Fatalf("Probe error does not wrap ErrUnavailable: %v", err)
 		}
 		if os.Getenv("KVXFER_REQUIRE_RDMA") != "" {
@@ -33,9 +33,9 @@ func requireRDMA(t testing.TB) {
 	}
 }
 
-func newT(t testing.TB, streams int, extra engine.RDMAOptions) *Transport {
+func newT(t testing.TB, streams int, extra transport.RDMAOptions) *Transport {
 	t.Helper()
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = streams
 	o.RDMA = extra
 	tr, err := New(o)
@@ -48,12 +48,12 @@ func newT(t testing.TB, streams int, extra engine.RDMAOptions) *Transport {
 
 func TestProbeWrapsUnavailable(t *testing.T) {
 	err := Probe()
-	if err != nil && !errors.Is(err, engine.ErrUnavailable) {
-		t.Fatalf("Probe = %v; want nil or an error wrapping engine.ErrUnavailable", err)
+	if err != nil && !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("Probe = %v; want nil or an error wrapping transport.ErrUnavailable", err)
 	}
 	t.Logf("Probe: %v", err)
 	if err != nil {
-		if _, err := New(engine.DefaultOptions()); !errors.Is(err, engine.ErrUnavailable) {
+		if _, err := New(transport.DefaultOptions()); !errors.Is(err, transport.ErrUnavailable) {
 			t.Fatalf("New without device = %v", err)
 		}
 	}
@@ -61,22 +61,22 @@ func TestProbeWrapsUnavailable(t *testing.T) {
 
 func TestParseConfig(t *testing.T) {
 	for _, tc := range []struct {
-		extra engine.RDMAOptions
+		extra transport.RDMAOptions
 		ok    bool
 	}{
-		{engine.RDMAOptions{SliceSize: 65536, QPTimeout: u8(18)}, true},
-		{engine.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}, true},
-		{engine.RDMAOptions{QPTimeout: u8(32)}, false},
-		{engine.RDMAOptions{SliceSize: 12}, false},
-		{engine.RDMAOptions{RetryCount: u8(8)}, false},
-		{engine.RDMAOptions{MaxMRSize: 100}, false},
-		{engine.RDMAOptions{SQDepth: -1}, false},
-		{engine.RDMAOptions{SQDepth: 2}, false},
-		{engine.RDMAOptions{StallTimeout: 2 * time.Second}, true},
-		{engine.RDMAOptions{StallTimeout: time.Millisecond}, false},
-		{engine.RDMAOptions{CQPoll: true}, true},
+		{transport.RDMAOptions{SliceSize: 65536, QPTimeout: u8(18)}, true},
+		{transport.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}, true},
+		{transport.RDMAOptions{QPTimeout: u8(32)}, false},
+		{transport.RDMAOptions{SliceSize: 12}, false},
+		{transport.RDMAOptions{RetryCount: u8(8)}, false},
+		{transport.RDMAOptions{MaxMRSize: 100}, false},
+		{transport.RDMAOptions{SQDepth: -1}, false},
+		{transport.RDMAOptions{SQDepth: 2}, false},
+		{transport.RDMAOptions{StallTimeout: 2 * time.Second}, true},
+		{transport.RDMAOptions{StallTimeout: time.Millisecond}, false},
+		{transport.RDMAOptions{CQPoll: true}, true},
 	} {
-		c, err := parseConfig(engine.Options{RDMA: tc.extra})
+		c, err := parseConfig(transport.Options{RDMA: tc.extra})
 		if (err == nil) != tc.ok {
 			t.Errorf("parseConfig(%+v) = %v", tc.extra, err)
 		}
@@ -84,11 +84,11 @@ func TestParseConfig(t *testing.T) {
 			t.Errorf("parseConfig(%+v): cqEvents %v", tc.extra, c.cqEvents)
 		}
 	}
-	c, err := parseConfig(engine.Options{RDMA: engine.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}})
+	c, err := parseConfig(transport.Options{RDMA: transport.RDMAOptions{QPTimeout: u8(0), RetryCount: u8(0)}})
 	if err != nil || c.timeout != 0 || c.retry != 0 {
 		t.Errorf("QPTimeout 0, RetryCount 0: timeout %d retry %d err %v; want 0, 0", c.timeout, c.retry, err)
 	}
-	if c, _ = parseConfig(engine.Options{}); c.timeout != defaultTimeout || c.retry != defaultRetry || c.sliceSize != defaultSliceSize || c.sqDepth != defaultSQDepth || !c.cqEvents {
+	if c, _ = parseConfig(transport.Options{}); c.timeout != defaultTimeout || c.retry != defaultRetry || c.sliceSize != defaultSliceSize || c.sqDepth != defaultSQDepth || !c.cqEvents {
 		t.Errorf("zero RDMAOptions: %+v; want the defaults", c)
 	}
 }
@@ -98,8 +98,8 @@ func u8(v uint8) *uint8 { return &v }
 // envOptions parses the experiments' KVXFER_RDMA_BW_EXTRA value, k=v,k=v
 // with the keys slice_size, sq_depth, qp_timeout, retry_cnt, max_mr_size,
 // stall_timeout and cq_wait (event|poll).
-func envOptions(t testing.TB, v string) engine.RDMAOptions {
-	var o engine.RDMAOptions
+func envOptions(t testing.TB, v string) transport.RDMAOptions {
+	var o transport.RDMAOptions
 	for kv := range strings.SplitSeq(v, ",") {
 		if kv == "" {
 			continue
@@ -134,16 +134,16 @@ func envOptions(t testing.TB, v string) engine.RDMAOptions {
 
 // A GID index is forced only when set; the zero-value Options chooses.
 func TestParseConfigGIDIndex(t *testing.T) {
-	c, err := parseConfig(engine.Options{})
+	c, err := parseConfig(transport.Options{})
 	if err != nil || c.gidIndex != -1 {
 		t.Fatalf("zero Options: gidIndex %d, err %v; want -1 (auto)", c.gidIndex, err)
 	}
 	three := 3
-	if c, err = parseConfig(engine.Options{GIDIndex: &three}); err != nil || c.gidIndex != 3 {
+	if c, err = parseConfig(transport.Options{GIDIndex: &three}); err != nil || c.gidIndex != 3 {
 		t.Fatalf("GIDIndex 3: gidIndex %d, err %v", c.gidIndex, err)
 	}
 	bad := 300
-	if _, err = parseConfig(engine.Options{GIDIndex: &bad}); err == nil {
+	if _, err = parseConfig(transport.Options{GIDIndex: &bad}); err == nil {
 		t.Fatal("GIDIndex 300 accepted")
 	}
 }
@@ -152,8 +152,8 @@ func TestConformance(t *testing.T) {
 	requireRDMA(t)
 	// Short ACK timeout so a vanished receiver surfaces as ErrPeerLost in
 	// about a second; small max_mr_size so every region is split into MRs.
-	extra := engine.RDMAOptions{QPTimeout: u8(14), RetryCount: u8(7), MaxMRSize: 8 << 20, SliceSize: 256 << 10, StallTimeout: 5 * time.Second}
-	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+	extra := transport.RDMAOptions{QPTimeout: u8(14), RetryCount: u8(7), MaxMRSize: 8 << 20, SliceSize: 256 << 10, StallTimeout: 5 * time.Second}
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return newT(t, 2, extra), newT(t, 2, extra)
 	}, transporttest.WithLargeBytes(32<<20), transporttest.WithPeerLostWithin(30*time.Second), transporttest.WithCaseTimeout(caseTimeout()))
 }
@@ -166,7 +166,7 @@ func caseTimeout() time.Duration {
 }
 
 // pairUp registers src on s and dst on r, hands shakes and opens a segment.
-func pairUp(t *testing.T, s, r *Transport, src, dst *engine.HostBuffer) (engine.Segment, engine.RegionDesc, engine.RegionDesc) {
+func pairUp(t *testing.T, s, r *Transport, src, dst *transport.HostBuffer) (transport.Segment, transport.RegionDesc, transport.RegionDesc) {
 	t.Helper()
 	ctx := context.Background()
 	sd, err := s.RegisterMemory(src.Memory())
@@ -181,7 +181,7 @@ func pairUp(t *testing.T, s, r *Transport, src, dst *engine.HostBuffer) (engine.
 	if err != nil {
 		t.Fatal(err)
 	}
-	seg, err := s.OpenSegment(ctx, engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{dd}})
+	seg, err := s.OpenSegment(ctx, transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{dd}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,9 +192,9 @@ func pairUp(t *testing.T, s, r *Transport, src, dst *engine.HostBuffer) (engine.
 	return seg, sd, dd
 }
 
-func alloc(t testing.TB, n int) *engine.HostBuffer {
+func alloc(t testing.TB, n int) *transport.HostBuffer {
 	t.Helper()
-	b, err := engine.AllocHost("rdma-test", int64(n))
+	b, err := transport.AllocHost("rdma-test", int64(n))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func alloc(t testing.TB, n int) *engine.HostBuffer {
 
 func TestMRSplitAndStriping(t *testing.T) {
 	requireRDMA(t)
-	extra := engine.RDMAOptions{MaxMRSize: 65536, SliceSize: 16384}
+	extra := transport.RDMAOptions{MaxMRSize: 65536, SliceSize: 16384}
 	s, r := newT(t, 3, extra), newT(t, 3, extra)
 	const size = 1 << 20
 	src, dst := alloc(t, size), alloc(t, size)
@@ -217,7 +217,7 @@ func TestMRSplitAndStriping(t *testing.T) {
 		t.Fatalf("region key: %d MRs, %v; want %d", len(k.Devs[0].Chunks), err, size/65536)
 	}
 	// Unaligned offsets: every write crosses MR boundaries on both sides.
-	b := &engine.TransferBatch{Requests: []engine.WriteRequest{
+	b := &transport.TransferBatch{Requests: []transport.WriteRequest{
 		{Local: src.Addr() + 1000, Remote: dd.ID, RemoteOffset: 7000, Length: 500_000},
 		{Local: src.Addr() + 600_000, Remote: dd.ID, RemoteOffset: 600_001, Length: 300_000},
 	}}
@@ -228,7 +228,7 @@ func TestMRSplitAndStriping(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := seg.Wait(ctx, id)
-	if err != nil || st.State != engine.BatchCompleted || st.BytesDone != b.Bytes() {
+	if err != nil || st.State != transport.BatchCompleted || st.BytesDone != b.Bytes() {
 		t.Fatalf("batch: %+v, %v", st, err)
 	}
 	d, sb := dst.Bytes(), src.Bytes()
@@ -250,9 +250,9 @@ func TestDeviceMemoryWithoutDmaBuf(t *testing.T) {
 	old := dmaBufRange
 	dmaBufRange = func(ptr uintptr, size uint64) (int, uint64, error) { return -1, 0, exportErr }
 	defer func() { dmaBufRange = old }()
-	tr := newT(t, 1, engine.RDMAOptions{})
-	_, err := tr.RegisterMemory(engine.Memory{Addr: 0x7f0000000000, Length: 1 << 20, Kind: engine.MemoryCUDA, FD: -1})
-	if !errors.Is(err, engine.ErrUnsupportedMemory) || !errors.Is(err, exportErr) {
+	tr := newT(t, 1, transport.RDMAOptions{})
+	_, err := tr.RegisterMemory(transport.Memory{Addr: 0x7f0000000000, Length: 1 << 20, Kind: transport.MemoryCUDA, FD: -1})
+	if !errors.Is(err, transport.ErrUnsupportedMemory) || !errors.Is(err, exportErr) {
 		t.Fatalf("RegisterMemory(cuda) = %v; want ErrUnsupportedMemory wrapping the export error", err)
 	}
 	for _, want := range []string{"dma-buf MR failed", "plain MR (peer memory) failed", "ibv_reg_mr", "nvidia-peermem", tr.Devices()[0]} {
@@ -289,9 +289,9 @@ func TestBandwidth(t *testing.T) {
 	src, dst := alloc(t, size), alloc(t, size)
 	seg, _, dd := pairUp(t, s, r, src, dst)
 	ctx := context.Background()
-	b := &engine.TransferBatch{}
+	b := &transport.TransferBatch{}
 	for i, slot := range rand.New(rand.NewPCG(1, 2)).Perm(size / block) {
-		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dd.ID, RemoteOffset: uint64(slot * block), Length: uint64(block)})
+		b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dd.ID, RemoteOffset: uint64(slot * block), Length: uint64(block)})
 	}
 	start, cpu0 := time.Now(), cpuTime()
 	for moved := 0; moved < mib; moved += 16 {
@@ -299,7 +299,7 @@ func TestBandwidth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+		if st, err := seg.Wait(ctx, id); err != nil || st.State != transport.BatchCompleted {
 			t.Fatalf("%+v %v", st, err)
 		}
 		seg.Release(id)
@@ -329,13 +329,13 @@ func TestSmallBatchLatency(t *testing.T) {
 	lat := make([]time.Duration, 0, n)
 	cpu0 := cpuTime()
 	for i := 0; i < n; i++ {
-		b := &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: dd.ID, RemoteOffset: uint64(i%256) * 4096, Length: 4096}}}
+		b := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr(), Remote: dd.ID, RemoteOffset: uint64(i%256) * 4096, Length: 4096}}}
 		start := time.Now()
 		id, err := seg.Submit(ctx, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+		if st, err := seg.Wait(ctx, id); err != nil || st.State != transport.BatchCompleted {
 			t.Fatalf("%+v %v", st, err)
 		}
 		lat = append(lat, time.Since(start))
@@ -367,7 +367,7 @@ func TestChainLen(t *testing.T) {
 // and land every byte.
 func TestChainedSmallWrites(t *testing.T) {
 	requireRDMA(t)
-	extra := engine.RDMAOptions{SQDepth: 16}
+	extra := transport.RDMAOptions{SQDepth: 16}
 	s, r := newT(t, 2, extra), newT(t, 2, extra)
 	const size, page = 16 << 20, 4096
 	src, dst := alloc(t, size), alloc(t, size)
@@ -375,9 +375,9 @@ func TestChainedSmallWrites(t *testing.T) {
 		src.Bytes()[i] = byte(i*7 + i>>12)
 	}
 	seg, _, dd := pairUp(t, s, r, src, dst)
-	b := &engine.TransferBatch{}
+	b := &transport.TransferBatch{}
 	for i, slot := range rand.New(rand.NewPCG(3, 4)).Perm(size / page) {
-		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*page), Remote: dd.ID, RemoteOffset: uint64(slot * page), Length: page})
+		b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i*page), Remote: dd.ID, RemoteOffset: uint64(slot * page), Length: page})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -386,7 +386,7 @@ func TestChainedSmallWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := seg.Wait(ctx, id)
-	if err != nil || st.State != engine.BatchCompleted || st.BytesDone != size {
+	if err != nil || st.State != transport.BatchCompleted || st.BytesDone != size {
 		t.Fatalf("batch: %+v, %v", st, err)
 	}
 	for i, slot := range rand.New(rand.NewPCG(3, 4)).Perm(size / page) {
@@ -408,7 +408,7 @@ func TestChainedSmallWrites(t *testing.T) {
 // new work as unusable.
 func TestChainFailsMidChain(t *testing.T) {
 	requireRDMA(t)
-	extra := engine.RDMAOptions{StallTimeout: 60 * time.Second, QPTimeout: u8(14), RetryCount: u8(7)}
+	extra := transport.RDMAOptions{StallTimeout: 60 * time.Second, QPTimeout: u8(14), RetryCount: u8(7)}
 	s, r := newT(t, 1, extra), newT(t, 1, extra)
 	src, dst := alloc(t, 1<<20), alloc(t, 1<<20)
 	seg, _, dd := pairUp(t, s, r, src, dst)
@@ -417,9 +417,9 @@ func TestChainFailsMidChain(t *testing.T) {
 	if err := r.DeregisterMemory(dd.ID); err != nil {
 		t.Fatal(err)
 	}
-	b := &engine.TransferBatch{}
+	b := &transport.TransferBatch{}
 	for i := 0; i < 64; i++ {
-		b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*4096), Remote: dd.ID, RemoteOffset: uint64(i * 4096), Length: 4096})
+		b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i*4096), Remote: dd.ID, RemoteOffset: uint64(i * 4096), Length: 4096})
 	}
 	start := time.Now()
 	id, err := seg.Submit(ctx, b)
@@ -427,7 +427,7 @@ func TestChainFailsMidChain(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := seg.Wait(ctx, id)
-	if err != nil || st.State != engine.BatchFailed || !(errors.Is(st.Err, engine.ErrUnknownRegion) || errors.Is(st.Err, engine.ErrOutOfBounds)) {
+	if err != nil || st.State != transport.BatchFailed || !(errors.Is(st.Err, transport.ErrUnknownRegion) || errors.Is(st.Err, transport.ErrOutOfBounds)) {
 		t.Fatalf("batch to a deregistered region: %+v, %v; want failed with ErrUnknownRegion/ErrOutOfBounds", st, err)
 	}
 	if el := time.Since(start); el > 30*time.Second {

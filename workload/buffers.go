@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // ErrPoolExhausted is returned by PageAllocator.Alloc when fewer pages are free
@@ -189,15 +190,15 @@ type BufferOptions struct {
 	Aux     []AuxBuffer
 	AuxRows int
 	// Prefault makes host buffers resident and warm at allocation
-	// (engine.WithPrefault), so the first transfer runs at the speed of the
+	// (transport.WithPrefault), so the first transfer runs at the speed of the
 	// later ones; it costs about one memory pass at start.
 	Prefault bool
 }
 
-// allocOpts are the engine.AllocHost options these options ask for.
-func (o BufferOptions) allocOpts() []engine.AllocOption {
+// allocOpts are the transport.AllocHost options these options ask for.
+func (o BufferOptions) allocOpts() []transport.AllocOption {
 	if o.Prefault {
-		return []engine.AllocOption{engine.WithPrefault()}
+		return []transport.AllocOption{transport.WithPrefault()}
 	}
 	return nil
 }
@@ -205,7 +206,7 @@ func (o BufferOptions) allocOpts() []engine.AllocOption {
 // KVBuffers is one rank's KV memory laid out as a serving engine lays it out
 // (spec §6.2): a buffer per layer for K and one for V (MHA/GQA) or one per
 // layer (MLA), each Layout.NumPages × Layout.ItemLen bytes, plus aux buffers
-// of AuxRows rows. Host buffers are memfd memory (engine.AllocHost), so the
+// of AuxRows rows. Host buffers are memfd memory (transport.AllocHost), so the
 // shm transport can share them; device buffers are cudaMalloc'ed on one GPU.
 // Args describes them to engine.NewManager, which registers them and never
 // frees them. Close frees everything; it is idempotent. Safe for concurrent
@@ -218,10 +219,10 @@ type KVBuffers struct {
 
 	mu      sync.Mutex
 	closed  bool
-	hosts   []*engine.HostBuffer // KV host memory: one per buffer, or one block
-	dptrs   []cuda.DevicePtr     // KV device memory: one per buffer, or one block
+	hosts   []*transport.HostBuffer // KV host memory: one per buffer, or one block
+	dptrs   []cuda.DevicePtr        // KV device memory: one per buffer, or one block
 	kv      []engine.Buffer
-	auxHost []*engine.HostBuffer
+	auxHost []*transport.HostBuffer
 	auxBufs []engine.Buffer
 	*PageAllocator
 }
@@ -263,7 +264,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			return d, nil
 		}
 		dev := func(p cuda.DevicePtr) engine.Buffer {
-			return engine.Buffer{Memory: engine.Memory{Addr: uintptr(p), Length: bl, Kind: engine.MemoryCUDA, Device: o.Device, FD: -1}, ItemLen: l.ItemLen()}
+			return engine.Buffer{Memory: transport.Memory{Addr: uintptr(p), Length: bl, Kind: transport.MemoryCUDA, Device: o.Device, FD: -1}, ItemLen: l.ItemLen()}
 		}
 		if o.Contiguous {
 			d, err := alloc(l.PoolBytes())
@@ -283,7 +284,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			}
 		}
 	} else if o.Contiguous {
-		h, err := engine.AllocHost(o.Name, int64(l.PoolBytes()), o.allocOpts()...)
+		h, err := transport.AllocHost(o.Name, int64(l.PoolBytes()), o.allocOpts()...)
 		if err != nil {
 			return nil, err
 		}
@@ -291,12 +292,12 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		m := h.Memory()
 		for i := 0; i < n; i++ {
 			off := l.BufferOffset(i)
-			b.kv = append(b.kv, engine.Buffer{Memory: engine.Memory{Addr: m.Addr + uintptr(off), Length: bl, Kind: engine.MemoryHost, FD: m.FD, FDOffset: off}, ItemLen: l.ItemLen()})
+			b.kv = append(b.kv, engine.Buffer{Memory: transport.Memory{Addr: m.Addr + uintptr(off), Length: bl, Kind: transport.MemoryHost, FD: m.FD, FDOffset: off}, ItemLen: l.ItemLen()})
 		}
 	} else {
 		for i := 0; i < n; i++ {
 			layer, kv := l.BufferLayer(i)
-			h, err := engine.AllocHost(fmt.Sprintf("%s-%s%d", o.Name, kvName(l, kv), layer), int64(bl), o.allocOpts()...)
+			h, err := transport.AllocHost(fmt.Sprintf("%s-%s%d", o.Name, kvName(l, kv), layer), int64(bl), o.allocOpts()...)
 			if err != nil {
 				return nil, err
 			}
@@ -310,7 +311,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		if a.RowBytes == 0 {
 			return nil, fmt.Errorf("workload: aux buffer %q has 0-byte rows", a.Name)
 		}
-		h, err := engine.AllocHost(o.Name+"-aux-"+a.Name, int64(a.RowBytes)*int64(o.AuxRows), o.allocOpts()...)
+		h, err := transport.AllocHost(o.Name+"-aux-"+a.Name, int64(a.RowBytes)*int64(o.AuxRows), o.allocOpts()...)
 		if err != nil {
 			return nil, err
 		}
@@ -407,7 +408,7 @@ func (b *KVBuffers) ReadAt(i int, dst []byte, off uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return fmt.Errorf("workload: KV buffer read: %w", engine.ErrClosed)
+		return fmt.Errorf("workload: KV buffer read: %w", transport.ErrClosed)
 	}
 	if len(dst) == 0 {
 		return nil
@@ -431,7 +432,7 @@ func (b *KVBuffers) WriteAt(i int, src []byte, off uint64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return fmt.Errorf("workload: KV buffer write: %w", engine.ErrClosed)
+		return fmt.Errorf("workload: KV buffer write: %w", transport.ErrClosed)
 	}
 	if len(src) == 0 {
 		return nil
@@ -442,14 +443,14 @@ func (b *KVBuffers) WriteAt(i int, src []byte, off uint64) error {
 	return nil
 }
 
-// Prefault makes host buffers resident now (engine.Prefault: populate and
+// Prefault makes host buffers resident now (transport.Prefault: populate and
 // one write per page, contents kept), so the first transfers do not pay a
 // page fault per 4 KiB on this side; device buffers are resident already.
 // BufferOptions.Prefault does more, at allocation. Errors name the cause;
 // the buffers stay usable either way.
 func (b *KVBuffers) Prefault() error {
 	for _, h := range append(slices.Clone(b.hosts), b.auxHost...) {
-		if err := engine.Prefault(h.Memory()); err != nil {
+		if err := transport.Prefault(h.Memory()); err != nil {
 			return fmt.Errorf("workload: prefault KV buffers: %w", err)
 		}
 	}

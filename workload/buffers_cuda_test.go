@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // loadFakeCUDA builds the fake CUDA libraries of cuda/testdata with gcc and
@@ -64,7 +64,7 @@ func TestDeviceKVBuffersFake(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, m := range a.KVBuffers {
-			if m.Kind != engine.MemoryCUDA || m.Device != 0 || m.FD != -1 || m.Length != l.BufferLen() || m.Addr == 0 || m.ItemLen != l.ItemLen() {
+			if m.Kind != transport.MemoryCUDA || m.Device != 0 || m.FD != -1 || m.Length != l.BufferLen() || m.Addr == 0 || m.ItemLen != l.ItemLen() {
 				t.Fatalf("buffer %d = %+v, want MemoryCUDA on device 0, %d bytes", i, m, l.BufferLen())
 			}
 		}
@@ -112,10 +112,10 @@ func TestDeviceKVBuffersFake(t *testing.T) {
 		if err := p.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
-		if err := p.ReadAt(0, b, 0); !errors.Is(err, engine.ErrClosed) {
+		if err := p.ReadAt(0, b, 0); !errors.Is(err, transport.ErrClosed) {
 			t.Fatalf("ReadAt after Close = %v, want ErrClosed", err)
 		}
-		if err := FillPattern(p, 1, pages, 0); !errors.Is(err, engine.ErrClosed) {
+		if err := FillPattern(p, 1, pages, 0); !errors.Is(err, transport.ErrClosed) {
 			t.Fatalf("FillPattern after Close = %v, want ErrClosed", err)
 		}
 	}

@@ -18,7 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/metadata"
 )
 
@@ -78,11 +78,11 @@ func (r Result) String() string {
 
 // simDescriptor is a realistic rank descriptor: 64 regions (32 layers × K
 // and V) with rkeys, as a prefill rank of an 8B model publishes.
-func simDescriptor(name string, epoch uint64, regions int) engine.SegmentDescriptor {
-	d := engine.SegmentDescriptor{Name: name, Epoch: epoch, RPC: name, Kind: "prefill", Hostname: "sim", PID: 1,
-		Transports: []engine.SegmentTransport{{Name: "rdma", PerPeer: true}, {Name: "tcp", Endpoint: []byte("10.0.0.1:40000")}}}
+func simDescriptor(name string, epoch uint64, regions int) transport.SegmentDescriptor {
+	d := transport.SegmentDescriptor{Name: name, Epoch: epoch, RPC: name, Kind: "prefill", Hostname: "sim", PID: 1,
+		Transports: []transport.SegmentTransport{{Name: "rdma", PerPeer: true}, {Name: "tcp", Endpoint: []byte("10.0.0.1:40000")}}}
 	for i := 0; i < regions; i++ {
-		d.Regions = append(d.Regions, engine.RegionDesc{ID: engine.RegionID(i + 1), Addr: uint64(0x7f0000000000 + i<<28), Length: 1 << 28, Key: []byte("rkey0123")})
+		d.Regions = append(d.Regions, transport.RegionDesc{ID: transport.RegionID(i + 1), Addr: uint64(0x7f0000000000 + i<<28), Length: 1 << 28, Key: []byte("rkey0123")})
 	}
 	return d
 }
@@ -142,7 +142,7 @@ func Simulate(ctx context.Context, url string, o Options) (Result, error) {
 	_, err = clis[0].Get(cctx, prefix+"/", clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
-		return res, fmt.Errorf("fleetsim: etcd at %s unreachable: %w: %v", u, engine.ErrMetadataUnavailable, err)
+		return res, fmt.Errorf("fleetsim: etcd at %s unreachable: %w: %v", u, transport.ErrMetadataUnavailable, err)
 	}
 	key := func(i int) string { return fmt.Sprintf("%s/segments/10.0.%d.%d:17000", prefix, i/250, i%250) }
 	cli := func(i int) *clientv3.Client { return clis[i%len(clis)] }
@@ -224,7 +224,7 @@ func Simulate(ctx context.Context, url string, o Options) (Result, error) {
 					errs <- fmt.Errorf("resolve rank %d: its key is gone: its lease expired (this machine could not keep %d leases alive over %d clients; use fewer --clients or a shorter run)", i, o.Ranks, o.Clients)
 					return
 				}
-				if _, err := engine.DecodeSegmentDescriptor(resp.Kvs[0].Value); err != nil {
+				if _, err := transport.DecodeSegmentDescriptor(resp.Kvs[0].Value); err != nil {
 					errs <- err
 					return
 				}
@@ -267,7 +267,7 @@ func Simulate(ctx context.Context, url string, o Options) (Result, error) {
 				}
 				for _, ev := range wr.Events {
 					if ev.Type == clientv3.EventTypePut {
-						if d, err := engine.DecodeSegmentDescriptor(ev.Kv.Value); err == nil && d.Epoch != 1 {
+						if d, err := transport.DecodeSegmentDescriptor(ev.Kv.Value); err == nil && d.Epoch != 1 {
 							got[i] = time.Now()
 							if seen.Add(1) == int64(o.Ranks-1) {
 								close(allSeen)

@@ -29,7 +29,7 @@ func init() {
 		Use:   "bench",
 		Short: "measure transport bandwidth, message rate and batch latency; compare with iperf3/UCX/perftest",
 		Long: `bench runs a matrix of transport × block size × batch depth × streams through the
-engine (engine.OpenTransport, segments, transfer batches) between two transport
+engine (transport.OpenTransport, segments, transfer batches) between two transport
 instances in this process, verifies every byte after each timed repetition, and
 prints a table. --peers runs iperf3, ucx_perftest (UCX_TLS=tcp and UCX_TLS=sm)
 and, where an RDMA device exists, ib_write_bw on loopback with the same block
@@ -156,7 +156,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, rdma); unavailable ones are skipped with the reason")
 	f.StringVar(&sizes, "sizes", "4K,64K,1M,4M,16M,64M", "block sizes (bytes per WriteRequest), e.g. 4K,1M,64M")
 	f.StringVar(&depths, "depths", "1,8", "batch depths: WriteRequests per transfer batch")
-	f.StringVar(&streams, "streams", "0", "engine.Options.Streams values (tcp connections, shm copy goroutines, rdma QPs; 0 = the transport's default, and the table shows the count used)")
+	f.StringVar(&streams, "streams", "0", "transport.Options.Streams values (tcp connections, shm copy goroutines, rdma QPs; 0 = the transport's default, and the table shows the count used)")
 	f.IntVar(&cfg.Inflight, "inflight", def.Inflight, "transfer batches kept submitted at once")
 	f.IntVar(&cfg.Reps, "reps", def.Reps, "timed repetitions per case (median and min–max reported)")
 	f.StringVar(&cfg.KVModel, "kv-model", def.KVModel, "also measure the KV-room path per transport: prefill and decode KV managers on per-layer buffers of this model (built-in name or config.json), requests of --kv-tokens tokens; \"\" = skip")

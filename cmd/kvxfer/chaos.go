@@ -24,6 +24,7 @@ import (
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -241,7 +242,7 @@ func validateChaosFlags(f *chaosFlags) error {
 		return err
 	}
 	for _, t := range strings.Split(f.transports, ",") {
-		if err := engine.ProbeTransport(strings.TrimSpace(t)); err != nil {
+		if err := transport.ProbeTransport(strings.TrimSpace(t)); err != nil {
 			return fmt.Errorf("--transports %q: %s: %w", f.transports, t, err)
 		}
 	}
@@ -396,8 +397,8 @@ func otherTokenCount(t, pageSize int) int {
 	return t + 1
 }
 
-func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64, w io.Writer) (chaosReport, error) {
-	rep := chaosReport{Transport: transport, Seed: seed}
+func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uint64, w io.Writer) (chaosReport, error) {
+	rep := chaosReport{Transport: transportName, Seed: seed}
 	start := time.Now()
 	faults, err := parseChaosFaults(f.faults)
 	if err != nil {
@@ -456,7 +457,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64,
 			return rep, fmt.Errorf("bootstrap server %d: %w", i, err)
 		}
 		p := &chaosPrefill{idx: i, addr: srv.Addr(), exe: exe, delay: i == f.prefills-1}
-		p.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transport,
+		p.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transportName,
 			"--bootstrap", p.addr, "--host", "127.0.0.1", "--bootstrap-timeout", (3 * f.waiting).String(), "--waiting-timeout", f.waiting.String(),
 			"--peer-timeout", f.peer.String(), "--chunk-pages", "4", "--aux-rows", strconv.Itoa(4 * f.concurrency)}
 		if p.delay && f.writeDelay > 0 {
@@ -469,7 +470,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64,
 	}
 
 	// The decode rank, in this process.
-	tr, err := engine.OpenTransport(transport, engine.DefaultOptions())
+	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
 		return rep, err
 	}
@@ -487,7 +488,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64,
 	}
 	defer env.pool.Close()
 	env.rows = workload.NewPageAllocator(2 * f.concurrency)
-	env.m, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []engine.Transport{tr},
+	env.m, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []transport.Transport{tr},
 		BootstrapTimeout: 3 * f.waiting, WaitingTimeout: f.waiting, PeerTimeout: f.peer, FenceTimeout: f.fence,
 		ControlFault: env.drop.Filter, Logger: slog.Default().With("rank", "chaos decode"),
 		VerifyKV: func(kv engine.ReceivedKV) error { // the slow-decode fault: the decode takes its time
@@ -513,7 +514,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transport string, seed uint64,
 				case <-stopProgress:
 					return
 				case <-t.C:
-					fmt.Fprintf(w, "chaos over %s: %d/%d rooms done\n", transport, doneN.Load(), f.rooms)
+					fmt.Fprintf(w, "chaos over %s: %d/%d rooms done\n", transportName, doneN.Load(), f.rooms)
 				}
 			}
 		}()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -37,7 +37,7 @@ func TestChaosSoakShort(t *testing.T) {
 	f := chaosFlags{rooms: 24, transports: "tcp,shm", faults: strings.Join(chaosFaults, ","), concurrency: 4, prefills: 3, faultRate: 0.5,
 		seed: 7, minTokens: 16, maxTokens: 96, poolMB: 1, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
 		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
-	if engine.ProbeTransport("shm") != nil {
+	if transport.ProbeTransport("shm") != nil {
 		f.transports = "tcp"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

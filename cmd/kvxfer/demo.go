@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -499,11 +499,11 @@ func validateDemoFlags(f *demoFlags) error {
 // (or empty) needs one usable transport; a comma list may name only
 // registered transports, each usable on this host.
 func checkTransportSpec(spec string) error {
-	known := engine.Transports()
+	known := transport.Transports()
 	if spec == "" || spec == "auto" {
 		var reasons []string
 		for _, n := range known {
-			err := engine.ProbeTransport(n)
+			err := transport.ProbeTransport(n)
 			if err == nil {
 				return nil
 			}
@@ -511,18 +511,18 @@ func checkTransportSpec(spec string) error {
 		}
 		return fmt.Errorf("--transport auto: no transport is usable on this host (%s)", strings.Join(reasons, "; "))
 	}
-	names, err := engine.ParseTransportList(spec)
+	names, err := transport.ParseTransportList(spec)
 	if err != nil {
 		return fmt.Errorf("--transport: %w", err)
 	}
 	var usable []string
 	for _, n := range known {
-		if engine.ProbeTransport(n) == nil {
+		if transport.ProbeTransport(n) == nil {
 			usable = append(usable, n)
 		}
 	}
 	for _, n := range names {
-		if err := engine.ProbeTransport(n); err != nil {
+		if err := transport.ProbeTransport(n); err != nil {
 			return fmt.Errorf("--transport %s: %v (usable here: %s; or use auto)", n, err, strings.Join(usable, ", "))
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bench"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/debugsrv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -244,7 +245,7 @@ func benchAt(ctx context.Context, s demoSummary, f *demoFlags, prefillRanks int)
 	cfg.Transports, cfg.BlockSizes, cfg.Depths, cfg.Streams = []string{s.Used[0]}, []uint64{s.WriteBytes}, []int{depth}, []int{0}
 	cfg.Inflight, cfg.Reps, cfg.Memcpy = f.concurrency, 3, false
 	c := cfg.Cases()[0]
-	if err := engine.ProbeTransport(c.Transport); err != nil {
+	if err := transport.ProbeTransport(c.Transport); err != nil {
 		return "", 0, fmt.Sprintf("not run: %s: %v", c.Transport, err)
 	}
 	label := fmt.Sprintf("(%s, %s writes, depth %d, %d in flight)", c.Transport, fmtBytes(s.WriteBytes), depth, c.Inflight)

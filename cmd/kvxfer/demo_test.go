@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestMain lets the demo re-execute this test binary as `kvxfer prefill` /
@@ -215,7 +216,7 @@ func TestCheckTransportSpec(t *testing.T) {
 			t.Errorf("%q: %v", spec, err)
 		}
 	}
-	if err := engine.ProbeTransport("rdma"); err != nil {
+	if err := transport.ProbeTransport("rdma"); err != nil {
 		if err2 := checkTransportSpec("rdma"); err2 == nil || !strings.Contains(err2.Error(), "usable here") {
 			t.Errorf("rdma unusable (%v) but checkTransportSpec says %v", err, err2)
 		}

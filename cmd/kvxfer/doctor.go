@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gputopo"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/ibverbs"
 	"github.com/kvxfer/kvxfer/rdma"
 )
@@ -153,7 +153,7 @@ func runDoctor() []doctorItem {
 		detail := fmt.Sprintf("%d KiB", rl.Cur>>10)
 		if rl.Cur < 1<<30 {
 			const raise = "raise it with ulimit -l unlimited, systemd LimitMEMLOCK=infinity or docker --ulimit memlock=-1"
-			if engine.ProbeTransport("rdma") == nil {
+			if transport.ProbeTransport("rdma") == nil {
 				st = "warn"
 				detail += ": too low for RDMA, which pins the KV pools; " + raise
 			} else {
@@ -163,8 +163,8 @@ func runDoctor() []doctorItem {
 		add("memlock limit", st, detail)
 	}
 
-	for _, name := range engine.Transports() {
-		if err := engine.ProbeTransport(name); err != nil {
+	for _, name := range transport.Transports() {
+		if err := transport.ProbeTransport(name); err != nil {
 			add("transport "+name, "n/a", err.Error())
 		} else {
 			add("transport "+name, "ok", "usable")

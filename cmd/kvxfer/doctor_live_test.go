@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // runDoctorProc runs `kvxfer doctor --bootstrap addr --json extra...` as a
@@ -155,7 +156,7 @@ func TestDoctorLiveDeployment(t *testing.T) {
 		}
 	})
 	t.Run("transport-mismatch", func(t *testing.T) {
-		if err := engine.ProbeTransport("shm"); err != nil {
+		if err := transport.ProbeTransport("shm"); err != nil {
 			t.Skipf("shm unusable here: %v", err)
 		}
 		_, addr := startBootstrapProc(t, "127.0.0.1", 0)

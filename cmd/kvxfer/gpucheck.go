@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // gpuCheckRow is one line of the `kvxfer gpucheck` table.
@@ -25,7 +26,7 @@ type gpuCheckRow struct {
 	Check string `json:"check"`
 	OK    bool   `json:"ok"`
 	// Unsupported marks a check this host or transport cannot do by design
-	// (engine.ErrUnsupportedMemory, or cuda.ErrNotSupported such as NVRTC
+	// (transport.ErrUnsupportedMemory, or cuda.ErrNotSupported such as NVRTC
 	// not installed); it is reported as n/a, not failed.
 	Unsupported bool    `json:"unsupported,omitempty"`
 	GBps        float64 `json:"gbps,omitempty"`
@@ -122,7 +123,7 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 		if err != nil {
 			detail = err.Error()
 		}
-		rows = append(rows, gpuCheckRow{Check: check, OK: err == nil, Unsupported: errors.Is(err, engine.ErrUnsupportedMemory) || errors.Is(err, cuda.ErrNotSupported), GBps: gbps, Detail: detail})
+		rows = append(rows, gpuCheckRow{Check: check, OK: err == nil, Unsupported: errors.Is(err, transport.ErrUnsupportedMemory) || errors.Is(err, cuda.ErrNotSupported), GBps: gbps, Detail: detail})
 		fmt.Fprintf(log, "gpucheck: %-28s ok=%v %s\n", check, err == nil, detail)
 	}
 	n, _ := cuda.DeviceCount()
@@ -162,10 +163,10 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 
 	for _, tc := range []struct {
 		transport string
-		kind      engine.MemoryKind
+		kind      transport.MemoryKind
 	}{
-		{"tcp", engine.MemoryHost}, {"tcp", engine.MemoryCUDA},
-		{"shm", engine.MemoryHost}, {"shm", engine.MemoryCUDA},
+		{"tcp", transport.MemoryHost}, {"tcp", transport.MemoryCUDA},
+		{"shm", transport.MemoryHost}, {"shm", transport.MemoryCUDA},
 	} {
 		name := fmt.Sprintf("%s %s->%s %dMiB", tc.transport, tc.kind, tc.kind, size>>20)
 		gbps, err := transferCheck(tc.transport, tc.kind, size, timeout)
@@ -189,21 +190,21 @@ func runGPUCheck(log io.Writer, size, stagingSize uint64, timeout time.Duration)
 
 // kvBuffer is host (AllocHost) or device (cudaMalloc) memory for a transfer check.
 type kvBuffer struct {
-	mem   engine.Memory
-	host  *engine.HostBuffer
+	mem   transport.Memory
+	host  *transport.HostBuffer
 	dptr  cuda.DevicePtr
 	bytes uint64
 }
 
-func newKVBuffer(name string, kind engine.MemoryKind, size uint64) (*kvBuffer, error) {
-	if kind == engine.MemoryCUDA {
+func newKVBuffer(name string, kind transport.MemoryKind, size uint64) (*kvBuffer, error) {
+	if kind == transport.MemoryCUDA {
 		d, err := cuda.Malloc(0, size)
 		if err != nil {
 			return nil, err
 		}
-		return &kvBuffer{mem: engine.Memory{Addr: uintptr(d), Length: size, Kind: engine.MemoryCUDA, Device: 0, FD: -1}, dptr: d, bytes: size}, nil
+		return &kvBuffer{mem: transport.Memory{Addr: uintptr(d), Length: size, Kind: transport.MemoryCUDA, Device: 0, FD: -1}, dptr: d, bytes: size}, nil
 	}
-	h, err := engine.AllocHost(name, int64(size))
+	h, err := transport.AllocHost(name, int64(size))
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +239,7 @@ func (b *kvBuffer) Close() {
 // buffer of the given kind through the named transport on loopback, in
 // 1 MiB requests, and verifies every byte. It returns the payload rate of
 // the timed batch in GB/s.
-func transferCheck(name string, kind engine.MemoryKind, size uint64, timeout time.Duration) (float64, error) {
+func transferCheck(name string, kind transport.MemoryKind, size uint64, timeout time.Duration) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	src, err := newKVBuffer("gpucheck-src", kind, size)
@@ -258,12 +259,12 @@ func transferCheck(name string, kind engine.MemoryKind, size uint64, timeout tim
 	if err := src.write(pattern); err != nil {
 		return 0, err
 	}
-	sender, err := engine.OpenTransport(name, engine.DefaultOptions())
+	sender, err := transport.OpenTransport(name, transport.DefaultOptions())
 	if err != nil {
 		return 0, err
 	}
 	defer sender.Close()
-	receiver, err := engine.OpenTransport(name, engine.DefaultOptions())
+	receiver, err := transport.OpenTransport(name, transport.DefaultOptions())
 	if err != nil {
 		return 0, err
 	}
@@ -279,21 +280,21 @@ func transferCheck(name string, kind engine.MemoryKind, size uint64, timeout tim
 	if err != nil {
 		return 0, err
 	}
-	seg, err := sender.OpenSegment(ctx, engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{desc}})
+	seg, err := sender.OpenSegment(ctx, transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{desc}})
 	if err != nil {
 		return 0, err
 	}
 	defer seg.Close()
-	if acc, ok := receiver.(engine.Acceptor); ok && sender.Capabilities().Has(engine.CapHandshake) {
+	if acc, ok := receiver.(transport.Acceptor); ok && sender.Capabilities().Has(transport.CapHandshake) {
 		if err := acc.Accept(ctx, "gpucheck", seg.HandshakeReply()); err != nil {
 			return 0, err
 		}
 	}
 	const req = 1 << 20
-	var batch engine.TransferBatch
+	var batch transport.TransferBatch
 	for off := uint64(0); off < size; off += req {
 		n := min(req, size-off)
-		batch.Requests = append(batch.Requests, engine.WriteRequest{Local: src.mem.Addr + uintptr(off), Remote: desc.ID, RemoteOffset: off, Length: n})
+		batch.Requests = append(batch.Requests, transport.WriteRequest{Local: src.mem.Addr + uintptr(off), Remote: desc.ID, RemoteOffset: off, Length: n})
 	}
 	start := time.Now()
 	id, err := seg.Submit(ctx, &batch)
@@ -305,7 +306,7 @@ func transferCheck(name string, kind engine.MemoryKind, size uint64, timeout tim
 	if err != nil {
 		return 0, fmt.Errorf("wait: %w", err)
 	}
-	if st.State != engine.BatchCompleted {
+	if st.State != transport.BatchCompleted {
 		return 0, fmt.Errorf("batch %v: %v", st.State, st.Err)
 	}
 	seg.Release(id)

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
@@ -140,17 +141,17 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	addObsFlags(fs, &f.obs)
 }
 
-// openTransports opens the transports spec names (engine.OpenTransports:
+// openTransports opens the transports spec names (transport.OpenTransports:
 // "auto" = every registered one whose probe passes) listening on host and
 // advertising advertise.
-func openTransports(spec, host, advertise string) ([]engine.Transport, error) {
-	opts := engine.DefaultOptions()
+func openTransports(spec, host, advertise string) ([]transport.Transport, error) {
+	opts := transport.DefaultOptions()
 	opts.ListenHost = strings.Trim(host, "[]")
 	opts.AdvertiseHost = advertise
-	return engine.OpenTransports(spec, opts)
+	return transport.OpenTransports(spec, opts)
 }
 
-func closeAll(ts []engine.Transport) {
+func closeAll(ts []transport.Transport) {
 	for _, t := range ts {
 		_ = t.Close()
 	}
@@ -485,7 +486,7 @@ func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, 
 // rankTransports opens the rank's data transports (--transport; with
 // --device only those that can move device memory), wrapped in the fault
 // injector when --inject-write-delay is set.
-func rankTransports(f *roleFlags, onDevice bool) ([]engine.Transport, error) {
+func rankTransports(f *roleFlags, onDevice bool) ([]transport.Transport, error) {
 	ts, err := openTransports(f.transport, f.host, f.advertiseHost)
 	if err != nil {
 		return nil, err
@@ -505,7 +506,7 @@ func rankTransports(f *roleFlags, onDevice bool) ([]engine.Transport, error) {
 
 // managerConfig is the rank's engine.ManagerConfig from its flags (and
 // sets how each request line's room is driven, r.rc, and the HTTP token).
-func (r *rank) managerConfig(f *roleFlags, ts []engine.Transport, dev int, onDevice bool) engine.ManagerConfig {
+func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, onDevice bool) engine.ManagerConfig {
 	ring := engine.RingAllocator(engine.AutoRingMemory)
 	if onDevice && os.Getenv("KVXFER_RING_DEVICE") == "" {
 		ring = engine.CUDARingMemory(dev) // the ring on the KV pool's GPU
@@ -715,27 +716,27 @@ type readyLine struct {
 	Serve string `json:"serve,omitempty"`
 }
 
-// parseDevice parses --device (engine.ParseLocation): host memory gives
+// parseDevice parses --device (transport.ParseLocation): host memory gives
 // dev -1, "cuda:N" gives N and onDevice.
 func parseDevice(s string) (dev int, onDevice bool, err error) {
-	kind, d, err := engine.ParseLocation(s)
+	kind, d, err := transport.ParseLocation(s)
 	if err != nil {
 		return 0, false, fmt.Errorf("--device: %w", err)
 	}
-	if kind != engine.MemoryCUDA {
+	if kind != transport.MemoryCUDA {
 		return -1, false, nil
 	}
 	return d, true, nil
 }
 
 // deviceTransports keeps the transports that can register device memory
-// (engine.CapDeviceMemory) and closes the rest. With an explicit --transport
+// (transport.CapDeviceMemory) and closes the rest. With an explicit --transport
 // list every named transport must qualify; with auto at least one must.
-func deviceTransports(ts []engine.Transport, spec, device string) ([]engine.Transport, error) {
-	var keep, drop []engine.Transport
+func deviceTransports(ts []transport.Transport, spec, device string) ([]transport.Transport, error) {
+	var keep, drop []transport.Transport
 	var names []string
 	for _, t := range ts {
-		if t.Capabilities().Has(engine.CapDeviceMemory) {
+		if t.Capabilities().Has(transport.CapDeviceMemory) {
 			keep = append(keep, t)
 			continue
 		}

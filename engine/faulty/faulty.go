@@ -1,9 +1,9 @@
-// Package faulty is a fault-injecting decorator for engine.Transport: it wraps
+// Package faulty is a fault-injecting decorator for transport.Transport: it wraps
 // a real transport (tcp, shm) and injects deterministic faults at the
 // Transport seam so the sender and receiver state machines can be driven
 // through every KVPoll state without hardware (STYLE.md rule 19).
 //
-//	tr, _ := tcp.New(engine.DefaultOptions())
+//	tr, _ := tcp.New(transport.DefaultOptions())
 //	ft := faulty.Wrap(tr, faulty.FailAfter(3), faulty.Delay(5*time.Millisecond))
 //
 // Knobs count events of the wrapped transport in call order, 1-based and
@@ -25,7 +25,7 @@
 //   - FailRegisterAfter(n): RegisterMemory number n+1, ... fails;
 //   - FailInstall(): OpenSegment fails (the segment cannot be installed);
 //   - FailWith(err): the engine error the injected failures wrap besides
-//     ErrInjected (default engine.ErrPeerLost);
+//     ErrInjected (default transport.ErrPeerLost);
 //   - DelayWrites(d): a slow writer: every batch is handed to the wrapped
 //     segment only d after its Submit, so its bytes land late (Cancel before
 //     then drops it, as a live sender would);
@@ -56,7 +56,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // ErrInjected is wrapped by every fault this package injects.
@@ -137,14 +137,14 @@ func KillMidBatch(submits ...int) Option {
 }
 
 // FailWith sets the engine error injected failures wrap (besides
-// ErrInjected); default engine.ErrPeerLost.
+// ErrInjected); default transport.ErrPeerLost.
 func FailWith(err error) Option { return func(c *config) { c.failWith = err } }
 
-// Transport is the decorator. It implements engine.Transport and
-// engine.Acceptor (Accept forwards to the wrapped transport, or fails if it
+// Transport is the decorator. It implements transport.Transport and
+// transport.Acceptor (Accept forwards to the wrapped transport, or fails if it
 // has no handshake).
 type Transport struct {
-	inner engine.Transport
+	inner transport.Transport
 	cfg   config
 
 	submits   atomic.Int64
@@ -156,28 +156,28 @@ type Transport struct {
 	stalled bool
 
 	mu        sync.Mutex
-	scratch   *engine.HostBuffer // source of corrupting writes
-	scratchID engine.RegionID
+	scratch   *transport.HostBuffer // source of corrupting writes
+	scratchID transport.RegionID
 	scratchN  int
-	local     map[engine.RegionID]engine.Memory // registered through us
+	local     map[transport.RegionID]transport.Memory // registered through us
 }
 
 var (
-	_ engine.Transport   = (*Transport)(nil)
-	_ engine.Acceptor    = (*Transport)(nil)
-	_ engine.RegionAdder = (*segment)(nil)
-	_ engine.Fencer      = (*Transport)(nil)
+	_ transport.Transport   = (*Transport)(nil)
+	_ transport.Acceptor    = (*Transport)(nil)
+	_ transport.RegionAdder = (*segment)(nil)
+	_ transport.Fencer      = (*Transport)(nil)
 )
 
 // Wrap returns inner decorated with the given knobs. With no options it is a
 // transparent pass-through.
-func Wrap(inner engine.Transport, opts ...Option) *Transport {
+func Wrap(inner transport.Transport, opts ...Option) *Transport {
 	c := config{rejectAfter: -1, failAfter: -1, registerAfter: -1, stallAfter: -1, flip: map[int64]bool{}, corrupt: map[int64]bool{},
-		killMid: map[int64]bool{}, failWith: engine.ErrPeerLost}
+		killMid: map[int64]bool{}, failWith: transport.ErrPeerLost}
 	for _, o := range opts {
 		o(&c)
 	}
-	return &Transport{inner: inner, cfg: c, local: map[engine.RegionID]engine.Memory{}, gate: make(chan struct{})}
+	return &Transport{inner: inner, cfg: c, local: map[transport.RegionID]transport.Memory{}, gate: make(chan struct{})}
 }
 
 // Stall makes every later Submit be held until Resume (a producer stopped
@@ -218,7 +218,7 @@ func (t *Transport) holdGate(n int64) <-chan struct{} {
 }
 
 // Unwrap returns the wrapped transport.
-func (t *Transport) Unwrap() engine.Transport { return t.inner }
+func (t *Transport) Unwrap() transport.Transport { return t.inner }
 
 // Submits returns how many Submit calls the decorator has seen.
 func (t *Transport) Submits() int { return int(t.submits.Load()) }
@@ -231,12 +231,12 @@ func (t *Transport) injected(format string, args ...any) error {
 func (t *Transport) Name() string { return t.inner.Name() }
 
 // Capabilities returns the wrapped transport's flags.
-func (t *Transport) Capabilities() engine.Caps { return t.inner.Capabilities() }
+func (t *Transport) Capabilities() transport.Caps { return t.inner.Capabilities() }
 
 // RegisterMemory forwards to the wrapped transport unless FailRegisterAfter fires.
-func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+func (t *Transport) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
 	if n := t.registers.Add(1); t.cfg.registerAfter >= 0 && n > t.cfg.registerAfter {
-		return engine.RegionDesc{}, t.injected("RegisterMemory call %d after FailRegisterAfter(%d)", n, t.cfg.registerAfter)
+		return transport.RegionDesc{}, t.injected("RegisterMemory call %d after FailRegisterAfter(%d)", n, t.cfg.registerAfter)
 	}
 	d, err := t.inner.RegisterMemory(m)
 	if err == nil {
@@ -248,7 +248,7 @@ func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 }
 
 // DeregisterMemory forwards to the wrapped transport.
-func (t *Transport) DeregisterMemory(id engine.RegionID) error {
+func (t *Transport) DeregisterMemory(id transport.RegionID) error {
 	t.mu.Lock()
 	delete(t.local, id)
 	t.mu.Unlock()
@@ -262,33 +262,33 @@ func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 
 // Accept forwards to the wrapped transport's Accept.
 func (t *Transport) Accept(ctx context.Context, peer string, reply []byte) error {
-	a, ok := t.inner.(engine.Acceptor)
+	a, ok := t.inner.(transport.Acceptor)
 	if !ok {
-		return fmt.Errorf("faulty: accept from %s: transport %s has no handshake (no engine.Acceptor)", peer, t.inner.Name())
+		return fmt.Errorf("faulty: accept from %s: transport %s has no handshake (no transport.Acceptor)", peer, t.inner.Name())
 	}
 	return a.Accept(ctx, peer, reply)
 }
 
 // AdmitEpoch forwards to the wrapped transport (an error if it cannot fence).
 func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
-	f, ok := t.inner.(engine.Fencer)
+	f, ok := t.inner.(transport.Fencer)
 	if !ok {
-		return fmt.Errorf("faulty: admit epoch %d: transport %s cannot fence (no engine.Fencer)", epoch, t.inner.Name())
+		return fmt.Errorf("faulty: admit epoch %d: transport %s cannot fence (no transport.Fencer)", epoch, t.inner.Name())
 	}
 	return f.AdmitEpoch(peer, epoch)
 }
 
 // FenceEpoch forwards to the wrapped transport (an error if it cannot fence).
 func (t *Transport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
-	f, ok := t.inner.(engine.Fencer)
+	f, ok := t.inner.(transport.Fencer)
 	if !ok {
-		return fmt.Errorf("faulty: fence epoch %d: transport %s cannot fence (no engine.Fencer)", epoch, t.inner.Name())
+		return fmt.Errorf("faulty: fence epoch %d: transport %s cannot fence (no transport.Fencer)", epoch, t.inner.Name())
 	}
 	return f.FenceEpoch(ctx, peer, epoch)
 }
 
 // OpenSegment forwards to the wrapped transport unless FailInstall is set.
-func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (t *Transport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	if t.cfg.failInstall {
 		return nil, t.injected("OpenSegment to %q with FailInstall", info.Endpoint)
 	}
@@ -296,7 +296,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if err != nil {
 		return nil, err
 	}
-	return &segment{t: t, inner: s, batches: map[engine.BatchID]*fbatch{}, nextID: 1}, nil
+	return &segment{t: t, inner: s, batches: map[transport.BatchID]*fbatch{}, nextID: 1}, nil
 }
 
 // Close closes the wrapped transport and frees the decorator's scratch memory.
@@ -313,10 +313,10 @@ func (t *Transport) Close() error {
 
 // corruptRequest builds a 1-byte write that overwrites the first byte of r's
 // destination with the complement of its source byte.
-func (t *Transport) corruptRequest(r engine.WriteRequest) (engine.WriteRequest, error) {
+func (t *Transport) corruptRequest(r transport.WriteRequest) (transport.WriteRequest, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var src *engine.Memory
+	var src *transport.Memory
 	for _, m := range t.local {
 		if r.Local >= m.Addr && uint64(r.Local-m.Addr) < m.Length {
 			m := m
@@ -324,18 +324,18 @@ func (t *Transport) corruptRequest(r engine.WriteRequest) (engine.WriteRequest, 
 			break
 		}
 	}
-	if src == nil || src.Kind != engine.MemoryHost {
-		return engine.WriteRequest{}, t.injected("CorruptData: source %#x is not host memory registered through the decorator", r.Local)
+	if src == nil || src.Kind != transport.MemoryHost {
+		return transport.WriteRequest{}, t.injected("CorruptData: source %#x is not host memory registered through the decorator", r.Local)
 	}
 	if t.scratch == nil {
-		buf, err := engine.AllocHost("faulty-scratch", 4096)
+		buf, err := transport.AllocHost("faulty-scratch", 4096)
 		if err != nil {
-			return engine.WriteRequest{}, fmt.Errorf("faulty: CorruptData scratch: %w", err)
+			return transport.WriteRequest{}, fmt.Errorf("faulty: CorruptData scratch: %w", err)
 		}
 		d, err := t.inner.RegisterMemory(buf.Memory())
 		if err != nil {
 			buf.Close()
-			return engine.WriteRequest{}, fmt.Errorf("faulty: CorruptData register scratch: %w", err)
+			return transport.WriteRequest{}, fmt.Errorf("faulty: CorruptData register scratch: %w", err)
 		}
 		t.scratch, t.scratchID = buf, d.ID
 	}
@@ -344,12 +344,12 @@ func (t *Transport) corruptRequest(r engine.WriteRequest) (engine.WriteRequest, 
 	i := t.scratchN % t.scratch.Len()
 	t.scratchN++
 	t.scratch.Bytes()[i] = ^b
-	return engine.WriteRequest{Local: t.scratch.Addr() + uintptr(i), Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: 1}, nil
+	return transport.WriteRequest{Local: t.scratch.Addr() + uintptr(i), Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: 1}, nil
 }
 
 type fbatch struct {
 	n        int64 // Submit ordinal
-	inner    engine.BatchID
+	inner    transport.BatchID
 	hasInner bool
 	// held: the batch waits (DelayWrites, stall) before it is handed to the
 	// wrapped segment; forwarded is closed when that is decided (hasInner,
@@ -361,28 +361,28 @@ type fbatch struct {
 	failErr   error // FailAfter: synthetic failed batch
 	total     uint64
 
-	corruptReq  *engine.WriteRequest
-	corruptID   engine.BatchID
+	corruptReq  *transport.WriteRequest
+	corruptID   transport.BatchID
 	corruptSent bool
 	corruptErr  error
 }
 
 type segment struct {
 	t     *Transport
-	inner engine.Segment
+	inner transport.Segment
 
 	mu      sync.Mutex
-	nextID  engine.BatchID
-	batches map[engine.BatchID]*fbatch
+	nextID  transport.BatchID
+	batches map[transport.BatchID]*fbatch
 }
 
 // HandshakeReply forwards to the wrapped segment.
 func (s *segment) HandshakeReply() []byte { return s.inner.HandshakeReply() }
 
-// AddRegions forwards to the wrapped segment (engine.RegionAdder), or fails
+// AddRegions forwards to the wrapped segment (transport.RegionAdder), or fails
 // when it cannot add regions.
-func (s *segment) AddRegions(regions []engine.RegionDesc) error {
-	ra, ok := s.inner.(engine.RegionAdder)
+func (s *segment) AddRegions(regions []transport.RegionDesc) error {
+	ra, ok := s.inner.(transport.RegionAdder)
 	if !ok {
 		return fmt.Errorf("faulty: add regions: transport %s cannot add regions to an open segment", s.t.inner.Name())
 	}
@@ -391,7 +391,7 @@ func (s *segment) AddRegions(regions []engine.RegionDesc) error {
 
 // Submit applies RejectAfter, FailAfter, KillMidBatch, DelayWrites,
 // StallAfter and CorruptData, then forwards.
-func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.BatchID, error) {
+func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	t := s.t
 	n := t.submits.Add(1)
 	if t.cfg.rejectAfter >= 0 && n > t.cfg.rejectAfter {
@@ -402,7 +402,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 	switch {
 	case t.cfg.failAfter >= 0 && n > t.cfg.failAfter:
 	case t.cfg.killMid[n]:
-		half := &engine.TransferBatch{Requests: b.Requests[:len(b.Requests)/2]}
+		half := &transport.TransferBatch{Requests: b.Requests[:len(b.Requests)/2]}
 		if len(half.Requests) > 0 {
 			_, _ = s.inner.Submit(ctx, half)
 		}
@@ -411,7 +411,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 		return s.add(fb), nil
 	case gate != nil || t.cfg.delayWrites > 0:
 		fb.held, fb.forwarded = true, make(chan struct{})
-		reqs := &engine.TransferBatch{Requests: append([]engine.WriteRequest(nil), b.Requests...)}
+		reqs := &transport.TransferBatch{Requests: append([]transport.WriteRequest(nil), b.Requests...)}
 		id := s.add(fb)
 		go s.forwardLater(fb, reqs, gate)
 		return id, nil
@@ -436,7 +436,7 @@ func (s *segment) Submit(ctx context.Context, b *engine.TransferBatch) (engine.B
 }
 
 // add stores fb under the next ID.
-func (s *segment) add(fb *fbatch) engine.BatchID {
+func (s *segment) add(fb *fbatch) transport.BatchID {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := s.nextID
@@ -449,7 +449,7 @@ func (s *segment) add(fb *fbatch) engine.BatchID {
 // passed and the stall gate (if any) is open. A delayed batch canceled
 // meanwhile is dropped; a stalled one is sent anyway (a stopped process
 // never saw the cancel).
-func (s *segment) forwardLater(fb *fbatch, b *engine.TransferBatch, gate <-chan struct{}) {
+func (s *segment) forwardLater(fb *fbatch, b *transport.TransferBatch, gate <-chan struct{}) {
 	if d := s.t.cfg.delayWrites - time.Since(fb.submitted); d > 0 {
 		time.Sleep(d)
 	}
@@ -459,7 +459,7 @@ func (s *segment) forwardLater(fb *fbatch, b *engine.TransferBatch, gate <-chan 
 	s.mu.Lock()
 	drop := fb.dropped
 	s.mu.Unlock()
-	var id engine.BatchID
+	var id transport.BatchID
 	var err error
 	if !drop {
 		id, err = s.inner.Submit(context.Background(), b)
@@ -477,31 +477,31 @@ func (s *segment) forwardLater(fb *fbatch, b *engine.TransferBatch, gate <-chan 
 	close(fb.forwarded)
 }
 
-func (s *segment) get(id engine.BatchID) (*fbatch, error) {
+func (s *segment) get(id transport.BatchID) (*fbatch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fb, ok := s.batches[id]
 	if !ok {
-		return nil, fmt.Errorf("faulty: batch %d: %w", id, engine.ErrUnknownBatch)
+		return nil, fmt.Errorf("faulty: batch %d: %w", id, transport.ErrUnknownBatch)
 	}
 	return fb, nil
 }
 
 // status computes the decorated status; it may submit the corrupting write
 // (never blocks on it).
-func (s *segment) status(fb *fbatch) (engine.BatchStatus, error) {
-	var st engine.BatchStatus
+func (s *segment) status(fb *fbatch) (transport.BatchStatus, error) {
+	var st transport.BatchStatus
 	s.mu.Lock()
 	held, dropped, failErr := fb.held, fb.dropped, fb.failErr
 	s.mu.Unlock()
 	if held {
-		return engine.BatchStatus{State: engine.BatchPending}, nil
+		return transport.BatchStatus{State: transport.BatchPending}, nil
 	}
 	if dropped {
-		return engine.BatchStatus{State: engine.BatchCanceled, Err: fmt.Errorf("faulty: Submit %d canceled while DelayWrites held it: %w", fb.n, engine.ErrCanceled)}, nil
+		return transport.BatchStatus{State: transport.BatchCanceled, Err: fmt.Errorf("faulty: Submit %d canceled while DelayWrites held it: %w", fb.n, transport.ErrCanceled)}, nil
 	}
 	if failErr != nil {
-		st = engine.BatchStatus{State: engine.BatchFailed, Err: failErr}
+		st = transport.BatchStatus{State: transport.BatchFailed, Err: failErr}
 	} else {
 		var err error
 		if st, err = s.inner.Poll(fb.inner); err != nil {
@@ -512,60 +512,60 @@ func (s *segment) status(fb *fbatch) (engine.BatchStatus, error) {
 		return st, nil
 	}
 	if d := s.t.cfg.delay; d > 0 && time.Since(fb.submitted) < d {
-		return engine.BatchStatus{State: engine.BatchPending, BytesDone: st.BytesDone}, nil
+		return transport.BatchStatus{State: transport.BatchPending, BytesDone: st.BytesDone}, nil
 	}
-	if fb.corruptReq != nil && st.State == engine.BatchCompleted {
+	if fb.corruptReq != nil && st.State == transport.BatchCompleted {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if !fb.corruptSent {
 			fb.corruptSent = true
-			fb.corruptID, fb.corruptErr = s.inner.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{*fb.corruptReq}})
+			fb.corruptID, fb.corruptErr = s.inner.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{*fb.corruptReq}})
 		}
 		if fb.corruptErr != nil {
-			return engine.BatchStatus{State: engine.BatchFailed, Err: fmt.Errorf("faulty: CorruptData write for Submit %d: %w", fb.n, fb.corruptErr)}, nil
+			return transport.BatchStatus{State: transport.BatchFailed, Err: fmt.Errorf("faulty: CorruptData write for Submit %d: %w", fb.n, fb.corruptErr)}, nil
 		}
 		cst, err := s.inner.Poll(fb.corruptID)
 		if err != nil {
 			return cst, err
 		}
 		if !cst.State.Terminal() {
-			return engine.BatchStatus{State: engine.BatchPending, BytesDone: st.BytesDone}, nil
+			return transport.BatchStatus{State: transport.BatchPending, BytesDone: st.BytesDone}, nil
 		}
-		if cst.State != engine.BatchCompleted {
-			return engine.BatchStatus{State: engine.BatchFailed, Err: fmt.Errorf("faulty: CorruptData write for Submit %d: %v: %w", fb.n, cst.State, cst.Err)}, nil
+		if cst.State != transport.BatchCompleted {
+			return transport.BatchStatus{State: transport.BatchFailed, Err: fmt.Errorf("faulty: CorruptData write for Submit %d: %v: %w", fb.n, cst.State, cst.Err)}, nil
 		}
 	}
 	if s.t.cfg.flip[fb.n] {
 		switch st.State {
-		case engine.BatchCompleted:
-			st = engine.BatchStatus{State: engine.BatchFailed, BytesDone: st.BytesDone, Err: s.t.injected("FlipStatus turned Submit %d's completed batch into failed", fb.n)}
-		case engine.BatchFailed:
-			st = engine.BatchStatus{State: engine.BatchCompleted, BytesDone: fb.total}
+		case transport.BatchCompleted:
+			st = transport.BatchStatus{State: transport.BatchFailed, BytesDone: st.BytesDone, Err: s.t.injected("FlipStatus turned Submit %d's completed batch into failed", fb.n)}
+		case transport.BatchFailed:
+			st = transport.BatchStatus{State: transport.BatchCompleted, BytesDone: fb.total}
 		}
 	}
 	return st, nil
 }
 
 // Poll returns the decorated status (Delay, FlipStatus, CorruptData applied).
-func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Poll(id transport.BatchID) (transport.BatchStatus, error) {
 	fb, err := s.get(id)
 	if err != nil {
-		return engine.BatchStatus{}, err
+		return transport.BatchStatus{}, err
 	}
 	return s.status(fb)
 }
 
 // Wait waits for the wrapped batch, then for the decorated status to be terminal.
-func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Wait(ctx context.Context, id transport.BatchID) (transport.BatchStatus, error) {
 	fb, err := s.get(id)
 	if err != nil {
-		return engine.BatchStatus{}, err
+		return transport.BatchStatus{}, err
 	}
 	if fb.forwarded != nil {
 		select {
 		case <-fb.forwarded:
 		case <-ctx.Done():
-			return engine.BatchStatus{State: engine.BatchPending}, fmt.Errorf("faulty: wait for batch %d: %w", id, ctx.Err())
+			return transport.BatchStatus{State: transport.BatchPending}, fmt.Errorf("faulty: wait for batch %d: %w", id, ctx.Err())
 		}
 	}
 	s.mu.Lock()
@@ -592,7 +592,7 @@ func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStat
 }
 
 // Cancel forwards to the wrapped segment (a FailAfter batch is already failed).
-func (s *segment) Cancel(id engine.BatchID) error {
+func (s *segment) Cancel(id transport.BatchID) error {
 	fb, err := s.get(id)
 	if err != nil {
 		return err
@@ -616,8 +616,8 @@ func (t *Transport) isStalled() bool {
 }
 
 // Release forgets a terminal batch; a batch still pending (including one
-// whose status is held back by Delay) is left alone, as engine.Segment says.
-func (s *segment) Release(id engine.BatchID) {
+// whose status is held back by Delay) is left alone, as transport.Segment says.
+func (s *segment) Release(id transport.BatchID) {
 	fb, err := s.get(id)
 	if err != nil {
 		return

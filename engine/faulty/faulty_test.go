@@ -10,12 +10,13 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
 )
 
 func newTCP(t *testing.T) *tcp.Transport {
 	t.Helper()
-	tr, err := tcp.New(engine.DefaultOptions())
+	tr, err := tcp.New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +25,7 @@ func newTCP(t *testing.T) *tcp.Transport {
 
 // With no knobs the decorator is transparent: it passes the whole suite.
 func TestPassThroughConformance(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return faulty.Wrap(newTCP(t)), faulty.Wrap(newTCP(t))
 	}, transporttest.WithLargeBytes(0))
 }
@@ -35,9 +36,9 @@ type rig struct {
 	ctx      context.Context
 	send     *faulty.Transport
 	recv     *tcp.Transport
-	src, dst *engine.HostBuffer
-	dstDesc  engine.RegionDesc
-	seg      engine.Segment
+	src, dst *transport.HostBuffer
+	dstDesc  transport.RegionDesc
+	seg      transport.Segment
 }
 
 func newRig(t *testing.T, opts ...faulty.Option) *rig {
@@ -46,10 +47,10 @@ func newRig(t *testing.T, opts ...faulty.Option) *rig {
 	t.Cleanup(cancel)
 	r := &rig{t: t, ctx: ctx}
 	var err error
-	if r.src, err = engine.AllocHost("src", 1<<20); err != nil {
+	if r.src, err = transport.AllocHost("src", 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if r.dst, err = engine.AllocHost("dst", 1<<20); err != nil {
+	if r.dst, err = transport.AllocHost("dst", 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.src.Close(); r.dst.Close() })
@@ -79,11 +80,11 @@ func (r *rig) register() {
 	}
 }
 
-func (r *rig) open(regions ...engine.RegionDesc) (engine.Segment, error) {
+func (r *rig) open(regions ...transport.RegionDesc) (transport.Segment, error) {
 	if len(regions) == 0 {
-		regions = []engine.RegionDesc{r.dstDesc}
+		regions = []transport.RegionDesc{r.dstDesc}
 	}
-	return r.send.OpenSegment(r.ctx, engine.SegmentInfo{Endpoint: []byte(r.recv.Addr()), Regions: regions})
+	return r.send.OpenSegment(r.ctx, transport.SegmentInfo{Endpoint: []byte(r.recv.Addr()), Regions: regions})
 }
 
 func (r *rig) setup() {
@@ -96,11 +97,11 @@ func (r *rig) setup() {
 }
 
 // batch writes n bytes at off (same offset both sides).
-func (r *rig) batch(off, n int) *engine.TransferBatch {
-	return &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: r.src.Addr() + uintptr(off), Remote: r.dstDesc.ID, RemoteOffset: uint64(off), Length: uint64(n)}}}
+func (r *rig) batch(off, n int) *transport.TransferBatch {
+	return &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: r.src.Addr() + uintptr(off), Remote: r.dstDesc.ID, RemoteOffset: uint64(off), Length: uint64(n)}}}
 }
 
-func (r *rig) run(b *engine.TransferBatch) engine.BatchStatus {
+func (r *rig) run(b *transport.TransferBatch) transport.BatchStatus {
 	r.t.Helper()
 	id, err := r.seg.Submit(r.ctx, b)
 	if err != nil {
@@ -131,12 +132,12 @@ func TestFailAfter(t *testing.T) {
 	r := newRig(t, faulty.FailAfter(2))
 	r.setup()
 	for i := 0; i < 2; i++ {
-		if st := r.run(r.batch(i*4096, 4096)); st.State != engine.BatchCompleted {
+		if st := r.run(r.batch(i*4096, 4096)); st.State != transport.BatchCompleted {
 			t.Fatalf("batch %d: %v %v, want completed", i+1, st.State, st.Err)
 		}
 	}
 	st := r.run(r.batch(8192, 4096))
-	if st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+	if st.State != transport.BatchFailed || !injected(st.Err, transport.ErrPeerLost) {
 		t.Fatalf("batch 3: %v %v, want failed with ErrInjected+ErrPeerLost", st.State, st.Err)
 	}
 	if r.landed(8192, 4096) || !r.landed(0, 8192) {
@@ -145,12 +146,12 @@ func TestFailAfter(t *testing.T) {
 }
 
 func TestRejectAfter(t *testing.T) {
-	r := newRig(t, faulty.RejectAfter(1), faulty.FailWith(engine.ErrClosed))
+	r := newRig(t, faulty.RejectAfter(1), faulty.FailWith(transport.ErrClosed))
 	r.setup()
-	if st := r.run(r.batch(0, 100)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(0, 100)); st.State != transport.BatchCompleted {
 		t.Fatalf("first batch: %v %v", st.State, st.Err)
 	}
-	if _, err := r.seg.Submit(r.ctx, r.batch(100, 100)); !injected(err, engine.ErrClosed) {
+	if _, err := r.seg.Submit(r.ctx, r.batch(100, 100)); !injected(err, transport.ErrClosed) {
 		t.Fatalf("second Submit: %v, want ErrInjected+ErrClosed", err)
 	}
 	if r.send.Submits() != 2 {
@@ -175,7 +176,7 @@ func TestDelay(t *testing.T) {
 		t.Fatalf("Poll before the delay elapsed = %v, want pending", st.State)
 	}
 	st, err = r.seg.Wait(r.ctx, id)
-	if err != nil || st.State != engine.BatchCompleted {
+	if err != nil || st.State != transport.BatchCompleted {
 		t.Fatalf("Wait: %v %v %v", st.State, st.Err, err)
 	}
 	if el := time.Since(start); el < d {
@@ -187,7 +188,7 @@ func TestDelay(t *testing.T) {
 func TestFlipStatus(t *testing.T) {
 	r := newRig(t, faulty.FlipStatus(1, 2))
 	r.register()
-	fake := engine.RegionDesc{ID: r.dstDesc.ID + 50, Length: 1 << 20}
+	fake := transport.RegionDesc{ID: r.dstDesc.ID + 50, Length: 1 << 20}
 	seg, err := r.open(r.dstDesc, fake)
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +196,7 @@ func TestFlipStatus(t *testing.T) {
 	r.seg = seg
 	// 1: a good batch reported failed.
 	st := r.run(r.batch(0, 4096))
-	if st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+	if st.State != transport.BatchFailed || !injected(st.Err, transport.ErrPeerLost) {
 		t.Fatalf("flipped good batch: %v %v, want failed", st.State, st.Err)
 	}
 	if !r.landed(0, 4096) {
@@ -204,11 +205,11 @@ func TestFlipStatus(t *testing.T) {
 	// 2: a batch the receiver refuses (unknown region) reported completed.
 	b := r.batch(4096, 4096)
 	b.Requests[0].Remote = fake.ID
-	if st := r.run(b); st.State != engine.BatchCompleted || st.Err != nil {
+	if st := r.run(b); st.State != transport.BatchCompleted || st.Err != nil {
 		t.Fatalf("flipped refused batch: %v %v, want completed (a lying transport)", st.State, st.Err)
 	}
 	// 3: not flipped.
-	if st := r.run(r.batch(8192, 16)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(8192, 16)); st.State != transport.BatchCompleted {
 		t.Fatalf("batch 3: %v %v", st.State, st.Err)
 	}
 }
@@ -216,10 +217,10 @@ func TestFlipStatus(t *testing.T) {
 func TestCorruptData(t *testing.T) {
 	r := newRig(t, faulty.CorruptData(2))
 	r.setup()
-	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted || !r.landed(0, 4096) {
+	if st := r.run(r.batch(0, 4096)); st.State != transport.BatchCompleted || !r.landed(0, 4096) {
 		t.Fatalf("batch 1: %v %v", st.State, st.Err)
 	}
-	if st := r.run(r.batch(4096, 8192)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(4096, 8192)); st.State != transport.BatchCompleted {
 		t.Fatalf("corrupted batch: %v %v, want completed", st.State, st.Err)
 	}
 	if got, want := r.dst.Bytes()[4096], ^r.src.Bytes()[4096]; got != want {
@@ -235,15 +236,15 @@ func TestFailRegisterAfter(t *testing.T) {
 	if _, err := r.send.RegisterMemory(r.src.Memory()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.send.RegisterMemory(r.dst.Memory()); !injected(err, engine.ErrPeerLost) {
+	if _, err := r.send.RegisterMemory(r.dst.Memory()); !injected(err, transport.ErrPeerLost) {
 		t.Fatalf("second RegisterMemory: %v, want ErrInjected", err)
 	}
 }
 
 func TestFailInstall(t *testing.T) {
-	r := newRig(t, faulty.FailInstall(), faulty.FailWith(engine.ErrUnavailable))
+	r := newRig(t, faulty.FailInstall(), faulty.FailWith(transport.ErrUnavailable))
 	r.register()
-	if _, err := r.open(); !injected(err, engine.ErrUnavailable) {
+	if _, err := r.open(); !injected(err, transport.ErrUnavailable) {
 		t.Fatalf("OpenSegment: %v, want ErrInjected+ErrUnavailable", err)
 	}
 }
@@ -261,7 +262,7 @@ func TestDelayWrites(t *testing.T) {
 		t.Fatal("bytes landed before the write delay")
 	}
 	st, err := r.seg.Wait(r.ctx, id)
-	if err != nil || st.State != engine.BatchCompleted || !r.landed(0, 4096) {
+	if err != nil || st.State != transport.BatchCompleted || !r.landed(0, 4096) {
 		t.Fatalf("Wait: %v %v %v, landed %v", st.State, st.Err, err, r.landed(0, 4096))
 	}
 	if el := time.Since(start); el < d {
@@ -277,7 +278,7 @@ func TestDelayWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err = r.seg.Wait(r.ctx, id)
-	if err != nil || st.State != engine.BatchCanceled || !errors.Is(st.Err, engine.ErrCanceled) {
+	if err != nil || st.State != transport.BatchCanceled || !errors.Is(st.Err, transport.ErrCanceled) {
 		t.Fatalf("canceled delayed batch: %v %v %v", st.State, st.Err, err)
 	}
 	time.Sleep(d)
@@ -289,7 +290,7 @@ func TestDelayWrites(t *testing.T) {
 func TestStallResume(t *testing.T) {
 	r := newRig(t, faulty.StallAfter(1))
 	r.setup()
-	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(0, 4096)); st.State != transport.BatchCompleted {
 		t.Fatalf("batch 1: %v %v", st.State, st.Err)
 	}
 	id, err := r.seg.Submit(r.ctx, r.batch(4096, 4096))
@@ -316,7 +317,7 @@ func TestStallResume(t *testing.T) {
 		t.Fatal("the held batch did not land after Resume")
 	}
 	r.seg.Release(id)
-	if st := r.run(r.batch(8192, 4096)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(8192, 4096)); st.State != transport.BatchCompleted {
 		t.Fatalf("batch after Resume: %v %v", st.State, st.Err)
 	}
 }
@@ -324,14 +325,14 @@ func TestStallResume(t *testing.T) {
 func TestKillMidBatch(t *testing.T) {
 	r := newRig(t, faulty.KillMidBatch(2))
 	r.setup()
-	if st := r.run(r.batch(0, 4096)); st.State != engine.BatchCompleted {
+	if st := r.run(r.batch(0, 4096)); st.State != transport.BatchCompleted {
 		t.Fatalf("batch 1: %v %v", st.State, st.Err)
 	}
-	b := &engine.TransferBatch{Requests: append(r.batch(4096, 4096).Requests, r.batch(8192, 4096).Requests...)}
-	if st := r.run(b); st.State != engine.BatchFailed || !injected(st.Err, engine.ErrPeerLost) {
+	b := &transport.TransferBatch{Requests: append(r.batch(4096, 4096).Requests, r.batch(8192, 4096).Requests...)}
+	if st := r.run(b); st.State != transport.BatchFailed || !injected(st.Err, transport.ErrPeerLost) {
 		t.Fatalf("killed batch: %v %v, want failed with ErrInjected+ErrPeerLost", st.State, st.Err)
 	}
-	if _, err := r.seg.Submit(r.ctx, r.batch(12288, 4096)); err == nil || !errors.Is(err, engine.ErrClosed) {
+	if _, err := r.seg.Submit(r.ctx, r.batch(12288, 4096)); err == nil || !errors.Is(err, transport.ErrClosed) {
 		t.Fatalf("submit after the kill: %v, want the segment closed", err)
 	}
 }

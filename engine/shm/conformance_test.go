@@ -8,7 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
 )
 
@@ -16,12 +16,12 @@ import (
 // with a receiver in a child process (this test binary re-executed, see
 // TestMain) for the killed-peer case.
 func TestConformance(t *testing.T) {
-	newPair := func(t *testing.T) (engine.Transport, engine.Transport) {
-		snd, err := New(engine.DefaultOptions())
+	newPair := func(t *testing.T) (transport.Transport, transport.Transport) {
+		snd, err := New(transport.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
-		rcv, err := New(engine.DefaultOptions())
+		rcv, err := New(transport.DefaultOptions())
 		if err != nil {
 			snd.Close()
 			t.Fatal(err)
@@ -35,7 +35,7 @@ func TestConformance(t *testing.T) {
 
 // remoteReceiver starts the test binary as a receiver process with one region
 // of regionBytes and returns its segment info and a SIGKILL function.
-func remoteReceiver(t *testing.T, regionBytes int) (engine.SegmentInfo, func()) {
+func remoteReceiver(t *testing.T, regionBytes int) (transport.SegmentInfo, func()) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", childEnv, regionBytes))
@@ -65,5 +65,5 @@ func remoteReceiver(t *testing.T, regionBytes int) (engine.SegmentInfo, func()) 
 		kill()
 		t.Fatalf("read receiver segment info: %v", err)
 	}
-	return engine.SegmentInfo{Endpoint: info.Endpoint, Regions: info.Regions}, kill
+	return transport.SegmentInfo{Endpoint: info.Endpoint, Regions: info.Regions}, kill
 }

@@ -7,10 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
-// Fencing (engine.Fencer) and deregistration with copies in flight.
+// Fencing (transport.Fencer) and deregistration with copies in flight.
 //
 // A receiver cannot revoke a mapping a sender made of its memory, so shm
 // fences cooperatively, through the control memfd both sides map:
@@ -38,7 +38,7 @@ import (
 //     the pid, and the memory stays quarantined until a later call succeeds.
 //   - A segment opened with a non-zero epoch checks, after publishing its
 //     epoch in its slot, that the receiver admitted the epoch (AdmitEpoch);
-//     a fenced or unknown epoch is refused with engine.ErrFenced. Epoch 0
+//     a fenced or unknown epoch is refused with transport.ErrFenced. Epoch 0
 //     (raw transport users) is never checked.
 
 // Control memfd layout (8-byte words) after the region slots.
@@ -139,23 +139,23 @@ func admitted(ctl []uint64, epoch uint64) bool {
 // enter starts one copy unit into region id on sender slot w: it counts the
 // unit on the slot's current phase, then checks the fenced flag and the
 // region. It returns the phase to pass to leave, or an error wrapping
-// engine.ErrFenced (and ErrPeerLost) or engine.ErrUnknownRegion; then the
+// transport.ErrFenced (and ErrPeerLost) or transport.ErrUnknownRegion; then the
 // unit is not counted. A receiver that closed its transport (which also
-// clears every region) is reported as engine.ErrPeerLost.
-func (s *segment) enter(id engine.RegionID) (uint64, error) {
+// clears every region) is reported as transport.ErrPeerLost.
+func (s *segment) enter(id transport.RegionID) (uint64, error) {
 	w := s.slot
 	ph := atomic.LoadUint64(&w[sPhase]) & 1
 	atomic.AddUint64(&w[sCount0+ph], 1)
 	switch {
 	case atomic.LoadUint64(&w[sFenced]) != 0:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, engine.ErrFenced, engine.ErrPeerLost)
+		return 0, fmt.Errorf("shm: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
 	case atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: receiver pid %d closed its transport during the batch: %w", s.peer.PID, engine.ErrPeerLost)
+		return 0, fmt.Errorf("shm: receiver pid %d closed its transport during the batch: %w", s.peer.PID, transport.ErrPeerLost)
 	case atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(id)]) == 0:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: remote region %d was deregistered by receiver pid %d during the batch: %w", id, s.peer.PID, engine.ErrUnknownRegion)
+		return 0, fmt.Errorf("shm: remote region %d was deregistered by receiver pid %d during the batch: %w", id, s.peer.PID, transport.ErrUnknownRegion)
 	}
 	return ph, nil
 }
@@ -168,7 +168,7 @@ func (s *segment) leave(ph uint64) { atomic.AddUint64(&s.slot[sCount0+ph], ^uint
 // sender exited. Callers have set the fenced flag or cleared a region's
 // length first. Errors: ctx ended (naming the pid of the sender still
 // copying).
-func (t *transport) quiesceSlot(ctx context.Context, i int) error {
+func (t *shmTransport) quiesceSlot(ctx context.Context, i int) error {
 	mu := &t.slotMu[i]
 	mu.Lock()
 	defer mu.Unlock()
@@ -196,7 +196,7 @@ func (t *transport) quiesceSlot(ctx context.Context, i int) error {
 
 // quiesce runs quiesceSlot for the slots that match (all claimed slots when
 // match is nil) and joins the errors.
-func (t *transport) quiesce(ctx context.Context, match func(w []uint64) bool) error {
+func (t *shmTransport) quiesce(ctx context.Context, match func(w []uint64) bool) error {
 	var errs []error
 	for i := 0; i < sendSlots; i++ {
 		w := slotWords(t.ctlWord, i)
@@ -213,14 +213,14 @@ func (t *transport) quiesce(ctx context.Context, match func(w []uint64) bool) er
 // AdmitEpoch lets segments opened with epoch (>= 1) write until
 // FenceEpoch(epoch). Errors: epoch 0, a closed transport, more than 4,096
 // epochs admitted at once.
-func (t *transport) AdmitEpoch(peer string, epoch uint64) error {
+func (t *shmTransport) AdmitEpoch(peer string, epoch uint64) error {
 	if epoch == 0 {
 		return fmt.Errorf("shm: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", peer)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return fmt.Errorf("shm: admit epoch %d: transport %w", epoch, engine.ErrClosed)
+		return fmt.Errorf("shm: admit epoch %d: transport %w", epoch, transport.ErrClosed)
 	}
 	if _, ok := t.admitted[epoch]; ok {
 		return nil
@@ -241,7 +241,7 @@ func (t *transport) AdmitEpoch(peer string, epoch uint64) error {
 // stopped in the middle of a copy makes it wait until ctx ends; the error
 // then names its pid, and the caller keeps the memory quarantined and calls
 // again.
-func (t *transport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
+func (t *shmTransport) FenceEpoch(ctx context.Context, peer string, epoch uint64) error {
 	if epoch == 0 {
 		return nil
 	}

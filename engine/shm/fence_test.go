@@ -10,13 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // stuckCopy makes the segment's sender slot look like a copy unit is in
 // progress on the current phase (as a sender stopped by SIGSTOP in the
 // middle of a memcpy leaves it) and returns the function that ends it.
-func stuckCopy(t *testing.T, seg engine.Segment) func() {
+func stuckCopy(t *testing.T, seg transport.Segment) func() {
 	t.Helper()
 	s := seg.(*segment)
 	ph := atomic.LoadUint64(&s.slot[sPhase]) & 1
@@ -28,14 +28,14 @@ func stuckCopy(t *testing.T, seg engine.Segment) func() {
 // the unit runs, and succeeds once it ended; a later write of the fenced
 // segment is refused with ErrFenced.
 func TestFenceWaitsForCopyInProgress(t *testing.T) {
-	p := newPair(t, 1<<20, engine.DefaultOptions())
-	rcv := p.rcv.(*transport)
-	epoch := engine.NewEpoch()
+	p := newPair(t, 1<<20, transport.DefaultOptions())
+	rcv := p.rcv.(*shmTransport)
+	epoch := transport.NewEpoch()
 	if err := rcv.AdmitEpoch("snd", epoch); err != nil {
 		t.Fatal(err)
 	}
 	ep, _ := p.rcv.Endpoint(context.Background(), "snd")
-	seg, err := p.snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{p.dDesc}, Epoch: epoch})
+	seg, err := p.snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{p.dDesc}, Epoch: epoch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +51,8 @@ func TestFenceWaitsForCopyInProgress(t *testing.T) {
 	if err := rcv.FenceEpoch(context.Background(), "snd", epoch); err != nil {
 		t.Fatalf("fence once the copy ended: %v", err)
 	}
-	_, err = seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 4096}}})
-	if !errors.Is(err, engine.ErrFenced) || !errors.Is(err, engine.ErrPeerLost) {
+	_, err = seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 4096}}})
+	if !errors.Is(err, transport.ErrFenced) || !errors.Is(err, transport.ErrPeerLost) {
 		t.Fatalf("submit on the fenced segment: %v, want ErrFenced and ErrPeerLost", err)
 	}
 }
@@ -60,7 +60,7 @@ func TestFenceWaitsForCopyInProgress(t *testing.T) {
 // DeregisterMemory waits for a copy in progress (bounded) and names the
 // sender; a sender that exited does not hold it.
 func TestDeregisterWaitsForCopyInProgress(t *testing.T) {
-	p := newPair(t, 1<<20, engine.DefaultOptions())
+	p := newPair(t, 1<<20, transport.DefaultOptions())
 	end := stuckCopy(t, p.seg)
 	done := make(chan error, 1)
 	start := time.Now()
@@ -81,7 +81,7 @@ func TestDeregisterWaitsForCopyInProgress(t *testing.T) {
 	}
 	// A slot whose sender exited does not hold a deregistration: make the
 	// slot name a process that has exited.
-	q := newPair(t, 1<<20, engine.DefaultOptions())
+	q := newPair(t, 1<<20, transport.DefaultOptions())
 	stuckCopy(t, q.seg)
 	cmd := exec.Command("true")
 	if err := cmd.Run(); err != nil {
@@ -101,21 +101,21 @@ func TestDeregisterWaitsForCopyInProgress(t *testing.T) {
 // A segment opened with an epoch the receiver never admitted, or fenced, is
 // refused at OpenSegment; epoch 0 is never checked.
 func TestOpenSegmentEpochAdmission(t *testing.T) {
-	p := newPair(t, 1<<16, engine.DefaultOptions())
-	rcv := p.rcv.(*transport)
+	p := newPair(t, 1<<16, transport.DefaultOptions())
+	rcv := p.rcv.(*shmTransport)
 	ep, _ := p.rcv.Endpoint(context.Background(), "snd")
 	open := func(epoch uint64) error {
-		seg, err := p.snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{p.dDesc}, Epoch: epoch})
+		seg, err := p.snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{p.dDesc}, Epoch: epoch})
 		if err == nil {
 			seg.Close()
 		}
 		return err
 	}
-	never := engine.NewEpoch()
-	if err := open(never); !errors.Is(err, engine.ErrFenced) || !strings.Contains(err.Error(), strconv.FormatUint(never, 10)) {
+	never := transport.NewEpoch()
+	if err := open(never); !errors.Is(err, transport.ErrFenced) || !strings.Contains(err.Error(), strconv.FormatUint(never, 10)) {
 		t.Fatalf("epoch never admitted: %v, want ErrFenced naming it", err)
 	}
-	e := engine.NewEpoch()
+	e := transport.NewEpoch()
 	if err := rcv.AdmitEpoch("snd", e); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestOpenSegmentEpochAdmission(t *testing.T) {
 	if err := rcv.FenceEpoch(context.Background(), "snd", e); err != nil {
 		t.Fatal(err)
 	}
-	if err := open(e); !errors.Is(err, engine.ErrFenced) {
+	if err := open(e); !errors.Is(err, transport.ErrFenced) {
 		t.Fatalf("fenced epoch: %v, want ErrFenced", err)
 	}
 	if err := open(0); err != nil {

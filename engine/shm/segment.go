@@ -13,7 +13,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
 )
 
@@ -51,12 +51,12 @@ type remoteRegion struct {
 }
 
 type segment struct {
-	t        *transport
+	t        *shmTransport
 	peer     endpoint
 	pidfd    int // -1 when pidfd_open is unavailable (then liveness uses /proc start time)
 	ctl      []byte
 	ctlWord  []uint64
-	regions  map[engine.RegionID]*remoteRegion
+	regions  map[transport.RegionID]*remoteRegion
 	wake     [2]int // pipe that stops the watcher
 	watchEnd chan struct{}
 
@@ -71,15 +71,15 @@ type segment struct {
 
 	mu      sync.Mutex // guards closed; Submit adds to batches under it
 	closed  bool
-	batches *engine.BatchTable[*batch]
+	batches *transport.BatchTable[*batch]
 	running sync.WaitGroup // copy goroutines and warmers in flight; Close waits before unmapping
 	warmMu  sync.Mutex     // one warmer at a time (warm.go)
 }
 
 var (
-	_ engine.Segment       = (*segment)(nil)
-	_ engine.RegionAdder   = (*segment)(nil)
-	_ engine.SegmentReader = (*segment)(nil)
+	_ transport.Segment       = (*segment)(nil)
+	_ transport.RegionAdder   = (*segment)(nil)
+	_ transport.SegmentReader = (*segment)(nil)
 )
 
 type batch struct {
@@ -93,10 +93,10 @@ type batch struct {
 }
 
 // finish moves the batch to a terminal state once; later calls are no-ops.
-func (b *batch) finish(st engine.BatchState, err error) {
+func (b *batch) finish(st transport.BatchState, err error) {
 	b.errMu.Lock()
 	defer b.errMu.Unlock()
-	if engine.BatchState(b.state.Load()).Terminal() {
+	if transport.BatchState(b.state.Load()).Terminal() {
 		return
 	}
 	b.err = err
@@ -104,16 +104,16 @@ func (b *batch) finish(st engine.BatchState, err error) {
 	close(b.doneCh)
 }
 
-// Done is closed when the batch is terminal (engine.TableBatch).
+// Done is closed when the batch is terminal (transport.TableBatch).
 func (b *batch) Done() <-chan struct{} { return b.doneCh }
 
-// Terminal reports whether the state is terminal (engine.TableBatch).
-func (b *batch) Terminal() bool { return engine.BatchState(b.state.Load()).Terminal() }
+// Terminal reports whether the state is terminal (transport.TableBatch).
+func (b *batch) Terminal() bool { return transport.BatchState(b.state.Load()).Terminal() }
 
-// Status returns the batch's status, Err only once terminal (engine.TableBatch).
-func (b *batch) Status() engine.BatchStatus {
-	st := engine.BatchState(b.state.Load()) // acquire
-	s := engine.BatchStatus{State: st, BytesDone: b.done.Load()}
+// Status returns the batch's status, Err only once terminal (transport.TableBatch).
+func (b *batch) Status() transport.BatchStatus {
+	st := transport.BatchState(b.state.Load()) // acquire
+	s := transport.BatchStatus{State: st, BytesDone: b.done.Load()}
 	if st.Terminal() {
 		b.errMu.Lock()
 		s.Err = b.err
@@ -123,10 +123,10 @@ func (b *batch) Status() engine.BatchStatus {
 }
 
 // OpenSegment maps the receiver's regions named in info. Errors wrap
-// engine.ErrUnavailable when the receiver is on another host (different boot
+// transport.ErrUnavailable when the receiver is on another host (different boot
 // id) or its memory cannot be reached from here (other pid namespace, other
 // user, process gone), so automatic selection can fall back to tcp.
-func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("shm: open segment: %w", err)
 	}
@@ -134,17 +134,17 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	closed := t.closed
 	t.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("shm: open segment: transport %w", engine.ErrClosed)
+		return nil, fmt.Errorf("shm: open segment: transport %w", transport.ErrClosed)
 	}
 	ep, err := decodeEndpoint(info.Endpoint)
 	if err != nil {
 		return nil, err
 	}
 	if ep.BootID != t.self.BootID {
-		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), transport.ErrUnavailable)
 	}
-	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[engine.RegionID]*remoteRegion{}, slotIdx: -1, epoch: info.Epoch,
-		batches: engine.NewBatchTable[*batch]("shm"), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
+	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[transport.RegionID]*remoteRegion{}, slotIdx: -1, epoch: info.Epoch,
+		batches: transport.NewBatchTable[*batch]("shm"), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -155,32 +155,32 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		s.pidfd = fd
 	} else if !errors.Is(err, unix.ENOSYS) {
-		return nil, fmt.Errorf("shm: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", pid, err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", pid, err, transport.ErrUnavailable)
 	}
 	// The pidfd now pins the process the pid names; check it is the receiver.
 	if st, err := procStartTime(pid); err != nil || st != ep.StartTime {
-		return nil, fmt.Errorf("shm: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", pid, st, ep.StartTime, err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", pid, st, ep.StartTime, err, transport.ErrUnavailable)
 	}
 	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes, false)
 	if err != nil {
-		return nil, fmt.Errorf("shm: map receiver control memfd: %v: %w", err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: map receiver control memfd: %v: %w", err, transport.ErrUnavailable)
 	}
 	s.ctl = ctl.mapping
 	s.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl.data[0])), ctlWords)
 	if atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		return nil, fmt.Errorf("shm: receiver pid %d has closed its transport: %w", pid, engine.ErrPeerLost)
+		return nil, fmt.Errorf("shm: receiver pid %d has closed its transport: %w", pid, transport.ErrPeerLost)
 	}
 	// Claim a sender slot (our epoch published in it), then check the
 	// receiver admitted the epoch: a fence that withdrew it either is seen
 	// here or sees our slot (fence.go).
 	idx, err := claimSlot(s.ctlWord, uint64(os.Getpid()), t.self.StartTime, info.Epoch)
 	if err != nil {
-		return nil, fmt.Errorf("shm: open segment to receiver pid %d: %v: %w", pid, err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: open segment to receiver pid %d: %v: %w", pid, err, transport.ErrUnavailable)
 	}
 	s.slotIdx, s.slot = idx, slotWords(s.ctlWord, idx)
 	if info.Epoch != 0 && !admitted(s.ctlWord, info.Epoch) {
 		return nil, fmt.Errorf("shm: open segment to receiver pid %d: epoch %d is not admitted there: it was fenced (the decode gave up on that data path) or never registered; the decode registers again with a new epoch: %w: %w",
-			pid, info.Epoch, engine.ErrFenced, engine.ErrPeerLost)
+			pid, info.Epoch, transport.ErrFenced, transport.ErrPeerLost)
 	}
 	for _, d := range info.Regions {
 		if _, dup := s.regions[d.ID]; dup {
@@ -198,7 +198,7 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, fmt.Errorf("shm: open segment: transport %w", engine.ErrClosed)
+		return nil, fmt.Errorf("shm: open segment: transport %w", transport.ErrClosed)
 	}
 	t.segments[s] = struct{}{}
 	t.mu.Unlock()
@@ -217,9 +217,9 @@ func (t *transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 // mapRegion maps one receiver region named in a descriptor. A region the
 // receiver does not hold (or holds elsewhere) gets an empty entry, refused at
 // Submit; a longer claim is cut to the true length.
-func (s *segment) mapRegion(d engine.RegionDesc) (*remoteRegion, error) {
-	if d.Kind != engine.MemoryHost {
-		return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, engine.ErrUnsupportedMemory)
+func (s *segment) mapRegion(d transport.RegionDesc) (*remoteRegion, error) {
+	if d.Kind != transport.MemoryHost {
+		return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, transport.ErrUnsupportedMemory)
 	}
 	k, err := decodeKey(d.Key)
 	if err != nil {
@@ -240,22 +240,22 @@ func (s *segment) mapRegion(d engine.RegionDesc) (*remoteRegion, error) {
 	length := min(d.Length, trueLen)
 	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length, true)
 	if err != nil {
-		return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, transport.ErrUnavailable)
 	}
 	return r, nil
 }
 
 // AddRegions maps receiver regions registered after the segment was opened
-// (engine.RegionAdder). Regions already in the table (mapped or refused)
+// (transport.RegionAdder). Regions already in the table (mapped or refused)
 // are kept as they are. Errors: a closed segment, a region that cannot be
 // mapped (nothing is added then).
-func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("shm: add regions: segment %w", engine.ErrClosed)
+		return fmt.Errorf("shm: add regions: segment %w", transport.ErrClosed)
 	}
-	added := map[engine.RegionID]*remoteRegion{}
+	added := map[transport.RegionID]*remoteRegion{}
 	for _, d := range regions {
 		if _, ok := s.regions[d.ID]; ok {
 			continue
@@ -361,14 +361,14 @@ func (s *segment) watch() {
 	for {
 		_, err := unix.Poll(fds, int(watchInterval/time.Millisecond))
 		if err != nil && !errors.Is(err, unix.EINTR) {
-			s.lose(fmt.Errorf("shm: watching receiver pid %d: poll: %v: %w", s.peer.PID, err, engine.ErrPeerLost))
+			s.lose(fmt.Errorf("shm: watching receiver pid %d: poll: %v: %w", s.peer.PID, err, transport.ErrPeerLost))
 			return
 		}
 		if fds[0].Revents != 0 {
 			return // Close
 		}
 		if !s.alive() {
-			s.lose(fmt.Errorf("shm: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost))
+			s.lose(fmt.Errorf("shm: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost))
 			return
 		}
 	}
@@ -376,7 +376,7 @@ func (s *segment) watch() {
 
 // lose marks the peer lost: every pending batch stops at its next copy
 // unit and fails (copyAll finishes it, so a terminal batch never copies any
-// more), wrapping engine.ErrPeerLost.
+// more), wrapping transport.ErrPeerLost.
 func (s *segment) lose(err error) {
 	s.peerLost.Store(true)
 	s.mu.Lock()
@@ -404,14 +404,14 @@ type piece struct {
 // deregistered region, cancellation and peer loss (fence.go).
 type unit struct {
 	start, end int
-	region     engine.RegionID
+	region     transport.RegionID
 	bytes      uint64
 }
 
 // Submit validates every request, then copies. Batches smaller than the
 // transport's parallel threshold are copied before Submit returns; larger ones
 // are split into 1 MiB chunks copied by several goroutines.
-func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {
+func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("shm: submit: %w", err)
 	}
@@ -421,15 +421,15 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, fmt.Errorf("shm: submit: segment %w", engine.ErrClosed)
+		return 0, fmt.Errorf("shm: submit: segment %w", transport.ErrClosed)
 	}
 	// Cheap check here (no syscall); the pidfd is polled when the batch
 	// completes and by the watcher.
 	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
+		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost)
 	}
 	if atomic.LoadUint64(&s.slot[sFenced]) != 0 {
-		return 0, fmt.Errorf("shm: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, engine.ErrFenced, engine.ErrPeerLost)
+		return 0, fmt.Errorf("shm: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
 	}
 	pieces := make([]piece, 0, len(tb.Requests))
 	var units []unit
@@ -441,7 +441,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
 		}
 		if live == 0 {
-			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, transport.ErrUnknownRegion)
 		}
 		limit := min(uint64(len(rr.data)), live)
 		n := r.Blocks()
@@ -451,11 +451,11 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		// Last block's end, with overflow checks, for both sides.
 		rEnd, ok1 := spanEnd(r.RemoteOffset, r.RemoteStride, r.Length, n)
 		if !ok1 || rEnd > limit {
-			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes registered): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, engine.ErrOutOfBounds)
+			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes registered): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, transport.ErrOutOfBounds)
 		}
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
-			return 0, fmt.Errorf("shm: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", i, r.Local, n, r.Length, r.LocalStride, engine.ErrOutOfBounds)
+			return 0, fmt.Errorf("shm: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", i, r.Local, n, r.Length, r.LocalStride, transport.ErrOutOfBounds)
 		}
 		for j := uint64(0); j < n; j++ {
 			src := uintptr(uint64(r.Local) + j*r.LocalStride)
@@ -487,24 +487,24 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 }
 
 // Read copies each request's receiver range into local memory before it
-// returns (engine.SegmentReader). All requests are validated first: a
+// returns (transport.SegmentReader). All requests are validated first: a
 // region not mapped or not live on the receiver fails with
-// engine.ErrUnknownRegion, a range past it or a local range outside this
-// transport's registrations with engine.ErrOutOfBounds, and nothing is
+// transport.ErrUnknownRegion, a range past it or a local range outside this
+// transport's registrations with transport.ErrOutOfBounds, and nothing is
 // copied. A receiver that exits during the copy fails it with
-// engine.ErrPeerLost. ctx is checked between 1 MiB chunks.
-func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
+// transport.ErrPeerLost. ctx is checked between 1 MiB chunks.
+func (s *segment) Read(ctx context.Context, reqs []transport.ReadRequest) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("shm: read: %w", err)
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return fmt.Errorf("shm: read: segment %w", engine.ErrClosed)
+		return fmt.Errorf("shm: read: segment %w", transport.ErrClosed)
 	}
 	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
 		s.mu.Unlock()
-		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport: %w", s.peer.PID, engine.ErrPeerLost)
+		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost)
 	}
 	pieces := make([]piece, 0, len(reqs))
 	for i, r := range reqs {
@@ -515,7 +515,7 @@ func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
 		}
 		if live == 0 {
 			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, engine.ErrUnknownRegion)
+			return fmt.Errorf("shm: read %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, transport.ErrUnknownRegion)
 		}
 		limit := min(uint64(len(rr.data)), live)
 		if r.Length == 0 {
@@ -523,11 +523,11 @@ func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
 		}
 		if end, ok := spanEnd(r.RemoteOffset, 0, r.Length, 1); !ok || end > limit {
 			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: %d bytes at offset %d of region %d (%d bytes registered): %w", i, r.Length, r.RemoteOffset, r.Remote, limit, engine.ErrOutOfBounds)
+			return fmt.Errorf("shm: read %d: %d bytes at offset %d of region %d (%d bytes registered): %w", i, r.Length, r.RemoteOffset, r.Remote, limit, transport.ErrOutOfBounds)
 		}
 		if lEnd, ok := spanEnd(uint64(r.Local), 0, r.Length, 1); !ok || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
 			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: local range %#x + %d bytes is not inside a region registered with this transport: %w", i, r.Local, r.Length, engine.ErrOutOfBounds)
+			return fmt.Errorf("shm: read %d: local range %#x + %d bytes is not inside a region registered with this transport: %w", i, r.Local, r.Length, transport.ErrOutOfBounds)
 		}
 		for c := uint64(0); c < r.Length; c += chunkBytes {
 			m := min(chunkBytes, r.Length-c)
@@ -547,7 +547,7 @@ func (s *segment) Read(ctx context.Context, reqs []engine.ReadRequest) error {
 		copyPiece(p)
 	}
 	if !s.alive() {
-		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport during the read: %w", s.peer.PID, engine.ErrPeerLost)
+		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport during the read: %w", s.peer.PID, transport.ErrPeerLost)
 	}
 	return nil
 }
@@ -630,32 +630,32 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	}
 	switch {
 	case s.closing.Load():
-		b.finish(engine.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending (%d of %d bytes copied): %w", b.done.Load(), b.total, engine.ErrClosed))
+		b.finish(transport.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending (%d of %d bytes copied): %w", b.done.Load(), b.total, transport.ErrClosed))
 	case stopErr != nil:
-		b.finish(engine.BatchFailed, fmt.Errorf("%w (%d of %d bytes copied)", stopErr, b.done.Load(), b.total))
+		b.finish(transport.BatchFailed, fmt.Errorf("%w (%d of %d bytes copied)", stopErr, b.done.Load(), b.total))
 	case b.canceled.Load() && !s.peerLost.Load():
-		b.finish(engine.BatchCanceled, fmt.Errorf("shm: batch stopped after %d of %d bytes: %w", b.done.Load(), b.total, engine.ErrCanceled))
+		b.finish(transport.BatchCanceled, fmt.Errorf("shm: batch stopped after %d of %d bytes: %w", b.done.Load(), b.total, transport.ErrCanceled))
 	case (b.total >= liveCheckMin && !s.alive()) || s.peerLost.Load():
-		b.finish(engine.BatchFailed, fmt.Errorf("shm: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.peer.PID, b.done.Load(), b.total, engine.ErrPeerLost))
+		b.finish(transport.BatchFailed, fmt.Errorf("shm: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.peer.PID, b.done.Load(), b.total, transport.ErrPeerLost))
 	default:
 		atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver
-		b.finish(engine.BatchCompleted, nil)
+		b.finish(transport.BatchCompleted, nil)
 	}
 }
 
 // Poll returns the batch's state without blocking.
-func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Poll(id transport.BatchID) (transport.BatchStatus, error) {
 	return s.batches.Poll(id)
 }
 
 // Wait blocks until the batch is terminal or ctx ends (then it returns the
 // current status and ctx's error).
-func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Wait(ctx context.Context, id transport.BatchID) (transport.BatchStatus, error) {
 	return s.batches.Wait(ctx, id)
 }
 
 // Cancel stops a pending batch at the next 1 MiB chunk boundary.
-func (s *segment) Cancel(id engine.BatchID) error {
+func (s *segment) Cancel(id transport.BatchID) error {
 	b, err := s.batches.Get(id)
 	if err != nil {
 		return err
@@ -665,11 +665,11 @@ func (s *segment) Cancel(id engine.BatchID) error {
 }
 
 // Release forgets a terminal batch (a pending one is kept).
-func (s *segment) Release(id engine.BatchID) {
+func (s *segment) Release(id transport.BatchID) {
 	s.batches.Release(id)
 }
 
-// Close fails pending batches with engine.ErrClosed, waits for copies in
+// Close fails pending batches with transport.ErrClosed, waits for copies in
 // flight to stop, gives its sender slot back and unmaps the receiver's
 // regions. Idempotent.
 func (s *segment) Close() error {

@@ -3,12 +3,12 @@
 //
 // # How memory is shared
 //
-// The receiver registers memfd-backed memory (engine.AllocHost). It keeps a
+// The receiver registers memfd-backed memory (transport.AllocHost). It keeps a
 // duplicate of each region's memfd open and describes it in RegionDesc.Key
 // (fd number, offset, st_dev/st_ino; see wire.go). Its endpoint blob carries
 // the host's boot id, its pid and start time, and the fd of a small control
 // memfd. The sender checks the boot id (a different host is
-// engine.ErrUnavailable, so automatic selection falls back to tcp), pins the
+// transport.ErrUnavailable, so automatic selection falls back to tcp), pins the
 // receiver with pidfd_open, opens /proc/PID/fd/N for the control memfd and for
 // every region, checks that each opened file has the advertised st_dev/st_ino,
 // and maps exactly the region's bytes MAP_SHARED. A one-sided WRITE is then a
@@ -26,8 +26,8 @@
 // Each mapping covers exactly one region. Submit checks every block of every
 // request against the mapped region length and the sender's own registered
 // regions before copying anything; a request outside either is refused with
-// engine.ErrOutOfBounds and nothing is written. A region the receiver has
-// deregistered is refused with engine.ErrUnknownRegion: the receiver's control
+// transport.ErrOutOfBounds and nothing is written. A region the receiver has
+// deregistered is refused with transport.ErrUnknownRegion: the receiver's control
 // memfd holds each live region's true length and memfd offset, which the
 // sender loads before each batch, so a SegmentInfo forged to claim a longer or
 // unregistered region cannot write past what the receiver registered.
@@ -57,7 +57,7 @@
 // The sender watches the receiver's pidfd (it becomes readable when the
 // process exits) and the control memfd's state word (set when the receiver's
 // transport closes). Either fails every pending batch of the segment with
-// engine.ErrPeerLost. A batch of 256 KiB or more is marked completed only
+// transport.ErrPeerLost. A batch of 256 KiB or more is marked completed only
 // after a last pidfd check, so a receiver killed mid-batch is reported, never
 // hidden; smaller batches skip that syscall (it would double their cost) and
 // rely on the watcher, which the kernel wakes at the receiver's exit.
@@ -74,7 +74,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
 )
 
@@ -102,29 +102,29 @@ const (
 )
 
 func init() {
-	engine.RegisterTransport(Name, Priority, Probe, New)
+	transport.RegisterTransport(Name, Priority, Probe, New)
 }
 
 // Probe reports whether the shm transport can run here: it needs Linux's
-// /proc (boot id, /proc/self/fd) and memfd. Errors wrap engine.ErrUnavailable.
+// /proc (boot id, /proc/self/fd) and memfd. Errors wrap transport.ErrUnavailable.
 func Probe() error {
 	if _, err := readBootID(); err != nil {
-		return fmt.Errorf("shm: %v: %w", err, engine.ErrUnavailable)
+		return fmt.Errorf("shm: %v: %w", err, transport.ErrUnavailable)
 	}
 	if _, err := os.Stat("/proc/self/fd"); err != nil {
-		return fmt.Errorf("shm: /proc is not mounted (%v): %w", err, engine.ErrUnavailable)
+		return fmt.Errorf("shm: /proc is not mounted (%v): %w", err, transport.ErrUnavailable)
 	}
 	return nil
 }
 
 type localRegion struct {
-	desc engine.RegionDesc
+	desc transport.RegionDesc
 	addr uintptr
 	len  uint64
 	fd   int // our duplicate of the backing memfd
 }
 
-type transport struct {
+type shmTransport struct {
 	copyThreads int
 	parallelMin uint64
 
@@ -136,8 +136,8 @@ type transport struct {
 
 	mu       sync.Mutex
 	closed   bool
-	nextID   engine.RegionID
-	regions  map[engine.RegionID]*localRegion
+	nextID   transport.RegionID
+	regions  map[transport.RegionID]*localRegion
 	segments map[*segment]struct{}
 	admitted map[uint64]int // epoch → admission entry (fence.go)
 
@@ -152,28 +152,28 @@ type transport struct {
 }
 
 var (
-	_ engine.Transport = (*transport)(nil)
-	_ engine.Fencer    = (*transport)(nil)
+	_ transport.Transport = (*shmTransport)(nil)
+	_ transport.Fencer    = (*shmTransport)(nil)
 )
 
 // New creates an shm transport instance. Options used: Streams (copy
-// goroutines per large batch) and SHM (engine.SHMOptions: CopyThreads,
+// goroutines per large batch) and SHM (transport.SHMOptions: CopyThreads,
 // ParallelMinBytes). Errors: /proc unreadable, memfd_create or mmap
 // failures for the control memfd, CopyThreads outside 0..256.
-func New(opts engine.Options) (engine.Transport, error) {
+func New(opts transport.Options) (transport.Transport, error) {
 	boot, err := readBootID()
 	if err != nil {
-		return nil, fmt.Errorf("shm: %v: %w", err, engine.ErrUnavailable)
+		return nil, fmt.Errorf("shm: %v: %w", err, transport.ErrUnavailable)
 	}
 	st, err := procStartTime(os.Getpid())
 	if err != nil {
 		return nil, fmt.Errorf("shm: read own start time: %w", err)
 	}
-	t := &transport{
+	t := &shmTransport{
 		copyThreads: opts.Streams,
 		parallelMin: 4 << 20,
 		nextID:      1,
-		regions:     map[engine.RegionID]*localRegion{},
+		regions:     map[transport.RegionID]*localRegion{},
 		segments:    map[*segment]struct{}{},
 		admitted:    map[uint64]int{},
 	}
@@ -217,52 +217,52 @@ func New(opts engine.Options) (engine.Transport, error) {
 	return t, nil
 }
 
-func (t *transport) Name() string { return Name }
+func (t *shmTransport) Name() string { return Name }
 
-func (t *transport) Capabilities() engine.Caps {
-	return engine.CapHostMemory | engine.CapZeroCopy | engine.CapStrided
+func (t *shmTransport) Capabilities() transport.Caps {
+	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided
 }
 
 // RegisterMemory registers memfd-backed host memory. It duplicates m.FD so the
 // region stays shareable even if the caller closes its descriptor early.
-func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
-	if m.Kind != engine.MemoryHost {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", m.Kind, m.Addr, m.Length, engine.ErrUnsupportedMemory)
+func (t *shmTransport) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
+	if m.Kind != transport.MemoryHost {
+		return transport.RegionDesc{}, fmt.Errorf("shm: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", m.Kind, m.Addr, m.Length, transport.ErrUnsupportedMemory)
 	}
 	if m.Addr == 0 || m.Length == 0 {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): address and length must be non-zero", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): address and length must be non-zero", m.Addr, m.Length)
 	}
 	if m.FD < 0 {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with engine.AllocHost: %w", m.Addr, m.Length, m.FD, engine.ErrUnsupportedMemory)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with transport.AllocHost: %w", m.Addr, m.Length, m.FD, transport.ErrUnsupportedMemory)
 	}
 	if m.Addr+uintptr(m.Length) < m.Addr {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): range wraps the address space", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): range wraps the address space", m.Addr, m.Length)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(m.FD, &st); err != nil {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fstat fd %d: %w (is Memory.FD still open?)", m.Addr, m.FD, err)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fstat fd %d: %w (is Memory.FD still open?)", m.Addr, m.FD, err)
 	}
 	if st.Size < 0 || m.FDOffset+m.Length > uint64(st.Size) || m.FDOffset+m.Length < m.FDOffset {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", m.Addr, m.FD, st.Size, m.FDOffset, m.Length, engine.ErrOutOfBounds)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", m.Addr, m.FD, st.Size, m.FDOffset, m.Length, transport.ErrOutOfBounds)
 	}
 	dup, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 3)
 	if err != nil {
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: dup fd %d: %w", m.Addr, m.FD, err)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: dup fd %d: %w", m.Addr, m.FD, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		unix.Close(dup)
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory: transport %w", engine.ErrClosed)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory: transport %w", transport.ErrClosed)
 	}
 	if int(t.nextID) >= MaxRegions {
 		unix.Close(dup)
-		return engine.RegionDesc{}, fmt.Errorf("shm: register memory: this transport has handed out all %d region IDs; open a new transport", MaxRegions-1)
+		return transport.RegionDesc{}, fmt.Errorf("shm: register memory: this transport has handed out all %d region IDs; open a new transport", MaxRegions-1)
 	}
 	id := t.nextID
 	t.nextID++
 	key := regionKey{FD: uint32(dup), Offset: m.FDOffset, Dev: uint64(st.Dev), Ino: st.Ino}
-	desc := engine.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: engine.MemoryHost, Key: key.encode()}
+	desc := transport.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: transport.MemoryHost, Key: key.encode()}
 	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup}
 	t.snapshotLocked()
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)+1], m.FDOffset)
@@ -273,21 +273,21 @@ func (t *transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 // DeregisterMemory removes a region and returns once no sender copies into
 // it any more: senders check the region's control slot before every copy
 // unit (at most 1 MiB), so batches in flight stop at the next unit and fail
-// with engine.ErrUnknownRegion, as on tcp, and later batches are refused.
+// with transport.ErrUnknownRegion, as on tcp, and later batches are refused.
 // It waits up to 10 s for a copy unit in progress; a sender stopped (SIGSTOP)
 // in the middle of one makes it return an error naming the pid: the region
 // is deregistered, but its memory may still be written until that process
 // is continued or exits, so do not reuse it before a later FenceEpoch or
 // DeregisterMemory of another region succeeds. Errors also: an unknown id
-// (wraps engine.ErrUnknownRegion).
-func (t *transport) DeregisterMemory(id engine.RegionID) error {
+// (wraps transport.ErrUnknownRegion).
+func (t *shmTransport) DeregisterMemory(id transport.RegionID) error {
 	t.ctlRW.RLock()
 	defer t.ctlRW.RUnlock()
 	t.mu.Lock()
 	r, ok := t.regions[id]
 	if !ok {
 		t.mu.Unlock()
-		return fmt.Errorf("shm: deregister region %d: %w", id, engine.ErrUnknownRegion)
+		return fmt.Errorf("shm: deregister region %d: %w", id, transport.ErrUnknownRegion)
 	}
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
@@ -303,17 +303,17 @@ func (t *transport) DeregisterMemory(id engine.RegionID) error {
 }
 
 // Endpoint returns this node's endpoint blob (the same for every peer).
-func (t *transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
+func (t *shmTransport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, fmt.Errorf("shm: endpoint: transport %w", engine.ErrClosed)
+		return nil, fmt.Errorf("shm: endpoint: transport %w", transport.ErrClosed)
 	}
 	return append([]byte(nil), t.blob...), nil
 }
 
 // snapshotLocked publishes the current region set for localRange; t.mu held.
-func (t *transport) snapshotLocked() {
+func (t *shmTransport) snapshotLocked() {
 	rs := make([]*localRegion, 0, len(t.regions))
 	for _, r := range t.regions {
 		rs = append(rs, r)
@@ -323,7 +323,7 @@ func (t *transport) snapshotLocked() {
 
 // localRange reports whether [addr, addr+n) lies inside one registered local
 // region (lock-free: reads the latest snapshot).
-func (t *transport) localRange(addr uintptr, n uint64) bool {
+func (t *shmTransport) localRange(addr uintptr, n uint64) bool {
 	rs := t.local.Load()
 	if rs == nil {
 		return false
@@ -342,7 +342,7 @@ const closeWait = 2 * time.Second
 // Close fails pending batches of every segment, tells senders that map this
 // node's regions that it is gone, waits (up to 2 s) until none of them is
 // in the middle of a copy, and releases all descriptors. Idempotent.
-func (t *transport) Close() error {
+func (t *shmTransport) Close() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -363,7 +363,7 @@ func (t *transport) Close() error {
 		atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 		unix.Close(r.fd)
 	}
-	t.regions = map[engine.RegionID]*localRegion{}
+	t.regions = map[transport.RegionID]*localRegion{}
 	t.snapshotLocked()
 	t.mu.Unlock()
 	// Every region is deregistered: wait (bounded) until no sender copies
@@ -393,8 +393,8 @@ func (t *transport) Close() error {
 // bytes that senders have committed into its regions (an acquire load: every
 // byte counted is visible to the caller). ok is false when t is not an open
 // shm transport.
-func CommittedBytes(t engine.Transport) (n uint64, ok bool) {
-	st, isShm := t.(*transport)
+func CommittedBytes(t transport.Transport) (n uint64, ok bool) {
+	st, isShm := t.(*shmTransport)
 	if !isShm {
 		return 0, false
 	}
@@ -407,5 +407,5 @@ func CommittedBytes(t engine.Transport) (n uint64, ok bool) {
 }
 
 // DefaultCopyThreads is the number of goroutines that copy one large batch
-// when engine.Options.Streams is 0: min(4, GOMAXPROCS).
+// when transport.Options.Streams is 0: min(4, GOMAXPROCS).
 func DefaultCopyThreads() int { return min(4, runtime.GOMAXPROCS(0)) }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // childEnv makes the test binary act as a receiver process (see TestMain).
@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 // childInfo is what the receiver child prints on stdout.
 type childInfo struct {
 	Endpoint []byte
-	Regions  []engine.RegionDesc
+	Regions  []transport.RegionDesc
 }
 
 // runReceiverChild registers one region and prints its segment info, then
@@ -36,12 +36,12 @@ type childInfo struct {
 func runReceiverChild(size string) int {
 	var n int64
 	fmt.Sscan(size, &n)
-	tr, err := New(engine.DefaultOptions())
+	tr, err := New(transport.DefaultOptions())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	buf, err := engine.AllocHost("child", n)
+	buf, err := transport.AllocHost("child", n)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -52,19 +52,19 @@ func runReceiverChild(size string) int {
 		return 1
 	}
 	ep, _ := tr.Endpoint(context.Background(), "parent")
-	json.NewEncoder(os.Stdout).Encode(childInfo{Endpoint: ep, Regions: []engine.RegionDesc{d}})
+	json.NewEncoder(os.Stdout).Encode(childInfo{Endpoint: ep, Regions: []transport.RegionDesc{d}})
 	bufio.NewReader(os.Stdin).ReadByte() // blocks until the parent goes away
 	return 0
 }
 
 type pair struct {
-	snd, rcv       engine.Transport
-	src, dst       *engine.HostBuffer
-	srcDesc, dDesc engine.RegionDesc
-	seg            engine.Segment
+	snd, rcv       transport.Transport
+	src, dst       *transport.HostBuffer
+	srcDesc, dDesc transport.RegionDesc
+	seg            transport.Segment
 }
 
-func newPair(t *testing.T, size int64, opts engine.Options) *pair {
+func newPair(t *testing.T, size int64, opts transport.Options) *pair {
 	t.Helper()
 	p := &pair{}
 	var err error
@@ -74,10 +74,10 @@ func newPair(t *testing.T, size int64, opts engine.Options) *pair {
 	if p.rcv, err = New(opts); err != nil {
 		t.Fatal(err)
 	}
-	if p.src, err = engine.AllocHost("src", size); err != nil {
+	if p.src, err = transport.AllocHost("src", size); err != nil {
 		t.Fatal(err)
 	}
-	if p.dst, err = engine.AllocHost("dst", size); err != nil {
+	if p.dst, err = transport.AllocHost("dst", size); err != nil {
 		t.Fatal(err)
 	}
 	if p.srcDesc, err = p.snd.RegisterMemory(p.src.Memory()); err != nil {
@@ -90,7 +90,7 @@ func newPair(t *testing.T, size int64, opts engine.Options) *pair {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.seg, err = p.snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{p.dDesc}}); err != nil {
+	if p.seg, err = p.snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{p.dDesc}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -106,7 +106,7 @@ func newPair(t *testing.T, size int64, opts engine.Options) *pair {
 	return p
 }
 
-func waitOK(t *testing.T, seg engine.Segment, id engine.BatchID) engine.BatchStatus {
+func waitOK(t *testing.T, seg transport.Segment, id transport.BatchID) transport.BatchStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -121,11 +121,11 @@ func waitOK(t *testing.T, seg engine.Segment, id engine.BatchID) engine.BatchSta
 // when it refuses the batch, else the error the batch ends with (nil when it
 // completes). Submit only checks the peer's liveness cheaply, so a peer
 // death is reported either way, by design; the batch's Wait is bounded.
-func submitErr(t *testing.T, seg engine.Segment, reqs []engine.WriteRequest) error {
+func submitErr(t *testing.T, seg transport.Segment, reqs []transport.WriteRequest) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: reqs})
+	id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: reqs})
 	if err != nil {
 		return err
 	}
@@ -133,7 +133,7 @@ func submitErr(t *testing.T, seg engine.Segment, reqs []engine.WriteRequest) err
 	if err != nil {
 		t.Fatalf("wait on a batch to a lost peer: %v (hang?)", err)
 	}
-	if st.State == engine.BatchCompleted {
+	if st.State == transport.BatchCompleted {
 		return nil
 	}
 	return st.Err
@@ -143,29 +143,29 @@ func TestWriteVariants(t *testing.T) {
 	const size = 8 << 20
 	cases := []struct {
 		name string
-		req  func(p *pair) engine.WriteRequest
-		opts engine.Options
+		req  func(p *pair) transport.WriteRequest
+		opts transport.Options
 	}{
-		{"small", func(p *pair) engine.WriteRequest {
-			return engine.WriteRequest{Local: p.src.Addr() + 100, Remote: p.dDesc.ID, RemoteOffset: 5000, Length: 3000}
-		}, engine.DefaultOptions()},
-		{"whole-parallel", func(p *pair) engine.WriteRequest {
-			return engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
-		}, engine.Options{Streams: 3, SHM: engine.SHMOptions{ParallelMinBytes: 1}}},
-		{"strided", func(p *pair) engine.WriteRequest {
-			return engine.WriteRequest{Local: p.src.Addr() + 64, Remote: p.dDesc.ID, RemoteOffset: 128, Length: 512, Count: 100, LocalStride: 1024, RemoteStride: 4096}
-		}, engine.DefaultOptions()},
+		{"small", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr() + 100, Remote: p.dDesc.ID, RemoteOffset: 5000, Length: 3000}
+		}, transport.DefaultOptions()},
+		{"whole-parallel", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
+		}, transport.Options{Streams: 3, SHM: transport.SHMOptions{ParallelMinBytes: 1}}},
+		{"strided", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr() + 64, Remote: p.dDesc.ID, RemoteOffset: 128, Length: 512, Count: 100, LocalStride: 1024, RemoteStride: 4096}
+		}, transport.DefaultOptions()},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPair(t, size, c.opts)
 			r := c.req(p)
-			id, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+			id, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			st := waitOK(t, p.seg, id)
-			if st.State != engine.BatchCompleted || st.BytesDone != r.Bytes() {
+			if st.State != transport.BatchCompleted || st.BytesDone != r.Bytes() {
 				t.Fatalf("status %+v, want completed with %d bytes", st, r.Bytes())
 			}
 			src, dst := p.src.Bytes(), p.dst.Bytes()
@@ -181,7 +181,7 @@ func TestWriteVariants(t *testing.T) {
 				t.Fatalf("CommittedBytes = %d, %v; want %d", n, ok, r.Bytes())
 			}
 			p.seg.Release(id)
-			if _, err := p.seg.Poll(id); !errors.Is(err, engine.ErrUnknownBatch) {
+			if _, err := p.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
 				t.Fatalf("poll after release: %v, want ErrUnknownBatch", err)
 			}
 		})
@@ -190,29 +190,29 @@ func TestWriteVariants(t *testing.T) {
 
 func TestSubmitRefused(t *testing.T) {
 	const size = 1 << 20
-	p := newPair(t, size, engine.DefaultOptions())
-	other, err := engine.AllocHost("unregistered", 4096)
+	p := newPair(t, size, transport.DefaultOptions())
+	other, err := transport.AllocHost("unregistered", 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
 	cases := []struct {
 		name string
-		r    engine.WriteRequest
+		r    transport.WriteRequest
 		want error
 	}{
-		{"remote past end", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: size - 10, Length: 11}, engine.ErrOutOfBounds},
-		{"remote offset overflow", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: ^uint64(0) - 2, Length: 8}, engine.ErrOutOfBounds},
-		{"stride overflow", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 3, RemoteStride: 1 << 63}, engine.ErrOutOfBounds},
-		{"strided last block past end", engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 2, LocalStride: 8, RemoteStride: size - 7}, engine.ErrOutOfBounds},
-		{"local past end", engine.WriteRequest{Local: p.src.Addr() + size - 4, Remote: p.dDesc.ID, Length: 8}, engine.ErrOutOfBounds},
-		{"local unregistered", engine.WriteRequest{Local: other.Addr(), Remote: p.dDesc.ID, Length: 8}, engine.ErrOutOfBounds},
-		{"unknown region", engine.WriteRequest{Local: p.src.Addr(), Remote: 999, Length: 8}, engine.ErrUnknownRegion},
+		{"remote past end", transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: size - 10, Length: 11}, transport.ErrOutOfBounds},
+		{"remote offset overflow", transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, RemoteOffset: ^uint64(0) - 2, Length: 8}, transport.ErrOutOfBounds},
+		{"stride overflow", transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 3, RemoteStride: 1 << 63}, transport.ErrOutOfBounds},
+		{"strided last block past end", transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8, Count: 2, LocalStride: 8, RemoteStride: size - 7}, transport.ErrOutOfBounds},
+		{"local past end", transport.WriteRequest{Local: p.src.Addr() + size - 4, Remote: p.dDesc.ID, Length: 8}, transport.ErrOutOfBounds},
+		{"local unregistered", transport.WriteRequest{Local: other.Addr(), Remote: p.dDesc.ID, Length: 8}, transport.ErrOutOfBounds},
+		{"unknown region", transport.WriteRequest{Local: p.src.Addr(), Remote: 999, Length: 8}, transport.ErrUnknownRegion},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ok := engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 16}
-			_, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{ok, c.r}})
+			ok := transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 16}
+			_, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{ok, c.r}})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("submit: %v, want %v", err, c.want)
 			}
@@ -225,19 +225,19 @@ func TestSubmitRefused(t *testing.T) {
 	if err := p.rcv.DeregisterMemory(p.dDesc.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err = p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}}})
-	if !errors.Is(err, engine.ErrUnknownRegion) {
+	_, err = p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}}})
+	if !errors.Is(err, transport.ErrUnknownRegion) {
 		t.Fatalf("submit to deregistered region: %v, want ErrUnknownRegion", err)
 	}
 }
 
 func TestRegisterRefused(t *testing.T) {
-	tr, err := New(engine.DefaultOptions())
+	tr, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	buf, err := engine.AllocHost("r", 8192)
+	buf, err := transport.AllocHost("r", 8192)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,61 +245,61 @@ func TestRegisterRefused(t *testing.T) {
 	noFD := buf.Memory()
 	noFD.FD = -1
 	_, err = tr.RegisterMemory(noFD)
-	if !errors.Is(err, engine.ErrUnsupportedMemory) || !bytes.Contains([]byte(err.Error()), []byte("engine.AllocHost")) {
-		t.Fatalf("register without fd: %v; want ErrUnsupportedMemory naming engine.AllocHost", err)
+	if !errors.Is(err, transport.ErrUnsupportedMemory) || !bytes.Contains([]byte(err.Error()), []byte("transport.AllocHost")) {
+		t.Fatalf("register without fd: %v; want ErrUnsupportedMemory naming transport.AllocHost", err)
 	}
 	cuda := buf.Memory()
-	cuda.Kind = engine.MemoryCUDA
-	if _, err := tr.RegisterMemory(cuda); !errors.Is(err, engine.ErrUnsupportedMemory) {
+	cuda.Kind = transport.MemoryCUDA
+	if _, err := tr.RegisterMemory(cuda); !errors.Is(err, transport.ErrUnsupportedMemory) {
 		t.Fatalf("register cuda memory: %v", err)
 	}
 	big := buf.Memory()
 	big.Length = 1 << 20
-	if _, err := tr.RegisterMemory(big); !errors.Is(err, engine.ErrOutOfBounds) {
+	if _, err := tr.RegisterMemory(big); !errors.Is(err, transport.ErrOutOfBounds) {
 		t.Fatalf("register past the memfd's end: %v", err)
 	}
 }
 
 func TestOtherHostUnavailable(t *testing.T) {
-	snd, err := New(engine.DefaultOptions())
+	snd, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer snd.Close()
-	ep := snd.(*transport).self
+	ep := snd.(*shmTransport).self
 	ep.BootID[0] ^= 0xff
-	_, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep.encode()})
-	if !errors.Is(err, engine.ErrUnavailable) {
+	_, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode()})
+	if !errors.Is(err, transport.ErrUnavailable) {
 		t.Fatalf("open segment to another boot id: %v, want ErrUnavailable", err)
 	}
 	// Right host, wrong process identity (start time): also unavailable.
-	ep = snd.(*transport).self
+	ep = snd.(*shmTransport).self
 	ep.StartTime++
-	if _, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep.encode()}); !errors.Is(err, engine.ErrUnavailable) {
+	if _, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode()}); !errors.Is(err, transport.ErrUnavailable) {
 		t.Fatalf("open segment to a recycled pid: %v, want ErrUnavailable", err)
 	}
-	if _, err = snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: []byte("tcp://127.0.0.1:1")}); err == nil {
+	if _, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: []byte("tcp://127.0.0.1:1")}); err == nil {
 		t.Fatal("open segment with a foreign endpoint blob succeeded")
 	}
 }
 
 func TestReceiverClosed(t *testing.T) {
-	p := newPair(t, 1<<20, engine.DefaultOptions())
+	p := newPair(t, 1<<20, transport.DefaultOptions())
 	p.rcv.Close()
-	err := submitErr(t, p.seg, []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}})
-	if !errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrUnknownRegion) {
+	err := submitErr(t, p.seg, []transport.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: 8}})
+	if !errors.Is(err, transport.ErrPeerLost) && !errors.Is(err, transport.ErrUnknownRegion) {
 		t.Fatalf("batch after receiver close: %v, want ErrPeerLost or ErrUnknownRegion", err)
 	}
 }
 
 func TestCancelAndClosePending(t *testing.T) {
 	const size = 64 << 20
-	p := newPair(t, size, engine.Options{Streams: 2, SHM: engine.SHMOptions{ParallelMinBytes: 1}})
-	reqs := make([]engine.WriteRequest, 8)
+	p := newPair(t, size, transport.Options{Streams: 2, SHM: transport.SHMOptions{ParallelMinBytes: 1}})
+	reqs := make([]transport.WriteRequest, 8)
 	for i := range reqs {
-		reqs[i] = engine.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
+		reqs[i] = transport.WriteRequest{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}
 	}
-	id, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs})
+	id, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: reqs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,13 +307,13 @@ func TestCancelAndClosePending(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := waitOK(t, p.seg, id)
-	if st.State != engine.BatchCanceled && st.State != engine.BatchCompleted {
+	if st.State != transport.BatchCanceled && st.State != transport.BatchCompleted {
 		t.Fatalf("after cancel: %+v", st)
 	}
-	if st.State == engine.BatchCanceled && !errors.Is(st.Err, engine.ErrCanceled) {
+	if st.State == transport.BatchCanceled && !errors.Is(st.Err, transport.ErrCanceled) {
 		t.Fatalf("canceled batch error %v", st.Err)
 	}
-	id2, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs})
+	id2, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: reqs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,10 +322,10 @@ func TestCancelAndClosePending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.State.Terminal() || (st.State == engine.BatchFailed && !errors.Is(st.Err, engine.ErrClosed)) {
+	if !st.State.Terminal() || (st.State == transport.BatchFailed && !errors.Is(st.Err, transport.ErrClosed)) {
 		t.Fatalf("after segment close: %+v", st)
 	}
-	if _, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: reqs[:1]}); !errors.Is(err, engine.ErrClosed) {
+	if _, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: reqs[:1]}); !errors.Is(err, transport.ErrClosed) {
 		t.Fatalf("submit after close: %v", err)
 	}
 }
@@ -347,12 +347,12 @@ func TestReceiverKilled(t *testing.T) {
 	if err := json.NewDecoder(out).Decode(&info); err != nil {
 		t.Fatalf("read child segment info: %v", err)
 	}
-	snd, err := New(engine.Options{Streams: 2, SHM: engine.SHMOptions{ParallelMinBytes: 1}})
+	snd, err := New(transport.Options{Streams: 2, SHM: transport.SHMOptions{ParallelMinBytes: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer snd.Close()
-	src, err := engine.AllocHost("src", size)
+	src, err := transport.AllocHost("src", size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,24 +362,24 @@ func TestReceiverKilled(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	seg, err := snd.OpenSegment(ctx, engine.SegmentInfo{Endpoint: info.Endpoint, Regions: info.Regions})
+	seg, err := snd.OpenSegment(ctx, transport.SegmentInfo{Endpoint: info.Endpoint, Regions: info.Regions})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer seg.Close()
-	reqs := make([]engine.WriteRequest, 16)
+	reqs := make([]transport.WriteRequest, 16)
 	for i := range reqs {
-		reqs[i] = engine.WriteRequest{Local: src.Addr(), Remote: info.Regions[0].ID, Length: size}
+		reqs[i] = transport.WriteRequest{Local: src.Addr(), Remote: info.Regions[0].ID, Length: size}
 	}
 	// One healthy batch first.
-	id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: reqs[:1]})
+	id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: reqs[:1]})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := waitOK(t, seg, id); st.State != engine.BatchCompleted {
+	if st := waitOK(t, seg, id); st.State != transport.BatchCompleted {
 		t.Fatalf("healthy batch: %+v", st)
 	}
-	id, err = seg.Submit(ctx, &engine.TransferBatch{Requests: reqs})
+	id, err = seg.Submit(ctx, &transport.TransferBatch{Requests: reqs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,12 +393,12 @@ func TestReceiverKilled(t *testing.T) {
 	}
 	// The big batch may have finished before the kill landed; then the next
 	// batch must report the loss (from Submit, or when it ends).
-	if st.State == engine.BatchCompleted {
+	if st.State == transport.BatchCompleted {
 		err = submitErr(t, seg, reqs[:1])
 	} else {
 		err = st.Err
 	}
-	if !errors.Is(err, engine.ErrPeerLost) {
+	if !errors.Is(err, transport.ErrPeerLost) {
 		t.Fatalf("after the receiver was killed: status %+v, err %v; want ErrPeerLost", st, err)
 	}
 }
@@ -446,23 +446,23 @@ func TestParseBootID(t *testing.T) {
 func BenchmarkWrite(b *testing.B) {
 	for _, size := range []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			snd, _ := New(engine.DefaultOptions())
-			rcv, _ := New(engine.DefaultOptions())
+			snd, _ := New(transport.DefaultOptions())
+			rcv, _ := New(transport.DefaultOptions())
 			defer snd.Close()
 			defer rcv.Close()
-			src, _ := engine.AllocHost("src", size)
-			dst, _ := engine.AllocHost("dst", size)
+			src, _ := transport.AllocHost("src", size)
+			dst, _ := transport.AllocHost("dst", size)
 			defer src.Close()
 			defer dst.Close()
 			snd.RegisterMemory(src.Memory())
 			d, _ := rcv.RegisterMemory(dst.Memory())
 			ep, _ := rcv.Endpoint(context.Background(), "")
-			seg, err := snd.OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{d}})
+			seg, err := snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{d}})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer seg.Close()
-			tb := &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr(), Remote: d.ID, Length: uint64(size)}}}
+			tb := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr(), Remote: d.ID, Length: uint64(size)}}}
 			b.SetBytes(size)
 			b.ResetTimer()
 			for range b.N {
@@ -470,7 +470,7 @@ func BenchmarkWrite(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if st, _ := seg.Wait(context.Background(), id); st.State != engine.BatchCompleted {
+				if st, _ := seg.Wait(context.Background(), id); st.State != transport.BatchCompleted {
 					b.Fatal(st)
 				}
 				seg.Release(id)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,7 +17,7 @@ import (
 // no byte the receiver wrote changes.
 func TestWarmerChangesNothing(t *testing.T) {
 	const size = 16 << 20
-	p := newPair(t, size, engine.DefaultOptions())
+	p := newPair(t, size, transport.DefaultOptions())
 	dst := p.dst.Bytes()
 	for i := range dst { // concurrent with the warmer
 		dst[i] = byte(i*13 + i>>12)
@@ -51,7 +51,7 @@ func TestWarmerChangesNothing(t *testing.T) {
 // warms its pages). Every write lands where the receiver's own mapping
 // shows it.
 func TestColdPieceWrites(t *testing.T) {
-	buf, err := engine.AllocHost("cold", 1<<20)
+	buf, err := transport.AllocHost("cold", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestBitRanges(t *testing.T) {
 // pieces and warms its page (a bitmap sized by whole pages, not by
 // span/page rounded down: that was zero words and panicked at Submit).
 func TestTinyRegionPut(t *testing.T) {
-	buf, err := engine.AllocHost("tiny", 4096)
+	buf, err := transport.AllocHost("tiny", 4096)
 	if err != nil {
 		t.Fatal(err)
 	}

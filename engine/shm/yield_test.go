@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestLargeCopyYields (about 2.5 s under -race): a large batch must leave
@@ -21,7 +21,7 @@ func TestLargeCopyYields(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	const pieces = 32
 	const size = pieces * chunkBytes
-	p := newPair(t, size, engine.Options{Streams: 1}) // copied on the submitting goroutine
+	p := newPair(t, size, transport.Options{Streams: 1}) // copied on the submitting goroutine
 	src, dst := p.src.Bytes(), p.dst.Bytes()
 	last := func(k int) int { return (k+1)*chunkBytes - 1 } // src[last(k)] != 0 for this pattern
 	if src[last(0)] == 0 {
@@ -57,11 +57,11 @@ func TestLargeCopyYields(t *testing.T) {
 	}()
 	close(start)
 	runtime.Gosched() // let the observer reach its loop
-	id, err := p.seg.Submit(context.Background(), &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}}})
+	id, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: p.src.Addr(), Remote: p.dDesc.ID, Length: size}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := waitOK(t, p.seg, id); st.State != engine.BatchCompleted {
+	if st := waitOK(t, p.seg, id); st.State != transport.BatchCompleted {
 		t.Fatalf("batch %+v, want completed", st)
 	}
 	close(stop)

@@ -8,25 +8,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // benchPair sets up a loopback sender/receiver with window bytes registered
 // on each side and an open segment.
-func benchPair(b *testing.B, streams, window int) (engine.Segment, *engine.HostBuffer, engine.RegionDesc) {
+func benchPair(b *testing.B, streams, window int) (transport.Segment, *transport.HostBuffer, transport.RegionDesc) {
 	b.Helper()
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = streams
-	var trs [2]engine.Transport
-	var bufs [2]*engine.HostBuffer
-	var descs [2]engine.RegionDesc
+	var trs [2]transport.Transport
+	var bufs [2]*transport.HostBuffer
+	var descs [2]transport.RegionDesc
 	for i := range trs {
-		tr, err := engine.OpenTransport("tcp", o)
+		tr, err := transport.OpenTransport("tcp", o)
 		if err != nil {
 			b.Fatal(err)
 		}
-		buf, err := engine.AllocHost("bench", int64(window))
+		buf, err := transport.AllocHost("bench", int64(window))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func benchPair(b *testing.B, streams, window int) (engine.Segment, *engine.HostB
 	if err != nil {
 		b.Fatal(err)
 	}
-	seg, err := trs[0].OpenSegment(context.Background(), engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{descs[1]}})
+	seg, err := trs[0].OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{descs[1]}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,9 +66,9 @@ func BenchmarkWrite(b *testing.B) {
 			name := fmt.Sprintf("streams=%d/block=%s", streams, sizeName(block))
 			b.Run(name, func(b *testing.B) {
 				seg, src, dst := benchPair(b, streams, window)
-				var tb engine.TransferBatch
+				var tb transport.TransferBatch
 				for off := 0; off < window; off += block {
-					tb.Requests = append(tb.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dst.ID, RemoteOffset: uint64(off), Length: uint64(block)})
+					tb.Requests = append(tb.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dst.ID, RemoteOffset: uint64(off), Length: uint64(block)})
 				}
 				ctx := context.Background()
 				b.SetBytes(int64(tb.Bytes()))
@@ -79,7 +79,7 @@ func BenchmarkWrite(b *testing.B) {
 						b.Fatal(err)
 					}
 					st, err := seg.Wait(ctx, id)
-					if err != nil || st.State != engine.BatchCompleted {
+					if err != nil || st.State != transport.BatchCompleted {
 						b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
 					}
 					seg.Release(id)
@@ -94,9 +94,9 @@ func BenchmarkWrite(b *testing.B) {
 // (one descriptor) per request, 16 requests per batch.
 func BenchmarkStrided(b *testing.B) {
 	seg, src, dst := benchPair(b, 4, 64<<20)
-	var tb engine.TransferBatch
+	var tb transport.TransferBatch
 	for i := 0; i < 16; i++ {
-		tb.Requests = append(tb.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i)<<20, Remote: dst.ID, RemoteOffset: uint64(i) << 21,
+		tb.Requests = append(tb.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i)<<20, Remote: dst.ID, RemoteOffset: uint64(i) << 21,
 			Length: 256, Count: 4096, LocalStride: 256, RemoteStride: 512})
 	}
 	ctx := context.Background()
@@ -107,7 +107,7 @@ func BenchmarkStrided(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+		if st, err := seg.Wait(ctx, id); err != nil || st.State != transport.BatchCompleted {
 			b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
 		}
 		seg.Release(id)
@@ -136,12 +136,12 @@ func BenchmarkPipelined(b *testing.B) {
 				seg, src, dst := benchPair(b, tcp.DefaultStreams, window)
 				ctx := context.Background()
 				slots := window / block
-				inflight := make([]engine.BatchID, 0, depth)
+				inflight := make([]transport.BatchID, 0, depth)
 				next := 0
 				submit := func() {
 					off := (next % slots) * block
 					next++
-					id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr() + uintptr(off), Remote: dst.ID, RemoteOffset: uint64(off), Length: uint64(block)}}})
+					id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr() + uintptr(off), Remote: dst.ID, RemoteOffset: uint64(off), Length: uint64(block)}}})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -150,7 +150,7 @@ func BenchmarkPipelined(b *testing.B) {
 				wait := func() {
 					id := inflight[0]
 					inflight = inflight[1:]
-					if st, err := seg.Wait(ctx, id); err != nil || st.State != engine.BatchCompleted {
+					if st, err := seg.Wait(ctx, id); err != nil || st.State != transport.BatchCompleted {
 						b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
 					}
 					seg.Release(id)
@@ -187,19 +187,19 @@ func BenchmarkScattered(b *testing.B) {
 				ctx := context.Background()
 				slots := window / block
 				perm := rand.New(rand.NewPCG(1, 2)).Perm(slots)
-				batches := make([]*engine.TransferBatch, max(1, slots/depth))
+				batches := make([]*transport.TransferBatch, max(1, slots/depth))
 				for k := range batches {
-					tb := &engine.TransferBatch{}
+					tb := &transport.TransferBatch{}
 					for j := 0; j < depth; j++ {
 						i := (k*depth + j) % slots
-						tb.Requests = append(tb.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dst.ID,
+						tb.Requests = append(tb.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dst.ID,
 							RemoteOffset: uint64(perm[i] * block), Length: uint64(block)})
 					}
 					batches[k] = tb
 				}
-				var q []engine.BatchID
+				var q []transport.BatchID
 				wait := func() {
-					if st, err := seg.Wait(ctx, q[0]); err != nil || st.State != engine.BatchCompleted {
+					if st, err := seg.Wait(ctx, q[0]); err != nil || st.State != transport.BatchCompleted {
 						b.Fatalf("batch: %v %v %v", st.State, st.Err, err)
 					}
 					seg.Release(q[0])

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
 )
 
@@ -33,12 +33,12 @@ func runPeer(size string) int {
 		fmt.Fprintln(os.Stderr, "peer: bad size", size)
 		return 2
 	}
-	tr, err := tcp.New(engine.DefaultOptions())
+	tr, err := tcp.New(transport.DefaultOptions())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
 	}
-	buf, err := engine.AllocHost("peer", int64(n))
+	buf, err := transport.AllocHost("peer", int64(n))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
@@ -48,7 +48,7 @@ func runPeer(size string) int {
 		fmt.Fprintln(os.Stderr, "peer:", err)
 		return 1
 	}
-	json.NewEncoder(os.Stdout).Encode(engine.SegmentInfo{Endpoint: []byte(tr.Addr()), Regions: []engine.RegionDesc{d}})
+	json.NewEncoder(os.Stdout).Encode(transport.SegmentInfo{Endpoint: []byte(tr.Addr()), Regions: []transport.RegionDesc{d}})
 	bufio.NewReader(os.Stdin).ReadString('\n') // parent never writes: blocks until killed or stdin closes
 	tr.Close()
 	buf.Close()
@@ -56,7 +56,7 @@ func runPeer(size string) int {
 }
 
 // remotePeer starts the test binary as a receiver process.
-func remotePeer(t *testing.T, regionBytes int) (engine.SegmentInfo, func()) {
+func remotePeer(t *testing.T, regionBytes int) (transport.SegmentInfo, func()) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", peerEnv, regionBytes))
@@ -81,7 +81,7 @@ func remotePeer(t *testing.T, regionBytes int) (engine.SegmentInfo, func()) {
 		})
 	}
 	t.Cleanup(kill)
-	var info engine.SegmentInfo
+	var info transport.SegmentInfo
 	if err := json.NewDecoder(stdout).Decode(&info); err != nil {
 		kill()
 		t.Fatalf("read peer SegmentInfo: %v", err)
@@ -91,7 +91,7 @@ func remotePeer(t *testing.T, regionBytes int) (engine.SegmentInfo, func()) {
 
 func newTCP(t *testing.T, streams int) *tcp.Transport {
 	t.Helper()
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = streams
 	tr, err := tcp.New(o)
 	if err != nil {
@@ -108,7 +108,7 @@ func TestConformance(t *testing.T) {
 		large   int64
 	}{{1, 256 << 20}, {tcp.DefaultStreams, 1 << 30}} {
 		t.Run(fmt.Sprintf("streams=%d", c.streams), func(t *testing.T) {
-			transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+			transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 				return newTCP(t, c.streams), newTCP(t, c.streams)
 			}, transporttest.WithRemotePeer(remotePeer), transporttest.WithLargeBytes(c.large))
 		})
@@ -117,9 +117,9 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceAbort runs the suite with an abrupt receiver stop (RST).
 func TestConformanceAbort(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return newTCP(t, 2), newTCP(t, 2)
-	}, transporttest.WithLargeBytes(0), transporttest.WithKill(func(t *testing.T, r engine.Transport) {
+	}, transporttest.WithLargeBytes(0), transporttest.WithKill(func(t *testing.T, r transport.Transport) {
 		tcp.Abort(r.(*tcp.Transport))
 	}))
 }

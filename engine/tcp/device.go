@@ -5,15 +5,15 @@ import (
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // deviceCopier is the seam for CUDA device memory (Memory.Kind ==
-// engine.MemoryCUDA). TCP cannot send from or receive into device memory
+// transport.MemoryCUDA). TCP cannot send from or receive into device memory
 // directly, so a copier stages each frame through a host bounce buffer:
 //
 //   - RegisterMemory calls check(m) once per device region; an error (wrapping
-//     engine.ErrUnsupportedMemory when there is no CUDA) refuses the region.
+//     transport.ErrUnsupportedMemory when there is no CUDA) refuses the region.
 //   - the sender calls copyFromDevice(dst, src, dev) for each block of a frame
 //     whose local memory is device memory, then writes dst (host) to the socket;
 //   - the receiver reads a block into a host bounce buffer and calls
@@ -32,7 +32,7 @@ import (
 // Elsewhere it is noDevice: every device region is refused with
 // ErrUnsupportedMemory and CapDeviceMemory is not advertised.
 type deviceCopierIface interface {
-	check(m engine.Memory) error
+	check(m transport.Memory) error
 	copyFromDevice(dst []byte, src uintptr, device int) error
 	copyToDevice(dst uintptr, device int, src []byte) error
 }
@@ -52,17 +52,17 @@ func defaultCopier() deviceCopierIface {
 
 type noDevice struct{}
 
-func (noDevice) check(m engine.Memory) error {
+func (noDevice) check(m transport.Memory) error {
 	return fmt.Errorf("tcp: register %d bytes of cuda:%d memory at %#x: %w (no CUDA bounce copier in this build; use host or pinned memory)",
-		m.Length, m.Device, m.Addr, engine.ErrUnsupportedMemory)
+		m.Length, m.Device, m.Addr, transport.ErrUnsupportedMemory)
 }
 
 func (noDevice) copyFromDevice([]byte, uintptr, int) error {
-	return fmt.Errorf("tcp: copy from device: %w", engine.ErrUnsupportedMemory)
+	return fmt.Errorf("tcp: copy from device: %w", transport.ErrUnsupportedMemory)
 }
 
 func (noDevice) copyToDevice(uintptr, int, []byte) error {
-	return fmt.Errorf("tcp: copy to device: %w", engine.ErrUnsupportedMemory)
+	return fmt.Errorf("tcp: copy to device: %w", transport.ErrUnsupportedMemory)
 }
 
 // cudaCopier stages device<->host copies through pinned host buffers of
@@ -80,9 +80,9 @@ type cudaCopier struct {
 // bounceSize).
 const maxPinned = 16
 
-func (c *cudaCopier) check(m engine.Memory) error {
+func (c *cudaCopier) check(m transport.Memory) error {
 	if err := cuda.Available(); err != nil {
-		return fmt.Errorf("tcp: register %d bytes of cuda:%d memory at %#x: %w: %w", m.Length, m.Device, m.Addr, engine.ErrUnsupportedMemory, err)
+		return fmt.Errorf("tcp: register %d bytes of cuda:%d memory at %#x: %w: %w", m.Length, m.Device, m.Addr, transport.ErrUnsupportedMemory, err)
 	}
 	for _, p := range []uintptr{m.Addr, m.Addr + uintptr(m.Length) - 1} {
 		info, err := cuda.PointerAttributes(p)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // fakeDevice treats "device" addresses as host addresses, so the bounce path
@@ -18,7 +18,7 @@ type fakeDevice struct {
 	failTo, failFrom atomic.Int32
 }
 
-func (*fakeDevice) check(engine.Memory) error { return nil }
+func (*fakeDevice) check(transport.Memory) error { return nil }
 
 func (f *fakeDevice) copyFromDevice(dst []byte, src uintptr, _ int) error {
 	if f.failFrom.Add(-1) >= 0 {
@@ -43,16 +43,16 @@ func TestDeviceMemoryRefusedWithoutCopier(t *testing.T) {
 	saved := deviceCopier
 	deviceCopier = noDevice{}
 	defer func() { deviceCopier = saved }()
-	tr, err := New(engine.DefaultOptions())
+	tr, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if tr.Capabilities().Has(engine.CapDeviceMemory) {
+	if tr.Capabilities().Has(transport.CapDeviceMemory) {
 		t.Errorf("CapDeviceMemory set without a CUDA copier")
 	}
-	_, err = tr.RegisterMemory(engine.Memory{Addr: 0x7000_0000_0000, Length: 1 << 20, Kind: engine.MemoryCUDA, Device: 0, FD: -1})
-	if !errors.Is(err, engine.ErrUnsupportedMemory) {
+	_, err = tr.RegisterMemory(transport.Memory{Addr: 0x7000_0000_0000, Length: 1 << 20, Kind: transport.MemoryCUDA, Device: 0, FD: -1})
+	if !errors.Is(err, transport.ErrUnsupportedMemory) {
 		t.Fatalf("RegisterMemory(cuda) = %v, want ErrUnsupportedMemory", err)
 	}
 	if !strings.Contains(err.Error(), "cuda:0") || !strings.Contains(err.Error(), "use host or pinned memory") {
@@ -66,21 +66,21 @@ func TestDeviceCapabilityFollowsCopier(t *testing.T) {
 	saved := deviceCopier
 	deviceCopier = &fakeDevice{}
 	defer func() { deviceCopier = saved }()
-	tr, err := New(engine.DefaultOptions())
+	tr, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if !tr.Capabilities().Has(engine.CapDeviceMemory) {
+	if !tr.Capabilities().Has(transport.CapDeviceMemory) {
 		t.Errorf("CapDeviceMemory not set with a CUDA copier installed")
 	}
-	buf, err := engine.AllocHost("cap", 1<<20)
+	buf, err := transport.AllocHost("cap", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer buf.Close()
 	m := buf.Memory()
-	m.Kind = engine.MemoryCUDA
+	m.Kind = transport.MemoryCUDA
 	d, err := tr.RegisterMemory(m)
 	if err != nil {
 		t.Fatalf("RegisterMemory(cuda) with a copier: %v", err)
@@ -102,19 +102,19 @@ func TestDeviceBouncePath(t *testing.T) {
 	defer cancel()
 	const size = 10 << 20 // > bounceSize, so blocks are staged in pieces
 	var trs [2]*Transport
-	var bufs [2]*engine.HostBuffer
-	var descs [2]engine.RegionDesc
+	var bufs [2]*transport.HostBuffer
+	var descs [2]transport.RegionDesc
 	for i := range trs {
-		tr, err := New(engine.DefaultOptions())
+		tr, err := New(transport.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
-		buf, err := engine.AllocHost("dev", size)
+		buf, err := transport.AllocHost("dev", size)
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := buf.Memory()
-		m.Kind, m.Device = engine.MemoryCUDA, i
+		m.Kind, m.Device = transport.MemoryCUDA, i
 		d, err := tr.RegisterMemory(m)
 		if err != nil {
 			t.Fatal(err)
@@ -127,21 +127,21 @@ func TestDeviceBouncePath(t *testing.T) {
 		bufs[0].Close()
 		bufs[1].Close()
 	}()
-	if !trs[0].Capabilities().Has(engine.CapDeviceMemory) {
+	if !trs[0].Capabilities().Has(transport.CapDeviceMemory) {
 		t.Errorf("CapDeviceMemory not set with a copier installed")
 	}
 	src, dst := bufs[0].Bytes(), bufs[1].Bytes()
 	for i := range src {
 		src[i] = byte(i*31 + i>>12)
 	}
-	seg, err := trs[0].OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []engine.RegionDesc{descs[1]}})
+	seg, err := trs[0].OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []transport.RegionDesc{descs[1]}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer seg.Close()
-	run := func(rs ...engine.WriteRequest) engine.BatchStatus {
+	run := func(rs ...transport.WriteRequest) transport.BatchStatus {
 		t.Helper()
-		id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: rs})
+		id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: rs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,14 +154,14 @@ func TestDeviceBouncePath(t *testing.T) {
 	}
 	base := bufs[0].Addr()
 	// Contiguous, split into 4 MiB frames, each staged through the bounce buffer.
-	if st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 9 << 20}); st.State != engine.BatchCompleted {
+	if st := run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 9 << 20}); st.State != transport.BatchCompleted {
 		t.Fatalf("device write: %v %v", st.State, st.Err)
 	}
 	if !bytes.Equal(dst[:9<<20], src[:9<<20]) {
 		t.Fatalf("device write: bytes differ")
 	}
 	// Strided.
-	if st := run(engine.WriteRequest{Local: base + 7, Remote: descs[1].ID, RemoteOffset: 9 << 20, Length: 100, Count: 50, LocalStride: 300, RemoteStride: 200}); st.State != engine.BatchCompleted {
+	if st := run(transport.WriteRequest{Local: base + 7, Remote: descs[1].ID, RemoteOffset: 9 << 20, Length: 100, Count: 50, LocalStride: 300, RemoteStride: 200}); st.State != transport.BatchCompleted {
 		t.Fatalf("strided device write: %v %v", st.State, st.Err)
 	}
 	for i := 0; i < 50; i++ {
@@ -171,20 +171,20 @@ func TestDeviceBouncePath(t *testing.T) {
 	}
 	// Receiver-side copy failure: the batch fails naming the copy, the stream stays usable.
 	fake.failTo.Store(1)
-	st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
-	if st.State != engine.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyHtoD")) {
+	st := run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
+	if st.State != transport.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyHtoD")) {
 		t.Fatalf("receiver copy failure: %v %v, want failed naming the copy", st.State, st.Err)
 	}
 	fake.failTo.Store(-1 << 30)
 	// Sender-side copy failure: same.
 	fake.failFrom.Store(1)
-	st = run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
-	if st.State != engine.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyDtoH")) {
+	st = run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 4096})
+	if st.State != transport.BatchFailed || st.Err == nil || !bytes.Contains([]byte(st.Err.Error()), []byte("cuMemcpyDtoH")) {
 		t.Fatalf("sender copy failure: %v %v, want failed naming the copy", st.State, st.Err)
 	}
 	fake.failFrom.Store(-1 << 30)
 	clear(dst[:1<<20])
-	if st := run(engine.WriteRequest{Local: base, Remote: descs[1].ID, Length: 1 << 20}); st.State != engine.BatchCompleted || !bytes.Equal(dst[:1<<20], src[:1<<20]) {
+	if st := run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 1 << 20}); st.State != transport.BatchCompleted || !bytes.Equal(dst[:1<<20], src[:1<<20]) {
 		t.Fatalf("write after copy failures: %v %v", st.State, st.Err)
 	}
 }

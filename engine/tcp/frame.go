@@ -20,7 +20,7 @@ import (
 //	8  u16     protocol version (3; version 1 had no scatter frames, 2 no epoch)
 //	10 u16     stream index (informational)
 //	12 u32     reserved, 0
-//	16 u64     segment epoch (engine.SegmentInfo.Epoch; 0 = none): every
+//	16 u64     segment epoch (transport.SegmentInfo.Epoch; 0 = none): every
 //	           write on the connection belongs to it, and the receiver
 //	           refuses the connection unless the epoch is admitted
 //	           (Transport.AdmitEpoch) and not fenced

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // rawPeer speaks the wire protocol by hand to test the receiver against
@@ -72,13 +72,13 @@ func (p *rawPeer) ack() ack {
 	return a
 }
 
-func newRecv(t testing.TB, size int) (*Transport, *engine.HostBuffer, engine.RegionDesc) {
+func newRecv(t testing.TB, size int) (*Transport, *transport.HostBuffer, transport.RegionDesc) {
 	t.Helper()
-	tr, err := New(engine.DefaultOptions())
+	tr, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf, err := engine.AllocHost("recv", int64(size))
+	buf, err := transport.AllocHost("recv", int64(size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func (p *rawPeer) scatter(seq uint64, ents []entry, payload []byte) {
 // a protocol error; the stream stays usable after refusals.
 func TestReceiverScatterFrames(t *testing.T) {
 	tr, bufA, dA := newRecv(t, 1<<16)
-	bufB, err := engine.AllocHost("recv-b", 1<<16)
+	bufB, err := transport.AllocHost("recv-b", 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +333,7 @@ func TestReceiverScatterFrames(t *testing.T) {
 }
 
 func TestLockOrder(t *testing.T) {
-	r := func(id engine.RegionID) *region { return &region{id: id} }
+	r := func(id transport.RegionID) *region { return &region{id: id} }
 	a, b, c := r(1), r(2), r(9)
 	for _, tc := range []struct {
 		in   []*region
@@ -346,7 +346,7 @@ func TestLockOrder(t *testing.T) {
 	} {
 		got := lockOrder(tc.in, make([]*region, 1))
 		if !slices.Equal(got, tc.want) {
-			var ids []engine.RegionID
+			var ids []transport.RegionID
 			for _, g := range got {
 				ids = append(ids, g.id)
 			}
@@ -364,19 +364,19 @@ func TestLockOrder(t *testing.T) {
 func TestScatterDeregisterNoDeadlock(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rx, err := New(engine.DefaultOptions())
+	rx, err := New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rx.Close()
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = 4
 	tx, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	src, err := engine.AllocHost("src", 1<<20)
+	src, err := transport.AllocHost("src", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,16 +385,16 @@ func TestScatterDeregisterNoDeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	const nreg = 4
-	var bufs [nreg]*engine.HostBuffer
+	var bufs [nreg]*transport.HostBuffer
 	for i := range bufs {
-		if bufs[i], err = engine.AllocHost("dst", 1<<20); err != nil {
+		if bufs[i], err = transport.AllocHost("dst", 1<<20); err != nil {
 			t.Fatal(err)
 		}
 		defer bufs[i].Close()
 	}
 	stop := time.Now().Add(2 * time.Second)
 	for round := 0; time.Now().Before(stop); round++ {
-		var descs []engine.RegionDesc
+		var descs []transport.RegionDesc
 		for _, b := range bufs {
 			d, err := rx.RegisterMemory(b.Memory())
 			if err != nil {
@@ -402,19 +402,19 @@ func TestScatterDeregisterNoDeadlock(t *testing.T) {
 			}
 			descs = append(descs, d)
 		}
-		seg, err := tx.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(rx.Addr()), Regions: descs})
+		seg, err := tx.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(rx.Addr()), Regions: descs})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ids []engine.BatchID
+		var ids []transport.BatchID
 		for k := 0; k < 8; k++ {
-			var b engine.TransferBatch
+			var b transport.TransferBatch
 			for j := 0; j < 256; j++ {
 				d := descs[(j+k)%nreg]
 				if k%2 == 1 {
 					d = descs[nreg-1-(j+k)%nreg]
 				}
-				b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(j*4096), Remote: d.ID, RemoteOffset: uint64(j * 4096), Length: 4096})
+				b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(j*4096), Remote: d.ID, RemoteOffset: uint64(j * 4096), Length: 4096})
 			}
 			id, err := seg.Submit(ctx, &b)
 			if err != nil {
@@ -437,7 +437,7 @@ func TestScatterDeregisterNoDeadlock(t *testing.T) {
 			if err != nil {
 				t.Fatalf("round %d: batch did not end: %v (deadlock?)", round, err)
 			}
-			if st.State == engine.BatchFailed && !errors.Is(st.Err, engine.ErrUnknownRegion) {
+			if st.State == transport.BatchFailed && !errors.Is(st.Err, transport.ErrUnknownRegion) {
 				t.Fatalf("round %d: batch failed with %v, want completed or ErrUnknownRegion", round, st.Err)
 			}
 		}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestRedialAfterIdleReset: the receiver's data connections are reset
@@ -16,7 +16,7 @@ import (
 // lands, without failing. Once the receiver fences the epoch, the next batch
 // fails with ErrFenced: a redial never revives a fenced data path.
 func TestRedialAfterIdleReset(t *testing.T) {
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = 2
 	snd, err := tcp.New(o)
 	if err != nil {
@@ -28,12 +28,12 @@ func TestRedialAfterIdleReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rcv.Close()
-	src, err := engine.AllocHost("src", 1<<20)
+	src, err := transport.AllocHost("src", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	dst, err := engine.AllocHost("dst", 1<<20)
+	dst, err := transport.AllocHost("dst", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,16 +58,16 @@ func TestRedialAfterIdleReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seg, err := snd.OpenSegment(ctx, engine.SegmentInfo{Endpoint: ep, Regions: []engine.RegionDesc{dd}, Epoch: epoch})
+	seg, err := snd.OpenSegment(ctx, transport.SegmentInfo{Endpoint: ep, Regions: []transport.RegionDesc{dd}, Epoch: epoch})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer seg.Close()
-	write := func(off uint64) engine.BatchStatus {
+	write := func(off uint64) transport.BatchStatus {
 		t.Helper()
-		id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: 256 << 10}}})
+		id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: 256 << 10}}})
 		if err != nil {
-			return engine.BatchStatus{State: engine.BatchFailed, Err: err}
+			return transport.BatchStatus{State: transport.BatchFailed, Err: err}
 		}
 		defer seg.Release(id)
 		st, err := seg.Wait(ctx, id)
@@ -76,7 +76,7 @@ func TestRedialAfterIdleReset(t *testing.T) {
 		}
 		return st
 	}
-	if st := write(0); st.State != engine.BatchCompleted {
+	if st := write(0); st.State != transport.BatchCompleted {
 		t.Fatalf("first batch: %+v", st)
 	}
 	if n := tcp.ResetInbound(rcv); n != 2 {
@@ -87,7 +87,7 @@ func TestRedialAfterIdleReset(t *testing.T) {
 			t.Fatalf("%d of 2 streams noticed the reset", tcp.DeadStreams(seg))
 		}
 	}
-	if st := write(256 << 10); st.State != engine.BatchCompleted {
+	if st := write(256 << 10); st.State != transport.BatchCompleted {
 		t.Fatalf("batch after an idle reset: %+v, want it to land over redialled connections", st)
 	}
 	if got := snd.Redials(); got != 2 {
@@ -105,7 +105,7 @@ func TestRedialAfterIdleReset(t *testing.T) {
 		}
 	}
 	clear(dst.Bytes())
-	if st := write(0); st.State == engine.BatchCompleted || !errors.Is(st.Err, engine.ErrFenced) {
+	if st := write(0); st.State == transport.BatchCompleted || !errors.Is(st.Err, transport.ErrFenced) {
 		t.Fatalf("batch on a fenced epoch: %+v, want failed with ErrFenced", st)
 	}
 	if bytes.ContainsFunc(dst.Bytes()[:256<<10], func(r rune) bool { return r != 0 }) {

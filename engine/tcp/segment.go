@@ -13,12 +13,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // batch is one submitted TransferBatch.
 type batch struct {
-	id    engine.BatchID
+	id    transport.BatchID
 	total uint64
 	stop  atomic.Bool // canceled or failed: writers skip its unsent frames
 	done  chan struct{}
@@ -29,24 +29,24 @@ type batch struct {
 	err       error
 	skipped   bool
 	canceled  bool
-	state     engine.BatchState
+	state     transport.BatchState
 }
 
-// Status returns the batch's status, Err only once terminal (engine.TableBatch).
-func (b *batch) Status() engine.BatchStatus {
+// Status returns the batch's status, Err only once terminal (transport.TableBatch).
+func (b *batch) Status() transport.BatchStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	st := engine.BatchStatus{State: b.state, BytesDone: b.bytesDone}
+	st := transport.BatchStatus{State: b.state, BytesDone: b.bytesDone}
 	if b.state.Terminal() {
 		st.Err = b.err
 	}
 	return st
 }
 
-// Done is closed when the batch is terminal (engine.TableBatch).
+// Done is closed when the batch is terminal (transport.TableBatch).
 func (b *batch) Done() <-chan struct{} { return b.done }
 
-// Terminal reports whether done is closed (engine.TableBatch).
+// Terminal reports whether done is closed (transport.TableBatch).
 func (b *batch) Terminal() bool {
 	select {
 	case <-b.done:
@@ -74,12 +74,12 @@ func (b *batch) finish(bytes uint64, err error, skipped bool) {
 	}
 	switch {
 	case b.err != nil:
-		b.state = engine.BatchFailed
+		b.state = transport.BatchFailed
 	case b.skipped:
-		b.state = engine.BatchCanceled
-		b.err = fmt.Errorf("tcp: batch %d: %w after %d of %d bytes", b.id, engine.ErrCanceled, b.bytesDone, b.total)
+		b.state = transport.BatchCanceled
+		b.err = fmt.Errorf("tcp: batch %d: %w after %d of %d bytes", b.id, transport.ErrCanceled, b.bytesDone, b.total)
 	default:
-		b.state = engine.BatchCompleted
+		b.state = transport.BatchCompleted
 	}
 	close(b.done)
 }
@@ -150,7 +150,7 @@ type stream struct {
 	burst  []*frame
 }
 
-var _ engine.RegionAdder = (*segment)(nil)
+var _ transport.RegionAdder = (*segment)(nil)
 
 // segment is a sender's connection to one receiver.
 type segment struct {
@@ -159,7 +159,7 @@ type segment struct {
 	epoch uint64 // SegmentInfo.Epoch, sent in every stream's hello
 	// remote is the receiver's region table, replaced whole (copy on
 	// write) by AddRegions so Submit reads it without a lock.
-	remote atomic.Pointer[map[engine.RegionID]engine.RegionDesc]
+	remote atomic.Pointer[map[transport.RegionID]transport.RegionDesc]
 
 	mu sync.Mutex // guards closed, streams and retired; Submit adds to batches under it
 	// streams is replaced whole (copy on write) when a stream is dialled
@@ -167,7 +167,7 @@ type segment struct {
 	streams []*stream
 	retired []*stream // replaced streams, waited for by Close
 	closed  bool
-	batches *engine.BatchTable[*batch]
+	batches *transport.BatchTable[*batch]
 	// redialMu serializes redials; nextRedial (under it) is the earliest
 	// time of the next attempt after a failed one.
 	redialMu   sync.Mutex
@@ -302,9 +302,9 @@ func (s *segment) redial(ctx context.Context) error {
 // OpenSegment dials Options.Streams data connections to the receiver whose
 // Endpoint blob is info.Endpoint ("host:port") and remembers info.Regions for
 // sender-side validation (the receiver checks again). Errors: a malformed
-// endpoint, a dial failure (wraps engine.ErrPeerLost: is the receiver's
+// endpoint, a dial failure (wraps transport.ErrPeerLost: is the receiver's
 // transport running and its ListenHost reachable?), a closed transport.
-func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (engine.Segment, error) {
+func (t *Transport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	addr := string(info.Endpoint)
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("tcp: open segment: endpoint %q is not host:port: %w", addr, err)
@@ -313,10 +313,10 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 	closed := t.closed
 	t.mu.RUnlock()
 	if closed {
-		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
+		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, transport.ErrClosed)
 	}
-	s := &segment{t: t, addr: addr, epoch: info.Epoch, batches: engine.NewBatchTable[*batch]("tcp")}
-	remote := make(map[engine.RegionID]engine.RegionDesc, len(info.Regions))
+	s := &segment{t: t, addr: addr, epoch: info.Epoch, batches: transport.NewBatchTable[*batch]("tcp")}
+	remote := make(map[transport.RegionID]transport.RegionDesc, len(info.Regions))
 	for _, d := range info.Regions {
 		remote[d.ID] = d
 	}
@@ -332,7 +332,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 				st.c.Close()
 			}
 			return nil, fmt.Errorf("tcp: open segment to %s: stream %d of %d: %w: %v (is the receiver's transport running and its listen address reachable?)",
-				addr, i+1, t.streams, engine.ErrPeerLost, err)
+				addr, i+1, t.streams, transport.ErrPeerLost, err)
 		}
 		s.streams = append(s.streams, st)
 	}
@@ -342,7 +342,7 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 		for _, st := range s.streams {
 			st.c.Close()
 		}
-		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, engine.ErrClosed)
+		return nil, fmt.Errorf("tcp: open segment to %s: transport %w", addr, transport.ErrClosed)
 	}
 	t.segments[s] = struct{}{}
 	t.mu.Unlock()
@@ -354,13 +354,13 @@ func (t *Transport) OpenSegment(ctx context.Context, info engine.SegmentInfo) (e
 }
 
 // AddRegions adds receiver regions registered after the segment was opened
-// (engine.RegionAdder); regions already in the table are kept as they are.
+// (transport.RegionAdder); regions already in the table are kept as they are.
 // The receiver checks every write against its own registrations anyway.
-func (s *segment) AddRegions(regions []engine.RegionDesc) error {
+func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 	s.mu.Lock() // one writer at a time
 	defer s.mu.Unlock()
 	old := *s.remote.Load()
-	next := make(map[engine.RegionID]engine.RegionDesc, len(old)+len(regions))
+	next := make(map[transport.RegionID]transport.RegionDesc, len(old)+len(regions))
 	for id, d := range old {
 		next[id] = d
 	}
@@ -378,7 +378,7 @@ func (s *segment) HandshakeReply() []byte { return nil }
 
 // checkRequest validates one request against the remote descriptor and the
 // local registrations and returns the local region holding its source.
-func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
+func (s *segment) checkRequest(i int, r transport.WriteRequest) (*region, error) {
 	if r.Length == 0 {
 		return nil, fmt.Errorf("tcp: request %d: length must be > 0 bytes", i)
 	}
@@ -388,7 +388,7 @@ func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
 	}
 	desc, ok := (*s.remote.Load())[r.Remote]
 	if !ok {
-		return nil, fmt.Errorf("tcp: request %d: remote region %d on %s: %w (not in the segment's region table)", i, r.Remote, s.addr, engine.ErrUnknownRegion)
+		return nil, fmt.Errorf("tcp: request %d: remote region %d on %s: %w (not in the segment's region table)", i, r.Remote, s.addr, transport.ErrUnknownRegion)
 	}
 	if hi, lo := bits.Mul64(blocks, r.Length); hi != 0 || lo > maxFramePayload {
 		return nil, fmt.Errorf("tcp: request %d: %d blocks of %d bytes exceed the %d-byte request limit; split it", i, blocks, r.Length, uint64(maxFramePayload))
@@ -396,11 +396,11 @@ func (s *segment) checkRequest(i int, r engine.WriteRequest) (*region, error) {
 	end, ok := header{Count: uint32(blocks), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}.span()
 	if !ok || end > desc.Length {
 		return nil, fmt.Errorf("tcp: request %d: write to region %d at offset %d length %d x %d (stride %d) ends at %d, past its %d bytes: %w",
-			i, r.Remote, r.RemoteOffset, blocks, r.Length, r.RemoteStride, end, desc.Length, engine.ErrOutOfBounds)
+			i, r.Remote, r.RemoteOffset, blocks, r.Length, r.RemoteStride, end, desc.Length, transport.ErrOutOfBounds)
 	}
 	lend, ok := header{Count: uint32(blocks), Offset: uint64(r.Local), Length: r.Length, Stride: r.LocalStride}.span()
 	if !ok {
-		return nil, fmt.Errorf("tcp: request %d: local range at %#x overflows: %w", i, r.Local, engine.ErrOutOfBounds)
+		return nil, fmt.Errorf("tcp: request %d: local range at %#x overflows: %w", i, r.Local, transport.ErrOutOfBounds)
 	}
 	lr, err := s.t.lookupLocal(r.Local, lend-uint64(r.Local))
 	if err != nil {
@@ -457,13 +457,13 @@ func (p *packer) add(n uint64) bool {
 func (p *packer) reset() { p.entries, p.bytes = 0, 0 }
 
 // Submit validates every request (remote region known and in bounds, local
-// range inside a registered region; errors wrap engine.ErrUnknownRegion or
-// engine.ErrOutOfBounds and nothing is sent), packs small writes (one block
+// range inside a registered region; errors wrap transport.ErrUnknownRegion or
+// transport.ErrOutOfBounds and nothing is sent), packs small writes (one block
 // of at most 256 KiB, host to host) into scatter frames of at most 1024
 // writes and 256 KiB..1 MiB (the batch's small bytes over the streams), splits contiguous requests over 4 MiB into 4 MiB frames,
 // and queues the frames on the least-loaded streams.
 // Errors also: a closed segment (ErrClosed), every stream lost (ErrPeerLost).
-func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.BatchID, error) {
+func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("tcp: submit: %w", err)
 	}
@@ -485,7 +485,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 		}
 		locals[i] = lr
 		switch {
-		case r.Blocks() == 1 && r.Length <= scatterEntryMax && lr.buf != nil && remote[r.Remote].Kind == engine.MemoryHost:
+		case r.Blocks() == 1 && r.Length <= scatterEntryMax && lr.buf != nil && remote[r.Remote].Kind == transport.MemoryHost:
 			small[i] = true
 			nsmall++
 			smallBytes += r.Length
@@ -560,7 +560,7 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return 0, fmt.Errorf("tcp: submit to %s: segment %w", s.addr, engine.ErrClosed)
+		return 0, fmt.Errorf("tcp: submit to %s: segment %w", s.addr, transport.ErrClosed)
 	}
 	streams := s.streams
 	live := 0
@@ -611,20 +611,20 @@ func (s *segment) Submit(ctx context.Context, tb *engine.TransferBatch) (engine.
 
 // Poll returns the batch's status without blocking (ErrUnknownBatch after
 // Release or for an ID never returned by Submit).
-func (s *segment) Poll(id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Poll(id transport.BatchID) (transport.BatchStatus, error) {
 	return s.batches.Poll(id)
 }
 
 // Wait blocks until the batch is terminal or ctx ends (then it returns the
 // current status and ctx's error).
-func (s *segment) Wait(ctx context.Context, id engine.BatchID) (engine.BatchStatus, error) {
+func (s *segment) Wait(ctx context.Context, id transport.BatchID) (transport.BatchStatus, error) {
 	return s.batches.Wait(ctx, id)
 }
 
 // Cancel stops sending the batch's frames that are not on the wire yet. The
 // batch ends Canceled if any frame was skipped, Completed if all had already
 // landed, Failed if one failed. Errors: ErrUnknownBatch.
-func (s *segment) Cancel(id engine.BatchID) error {
+func (s *segment) Cancel(id transport.BatchID) error {
 	b, err := s.batches.Get(id)
 	if err != nil {
 		return err
@@ -638,12 +638,12 @@ func (s *segment) Cancel(id engine.BatchID) error {
 
 // Release forgets a terminal batch. Releasing a pending batch is ignored (its
 // memory is still in use; Cancel and Wait first).
-func (s *segment) Release(id engine.BatchID) {
+func (s *segment) Release(id transport.BatchID) {
 	s.batches.Release(id)
 }
 
 // Close closes every stream; pending batches fail with an error wrapping
-// engine.ErrClosed (or ErrPeerLost if the peer was lost first). It returns
+// transport.ErrClosed (or ErrPeerLost if the peer was lost first). It returns
 // once no stream reads local memory any more. Idempotent.
 func (s *segment) Close() error {
 	s.mu.Lock()
@@ -655,7 +655,7 @@ func (s *segment) Close() error {
 	streams := append(slices.Clone(s.streams), s.retired...)
 	s.mu.Unlock()
 	for _, st := range streams {
-		st.kill(fmt.Errorf("tcp: segment to %s %w", s.addr, engine.ErrClosed))
+		st.kill(fmt.Errorf("tcp: segment to %s %w", s.addr, transport.ErrClosed))
 	}
 	for _, st := range streams {
 		<-st.writerDone
@@ -694,7 +694,7 @@ func (st *stream) kill(err error) {
 		st.dead = true
 		st.deadErr = err
 		st.idleLoss = len(st.inflight) == 0 && len(st.queue) == 0 &&
-			errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrFenced)
+			errors.Is(err, transport.ErrPeerLost) && !errors.Is(err, transport.ErrFenced)
 	}
 	st.mu.Unlock()
 	st.c.Close()
@@ -705,7 +705,7 @@ func (st *stream) kill(err error) {
 }
 
 func (st *stream) lost(format string, args ...any) error {
-	return fmt.Errorf("tcp: stream %d to %s: %w: %s", st.idx, st.seg.addr, engine.ErrPeerLost, fmt.Sprintf(format, args...))
+	return fmt.Errorf("tcp: stream %d to %s: %w: %s", st.idx, st.seg.addr, transport.ErrPeerLost, fmt.Sprintf(format, args...))
 }
 
 // writer owns the socket's write side. It is the only goroutine that fails
@@ -901,7 +901,7 @@ func (st *stream) reader() {
 		}
 		if a.Status == ackFenced {
 			st.mu.Unlock()
-			st.kill(fmt.Errorf("tcp: stream %d to %s: %w: %w: %s", st.idx, st.seg.addr, engine.ErrFenced, engine.ErrPeerLost, a.Msg))
+			st.kill(fmt.Errorf("tcp: stream %d to %s: %w: %w: %s", st.idx, st.seg.addr, transport.ErrFenced, transport.ErrPeerLost, a.Msg))
 			return
 		}
 		f := st.inflight[0]
@@ -934,11 +934,11 @@ func (st *stream) ackErr(f *frame, a ack) error {
 	var sentinel error
 	switch a.Status {
 	case ackUnknownRegion:
-		sentinel = engine.ErrUnknownRegion
+		sentinel = transport.ErrUnknownRegion
 	case ackOutOfBounds:
-		sentinel = engine.ErrOutOfBounds
+		sentinel = transport.ErrOutOfBounds
 	case ackShutdown, ackProtocol:
-		sentinel = engine.ErrPeerLost
+		sentinel = transport.ErrPeerLost
 	default:
 		return fmt.Errorf("%s: %s", where, a.Msg)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // A receiver that accepts connections but never reads or acknowledges (a
@@ -43,7 +43,7 @@ func TestSilentPeerFailsBatch(t *testing.T) {
 		mu.Unlock()
 	}()
 
-	o := engine.DefaultOptions()
+	o := transport.DefaultOptions()
 	o.Streams = 2
 	o.TCP.AckTimeout = 300 * time.Millisecond
 	tr, err := tcp.New(o)
@@ -51,7 +51,7 @@ func TestSilentPeerFailsBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	buf, err := engine.AllocHost("src", 1<<20)
+	buf, err := transport.AllocHost("src", 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,12 +61,12 @@ func TestSilentPeerFailsBatch(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	seg, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(ln.Addr().String()), Regions: []engine.RegionDesc{{ID: 1, Length: 1 << 20}}})
+	seg, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(ln.Addr().String()), Regions: []transport.RegionDesc{{ID: 1, Length: 1 << 20}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer seg.Close()
-	id, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 4096}}})
+	id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 4096}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,55 +74,55 @@ func TestSilentPeerFailsBatch(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Wait: %v — the sender hung on a silent peer", err)
 	}
-	if st.State != engine.BatchFailed || !errors.Is(st.Err, engine.ErrPeerLost) || !strings.Contains(st.Err.Error(), "no acknowledgement") {
+	if st.State != transport.BatchFailed || !errors.Is(st.Err, transport.ErrPeerLost) || !strings.Contains(st.Err.Error(), "no acknowledgement") {
 		t.Fatalf("batch to a silent peer: %v %v, want failed with ErrPeerLost (no acknowledgement)", st.State, st.Err)
 	}
 	// Later submits fail at once with the same cause.
-	if _, err := seg.Submit(ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 16}}}); err != nil && !errors.Is(err, engine.ErrPeerLost) {
+	if _, err := seg.Submit(ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: buf.Addr(), Remote: 1, Length: 16}}}); err != nil && !errors.Is(err, transport.ErrPeerLost) {
 		t.Fatalf("Submit after loss: %v, want ErrPeerLost", err)
 	}
 }
 
 func TestOpenSegmentErrors(t *testing.T) {
-	tr, err := tcp.New(engine.DefaultOptions())
+	tr, err := tcp.New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte("no-port")}); err == nil || !strings.Contains(err.Error(), "host:port") {
+	if _, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte("no-port")}); err == nil || !strings.Contains(err.Error(), "host:port") {
 		t.Errorf("malformed endpoint: %v", err)
 	}
 	// A port nobody listens on: take a free one and close it.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, engine.ErrPeerLost) {
+	if _, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, transport.ErrPeerLost) {
 		t.Errorf("dial refused: %v, want ErrPeerLost", err)
 	}
-	for _, o := range []engine.Options{{Streams: 65}, {Streams: -1}, {ListenPort: 70000}, {TCP: engine.TCPOptions{AckTimeout: -time.Second}}} {
+	for _, o := range []transport.Options{{Streams: 65}, {Streams: -1}, {ListenPort: 70000}, {TCP: transport.TCPOptions{AckTimeout: -time.Second}}} {
 		if tr, err := tcp.New(o); err == nil {
 			tr.Close()
 			t.Errorf("New(%+v) succeeded; want an option error", o)
 		}
 	}
 	tr.Close()
-	if _, err := tr.OpenSegment(ctx, engine.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, engine.ErrClosed) {
+	if _, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, transport.ErrClosed) {
 		t.Errorf("OpenSegment after Close: %v, want ErrClosed", err)
 	}
-	if _, err := tr.Endpoint(ctx, "x"); !errors.Is(err, engine.ErrClosed) {
+	if _, err := tr.Endpoint(ctx, "x"); !errors.Is(err, transport.ErrClosed) {
 		t.Errorf("Endpoint after Close: %v, want ErrClosed", err)
 	}
 }
 
 func TestRegistry(t *testing.T) {
-	tr, err := engine.OpenTransport("tcp", engine.DefaultOptions())
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatalf("OpenTransport(tcp): %v", err)
 	}
 	defer tr.Close()
-	if tr.Name() != "tcp" || !tr.Capabilities().Has(engine.CapHostMemory|engine.CapCrossHost|engine.CapStrided) {
+	if tr.Name() != "tcp" || !tr.Capabilities().Has(transport.CapHostMemory|transport.CapCrossHost|transport.CapStrided) {
 		t.Errorf("name %q caps %b", tr.Name(), tr.Capabilities())
 	}
 	ep, err := tr.Endpoint(context.Background(), "peer")

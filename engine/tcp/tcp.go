@@ -1,6 +1,6 @@
 // Package tcp is kvxfer's TCP transport: the loopback fallback and the
 // transport for hosts with no RDMA device. It registers itself as "tcp"
-// (priority 100) with engine.RegisterTransport; import it for its side effect
+// (priority 100) with transport.RegisterTransport; import it for its side effect
 // or call New.
 //
 // Each node runs one data listener (Options.ListenHost:ListenPort, port 0 = a
@@ -32,17 +32,17 @@
 // Options.TCP.AckTimeout (default 10s; it must exceed
 // the time the link needs for 8 MiB) is declared lost; a peer that closes or
 // dies fails the pending batches of that segment with an error wrapping
-// engine.ErrPeerLost as soon as the socket reports it.
+// transport.ErrPeerLost as soon as the socket reports it.
 //
-// Fencing (engine.Fencer): every connection's hello carries its segment's
-// epoch (engine.SegmentInfo.Epoch). The receiver accepts a connection whose
+// Fencing (transport.Fencer): every connection's hello carries its segment's
+// epoch (transport.SegmentInfo.Epoch). The receiver accepts a connection whose
 // epoch is 0 (no epoch: raw transport users) or admitted (AdmitEpoch) and
 // not fenced, and refuses the others with an ack naming the epoch, so their
 // writes never land. FenceEpoch withdraws the admission, closes the epoch's
 // inbound connections and returns once none of them is receiving any more.
 //
 // Device (CUDA) memory goes through the bounce-buffer seam in device.go and is
-// refused with engine.ErrUnsupportedMemory until the CUDA copier is wired in.
+// refused with transport.ErrUnsupportedMemory until the CUDA copier is wired in.
 //
 // Lifetimes: a Transport and its Segments are safe for concurrent use. Close
 // the Segments you open (Transport.Close closes them too) and Close the
@@ -74,7 +74,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
 
@@ -109,13 +109,13 @@ const (
 const sockBuf = 4 << 20
 
 func init() {
-	engine.RegisterTransport(Name, Priority, nil, func(o engine.Options) (engine.Transport, error) { return New(o) })
+	transport.RegisterTransport(Name, Priority, nil, func(o transport.Options) (transport.Transport, error) { return New(o) })
 }
 
 // region is one registered memory range.
 type region struct {
-	id  engine.RegionID
-	mem engine.Memory
+	id  transport.RegionID
+	mem transport.Memory
 	buf []byte // host memory; nil for device memory
 
 	// mu is read-held while a receive lands in the region; DeregisterMemory
@@ -125,9 +125,9 @@ type region struct {
 }
 
 // Transport is one node's TCP transport instance. It implements
-// engine.Transport; see the package doc for behaviour and lifetimes.
+// transport.Transport; see the package doc for behaviour and lifetimes.
 type Transport struct {
-	opts       engine.Options
+	opts       transport.Options
 	streams    int
 	ackTimeout time.Duration
 	ln         net.Listener
@@ -136,8 +136,8 @@ type Transport struct {
 
 	mu       sync.RWMutex
 	closed   bool
-	nextID   engine.RegionID
-	regions  map[engine.RegionID]*region
+	nextID   transport.RegionID
+	regions  map[transport.RegionID]*region
 	sorted   []*region // host and device regions sorted by mem.Addr (sender lookup)
 	inbound  map[net.Conn]struct{}
 	segments map[*segment]struct{}
@@ -160,9 +160,9 @@ type Transport struct {
 func (t *Transport) Redials() uint64 { return t.redials.Load() }
 
 var (
-	_ engine.Transport = (*Transport)(nil)
-	_ engine.Fencer    = (*Transport)(nil)
-	_ engine.Segment   = (*segment)(nil)
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Fencer    = (*Transport)(nil)
+	_ transport.Segment   = (*segment)(nil)
 )
 
 // maxAdmitted bounds the epochs admitted at once (one per live registration
@@ -171,7 +171,7 @@ const maxAdmitted = 1 << 16
 
 // AdmitEpoch lets connections whose hello names epoch (>= 1) in until
 // FenceEpoch(epoch). peer is informational. Errors: epoch 0, a closed
-// transport (engine.ErrClosed), more than 65,536 epochs admitted.
+// transport (transport.ErrClosed), more than 65,536 epochs admitted.
 func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
 	if epoch == 0 {
 		return fmt.Errorf("tcp: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", peer)
@@ -179,7 +179,7 @@ func (t *Transport) AdmitEpoch(peer string, epoch uint64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return fmt.Errorf("tcp: admit epoch %d: transport %w", epoch, engine.ErrClosed)
+		return fmt.Errorf("tcp: admit epoch %d: transport %w", epoch, transport.ErrClosed)
 	}
 	if _, ok := t.admitted[epoch]; !ok && len(t.admitted) >= maxAdmitted {
 		return fmt.Errorf("tcp: admit epoch %d for %q: %d epochs already admitted (fence unused ones)", epoch, peer, maxAdmitted)
@@ -257,7 +257,7 @@ func (t *Transport) leave(c net.Conn, epoch uint64) {
 // otherwise advertises the default-route interface's address (logged to
 // opts.Logger; a warning when only loopback is left). Errors: an invalid
 // option or a listen failure (port in use: pick another or use 0).
-func New(opts engine.Options) (*Transport, error) {
+func New(opts transport.Options) (*Transport, error) {
 	host := opts.ListenHost
 	if host == "" {
 		host = "127.0.0.1"
@@ -309,7 +309,7 @@ func New(opts engine.Options) (*Transport, error) {
 		ln:         ln,
 		log:        log.With("transport", Name, "listen", ln.Addr().String()),
 		nextID:     1,
-		regions:    map[engine.RegionID]*region{},
+		regions:    map[transport.RegionID]*region{},
 		inbound:    map[net.Conn]struct{}{},
 		segments:   map[*segment]struct{}{},
 		admitted:   map[uint64]string{},
@@ -327,10 +327,10 @@ func (t *Transport) Name() string { return Name }
 // writes from and reads into registered memory), strided requests executed
 // natively (one header per request). CapDeviceMemory is set only when a CUDA
 // copier is installed.
-func (t *Transport) Capabilities() engine.Caps {
-	c := engine.CapHostMemory | engine.CapCrossHost | engine.CapZeroCopy | engine.CapStrided
+func (t *Transport) Capabilities() transport.Caps {
+	c := transport.CapHostMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapStrided
 	if _, none := deviceCopier.(noDevice); !none {
-		c |= engine.CapDeviceMemory
+		c |= transport.CapDeviceMemory
 	}
 	return c
 }
@@ -348,34 +348,34 @@ func hostSlice(addr uintptr, n uint64) []byte {
 // RegisterMemory registers m for sending and receiving and returns its
 // descriptor (ID assigned here, Addr = m.Addr, Length = m.Length, no Key).
 // Errors: zero address or length, a range overlapping a registered one,
-// device memory without a CUDA copier (wraps engine.ErrUnsupportedMemory),
-// a closed transport (wraps engine.ErrClosed).
-func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
+// device memory without a CUDA copier (wraps transport.ErrUnsupportedMemory),
+// a closed transport (wraps transport.ErrClosed).
+func (t *Transport) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
 	if m.Addr == 0 || m.Length == 0 {
-		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: address and length must be non-zero", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: address and length must be non-zero", m.Addr, m.Length)
 	}
 	if uint64(m.Addr)+m.Length < uint64(m.Addr) {
-		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: range wraps the address space", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x length %d: range wraps the address space", m.Addr, m.Length)
 	}
 	r := &region{mem: m}
 	switch m.Kind {
-	case engine.MemoryHost:
+	case transport.MemoryHost:
 		r.buf = hostSlice(m.Addr, m.Length)
-	case engine.MemoryCUDA:
+	case transport.MemoryCUDA:
 		if err := deviceCopier.check(m); err != nil {
-			return engine.RegionDesc{}, err
+			return transport.RegionDesc{}, err
 		}
 	default:
-		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x: %w: kind %v", m.Addr, engine.ErrUnsupportedMemory, m.Kind)
+		return transport.RegionDesc{}, fmt.Errorf("tcp: register memory at %#x: %w: kind %v", m.Addr, transport.ErrUnsupportedMemory, m.Kind)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return engine.RegionDesc{}, fmt.Errorf("tcp: register memory: transport %w", engine.ErrClosed)
+		return transport.RegionDesc{}, fmt.Errorf("tcp: register memory: transport %w", transport.ErrClosed)
 	}
 	for _, o := range t.sorted {
 		if o.mem.Kind == m.Kind && o.mem.Device == m.Device && uint64(m.Addr) < uint64(o.mem.Addr)+o.mem.Length && uint64(o.mem.Addr) < uint64(m.Addr)+m.Length {
-			return engine.RegionDesc{}, fmt.Errorf("tcp: register memory [%#x, +%d): overlaps region %d [%#x, +%d); deregister it first or register one range",
+			return transport.RegionDesc{}, fmt.Errorf("tcp: register memory [%#x, +%d): overlaps region %d [%#x, +%d); deregister it first or register one range",
 				m.Addr, m.Length, o.id, o.mem.Addr, o.mem.Length)
 		}
 	}
@@ -384,13 +384,13 @@ func (t *Transport) RegisterMemory(m engine.Memory) (engine.RegionDesc, error) {
 	t.regions[r.id] = r
 	t.sorted = append(t.sorted, r)
 	sort.Slice(t.sorted, func(i, j int) bool { return t.sorted[i].mem.Addr < t.sorted[j].mem.Addr })
-	return engine.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind}, nil
+	return transport.RegionDesc{ID: r.id, Addr: uint64(m.Addr), Length: m.Length, Kind: m.Kind}, nil
 }
 
 // DeregisterMemory removes region id: later writes to it are refused with an
 // unknown-region reply. It waits for a receive in progress into the region.
-// Errors: an unknown id (wraps engine.ErrUnknownRegion).
-func (t *Transport) DeregisterMemory(id engine.RegionID) error {
+// Errors: an unknown id (wraps transport.ErrUnknownRegion).
+func (t *Transport) DeregisterMemory(id transport.RegionID) error {
 	t.mu.Lock()
 	r, ok := t.regions[id]
 	if ok {
@@ -404,7 +404,7 @@ func (t *Transport) DeregisterMemory(id engine.RegionID) error {
 	}
 	t.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("tcp: deregister region %d: %w", id, engine.ErrUnknownRegion)
+		return fmt.Errorf("tcp: deregister region %d: %w", id, transport.ErrUnknownRegion)
 	}
 	r.mu.Lock()
 	r.dead = true
@@ -418,13 +418,13 @@ func (t *Transport) lookupLocal(addr uintptr, n uint64) (*region, error) {
 	defer t.mu.RUnlock()
 	i := sort.Search(len(t.sorted), func(i int) bool { return t.sorted[i].mem.Addr > addr }) - 1
 	if i < 0 {
-		return nil, fmt.Errorf("local address %#x is below every registered region: %w", addr, engine.ErrOutOfBounds)
+		return nil, fmt.Errorf("local address %#x is below every registered region: %w", addr, transport.ErrOutOfBounds)
 	}
 	r := t.sorted[i]
 	off := uint64(addr - r.mem.Addr)
 	if off+n < off || off+n > r.mem.Length {
 		return nil, fmt.Errorf("local range [%#x, +%d) is not inside a registered region (nearest: region %d [%#x, +%d)): %w",
-			addr, n, r.id, r.mem.Addr, r.mem.Length, engine.ErrOutOfBounds)
+			addr, n, r.id, r.mem.Addr, r.mem.Length, transport.ErrOutOfBounds)
 	}
 	return r, nil
 }
@@ -437,7 +437,7 @@ func (t *Transport) Endpoint(ctx context.Context, peer string) ([]byte, error) {
 	closed := t.closed
 	t.mu.RUnlock()
 	if closed {
-		return nil, fmt.Errorf("tcp: endpoint: transport %w", engine.ErrClosed)
+		return nil, fmt.Errorf("tcp: endpoint: transport %w", transport.ErrClosed)
 	}
 	return []byte(t.endpoint), nil
 }
@@ -666,7 +666,7 @@ func (rx *receiver) run() error {
 func (rx *receiver) frame(h header) (ack, error) {
 	t := rx.t
 	t.mu.RLock()
-	r := t.regions[engine.RegionID(h.Region)]
+	r := t.regions[transport.RegionID(h.Region)]
 	closing := t.closed
 	t.mu.RUnlock()
 	refuse := func(status uint8, msg string) (ack, error) {
@@ -771,7 +771,7 @@ func (rx *receiver) scatter(h header) (ack, error) {
 	var last *region
 	for i, e := range ents {
 		if i == 0 || e.Region != ents[i-1].Region {
-			last = t.regions[engine.RegionID(e.Region)]
+			last = t.regions[transport.RegionID(e.Region)]
 		}
 		dests = append(dests, last)
 	}

@@ -6,17 +6,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
 	"github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
 )
 
 const brokenEnv = "KVXFER_TRANSPORTTEST_BROKEN"
 
-func newTCP(t *testing.T) engine.Transport {
+func newTCP(t *testing.T) transport.Transport {
 	t.Helper()
-	tr, err := tcp.New(engine.DefaultOptions())
+	tr, err := tcp.New(transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestBrokenChild(t *testing.T) {
 		}
 		opts = append(opts, faulty.FlipStatus(ks...))
 	}
-	transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+	transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 		return faulty.Wrap(newTCP(t), opts...), newTCP(t)
 	}, transporttest.WithLargeBytes(0))
 }

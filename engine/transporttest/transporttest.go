@@ -3,37 +3,37 @@
 // function that creates a fresh sender/receiver pair.
 //
 //	func TestConformance(t *testing.T) {
-//		transporttest.Run(t, func(t *testing.T) (engine.Transport, engine.Transport) {
+//		transporttest.Run(t, func(t *testing.T) (transport.Transport, transport.Transport) {
 //			return newTransport(t), newTransport(t)
 //		}, transporttest.WithLargeBytes(256<<20))
 //	}
 //
 // Each case gets its own pair and closes it (Close must be idempotent). The
-// suite allocates all memory with engine.AllocHost and registers sub-ranges
+// suite allocates all memory with transport.AllocHost and registers sub-ranges
 // of it, so it can check that the bytes just before and after a region stay
 // untouched when a write is refused.
 //
-// What the suite requires of a transport, beyond the engine.Transport docs:
+// What the suite requires of a transport, beyond the transport.Transport docs:
 //   - a write the sender can see is invalid (unknown region in its
 //     SegmentInfo, offset past the RegionDesc, local address outside a
 //     registered region) is refused by Submit with an error wrapping
-//     engine.ErrUnknownRegion or engine.ErrOutOfBounds;
+//     transport.ErrUnknownRegion or transport.ErrOutOfBounds;
 //   - a write the sender cannot see is invalid (SegmentInfo forged to claim a
 //     longer or unknown region, region deregistered on the receiver) is
 //     refused by the receiving side: Submit fails or the batch ends
 //     BatchFailed, with an error wrapping ErrOutOfBounds or ErrUnknownRegion
 //     (either is accepted: RDMA NICs report both as a remote access error);
 //     no byte of the receiver's memory changes and the segment stays usable;
-//   - its Segments implement engine.RegionAdder: a region the receiver
+//   - its Segments implement transport.RegionAdder: a region the receiver
 //     registers after the open is refused (ErrUnknownRegion) until
 //     AddRegions names it, then written like any other;
 //   - when the receiver closes (or is killed), pending and later batches fail
-//     with an error wrapping engine.ErrPeerLost (Submit may return it
+//     with an error wrapping transport.ErrPeerLost (Submit may return it
 //     instead) within PeerLostWithin, never hang;
-//   - a receiver that implements engine.Fencer: a segment opened with an
+//   - a receiver that implements transport.Fencer: a segment opened with an
 //     admitted epoch writes; once FenceEpoch returns, nothing more written
 //     through it lands (Submit or the batch fails with an error wrapping
-//     engine.ErrPeerLost, engine.ErrFenced or engine.ErrUnknownRegion), a
+//     transport.ErrPeerLost, transport.ErrFenced or transport.ErrUnknownRegion), a
 //     new segment with the fenced epoch cannot write either, and a newly
 //     admitted epoch writes again. Transports without a handshake also
 //     refuse an epoch that was never admitted (with one, the receiver's QPs
@@ -51,7 +51,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Config holds the suite's knobs; set them with Options.
@@ -70,12 +70,12 @@ type Config struct {
 	// Kill, when set, stops the receiver abruptly (for example by closing its
 	// sockets with RST); the peer-lost case uses it instead of
 	// receiver.Close.
-	Kill func(t *testing.T, receiver engine.Transport)
+	Kill func(t *testing.T, receiver transport.Transport)
 	// RemotePeer, when set, starts a receiver in ANOTHER process with one
 	// registered region of at least regionBytes bytes and returns what a
 	// sender needs to reach it and a function that kills that process
 	// (SIGKILL). It enables the "peer killed" case.
-	RemotePeer func(t *testing.T, regionBytes int) (info engine.SegmentInfo, kill func())
+	RemotePeer func(t *testing.T, regionBytes int) (info transport.SegmentInfo, kill func())
 }
 
 // Option sets a Config field.
@@ -91,19 +91,19 @@ func WithCaseTimeout(d time.Duration) Option { return func(c *Config) { c.CaseTi
 func WithPeerLostWithin(d time.Duration) Option { return func(c *Config) { c.PeerLostWithin = d } }
 
 // WithKill sets Config.Kill.
-func WithKill(f func(t *testing.T, receiver engine.Transport)) Option {
+func WithKill(f func(t *testing.T, receiver transport.Transport)) Option {
 	return func(c *Config) { c.Kill = f }
 }
 
 // WithRemotePeer sets Config.RemotePeer.
-func WithRemotePeer(f func(t *testing.T, regionBytes int) (engine.SegmentInfo, func())) Option {
+func WithRemotePeer(f func(t *testing.T, regionBytes int) (transport.SegmentInfo, func())) Option {
 	return func(c *Config) { c.RemotePeer = f }
 }
 
 // Run runs every conformance case as a subtest of t. newPair must return a
 // fresh, unconnected sender and receiver transport each time (the suite
 // closes both; Close must be idempotent).
-func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Transport), opts ...Option) {
+func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver transport.Transport), opts ...Option) {
 	cfg := Config{LargeBytes: 1 << 30, CaseTimeout: 2 * time.Minute, PeerLostWithin: 5 * time.Second}
 	for _, o := range opts {
 		o(&cfg)
@@ -140,7 +140,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver engine.Trans
 
 type suite struct {
 	cfg     Config
-	newPair func(t *testing.T) (engine.Transport, engine.Transport)
+	newPair func(t *testing.T) (transport.Transport, transport.Transport)
 }
 
 // guard is the number of bytes kept unregistered before and after every
@@ -151,13 +151,13 @@ const guard = 4096
 type env struct {
 	t         *testing.T
 	ctx       context.Context
-	s, r      engine.Transport
-	src       *engine.HostBuffer
-	dstBuf    *engine.HostBuffer
+	s, r      transport.Transport
+	src       *transport.HostBuffer
+	dstBuf    *transport.HostBuffer
 	dst       []byte // the registered receiver region (inside dstBuf, between guards)
-	srcDesc   engine.RegionDesc
-	dstDesc   engine.RegionDesc
-	seg       engine.Segment
+	srcDesc   transport.RegionDesc
+	dstDesc   transport.RegionDesc
+	seg       transport.Segment
 	peerSeq   int
 	expected  []byte // what dstBuf must hold (guards included)
 	extra     []*extraRegion
@@ -171,10 +171,10 @@ func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
 	t.Helper()
 	e := &env{t: t}
 	var err error
-	if e.src, err = engine.AllocHost("transporttest-src", int64(srcBytes)); err != nil {
+	if e.src, err = transport.AllocHost("transporttest-src", int64(srcBytes)); err != nil {
 		t.Fatal(err)
 	}
-	if e.dstBuf, err = engine.AllocHost("transporttest-dst", int64(dstBytes+2*guard)); err != nil {
+	if e.dstBuf, err = transport.AllocHost("transporttest-dst", int64(dstBytes+2*guard)); err != nil {
 		e.src.Close()
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func (s *suite) newEnv(t *testing.T, srcBytes, dstBytes int) *env {
 
 // open opens a segment from sender to receiver advertising regions (which a
 // test may forge).
-func (e *env) open(regions ...engine.RegionDesc) engine.Segment {
+func (e *env) open(regions ...transport.RegionDesc) transport.Segment {
 	e.t.Helper()
 	seg, err := e.openEpoch(0, false, regions...)
 	if err != nil {
@@ -231,7 +231,7 @@ func (e *env) open(regions ...engine.RegionDesc) engine.Segment {
 
 // openEpoch opens a segment with SegmentInfo.Epoch = epoch, admitting the
 // epoch on the receiver first when admit is set.
-func (e *env) openEpoch(epoch uint64, admit bool, regions ...engine.RegionDesc) (engine.Segment, error) {
+func (e *env) openEpoch(epoch uint64, admit bool, regions ...transport.RegionDesc) (transport.Segment, error) {
 	e.t.Helper()
 	e.peerSeq++
 	peer := fmt.Sprintf("transporttest-sender-%d", e.peerSeq)
@@ -240,18 +240,18 @@ func (e *env) openEpoch(epoch uint64, admit bool, regions ...engine.RegionDesc) 
 		e.t.Fatalf("receiver Endpoint: %v", err)
 	}
 	if admit {
-		if err := e.r.(engine.Fencer).AdmitEpoch(peer, epoch); err != nil {
+		if err := e.r.(transport.Fencer).AdmitEpoch(peer, epoch); err != nil {
 			e.t.Fatalf("receiver AdmitEpoch(%d): %v", epoch, err)
 		}
 	}
-	seg, err := e.s.OpenSegment(e.ctx, engine.SegmentInfo{Endpoint: ep, Regions: regions, Epoch: epoch})
+	seg, err := e.s.OpenSegment(e.ctx, transport.SegmentInfo{Endpoint: ep, Regions: regions, Epoch: epoch})
 	if err != nil {
 		return nil, err
 	}
-	if e.s.Capabilities().Has(engine.CapHandshake) {
-		acc, ok := e.r.(engine.Acceptor)
+	if e.s.Capabilities().Has(transport.CapHandshake) {
+		acc, ok := e.r.(transport.Acceptor)
 		if !ok {
-			e.t.Fatalf("%s has CapHandshake but does not implement engine.Acceptor", e.r.Name())
+			e.t.Fatalf("%s has CapHandshake but does not implement transport.Acceptor", e.r.Name())
 		}
 		if err := acc.Accept(e.ctx, peer, seg.HandshakeReply()); err != nil {
 			seg.Close()
@@ -263,13 +263,13 @@ func (e *env) openEpoch(epoch uint64, admit bool, regions ...engine.RegionDesc) 
 }
 
 // write builds a contiguous request from source offset so to receiver offset do.
-func (e *env) write(so, do, n int) engine.WriteRequest {
-	return engine.WriteRequest{Local: e.src.Addr() + uintptr(so), Remote: e.dstDesc.ID, RemoteOffset: uint64(do), Length: uint64(n)}
+func (e *env) write(so, do, n int) transport.WriteRequest {
+	return transport.WriteRequest{Local: e.src.Addr() + uintptr(so), Remote: e.dstDesc.ID, RemoteOffset: uint64(do), Length: uint64(n)}
 }
 
 // expect records the effect of req on the expected receiver image (of the
 // env's region, or of an extra region when req names one).
-func (e *env) expect(req engine.WriteRequest) {
+func (e *env) expect(req transport.WriteRequest) {
 	img := e.expected
 	for _, x := range e.extra {
 		if x.desc.ID == req.Remote {
@@ -287,8 +287,8 @@ func (e *env) expect(req engine.WriteRequest) {
 
 // extraRegion is a second receiver region (with its own guards).
 type extraRegion struct {
-	buf      *engine.HostBuffer
-	desc     engine.RegionDesc
+	buf      *transport.HostBuffer
+	desc     transport.RegionDesc
 	expected []byte
 }
 
@@ -296,7 +296,7 @@ type extraRegion struct {
 // between guards, filled with a random pattern; verify checks it too.
 func (e *env) addRegion(n int) *extraRegion {
 	e.t.Helper()
-	buf, err := engine.AllocHost("transporttest-dst2", int64(n+2*guard))
+	buf, err := transport.AllocHost("transporttest-dst2", int64(n+2*guard))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -317,14 +317,14 @@ func (e *env) addRegion(n int) *extraRegion {
 }
 
 // run submits b on seg, waits, and requires BatchCompleted with every byte.
-func (e *env) run(seg engine.Segment, b *engine.TransferBatch) {
+func (e *env) run(seg transport.Segment, b *transport.TransferBatch) {
 	e.t.Helper()
 	id, err := seg.Submit(e.ctx, b)
 	if err != nil {
 		e.t.Fatalf("Submit: %v", err)
 	}
 	st := e.wait(seg, id)
-	if st.State != engine.BatchCompleted {
+	if st.State != transport.BatchCompleted {
 		e.t.Fatalf("batch %d: state %v, err %v; want completed", id, st.State, st.Err)
 	}
 	if st.BytesDone != b.Bytes() {
@@ -337,7 +337,7 @@ func (e *env) run(seg engine.Segment, b *engine.TransferBatch) {
 }
 
 // wait waits for a terminal state within the case deadline.
-func (e *env) wait(seg engine.Segment, id engine.BatchID) engine.BatchStatus {
+func (e *env) wait(seg transport.Segment, id transport.BatchID) transport.BatchStatus {
 	e.t.Helper()
 	st, err := seg.Wait(e.ctx, id)
 	if err != nil {
@@ -354,7 +354,7 @@ func (e *env) wait(seg engine.Segment, id engine.BatchID) engine.BatchStatus {
 // grown for stall (the CaseTimeout). A 1 GiB batch on a loaded machine (race detector,
 // other test binaries on the cores) is slow, not hung; a transport that
 // reports BytesDone only at the end gets CaseTimeout in all, as with wait.
-func (e *env) waitProgress(seg engine.Segment, id engine.BatchID, stall time.Duration) engine.BatchStatus {
+func (e *env) waitProgress(seg transport.Segment, id transport.BatchID, stall time.Duration) transport.BatchStatus {
 	e.t.Helper()
 	var last uint64
 	since := time.Now()
@@ -408,13 +408,13 @@ func verifyImage(t *testing.T, what string, got, want []byte) {
 
 // refused submits b and requires it to be refused with an error wrapping one
 // of want, either by Submit or as a failed batch.
-func (e *env) refused(seg engine.Segment, b *engine.TransferBatch, want ...error) {
+func (e *env) refused(seg transport.Segment, b *transport.TransferBatch, want ...error) {
 	e.t.Helper()
 	id, err := seg.Submit(e.ctx, b)
 	if err == nil {
 		st := e.wait(seg, id)
 		seg.Release(id)
-		if st.State != engine.BatchFailed {
+		if st.State != transport.BatchFailed {
 			e.t.Fatalf("invalid write: batch ended %v, want failed (refused)", st.State)
 		}
 		err = st.Err
@@ -431,18 +431,18 @@ func (e *env) refused(seg engine.Segment, b *engine.TransferBatch, want ...error
 // cannotWrite requires that a write through seg never lands: Submit or the
 // batch fails with an error wrapping ErrPeerLost, ErrFenced or
 // ErrUnknownRegion, within the case deadline.
-func (e *env) cannotWrite(seg engine.Segment, req engine.WriteRequest, what string) {
+func (e *env) cannotWrite(seg transport.Segment, req transport.WriteRequest, what string) {
 	e.t.Helper()
-	id, err := seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req}})
+	id, err := seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{req}})
 	if err == nil {
 		st := e.wait(seg, id)
 		seg.Release(id)
-		if st.State != engine.BatchFailed {
+		if st.State != transport.BatchFailed {
 			e.t.Fatalf("%s: batch ended %v, want failed", what, st.State)
 		}
 		err = st.Err
 	}
-	if !errors.Is(err, engine.ErrPeerLost) && !errors.Is(err, engine.ErrFenced) && !errors.Is(err, engine.ErrUnknownRegion) {
+	if !errors.Is(err, transport.ErrPeerLost) && !errors.Is(err, transport.ErrFenced) && !errors.Is(err, transport.ErrUnknownRegion) {
 		e.t.Fatalf("%s: %v, want an error wrapping ErrPeerLost, ErrFenced or ErrUnknownRegion", what, err)
 	}
 	e.t.Logf("%s: refused: %v", what, err)
@@ -450,19 +450,19 @@ func (e *env) cannotWrite(seg engine.Segment, req engine.WriteRequest, what stri
 
 func (s *suite) fencedEpoch(t *testing.T) {
 	e := s.newEnv(t, 1<<20, 1<<20)
-	f, ok := e.r.(engine.Fencer)
+	f, ok := e.r.(transport.Fencer)
 	if !ok {
-		t.Skipf("%s does not implement engine.Fencer", e.r.Name())
+		t.Skipf("%s does not implement transport.Fencer", e.r.Name())
 	}
 	const n = 64 << 10
-	epoch := engine.NewEpoch()
+	epoch := transport.NewEpoch()
 	seg, err := e.openEpoch(epoch, true, e.dstDesc)
 	if err != nil {
 		t.Fatalf("open a segment with admitted epoch %d: %v", epoch, err)
 	}
 	defer seg.Close()
 	peer := e.fencePeer
-	e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, n)}})
+	e.run(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, n)}})
 	if err := f.FenceEpoch(e.ctx, peer, epoch); err != nil {
 		t.Fatalf("FenceEpoch(%d): %v", epoch, err)
 	}
@@ -471,19 +471,19 @@ func (s *suite) fencedEpoch(t *testing.T) {
 	if err := f.FenceEpoch(e.ctx, peer, epoch); err != nil {
 		t.Fatalf("second FenceEpoch(%d): %v, want nil", epoch, err)
 	}
-	if err := f.FenceEpoch(e.ctx, "nobody", engine.NewEpoch()); err != nil {
+	if err := f.FenceEpoch(e.ctx, "nobody", transport.NewEpoch()); err != nil {
 		t.Fatalf("FenceEpoch of an epoch never admitted: %v, want nil", err)
 	}
-	if !e.r.Capabilities().Has(engine.CapHandshake) {
+	if !e.r.Capabilities().Has(transport.CapHandshake) {
 		// A late segment of the fenced epoch, and one of an epoch never
 		// admitted, cannot write.
 		for _, c := range []struct {
 			epoch uint64
 			what  string
-		}{{epoch, "segment opened with the fenced epoch"}, {engine.NewEpoch(), "segment opened with an epoch never admitted"}} {
+		}{{epoch, "segment opened with the fenced epoch"}, {transport.NewEpoch(), "segment opened with an epoch never admitted"}} {
 			late, err := e.openEpoch(c.epoch, false, e.dstDesc)
 			if err != nil {
-				if !errors.Is(err, engine.ErrFenced) && !errors.Is(err, engine.ErrPeerLost) {
+				if !errors.Is(err, transport.ErrFenced) && !errors.Is(err, transport.ErrPeerLost) {
 					t.Fatalf("%s: OpenSegment %v, want it refused with ErrFenced", c.what, err)
 				}
 				t.Logf("%s: OpenSegment refused: %v", c.what, err)
@@ -495,13 +495,13 @@ func (s *suite) fencedEpoch(t *testing.T) {
 		e.verify()
 	}
 	// A new epoch is a new data path: it writes.
-	next := engine.NewEpoch()
+	next := transport.NewEpoch()
 	seg2, err := e.openEpoch(next, true, e.dstDesc)
 	if err != nil {
 		t.Fatalf("open a segment with a new admitted epoch %d: %v", next, err)
 	}
 	defer seg2.Close()
-	e.run(seg2, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(3*n, 3*n, n)}})
+	e.run(seg2, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(3*n, 3*n, n)}})
 	e.verify()
 }
 
@@ -527,7 +527,7 @@ func (s *suite) registerDeregister(t *testing.T) {
 	if e.srcDesc.ID == 0 && e.dstDesc.ID == 0 {
 		t.Logf("note: region IDs are 0")
 	}
-	extra, err := engine.AllocHost("transporttest-extra", 1<<16)
+	extra, err := transport.AllocHost("transporttest-extra", 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,13 +542,13 @@ func (s *suite) registerDeregister(t *testing.T) {
 	if err := e.r.DeregisterMemory(d1.ID); err != nil {
 		t.Fatalf("DeregisterMemory(%d): %v", d1.ID, err)
 	}
-	if err := e.r.DeregisterMemory(d1.ID); !errors.Is(err, engine.ErrUnknownRegion) {
+	if err := e.r.DeregisterMemory(d1.ID); !errors.Is(err, transport.ErrUnknownRegion) {
 		t.Errorf("second DeregisterMemory(%d) = %v, want ErrUnknownRegion", d1.ID, err)
 	}
-	if err := e.r.DeregisterMemory(0xFFFFFF00); !errors.Is(err, engine.ErrUnknownRegion) {
+	if err := e.r.DeregisterMemory(0xFFFFFF00); !errors.Is(err, transport.ErrUnknownRegion) {
 		t.Errorf("DeregisterMemory(unknown) = %v, want ErrUnknownRegion", err)
 	}
-	if _, err := e.r.RegisterMemory(engine.Memory{Addr: extra.Addr(), Length: 0, FD: -1}); err == nil {
+	if _, err := e.r.RegisterMemory(transport.Memory{Addr: extra.Addr(), Length: 0, FD: -1}); err == nil {
 		t.Errorf("RegisterMemory with length 0 succeeded; want an error")
 	}
 	// Re-register after deregistration works and the region is usable.
@@ -558,11 +558,11 @@ func (s *suite) registerDeregister(t *testing.T) {
 	}
 	seg := e.open(d2)
 	defer seg.Close()
-	id, err := seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: e.src.Addr(), Remote: d2.ID, Length: 1 << 16}}})
+	id, err := seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: e.src.Addr(), Remote: d2.ID, Length: 1 << 16}}})
 	if err != nil {
 		t.Fatalf("Submit to re-registered region: %v", err)
 	}
-	if st := e.wait(seg, id); st.State != engine.BatchCompleted {
+	if st := e.wait(seg, id); st.State != transport.BatchCompleted {
 		t.Fatalf("write to re-registered region: %v %v", st.State, st.Err)
 	}
 	if !bytes.Equal(extra.Bytes(), e.src.Bytes()[:1<<16]) {
@@ -582,20 +582,20 @@ func (s *suite) writeSizes(t *testing.T) {
 		do := rng.IntN(16*mib - n + 1)
 		t.Run(fmt.Sprintf("bytes=%d", n), func(t *testing.T) {
 			e.t = t
-			e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(so, do, n)}})
+			e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(so, do, n)}})
 			e.verify()
 		})
 	}
 	// Edges of the region: first and last byte.
 	e.t = t
-	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(5, 0, 1), e.write(9, 16*mib-1, 1)}})
+	e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(5, 0, 1), e.write(9, 16*mib-1, 1)}})
 	e.verify()
 }
 
 func (s *suite) multiRequestBatch(t *testing.T) {
 	e := s.newEnv(t, 4<<20, 4<<20)
 	rng := rand.New(rand.NewPCG(5, 6))
-	var b engine.TransferBatch
+	var b transport.TransferBatch
 	// 64 non-overlapping destination slots of 64 KiB, random lengths.
 	for i := 0; i < 64; i++ {
 		n := 1 + rng.IntN(64<<10)
@@ -618,7 +618,7 @@ func (s *suite) scattered(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	sizes := []int{1, 7, 512, 4096, 4096, 4096, 4096, 4099, 16 << 10, 32 << 10, slot - 1, slot}
 	type dest struct {
-		id  engine.RegionID
+		id  transport.RegionID
 		off int
 	}
 	var slots []dest
@@ -626,21 +626,21 @@ func (s *suite) scattered(t *testing.T) {
 		slots = append(slots, dest{e.dstDesc.ID, i * slot}, dest{x.desc.ID, i * slot})
 	}
 	rng.Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
-	var b engine.TransferBatch
+	var b transport.TransferBatch
 	for _, d := range slots {
 		n := sizes[rng.IntN(len(sizes))]
-		b.Requests = append(b.Requests, engine.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(16*mib-n)),
+		b.Requests = append(b.Requests, transport.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(16*mib-n)),
 			Remote: d.id, RemoteOffset: uint64(d.off + rng.IntN(slot-n+1)), Length: uint64(n)})
 	}
 	// Region x beyond 8 MiB: a large write, a strided one, one just over
 	// 256 KiB, at random places in the batch.
-	for _, r := range []engine.WriteRequest{
+	for _, r := range []transport.WriteRequest{
 		{Local: e.src.Addr() + 3, Remote: x.desc.ID, RemoteOffset: 8 * mib, Length: mib + 5},
 		{Local: e.src.Addr() + 999, Remote: x.desc.ID, RemoteOffset: 10 * mib, Length: 256, Count: 64, LocalStride: 512, RemoteStride: 1024},
 		{Local: e.src.Addr() + 77, Remote: x.desc.ID, RemoteOffset: 11 * mib, Length: 256<<10 + 1},
 	} {
 		i := rng.IntN(len(b.Requests) + 1)
-		b.Requests = append(b.Requests[:i], append([]engine.WriteRequest{r}, b.Requests[i:]...)...)
+		b.Requests = append(b.Requests[:i], append([]transport.WriteRequest{r}, b.Requests[i:]...)...)
 	}
 	seg := e.open(e.dstDesc, x.desc)
 	defer seg.Close()
@@ -649,7 +649,7 @@ func (s *suite) scattered(t *testing.T) {
 
 	t.Run("2048-pages", func(t *testing.T) {
 		e.t = t
-		var pages engine.TransferBatch
+		var pages transport.TransferBatch
 		for _, p := range rng.Perm(8 * mib / 4096) {
 			pages.Requests = append(pages.Requests, e.write(rng.IntN(16*mib/4096)*4096, p*4096, 4096))
 		}
@@ -676,21 +676,21 @@ func (s *suite) scatteredRefused(t *testing.T) {
 	for _, badAt := range []int{0, 100, 255} {
 		t.Run(fmt.Sprintf("bad=%d", badAt), func(t *testing.T) {
 			e.t = t
-			var b engine.TransferBatch
+			var b transport.TransferBatch
 			pages := rng.Perm(2 * mib / 4096)
 			for _, p := range pages[:256] {
 				id := e.dstDesc.ID
 				if p >= mib/4096 {
 					id, p = x.desc.ID, p-mib/4096
 				}
-				b.Requests = append(b.Requests, engine.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(4*mib/4096)*4096), Remote: id, RemoteOffset: uint64(p * 4096), Length: 4096})
+				b.Requests = append(b.Requests, transport.WriteRequest{Local: e.src.Addr() + uintptr(rng.IntN(4*mib/4096)*4096), Remote: id, RemoteOffset: uint64(p * 4096), Length: 4096})
 			}
 			free := pages[256] // a page no other write of the batch touches
 			if free >= mib/4096 {
 				free -= mib / 4096
 			}
-			b.Requests[badAt] = engine.WriteRequest{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: mib - 2048, Length: 4096}
-			e.refused(seg, &b, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+			b.Requests[badAt] = transport.WriteRequest{Local: e.src.Addr(), Remote: e.dstDesc.ID, RemoteOffset: mib - 2048, Length: 4096}
+			e.refused(seg, &b, transport.ErrOutOfBounds, transport.ErrUnknownRegion)
 			// Inside the regions anything of this batch may have landed:
 			// take the regions as they are, check the guards.
 			copy(e.expected[guard:guard+mib], e.dst)
@@ -712,7 +712,7 @@ func (s *suite) scatteredRefused(t *testing.T) {
 
 func (s *suite) strided(t *testing.T) {
 	e := s.newEnv(t, 1<<20, 1<<20)
-	cases := []engine.WriteRequest{
+	cases := []transport.WriteRequest{
 		// TP-mismatch head slicing: 16 blocks of 256 B, packed on the sender,
 		// spread on the receiver.
 		{Local: e.src.Addr() + 100, RemoteOffset: 0, Length: 256, Count: 16, LocalStride: 256, RemoteStride: 1024},
@@ -727,7 +727,7 @@ func (s *suite) strided(t *testing.T) {
 		r.Remote = e.dstDesc.ID
 		t.Run(fmt.Sprintf("case%d/count=%d/len=%d", i, r.Count, r.Length), func(t *testing.T) {
 			e.t = t
-			e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
+			e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
 			e.verify()
 		})
 	}
@@ -736,7 +736,7 @@ func (s *suite) strided(t *testing.T) {
 func (s *suite) outOfBoundsSender(t *testing.T) {
 	e := s.newEnv(t, 1<<20, 1<<20)
 	n := int(e.dstDesc.Length)
-	bad := []engine.WriteRequest{
+	bad := []transport.WriteRequest{
 		e.write(0, n-10, 11),      // one byte past the end
 		e.write(0, n, 1),          // starts at the end
 		e.write(0, 1<<62, 4096),   // far away
@@ -747,8 +747,8 @@ func (s *suite) outOfBoundsSender(t *testing.T) {
 	for i, r := range bad {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
 			e.t = t
-			_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 64), r}})
-			if !errors.Is(err, engine.ErrOutOfBounds) {
+			_, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 64), r}})
+			if !errors.Is(err, transport.ErrOutOfBounds) {
 				t.Fatalf("Submit of a write past the advertised region: err = %v, want ErrOutOfBounds at once", err)
 			}
 			e.verify() // nothing sent, not even the valid first request
@@ -756,13 +756,13 @@ func (s *suite) outOfBoundsSender(t *testing.T) {
 	}
 	t.Run("local-outside-registered", func(t *testing.T) {
 		e.t = t
-		for _, r := range []engine.WriteRequest{
+		for _, r := range []transport.WriteRequest{
 			{Local: e.src.Addr() + uintptr(e.src.Len()) - 10, Remote: e.dstDesc.ID, Length: 11},
 			{Local: e.src.Addr() - 4096, Remote: e.dstDesc.ID, Length: 16},
 			{Local: e.src.Addr(), Remote: e.dstDesc.ID, Length: 16, Count: 3, LocalStride: uint64(e.src.Len()), RemoteStride: 16},
 		} {
-			_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
-			if !errors.Is(err, engine.ErrOutOfBounds) {
+			_, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
+			if !errors.Is(err, transport.ErrOutOfBounds) {
 				t.Errorf("Submit from local %#x (+%d) outside the registered source: err = %v, want ErrOutOfBounds", r.Local, r.Length, err)
 			}
 		}
@@ -770,7 +770,7 @@ func (s *suite) outOfBoundsSender(t *testing.T) {
 	})
 	t.Run("still-usable", func(t *testing.T) {
 		e.t = t
-		e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, n-4096, 4096)}})
+		e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, n-4096, 4096)}})
 		e.verify()
 	})
 }
@@ -784,7 +784,7 @@ func (s *suite) outOfBoundsReceiver(t *testing.T) {
 	forged.Length += 1 << 20
 	seg := e.open(forged)
 	defer seg.Close()
-	bad := []engine.WriteRequest{
+	bad := []transport.WriteRequest{
 		e.write(0, n-10, 11),
 		e.write(0, n, guard),
 		e.write(0, n-(1<<19), 1<<20), // half in, half out: nothing may land
@@ -793,10 +793,10 @@ func (s *suite) outOfBoundsReceiver(t *testing.T) {
 	for i, r := range bad {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
 			e.t = t
-			e.refused(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}}, engine.ErrOutOfBounds, engine.ErrUnknownRegion)
+			e.refused(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{r}}, transport.ErrOutOfBounds, transport.ErrUnknownRegion)
 			e.verify()
 			// The same segment keeps working after a refusal.
-			e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(i*4096, i*4096, 4096)}})
+			e.run(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(i*4096, i*4096, 4096)}})
 			e.verify()
 		})
 	}
@@ -808,8 +808,8 @@ func (s *suite) unknownRegion(t *testing.T) {
 		e.t = t
 		r := e.write(0, 0, 16)
 		r.Remote = e.dstDesc.ID + 1000
-		_, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{r}})
-		if !errors.Is(err, engine.ErrUnknownRegion) {
+		_, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
+		if !errors.Is(err, transport.ErrUnknownRegion) {
 			t.Fatalf("Submit to a region not in the SegmentInfo: err = %v, want ErrUnknownRegion", err)
 		}
 	})
@@ -821,31 +821,31 @@ func (s *suite) unknownRegion(t *testing.T) {
 		defer seg.Close()
 		r := e.write(0, 0, 4096)
 		r.Remote = fake.ID
-		e.refused(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{r}}, engine.ErrUnknownRegion, engine.ErrOutOfBounds)
+		e.refused(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{r}}, transport.ErrUnknownRegion, transport.ErrOutOfBounds)
 		e.verify()
-		e.run(seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+		e.run(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 4096)}})
 		e.verify()
 	})
 }
 
 func (s *suite) deregistered(t *testing.T) {
 	e := s.newEnv(t, 1<<16, 1<<16)
-	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 4096)}})
 	e.verify()
 	if err := e.r.DeregisterMemory(e.dstDesc.ID); err != nil {
 		t.Fatalf("DeregisterMemory: %v", err)
 	}
-	e.refused(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 4096, 4096)}}, engine.ErrUnknownRegion, engine.ErrOutOfBounds)
+	e.refused(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 4096, 4096)}}, transport.ErrUnknownRegion, transport.ErrOutOfBounds)
 	e.verify()
 }
 
 func (s *suite) regionsAdded(t *testing.T) {
 	e := s.newEnv(t, 1<<16, 1<<16)
-	ra, ok := e.seg.(engine.RegionAdder)
+	ra, ok := e.seg.(transport.RegionAdder)
 	if !ok {
-		t.Fatalf("%s segment does not implement engine.RegionAdder", e.s.Name())
+		t.Fatalf("%s segment does not implement transport.RegionAdder", e.s.Name())
 	}
-	late, err := engine.AllocHost("transporttest-late", 1<<16)
+	late, err := transport.AllocHost("transporttest-late", 1<<16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -855,18 +855,18 @@ func (s *suite) regionsAdded(t *testing.T) {
 		t.Fatalf("receiver RegisterMemory (late region): %v", err)
 	}
 	t.Cleanup(func() { _ = e.r.DeregisterMemory(ld.ID) })
-	req := engine.WriteRequest{Local: e.src.Addr() + 512, Remote: ld.ID, RemoteOffset: 4096, Length: 8192}
-	if _, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req}}); !errors.Is(err, engine.ErrUnknownRegion) {
+	req := transport.WriteRequest{Local: e.src.Addr() + 512, Remote: ld.ID, RemoteOffset: 4096, Length: 8192}
+	if _, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{req}}); !errors.Is(err, transport.ErrUnknownRegion) {
 		t.Fatalf("Submit to a region registered after the open, before AddRegions: err = %v, want ErrUnknownRegion", err)
 	}
-	if err := ra.AddRegions([]engine.RegionDesc{e.dstDesc, ld}); err != nil {
+	if err := ra.AddRegions([]transport.RegionDesc{e.dstDesc, ld}); err != nil {
 		t.Fatalf("AddRegions: %v", err)
 	}
-	id, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{req, e.write(0, 0, 4096)}})
+	id, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{req, e.write(0, 0, 4096)}})
 	if err != nil {
 		t.Fatalf("Submit after AddRegions: %v", err)
 	}
-	if st := e.wait(e.seg, id); st.State != engine.BatchCompleted {
+	if st := e.wait(e.seg, id); st.State != transport.BatchCompleted {
 		t.Fatalf("batch after AddRegions: %v (%v), want completed", st.State, st.Err)
 	}
 	e.seg.Release(id)
@@ -878,7 +878,7 @@ func (s *suite) regionsAdded(t *testing.T) {
 	if !bytes.Equal(late.Bytes()[:4096], make([]byte, 4096)) || !bytes.Equal(late.Bytes()[4096+8192:], make([]byte, len(late.Bytes())-4096-8192)) {
 		t.Fatalf("late region: bytes outside the written range changed")
 	}
-	e.refused(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{{Local: e.src.Addr(), Remote: ld.ID, RemoteOffset: uint64(late.Len()) - 8, Length: 16}}}, engine.ErrOutOfBounds)
+	e.refused(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: e.src.Addr(), Remote: ld.ID, RemoteOffset: uint64(late.Len()) - 8, Length: 16}}}, transport.ErrOutOfBounds)
 }
 
 func (s *suite) concurrent(t *testing.T) {
@@ -886,7 +886,7 @@ func (s *suite) concurrent(t *testing.T) {
 	e := s.newEnv(t, 4<<20, workers*slot)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var all []engine.WriteRequest
+	var all []transport.WriteRequest
 	errs := make(chan error, workers)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -894,7 +894,7 @@ func (s *suite) concurrent(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 77))
 			for i := 0; i < batches; i++ {
-				var b engine.TransferBatch
+				var b transport.TransferBatch
 				// Requests inside a batch never overlap: disjoint 64 KiB cells.
 				cells := rng.Perm(slot / (64 << 10))[:1+rng.IntN(8)]
 				for _, c := range cells {
@@ -907,7 +907,7 @@ func (s *suite) concurrent(t *testing.T) {
 					return
 				}
 				st, err := e.seg.Wait(e.ctx, id)
-				if err != nil || st.State != engine.BatchCompleted {
+				if err != nil || st.State != transport.BatchCompleted {
 					errs <- fmt.Errorf("worker %d batch %d: state %v err %v wait %v", w, i, st.State, st.Err, err)
 					return
 				}
@@ -931,7 +931,7 @@ func (s *suite) concurrent(t *testing.T) {
 
 func (s *suite) pollWaitRelease(t *testing.T) {
 	e := s.newEnv(t, 1<<20, 1<<20)
-	b := &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 1<<20)}}
+	b := &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 1<<20)}}
 	id, err := e.seg.Submit(e.ctx, b)
 	if err != nil {
 		t.Fatal(err)
@@ -951,32 +951,32 @@ func (s *suite) pollWaitRelease(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	st := e.wait(e.seg, id)
-	if st.State != engine.BatchCompleted || st.BytesDone != 1<<20 || st.Err != nil {
+	if st.State != transport.BatchCompleted || st.BytesDone != 1<<20 || st.Err != nil {
 		t.Fatalf("Wait = %+v, want completed with %d bytes and no error", st, 1<<20)
 	}
 	for i := 0; i < 3; i++ { // a terminal status is returned until Release
-		if st2, err := e.seg.Poll(id); err != nil || st2.State != engine.BatchCompleted {
+		if st2, err := e.seg.Poll(id); err != nil || st2.State != transport.BatchCompleted {
 			t.Fatalf("Poll after completion = %+v, %v", st2, err)
 		}
 	}
 	e.seg.Release(id)
-	if _, err := e.seg.Poll(id); !errors.Is(err, engine.ErrUnknownBatch) {
+	if _, err := e.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Poll after Release: %v, want ErrUnknownBatch", err)
 	}
-	if _, err := e.seg.Wait(e.ctx, id); !errors.Is(err, engine.ErrUnknownBatch) {
+	if _, err := e.seg.Wait(e.ctx, id); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Wait after Release: %v, want ErrUnknownBatch", err)
 	}
-	if err := e.seg.Cancel(id); !errors.Is(err, engine.ErrUnknownBatch) {
+	if err := e.seg.Cancel(id); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Cancel after Release: %v, want ErrUnknownBatch", err)
 	}
 	e.seg.Release(id) // twice: harmless
-	if _, err := e.seg.Poll(12345678); !errors.Is(err, engine.ErrUnknownBatch) {
+	if _, err := e.seg.Poll(12345678); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Poll(never submitted): %v, want ErrUnknownBatch", err)
 	}
 	// Wait honours its context.
 	expired, cancel := context.WithCancel(e.ctx)
 	cancel()
-	id2, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	id2, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 4096)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -990,7 +990,7 @@ func (s *suite) pollWaitRelease(t *testing.T) {
 func (s *suite) cancel(t *testing.T) {
 	const mib = 1 << 20
 	e := s.newEnv(t, 64*mib, 64*mib)
-	var b engine.TransferBatch
+	var b transport.TransferBatch
 	for i := 0; i < 64; i++ {
 		b.Requests = append(b.Requests, e.write(i*mib, i*mib, mib))
 	}
@@ -1003,22 +1003,22 @@ func (s *suite) cancel(t *testing.T) {
 	}
 	st := e.wait(e.seg, id)
 	switch st.State {
-	case engine.BatchCanceled:
-		if !errors.Is(st.Err, engine.ErrCanceled) {
+	case transport.BatchCanceled:
+		if !errors.Is(st.Err, transport.ErrCanceled) {
 			t.Errorf("canceled batch Err = %v, want ErrCanceled", st.Err)
 		}
 		t.Logf("canceled after %d of %d bytes", st.BytesDone, b.Bytes())
-	case engine.BatchCompleted:
+	case transport.BatchCompleted:
 		t.Logf("batch completed before Cancel took effect (allowed: best effort)")
 	default:
 		t.Fatalf("after Cancel: state %v err %v, want canceled or completed", st.State, st.Err)
 	}
 	e.seg.Release(id)
-	if err := e.seg.Cancel(999999); !errors.Is(err, engine.ErrUnknownBatch) {
+	if err := e.seg.Cancel(999999); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Cancel(unknown) = %v, want ErrUnknownBatch", err)
 	}
 	// The segment stays usable; rewrite everything and verify.
-	var again engine.TransferBatch
+	var again transport.TransferBatch
 	for i := 0; i < 64; i++ {
 		again.Requests = append(again.Requests, e.write(i*mib, i*mib, mib))
 	}
@@ -1028,17 +1028,17 @@ func (s *suite) cancel(t *testing.T) {
 
 func (s *suite) closeIdempotent(t *testing.T) {
 	e := s.newEnv(t, 1<<16, 1<<16)
-	e.run(e.seg, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 4096)}})
+	e.run(e.seg, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 4096)}})
 	if err := e.seg.Close(); err != nil {
 		t.Fatalf("segment Close: %v", err)
 	}
 	if err := e.seg.Close(); err != nil {
 		t.Fatalf("second segment Close: %v", err)
 	}
-	if _, err := e.seg.Submit(e.ctx, &engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, 16)}}); !errors.Is(err, engine.ErrClosed) {
+	if _, err := e.seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, 16)}}); !errors.Is(err, transport.ErrClosed) {
 		t.Errorf("Submit after segment Close = %v, want ErrClosed", err)
 	}
-	for _, tr := range []engine.Transport{e.s, e.r} {
+	for _, tr := range []transport.Transport{e.s, e.r} {
 		if err := tr.Close(); err != nil {
 			t.Fatalf("%s Close: %v", tr.Name(), err)
 		}
@@ -1055,7 +1055,7 @@ func (s *suite) closeIdempotent(t *testing.T) {
 // streamUntilLost submits batches of 8 MiB back to back on seg, calls stop
 // after the first completes, and requires a batch (or Submit) to fail with
 // ErrPeerLost within PeerLostWithin of stop, every batch terminal.
-func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg engine.Segment, mk func(i int) *engine.TransferBatch, stop func()) {
+func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg transport.Segment, mk func(i int) *transport.TransferBatch, stop func()) {
 	t.Helper()
 	var stopped time.Time
 	stopDone := make(chan struct{})
@@ -1067,16 +1067,16 @@ func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg engine.Se
 	for i := 0; ; i++ {
 		id, err := seg.Submit(ctx, mk(i))
 		if err == nil {
-			var st engine.BatchStatus
+			var st transport.BatchStatus
 			st, err = seg.Wait(ctx, id)
 			if err != nil {
 				t.Fatalf("batch %d: Wait: %v (state %v) — hung after the peer went away", i, err, st.State)
 			}
 			seg.Release(id)
 			switch st.State {
-			case engine.BatchCompleted:
+			case transport.BatchCompleted:
 				err = nil
-			case engine.BatchFailed:
+			case transport.BatchFailed:
 				err = st.Err
 			default:
 				t.Fatalf("batch %d ended %v (%v); want completed or failed", i, st.State, st.Err)
@@ -1086,7 +1086,7 @@ func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg engine.Se
 			if stopped.IsZero() {
 				t.Fatalf("batch %d failed before the peer went away: %v", i, err)
 			}
-			if !errors.Is(err, engine.ErrPeerLost) {
+			if !errors.Is(err, transport.ErrPeerLost) {
 				t.Fatalf("after the peer went away: %v; want an error wrapping ErrPeerLost", err)
 			}
 			if d := time.Since(stopped); d > s.cfg.PeerLostWithin {
@@ -1108,8 +1108,8 @@ func (s *suite) streamUntilLost(t *testing.T, ctx context.Context, seg engine.Se
 func (s *suite) peerCloses(t *testing.T) {
 	const mib = 1 << 20
 	e := s.newEnv(t, 8*mib, 8*mib)
-	mk := func(int) *engine.TransferBatch {
-		var b engine.TransferBatch
+	mk := func(int) *transport.TransferBatch {
+		var b transport.TransferBatch
 		for j := 0; j < 8; j++ {
 			b.Requests = append(b.Requests, e.write(j*mib, j*mib, mib))
 		}
@@ -1132,7 +1132,7 @@ func (s *suite) peerKilled(t *testing.T) {
 	const mib = 1 << 20
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
 	defer cancel()
-	src, err := engine.AllocHost("transporttest-src", 8*mib)
+	src, err := transport.AllocHost("transporttest-src", 8*mib)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1155,10 +1155,10 @@ func (s *suite) peerKilled(t *testing.T) {
 	}
 	defer seg.Close()
 	dst := info.Regions[0].ID
-	mk := func(int) *engine.TransferBatch {
-		var b engine.TransferBatch
+	mk := func(int) *transport.TransferBatch {
+		var b transport.TransferBatch
 		for j := 0; j < 8; j++ {
-			b.Requests = append(b.Requests, engine.WriteRequest{Local: src.Addr() + uintptr(j*mib), Remote: dst, RemoteOffset: uint64(j * mib), Length: mib})
+			b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(j*mib), Remote: dst, RemoteOffset: uint64(j * mib), Length: mib})
 		}
 		return &b
 	}
@@ -1177,7 +1177,7 @@ func (s *suite) large(t *testing.T) {
 	// First half as one request (the transport splits it as it likes), the
 	// second half as 1 MiB requests (the KV page-run shape).
 	half := n / 2 &^ (1<<20 - 1)
-	b := engine.TransferBatch{Requests: []engine.WriteRequest{e.write(0, 0, half)}}
+	b := transport.TransferBatch{Requests: []transport.WriteRequest{e.write(0, 0, half)}}
 	for off := half; off < n; off += 1 << 20 {
 		b.Requests = append(b.Requests, e.write(off, off, 1<<20))
 	}
@@ -1190,7 +1190,7 @@ func (s *suite) large(t *testing.T) {
 	}
 	st := e.waitProgress(e.seg, id, s.cfg.CaseTimeout)
 	el := time.Since(start)
-	if st.State != engine.BatchCompleted || st.BytesDone != uint64(n) {
+	if st.State != transport.BatchCompleted || st.BytesDone != uint64(n) {
 		t.Fatalf("large batch: %v, %d of %d bytes, err %v", st.State, st.BytesDone, n, st.Err)
 	}
 	t.Logf("%d MiB in %v (%.2f GB/s, informational)", n>>20, el, float64(n)/el.Seconds()/1e9)

@@ -56,7 +56,7 @@ const (
 	// MaxKeyBytes bounds a key's length in bytes (after trimming).
 	MaxKeyBytes = 4096
 	// DefaultMaxValueBytes bounds a stored value (a kvxfer segment
-	// descriptor is at most 8 MiB, engine.MaxSegmentDescriptorBytes).
+	// descriptor is at most 8 MiB, transport.MaxSegmentDescriptorBytes).
 	DefaultMaxValueBytes = 8 << 20
 	// DefaultMaxKeys bounds the number of keys stored.
 	DefaultMaxKeys = 100_000

@@ -1,4 +1,4 @@
-package engine
+package transport
 
 import (
 	"encoding/json"
@@ -209,7 +209,7 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 		}
 		d.Regions = append(d.Regions, RegionDesc{ID: RegionID(r.ID), Addr: r.Addr, Length: r.Length, Kind: kind, Key: key})
 	}
-	sortRegionsByAddr(d.Regions)
+	SortRegions(d.Regions)
 	for i := 1; i < len(d.Regions); i++ {
 		p, q := d.Regions[i-1], d.Regions[i]
 		if q.Addr < p.Addr+p.Length {
@@ -219,15 +219,15 @@ func DecodeSegmentDescriptor(b []byte) (SegmentDescriptor, error) {
 	return d, nil
 }
 
-func sortRegionsByAddr(rs []RegionDesc) {
+func SortRegions(rs []RegionDesc) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].Addr < rs[j].Addr })
 }
 
 // sortedCopy returns a copy of rs sorted by Addr, the order FindRegion
 // needs (rs is not modified).
-func sortedCopy(rs []RegionDesc) []RegionDesc {
+func SortedRegions(rs []RegionDesc) []RegionDesc {
 	out := append([]RegionDesc(nil), rs...)
-	sortRegionsByAddr(out)
+	SortRegions(out)
 	return out
 }
 

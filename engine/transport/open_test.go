@@ -1,16 +1,16 @@
-package engine_test
+package transport_test
 
 import (
 	"errors"
 	"slices"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
-func names(ts []engine.Transport) []string {
+func names(ts []transport.Transport) []string {
 	var out []string
 	for _, t := range ts {
 		out = append(out, t.Name())
@@ -19,7 +19,7 @@ func names(ts []engine.Transport) []string {
 }
 
 func TestOpenTransports(t *testing.T) {
-	shmOK := engine.ProbeTransport("shm") == nil
+	shmOK := transport.ProbeTransport("shm") == nil
 	tests := []struct {
 		spec    string
 		want    []string // nil: don't compare (auto)
@@ -28,8 +28,8 @@ func TestOpenTransports(t *testing.T) {
 		{spec: "tcp", want: []string{"tcp"}},
 		{spec: " tcp ", want: []string{"tcp"}},
 		{spec: "tcp,tcp", want: []string{"tcp"}},
-		{spec: "tcp,foo", wantErr: engine.ErrUnknownTransport},
-		{spec: "carrier-pigeon", wantErr: engine.ErrUnknownTransport},
+		{spec: "tcp,foo", wantErr: transport.ErrUnknownTransport},
+		{spec: "carrier-pigeon", wantErr: transport.ErrUnknownTransport},
 		{spec: "tcp,,shm", wantErr: nil /* any error */},
 		{spec: "auto"},
 		{spec: ""},
@@ -43,8 +43,8 @@ func TestOpenTransports(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec, func(t *testing.T) {
-			opts := engine.DefaultOptions()
-			ts, err := engine.OpenTransports(tc.spec, opts)
+			opts := transport.DefaultOptions()
+			ts, err := transport.OpenTransports(tc.spec, opts)
 			defer func() {
 				for _, tr := range ts {
 					_ = tr.Close()
@@ -76,7 +76,7 @@ func TestOpenTransports(t *testing.T) {
 				if !slices.Contains(got, "tcp") || (shmOK && !slices.Equal(got[:2], []string{"shm", "tcp"}) && got[0] != "rdma") {
 					t.Fatalf("auto opened %v", got)
 				}
-				if c := engine.FirstCrossHost(ts); c == nil || !c.Capabilities().Has(engine.CapCrossHost) {
+				if c := transport.FirstCrossHost(ts); c == nil || !c.Capabilities().Has(transport.CapCrossHost) {
 					t.Fatalf("FirstCrossHost(%v) = %v", got, c)
 				}
 			}
@@ -85,10 +85,10 @@ func TestOpenTransports(t *testing.T) {
 }
 
 func TestUnknownTransportSentinel(t *testing.T) {
-	if err := engine.ProbeTransport("nope"); !errors.Is(err, engine.ErrUnknownTransport) {
+	if err := transport.ProbeTransport("nope"); !errors.Is(err, transport.ErrUnknownTransport) {
 		t.Fatalf("ProbeTransport: %v", err)
 	}
-	if _, err := engine.OpenTransport("nope", engine.DefaultOptions()); !errors.Is(err, engine.ErrUnknownTransport) {
+	if _, err := transport.OpenTransport("nope", transport.DefaultOptions()); !errors.Is(err, transport.ErrUnknownTransport) {
 		t.Fatalf("OpenTransport: %v", err)
 	}
 }

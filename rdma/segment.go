@@ -72,10 +72,14 @@ func chainLen(sqDepth int) int {
 	return min(max(1, sqDepth/4), 1<<chainIDShift)
 }
 
+// Interfaces a segment implements (checked at compile time).
+var (
+	_ transport.Segment     = (*segment)(nil)
+	_ transport.RegionAdder = (*segment)(nil)
+)
+
 // segment is a sender's RC QPs to one receiver, striping each batch across
 // them in slices. One pump goroutine posts WRs and polls the CQs.
-var _ transport.RegionAdder = (*segment)(nil)
-
 type segment struct {
 	t       *Transport
 	peer    string

@@ -162,11 +162,13 @@ type Transport struct {
 	local     map[transport.RegionID]transport.Memory // registered through us
 }
 
+// Every interface the decorator implements, checked at compile time.
 var (
 	_ transport.Transport   = (*Transport)(nil)
 	_ transport.Acceptor    = (*Transport)(nil)
-	_ transport.RegionAdder = (*segment)(nil)
 	_ transport.Fencer      = (*Transport)(nil)
+	_ transport.Segment     = (*segment)(nil)
+	_ transport.RegionAdder = (*segment)(nil)
 )
 
 // Wrap returns inner decorated with the given knobs. With no options it is a

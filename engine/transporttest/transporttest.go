@@ -30,14 +30,18 @@
 //   - when the receiver closes (or is killed), pending and later batches fail
 //     with an error wrapping transport.ErrPeerLost (Submit may return it
 //     instead) within PeerLostWithin, never hang;
-//   - a receiver that implements transport.Fencer: a segment opened with an
-//     admitted epoch writes; once FenceEpoch returns, nothing more written
+//   - the receiver implements transport.Fencer (the KV manager fences a
+//     producer of a failed room before it reuses the room's pages, and a
+//     transport without it would lose that protection silently): a segment
+//     opened with an admitted epoch writes; once FenceEpoch returns, nothing more written
 //     through it lands (Submit or the batch fails with an error wrapping
 //     transport.ErrPeerLost, transport.ErrFenced or transport.ErrUnknownRegion), a
 //     new segment with the fenced epoch cannot write either, and a newly
 //     admitted epoch writes again. Transports without a handshake also
 //     refuse an epoch that was never admitted (with one, the receiver's QPs
-//     prepared by Endpoint are the admission).
+//     prepared by Endpoint are the admission). A transport that does not
+//     fence fails the suite unless it opts out with WithoutFencing and a
+//     reason; the FencedEpoch case is then skipped with that reason.
 package transporttest
 
 import (
@@ -76,6 +80,10 @@ type Config struct {
 	// sender needs to reach it and a function that kills that process
 	// (SIGKILL). It enables the "peer killed" case.
 	RemotePeer func(t *testing.T, regionBytes int) (info transport.SegmentInfo, kill func())
+	// NoFencing, when not empty, says why the transport under test does not
+	// implement transport.Fencer; the FencedEpoch case is skipped with it.
+	// Empty (the default): a receiver without Fencer fails the suite.
+	NoFencing string
 }
 
 // Option sets a Config field.
@@ -99,6 +107,12 @@ func WithKill(f func(t *testing.T, receiver transport.Transport)) Option {
 func WithRemotePeer(f func(t *testing.T, regionBytes int) (transport.SegmentInfo, func())) Option {
 	return func(c *Config) { c.RemotePeer = f }
 }
+
+// WithoutFencing sets Config.NoFencing: the transport does not fence, for
+// the reason given (which must not be empty). Only a transport that no KV
+// manager uses may pass it: the manager's stale-writer protection needs
+// Fencer.
+func WithoutFencing(reason string) Option { return func(c *Config) { c.NoFencing = reason } }
 
 // Run runs every conformance case as a subtest of t. newPair must return a
 // fresh, unconnected sender and receiver transport each time (the suite
@@ -451,8 +465,11 @@ func (e *env) cannotWrite(seg transport.Segment, req transport.WriteRequest, wha
 func (s *suite) fencedEpoch(t *testing.T) {
 	e := s.newEnv(t, 1<<20, 1<<20)
 	f, ok := e.r.(transport.Fencer)
-	if !ok {
-		t.Skipf("%s does not implement transport.Fencer", e.r.Name())
+	switch {
+	case !ok && s.cfg.NoFencing != "":
+		t.Skipf("%s does not implement transport.Fencer: %s", e.r.Name(), s.cfg.NoFencing)
+	case !ok:
+		t.Fatalf("%s does not implement transport.Fencer: a KV manager fences a failed room's producers before reusing its pages, and this transport would lose that protection silently (implement AdmitEpoch/FenceEpoch, or run the suite with transporttest.WithoutFencing(reason))", e.r.Name())
 	}
 	const n = 64 << 10
 	epoch := transport.NewEpoch()

@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -92,13 +93,13 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 
 // kvArgsFromC reads the caller's buffer lists (kvx_kv_config 0.2 fields) into
 // KVArgs; the arrays are copied. Errors name the field.
-func kvArgsFromC(c *C.kvx_kv_config) (engine.KVArgs, error) {
+func kvArgsFromC(c *C.kvx_kv_config) (kvargs.KVArgs, error) {
 	if c.model != nil || c.num_layers != 0 || c.num_kv_heads != 0 || c.head_dim != 0 || c.dtype_bytes != 0 || c.num_pages != 0 {
-		return engine.KVArgs{}, errors.New("both caller buffers (num_kv_buffers > 0) and a model/pool size (model, num_layers, num_kv_heads, head_dim, dtype_bytes, num_pages) are set; the buffers define the geometry, leave the others 0/NULL")
+		return kvargs.KVArgs{}, errors.New("both caller buffers (num_kv_buffers > 0) and a model/pool size (model, num_layers, num_kv_heads, head_dim, dtype_bytes, num_pages) are set; the buffers define the geometry, leave the others 0/NULL")
 	}
 	kind, dev, err := transport.ParseLocation(goStr(c.kv_location))
 	if err != nil {
-		return engine.KVArgs{}, fmt.Errorf("kv_location: %w", err)
+		return kvargs.KVArgs{}, fmt.Errorf("kv_location: %w", err)
 	}
 	if kind == transport.MemoryHost {
 		dev = -1
@@ -119,7 +120,7 @@ func kvArgsFromC(c *C.kvx_kv_config) (engine.KVArgs, error) {
 		}
 		return out, nil
 	}
-	a := engine.KVArgs{PageSize: int(c.page_size), KVHeadNum: int(c.kv_head_num), TotalKVHeadNum: int(c.total_kv_head_num),
+	a := kvargs.KVArgs{PageSize: int(c.page_size), KVHeadNum: int(c.kv_head_num), TotalKVHeadNum: int(c.total_kv_head_num),
 		EngineRank: int(c.tp_rank), TPSize: int(c.tp_size), SystemDPRank: int(c.system_dp_rank), PPRank: int(c.pp_rank), PPSize: int(c.pp_size),
 		PrefillStartLayer: int(c.prefill_start_layer), MLA: c.is_mla != 0, GPUID: dev, IBDevice: goStr(c.ib_device)}
 	if a.PageSize == 0 {

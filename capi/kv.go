@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
@@ -60,7 +61,7 @@ type kvConfig struct {
 	allocPolicy, specLayout string
 	// args, when it has KV buffers, are the caller's buffers (0.2): the
 	// library allocates nothing.
-	args engine.KVArgs
+	args kvargs.KVArgs
 }
 
 // Values of kvx_kv_config.control_auth (KVX_CONTROL_AUTH_*).
@@ -126,8 +127,8 @@ func declarations(c kvConfig) (policy string, layout []byte, err error) {
 // callerBuffers turns three parallel C arrays into buffers of one memory
 // kind; host buffers inside a kvx_alloc_host block get its memfd, so the
 // shm transport can share them.
-func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind transport.MemoryKind, dev int) ([]engine.Buffer, error) {
-	out := make([]engine.Buffer, n)
+func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind transport.MemoryKind, dev int) ([]kvargs.Buffer, error) {
+	out := make([]kvargs.Buffer, n)
 	for i := range out {
 		if ptrs[i] == 0 || ptrs[i] > uint64(^uintptr(0)) {
 			return nil, fmt.Errorf("%s_data_ptrs[%d] = %#x is not an address", list, i, ptrs[i])
@@ -138,7 +139,7 @@ func callerBuffers(list string, n int, ptrs, lens, items []uint64, kind transpor
 				m.FD, m.FDOffset = fd, off
 			}
 		}
-		out[i] = engine.Buffer{Memory: m, ItemLen: items[i]}
+		out[i] = kvargs.Buffer{Memory: m, ItemLen: items[i]}
 	}
 	return out, nil
 }
@@ -376,7 +377,7 @@ func kvCode(err error) (status, bool) {
 		return stBusy, true
 	case errors.Is(err, engine.ErrManagerClosed):
 		return stClosed, true
-	case errors.Is(err, engine.ErrBadKVArgs):
+	case errors.Is(err, kvargs.ErrBadKVArgs):
 		return stInvalidArgument, true
 	case errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrNotFound),
 		errors.Is(err, bootstrap.ErrUnauthorized), errors.Is(err, bootstrap.ErrConflict),

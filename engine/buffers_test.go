@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -375,14 +376,14 @@ func TestTransportRefusesBuffers(t *testing.T) {
 	if !strings.Contains(err.Error(), "no transport can register") {
 		t.Fatalf("refusal %q does not say no transport is left", err)
 	}
-	if _, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: engine.KVArgs{}, Transports: open("tcp")}); !errors.Is(err, engine.ErrBadKVArgs) {
+	if _, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: kvargs.KVArgs{}, Transports: open("tcp")}); !errors.Is(err, kvargs.ErrBadKVArgs) {
 		t.Fatalf("empty KV args: %v, want ErrBadKVArgs", err)
 	}
 }
 
 // newStateRank is newBufRank with two state buffers (4 slots of 128 and 64
 // bytes) appended to the KV arguments; it returns them too.
-func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.Buffer) {
+func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []kvargs.Buffer) {
 	t.Helper()
 	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 16})
 	if err != nil {
@@ -393,7 +394,7 @@ func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.
 		t.Fatal(err)
 	}
 	args := pool.Args()
-	var states []engine.Buffer
+	var states []kvargs.Buffer
 	for _, item := range []uint64{128, 64} {
 		h, err := transport.AllocHost("state", int64(4*item))
 		if err != nil {
@@ -402,7 +403,7 @@ func newStateRank(t *testing.T, role engine.Role, addr string) (*rank, []engine.
 		t.Cleanup(func() { h.Close() })
 		m := h.Memory()
 		m.Length = 4 * item
-		states = append(states, engine.Buffer{Memory: m, ItemLen: item})
+		states = append(states, kvargs.Buffer{Memory: m, ItemLen: item})
 	}
 	args.StateBuffers = states
 	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"strconv"
+
+	"github.com/kvxfer/kvxfer/engine/kvargs"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Control frames: kvxfer's own versioned ZeroMQ multipart messages (PUSH →
@@ -57,7 +59,7 @@ const (
 // Decoder limits: anything larger is rejected as malformed.
 const (
 	maxPages       = 1 << 24
-	maxBuffers     = MaxBuffers
+	maxBuffers     = kvargs.MaxBuffers
 	maxTransports  = 8
 	maxRegions     = 3*maxBuffers + 1
 	maxKeyBytes    = 1 << 16
@@ -104,7 +106,7 @@ const geometryFrames = 16
 //	   buffer and one per state buffer, in KVArgs order.
 type RegisterMsg struct {
 	Endpoint  string
-	Geometry  Geometry
+	Geometry  kvargs.Geometry
 	RingSlots int
 	// Epoch is the segment epoch of this registration (>= 1). A decode
 	// registers again, with a new epoch, after it fenced the previous data
@@ -123,7 +125,7 @@ type RegisterMsg struct {
 type RegisterAckMsg struct {
 	Endpoint string
 	Err      string
-	Geometry Geometry
+	Geometry kvargs.Geometry
 	Epoch    uint64
 }
 
@@ -269,7 +271,7 @@ func b01(v bool) []byte {
 	return []byte("0")
 }
 
-func encodeGeometry(f [][]byte, g *Geometry) [][]byte {
+func encodeGeometry(f [][]byte, g *kvargs.Geometry) [][]byte {
 	return append(f, deci(g.TPRank), deci(g.TPSize), deci(g.PPRank), deci(g.PPSize), deci(g.StartLayer), deci(g.EndLayer), b01(g.MLA),
 		deci(g.PageSize), deci(g.KVHeadNum), deci(g.TotalKVHeadNum), packU64(g.KVItemLens), packU64(g.KVItems),
 		packU64(g.AuxItemLens), packU64(g.AuxItems), packU64(g.StateItemLens), packU64(g.StateItems))
@@ -475,8 +477,8 @@ const (
 // ranks inside their sizes, a non-empty layer range, positive page size and
 // heads, one KV item length and count per buffer of the layer range, and
 // non-zero item lengths and counts everywhere.
-func (r *frameReader) geometry(i int) Geometry {
-	g := Geometry{
+func (r *frameReader) geometry(i int) kvargs.Geometry {
+	g := kvargs.Geometry{
 		TPRank:         r.int(i, 1<<16, "tp_rank"),
 		TPSize:         r.int(i+1, 1<<16, "tp_size"),
 		PPRank:         r.int(i+2, 1<<16, "pp_rank"),

@@ -3,15 +3,17 @@ package engine
 import (
 	"bytes"
 	"errors"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/kvargs"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
-func sampleGeometry() Geometry {
-	return Geometry{TPRank: 1, TPSize: 2, PPRank: 0, PPSize: 1, StartLayer: 0, EndLayer: 2, PageSize: 16, KVHeadNum: 4, TotalKVHeadNum: 8,
+func sampleGeometry() kvargs.Geometry {
+	return kvargs.Geometry{TPRank: 1, TPSize: 2, PPRank: 0, PPSize: 1, StartLayer: 0, EndLayer: 2, PageSize: 16, KVHeadNum: 4, TotalKVHeadNum: 8,
 		KVItemLens: []uint64{4096, 4096, 4096, 4096}, KVItems: []uint64{100, 100, 100, 99},
 		AuxItemLens: []uint64{64, 512}, AuxItems: []uint64{32, 32}}
 }

@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -29,7 +30,7 @@ const (
 
 // crcPages extends crc over pages of the given side's KV buffers bufs.
 // pageSize is tokens per page; scratch is reused for device memory reads.
-func crcPages(crc uint32, bufs []Buffer, pairs []BufferPair, end pairEnd, pages []int32, pageSize int, scratch *[]byte) (uint32, error) {
+func crcPages(crc uint32, bufs []kvargs.Buffer, pairs []kvargs.BufferPair, end pairEnd, pages []int32, pageSize int, scratch *[]byte) (uint32, error) {
 	var err error
 	for _, pg := range pages {
 		for _, pr := range pairs {
@@ -57,7 +58,7 @@ func crcPages(crc uint32, bufs []Buffer, pairs []BufferPair, end pairEnd, pages 
 
 // crcExtras extends crc over row aux of every aux buffer (none when aux < 0)
 // and then slots state of every state buffer, of this side's kv.
-func crcExtras(crc uint32, kv KVArgs, aux int, state []int32, scratch *[]byte) (uint32, error) {
+func crcExtras(crc uint32, kv kvargs.KVArgs, aux int, state []int32, scratch *[]byte) (uint32, error) {
 	var err error
 	if aux >= 0 {
 		for _, b := range kv.AuxBuffers {

@@ -7,9 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvxfer/kvxfer/bootstrap"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // decodeSide is what only a decode rank holds: the metadata ring, the
@@ -93,7 +95,7 @@ type prefillPeer struct {
 	done  chan struct{}
 	err   error
 	epoch uint64
-	geo   *Geometry // the prefill's, from REGISTER_ACK
+	geo   *kvargs.Geometry // the prefill's, from REGISTER_ACK
 	ack   chan ackResult
 	// id is the prefill's identity: the one the directory named when the
 	// registration started (zero when it named none), then the one that
@@ -283,7 +285,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 // and regions) to a prefill rank once per epoch and waits for its
 // REGISTER_ACK; it returns the epoch and the prefill's geometry, or its
 // refusal.
-func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (uint64, *Geometry, error) {
+func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (uint64, *kvargs.Geometry, error) {
 	m.mu.Lock()
 	p := m.dec.ppeers[ep]
 	if p != nil && id.known() && p.id.known() && !p.id.is(id) {

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // One outcome per room, and fencing before reuse (DESIGN.md, "Fencing").

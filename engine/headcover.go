@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
 // checkProducersCovered refuses a prefill attention-TP size P that the
@@ -28,7 +30,7 @@ func checkProducersCovered(prefillTP, decodeTP int) error {
 // that leave a gap): its KV buffers would never be written, nor the aux row
 // (written by the producer of the last layer), yet the room would succeed.
 // The error names the decode, the producers and the layers left out.
-func checkLayerCoverage(dst *Geometry, ts []*recvTarget, dstName string) error {
+func checkLayerCoverage(dst *kvargs.Geometry, ts []*recvTarget, dstName string) error {
 	type span struct{ start, end int }
 	perCP := map[int][]span{}
 	eps := map[int][]string{}
@@ -76,7 +78,7 @@ func layerRuns(held []bool, first int, want bool) []string {
 
 // globalHead returns the model-wide KV head that local head h of a rank
 // with geometry g holds (GQA replicas, TP size > heads, share one).
-func globalHead(g *Geometry, h int) int {
+func globalHead(g *kvargs.Geometry, h int) int {
 	if g.TPSize <= g.TotalKVHeadNum {
 		return g.TPRank*g.KVHeadNum + h
 	}
@@ -93,7 +95,7 @@ func globalHead(g *Geometry, h int) int {
 // both TP sizes and the heads involved. MLA rows are replicated whole, so
 // any one producer covers them. Producers of different CP ranks write
 // different tokens and are checked separately.
-func checkHeadCoverage(dst *Geometry, ts []*recvTarget) error {
+func checkHeadCoverage(dst *kvargs.Geometry, ts []*recvTarget) error {
 	if dst.MLA {
 		return nil
 	}

@@ -5,25 +5,26 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
 // TestCheckLayerCoverage: a decode rank's producers must together send every
 // layer it holds (per CP rank); dummy producers send nothing and do not count.
 func TestCheckLayerCoverage(t *testing.T) {
 	prod := func(ep string, cp int, dummy bool, start, end int) *recvTarget {
-		return &recvTarget{rank: bootstrap.TargetRank{CP: cp, Dummy: dummy}, endpoint: ep, geo: &Geometry{StartLayer: start, EndLayer: end}}
+		return &recvTarget{rank: bootstrap.TargetRank{CP: cp, Dummy: dummy}, endpoint: ep, geo: &kvargs.Geometry{StartLayer: start, EndLayer: end}}
 	}
-	dec := &Geometry{StartLayer: 0, EndLayer: 8}
+	dec := &kvargs.Geometry{StartLayer: 0, EndLayer: 8}
 	for _, c := range []struct {
 		name string
-		dst  *Geometry
+		dst  *kvargs.Geometry
 		ts   []*recvTarget
 		want string // "" = accepted
 	}{
 		{"one producer, every layer", dec, []*recvTarget{prod("p0", 0, false, 0, 8)}, ""},
 		{"two PP stages", dec, []*recvTarget{prod("p0", 0, false, 0, 4), prod("p1", 0, false, 4, 8)}, ""},
 		{"TP producers of the same layers", dec, []*recvTarget{prod("p0", 0, false, 0, 8), prod("p1", 0, false, 0, 8)}, ""},
-		{"decode PP stage", &Geometry{StartLayer: 4, EndLayer: 8}, []*recvTarget{prod("p1", 0, false, 4, 8)}, ""},
+		{"decode PP stage", &kvargs.Geometry{StartLayer: 4, EndLayer: 8}, []*recvTarget{prod("p1", 0, false, 4, 8)}, ""},
 		{"fewer layers than the decode", dec, []*recvTarget{prod("p0", 0, false, 0, 6)},
 			"prefill p0 and decode d cannot be paired: decode d holds layers [0, 8), but the prefill ranks it is paired with send layers [0, 6); layers [6, 8) would never be written (cp rank 0)"},
 		{"a gap between PP stages", dec, []*recvTarget{prod("p0", 0, false, 0, 3), prod("p1", 0, false, 5, 8)},

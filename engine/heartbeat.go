@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Decode heartbeat to the bootstrap servers (spec §4.4, SGLang's

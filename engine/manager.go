@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
@@ -94,7 +95,7 @@ type ManagerConfig struct {
 	// e.g. shm with device memory, is left out and logged; none left is an
 	// error naming each transport's refusal), deregisters them on Close and
 	// never frees them.
-	KV KVArgs
+	KV kvargs.KVArgs
 	// Transports are the opened transports (at least one); the manager picks
 	// among them by registry priority. The manager does not close them.
 	Transports []transport.Transport
@@ -315,7 +316,7 @@ type pushSock struct {
 type Manager struct {
 	cfg      ManagerConfig
 	log      *slog.Logger
-	geo      *Geometry
+	geo      *kvargs.Geometry
 	zctx     *zmq.Context
 	pull     *zmq.Socket
 	endpoint string // tcp://host:port of our PULL socket
@@ -550,7 +551,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 }
 
 // cloneArgs copies the buffer lists so the caller may reuse its slices.
-func cloneArgs(a KVArgs) KVArgs {
+func cloneArgs(a kvargs.KVArgs) kvargs.KVArgs {
 	a.KVBuffers = slices.Clone(a.KVBuffers)
 	a.AuxBuffers = slices.Clone(a.AuxBuffers)
 	a.StateBuffers = slices.Clone(a.StateBuffers)
@@ -621,7 +622,7 @@ func (m *Manager) prefault(meta transport.Memory) {
 	t := time.Now()
 	var bytes uint64
 	all := []transport.Memory{meta}
-	for _, list := range [][]Buffer{m.cfg.KV.KVBuffers, m.cfg.KV.AuxBuffers, m.cfg.KV.StateBuffers} {
+	for _, list := range [][]kvargs.Buffer{m.cfg.KV.KVBuffers, m.cfg.KV.AuxBuffers, m.cfg.KV.StateBuffers} {
 		for _, b := range list {
 			all = append(all, b.Memory)
 		}
@@ -666,7 +667,7 @@ func (m *Manager) registerAll(t transport.Transport, meta transport.Memory) (*re
 		return nil, err
 	}
 	for i, b := range m.cfg.KV.KVBuffers {
-		d, err := reg(m.geo.bufferName(i), b.Memory)
+		d, err := reg(m.geo.BufferName(i), b.Memory)
 		if err != nil {
 			return nil, err
 		}
@@ -778,11 +779,11 @@ func (m *Manager) Endpoint() string { return m.endpoint }
 func (m *Manager) ControlPort() int { return m.port }
 
 // KVArgs returns a copy of the rank's KV arguments.
-func (m *Manager) KVArgs() KVArgs { return cloneArgs(m.cfg.KV) }
+func (m *Manager) KVArgs() kvargs.KVArgs { return cloneArgs(m.cfg.KV) }
 
 // Geometry returns the rank's geometry derived from its KV arguments (do not
 // modify it).
-func (m *Manager) Geometry() *Geometry { return m.geo }
+func (m *Manager) Geometry() *kvargs.Geometry { return m.geo }
 
 // NumPages is the pages every KV buffer holds: page indices given to Send and
 // SendMetadata must be below it.

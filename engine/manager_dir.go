@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // The KV manager's use of a SegmentDirectory (ManagerConfig.Directory, e.g.

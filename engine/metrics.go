@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -171,7 +172,7 @@ func FailureReason(err error) string {
 		return ReasonPeerFailed
 	case errors.Is(err, ErrAborted):
 		return ReasonAborted
-	case errors.Is(err, bootstrap.ErrMismatch), errors.Is(err, ErrBadKVArgs), errors.Is(err, ErrTokenMismatch):
+	case errors.Is(err, bootstrap.ErrMismatch), errors.Is(err, kvargs.ErrBadKVArgs), errors.Is(err, ErrTokenMismatch):
 		return ReasonMismatch
 	case errors.Is(err, bootstrap.ErrNotFound), errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrUnauthorized),
 		errors.Is(err, bootstrap.ErrBadRequest), errors.Is(err, bootstrap.ErrUnsupported):

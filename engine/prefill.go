@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -56,7 +57,7 @@ type decodePeer struct {
 	// id is the decode's identity (the REGISTER's envelope): only that
 	// rank may replace this registration (trust.go).
 	id        peerID
-	pairs     []BufferPair // this rank's KV buffers → the decode's (PairBuffers)
+	pairs     []kvargs.BufferPair // this rank's KV buffers → the decode's (PairBuffers)
 	offer     TransportOffer
 	local     *regSet
 	seg       transport.Segment
@@ -144,7 +145,7 @@ func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
 		go old.close() // closing a segment may wait for its streams: never in the control loop
 	}
 	go func() {
-		pairs, err := PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)
+		pairs, err := kvargs.PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)
 		ack := &RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch}
 		if err != nil {
 			ack.Err = err.Error()
@@ -291,7 +292,7 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 }
 
 // checkTransfer validates a non-dummy TRANSFER against the decode's geometry.
-func checkTransfer(v *TransferMsg, g *Geometry, ringSlots int) error {
+func checkTransfer(v *TransferMsg, g *kvargs.Geometry, ringSlots int) error {
 	if err := checkDstPages(v.Pages, g); err != nil {
 		return err
 	}

@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine/transport"
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Doctor probes: the PROBE and PROBE_RESULT frames are in the control codec

@@ -1,9 +1,10 @@
 package engine
 
 import (
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"strings"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Doctor probes (kvxfer doctor --bootstrap): a prober proves the data path

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -26,7 +27,7 @@ func TestFailureReason(t *testing.T) {
 		{wrap(engine.ErrChecksum), engine.ReasonChecksum},
 		{wrap(engine.ErrManagerClosed), engine.ReasonClosed},
 		{wrap(engine.ErrTokenMismatch), engine.ReasonMismatch},
-		{wrap(engine.ErrBadKVArgs), engine.ReasonMismatch},
+		{wrap(kvargs.ErrBadKVArgs), engine.ReasonMismatch},
 		{wrap(bootstrap.ErrMismatch), engine.ReasonMismatch},
 		{errors.New("something else"), engine.ReasonOther},
 	} {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
 // recvTarget is one prefill rank a Receiver gets KV (or a dummy) from.
@@ -16,9 +17,9 @@ type recvTarget struct {
 	rank     bootstrap.TargetRank
 	endpoint string
 	producer int
-	geo      *Geometry    // the producer's (REGISTER_ACK)
-	pairs    []BufferPair // its KV buffers → ours
-	extras   bool         // it writes the aux row and state slots
+	geo      *kvargs.Geometry    // the producer's (REGISTER_ACK)
+	pairs    []kvargs.BufferPair // its KV buffers → ours
+	extras   bool                // it writes the aux row and state slots
 	slot     int
 	gen      uint64
 	epoch    uint64 // registration epoch with this producer
@@ -524,7 +525,7 @@ func (r *Receiver) resolve() error {
 	r.tr.expectPeers(real)
 	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
 	for _, t := range ts {
-		var pg *Geometry
+		var pg *kvargs.Geometry
 		for try := 0; ; try++ {
 			ep, geo, err := m.ensureRegistered(ctx, t.endpoint, inst.instanceOf(t.endpoint))
 			if err != nil {
@@ -540,7 +541,7 @@ func (r *Receiver) resolve() error {
 		if t.rank.Dummy {
 			continue
 		}
-		if t.pairs, err = PairBuffers(pg, g, t.endpoint, m.endpoint); err != nil {
+		if t.pairs, err = kvargs.PairBuffers(pg, g, t.endpoint, m.endpoint); err != nil {
 			return fmt.Errorf("engine: room %d: %w", r.room, err)
 		}
 		t.geo = pg

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"math/bits"
 	"strings"
 	"sync"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Errors of the segment engine.

@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/klauspost/cpuid/v2"
+
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 

@@ -11,8 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine/transport"
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Segment RPC: each TransferEngine runs a small ZeroMQ ROUTER listener (the

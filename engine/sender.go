@@ -4,23 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/kvargs"
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // checkPages refuses a page index beyond any KV buffer of g, naming the
 // smallest buffer.
-func checkPages(pages []int32, g *Geometry) error {
+func checkPages(pages []int32, g *kvargs.Geometry) error {
 	n := g.NumPages()
 	for _, pg := range pages {
 		if pg < 0 || int(pg) >= n {
 			i := slices.Index(g.KVItems, slices.Min(g.KVItems))
-			return fmt.Errorf("page index %d is beyond %s, which holds %d pages", pg, g.bufferName(i), n)
+			return fmt.Errorf("page index %d is beyond %s, which holds %d pages", pg, g.BufferName(i), n)
 		}
 	}
 	return nil
@@ -30,12 +32,12 @@ func checkPages(pages []int32, g *Geometry) error {
 // buffer of g and none given twice (two pages of the request landing in one
 // page would leave one of them wrong while the room reports Success). Errors
 // name the position in the list and the page (issue 18).
-func checkDstPages(pages []int32, g *Geometry) error {
+func checkDstPages(pages []int32, g *kvargs.Geometry) error {
 	n := g.NumPages()
 	for i, pg := range pages {
 		if pg < 0 || int(pg) >= n {
 			b := slices.Index(g.KVItems, slices.Min(g.KVItems))
-			return fmt.Errorf("destination page %d (index %d of %d) is beyond %s, which holds %d pages", pg, i, len(pages), g.bufferName(b), n)
+			return fmt.Errorf("destination page %d (index %d of %d) is beyond %s, which holds %d pages", pg, i, len(pages), g.BufferName(b), n)
 		}
 	}
 	if i, j, dup := firstDuplicate(pages); dup {
@@ -61,7 +63,7 @@ func firstDuplicate(xs []int32) (i, j int, found bool) {
 }
 
 // checkIndices refuses aux rows or state slots beyond the buffers of g.
-func checkAux(aux int, g *Geometry) error {
+func checkAux(aux int, g *kvargs.Geometry) error {
 	switch {
 	case aux < 0:
 		return nil
@@ -74,7 +76,7 @@ func checkAux(aux int, g *Geometry) error {
 	return nil
 }
 
-func checkState(idx []int32, g *Geometry) error {
+func checkState(idx []int32, g *kvargs.Geometry) error {
 	if len(idx) > 0 && len(g.StateItems) == 0 {
 		return fmt.Errorf("%d state indices given, but there are no state buffers", len(idx))
 	}

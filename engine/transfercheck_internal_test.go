@@ -3,12 +3,14 @@ package engine
 import (
 	"strings"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
 // checkGeometry is a decode's geometry for TestCheckTransfer: 99 pages
 // (smallest KV buffer 3), 32 aux rows, no state.
-func checkGeometry() Geometry {
-	return Geometry{TPRank: 1, TPSize: 2, PPRank: 0, PPSize: 1, StartLayer: 0, EndLayer: 2, PageSize: 16, KVHeadNum: 4, TotalKVHeadNum: 8,
+func checkGeometry() kvargs.Geometry {
+	return kvargs.Geometry{TPRank: 1, TPSize: 2, PPRank: 0, PPSize: 1, StartLayer: 0, EndLayer: 2, PageSize: 16, KVHeadNum: 4, TotalKVHeadNum: 8,
 		KVItemLens: []uint64{4096, 4096, 4096, 4096}, KVItems: []uint64{100, 100, 100, 99},
 		AuxItemLens: []uint64{64, 512}, AuxItems: []uint64{32, 32}}
 }

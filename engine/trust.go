@@ -3,9 +3,10 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"sync"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Control-plane trust (issue 18 case 7). A control frame names its sender's

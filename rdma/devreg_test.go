@@ -7,9 +7,10 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/ibverbs"
-	"golang.org/x/sys/unix"
 )
 
 // TestRegDeviceFallback checks regDevice's choice between a dma-buf MR and a

@@ -11,7 +11,7 @@ import (
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -221,9 +221,9 @@ type KVBuffers struct {
 	closed  bool
 	hosts   []*transport.HostBuffer // KV host memory: one per buffer, or one block
 	dptrs   []cuda.DevicePtr        // KV device memory: one per buffer, or one block
-	kv      []engine.Buffer
+	kv      []kvargs.Buffer
 	auxHost []*transport.HostBuffer
-	auxBufs []engine.Buffer
+	auxBufs []kvargs.Buffer
 	*PageAllocator
 }
 
@@ -263,8 +263,8 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			}
 			return d, nil
 		}
-		dev := func(p cuda.DevicePtr) engine.Buffer {
-			return engine.Buffer{Memory: transport.Memory{Addr: uintptr(p), Length: bl, Kind: transport.MemoryCUDA, Device: o.Device, FD: -1}, ItemLen: l.ItemLen()}
+		dev := func(p cuda.DevicePtr) kvargs.Buffer {
+			return kvargs.Buffer{Memory: transport.Memory{Addr: uintptr(p), Length: bl, Kind: transport.MemoryCUDA, Device: o.Device, FD: -1}, ItemLen: l.ItemLen()}
 		}
 		if o.Contiguous {
 			d, err := alloc(l.PoolBytes())
@@ -292,7 +292,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		m := h.Memory()
 		for i := 0; i < n; i++ {
 			off := l.BufferOffset(i)
-			b.kv = append(b.kv, engine.Buffer{Memory: transport.Memory{Addr: m.Addr + uintptr(off), Length: bl, Kind: transport.MemoryHost, FD: m.FD, FDOffset: off}, ItemLen: l.ItemLen()})
+			b.kv = append(b.kv, kvargs.Buffer{Memory: transport.Memory{Addr: m.Addr + uintptr(off), Length: bl, Kind: transport.MemoryHost, FD: m.FD, FDOffset: off}, ItemLen: l.ItemLen()})
 		}
 	} else {
 		for i := 0; i < n; i++ {
@@ -304,7 +304,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			b.hosts = append(b.hosts, h)
 			m := h.Memory()
 			m.Length = bl // AllocHost rounds up to the OS page size
-			b.kv = append(b.kv, engine.Buffer{Memory: m, ItemLen: l.ItemLen()})
+			b.kv = append(b.kv, kvargs.Buffer{Memory: m, ItemLen: l.ItemLen()})
 		}
 	}
 	for _, a := range o.Aux {
@@ -318,7 +318,7 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		b.auxHost = append(b.auxHost, h)
 		m := h.Memory()
 		m.Length = a.RowBytes * uint64(o.AuxRows)
-		b.auxBufs = append(b.auxBufs, engine.Buffer{Memory: m, ItemLen: a.RowBytes})
+		b.auxBufs = append(b.auxBufs, kvargs.Buffer{Memory: m, ItemLen: a.RowBytes})
 	}
 	return b, nil
 }
@@ -350,13 +350,13 @@ func (b *KVBuffers) Aux() []AuxBuffer { return slices.Clone(b.aux) }
 // Args returns the KV arguments an engine would hand kvxfer for these
 // buffers (SGLang's KVArgs, spec §6.1): the buffer lists, page size, KV heads
 // per rank and in total, TP/PP placement and the first layer held.
-func (b *KVBuffers) Args() engine.KVArgs {
+func (b *KVBuffers) Args() kvargs.KVArgs {
 	l := b.layout
 	total := l.Model.NumKVHeads
 	if l.Model.MLA {
 		total = 1
 	}
-	return engine.KVArgs{
+	return kvargs.KVArgs{
 		KVBuffers: slices.Clone(b.kv), AuxBuffers: slices.Clone(b.auxBufs),
 		PageSize: l.PageSize, KVHeadNum: l.HeadsPerRank, TotalKVHeadNum: total,
 		EngineRank: l.TPRank, TPSize: l.TPSize, PPRank: l.PPRank, PPSize: l.PPSize,
@@ -365,7 +365,7 @@ func (b *KVBuffers) Args() engine.KVArgs {
 }
 
 // Buffer returns KV buffer i's description.
-func (b *KVBuffers) Buffer(i int) engine.Buffer { return b.kv[i] }
+func (b *KVBuffers) Buffer(i int) kvargs.Buffer { return b.kv[i] }
 
 // Bytes returns host KV buffer i's memory (valid until Close), nil for a
 // device buffer (use ReadAt/WriteAt).

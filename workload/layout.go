@@ -28,7 +28,7 @@ const DefaultPageSize = 16
 // latent buffer per layer. Each buffer is token-major: token slot t of page p
 // starts at p×ItemLen + (t%PageSize)×TokenBytes, and the KV heads of a token
 // are contiguous. NewKVBuffers allocates the buffers; the engine sees only
-// the resulting engine.KVArgs.
+// the resulting kvargs.KVArgs.
 type Layout struct {
 	Model ModelConfig
 	// PageSize is tokens per page.

@@ -13,8 +13,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // chunkBytes is the unit of work of a parallel copy and the granularity at

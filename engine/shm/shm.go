@@ -74,8 +74,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Name is the registry name of this transport.

@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // TestWarmerChangesNothing: the warmer of a new segment writes through every

@@ -1,31 +1,31 @@
-package engine_test
+package kvargs_test
 
 import (
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
 // hostBuf is a fake buffer description at addr (never dereferenced: only
 // Geometry is called on these).
-func hostBuf(addr uintptr, length, item uint64) engine.Buffer {
-	return engine.Buffer{Memory: transport.Memory{Addr: addr, Length: length, Kind: transport.MemoryHost, FD: -1}, ItemLen: item}
+func hostBuf(addr uintptr, length, item uint64) kvargs.Buffer {
+	return kvargs.Buffer{Memory: transport.Memory{Addr: addr, Length: length, Kind: transport.MemoryHost, FD: -1}, ItemLen: item}
 }
 
 func TestKVArgsGeometryRefusals(t *testing.T) {
-	good := func() engine.KVArgs {
+	good := func() kvargs.KVArgs {
 		// 2 layers, K and V, 4 pages of 4 tokens × 2 heads × 8 bytes.
-		var kv []engine.Buffer
+		var kv []kvargs.Buffer
 		for i := range 4 {
 			kv = append(kv, hostBuf(uintptr(0x10000+i*0x1000), 4*64, 64))
 		}
-		return engine.KVArgs{KVBuffers: kv, AuxBuffers: []engine.Buffer{hostBuf(0x20000, 8*32, 32)}, PageSize: 4, KVHeadNum: 2, TotalKVHeadNum: 4, TPSize: 2, EngineRank: 1, GPUID: -1}
+		return kvargs.KVArgs{KVBuffers: kv, AuxBuffers: []kvargs.Buffer{hostBuf(0x20000, 8*32, 32)}, PageSize: 4, KVHeadNum: 2, TotalKVHeadNum: 4, TPSize: 2, EngineRank: 1, GPUID: -1}
 	}
-	g, err := func() (*engine.Geometry, error) { a := good(); return a.Geometry() }()
+	g, err := func() (*kvargs.Geometry, error) { a := good(); return a.Geometry() }()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,21 +34,21 @@ func TestKVArgsGeometryRefusals(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		mod  func(*engine.KVArgs)
+		mod  func(*kvargs.KVArgs)
 		want string
 	}{
-		{"no buffers", func(a *engine.KVArgs) { a.KVBuffers = nil }, "no KV buffers"},
-		{"odd MHA count", func(a *engine.KVArgs) { a.KVBuffers = a.KVBuffers[:3] }, "3 KV buffers: an MHA/GQA rank gives K buffers then V buffers"},
-		{"zero length", func(a *engine.KVArgs) { a.KVBuffers[1].Length = 0 }, "KV buffer 1 (layer 1 K): address 0x11000, length 0"},
-		{"zero item", func(a *engine.KVArgs) { a.AuxBuffers[0].ItemLen = 0 }, "aux buffer 0: item length is 0"},
-		{"smaller than an item", func(a *engine.KVArgs) { a.KVBuffers[2].Length = 10 }, "KV buffer 2 (layer 0 V): 10 bytes hold no item of 64 bytes"},
-		{"not whole heads", func(a *engine.KVArgs) { a.KVBuffers[3].ItemLen = 60; a.KVBuffers[3].Length = 600 }, "item length 60 bytes is not page_size 4 × kv_head_num 2 whole head rows"},
-		{"overlap", func(a *engine.KVArgs) { a.AuxBuffers[0].Addr = 0x10000 + 0x1000 + 100 }, "overlaps KV buffer 1 (layer 1 K)"},
-		{"page size", func(a *engine.KVArgs) { a.PageSize = 0 }, "page_size 0"},
-		{"rank", func(a *engine.KVArgs) { a.EngineRank = 2 }, "engine_rank 2 not in [0, tp size 2)"},
-		{"heads", func(a *engine.KVArgs) { a.KVHeadNum = 4 }, "kv_head_num 4, but total_kv_head_num 4 over tp size 2 gives 2 heads per rank"},
-		{"mla heads", func(a *engine.KVArgs) { a.MLA = true }, "kv_head_num 2 on an MLA rank"},
-		{"gpu", func(a *engine.KVArgs) {
+		{"no buffers", func(a *kvargs.KVArgs) { a.KVBuffers = nil }, "no KV buffers"},
+		{"odd MHA count", func(a *kvargs.KVArgs) { a.KVBuffers = a.KVBuffers[:3] }, "3 KV buffers: an MHA/GQA rank gives K buffers then V buffers"},
+		{"zero length", func(a *kvargs.KVArgs) { a.KVBuffers[1].Length = 0 }, "KV buffer 1 (layer 1 K): address 0x11000, length 0"},
+		{"zero item", func(a *kvargs.KVArgs) { a.AuxBuffers[0].ItemLen = 0 }, "aux buffer 0: item length is 0"},
+		{"smaller than an item", func(a *kvargs.KVArgs) { a.KVBuffers[2].Length = 10 }, "KV buffer 2 (layer 0 V): 10 bytes hold no item of 64 bytes"},
+		{"not whole heads", func(a *kvargs.KVArgs) { a.KVBuffers[3].ItemLen = 60; a.KVBuffers[3].Length = 600 }, "item length 60 bytes is not page_size 4 × kv_head_num 2 whole head rows"},
+		{"overlap", func(a *kvargs.KVArgs) { a.AuxBuffers[0].Addr = 0x10000 + 0x1000 + 100 }, "overlaps KV buffer 1 (layer 1 K)"},
+		{"page size", func(a *kvargs.KVArgs) { a.PageSize = 0 }, "page_size 0"},
+		{"rank", func(a *kvargs.KVArgs) { a.EngineRank = 2 }, "engine_rank 2 not in [0, tp size 2)"},
+		{"heads", func(a *kvargs.KVArgs) { a.KVHeadNum = 4 }, "kv_head_num 4, but total_kv_head_num 4 over tp size 2 gives 2 heads per rank"},
+		{"mla heads", func(a *kvargs.KVArgs) { a.MLA = true }, "kv_head_num 2 on an MLA rank"},
+		{"gpu", func(a *kvargs.KVArgs) {
 			a.GPUID = 1
 			a.KVBuffers[0].Kind, a.KVBuffers[0].Device = transport.MemoryCUDA, 0
 		}, "is on cuda:0, but the rank's gpu_id is 1"},
@@ -57,7 +57,7 @@ func TestKVArgsGeometryRefusals(t *testing.T) {
 		a := good()
 		c.mod(&a)
 		_, err := a.Geometry()
-		if err == nil || !errors.Is(err, engine.ErrBadKVArgs) || !strings.Contains(err.Error(), c.want) {
+		if err == nil || !errors.Is(err, kvargs.ErrBadKVArgs) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err %v, want ErrBadKVArgs containing %q", c.name, err, c.want)
 		}
 	}
@@ -65,14 +65,14 @@ func TestKVArgsGeometryRefusals(t *testing.T) {
 
 // geometryOf is the Geometry a workload layout's buffers would give (no
 // memory is allocated: the addresses are fake).
-func geometryOf(t *testing.T, m workload.ModelConfig, tp, rank, pp, ppRank int, aux []uint64) *engine.Geometry {
+func geometryOf(t *testing.T, m workload.ModelConfig, tp, rank, pp, ppRank int, aux []uint64) *kvargs.Geometry {
 	t.Helper()
 	l, err := workload.NewLayout(m, workload.LayoutOptions{PageSize: 4, TPSize: tp, TPRank: rank, PPSize: pp, PPRank: ppRank, NumPages: 8})
 	if err != nil {
 		t.Fatal(err)
 	}
 	total := m.NumKVHeads
-	a := engine.KVArgs{PageSize: 4, KVHeadNum: l.HeadsPerRank, TotalKVHeadNum: total, TPSize: tp, EngineRank: rank, PPSize: pp, PPRank: ppRank,
+	a := kvargs.KVArgs{PageSize: 4, KVHeadNum: l.HeadsPerRank, TotalKVHeadNum: total, TPSize: tp, EngineRank: rank, PPSize: pp, PPRank: ppRank,
 		PrefillStartLayer: l.StartLayer, MLA: m.MLA, GPUID: -1}
 	for i := 0; i < l.NumBuffers(); i++ {
 		a.KVBuffers = append(a.KVBuffers, hostBuf(uintptr(1<<20+i<<16), l.BufferLen(), l.ItemLen()))
@@ -89,10 +89,10 @@ func geometryOf(t *testing.T, m workload.ModelConfig, tp, rank, pp, ppRank int, 
 
 func TestPairBuffersSlices(t *testing.T) {
 	m := workload.ModelConfig{NumLayers: 2, NumKVHeads: 8, HeadDim: 128, DtypeBytes: 2}
-	geo := func(tp, r int) *engine.Geometry { return geometryOf(t, m, tp, r, 1, 0, nil) }
+	geo := func(tp, r int) *kvargs.Geometry { return geometryOf(t, m, tp, r, 1, 0, nil) }
 	hb := uint64(256)
 	cases := []struct {
-		src, dst       *engine.Geometry
+		src, dst       *kvargs.Geometry
 		srcOff, dstOff uint64
 		length         uint64
 	}{
@@ -104,7 +104,7 @@ func TestPairBuffersSlices(t *testing.T) {
 		{geo(2, 1), geo(16, 15), 3 * hb, 0, hb}, // decode rank 15 holds head 7 = src rank 1's head 3
 	}
 	for i, c := range cases {
-		ps, err := engine.PairBuffers(c.src, c.dst, "P", "D")
+		ps, err := kvargs.PairBuffers(c.src, c.dst, "P", "D")
 		if err != nil {
 			t.Fatalf("case %d: %v", i, err)
 		}
@@ -121,7 +121,7 @@ func TestPairBuffersSlices(t *testing.T) {
 	// PP: a stage's buffers map onto the decode's full list (K then V).
 	src, dst := geometryOf(t, workload.ModelConfig{NumLayers: 5, NumKVHeads: 2, HeadDim: 8, DtypeBytes: 2}, 1, 0, 2, 1, nil),
 		geometryOf(t, workload.ModelConfig{NumLayers: 5, NumKVHeads: 2, HeadDim: 8, DtypeBytes: 2}, 1, 0, 1, 0, nil)
-	ps, err := engine.PairBuffers(src, dst, "P", "D")
+	ps, err := kvargs.PairBuffers(src, dst, "P", "D")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,26 +134,26 @@ func TestPairBuffersSlices(t *testing.T) {
 func TestPairBuffersRefusals(t *testing.T) {
 	gqa := workload.ModelConfig{NumLayers: 2, NumKVHeads: 4, HeadDim: 16, DtypeBytes: 2}
 	aux := []uint64{64, 512}
-	base := func() (*engine.Geometry, *engine.Geometry) {
+	base := func() (*kvargs.Geometry, *kvargs.Geometry) {
 		return geometryOf(t, gqa, 1, 0, 1, 0, aux), geometryOf(t, gqa, 1, 0, 1, 0, aux)
 	}
 	cases := []struct {
 		name string
-		mod  func(src, dst *engine.Geometry)
+		mod  func(src, dst *kvargs.Geometry)
 		want string
 	}{
-		{"mla", func(s, d *engine.Geometry) { d.MLA = true }, "prefill MLA is false (4 KV buffers), decode MLA is true"},
-		{"page size", func(s, d *engine.Geometry) { d.PageSize = 8 }, "page size differs: prefill 4 tokens, decode 8 tokens"},
-		{"heads", func(s, d *engine.Geometry) { d.TotalKVHeadNum = 8 }, "total KV heads differ: prefill 4, decode 8"},
-		{"layers", func(s, d *engine.Geometry) { s.StartLayer, s.EndLayer = 1, 3 }, "prefill holds layers [1, 3), decode holds [0, 2)"},
-		{"item lens", func(s, d *engine.Geometry) { d.KVItemLens[2] = 256 }, "prefill KV buffer 2 (layer 0 V) is 512 bytes per page, decode KV buffer 2 (layer 0 V) is 256 bytes per page"},
-		{"aux count", func(s, d *engine.Geometry) { d.AuxItemLens, d.AuxItems = d.AuxItemLens[:1], d.AuxItems[:1] }, "aux buffer counts differ: prefill has 2, decode has 1"},
-		{"aux item", func(s, d *engine.Geometry) { d.AuxItemLens[1] = 256 }, "aux buffer 1 item lengths differ: prefill 512 bytes, decode 256 bytes"},
-		{"state tp", func(s, d *engine.Geometry) {
+		{"mla", func(s, d *kvargs.Geometry) { d.MLA = true }, "prefill MLA is false (4 KV buffers), decode MLA is true"},
+		{"page size", func(s, d *kvargs.Geometry) { d.PageSize = 8 }, "page size differs: prefill 4 tokens, decode 8 tokens"},
+		{"heads", func(s, d *kvargs.Geometry) { d.TotalKVHeadNum = 8 }, "total KV heads differ: prefill 4, decode 8"},
+		{"layers", func(s, d *kvargs.Geometry) { s.StartLayer, s.EndLayer = 1, 3 }, "prefill holds layers [1, 3), decode holds [0, 2)"},
+		{"item lens", func(s, d *kvargs.Geometry) { d.KVItemLens[2] = 256 }, "prefill KV buffer 2 (layer 0 V) is 512 bytes per page, decode KV buffer 2 (layer 0 V) is 256 bytes per page"},
+		{"aux count", func(s, d *kvargs.Geometry) { d.AuxItemLens, d.AuxItems = d.AuxItemLens[:1], d.AuxItems[:1] }, "aux buffer counts differ: prefill has 2, decode has 1"},
+		{"aux item", func(s, d *kvargs.Geometry) { d.AuxItemLens[1] = 256 }, "aux buffer 1 item lengths differ: prefill 512 bytes, decode 256 bytes"},
+		{"state tp", func(s, d *kvargs.Geometry) {
 			s.StateItemLens, d.StateItemLens = []uint64{64}, []uint64{64}
 			d.TPSize, d.KVHeadNum = 2, 2
 		}, "state buffers do not support different TP sizes"},
-		{"head bytes", func(s, d *engine.Geometry) {
+		{"head bytes", func(s, d *kvargs.Geometry) {
 			d.TPSize, d.KVHeadNum = 2, 2
 			for i := range d.KVItemLens {
 				d.KVItemLens[i] = 4 * 2 * 8 // 8 bytes per head instead of 32
@@ -163,7 +163,7 @@ func TestPairBuffersRefusals(t *testing.T) {
 	for _, c := range cases {
 		s, d := base()
 		c.mod(s, d)
-		_, err := engine.PairBuffers(s, d, "tcp://p:1", "tcp://d:2")
+		_, err := kvargs.PairBuffers(s, d, "tcp://p:1", "tcp://d:2")
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "prefill tcp://p:1 and decode tcp://d:2") {
 			t.Errorf("%s: err %v, want one naming both ranks and %q", c.name, err, c.want)
 		}

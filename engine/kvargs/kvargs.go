@@ -1,11 +1,21 @@
-package engine
+// Package kvargs holds a rank's KV arguments as data: SGLang's KVArgs (the
+// caller-owned KV, aux and state buffers with their item lengths and the
+// rank's placement), their validation into the Geometry a peer needs
+// (KVArgs.Geometry, errors wrapping ErrBadKVArgs), and the pure pairing of
+// a producer's and a consumer's buffers with their head slices
+// (PairBuffers, spec §6.4), which both sides compute from the exchanged
+// geometries so that they agree on every byte. It has no manager logic:
+// package engine's Manager registers the buffers and moves the bytes; the
+// control codec carries Geometry in REGISTER and REGISTER_ACK.
+package kvargs
 
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/engine/transport"
 	"slices"
 	"sort"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Buffer is one caller-owned buffer of a rank's KV arguments: a memory range
@@ -149,8 +159,9 @@ func (g *Geometry) BufferIndex(layer, kv int) (int, bool) {
 	return kv*g.Layers() + layer - g.StartLayer, true
 }
 
-// bufferName is "layer L K" / "layer L V" / "layer L latent" for KV buffer i.
-func (g *Geometry) bufferName(i int) string {
+// BufferName names KV buffer i for error messages: "KV buffer i (layer L
+// K)", "(layer L V)" or, on an MLA rank, "(layer L latent)".
+func (g *Geometry) BufferName(i int) string {
 	layer, kv := g.BufferLayer(i)
 	switch {
 	case g.MLA:
@@ -226,7 +237,7 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 		for i, b := range bs {
 			name := fmt.Sprintf("%s buffer %d", list, i)
 			if kv {
-				name = g.bufferName(i)
+				name = g.BufferName(i)
 			}
 			switch {
 			case b.Addr == 0 || b.Length == 0:
@@ -289,7 +300,7 @@ func overlaps(all []bufRef, g *Geometry) error {
 	})
 	name := func(r bufRef) string {
 		if r.list == "KV" {
-			return g.bufferName(r.i)
+			return g.BufferName(r.i)
 		}
 		return fmt.Sprintf("%s buffer %d", r.list, r.i)
 	}
@@ -373,13 +384,13 @@ func PairBuffers(src, dst *Geometry, srcName, dstName string) ([]BufferPair, err
 		layer, kv := src.BufferLayer(i)
 		di, ok := dst.BufferIndex(layer, kv)
 		if !ok {
-			return nil, both("%s has no decode counterpart", src.bufferName(i))
+			return nil, both("%s has no decode counterpart", src.BufferName(i))
 		}
 		dItem := dst.KVItemLens[di]
 		p := BufferPair{Src: i, Dst: di, SrcItem: sItem, DstItem: dItem, SrcToken: sItem / ps, DstToken: dItem / ps}
 		if src.MLA || src.TPSize == dst.TPSize {
 			if sItem != dItem {
-				return nil, both("prefill %s is %d bytes per page, decode %s is %d bytes per page; with equal TP sizes (or MLA) page sizes in bytes must match", src.bufferName(i), sItem, dst.bufferName(di), dItem)
+				return nil, both("prefill %s is %d bytes per page, decode %s is %d bytes per page; with equal TP sizes (or MLA) page sizes in bytes must match", src.BufferName(i), sItem, dst.BufferName(di), dItem)
 			}
 			p.Full = true
 			p.Slice = HeadSlice{Length: p.SrcToken, Heads: src.KVHeadNum}
@@ -390,7 +401,7 @@ func PairBuffers(src, dst *Geometry, srcName, dstName string) ([]BufferPair, err
 		srcHeads, dstHeads := max(1, total/P), max(1, total/D)
 		hb := p.DstToken / uint64(dstHeads)
 		if p.DstToken%uint64(dstHeads) != 0 || p.SrcToken != hb*uint64(srcHeads) {
-			return nil, both("bytes per head differ: prefill %s holds %d bytes per token over %d heads, decode %s holds %d bytes per token over %d heads", src.bufferName(i), p.SrcToken, srcHeads, dst.bufferName(di), p.DstToken, dstHeads)
+			return nil, both("bytes per head differ: prefill %s holds %d bytes per token over %d heads, decode %s holds %d bytes per token over %d heads", src.BufferName(i), p.SrcToken, srcHeads, dst.BufferName(di), p.DstToken, dstHeads)
 		}
 		var s HeadSlice
 		if P > D {

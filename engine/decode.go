@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -66,12 +67,12 @@ type instanceInfo struct {
 	ranks  map[bootstrap.Coord]string
 	// insts maps a rank endpoint to the instance id and epoch its
 	// directory entry named (absent or zero: none).
-	insts map[string]peerID
+	insts map[string]control.PeerID
 }
 
 // instanceOf returns the identity the directory named for the rank at
 // endpoint ep (zero when none).
-func (i *instanceInfo) instanceOf(ep string) peerID {
+func (i *instanceInfo) instanceOf(ep string) control.PeerID {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	return i.insts[ep]
@@ -101,12 +102,12 @@ type prefillPeer struct {
 	// registration started (zero when it named none), then the one that
 	// answered REGISTER_ACK. Frames from another rank at this address are
 	// a replaced process (trust.go).
-	id peerID
+	id control.PeerID
 }
 
 // ackResult is a REGISTER_ACK, or why none will come (the peer was lost).
 type ackResult struct {
-	msg *RegisterAckMsg
+	msg *control.RegisterAckMsg
 	err error
 }
 
@@ -175,7 +176,7 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 		if err != nil {
 			return nil, err
 		}
-		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, insts: map[string]peerID{}, m: m}
+		inst := &instanceInfo{addr: addr, client: c, info: info, ranks: map[bootstrap.Coord]string{}, insts: map[string]control.PeerID{}, m: m}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if cur := m.dec.bcache[addr]; cur != nil {
@@ -271,7 +272,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 		ep = ri.Endpoint()
 		i.mu.Lock()
 		i.ranks[c] = ep
-		i.insts[ep] = peerID{ri.InstanceID, ri.Epoch}
+		i.insts[ep] = control.NewPeerID(ri.InstanceID, ri.Epoch)
 		i.mu.Unlock()
 		return ep, nil
 	})
@@ -285,10 +286,10 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 // and regions) to a prefill rank once per epoch and waits for its
 // REGISTER_ACK; it returns the epoch and the prefill's geometry, or its
 // refusal.
-func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (uint64, *kvargs.Geometry, error) {
+func (m *Manager) ensureRegistered(ctx context.Context, ep string, id control.PeerID) (uint64, *kvargs.Geometry, error) {
 	m.mu.Lock()
 	p := m.dec.ppeers[ep]
-	if p != nil && id.known() && p.id.known() && !p.id.is(id) {
+	if p != nil && id.Known() && p.id.Known() && !p.id.Is(id) {
 		// The directory now names another process at this address than
 		// the one registered here: that one is gone.
 		was := p.id
@@ -338,7 +339,7 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (u
 			hint := "a prefill that authenticates control frames drops untagged ones: give every rank the same token and AuthenticateControl (--control-auth)"
 			if m.ctlKey != nil {
 				hint = "this rank tags its control frames: the prefill drops them unless it has the same token"
-				if d := m.unauth.since(ep, regAt); d != "" {
+				if d := m.unauth.Since(ep, regAt); d != "" {
 					// The prefill answered, untagged or with another
 					// token: the claim is unverified, so it only
 					// explains the timeout.
@@ -366,11 +367,11 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id peerID) (u
 
 // handleRegisterAck hands a prefill's REGISTER_ACK to the registration
 // waiting for it (dropped when none waits, or for another epoch).
-func (m *Manager) handleRegisterAck(v *RegisterAckMsg, env Envelope) {
+func (m *Manager) handleRegisterAck(v *control.RegisterAckMsg, env control.Envelope) {
 	m.mu.Lock()
 	p := m.dec.ppeers[v.Endpoint]
-	if p != nil && p.ack != nil && p.epoch == v.Epoch && (!p.id.known() || p.id.is(envID(env))) {
-		p.id = envID(env) // the answering process is the peer (the directory may have named none, or no epoch)
+	if p != nil && p.ack != nil && p.epoch == v.Epoch && (!p.id.Known() || p.id.Is(control.SenderID(env))) {
+		p.id = control.SenderID(env) // the answering process is the peer (the directory may have named none, or no epoch)
 	}
 	m.mu.Unlock()
 	if p == nil || p.ack == nil || p.epoch != v.Epoch {
@@ -388,7 +389,7 @@ func (m *Manager) handleRegisterAck(v *RegisterAckMsg, env Envelope) {
 // fences, the epoch admitted right after, so that its data path exists only
 // for this registration.
 func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
-	msg := &RegisterMsg{Endpoint: m.endpoint, Geometry: *m.geo, RingSlots: m.dec.ring.Slots(), Epoch: epoch}
+	msg := &control.RegisterMsg{Endpoint: m.endpoint, Geometry: *m.geo, RingSlots: m.dec.ring.Slots(), Epoch: epoch}
 	for _, r := range m.regs {
 		blob, err := r.t.Endpoint(ctx, ep)
 		if err == nil {
@@ -398,7 +399,7 @@ func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
 			m.log.Warn("transport cannot prepare an endpoint", "transport", r.t.Name(), "prefill", ep, "err", err)
 			continue
 		}
-		msg.Transports = append(msg.Transports, TransportOffer{Name: r.t.Name(), Endpoint: blob, Ring: r.meta, KV: r.kv, Aux: r.aux, State: r.state})
+		msg.Transports = append(msg.Transports, control.TransportOffer{Name: r.t.Name(), Endpoint: blob, Ring: r.meta, KV: r.kv, Aux: r.aux, State: r.state})
 	}
 	if len(msg.Transports) == 0 {
 		return fmt.Errorf("engine: no transport could prepare an endpoint for prefill %s", ep)
@@ -406,7 +407,7 @@ func (m *Manager) register(ctx context.Context, ep string, epoch uint64) error {
 	return m.send(ep, msg.Encode(), false)
 }
 
-func (m *Manager) handleHandshake(v *HandshakeMsg) {
+func (m *Manager) handleHandshake(v *control.HandshakeMsg) {
 	if m.currentEpoch(v.Endpoint) == 0 {
 		// Not a prefill rank this decode registered with: no answer, so
 		// that frames naming endpoints at random open no sockets.
@@ -434,7 +435,7 @@ func (m *Manager) handleHandshake(v *HandshakeMsg) {
 	if errText != "" {
 		m.log.Warn("handshake failed", "prefill", v.Endpoint, "transport", v.Transport, "err", errText)
 	}
-	_ = m.send(v.Endpoint, (&HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText, Epoch: v.Epoch}).Encode(), false)
+	_ = m.send(v.Endpoint, (&control.HandshakeAckMsg{Endpoint: m.endpoint, Transport: v.Transport, Err: errText, Epoch: v.Epoch}).Encode(), false)
 }
 
 // currentEpoch returns the epoch of this decode's registration with the
@@ -452,7 +453,7 @@ func (m *Manager) currentEpoch(ep string) uint64 {
 // already decided, the producer gets the verdict again (it may have missed
 // it); a producer asking about a room this decode does not know is told the
 // room failed.
-func (m *Manager) handleStatus(v *StatusMsg) {
+func (m *Manager) handleStatus(v *control.StatusMsg) {
 	m.mu.Lock()
 	r := m.dec.receivers[v.Room]
 	vd, known := m.dec.verdicts[v.Room]

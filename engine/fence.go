@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -128,9 +129,9 @@ func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) bool {
 	var frames [][]byte
 	if ok {
-		frames = (&StatusMsg{Room: room, State: int(KVSuccess), Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
+		frames = (&control.StatusMsg{Room: room, State: int(KVSuccess), Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
 	} else {
-		frames = (&AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
+		frames = (&control.AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
 	}
 	if err := m.send(ep, frames, false); err != nil {
 		m.log.Debug("verdict not sent", "room", room, "peer", peerLabel(ep), "err", err)
@@ -143,7 +144,7 @@ func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, ep
 }
 
 // handleAbortAck (decode): a producer will write nothing more for the room.
-func (m *Manager) handleAbortAck(v *AbortAckMsg) {
+func (m *Manager) handleAbortAck(v *control.AbortAckMsg) {
 	m.met.fence(RoleDecode, "abort_ack_received")
 	m.mu.Lock()
 	r := m.dec.receivers[v.Room]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -303,7 +304,7 @@ func TestLostVerdictAskedAgain(t *testing.T) {
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: drop.Filter})
 	x := openRoom(t, addr, pre, dec, 9, 4)
-	drop.DropNext(engine.MsgStatus, 1) // the decode's verdict
+	drop.DropNext(control.MsgStatus, 1) // the decode's verdict
 	if err := x.s.Send(x.src, true); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,7 @@ func TestLostVerdictAskedAgain(t *testing.T) {
 	if x.agree() != engine.KVSuccess {
 		t.Fatalf("prefill %v, decode %v", x.s.Failure(), x.r.Failure())
 	}
-	if n := drop.Dropped(engine.MsgStatus); n != 1 {
+	if n := drop.Dropped(control.MsgStatus); n != 1 {
 		t.Fatalf("%d verdicts dropped, want 1", n)
 	}
 	if err := workload.VerifyPattern(dec.pool, 9, x.dst, 0); err != nil {
@@ -336,12 +337,12 @@ func TestStoppedPrefillReadsVerdictBeforeGivingUp(t *testing.T) {
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, waiting: time.Second, peerTmo: peerTimeout})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: drop.Filter, peerTmo: time.Minute})
 	x := openRoom(t, addr, pre, dec, 12, 4)
-	drop.DropNext(engine.MsgStatus, 1) // the decode's first verdict
+	drop.DropNext(control.MsgStatus, 1) // the decode's first verdict
 	var armed atomic.Bool
 	armed.Store(true)
 	blocked := make(chan struct{})
 	engine.SetBeforeDispatch(pre.m, func(msgType string) {
-		if msgType == engine.MsgStatus && armed.CompareAndSwap(true, false) {
+		if msgType == control.MsgStatus && armed.CompareAndSwap(true, false) {
 			close(blocked) // the answer to the prefill's first ask
 			time.Sleep(stall)
 		}
@@ -378,7 +379,7 @@ func TestVerdictAskedUntilAnswerGetsThrough(t *testing.T) {
 	var lossUntil atomic.Int64 // unix ns; 0: not yet
 	lossUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	statusLost := func(peer, msgType string) bool {
-		return msgType == engine.MsgStatus && time.Now().UnixNano() < lossUntil.Load()
+		return msgType == control.MsgStatus && time.Now().UnixNano() < lossUntil.Load()
 	}
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, waiting: waiting, peerTmo: peerTimeout})
 	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: statusLost, peerTmo: time.Minute})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -155,7 +156,7 @@ func (m *Manager) bootstrapLost(inst *instanceInfo, fails int, last error) {
 			ts := r.targets
 			r.mu.Unlock()
 			for _, t := range ts {
-				_ = m.send(t.endpoint, (&AbortMsg{Room: r.room, Endpoint: m.endpoint, Reason: "decode lost the bootstrap server " + inst.addr}).Encode(), true)
+				_ = m.send(t.endpoint, (&control.AbortMsg{Room: r.room, Endpoint: m.endpoint, Reason: "decode lost the bootstrap server " + inst.addr}).Encode(), true)
 			}
 		}
 	}

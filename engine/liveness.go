@@ -1,6 +1,10 @@
 package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
+)
 
 // Control-channel liveness. A peer is alive while its control loop answers:
 // every HeartbeatInterval each rank PINGs every peer it has rooms or a
@@ -66,7 +70,7 @@ func (m *Manager) pingLoop() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.HeartbeatInterval)
 	defer t.Stop()
-	ping := (&PingMsg{Endpoint: m.endpoint}).Encode()
+	ping := (&control.PingMsg{Endpoint: m.endpoint}).Encode()
 	quiet := false
 	for {
 		select {

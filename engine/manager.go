@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
@@ -84,6 +85,26 @@ var (
 	ErrManagerClosed = errors.New("engine: KV manager closed")
 )
 
+// Control message types (frame 2 of every control message: "REGISTER",
+// "REGISTER_ACK", "TRANSFER", "ABORT", "ABORT_ACK", "STATUS", "HANDSHAKE",
+// "HANDSHAKE_ACK", "PING", "PROBE", "PROBE_RESULT"), as
+// ManagerConfig.ControlFault sees them. The frames themselves are the
+// control codec's (engine/internal/control); these name them for callers of
+// the manager, such as engine/faulty.DropControl and the chaos soak.
+const (
+	MsgRegister     = control.MsgRegister
+	MsgRegisterAck  = control.MsgRegisterAck
+	MsgTransfer     = control.MsgTransfer
+	MsgAbort        = control.MsgAbort
+	MsgAbortAck     = control.MsgAbortAck
+	MsgStatus       = control.MsgStatus
+	MsgHandshake    = control.MsgHandshake
+	MsgHandshakeAck = control.MsgHandshakeAck
+	MsgPing         = control.MsgPing
+	MsgProbe        = control.MsgProbe
+	MsgProbeResult  = control.MsgProbeResult
+)
+
 // ManagerConfig configures a KV manager (one per rank, like SGLang's
 // CommonKVManager).
 type ManagerConfig struct {
@@ -112,8 +133,9 @@ type ManagerConfig struct {
 	BootstrapAuthToken string
 	// AuthenticateControl tags every control frame this rank sends with an
 	// HMAC keyed by BootstrapAuthToken (ControlKey) and drops every frame
-	// it receives whose tag is missing or wrong (see envelope.go): nobody
-	// without the deployment's token can inject control frames. Every rank
+	// it receives whose tag is missing or wrong (the envelope of
+	// engine/internal/control): nobody without the deployment's token can
+	// inject control frames. Every rank
 	// of the deployment (prefill and decode) needs it and the same token;
 	// NewManager refuses it without a token.
 	AuthenticateControl bool
@@ -342,11 +364,11 @@ type Manager struct {
 	// peer leave in increasing order).
 	ctlSeq atomic.Uint64
 	// replay accepts each authenticated frame's sequence number once per
-	// sender (replay.go).
-	replay replayGuard
+	// sender (engine/internal/control, replay.go).
+	replay control.ReplayGuard
 	// unauth remembers frames dropped as unauthenticated by the endpoint
 	// they claim, for the error of a registration that then times out.
-	unauth unauthMemory
+	unauth control.UnauthMemory
 	// dropped counts received control frames dropped as unauthenticated,
 	// malformed, or from another instance than the peer's; dropLog rate-
 	// limits the warning about them (recvLoop only).
@@ -972,7 +994,7 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return ErrManagerClosed
 	}
 	ps.lastUse.Store(time.Now().UnixNano())
-	frames = SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
+	frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
 	parts := make([]any, len(frames))
 	for i, f := range frames {
 		parts[i] = f
@@ -1236,25 +1258,25 @@ func (m *Manager) dispatch(parts [][]byte) {
 		(*h)(string(parts[2]))
 	}
 	now := time.Now()
-	body, env, err := OpenControl(parts, m.ctlKey, now)
+	body, env, err := control.OpenControl(parts, m.ctlKey, now)
 	if err != nil {
 		reason := "malformed"
-		if errors.Is(err, ErrUnauthenticated) {
+		if errors.Is(err, control.ErrUnauthenticated) {
 			reason = "unauthenticated"
-			if msg, derr := DecodeControl(parts[:len(parts)-envelopeFrames]); derr == nil {
-				m.unauth.note(msgEndpoint(msg), err, now)
+			if msg, derr := control.DecodeControl(parts[:len(parts)-control.EnvelopeFrames]); derr == nil {
+				m.unauth.Note(control.SenderEndpoint(msg), err, now)
 			}
 		}
 		m.drop(reason, err)
 		return
 	}
 	if env.Authenticated {
-		if err := m.replay.check(env, now); err != nil {
+		if err := m.replay.Check(env, now); err != nil {
 			m.drop("replay", err)
 			return
 		}
 	}
-	msg, err := DecodeControl(body)
+	msg, err := control.DecodeControl(body)
 	if err != nil {
 		m.drop("malformed", err)
 		return
@@ -1263,57 +1285,57 @@ func (m *Manager) dispatch(parts [][]byte) {
 		return
 	}
 	switch v := msg.(type) {
-	case *PingMsg:
+	case *control.PingMsg:
 		m.touch(v.Endpoint)
-	case *RegisterMsg:
+	case *control.RegisterMsg:
 		if m.cfg.Role != RolePrefill {
 			m.log.Warn("dropped REGISTER: this rank is a decode", "from", v.Endpoint)
 			return
 		}
 		m.handleRegister(v, env)
-	case *RegisterAckMsg:
+	case *control.RegisterAckMsg:
 		if m.cfg.Role != RoleDecode {
 			m.log.Warn("dropped REGISTER_ACK: this rank is a prefill", "from", v.Endpoint)
 			return
 		}
 		m.touch(v.Endpoint)
 		m.handleRegisterAck(v, env)
-	case *TransferMsg:
+	case *control.TransferMsg:
 		if m.cfg.Role != RolePrefill {
 			m.log.Warn("dropped TRANSFER: this rank is a decode", "from", v.Endpoint)
 			return
 		}
 		m.touch(v.Endpoint)
 		m.handleTransfer(v)
-	case *HandshakeAckMsg:
+	case *control.HandshakeAckMsg:
 		m.touch(v.Endpoint)
 		m.handleHandshakeAck(v)
-	case *StatusMsg:
+	case *control.StatusMsg:
 		m.touch(v.Endpoint)
 		if m.cfg.Role == RolePrefill {
 			m.handleVerdict(v)
 			return
 		}
 		m.handleStatus(v)
-	case *AbortAckMsg:
+	case *control.AbortAckMsg:
 		if m.cfg.Role != RoleDecode {
 			m.log.Warn("dropped ABORT_ACK: this rank is a prefill", "from", v.Endpoint)
 			return
 		}
 		m.touch(v.Endpoint)
 		m.handleAbortAck(v)
-	case *HandshakeMsg:
+	case *control.HandshakeMsg:
 		if m.cfg.Role != RoleDecode {
 			return
 		}
 		m.touch(v.Endpoint)
 		go m.handleHandshake(v)
-	case *AbortMsg:
+	case *control.AbortMsg:
 		m.touch(v.Endpoint)
 		m.handleAbort(v)
-	case *ProbeMsg:
+	case *control.ProbeMsg:
 		m.handleProbe(v)
-	case *ProbeResultMsg:
+	case *control.ProbeResultMsg:
 		m.log.Warn("dropped PROBE_RESULT: this rank sent no probe", "from", v.Endpoint)
 	}
 }
@@ -1346,7 +1368,7 @@ func (m *Manager) monitorLoop() {
 		for _, r := range m.dec.receivers {
 			rs = append(rs, r)
 		}
-		var expired []*TransferMsg
+		var expired []*control.TransferMsg
 		for room, p := range m.pre.pending {
 			for ep, pt := range p {
 				if now.Sub(pt.at) > m.cfg.BootstrapTimeout {

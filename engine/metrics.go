@@ -99,7 +99,7 @@ const (
 	// version, a bad field; unauthenticated: AuthenticateControl is on and
 	// the tag is missing, wrong or outside the send-time window (ReplayWindow);
 	// replay: authenticated, but its sequence number was accepted from that
-	// sender before (replay.go); sender: from
+	// sender before (engine/internal/control, replay.go); sender: from
 	// another instance than the peer state it names, a refused REGISTER, a
 	// HANDSHAKE from a prefill rank this decode has no registration with).
 	// Manager.DroppedFrames is their sum.

@@ -8,6 +8,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 // A peer whose control connection drops while this rank is slow to handle
@@ -40,7 +41,7 @@ func TestPeerDisconnectDoesNotFreezeControlPath(t *testing.T) {
 		}
 		return s, ep
 	}
-	ping := (&engine.PingMsg{Endpoint: "tcp://127.0.0.1:9"}).Encode()
+	ping := (&control.PingMsg{Endpoint: "tcp://127.0.0.1:9"}).Encode()
 	a, epA := pull()
 	if err := engine.SendControl(dec.m, epA, ping); err != nil {
 		t.Fatal(err)
@@ -76,7 +77,7 @@ func TestDeadControlSocketSwept(t *testing.T) {
 	}
 	dead := "tcp://" + l.Addr().String()
 	_ = l.Close()
-	if err := engine.SendControl(dec.m, dead, (&engine.PingMsg{Endpoint: "tcp://127.0.0.1:9"}).Encode()); err != nil {
+	if err := engine.SendControl(dec.m, dead, (&control.PingMsg{Endpoint: "tcp://127.0.0.1:9"}).Encode()); err != nil {
 		t.Fatal(err)
 	}
 	if n := engine.PushSockets(dec.m); n != 1 {

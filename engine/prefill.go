@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -53,12 +54,12 @@ func newPrefillSide(dir *bootstrap.Client) prefillSide {
 
 // decodePeer is a decode rank that sent REGISTER to this prefill rank.
 type decodePeer struct {
-	reg *RegisterMsg
+	reg *control.RegisterMsg
 	// id is the decode's identity (the REGISTER's envelope): only that
 	// rank may replace this registration (trust.go).
-	id        peerID
+	id        control.PeerID
 	pairs     []kvargs.BufferPair // this rank's KV buffers → the decode's (PairBuffers)
-	offer     TransportOffer
+	offer     control.TransportOffer
 	local     *regSet
 	seg       transport.Segment
 	ready     chan struct{} // closed when seg is usable or err is set
@@ -113,7 +114,7 @@ func (p *decodePeer) close() {
 
 // setSegment installs the open segment; false (and the segment closed) when
 // the peer was closed meanwhile.
-func (p *decodePeer) setSegment(seg transport.Segment, o TransportOffer, rs *regSet) bool {
+func (p *decodePeer) setSegment(seg transport.Segment, o control.TransportOffer, rs *regSet) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -128,13 +129,13 @@ func (p *decodePeer) setSegment(seg transport.Segment, o TransportOffer, rs *reg
 // (PairBuffers), answers REGISTER_ACK (accepted, or the refusal naming both
 // sides) and opens a segment to it with the highest-priority transport both
 // sides have whose OpenSegment succeeds.
-func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
-	p := &decodePeer{reg: v, id: envID(env), ready: make(chan struct{})}
+func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
+	p := &decodePeer{reg: v, id: control.SenderID(env), ready: make(chan struct{})}
 	m.mu.Lock()
 	old := m.pre.dpeers[v.Endpoint]
 	if why := m.registerRefusalLocked(v, env, old); why != "" {
 		m.mu.Unlock()
-		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, envID(env), v.Epoch, why))
+		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, control.SenderID(env), v.Epoch, why))
 		return
 	}
 	m.pre.dpeers[v.Endpoint] = p
@@ -146,7 +147,7 @@ func (m *Manager) handleRegister(v *RegisterMsg, env Envelope) {
 	}
 	go func() {
 		pairs, err := kvargs.PairBuffers(m.geo, &v.Geometry, m.endpoint, v.Endpoint)
-		ack := &RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch}
+		ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch}
 		if err != nil {
 			ack.Err = err.Error()
 		}
@@ -175,7 +176,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			seg, err := rs.t.OpenSegment(ctx, transport.SegmentInfo{Endpoint: o.Endpoint, Regions: o.regions(), Epoch: v.Epoch})
+			seg, err := rs.t.OpenSegment(ctx, transport.SegmentInfo{Endpoint: o.Endpoint, Regions: o.Regions(), Epoch: v.Epoch})
 			cancel()
 			if err != nil {
 				reasons = append(reasons, fmt.Sprintf("%s: %v", o.Name, err))
@@ -187,7 +188,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 			m.log.Debug("segment open", "decode", v.Endpoint, "transport", o.Name)
 			if rs.caps.Has(transport.CapHandshake) {
 				reply := seg.HandshakeReply()
-				if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply, Epoch: v.Epoch}).Encode(), false); err != nil {
+				if err := m.send(v.Endpoint, (&control.HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: reply, Epoch: v.Epoch}).Encode(), false); err != nil {
 					return err
 				}
 				return nil // ready closes on HANDSHAKE_ACK
@@ -206,7 +207,7 @@ func (m *Manager) connectPeer(p *decodePeer) error {
 	return fmt.Errorf("engine: no transport reaches decode %s: %v", v.Endpoint, reasons)
 }
 
-func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
+func (m *Manager) handleHandshakeAck(v *control.HandshakeAckMsg) {
 	if m.probeHandshakeAck(v) {
 		return
 	}
@@ -232,15 +233,15 @@ func (m *Manager) handleHandshakeAck(v *HandshakeAckMsg) {
 // rejectTransfer fails the decode's room (STATUS Failed, then ABORT_ACK);
 // clean false tells the decode to fence the epoch and register again
 // (nothing was written for this room).
-func (m *Manager) rejectTransfer(v *TransferMsg, reason string, clean bool) {
+func (m *Manager) rejectTransfer(v *control.TransferMsg, reason string, clean bool) {
 	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 	go func() {
-		_ = m.send(v.Endpoint, (&StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
-		m.sendAbortAck(v.Endpoint, &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
+		_ = m.send(v.Endpoint, (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+		m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
 	}()
 }
 
-func (m *Manager) handleTransfer(v *TransferMsg) {
+func (m *Manager) handleTransfer(v *control.TransferMsg) {
 	m.mu.Lock()
 	p := m.pre.dpeers[v.Endpoint]
 	s := m.pre.senders[v.Room]
@@ -292,7 +293,7 @@ func (m *Manager) handleTransfer(v *TransferMsg) {
 }
 
 // checkTransfer validates a non-dummy TRANSFER against the decode's geometry.
-func checkTransfer(v *TransferMsg, g *kvargs.Geometry, ringSlots int) error {
+func checkTransfer(v *control.TransferMsg, g *kvargs.Geometry, ringSlots int) error {
 	if err := checkDstPages(v.Pages, g); err != nil {
 		return err
 	}
@@ -333,7 +334,7 @@ func (m *Manager) stageRelease(i int) {
 }
 
 type pendingTransfer struct {
-	msg *TransferMsg
+	msg *control.TransferMsg
 	at  time.Time
 }
 
@@ -342,7 +343,7 @@ type pendingTransfer struct {
 // the room is in flight, answers ABORT_ACK; a room this rank does not hold
 // (yet) is remembered so that a later NewSender fails at once, and is
 // acknowledged at once. On a decode (older peers): the producer aborted.
-func (m *Manager) handleAbort(v *AbortMsg) {
+func (m *Manager) handleAbort(v *control.AbortMsg) {
 	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
 	m.mu.Lock()
 	s := m.pre.senders[v.Room]
@@ -362,7 +363,7 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 	if m.cfg.Role != RolePrefill {
 		return
 	}
-	ack := &AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
+	ack := &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
 	if s == nil {
 		if haveMemo {
 			ack.Clean, ack.Detail = memo.clean, memo.detail
@@ -389,7 +390,7 @@ func (m *Manager) handleAbort(v *AbortMsg) {
 // sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode
 // that misses it fences the data path after its FenceTimeout). It reports
 // whether the frame was handed to the control socket.
-func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) bool {
+func (m *Manager) sendAbortAck(ep string, ack *control.AbortAckMsg) bool {
 	if m.send(ep, ack.Encode(), false) != nil {
 		return false
 	}
@@ -399,7 +400,7 @@ func (m *Manager) sendAbortAck(ep string, ack *AbortAckMsg) bool {
 
 // handleVerdict (prefill): a decode's verdict on a room (STATUS from the
 // decode): Success completes the sender once every destination agreed.
-func (m *Manager) handleVerdict(v *StatusMsg) {
+func (m *Manager) handleVerdict(v *control.StatusMsg) {
 	m.mu.Lock()
 	s := m.pre.senders[v.Room]
 	m.mu.Unlock()

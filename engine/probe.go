@@ -13,12 +13,16 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Doctor probes: the PROBE and PROBE_RESULT frames are in the control codec
 // (package engine/internal/control).
 const (
+	// MaxProbeBytes bounds a probe's length per transport (16 MiB; the
+	// PROBE decoder refuses more).
+	MaxProbeBytes = control.MaxProbeBytes
 	// DefaultProbeBytes is the probe length a Prober uses when none is
 	// given (1 MiB).
 	DefaultProbeBytes = 1 << 20
@@ -48,12 +52,12 @@ type ProbeTransportResult struct {
 }
 
 // wire is the part of r that PROBE_RESULT carries.
-func (r ProbeTransportResult) wire() ProbeResult {
-	return ProbeResult{Transport: r.Transport, Stage: r.Stage, Err: r.Err, NotApplicable: r.NotApplicable, Handshake: r.Handshake, Transfer: r.Transfer}
+func (r ProbeTransportResult) wire() control.ProbeResult {
+	return control.ProbeResult{Transport: r.Transport, Stage: r.Stage, Err: r.Err, NotApplicable: r.NotApplicable, Handshake: r.Handshake, Transfer: r.Transfer}
 }
 
 // fromWire returns the results of a PROBE_RESULT, not yet verified.
-func fromWire(rs []ProbeResult) []ProbeTransportResult {
+func fromWire(rs []control.ProbeResult) []ProbeTransportResult {
 	var out []ProbeTransportResult // nil when there is none, as before the codec had its own type
 	for _, r := range rs {
 		out = append(out, ProbeTransportResult{Transport: r.Transport, Stage: r.Stage, Err: r.Err, NotApplicable: r.NotApplicable, Handshake: r.Handshake, Transfer: r.Transfer})
@@ -90,8 +94,8 @@ type probeKey struct {
 // handleProbe answers a doctor's PROBE (prefill ranks only): refused when
 // ManagerConfig.NoProbe is set or another probe runs, else one result per
 // offered transport, written from a fresh probe buffer (never the KV).
-func (m *Manager) handleProbe(v *ProbeMsg) {
-	res := &ProbeResultMsg{Endpoint: m.endpoint, ID: v.ID, Rank: m.cfg.Role.String() + " " + m.rankName, Transports: m.TransportNames()}
+func (m *Manager) handleProbe(v *control.ProbeMsg) {
+	res := &control.ProbeResultMsg{Endpoint: m.endpoint, ID: v.ID, Rank: m.cfg.Role.String() + " " + m.rankName, Transports: m.TransportNames()}
 	switch {
 	case m.cfg.NoProbe:
 		res.Refused = "this rank refuses probes (started with --no-probe); the data path cannot be proven from outside"
@@ -140,7 +144,7 @@ func (m *Manager) handleProbe(v *ProbeMsg) {
 // probeOne runs one transport of a probe: open a segment to the prober's
 // scratch region (handshake), write the pattern from a probe buffer
 // (transfer).
-func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
+func (m *Manager) probeOne(v *control.ProbeMsg, o control.ProbeOffer) ProbeTransportResult {
 	r := ProbeTransportResult{Transport: o.Name}
 	var rs *regSet
 	for _, x := range m.regs {
@@ -188,7 +192,7 @@ func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
 			delete(m.probeAcks, k)
 			m.mu.Unlock()
 		}()
-		if err := m.send(v.Endpoint, (&HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: seg.HandshakeReply(), Epoch: v.ID}).Encode(), false); err != nil {
+		if err := m.send(v.Endpoint, (&control.HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: seg.HandshakeReply(), Epoch: v.ID}).Encode(), false); err != nil {
 			return fail("handshake", err)
 		}
 		select {
@@ -224,7 +228,7 @@ func (m *Manager) probeOne(v *ProbeMsg, o ProbeOffer) ProbeTransportResult {
 
 // probeHandshakeAck hands a HANDSHAKE_ACK to the probe waiting for it;
 // false when none waits (a decode's, handled by handleHandshakeAck).
-func (m *Manager) probeHandshakeAck(v *HandshakeAckMsg) bool {
+func (m *Manager) probeHandshakeAck(v *control.HandshakeAckMsg) bool {
 	m.mu.Lock()
 	ch := m.probeAcks[probeKey{v.Endpoint, v.Epoch, v.Transport}]
 	m.mu.Unlock()
@@ -289,8 +293,8 @@ func NewProber(cfg ProberConfig) (*Prober, error) {
 	if cfg.Length <= 0 {
 		cfg.Length = DefaultProbeBytes
 	}
-	if cfg.Length > MaxProbeBytes {
-		return nil, fmt.Errorf("engine: prober: length %d bytes, at most %d", cfg.Length, MaxProbeBytes)
+	if cfg.Length > control.MaxProbeBytes {
+		return nil, fmt.Errorf("engine: prober: length %d bytes, at most %d", cfg.Length, control.MaxProbeBytes)
 	}
 	if cfg.ControlHost == "" {
 		cfg.ControlHost = "127.0.0.1"
@@ -302,7 +306,7 @@ func NewProber(cfg ProberConfig) (*Prober, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Prober{cfg: cfg, instance: inst, key: ControlKey(cfg.AuthToken)}
+	p := &Prober{cfg: cfg, instance: inst, key: control.ControlKey(cfg.AuthToken)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -387,7 +391,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	id := transport.NewEpoch()
-	msg := &ProbeMsg{Endpoint: p.endpoint, ID: id, Length: uint64(p.cfg.Length)}
+	msg := &control.ProbeMsg{Endpoint: p.endpoint, ID: id, Length: uint64(p.cfg.Length)}
 	for i, t := range p.cfg.Transports {
 		clear(p.scratch[i].Bytes()) // stale bytes never pass verification
 		blob, err := t.Endpoint(ctx, endpoint)
@@ -401,7 +405,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 				return nil, fmt.Errorf("engine: probe %s: admit the probe's epoch on %s: %w", peerLabel(endpoint), t.Name(), err)
 			}
 		}
-		msg.Transports = append(msg.Transports, ProbeOffer{Name: t.Name(), Endpoint: blob, Region: p.regions[i]})
+		msg.Transports = append(msg.Transports, control.ProbeOffer{Name: t.Name(), Endpoint: blob, Region: p.regions[i]})
 	}
 	push, err := p.zctx.NewSocket(zmq.PUSH)
 	if err != nil {
@@ -415,7 +419,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		return nil, fmt.Errorf("engine: probe: connect to %s: %w", endpoint, err)
 	}
 	send := func(frames [][]byte) error {
-		frames = SealControl(frames, p.instance, 0, p.seq.Add(1), time.Now(), p.key)
+		frames = control.SealControl(frames, p.instance, 0, p.seq.Add(1), time.Now(), p.key)
 		parts := make([]any, len(frames))
 		for i, f := range frames {
 			parts[i] = f
@@ -437,24 +441,24 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 		if err != nil {
 			continue // receive timeout: check ctx
 		}
-		body, _, err := OpenControl(parts, p.key, time.Now())
+		body, _, err := control.OpenControl(parts, p.key, time.Now())
 		if err != nil {
 			continue
 		}
-		m, err := DecodeControl(body)
+		m, err := control.DecodeControl(body)
 		if err != nil {
 			continue
 		}
 		switch v := m.(type) {
-		case *HandshakeMsg:
+		case *control.HandshakeMsg:
 			if v.Epoch == id {
-				ack := &HandshakeAckMsg{Endpoint: p.endpoint, Transport: v.Transport, Epoch: v.Epoch}
+				ack := &control.HandshakeAckMsg{Endpoint: p.endpoint, Transport: v.Transport, Epoch: v.Epoch}
 				if err := p.accept(ctx, v); err != nil {
 					ack.Err = err.Error()
 				}
 				_ = send(ack.Encode())
 			}
-		case *ProbeResultMsg:
+		case *control.ProbeResultMsg:
 			if v.ID != id {
 				continue
 			}
@@ -466,7 +470,7 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 }
 
 // accept completes a transport handshake the rank started for a probe.
-func (p *Prober) accept(ctx context.Context, v *HandshakeMsg) error {
+func (p *Prober) accept(ctx context.Context, v *control.HandshakeMsg) error {
 	for _, t := range p.cfg.Transports {
 		if t.Name() != v.Transport {
 			continue

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
@@ -98,7 +99,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 	if m.cfg.Role != RoleDecode {
 		return nil, errors.New("engine: NewReceiver on a prefill manager (use NewSender)")
 	}
-	if room > maxRoom {
+	if room > control.MaxRoom {
 		return nil, fmt.Errorf("engine: bootstrap_room %d exceeds 2^63-1", room)
 	}
 	if bootstrapAddr == "" {
@@ -145,8 +146,8 @@ func (r *Receiver) Wait(ctx context.Context, want KVPoll) KVPoll { return waitPo
 // the room, naming both (a prefill that declared none is not checked). Call
 // it before Init; errors: tokens < 1, or TRANSFER already sent.
 func (r *Receiver) SetTokens(tokens int) error {
-	if tokens < 1 || tokens > maxTokens {
-		return fmt.Errorf("engine: receiver room %d: token count %d, want 1..%d", r.room, tokens, maxTokens)
+	if tokens < 1 || tokens > control.MaxTokens {
+		return fmt.Errorf("engine: receiver room %d: token count %d, want 1..%d", r.room, tokens, control.MaxTokens)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -314,7 +315,7 @@ func (r *Receiver) run() {
 		}
 		t.sent = true
 		r.mu.Unlock()
-		msg := &TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
+		msg := &control.TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
 			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix}
 		if t.extras {
 			msg.AuxIndex, msg.StateIndices = aux, state
@@ -612,7 +613,7 @@ func (r *Receiver) epochFenced(ep string, epoch uint64) {
 	}
 }
 
-func (r *Receiver) onStatus(v *StatusMsg) {
+func (r *Receiver) onStatus(v *control.StatusMsg) {
 	r.mu.Lock()
 	var t *recvTarget
 	for _, c := range r.targets {
@@ -657,7 +658,7 @@ func (r *Receiver) onStatus(v *StatusMsg) {
 
 // accept verifies a producer's metadata record (and checksum) after its
 // Success STATUS.
-func (r *Receiver) accept(t *recvTarget, v *StatusMsg) {
+func (r *Receiver) accept(t *recvTarget, v *control.StatusMsg) {
 	rec, err := r.m.dec.ring.Read(t.slot)
 	if err != nil {
 		r.failLocal(fmt.Errorf("engine: room %d: metadata slot %d: %w", r.room, t.slot, err))
@@ -796,7 +797,7 @@ func (r *Receiver) failLocal(err error) bool {
 // onAbortAck: a producer will write nothing more for the room. A clean
 // acknowledgement fences it; an unclean one (a batch abandoned, the data path
 // broken) fences its data path.
-func (r *Receiver) onAbortAck(v *AbortAckMsg) {
+func (r *Receiver) onAbortAck(v *control.AbortAckMsg) {
 	r.mu.Lock()
 	var t *recvTarget
 	for _, c := range r.targets {

@@ -13,6 +13,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -89,7 +90,7 @@ type segmentRequest struct {
 
 // Encode returns the request's frames.
 func (r *segmentRequest) Encode() [][]byte {
-	f := [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(r.Type), dec(r.ID), []byte(r.Peer), []byte(r.Transport)}
+	f := [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(r.Type), control.Dec(r.ID), []byte(r.Peer), []byte(r.Transport)}
 	if r.Type == rpcAccept {
 		f = append(f, r.Reply)
 	}
@@ -111,18 +112,18 @@ func (r *segmentReply) Encode() [][]byte {
 	if r.OK {
 		st = rpcOK
 	}
-	return [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(st), dec(r.ID), r.Payload}
+	return [][]byte{[]byte(segmentRPCMagic), []byte(strconv.Itoa(segmentRPCVersion)), []byte(st), control.Dec(r.ID), r.Payload}
 }
 
 func rpcHeader(parts [][]byte, what string) error {
 	if len(parts) < 4 {
-		return fmt.Errorf("%w: segment RPC %s: %d frames, want at least 4 (magic, version, type, id)", ErrBadFrame, what, len(parts))
+		return fmt.Errorf("%w: segment RPC %s: %d frames, want at least 4 (magic, version, type, id)", control.ErrBadFrame, what, len(parts))
 	}
 	if string(parts[0]) != segmentRPCMagic {
-		return fmt.Errorf("%w: segment RPC %s: frame 0 is %q, want %q (is this address a kvxfer engine's RPC port?)", ErrBadFrame, what, trunc(parts[0]), segmentRPCMagic)
+		return fmt.Errorf("%w: segment RPC %s: frame 0 is %q, want %q (is this address a kvxfer engine's RPC port?)", control.ErrBadFrame, what, control.Trunc(parts[0]), segmentRPCMagic)
 	}
 	if string(parts[1]) != strconv.Itoa(segmentRPCVersion) {
-		return fmt.Errorf("%w: segment RPC %s: version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, what, trunc(parts[1]), segmentRPCVersion)
+		return fmt.Errorf("%w: segment RPC %s: version %q not supported (this build speaks %d; upgrade the older side)", control.ErrBadFrame, what, control.Trunc(parts[1]), segmentRPCVersion)
 	}
 	return nil
 }
@@ -141,27 +142,27 @@ func decodeSegmentRequest(parts [][]byte) (*segmentRequest, error) {
 	case rpcAccept:
 		want = 7
 	default:
-		return nil, fmt.Errorf("%w: segment RPC request: unknown type %q", ErrBadFrame, trunc(parts[2]))
+		return nil, fmt.Errorf("%w: segment RPC request: unknown type %q", control.ErrBadFrame, control.Trunc(parts[2]))
 	}
 	if len(parts) != want {
-		return nil, fmt.Errorf("%w: segment RPC %s has %d frames, want %d", ErrBadFrame, typ, len(parts), want)
+		return nil, fmt.Errorf("%w: segment RPC %s has %d frames, want %d", control.ErrBadFrame, typ, len(parts), want)
 	}
-	r := &frameReader{msg: "segment RPC " + typ, parts: parts}
-	req := &segmentRequest{Type: typ, ID: r.uint(3, 1<<63, "request id"), Peer: r.str(4, "peer"), Transport: r.str(5, "transport")}
+	r := &control.FrameReader{Msg: "segment RPC " + typ, Parts: parts}
+	req := &segmentRequest{Type: typ, ID: r.Uint(3, 1<<63, "request id"), Peer: r.Str(4, "peer"), Transport: r.Str(5, "transport")}
 	if typ == rpcAccept {
-		if req.Peer == "" && r.err == nil {
-			r.fail(4, "peer is empty (ACCEPT needs the peer id of the DESCRIBE that prepared the endpoint)")
+		if req.Peer == "" && r.Err == nil {
+			r.Fail(4, "peer is empty (ACCEPT needs the peer id of the DESCRIBE that prepared the endpoint)")
 		}
-		if req.Transport == "" && r.err == nil {
-			r.fail(5, "transport is empty")
+		if req.Transport == "" && r.Err == nil {
+			r.Fail(5, "transport is empty")
 		}
-		if len(parts[6]) > maxBlobBytes {
-			r.fail(6, "reply blob of %d bytes, longer than %d", len(parts[6]), maxBlobBytes)
+		if len(parts[6]) > control.MaxBlobBytes {
+			r.Fail(6, "reply blob of %d bytes, longer than %d", len(parts[6]), control.MaxBlobBytes)
 		}
 		req.Reply = append([]byte(nil), parts[6]...)
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return req, nil
 }
@@ -172,7 +173,7 @@ func decodeSegmentReply(parts [][]byte) (*segmentReply, error) {
 		return nil, err
 	}
 	if len(parts) != 5 {
-		return nil, fmt.Errorf("%w: segment RPC reply has %d frames, want 5", ErrBadFrame, len(parts))
+		return nil, fmt.Errorf("%w: segment RPC reply has %d frames, want 5", control.ErrBadFrame, len(parts))
 	}
 	var ok bool
 	switch string(parts[2]) {
@@ -180,12 +181,12 @@ func decodeSegmentReply(parts [][]byte) (*segmentReply, error) {
 		ok = true
 	case rpcErr:
 	default:
-		return nil, fmt.Errorf("%w: segment RPC reply: status %q is not OK or ERR", ErrBadFrame, trunc(parts[2]))
+		return nil, fmt.Errorf("%w: segment RPC reply: status %q is not OK or ERR", control.ErrBadFrame, control.Trunc(parts[2]))
 	}
-	r := &frameReader{msg: "segment RPC reply", parts: parts}
-	id := r.uint(3, 1<<63, "request id")
-	if r.err != nil {
-		return nil, r.err
+	r := &control.FrameReader{Msg: "segment RPC reply", Parts: parts}
+	id := r.Uint(3, 1<<63, "request id")
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return &segmentReply{ID: id, OK: ok, Payload: append([]byte(nil), parts[4]...)}, nil
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 func TestSegmentRPCRoundTrip(t *testing.T) {
@@ -45,14 +47,14 @@ func FuzzDecodeSegmentRPC(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		parts := bytes.Split(data, []byte{0})
 		if req, err := decodeSegmentRequest(parts); err != nil {
-			if !errors.Is(err, ErrBadFrame) {
+			if !errors.Is(err, control.ErrBadFrame) {
 				t.Fatalf("request error does not wrap ErrBadFrame: %v", err)
 			}
 		} else if again, err := decodeSegmentRequest(req.Encode()); err != nil || again.ID != req.ID || again.Type != req.Type || again.Peer != req.Peer {
 			t.Fatalf("request re-decode: %+v %v, first %+v", again, err, req)
 		}
 		if rep, err := decodeSegmentReply(parts); err != nil {
-			if !errors.Is(err, ErrBadFrame) {
+			if !errors.Is(err, control.ErrBadFrame) {
 				t.Fatalf("reply error does not wrap ErrBadFrame: %v", err)
 			}
 		} else if again, err := decodeSegmentReply(rep.Encode()); err != nil || !reflect.DeepEqual(again, rep) {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -94,7 +95,7 @@ func checkState(idx []int32, g *kvargs.Geometry) error {
 
 // senderDst is one destination decode rank of a Sender.
 type senderDst struct {
-	msg   *TransferMsg
+	msg   *control.TransferMsg
 	peer  *decodePeer
 	crc   uint32
 	pages uint32
@@ -201,7 +202,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	if m.cfg.Role != RolePrefill {
 		return nil, errors.New("engine: NewSender on a decode manager (use NewReceiver)")
 	}
-	if room > maxRoom {
+	if room > control.MaxRoom {
 		return nil, fmt.Errorf("engine: bootstrap_room %d exceeds 2^63-1", room)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -227,7 +228,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	pend := m.pre.pending[room]
 	delete(m.pre.pending, room)
 	type pp struct {
-		msg  *TransferMsg
+		msg  *control.TransferMsg
 		peer *decodePeer
 	}
 	var ps []pp
@@ -404,8 +405,8 @@ func (s *Sender) SetStateIndices(idx []int32) error {
 // count each decode declared in TRANSFER; a mismatch fails the room on both
 // sides, naming both counts. Call it before Send.
 func (s *Sender) SetTokens(tokens int) error {
-	if tokens < 1 || tokens > maxTokens {
-		return fmt.Errorf("engine: sender room %d: token count %d, want 1..%d", s.room, tokens, maxTokens)
+	if tokens < 1 || tokens > control.MaxTokens {
+		return fmt.Errorf("engine: sender room %d: token count %d, want 1..%d", s.room, tokens, control.MaxTokens)
 	}
 	s.mu.Lock()
 	s.tokens = tokens
@@ -432,7 +433,7 @@ func (s *Sender) tokenMismatchLocked() error {
 	return nil
 }
 
-func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
+func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 	s.mu.Lock()
 	d := &senderDst{msg: v, peer: p}
 	if st, err := s.st.get(); st == KVFailed || s.closed {
@@ -453,7 +454,7 @@ func (s *Sender) addDst(v *TransferMsg, p *decodePeer) {
 	if s.required == 0 || v.RequiredDstInfoNum > s.required {
 		s.required = v.RequiredDstInfoNum
 	}
-	var first *TransferMsg
+	var first *control.TransferMsg
 	var bad error
 	for _, d := range s.dsts {
 		if d.msg.Dummy {
@@ -682,7 +683,7 @@ func (s *Sender) fail(err error) bool {
 // stayed clean. One goroutine, so the decode gets them in that order.
 func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	for _, d := range ds {
-		if e := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(KVFailed), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
+		if e := s.m.send(d.msg.Endpoint, (&control.StatusMsg{Room: s.room, State: int(KVFailed), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
 			s.m.log.Debug("STATUS Failed not sent", "room", s.room, "decode", d.msg.Endpoint, "err", e)
 		}
 	}
@@ -690,7 +691,7 @@ func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	clean, detail := s.cleanState()
 	for _, d := range ds {
 		if !d.msg.Dummy {
-			s.m.sendAbortAck(d.msg.Endpoint, &AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail})
+			s.m.sendAbortAck(d.msg.Endpoint, &control.AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail})
 		}
 	}
 }
@@ -786,7 +787,7 @@ func (s *Sender) sendStatus(ds []*senderDst, reason string) {
 	}
 	for _, d := range ds {
 		go func() {
-			_ = s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(state), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: reason, Epoch: d.msg.Epoch}).Encode(), true)
+			_ = s.m.send(d.msg.Endpoint, (&control.StatusMsg{Room: s.room, State: int(state), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: reason, Epoch: d.msg.Epoch}).Encode(), true)
 		}()
 	}
 }
@@ -914,7 +915,7 @@ func (s *Sender) worker() {
 				if already {
 					continue
 				}
-				if err := s.m.send(d.msg.Endpoint, (&StatusMsg{Room: s.room, State: int(KVSuccess), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), false); err != nil {
+				if err := s.m.send(d.msg.Endpoint, (&control.StatusMsg{Room: s.room, State: int(KVSuccess), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Epoch: d.msg.Epoch}).Encode(), false); err != nil {
 					s.fail(err)
 					return
 				}

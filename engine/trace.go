@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 // OpenTelemetry spans (optional: ManagerConfig.TracerProvider; nil, the
@@ -58,7 +60,7 @@ func (m *Manager) startRoomSpan(room uint64, at time.Time) roomSpan {
 	}
 	ctx := trace.ContextWithRemoteSpanContext(context.Background(), roomParent(room))
 	ctx, span := m.tracer.Start(ctx, "kvxfer.room", trace.WithTimestamp(at), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(attribute.Int64("kvxfer.room", int64(room&maxRoom)), attribute.String("kvxfer.role", m.cfg.Role.String()),
+		trace.WithAttributes(attribute.Int64("kvxfer.room", int64(room&control.MaxRoom)), attribute.String("kvxfer.role", m.cfg.Role.String()),
 			attribute.String("kvxfer.rank", m.rankName), attribute.String("kvxfer.endpoint", m.endpoint)))
 	return roomSpan{ctx: ctx, span: span, tracer: m.tracer}
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 )
 
@@ -22,20 +23,20 @@ func checkGeometry() kvargs.Geometry {
 // this text), never turned into a write.
 func TestCheckTransfer(t *testing.T) {
 	g := checkGeometry() // 99 pages (smallest KV buffer 3), 32 aux rows, no state
-	ok := TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{0, 98}, Slot: 63, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 31, PrefixTokens: 32}
+	ok := control.TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{0, 98}, Slot: 63, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 31, PrefixTokens: 32}
 	if err := checkTransfer(&ok, &g, 64); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
-		mod  func(*TransferMsg)
+		mod  func(*control.TransferMsg)
 		want string
 	}{
-		{func(m *TransferMsg) { m.Pages = []int32{99} }, "destination page 99 (index 0 of 1) is beyond KV buffer 3 (layer 1 V), which holds 99 pages"},
-		{func(m *TransferMsg) { m.Pages = []int32{7, 8, 7} }, "destination page 7 is given twice, at indices 0 and 2 of 3"},
-		{func(m *TransferMsg) { m.Slot = 64 }, "metadata slot 64 outside the decode's ring of 64"},
-		{func(m *TransferMsg) { m.AuxIndex = 32 }, "aux index 32 is beyond aux buffer 0, which holds 32 rows"},
-		{func(m *TransferMsg) { m.StateIndices = []int32{0} }, "1 state indices given, but there are no state buffers"},
-		{func(m *TransferMsg) { m.PrefixTokens = 20 }, "decode_prefix_len 20 is not whole pages of 16 tokens"},
+		{func(m *control.TransferMsg) { m.Pages = []int32{99} }, "destination page 99 (index 0 of 1) is beyond KV buffer 3 (layer 1 V), which holds 99 pages"},
+		{func(m *control.TransferMsg) { m.Pages = []int32{7, 8, 7} }, "destination page 7 is given twice, at indices 0 and 2 of 3"},
+		{func(m *control.TransferMsg) { m.Slot = 64 }, "metadata slot 64 outside the decode's ring of 64"},
+		{func(m *control.TransferMsg) { m.AuxIndex = 32 }, "aux index 32 is beyond aux buffer 0, which holds 32 rows"},
+		{func(m *control.TransferMsg) { m.StateIndices = []int32{0} }, "1 state indices given, but there are no state buffers"},
+		{func(m *control.TransferMsg) { m.PrefixTokens = 20 }, "decode_prefix_len 20 is not whole pages of 16 tokens"},
 	}
 	for _, c := range cases {
 		m := ok

@@ -6,13 +6,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
 // Control-plane trust (issue 18 case 7). A control frame names its sender's
 // endpoint, and every frame carries the sender's instance id and epoch
-// (envelope.go); with AuthenticateControl all are proven by the tag. Peer
-// state is bound to the rank (instance id and epoch) that created it:
+// (the envelope, engine/internal/control); with AuthenticateControl all are
+// proven by the tag. Peer state is bound to the rank (instance id and
+// epoch) that created it:
 //
 //   - prefill: a decode's registration (dpeers) belongs to the instance that
 //     sent the REGISTER. A REGISTER naming the same endpoint replaces it only
@@ -51,7 +53,7 @@ func controlKeyIf(on bool, token string) []byte {
 	if !on {
 		return nil
 	}
-	return ControlKey(token)
+	return control.ControlKey(token)
 }
 
 // dropLogger rate-limits the warning about dropped control frames: the
@@ -91,13 +93,13 @@ func (m *Manager) DroppedFrames() uint64 { return m.dropped.Load() }
 
 // checkSender applies the instance rules above to a received message before
 // it is handled; false drops it.
-func (m *Manager) checkSender(msg any, env Envelope) bool {
-	ep := msgEndpoint(msg)
+func (m *Manager) checkSender(msg any, env control.Envelope) bool {
+	ep := control.SenderEndpoint(msg)
 	if ep == "" {
 		return true
 	}
 	m.mu.Lock()
-	var want peerID
+	var want control.PeerID
 	var registering bool
 	if m.cfg.Role == RolePrefill {
 		if p := m.pre.dpeers[ep]; p != nil {
@@ -112,12 +114,12 @@ func (m *Manager) checkSender(msg any, env Envelope) bool {
 		}
 	}
 	m.mu.Unlock()
-	got := envID(env)
-	if !want.known() || want.is(got) {
+	got := control.SenderID(env)
+	if !want.Known() || want.Is(got) {
 		return true
 	}
 	if m.cfg.Role == RolePrefill {
-		if _, ok := msg.(*RegisterMsg); ok {
+		if _, ok := msg.(*control.RegisterMsg); ok {
 			return true // handleRegister decides
 		}
 		m.drop("sender", fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
@@ -146,16 +148,16 @@ func (m *Manager) peerLiveLocked(ep string) bool {
 // registerRefusalLocked says why a REGISTER must not replace the current
 // registration old of its endpoint ("" when it may), and refuses a new
 // decode when MaxPeers registrations are live; m.mu held.
-func (m *Manager) registerRefusalLocked(v *RegisterMsg, env Envelope, old *decodePeer) string {
+func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Envelope, old *decodePeer) string {
 	switch {
 	case old == nil:
 		if len(m.pre.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
 			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
 		}
 		return ""
-	case old.id.is(envID(env)) && v.Epoch <= old.reg.Epoch:
+	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch:
 		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch)
-	case !old.id.is(envID(env)) && m.peerLiveLocked(v.Endpoint):
+	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint):
 		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout)
 	}
 	return ""

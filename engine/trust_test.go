@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -48,7 +49,7 @@ func newInjector(t *testing.T, endpoint string) *injector {
 func (in *injector) send(frames [][]byte, instance string, key []byte) {
 	in.t.Helper()
 	in.seq++
-	in.sendSealed(engine.SealControl(frames, instance, 0, in.seq, time.Now(), key))
+	in.sendSealed(control.SealControl(frames, instance, 0, in.seq, time.Now(), key))
 }
 
 // sendSealed sends frames already sealed (a captured frame, replayed).
@@ -93,10 +94,10 @@ func TestForgedControlFrames(t *testing.T) {
 		}
 		return rs
 	}
-	forged := &engine.RegisterMsg{Endpoint: d.m.Endpoint(), Geometry: *g, RingSlots: 64, Epoch: 1 << 40,
-		Transports: []engine.TransportOffer{{Name: "tcpx", Endpoint: []byte("127.0.0.1:9"), Ring: transport.RegionDesc{ID: 1, Length: 4096},
+	forged := &control.RegisterMsg{Endpoint: d.m.Endpoint(), Geometry: *g, RingSlots: 64, Epoch: 1 << 40,
+		Transports: []control.TransportOffer{{Name: "tcpx", Endpoint: []byte("127.0.0.1:9"), Ring: transport.RegionDesc{ID: 1, Length: 4096},
 			KV: regions(len(g.KVItemLens)), Aux: regions(len(g.AuxItemLens)), State: regions(len(g.StateItemLens))}}}
-	if _, err := engine.DecodeRegister(forged.Encode()); err != nil {
+	if _, err := control.DecodeRegister(forged.Encode()); err != nil {
 		t.Fatalf("the forged REGISTER must be well formed: %v", err)
 	}
 	toPrefill.send(forged.Encode(), "forger", nil)
@@ -112,7 +113,7 @@ func TestForgedControlFrames(t *testing.T) {
 	const flood = 400
 	t0 = time.Now()
 	for i := range flood {
-		hs := &engine.HandshakeMsg{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i), Transport: "rdma", Reply: []byte("qp"), Epoch: uint64(i + 1)}
+		hs := &control.HandshakeMsg{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i), Transport: "rdma", Reply: []byte("qp"), Epoch: uint64(i + 1)}
 		toDecode.send(hs.Encode(), fmt.Sprintf("flood-%d", i), nil)
 	}
 	waitDropped(t, d.m, flood)
@@ -151,16 +152,16 @@ func TestAuthenticatedControl(t *testing.T) {
 	if st := r.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
 		t.Fatalf("room 2: %s %v", st, r.Failure())
 	}
-	abort := (&engine.AbortMsg{Room: 2, Endpoint: p.m.Endpoint(), Reason: "forged", Epoch: 0}).Encode()
+	abort := (&control.AbortMsg{Room: 2, Endpoint: p.m.Endpoint(), Reason: "forged", Epoch: 0}).Encode()
 	in := newInjector(t, d.m.Endpoint())
 	in.send(abort, p.m.InstanceID(), nil)
-	in.send(abort, p.m.InstanceID(), engine.ControlKey("guessed"))
+	in.send(abort, p.m.InstanceID(), control.ControlKey("guessed"))
 	waitDropped(t, d.m, 2)
 	waitSample(t, decReg, engine.MetricControlFramesDropped, map[string]string{"reason": "unauthenticated"}, 2)
 	// A frame tagged with the deployment's key (as the prefill sends it),
 	// captured and sent again: the first copy is accepted, the replay is
 	// dropped and counted, within the send-time window.
-	ping := engine.SealControl((&engine.PingMsg{Endpoint: p.m.Endpoint()}).Encode(), p.m.InstanceID(), 0, 1<<40, time.Now(), engine.ControlKey(token))
+	ping := control.SealControl((&control.PingMsg{Endpoint: p.m.Endpoint()}).Encode(), p.m.InstanceID(), 0, 1<<40, time.Now(), control.ControlKey(token))
 	in.sendSealed(ping)
 	in.sendSealed(ping)
 	waitDropped(t, d.m, 3)
@@ -258,7 +259,7 @@ func TestMaxPeersBoundsSockets(t *testing.T) {
 	sendOne(t, addr, p, d, 1)
 	in := newInjector(t, d.m.Endpoint())
 	for i := range 40 {
-		st := &engine.StatusMsg{Room: uint64(1000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+i), Reason: "stray"}
+		st := &control.StatusMsg{Room: uint64(1000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+i), Reason: "stray"}
 		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
 		if n := engine.PushSockets(d.m); n > 4 {
 			t.Fatalf("%d control sockets after %d stray STATUS frames, limit 4", n, i+1)
@@ -286,7 +287,7 @@ func TestMonitorReaderFailureDoesNotFreezeControl(t *testing.T) {
 	engine.FailMonitorReaders(d.m)
 	in := newInjector(t, d.m.Endpoint())
 	for i := range 3 { // answers go to endpoints nobody listens on
-		st := &engine.StatusMsg{Room: uint64(2000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 22000+i), Reason: "stray"}
+		st := &control.StatusMsg{Room: uint64(2000 + i), State: int(engine.KVFailed), Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 22000+i), Reason: "stray"}
 		in.send(st.Encode(), fmt.Sprintf("stray-%d", i), nil)
 	}
 	time.Sleep(500 * time.Millisecond) // several reconnection attempts

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/faulty"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
@@ -339,22 +339,22 @@ func TestKillMidBatch(t *testing.T) {
 
 func TestDropControl(t *testing.T) {
 	d := faulty.DropControl()
-	if d.Filter("p", engine.MsgStatus) {
+	if d.Filter("p", control.MsgStatus) {
 		t.Fatal("dropped with no knob set")
 	}
-	d.DropNext(engine.MsgStatus, 2)
-	if n := d.Pending(engine.MsgStatus); n != 2 {
+	d.DropNext(control.MsgStatus, 2)
+	if n := d.Pending(control.MsgStatus); n != 2 {
 		t.Fatalf("Pending(STATUS) = %d after DropNext(STATUS, 2)", n)
 	}
-	got := []bool{d.Filter("p", engine.MsgPing), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus), d.Filter("p", engine.MsgStatus)}
+	got := []bool{d.Filter("p", control.MsgPing), d.Filter("p", control.MsgStatus), d.Filter("p", control.MsgStatus), d.Filter("p", control.MsgStatus)}
 	if want := []bool{false, true, true, false}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("DropNext(STATUS, 2): dropped %v, want %v", got, want)
 	}
-	if n := d.Pending(engine.MsgStatus); n != 0 {
+	if n := d.Pending(control.MsgStatus); n != 0 {
 		t.Fatalf("Pending(STATUS) = %d after both were dropped", n)
 	}
 	d.DropFor(time.Hour)
-	if !d.Filter("p", engine.MsgPing) || d.Dropped("") != 3 || d.Dropped(engine.MsgStatus) != 2 {
-		t.Fatalf("DropFor: counts %d/%d", d.Dropped(""), d.Dropped(engine.MsgStatus))
+	if !d.Filter("p", control.MsgPing) || d.Dropped("") != 3 || d.Dropped(control.MsgStatus) != 2 {
+		t.Fatalf("DropFor: counts %d/%d", d.Dropped(""), d.Dropped(control.MsgStatus))
 	}
 }

@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"crypto/hmac"
@@ -51,7 +51,7 @@ import (
 // addresses and memory keys, as RDMA fabrics expose anyway).
 
 // envelopeFrames is the number of frames the envelope appends.
-const envelopeFrames = 5
+const EnvelopeFrames = 5
 
 // ReplayWindow bounds how far a tagged frame's send time may be from the
 // receiver's clock (either way): a captured frame can be replayed at most
@@ -107,7 +107,7 @@ func controlTag(key []byte, frames [][]byte) []byte {
 // leave for one receiver) and, with a non-nil key, the tag. frames is not
 // modified.
 func SealControl(frames [][]byte, instance string, epoch, seq uint64, now time.Time, key []byte) [][]byte {
-	out := make([][]byte, len(frames), len(frames)+envelopeFrames)
+	out := make([][]byte, len(frames), len(frames)+EnvelopeFrames)
 	copy(out, frames)
 	out = append(out, []byte(instance), strconv.AppendUint(nil, epoch, 10), strconv.AppendInt(nil, now.UnixMilli(), 10),
 		strconv.AppendUint(nil, seq, 10))
@@ -126,29 +126,29 @@ func OpenControl(parts [][]byte, key []byte, now time.Time) ([][]byte, Envelope,
 	if _, err := controlType(parts); err != nil {
 		return nil, Envelope{}, err
 	}
-	if len(parts) < 3+envelopeFrames {
+	if len(parts) < 3+EnvelopeFrames {
 		return nil, Envelope{}, fmt.Errorf("%w: %d frames: no room for the envelope (sender instance id, epoch, send time, sequence, tag)", ErrBadFrame, len(parts))
 	}
-	n := len(parts) - envelopeFrames
+	n := len(parts) - EnvelopeFrames
 	inst, ep, at, sq, tag := parts[n], parts[n+1], parts[n+2], parts[n+3], parts[n+4]
 	var env Envelope
 	if !bootstrap.ValidInstanceID(string(inst)) {
-		return nil, env, fmt.Errorf("%w: envelope frame %d: sender instance id %q: want 1–64 of [A-Za-z0-9._:-]", ErrBadFrame, n, trunc(inst))
+		return nil, env, fmt.Errorf("%w: envelope frame %d: sender instance id %q: want 1–64 of [A-Za-z0-9._:-]", ErrBadFrame, n, Trunc(inst))
 	}
 	env.Instance = string(inst)
 	epoch, err := strconv.ParseUint(string(ep), 10, 64)
 	if err != nil || len(ep) > 20 || (len(ep) > 1 && ep[0] == '0') {
-		return nil, env, fmt.Errorf("%w: envelope frame %d: sender epoch %q: want an ASCII decimal", ErrBadFrame, n+1, trunc(ep))
+		return nil, env, fmt.Errorf("%w: envelope frame %d: sender epoch %q: want an ASCII decimal", ErrBadFrame, n+1, Trunc(ep))
 	}
 	env.Epoch = epoch
 	ms, err := strconv.ParseInt(string(at), 10, 64)
 	if err != nil || len(at) > 19 || ms < 0 || at[0] == '+' || (len(at) > 1 && at[0] == '0') {
-		return nil, env, fmt.Errorf("%w: envelope frame %d: send time %q: want Unix milliseconds", ErrBadFrame, n+2, trunc(at))
+		return nil, env, fmt.Errorf("%w: envelope frame %d: send time %q: want Unix milliseconds", ErrBadFrame, n+2, Trunc(at))
 	}
 	env.SentAt = time.UnixMilli(ms)
 	seq, err := strconv.ParseUint(string(sq), 10, 64)
 	if err != nil || len(sq) > 20 || (len(sq) > 1 && sq[0] == '0') {
-		return nil, env, fmt.Errorf("%w: envelope frame %d: sequence %q: want an ASCII decimal", ErrBadFrame, n+3, trunc(sq))
+		return nil, env, fmt.Errorf("%w: envelope frame %d: sequence %q: want an ASCII decimal", ErrBadFrame, n+3, Trunc(sq))
 	}
 	env.Seq = seq
 	if len(tag) != 0 && len(tag) != sha256.Size {

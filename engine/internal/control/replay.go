@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"errors"
@@ -57,29 +57,30 @@ type replaySender struct {
 	sentAt time.Time // sender's send time of the highest-numbered frame
 }
 
-// replayGuard holds the per-sender sequence state of one rank.
-type replayGuard struct {
+// ReplayGuard holds the per-sender sequence state of one rank (the zero
+// value is ready; safe for concurrent use).
+type ReplayGuard struct {
 	mu      sync.Mutex
-	senders map[peerID]*replaySender
+	senders map[PeerID]*replaySender
 	// floor: frames from senders not in the table sent at or before it are
 	// dropped (a forgotten sender's frames may be among them).
 	floor time.Time
 	max   int // maxReplaySenders (tests lower it)
 }
 
-// check accepts env's sequence number from its sender once; a repeat, or a
+// Check accepts env's sequence number from its sender once; a repeat, or a
 // number more than replayWindowFrames below the highest seen, is an error
 // wrapping ErrReplayed. Sequence 0 (a sender that does not number its
 // frames) is refused: an authenticated sender always numbers them.
-func (g *replayGuard) check(env Envelope, now time.Time) error {
-	id := peerID{instance: env.Instance, epoch: env.Epoch}
+func (g *ReplayGuard) Check(env Envelope, now time.Time) error {
+	id := PeerID{instance: env.Instance, epoch: env.Epoch}
 	if env.Seq == 0 {
 		return fmt.Errorf("%w: frame from instance %s carries no sequence number", ErrReplayed, id)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.senders == nil {
-		g.senders = map[peerID]*replaySender{}
+		g.senders = map[PeerID]*replaySender{}
 		if g.max == 0 {
 			g.max = maxReplaySenders
 		}
@@ -127,8 +128,8 @@ func (g *replayGuard) check(env Envelope, now time.Time) error {
 // evictLocked forgets senders not heard from for 2 x ReplayWindow; when
 // none is that old, the least recently heard one, raising the floor to its
 // last send time. g.mu held.
-func (g *replayGuard) evictLocked(now time.Time) {
-	var oldest peerID
+func (g *ReplayGuard) evictLocked(now time.Time) {
+	var oldest PeerID
 	var oldestAt time.Time
 	for id, s := range g.senders {
 		if now.Sub(s.heard) > 2*ReplayWindow {
@@ -150,12 +151,12 @@ func (g *replayGuard) evictLocked(now time.Time) {
 	}
 }
 
-// unauthMemory remembers, per claimed sender endpoint, the last control
+// UnauthMemory remembers, per claimed sender endpoint, the last control
 // frame dropped as unauthenticated, so a registration that times out can
 // say why the peer seemed silent. The endpoints are claims of frames that
 // did not verify: they are used for that message only. Bounded to
 // maxUnauthMemory endpoints.
-type unauthMemory struct {
+type UnauthMemory struct {
 	mu sync.Mutex
 	by map[string]unauthDrop
 }
@@ -169,8 +170,8 @@ type unauthDrop struct {
 
 const maxUnauthMemory = 64
 
-// note records err for a frame claiming endpoint ep.
-func (u *unauthMemory) note(ep string, err error, now time.Time) {
+// Note records err for a frame claiming endpoint ep.
+func (u *UnauthMemory) Note(ep string, err error, now time.Time) {
 	if ep == "" {
 		return
 	}
@@ -193,8 +194,8 @@ func (u *unauthMemory) note(ep string, err error, now time.Time) {
 	u.by[ep] = unauthDrop{n: d.n + 1, err: err.Error(), at: now}
 }
 
-// since returns what was dropped for ep at or after t ("" when nothing).
-func (u *unauthMemory) since(ep string, t time.Time) string {
+// Since returns what was dropped for ep at or after t ("" when nothing).
+func (u *UnauthMemory) Since(ep string, t time.Time) string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	d, ok := u.by[ep]

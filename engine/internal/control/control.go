@@ -1,4 +1,14 @@
-package engine
+// Package control is the KV manager's control codec, internal to engine/:
+// the versioned ZeroMQ multipart frames ranks exchange (REGISTER,
+// REGISTER_ACK, TRANSFER, ABORT, ABORT_ACK, STATUS, HANDSHAKE,
+// HANDSHAKE_ACK, PING, and the doctor's PROBE and PROBE_RESULT), their
+// encoders and decoders (every decoder is fuzzed: outside input), the sender
+// envelope with its optional HMAC tag (SealControl, OpenControl), replay
+// protection of authenticated frames (ReplayGuard), and a rank's identity as
+// the envelope claims it (PeerID). It knows no sockets and no manager state:
+// package engine sends, receives and decides; engine/segengine reads its
+// segment RPC frames with FrameReader. internal/layers keeps it internal.
+package control
 
 import (
 	"encoding/binary"
@@ -63,9 +73,12 @@ const (
 	maxTransports  = 8
 	maxRegions     = 3*maxBuffers + 1
 	maxKeyBytes    = 1 << 16
-	maxBlobBytes   = 1 << 20
 	maxStringBytes = 4096
 )
+
+// MaxBlobBytes bounds a transport endpoint or handshake blob in a frame
+// (1 MiB); the segment RPC applies the same bound to its reply blobs.
+const MaxBlobBytes = 1 << 20
 
 // STATUS states: the first and the last KVPoll value (SGLang's numbering,
 // engine.KVPoll) that StatusMsg.State carries.
@@ -141,8 +154,8 @@ type TransportOffer struct {
 	State    []transport.RegionDesc
 }
 
-// regions is the offer's region table in wire order.
-func (t TransportOffer) regions() []transport.RegionDesc {
+// Regions is the offer's region table in wire order: Ring, KV, Aux, State.
+func (t TransportOffer) Regions() []transport.RegionDesc {
 	out := make([]transport.RegionDesc, 0, 1+len(t.KV)+len(t.Aux)+len(t.State))
 	out = append(out, t.Ring)
 	out = append(out, t.KV...)
@@ -262,8 +275,10 @@ func header(typ string) [][]byte {
 	return [][]byte{[]byte(ControlMagic), []byte(strconv.Itoa(ControlVersion)), []byte(typ)}
 }
 
-func dec(v uint64) []byte { return strconv.AppendUint(nil, v, 10) }
-func deci(v int) []byte   { return strconv.AppendInt(nil, int64(v), 10) }
+// Dec is v as an ASCII decimal frame (the wire form of every scalar).
+func Dec(v uint64) []byte { return strconv.AppendUint(nil, v, 10) }
+
+func deci(v int) []byte { return strconv.AppendInt(nil, int64(v), 10) }
 func b01(v bool) []byte {
 	if v {
 		return []byte("1")
@@ -281,9 +296,9 @@ func encodeGeometry(f [][]byte, g *kvargs.Geometry) [][]byte {
 func (m *RegisterMsg) Encode() [][]byte {
 	f := append(header(MsgRegister), []byte(m.Endpoint))
 	f = encodeGeometry(f, &m.Geometry)
-	f = append(f, deci(m.RingSlots), dec(m.Epoch), deci(len(m.Transports)))
+	f = append(f, deci(m.RingSlots), Dec(m.Epoch), deci(len(m.Transports)))
 	for _, t := range m.Transports {
-		f = append(f, []byte(t.Name), t.Endpoint, packRegions(t.regions()))
+		f = append(f, []byte(t.Name), t.Endpoint, packRegions(t.Regions()))
 	}
 	return f
 }
@@ -291,7 +306,7 @@ func (m *RegisterMsg) Encode() [][]byte {
 // Encode returns the message's frames.
 func (m *RegisterAckMsg) Encode() [][]byte {
 	f := append(header(MsgRegisterAck), []byte(m.Endpoint), []byte(m.Err))
-	return append(encodeGeometry(f, &m.Geometry), dec(m.Epoch))
+	return append(encodeGeometry(f, &m.Geometry), Dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
@@ -304,33 +319,33 @@ func (m *TransferMsg) Encode() [][]byte {
 	if m.Dummy {
 		pages, slot, aux, state = []byte{}, []byte{}, []byte{}, []byte{}
 	}
-	return append(f, dec(m.Room), []byte(m.Endpoint), pages, slot, dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum),
-		dec(m.Epoch), deci(m.Tokens), aux, state, deci(m.PrefixTokens))
+	return append(f, Dec(m.Room), []byte(m.Endpoint), pages, slot, Dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum),
+		Dec(m.Epoch), deci(m.Tokens), aux, state, deci(m.PrefixTokens))
 }
 
 // Encode returns the message's frames.
 func (m *AbortMsg) Encode() [][]byte {
-	return append(header(MsgAbort), dec(m.Room), []byte(m.Endpoint), []byte(m.Reason), dec(m.Epoch))
+	return append(header(MsgAbort), Dec(m.Room), []byte(m.Endpoint), []byte(m.Reason), Dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
 func (m *AbortAckMsg) Encode() [][]byte {
-	return append(header(MsgAbortAck), dec(m.Room), []byte(m.Endpoint), deci(m.Producer), dec(m.Epoch), b01(m.Clean), []byte(m.Detail))
+	return append(header(MsgAbortAck), Dec(m.Room), []byte(m.Endpoint), deci(m.Producer), Dec(m.Epoch), b01(m.Clean), []byte(m.Detail))
 }
 
 // Encode returns the message's frames.
 func (m *StatusMsg) Encode() [][]byte {
-	return append(header(MsgStatus), dec(m.Room), deci(int(m.State)), deci(m.Producer), []byte(m.Endpoint), []byte(m.Reason), dec(m.Epoch))
+	return append(header(MsgStatus), Dec(m.Room), deci(int(m.State)), deci(m.Producer), []byte(m.Endpoint), []byte(m.Reason), Dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
 func (m *HandshakeMsg) Encode() [][]byte {
-	return append(header(MsgHandshake), []byte(m.Endpoint), []byte(m.Transport), m.Reply, dec(m.Epoch))
+	return append(header(MsgHandshake), []byte(m.Endpoint), []byte(m.Transport), m.Reply, Dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
 func (m *HandshakeAckMsg) Encode() [][]byte {
-	return append(header(MsgHandshakeAck), []byte(m.Endpoint), []byte(m.Transport), []byte(m.Err), dec(m.Epoch))
+	return append(header(MsgHandshakeAck), []byte(m.Endpoint), []byte(m.Transport), []byte(m.Err), Dec(m.Epoch))
 }
 
 // Encode returns the message's frames.
@@ -345,19 +360,21 @@ func controlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: %d frames, want at least 3 (magic, version, type)", ErrBadFrame, len(parts))
 	}
 	if string(parts[0]) != ControlMagic {
-		return "", fmt.Errorf("%w: frame 0 is %q, want magic %q (not a kvxfer peer?)", ErrBadFrame, trunc(parts[0]), ControlMagic)
+		return "", fmt.Errorf("%w: frame 0 is %q, want magic %q (not a kvxfer peer?)", ErrBadFrame, Trunc(parts[0]), ControlMagic)
 	}
 	if string(parts[1]) != strconv.Itoa(ControlVersion) {
-		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, trunc(parts[1]), ControlVersion)
+		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, Trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
 	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult:
 		return t, nil
 	}
-	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, trunc(parts[2]))
+	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, Trunc(parts[2]))
 }
 
-func trunc(b []byte) string {
+// Trunc is b as text for an error message, cut to 32 bytes and an ellipsis
+// (a frame from outside may be long or binary).
+func Trunc(b []byte) string {
 	if len(b) > 32 {
 		return string(b[:32]) + "…"
 	}
@@ -398,14 +415,19 @@ func DecodeControl(parts [][]byte) (any, error) {
 	}
 }
 
-// frameReader walks a message's frames, recording the first error.
-type frameReader struct {
-	msg   string
-	parts [][]byte
-	err   error
+// FrameReader walks a message's frames, recording the first error: each
+// read after a failure returns the zero value, and Err is the first
+// failure, wrapping ErrBadFrame and naming Msg and the frame index.
+type FrameReader struct {
+	// Msg names the message in errors ("TRANSFER", "segment RPC reply").
+	Msg string
+	// Parts are the frames read.
+	Parts [][]byte
+	// Err is the first failure (nil while every read succeeded).
+	Err error
 }
 
-func newReader(parts [][]byte, typ string, minFrames int, exact bool) (*frameReader, error) {
+func newReader(parts [][]byte, typ string, minFrames int, exact bool) (*FrameReader, error) {
 	t, err := controlType(parts)
 	if err != nil {
 		return nil, err
@@ -416,68 +438,75 @@ func newReader(parts [][]byte, typ string, minFrames int, exact bool) (*frameRea
 	if len(parts) < minFrames || (exact && len(parts) != minFrames) {
 		return nil, fmt.Errorf("%w: %s has %d frames, want %d", ErrBadFrame, typ, len(parts), minFrames)
 	}
-	return &frameReader{msg: typ, parts: parts}, nil
+	return &FrameReader{Msg: typ, Parts: parts}, nil
 }
 
-func (r *frameReader) fail(i int, format string, a ...any) {
-	if r.err == nil {
-		r.err = badFrame(r.msg, i, format, a...)
+// Fail records a failure of frame i (format and a describe it) unless one
+// is recorded already.
+func (r *FrameReader) Fail(i int, format string, a ...any) {
+	if r.Err == nil {
+		r.Err = badFrame(r.Msg, i, format, a...)
 	}
 }
 
-func (r *frameReader) uint(i int, max uint64, name string) uint64 {
-	s := r.parts[i]
+// Uint reads frame i as an ASCII decimal in [0, max]; name says what it is
+// in the error.
+func (r *FrameReader) Uint(i int, max uint64, name string) uint64 {
+	s := r.Parts[i]
 	if len(s) == 0 || len(s) > 20 {
-		r.fail(i, "%s: want an ASCII decimal, got %q", name, trunc(s))
+		r.Fail(i, "%s: want an ASCII decimal, got %q", name, Trunc(s))
 		return 0
 	}
 	for _, c := range s {
 		if c < '0' || c > '9' {
-			r.fail(i, "%s: want an ASCII decimal, got %q", name, trunc(s))
+			r.Fail(i, "%s: want an ASCII decimal, got %q", name, Trunc(s))
 			return 0
 		}
 	}
 	v, err := strconv.ParseUint(string(s), 10, 64)
 	if err != nil || v > max {
-		r.fail(i, "%s: %q out of range [0, %d]", name, trunc(s), max)
+		r.Fail(i, "%s: %q out of range [0, %d]", name, Trunc(s), max)
 		return 0
 	}
 	return v
 }
 
-func (r *frameReader) int(i, max int, name string) int { return int(r.uint(i, uint64(max), name)) }
+func (r *FrameReader) int(i, max int, name string) int { return int(r.Uint(i, uint64(max), name)) }
 
-func (r *frameReader) bool(i int, name string) bool { return r.uint(i, 1, name) == 1 }
+func (r *FrameReader) bool(i int, name string) bool { return r.Uint(i, 1, name) == 1 }
 
-func (r *frameReader) str(i int, name string) string {
-	if len(r.parts[i]) > maxStringBytes {
-		r.fail(i, "%s: %d bytes, longer than %d", name, len(r.parts[i]), maxStringBytes)
+// Str reads frame i as a string of at most 4096 bytes.
+func (r *FrameReader) Str(i int, name string) string {
+	if len(r.Parts[i]) > maxStringBytes {
+		r.Fail(i, "%s: %d bytes, longer than %d", name, len(r.Parts[i]), maxStringBytes)
 		return ""
 	}
-	return string(r.parts[i])
+	return string(r.Parts[i])
 }
 
-func (r *frameReader) endpoint(i int) string {
-	s := r.str(i, "endpoint")
-	if r.err == nil && s == "" {
-		r.fail(i, "endpoint is empty")
+func (r *FrameReader) endpoint(i int) string {
+	s := r.Str(i, "endpoint")
+	if r.Err == nil && s == "" {
+		r.Fail(i, "endpoint is empty")
 	}
 	return s
 }
 
-const maxRoom = 1<<63 - 1
+// MaxRoom bounds a bootstrap_room on the wire (SGLang's rooms are
+// non-negative 63-bit integers).
+const MaxRoom = 1<<63 - 1
 
-// maxEpoch bounds a segment epoch on the wire; maxTokens a token count.
+// maxEpoch bounds a segment epoch on the wire; MaxTokens a token count.
 const (
 	maxEpoch  = 1<<63 - 1
-	maxTokens = 1<<31 - 1
+	MaxTokens = 1<<31 - 1
 )
 
 // geometry reads the 16 geometry frames starting at frame i and checks them:
 // ranks inside their sizes, a non-empty layer range, positive page size and
 // heads, one KV item length and count per buffer of the layer range, and
 // non-zero item lengths and counts everywhere.
-func (r *frameReader) geometry(i int) kvargs.Geometry {
+func (r *FrameReader) geometry(i int) kvargs.Geometry {
 	g := kvargs.Geometry{
 		TPRank:         r.int(i, 1<<16, "tp_rank"),
 		TPSize:         r.int(i+1, 1<<16, "tp_size"),
@@ -493,14 +522,14 @@ func (r *frameReader) geometry(i int) kvargs.Geometry {
 	lists := []*[]uint64{&g.KVItemLens, &g.KVItems, &g.AuxItemLens, &g.AuxItems, &g.StateItemLens, &g.StateItems}
 	names := []string{"kv_item_lens", "kv_items", "aux_item_lens", "aux_items", "state_item_lens", "state_items"}
 	for k, l := range lists {
-		vs, err := unpackU64(r.parts[i+10+k], maxBuffers)
+		vs, err := unpackU64(r.Parts[i+10+k], maxBuffers)
 		if err != nil {
-			r.fail(i+10+k, "%s: %v", names[k], err)
+			r.Fail(i+10+k, "%s: %v", names[k], err)
 			return g
 		}
 		for _, v := range vs {
 			if v == 0 || v > 1<<46 {
-				r.fail(i+10+k, "%s: entry %d out of range [1, 2^46]", names[k], v)
+				r.Fail(i+10+k, "%s: entry %d out of range [1, 2^46]", names[k], v)
 				return g
 			}
 		}
@@ -508,7 +537,7 @@ func (r *frameReader) geometry(i int) kvargs.Geometry {
 			*l = vs
 		}
 	}
-	if r.err != nil {
+	if r.Err != nil {
 		return g
 	}
 	want := g.EndLayer - g.StartLayer
@@ -517,19 +546,19 @@ func (r *frameReader) geometry(i int) kvargs.Geometry {
 	}
 	switch {
 	case g.TPSize == 0 || g.TPRank >= g.TPSize:
-		r.fail(i, "tp_rank %d not in [0, tp_size %d)", g.TPRank, g.TPSize)
+		r.Fail(i, "tp_rank %d not in [0, tp_size %d)", g.TPRank, g.TPSize)
 	case g.PPSize == 0 || g.PPRank >= g.PPSize:
-		r.fail(i+2, "pp_rank %d not in [0, pp_size %d)", g.PPRank, g.PPSize)
+		r.Fail(i+2, "pp_rank %d not in [0, pp_size %d)", g.PPRank, g.PPSize)
 	case g.StartLayer >= g.EndLayer:
-		r.fail(i+4, "layers [%d, %d) are empty", g.StartLayer, g.EndLayer)
+		r.Fail(i+4, "layers [%d, %d) are empty", g.StartLayer, g.EndLayer)
 	case g.PageSize == 0 || g.KVHeadNum == 0 || g.TotalKVHeadNum == 0:
-		r.fail(i+7, "page_size, kv_head_num and total_kv_head_num must be > 0")
+		r.Fail(i+7, "page_size, kv_head_num and total_kv_head_num must be > 0")
 	case len(g.KVItemLens) != want || len(g.KVItems) != want:
-		r.fail(i+10, "%d KV item lengths and %d counts, want %d each for layers [%d, %d) (mla %v)", len(g.KVItemLens), len(g.KVItems), want, g.StartLayer, g.EndLayer, g.MLA)
+		r.Fail(i+10, "%d KV item lengths and %d counts, want %d each for layers [%d, %d) (mla %v)", len(g.KVItemLens), len(g.KVItems), want, g.StartLayer, g.EndLayer, g.MLA)
 	case len(g.AuxItemLens) != len(g.AuxItems):
-		r.fail(i+12, "%d aux item lengths but %d row counts", len(g.AuxItemLens), len(g.AuxItems))
+		r.Fail(i+12, "%d aux item lengths but %d row counts", len(g.AuxItemLens), len(g.AuxItems))
 	case len(g.StateItemLens) != len(g.StateItems):
-		r.fail(i+14, "%d state item lengths but %d slot counts", len(g.StateItemLens), len(g.StateItems))
+		r.Fail(i+14, "%d state item lengths but %d slot counts", len(g.StateItemLens), len(g.StateItems))
 	}
 	return g
 }
@@ -543,39 +572,39 @@ func DecodeRegister(parts [][]byte) (*RegisterMsg, error) {
 	}
 	m := &RegisterMsg{Endpoint: r.endpoint(3), Geometry: r.geometry(4)}
 	m.RingSlots = r.int(fixed-3, 1<<20, "ring_slots")
-	m.Epoch = r.uint(fixed-2, maxEpoch, "epoch")
+	m.Epoch = r.Uint(fixed-2, maxEpoch, "epoch")
 	n := r.int(fixed-1, maxTransports, "transport count")
 	switch {
-	case r.err != nil:
+	case r.Err != nil:
 	case m.RingSlots == 0:
-		r.fail(fixed-3, "ring_slots must be > 0")
+		r.Fail(fixed-3, "ring_slots must be > 0")
 	case m.Epoch == 0:
-		r.fail(fixed-2, "epoch must be >= 1")
+		r.Fail(fixed-2, "epoch must be >= 1")
 	case len(parts) != fixed+3*n:
-		r.fail(fixed-1, "%d transports need %d frames, message has %d", n, fixed+3*n, len(parts))
+		r.Fail(fixed-1, "%d transports need %d frames, message has %d", n, fixed+3*n, len(parts))
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	g := &m.Geometry
 	nkv, naux, nst := len(g.KVItemLens), len(g.AuxItemLens), len(g.StateItemLens)
 	for k := 0; k < n; k++ {
 		i := fixed + 3*k
-		name := r.str(i, "transport name")
-		if len(parts[i+1]) > maxBlobBytes {
-			r.fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), maxBlobBytes)
+		name := r.Str(i, "transport name")
+		if len(parts[i+1]) > MaxBlobBytes {
+			r.Fail(i+1, "endpoint blob of %d bytes, longer than %d", len(parts[i+1]), MaxBlobBytes)
 		}
 		regs, err := unpackRegions(parts[i+2])
 		if err != nil {
-			r.fail(i+2, "region table: %v", err)
+			r.Fail(i+2, "region table: %v", err)
 		} else if len(regs) != 1+nkv+naux+nst {
-			r.fail(i+2, "region table has %d regions, want %d (metadata ring, %d KV, %d aux, %d state buffers)", len(regs), 1+nkv+naux+nst, nkv, naux, nst)
+			r.Fail(i+2, "region table has %d regions, want %d (metadata ring, %d KV, %d aux, %d state buffers)", len(regs), 1+nkv+naux+nst, nkv, naux, nst)
 		}
 		if name == "" {
-			r.fail(i, "transport name is empty")
+			r.Fail(i, "transport name is empty")
 		}
-		if r.err != nil {
-			return nil, r.err
+		if r.Err != nil {
+			return nil, r.Err
 		}
 		m.Transports = append(m.Transports, TransportOffer{Name: name, Endpoint: append([]byte(nil), parts[i+1]...), Ring: regs[0],
 			KV: regs[1 : 1+nkv], Aux: regs[1+nkv : 1+nkv+naux], State: regs[1+nkv+naux:]})
@@ -589,10 +618,10 @@ func DecodeRegisterAck(parts [][]byte) (*RegisterAckMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &RegisterAckMsg{Endpoint: r.endpoint(3), Err: r.str(4, "refusal"), Geometry: r.geometry(5)}
-	m.Epoch = r.uint(5+geometryFrames, maxEpoch, "epoch")
-	if r.err != nil {
-		return nil, r.err
+	m := &RegisterAckMsg{Endpoint: r.endpoint(3), Err: r.Str(4, "refusal"), Geometry: r.geometry(5)}
+	m.Epoch = r.Uint(5+geometryFrames, maxEpoch, "epoch")
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -604,21 +633,21 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		return nil, err
 	}
 	m := &TransferMsg{
-		Room:               r.uint(3, maxRoom, "room"),
+		Room:               r.Uint(3, MaxRoom, "room"),
 		Endpoint:           r.endpoint(4),
-		Generation:         r.uint(7, 1<<63, "generation"),
+		Generation:         r.Uint(7, 1<<63, "generation"),
 		RequiredDstInfoNum: r.int(8, 1<<16, "required_dst_info_num"),
 		Checksum:           r.bool(9, "checksum"),
-		Epoch:              r.uint(10, maxEpoch, "epoch"),
-		Tokens:             r.int(11, maxTokens, "tokens"),
+		Epoch:              r.Uint(10, maxEpoch, "epoch"),
+		Tokens:             r.int(11, MaxTokens, "tokens"),
 		AuxIndex:           -1,
-		PrefixTokens:       r.int(14, maxTokens, "decode_prefix_len"),
+		PrefixTokens:       r.int(14, MaxTokens, "decode_prefix_len"),
 	}
-	if r.err == nil && m.RequiredDstInfoNum == 0 {
-		r.fail(8, "required_dst_info_num must be >= 1")
+	if r.Err == nil && m.RequiredDstInfoNum == 0 {
+		r.Fail(8, "required_dst_info_num must be >= 1")
 	}
-	if r.err == nil && m.Epoch == 0 {
-		r.fail(10, "epoch must be >= 1")
+	if r.Err == nil && m.Epoch == 0 {
+		r.Fail(10, "epoch must be >= 1")
 	}
 	if len(parts[5]) == 0 && len(parts[6]) == 0 {
 		m.Dummy = true
@@ -626,11 +655,11 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		m.Slot = r.int(6, 1<<20, "slot")
 		pages, err := unpackI32(parts[5], maxPages)
 		if err != nil {
-			r.fail(5, "pages: %v", err)
+			r.Fail(5, "pages: %v", err)
 		}
 		for _, p := range pages {
 			if p < 0 {
-				r.fail(5, "page index %d is negative", p)
+				r.Fail(5, "page index %d is negative", p)
 				break
 			}
 		}
@@ -640,11 +669,11 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		}
 		st, err := unpackI32(parts[13], maxPages)
 		if err != nil {
-			r.fail(13, "state indices: %v", err)
+			r.Fail(13, "state indices: %v", err)
 		}
 		for _, p := range st {
 			if p < 0 {
-				r.fail(13, "state index %d is negative", p)
+				r.Fail(13, "state index %d is negative", p)
 				break
 			}
 		}
@@ -652,8 +681,8 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 			m.StateIndices = st
 		}
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -664,9 +693,9 @@ func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &AbortMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.str(5, "reason"), Epoch: r.uint(6, maxEpoch, "epoch")}
-	if r.err != nil {
-		return nil, r.err
+	m := &AbortMsg{Room: r.Uint(3, MaxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.Str(5, "reason"), Epoch: r.Uint(6, maxEpoch, "epoch")}
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -677,10 +706,10 @@ func DecodeAbortAck(parts [][]byte) (*AbortAckMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &AbortAckMsg{Room: r.uint(3, maxRoom, "room"), Endpoint: r.endpoint(4), Producer: r.int(5, 1<<30, "producer rank"),
-		Epoch: r.uint(6, maxEpoch, "epoch"), Clean: r.bool(7, "clean"), Detail: r.str(8, "detail")}
-	if r.err != nil {
-		return nil, r.err
+	m := &AbortAckMsg{Room: r.Uint(3, MaxRoom, "room"), Endpoint: r.endpoint(4), Producer: r.int(5, 1<<30, "producer rank"),
+		Epoch: r.Uint(6, maxEpoch, "epoch"), Clean: r.bool(7, "clean"), Detail: r.Str(8, "detail")}
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -692,15 +721,15 @@ func DecodeStatus(parts [][]byte) (*StatusMsg, error) {
 		return nil, err
 	}
 	m := &StatusMsg{
-		Room:     r.uint(3, maxRoom, "room"),
+		Room:     r.Uint(3, MaxRoom, "room"),
 		State:    r.int(4, StatusSuccess, "state"),
 		Producer: r.int(5, 1<<30, "producer rank"),
 		Endpoint: r.endpoint(6),
-		Reason:   r.str(7, "reason"),
-		Epoch:    r.uint(8, maxEpoch, "epoch"),
+		Reason:   r.Str(7, "reason"),
+		Epoch:    r.Uint(8, maxEpoch, "epoch"),
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -711,12 +740,12 @@ func DecodeHandshake(parts [][]byte) (*HandshakeMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &HandshakeMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Epoch: r.uint(6, maxEpoch, "epoch")}
-	if len(parts[5]) > maxBlobBytes {
-		r.fail(5, "reply blob of %d bytes, longer than %d", len(parts[5]), maxBlobBytes)
+	m := &HandshakeMsg{Endpoint: r.endpoint(3), Transport: r.Str(4, "transport"), Epoch: r.Uint(6, maxEpoch, "epoch")}
+	if len(parts[5]) > MaxBlobBytes {
+		r.Fail(5, "reply blob of %d bytes, longer than %d", len(parts[5]), MaxBlobBytes)
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	m.Reply = append([]byte(nil), parts[5]...)
 	return m, nil
@@ -728,9 +757,9 @@ func DecodeHandshakeAck(parts [][]byte) (*HandshakeAckMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &HandshakeAckMsg{Endpoint: r.endpoint(3), Transport: r.str(4, "transport"), Err: r.str(5, "error"), Epoch: r.uint(6, maxEpoch, "epoch")}
-	if r.err != nil {
-		return nil, r.err
+	m := &HandshakeAckMsg{Endpoint: r.endpoint(3), Transport: r.Str(4, "transport"), Err: r.Str(5, "error"), Epoch: r.Uint(6, maxEpoch, "epoch")}
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -742,8 +771,8 @@ func DecodePing(parts [][]byte) (*PingMsg, error) {
 		return nil, err
 	}
 	m := &PingMsg{Endpoint: r.endpoint(3)}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }

@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"strings"
@@ -86,7 +86,7 @@ type ProbeResultMsg struct {
 
 // Encode returns the message's frames.
 func (m *ProbeMsg) Encode() [][]byte {
-	f := append(header(MsgProbe), []byte(m.Endpoint), dec(m.ID), dec(m.Length), deci(len(m.Transports)))
+	f := append(header(MsgProbe), []byte(m.Endpoint), Dec(m.ID), Dec(m.Length), deci(len(m.Transports)))
 	for _, o := range m.Transports {
 		f = append(f, []byte(o.Name), o.Endpoint, packRegions([]transport.RegionDesc{o.Region}))
 	}
@@ -95,11 +95,11 @@ func (m *ProbeMsg) Encode() [][]byte {
 
 // Encode returns the message's frames.
 func (m *ProbeResultMsg) Encode() [][]byte {
-	f := append(header(MsgProbeResult), []byte(m.Endpoint), dec(m.ID), []byte(m.Refused), []byte(m.Rank),
+	f := append(header(MsgProbeResult), []byte(m.Endpoint), Dec(m.ID), []byte(m.Refused), []byte(m.Rank),
 		[]byte(strings.Join(m.Transports, ",")), deci(len(m.Results)))
 	for _, r := range m.Results {
 		f = append(f, []byte(r.Transport), []byte(r.Stage), []byte(r.Err), b01(r.NotApplicable),
-			dec(uint64(r.Handshake.Microseconds())), dec(uint64(r.Transfer.Microseconds())))
+			Dec(uint64(r.Handshake.Microseconds())), Dec(uint64(r.Transfer.Microseconds())))
 	}
 	return f
 }
@@ -110,41 +110,41 @@ func DecodeProbe(parts [][]byte) (*ProbeMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &ProbeMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Length: r.uint(5, MaxProbeBytes, "length")}
+	m := &ProbeMsg{Endpoint: r.endpoint(3), ID: r.Uint(4, maxEpoch, "probe id"), Length: r.Uint(5, MaxProbeBytes, "length")}
 	n := r.int(6, maxTransports, "transport count")
-	if r.err == nil && (m.ID == 0 || m.Length == 0 || n == 0) {
-		r.fail(4, "probe id, length and transport count must be >= 1 (id %d, length %d, %d transports)", m.ID, m.Length, n)
+	if r.Err == nil && (m.ID == 0 || m.Length == 0 || n == 0) {
+		r.Fail(4, "probe id, length and transport count must be >= 1 (id %d, length %d, %d transports)", m.ID, m.Length, n)
 	}
-	if r.err == nil && len(parts) != 7+3*n {
-		r.fail(6, "%d transports need %d frames, message has %d", n, 7+3*n, len(parts))
+	if r.Err == nil && len(parts) != 7+3*n {
+		r.Fail(6, "%d transports need %d frames, message has %d", n, 7+3*n, len(parts))
 	}
-	for i := 0; r.err == nil && i < n; i++ {
+	for i := 0; r.Err == nil && i < n; i++ {
 		base := 7 + 3*i
-		o := ProbeOffer{Name: r.str(base, "transport name")}
-		if r.err == nil && o.Name == "" {
-			r.fail(base, "transport name is empty")
+		o := ProbeOffer{Name: r.Str(base, "transport name")}
+		if r.Err == nil && o.Name == "" {
+			r.Fail(base, "transport name is empty")
 		}
-		if len(parts[base+1]) > maxBlobBytes {
-			r.fail(base+1, "endpoint blob of %d bytes, longer than %d", len(parts[base+1]), maxBlobBytes)
+		if len(parts[base+1]) > MaxBlobBytes {
+			r.Fail(base+1, "endpoint blob of %d bytes, longer than %d", len(parts[base+1]), MaxBlobBytes)
 		}
 		regs, err := unpackRegions(parts[base+2])
 		switch {
 		case err != nil:
-			r.fail(base+2, "region table: %v", err)
+			r.Fail(base+2, "region table: %v", err)
 		case len(regs) != 1:
-			r.fail(base+2, "region table has %d regions, want exactly the scratch region", len(regs))
+			r.Fail(base+2, "region table has %d regions, want exactly the scratch region", len(regs))
 		case regs[0].Length < m.Length:
-			r.fail(base+2, "scratch region of %d bytes is shorter than the probe length %d", regs[0].Length, m.Length)
+			r.Fail(base+2, "scratch region of %d bytes is shorter than the probe length %d", regs[0].Length, m.Length)
 		}
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
 		o.Endpoint = append([]byte(nil), parts[base+1]...)
 		o.Region = regs[0]
 		m.Transports = append(m.Transports, o)
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }
@@ -155,27 +155,27 @@ func DecodeProbeResult(parts [][]byte) (*ProbeResultMsg, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &ProbeResultMsg{Endpoint: r.endpoint(3), ID: r.uint(4, maxEpoch, "probe id"), Refused: r.str(5, "refusal"), Rank: r.str(6, "rank")}
-	if ts := r.str(7, "transports"); ts != "" {
+	m := &ProbeResultMsg{Endpoint: r.endpoint(3), ID: r.Uint(4, maxEpoch, "probe id"), Refused: r.Str(5, "refusal"), Rank: r.Str(6, "rank")}
+	if ts := r.Str(7, "transports"); ts != "" {
 		m.Transports = strings.Split(ts, ",")
 	}
 	n := r.int(8, maxTransports, "result count")
-	if r.err == nil && len(parts) != 9+6*n {
-		r.fail(8, "%d results need %d frames, message has %d", n, 9+6*n, len(parts))
+	if r.Err == nil && len(parts) != 9+6*n {
+		r.Fail(8, "%d results need %d frames, message has %d", n, 9+6*n, len(parts))
 	}
-	for i := 0; r.err == nil && i < n; i++ {
+	for i := 0; r.Err == nil && i < n; i++ {
 		base := 9 + 6*i
-		res := ProbeResult{Transport: r.str(base, "transport"), Stage: r.str(base+1, "stage"), Err: r.str(base+2, "error"),
+		res := ProbeResult{Transport: r.Str(base, "transport"), Stage: r.Str(base+1, "stage"), Err: r.Str(base+2, "error"),
 			NotApplicable: r.bool(base+3, "not applicable"),
-			Handshake:     time.Duration(r.uint(base+4, 1<<40, "handshake µs")) * time.Microsecond,
-			Transfer:      time.Duration(r.uint(base+5, 1<<40, "transfer µs")) * time.Microsecond}
-		if r.err == nil && res.Stage != "" && res.Stage != "handshake" && res.Stage != "transfer" {
-			r.fail(base+1, "stage %q: want \"\", handshake or transfer", trunc([]byte(res.Stage)))
+			Handshake:     time.Duration(r.Uint(base+4, 1<<40, "handshake µs")) * time.Microsecond,
+			Transfer:      time.Duration(r.Uint(base+5, 1<<40, "transfer µs")) * time.Microsecond}
+		if r.Err == nil && res.Stage != "" && res.Stage != "handshake" && res.Stage != "transfer" {
+			r.Fail(base+1, "stage %q: want \"\", handshake or transfer", Trunc([]byte(res.Stage)))
 		}
 		m.Results = append(m.Results, res)
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	return m, nil
 }

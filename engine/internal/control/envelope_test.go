@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"bytes"
@@ -149,7 +149,7 @@ func TestReplayGuard(t *testing.T) {
 	env := func(inst string, epoch, seq uint64, at time.Time) Envelope {
 		return Envelope{Instance: inst, Epoch: epoch, Seq: seq, SentAt: at, Authenticated: true}
 	}
-	g := &replayGuard{}
+	g := &ReplayGuard{}
 	steps := []struct {
 		inst  string
 		epoch uint64
@@ -171,32 +171,32 @@ func TestReplayGuard(t *testing.T) {
 		{"a", 1, 0, false}, // not numbered
 	}
 	for i, s := range steps {
-		err := g.check(env(s.inst, s.epoch, s.seq, now), now)
+		err := g.Check(env(s.inst, s.epoch, s.seq, now), now)
 		if (err == nil) != s.ok || (err != nil && !errors.Is(err, ErrReplayed)) {
 			t.Fatalf("step %d (%s epoch %d seq %d): %v, want ok=%v", i, s.inst, s.epoch, s.seq, err, s.ok)
 		}
 	}
 	// Bounded: with room for 2 senders, a third forgets the least recently
 	// heard one, whose old frames then meet the floor.
-	g = &replayGuard{max: 2}
+	g = &ReplayGuard{max: 2}
 	for i, inst := range []string{"x", "y", "z"} {
-		if err := g.check(env(inst, 1, 1, now.Add(time.Duration(i)*time.Second)), now.Add(time.Duration(i)*time.Second)); err != nil {
+		if err := g.Check(env(inst, 1, 1, now.Add(time.Duration(i)*time.Second)), now.Add(time.Duration(i)*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(g.senders) != 2 || g.senders[peerID{"x", 1}] != nil {
+	if len(g.senders) != 2 || g.senders[PeerID{"x", 1}] != nil {
 		t.Fatalf("senders %v, want y and z", g.senders)
 	}
-	if err := g.check(env("x", 1, 1, now), now.Add(3*time.Second)); !errors.Is(err, ErrReplayed) || !strings.Contains(err.Error(), "forgot") {
+	if err := g.Check(env("x", 1, 1, now), now.Add(3*time.Second)); !errors.Is(err, ErrReplayed) || !strings.Contains(err.Error(), "forgot") {
 		t.Fatalf("the forgotten sender's frame again: %v, want refused at the floor", err)
 	}
-	if err := g.check(env("x", 1, 2, now.Add(3*time.Second)), now.Add(3*time.Second)); err != nil {
+	if err := g.Check(env("x", 1, 2, now.Add(3*time.Second)), now.Add(3*time.Second)); err != nil {
 		t.Fatalf("the forgotten sender's next frame: %v", err)
 	}
 	// A sender silent for 2 x ReplayWindow is forgotten without a floor.
 	later := now.Add(3 * ReplayWindow)
 	floor := g.floor
-	if err := g.check(env("w", 1, 1, later), later); err != nil || !g.floor.Equal(floor) {
+	if err := g.Check(env("w", 1, 1, later), later); err != nil || !g.floor.Equal(floor) {
 		t.Fatalf("after silence: %v, floor %v (was %v)", err, g.floor, floor)
 	}
 }

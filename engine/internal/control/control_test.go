@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"bytes"
@@ -239,7 +239,7 @@ func FuzzDecodeTransfer(f *testing.F) {
 					t.Fatalf("accepted negative state index %d", p)
 				}
 			}
-			if m.Room > maxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 || m.PrefixTokens < 0 || m.AuxIndex < -1 {
+			if m.Room > MaxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 || m.PrefixTokens < 0 || m.AuxIndex < -1 {
 				t.Fatalf("accepted %+v", m)
 			}
 		}
@@ -266,7 +266,7 @@ func FuzzDecodeAbortHandshakePing(f *testing.F) {
 		rest := bytes.Split(data, []byte{0})
 		switch which % 5 {
 		case 4:
-			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && m.Room > maxRoom {
+			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && m.Room > MaxRoom {
 				t.Fatalf("accepted room %d", m.Room)
 			}
 		case 0:
@@ -282,7 +282,7 @@ func FuzzDecodeAbortHandshakePing(f *testing.F) {
 }
 
 func FuzzUnpackRegions(f *testing.F) {
-	f.Add(packRegions(sampleRegister().Transports[1:][0].regions()))
+	f.Add(packRegions(sampleRegister().Transports[1:][0].Regions()))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rs, err := unpackRegions(b)
 		if err == nil && !bytes.Equal(packRegions(rs), b) {

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -71,9 +71,9 @@ func TestCodeOf(t *testing.T) {
 		{fmt.Errorf("open: %w", transport.ErrSegmentNotFound), stNotFound},
 		{fmt.Errorf("open: %w", transport.ErrMetadataUnavailable), stMetadata},
 		{fmt.Errorf("read: %w", transport.ErrReadUnsupported), stNotSupported},
-		{fmt.Errorf("x: %w: refused", engine.ErrSegmentUnreachable), stPeerLost},
-		{fmt.Errorf("x: %w: %w", engine.ErrSegmentUnreachable, context.DeadlineExceeded), stTimeout},
-		{fmt.Errorf("x: %w: %w", engine.ErrSegmentStale, transport.ErrPeerLost), stPeerLost},
+		{fmt.Errorf("x: %w: refused", segengine.ErrSegmentUnreachable), stPeerLost},
+		{fmt.Errorf("x: %w: %w", segengine.ErrSegmentUnreachable, context.DeadlineExceeded), stTimeout},
+		{fmt.Errorf("x: %w: %w", segengine.ErrSegmentStale, transport.ErrPeerLost), stPeerLost},
 	}
 	for _, tc := range tests {
 		if got := codeOf(tc.err); got != tc.want {

@@ -17,7 +17,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -145,7 +145,7 @@ func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32
 	}
 	in := unsafe.Slice(reqs, int(n))
 	rr := make([]transport.ReadRequest, len(in))
-	var byAddr []engine.PeerRead
+	var byAddr []segengine.PeerRead
 	var at []int
 	for i, r := range in {
 		if r.count > 1 {
@@ -157,7 +157,7 @@ func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32
 		}
 		rr[i] = transport.ReadRequest{Local: uintptr(r.local_addr), Remote: transport.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
 		if r.remote_region == C.KVX_REGION_PEER_ADDRESS {
-			byAddr = append(byAddr, engine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
+			byAddr = append(byAddr, segengine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
 			at = append(at, i)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
 )
@@ -34,13 +34,13 @@ var (
 // caller.
 const opTimeout = 30 * time.Second
 
-// engineObj is one kvx_engine_t: an engine.TransferEngine (transport,
+// engineObj is one kvx_engine_t: an segengine.TransferEngine (transport,
 // registered regions, segment name, RPC listener, optional metadata store)
 // plus the segments opened through it.
 type engineObj struct {
 	role          int32
 	bootstrapAddr string
-	te            *engine.TransferEngine
+	te            *segengine.TransferEngine
 	tr            transport.Transport        // the TransferEngine's: trs[0]
 	trs           []transport.Transport      // every transport opened, highest priority first (KV managers use them all)
 	meta          transport.SegmentDirectory // nil in P2P mode; closed with the engine
@@ -79,7 +79,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		}
 	}
 	if cfg.rpcTimeout <= 0 {
-		cfg.rpcTimeout = engine.DefaultRPCTimeout
+		cfg.rpcTimeout = segengine.DefaultRPCTimeout
 	}
 	meta, metaClose, err := openMetadata(cfg.metadataServer, cfg.rpcTimeout)
 	if err != nil {
@@ -143,7 +143,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.rpcTimeout)
 	defer cancel()
-	te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{
+	te, err := segengine.NewTransferEngine(ctx, segengine.TransferEngineConfig{
 		Transport: tr, LocalHostname: bindLocal, SegmentName: cfg.segmentName, Directory: meta,
 		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: advertise,
 	})
@@ -287,7 +287,7 @@ func (e *engineObj) register(addr uintptr, n uint64, loc string) (transport.Regi
 	desc, err := e.te.RegisterMemory(m)
 	if err != nil {
 		code := stOK
-		if errors.Is(err, engine.ErrRegionOverlap) {
+		if errors.Is(err, segengine.ErrRegionOverlap) {
 			code = stInvalidArgument
 		}
 		return 0, failWrap(code, err, "kvx_register_memory: %s range [%#x, +%d bytes) on transport %s", loc, addr, n, e.tr.Name())
@@ -337,11 +337,11 @@ func (e *engineObj) exportSegment(peer string) ([]byte, error) {
 	return d.Encode(), nil
 }
 
-// segmentObj is one kvx_segment_t: an engine.RemoteSegment.
+// segmentObj is one kvx_segment_t: an segengine.RemoteSegment.
 type segmentObj struct {
 	eng  *engineObj
 	engH uint64
-	seg  *engine.RemoteSegment
+	seg  *segengine.RemoteSegment
 
 	mu      sync.Mutex
 	closed  bool
@@ -349,7 +349,7 @@ type segmentObj struct {
 }
 
 // addSegment registers an opened segment under a new handle.
-func (e *engineObj) addSegment(op string, engH uint64, rs *engine.RemoteSegment) (uint64, error) {
+func (e *engineObj) addSegment(op string, engH uint64, rs *segengine.RemoteSegment) (uint64, error) {
 	s := &segmentObj{eng: e, engH: engH, seg: rs, batches: map[uint64]struct{}{}}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -449,7 +449,7 @@ func (b *batchObj) submit(batchH uint64, reqs []transport.WriteRequest) error {
 			return err
 		}
 		if reqs[i].Remote == peerAddressRegion {
-			tr, err := b.seg.seg.Resolve(ctx, []engine.PeerWrite{{Local: reqs[i].Local, PeerAddr: reqs[i].RemoteOffset, Length: reqs[i].Length,
+			tr, err := b.seg.seg.Resolve(ctx, []segengine.PeerWrite{{Local: reqs[i].Local, PeerAddr: reqs[i].RemoteOffset, Length: reqs[i].Length,
 				Count: reqs[i].Count, LocalStride: reqs[i].LocalStride, PeerStride: reqs[i].RemoteStride}})
 			if err != nil {
 				return failWrap(stOK, err, "kvx_batch_submit: request %d", i)

@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -105,9 +105,9 @@ func codeOf(err error) status {
 		return stMetadata
 	case errors.Is(err, transport.ErrReadUnsupported):
 		return stNotSupported
-	case errors.Is(err, engine.ErrSegmentUnreachable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
+	case errors.Is(err, segengine.ErrSegmentUnreachable) && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)):
 		return stTimeout
-	case errors.Is(err, engine.ErrSegmentUnreachable):
+	case errors.Is(err, segengine.ErrSegmentUnreachable):
 		return stPeerLost
 	case errors.Is(err, transport.ErrOutOfBounds):
 		return stOutOfBounds

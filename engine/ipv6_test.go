@@ -130,28 +130,3 @@ func TestWildcardAdvertisesReachableAddress(t *testing.T) {
 		t.Fatalf("endpoint with advertise host 127.0.0.1: %s", p2.m.Endpoint())
 	}
 }
-
-// TestTransferEngineWildcardAdvertise: the segment RPC listener follows the
-// KV manager's advertise rule: a wildcard bind names the address
-// hostaddr picks (not loopback while another address exists), and an
-// explicit AdvertiseHost wins.
-func TestTransferEngineWildcardAdvertise(t *testing.T) {
-	choice := hostaddr.Pick("0.0.0.0")
-	if choice.Loopback {
-		t.Skip("this host has no non-loopback IPv4 address")
-	}
-	te := newTE(t, "tcp", func(c *engine.TransferEngineConfig) { c.LocalHostname = "0.0.0.0" })
-	if host, _, err := net.SplitHostPort(te.RPCAddr()); err != nil || host != choice.Host {
-		t.Fatalf("RPC address %s (%v), want host %s (%s)", te.RPCAddr(), err, choice.Host, choice.How)
-	}
-	if !strings.HasPrefix(te.Name(), choice.Host+":") {
-		t.Fatalf("segment name %s, want host %s", te.Name(), choice.Host)
-	}
-	te2 := newTE(t, "tcp", func(c *engine.TransferEngineConfig) {
-		c.LocalHostname = "0.0.0.0"
-		c.AdvertiseHost = "127.0.0.1"
-	})
-	if !strings.HasPrefix(te2.RPCAddr(), "127.0.0.1:") {
-		t.Fatalf("RPC address with advertise host 127.0.0.1: %s", te2.RPCAddr())
-	}
-}

@@ -18,11 +18,10 @@ import (
 )
 
 // TestMain lets the test binary act as a prefill rank in its own process
-// (KVX_TEST_HELPER=prefill) or a segment receiver (KVX_TEST_HELPER=segment)
-// so that tests can kill a real peer.
+// (KVX_TEST_HELPER=prefill) so that tests can kill a real peer.
 func TestMain(m *testing.M) {
 	if h := os.Getenv("KVX_TEST_HELPER"); h != "" {
-		run := map[string]func() error{"prefill": helperPrefill, "segment": helperSegment}[h]
+		run := map[string]func() error{"prefill": helperPrefill}[h]
 		if run == nil {
 			fmt.Fprintln(os.Stderr, "helper: unknown KVX_TEST_HELPER", h)
 			os.Exit(2)

@@ -3,7 +3,6 @@ package engine_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 func newProber(t *testing.T, transports ...string) *engine.Prober {
@@ -102,7 +102,7 @@ func TestProbeRefusedAndMismatch(t *testing.T) {
 // TestProbeSilentRank: a listener that never answers (not a kvxfer rank)
 // fails the probe with a timeout that says where the answer was expected.
 func TestProbeSilentRank(t *testing.T) {
-	ln := silentListener(t)
+	ln := testenv.SilentListener(t)
 	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
@@ -117,31 +117,4 @@ func TestProbeSilentRank(t *testing.T) {
 	if !errors.Is(err, engine.ErrTimeout) || !strings.Contains(err.Error(), p.Endpoint()) {
 		t.Fatalf("probe of a silent listener: %v, want a timeout naming %s", err, p.Endpoint())
 	}
-}
-
-// silentListener accepts TCP connections on loopback and never answers (a
-// hung peer, or not a kvxfer peer); closed when the test ends.
-func silentListener(t *testing.T) net.Listener {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		var conns []net.Conn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c)
-		}
-	}()
-	return ln
 }

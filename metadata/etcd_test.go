@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
@@ -200,13 +200,13 @@ func TestLeaseExpiryOfPartitionedPublisher(t *testing.T) {
 }
 
 // newEngine starts a TransferEngine on tr with store as its directory.
-func newEngine(t *testing.T, transportName, name string, store transport.SegmentDirectory) *engine.TransferEngine {
+func newEngine(t *testing.T, transportName, name string, store transport.SegmentDirectory) *segengine.TransferEngine {
 	t.Helper()
 	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	te, err := engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, SegmentName: name, Directory: store, RPCTimeout: 3 * time.Second})
+	te, err := segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr, SegmentName: name, Directory: store, RPCTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func newEngine(t *testing.T, transportName, name string, store transport.Segment
 	return te
 }
 
-func reg(t *testing.T, te *engine.TransferEngine, n int64) *transport.HostBuffer {
+func reg(t *testing.T, te *segengine.TransferEngine, n int64) *transport.HostBuffer {
 	t.Helper()
 	b, err := transport.AllocHost("t", n)
 	if err != nil {
@@ -227,10 +227,10 @@ func reg(t *testing.T, te *engine.TransferEngine, n int64) *transport.HostBuffer
 	return b
 }
 
-func write(seg *engine.RemoteSegment, local uintptr, peer uint64, n uint64) error {
+func write(seg *segengine.RemoteSegment, local uintptr, peer uint64, n uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	id, err := seg.SubmitPeerWrites(ctx, []engine.PeerWrite{{Local: local, PeerAddr: peer, Length: n}})
+	id, err := seg.SubmitPeerWrites(ctx, []segengine.PeerWrite{{Local: local, PeerAddr: peer, Length: n}})
 	if err != nil {
 		return err
 	}
@@ -282,11 +282,11 @@ func TestTransferEngineOverEtcd(t *testing.T) {
 			again := newEngine(t, tn, name, open(t, url))
 			took := waitFor(t, 10*time.Second, "segment invalidated after the peer restarted", func() bool { return seg.Err() != nil })
 			t.Logf("invalidated %v after the restart: %v", took, seg.Err())
-			if !errors.Is(seg.Err(), engine.ErrSegmentStale) {
+			if !errors.Is(seg.Err(), segengine.ErrSegmentStale) {
 				t.Fatalf("Err() = %v", seg.Err())
 			}
 			err = write(seg, src.Addr(), uint64(dst.Addr()), 64)
-			if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) {
+			if !errors.Is(err, segengine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) {
 				t.Fatalf("write on the stale segment: %v", err)
 			}
 			_ = oldEpoch

@@ -14,7 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/etcdtest"
 	"github.com/kvxfer/kvxfer/metadata"
@@ -34,7 +34,7 @@ func helperEngine() error {
 	if err != nil {
 		return err
 	}
-	te, err := engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, SegmentName: os.Getenv("KVX_NAME"), Directory: store})
+	te, err := segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr, SegmentName: os.Getenv("KVX_NAME"), Directory: store})
 	if err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func TestEtcdDownMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("etcd back after %v", time.Since(down))
-	var seg2 *engine.RemoteSegment
+	var seg2 *segengine.RemoteSegment
 	waitFor(t, 30*time.Second, "open succeeds after etcd returned", func() bool {
 		s, err := send.OpenSegment(ctx, "recv")
 		if err == nil {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/metadata"
 	"github.com/kvxfer/kvxfer/metadata/httpmeta"
@@ -220,7 +220,7 @@ func TestTransferEngineOverHTTP(t *testing.T) {
 			}
 			again := newEngine(t, tn, name, openHTTP(t, srv.url))
 			waitFor(t, 10*time.Second, "segment invalidated after the peer restarted", func() bool { return seg.Err() != nil })
-			if !errors.Is(seg.Err(), engine.ErrSegmentStale) {
+			if !errors.Is(seg.Err(), segengine.ErrSegmentStale) {
 				t.Fatalf("Err() = %v", seg.Err())
 			}
 			seg2, err := send.OpenSegment(context.Background(), name)

@@ -18,7 +18,7 @@
 // keys vanish within the TTL; a restarted process publishes a new epoch. A
 // live process whose lease expired (partition, SIGSTOP) grants a new lease
 // and publishes everything again as soon as it reaches etcd. Peers resolve
-// names with Resolve and watch them with Watch (engine.TransferEngine and
+// names with Resolve and watch them with Watch (segengine.TransferEngine and
 // engine.Manager do both).
 //
 // Each prefill instance's bootstrap directory is published under

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -19,8 +19,8 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 	requireRDMA(t)
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout())
 	defer cancel()
-	newTE := func() *engine.TransferEngine {
-		te, err := engine.NewTransferEngine(ctx, engine.TransferEngineConfig{Transport: newT(t, 0, transport.RDMAOptions{})})
+	newTE := func() *segengine.TransferEngine {
+		te, err := segengine.NewTransferEngine(ctx, segengine.TransferEngineConfig{Transport: newT(t, 0, transport.RDMAOptions{})})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestNamedSegmentOverRDMA(t *testing.T) {
 	}
 	defer seg.Close()
 	write := func(local uintptr, peer uint64, n uint64) error {
-		id, err := seg.SubmitPeerWrites(ctx, []engine.PeerWrite{{Local: local, PeerAddr: peer, Length: n}})
+		id, err := seg.SubmitPeerWrites(ctx, []segengine.PeerWrite{{Local: local, PeerAddr: peer, Length: n}})
 		if err != nil {
 			return err
 		}

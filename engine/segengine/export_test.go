@@ -1,4 +1,4 @@
-package engine
+package segengine
 
 // DecodeSegmentReply decodes a segment RPC reply (tests outside the package
 // speak the wire protocol to a listener).

@@ -1,4 +1,4 @@
-package engine_test
+package segengine_test
 
 import (
 	"bufio"
@@ -17,24 +17,26 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	_ "github.com/kvxfer/kvxfer/engine/shm"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/hostaddr"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // newTE starts a TransferEngine on the named transport (loopback).
-func newTE(t *testing.T, transportName string, mod ...func(*engine.TransferEngineConfig)) *engine.TransferEngine {
+func newTE(t *testing.T, transportName string, mod ...func(*segengine.TransferEngineConfig)) *segengine.TransferEngine {
 	t.Helper()
 	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := engine.TransferEngineConfig{Transport: tr, RPCTimeout: 5 * time.Second}
+	cfg := segengine.TransferEngineConfig{Transport: tr, RPCTimeout: 5 * time.Second}
 	for _, m := range mod {
 		m(&cfg)
 	}
-	te, err := engine.NewTransferEngine(context.Background(), cfg)
+	te, err := segengine.NewTransferEngine(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func newTE(t *testing.T, transportName string, mod ...func(*engine.TransferEngin
 }
 
 // regBuf allocates and registers n bytes with te.
-func regBuf(t *testing.T, te *engine.TransferEngine, name string, n int64) (*transport.HostBuffer, transport.RegionDesc) {
+func regBuf(t *testing.T, te *segengine.TransferEngine, name string, n int64) (*transport.HostBuffer, transport.RegionDesc) {
 	t.Helper()
 	b, err := transport.AllocHost(name, n)
 	if err != nil {
@@ -65,7 +67,7 @@ func fill(b []byte, seed byte) {
 }
 
 // writeSync submits peer-addressed writes and waits for completion.
-func writeSync(t *testing.T, seg *engine.RemoteSegment, ws ...engine.PeerWrite) error {
+func writeSync(t *testing.T, seg *segengine.RemoteSegment, ws ...segengine.PeerWrite) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -108,8 +110,8 @@ func TestTransferEngineNamedSegment(t *testing.T) {
 			}
 			// Two writes by peer virtual address, one strided.
 			err = writeSync(t, seg,
-				engine.PeerWrite{Local: src.Addr() + 100, PeerAddr: uint64(dst.Addr()) + 4096, Length: 10000},
-				engine.PeerWrite{Local: src.Addr() + 20000, PeerAddr: uint64(dst.Addr()) + 65536, Length: 512, Count: 4, LocalStride: 1024, PeerStride: 2048})
+				segengine.PeerWrite{Local: src.Addr() + 100, PeerAddr: uint64(dst.Addr()) + 4096, Length: 10000},
+				segengine.PeerWrite{Local: src.Addr() + 20000, PeerAddr: uint64(dst.Addr()) + 65536, Length: 512, Count: 4, LocalStride: 1024, PeerStride: 2048})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +156,7 @@ func TestTransferEngineAddressOutsideRegions(t *testing.T) {
 		{"unmapped", 0x1000, 4096},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: c.addr, Length: c.n})
+			err := writeSync(t, seg, segengine.PeerWrite{Local: src.Addr(), PeerAddr: c.addr, Length: c.n})
 			if !errors.Is(err, transport.ErrOutOfBounds) {
 				t.Fatalf("err = %v, want ErrOutOfBounds", err)
 			}
@@ -186,7 +188,7 @@ func TestTransferEngineRegionRegisteredAfterOpen(t *testing.T) {
 			}
 			defer seg.Close()
 			late, ld := regBuf(t, recv, "late", 1<<16)
-			if err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(late.Addr()) + 128, Length: 4096}); err != nil {
+			if err := writeSync(t, seg, segengine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(late.Addr()) + 128, Length: 4096}); err != nil {
 				t.Fatalf("write to a region registered after the open: %v", err)
 			}
 			if !bytes.Equal(late.Bytes()[128:128+4096], src.Bytes()[:4096]) {
@@ -214,7 +216,7 @@ func TestTransferEngineRegionRegisteredAfterOpen(t *testing.T) {
 }
 
 func TestTransferEngineOpenErrors(t *testing.T) {
-	send := newTE(t, "tcp", func(c *engine.TransferEngineConfig) { c.RPCTimeout = 2 * time.Second })
+	send := newTE(t, "tcp", func(c *segengine.TransferEngineConfig) { c.RPCTimeout = 2 * time.Second })
 	ctx := context.Background()
 
 	t.Run("not host:port", func(t *testing.T) {
@@ -232,23 +234,23 @@ func TestTransferEngineOpenErrors(t *testing.T) {
 		l.Close()
 		start := time.Now()
 		_, err = send.OpenSegment(ctx, addr)
-		if !errors.Is(err, engine.ErrSegmentUnreachable) || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), addr) {
+		if !errors.Is(err, segengine.ErrSegmentUnreachable) || !strings.Contains(err.Error(), "refused") || !strings.Contains(err.Error(), addr) {
 			t.Fatalf("err = %v, want ErrSegmentUnreachable naming %s and the refusal", err, addr)
 		}
 		t.Logf("refused after %v: %v", time.Since(start), err)
 	})
 	t.Run("silent", func(t *testing.T) {
 		// Accepts TCP connections and never answers (a hung peer).
-		l := silentListener(t)
+		l := testenv.SilentListener(t)
 		_, err := send.OpenSegment(ctx, l.Addr().String())
-		if !errors.Is(err, engine.ErrSegmentUnreachable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer") {
+		if !errors.Is(err, segengine.ErrSegmentUnreachable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer") {
 			t.Fatalf("err = %v, want ErrSegmentUnreachable + DeadlineExceeded saying no answer", err)
 		}
 	})
 	t.Run("transport mismatch", func(t *testing.T) {
 		other := newTE(t, "shm")
 		_, err := send.OpenSegment(ctx, other.Name())
-		if !errors.Is(err, engine.ErrSegmentRefused) || !strings.Contains(err.Error(), "shm") || !strings.Contains(err.Error(), "tcp") {
+		if !errors.Is(err, segengine.ErrSegmentRefused) || !strings.Contains(err.Error(), "shm") || !strings.Contains(err.Error(), "tcp") {
 			t.Fatalf("err = %v, want a refusal naming shm and tcp", err)
 		}
 	})
@@ -285,17 +287,17 @@ func TestTransferEngineConfiguredNameAndPort(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	te := newTE(t, "tcp", func(c *engine.TransferEngineConfig) { c.LocalHostname = "127.0.0.1:" + strconv.Itoa(port) })
+	te := newTE(t, "tcp", func(c *segengine.TransferEngineConfig) { c.LocalHostname = "127.0.0.1:" + strconv.Itoa(port) })
 	if te.RPCPort() != port || te.Name() != "127.0.0.1:"+strconv.Itoa(port) {
 		t.Fatalf("RPCPort %d Name %q, want port %d", te.RPCPort(), te.Name(), port)
 	}
 	tr, _ := transport.OpenTransport("tcp", transport.DefaultOptions())
-	_, err = engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:" + strconv.Itoa(port)})
+	_, err = segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:" + strconv.Itoa(port)})
 	if err == nil || !strings.Contains(err.Error(), "port") {
 		t.Fatalf("second engine on the same RPC port: err = %v", err)
 	}
 	tr, _ = transport.OpenTransport("tcp", transport.DefaultOptions())
-	if _, err = engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:99999"}); err == nil {
+	if _, err = segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr, LocalHostname: "127.0.0.1:99999"}); err == nil {
 		t.Fatal("port 99999 accepted")
 	}
 }
@@ -339,7 +341,7 @@ func TestSegmentRPCBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatalf("waiting for answers (have %v): %v", got, err)
 		}
-		rep, err := engine.DecodeSegmentReply(parts)
+		rep, err := segengine.DecodeSegmentReply(parts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,11 +380,11 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 	defer seg.Close()
 	name, old := recv.Name(), recv.Epoch()
 	recv.Close()
-	var again *engine.TransferEngine
+	var again *segengine.TransferEngine
 	deadline := time.Now().Add(20 * time.Second)
 	for again == nil {
 		tr, _ := transport.OpenTransport("tcp", transport.DefaultOptions())
-		e, err := engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr, LocalHostname: name})
+		e, err := segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr, LocalHostname: name})
 		if err == nil {
 			again = e
 			break
@@ -394,8 +396,8 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 	}
 	defer again.Close()
 	b, _ := regBuf(t, again, "new", 1<<16)
-	err = writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(b.Addr()), Length: 64})
-	if !errors.Is(err, engine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) || !strings.Contains(err.Error(), fmt.Sprintf("%#x", old)) {
+	err = writeSync(t, seg, segengine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(b.Addr()), Length: 64})
+	if !errors.Is(err, segengine.ErrSegmentStale) || !errors.Is(err, transport.ErrPeerLost) || !strings.Contains(err.Error(), fmt.Sprintf("%#x", old)) {
 		t.Fatalf("write after the peer restarted: err = %v, want ErrSegmentStale naming the old epoch %#x", err, old)
 	}
 	if seg.Err() == nil {
@@ -410,9 +412,26 @@ func TestTransferEnginePeerRestartP2P(t *testing.T) {
 	if seg2.Epoch() != again.Epoch() {
 		t.Fatalf("reopened epoch %#x, want %#x", seg2.Epoch(), again.Epoch())
 	}
-	if err := writeSync(t, seg2, engine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(b.Addr()), Length: 64}); err != nil {
+	if err := writeSync(t, seg2, segengine.PeerWrite{Local: src.Addr(), PeerAddr: uint64(b.Addr()), Length: 64}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMain lets the test binary act as a segment receiver in its own
+// process (KVX_TEST_HELPER=segment) so that tests can kill a real peer.
+func TestMain(m *testing.M) {
+	if h := os.Getenv("KVX_TEST_HELPER"); h != "" {
+		if h != "segment" {
+			fmt.Fprintln(os.Stderr, "helper: unknown KVX_TEST_HELPER", h)
+			os.Exit(2)
+		}
+		if err := helperSegment(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }
 
 // helperSegment runs a receiver TransferEngine in its own process: it prints
@@ -423,7 +442,7 @@ func helperSegment() error {
 	if err != nil {
 		return err
 	}
-	te, err := engine.NewTransferEngine(context.Background(), engine.TransferEngineConfig{Transport: tr})
+	te, err := segengine.NewTransferEngine(context.Background(), segengine.TransferEngineConfig{Transport: tr})
 	if err != nil {
 		return err
 	}
@@ -481,7 +500,7 @@ func TestTransferEngineCrossProcess(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer seg.Close()
-			if err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: addr, Length: uint64(n)}); err != nil {
+			if err := writeSync(t, seg, segengine.PeerWrite{Local: src.Addr(), PeerAddr: addr, Length: uint64(n)}); err != nil {
 				t.Fatal(err)
 			}
 			fmt.Fprintln(stdin, "sum")
@@ -495,7 +514,7 @@ func TestTransferEngineCrossProcess(t *testing.T) {
 			cmd.Wait()
 			deadline := time.Now().Add(20 * time.Second)
 			for {
-				err := writeSync(t, seg, engine.PeerWrite{Local: src.Addr(), PeerAddr: addr, Length: 4096})
+				err := writeSync(t, seg, segengine.PeerWrite{Local: src.Addr(), PeerAddr: addr, Length: 4096})
 				if errors.Is(err, transport.ErrPeerLost) {
 					t.Logf("after the kill: %v", err)
 					break
@@ -523,17 +542,17 @@ func TestTransferEngineRead(t *testing.T) {
 	}
 	defer seg.Close()
 	ctx := context.Background()
-	if err := seg.Read(ctx, []engine.PeerRead{{Local: local.Addr() + 8, PeerAddr: uint64(peer.Addr()) + 1000, Length: 3 << 18}}); err != nil {
+	if err := seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr() + 8, PeerAddr: uint64(peer.Addr()) + 1000, Length: 3 << 18}}); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(local.Bytes()[8:8+3<<18], peer.Bytes()[1000:1000+3<<18]) {
 		t.Fatal("read: bytes differ")
 	}
-	err = seg.Read(ctx, []engine.PeerRead{{Local: local.Addr(), PeerAddr: uint64(peer.Addr()) + 1<<20 - 4, Length: 8}})
+	err = seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr(), PeerAddr: uint64(peer.Addr()) + 1<<20 - 4, Length: 8}})
 	if !errors.Is(err, transport.ErrOutOfBounds) || !strings.Contains(err.Error(), recv.Name()) {
 		t.Fatalf("read past the peer region: %v", err)
 	}
-	err = seg.Read(ctx, []engine.PeerRead{{Local: 0x1000, PeerAddr: uint64(peer.Addr()), Length: 8}})
+	err = seg.Read(ctx, []segengine.PeerRead{{Local: 0x1000, PeerAddr: uint64(peer.Addr()), Length: 8}})
 	if !errors.Is(err, transport.ErrOutOfBounds) {
 		t.Fatalf("read into unregistered local memory: %v", err)
 	}
@@ -547,8 +566,33 @@ func TestTransferEngineRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tseg.Close()
-	err = tseg.Read(ctx, []engine.PeerRead{{Local: tl.Addr(), PeerAddr: 1, Length: 1}})
+	err = tseg.Read(ctx, []segengine.PeerRead{{Local: tl.Addr(), PeerAddr: 1, Length: 1}})
 	if !errors.Is(err, transport.ErrReadUnsupported) || !strings.Contains(err.Error(), "tcp") {
 		t.Fatalf("tcp read: err = %v, want ErrReadUnsupported", err)
+	}
+}
+
+// TestTransferEngineWildcardAdvertise: the segment RPC listener follows the
+// KV manager's advertise rule: a wildcard bind names the address
+// hostaddr picks (not loopback while another address exists), and an
+// explicit AdvertiseHost wins.
+func TestTransferEngineWildcardAdvertise(t *testing.T) {
+	choice := hostaddr.Pick("0.0.0.0")
+	if choice.Loopback {
+		t.Skip("this host has no non-loopback IPv4 address")
+	}
+	te := newTE(t, "tcp", func(c *segengine.TransferEngineConfig) { c.LocalHostname = "0.0.0.0" })
+	if host, _, err := net.SplitHostPort(te.RPCAddr()); err != nil || host != choice.Host {
+		t.Fatalf("RPC address %s (%v), want host %s (%s)", te.RPCAddr(), err, choice.Host, choice.How)
+	}
+	if !strings.HasPrefix(te.Name(), choice.Host+":") {
+		t.Fatalf("segment name %s, want host %s", te.Name(), choice.Host)
+	}
+	te2 := newTE(t, "tcp", func(c *segengine.TransferEngineConfig) {
+		c.LocalHostname = "0.0.0.0"
+		c.AdvertiseHost = "127.0.0.1"
+	})
+	if !strings.HasPrefix(te2.RPCAddr(), "127.0.0.1:") {
+		t.Fatalf("RPC address with advertise host 127.0.0.1: %s", te2.RPCAddr())
 	}
 }

@@ -82,8 +82,29 @@ func TestCodeOf(t *testing.T) {
 	}
 }
 
+// TestOpenCode: a failed segment open is the caller's argument error exactly
+// when the segment engine says so by its sentinels (no error text is read).
+func TestOpenCode(t *testing.T) {
+	tests := []struct {
+		err  error
+		want status
+	}{
+		{fmt.Errorf("open: %w: the peer runs [shm]", segengine.ErrTransportMismatch), stInvalidArgument},
+		{fmt.Errorf("open: %w: %w: runs shm, not tcp", segengine.ErrTransportMismatch, segengine.ErrSegmentRefused), stInvalidArgument},
+		{fmt.Errorf("open: %w: empty", segengine.ErrBadSegmentName), stInvalidArgument},
+		{fmt.Errorf("open: %w: closed engine", segengine.ErrSegmentRefused), stOK},
+		{errors.New("open: the segment name is empty (an error without the sentinel)"), stOK},
+		{fmt.Errorf("open: %w", segengine.ErrSegmentUnreachable), stOK},
+	}
+	for _, tc := range tests {
+		if got := openCode(tc.err); got != tc.want {
+			t.Errorf("openCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
 // The segment blob is transport.SegmentDescriptor's wire form; its decoder is
-// tested and fuzzed in package engine (FuzzDecodeSegmentDescriptor).
+// tested and fuzzed in package engine/transport (FuzzDecodeSegmentDescriptor).
 
 func TestSplitDevices(t *testing.T) {
 	tests := []struct {

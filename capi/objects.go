@@ -391,7 +391,7 @@ func (e *engineObj) openSegmentName(engH uint64, name string) (uint64, error) {
 // openCode picks the status of a failed open: a transport mismatch or
 // malformed name is the caller's argument, the rest follows codeOf.
 func openCode(err error) status {
-	if strings.Contains(err.Error(), "create both engines with the same transport") || strings.Contains(err.Error(), "segment name is") {
+	if errors.Is(err, segengine.ErrTransportMismatch) || errors.Is(err, segengine.ErrBadSegmentName) {
 		return stInvalidArgument
 	}
 	return stOK

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -361,10 +362,14 @@ func (te *TransferEngine) Describe(ctx context.Context, peer string) (transport.
 	return d, nil
 }
 
+// refusedTransport ends the RPC listener's refusal of a request for another
+// transport; describePeer recognises it (ErrTransportMismatch).
+const refusedTransport = "(create both engines with the same transport)"
+
 // handleRPC answers the segment RPC listener's requests.
 func (te *TransferEngine) handleRPC(ctx context.Context, req *segmentRequest) ([]byte, error) {
 	if req.Transport != "" && req.Transport != te.tr.Name() {
-		return nil, fmt.Errorf("segment %q runs transport %s, not %s (create both engines with the same transport)", te.name, te.tr.Name(), req.Transport)
+		return nil, fmt.Errorf("segment %q runs transport %s, not %s %s", te.name, te.tr.Name(), req.Transport, refusedTransport)
 	}
 	switch req.Type {
 	case rpcDescribe:
@@ -478,7 +483,7 @@ func (te *TransferEngine) Close() error {
 // request is bounded by RPCTimeout) or the transport's open error.
 func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*RemoteSegment, error) {
 	if name == "" {
-		return nil, errors.New("engine: open segment: the segment name is empty (want the peer's name, \"host:rpc_port\" in P2P mode)")
+		return nil, fmt.Errorf("engine: open segment: %w: the segment name is empty (want the peer's name, \"host:rpc_port\" in P2P mode)", ErrBadSegmentName)
 	}
 	te.mu.Lock()
 	closed := te.closed
@@ -515,7 +520,7 @@ func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*Remote
 		}
 	} else {
 		if _, _, serr := net.SplitHostPort(name); serr != nil {
-			return nil, fmt.Errorf("engine: open segment %q: in P2P mode (no metadata server) a segment name is the peer's \"host:rpc_port\": %v", name, serr)
+			return nil, fmt.Errorf("engine: open segment %q: %w: in P2P mode (no metadata server) a segment name is the peer's \"host:rpc_port\": %v", name, ErrBadSegmentName, serr)
 		}
 		if d, err = te.describePeer(ctx, name, peer); err != nil {
 			return nil, fmt.Errorf("engine: open segment %q: %w", name, err)
@@ -544,7 +549,7 @@ func (te *TransferEngine) peerID() string {
 
 func (te *TransferEngine) checkTransport(d transport.SegmentDescriptor) error {
 	if _, ok := d.Transport(te.tr.Name()); !ok {
-		return fmt.Errorf("engine: open segment %q: the peer runs %v, this engine runs %s (create both engines with the same transport)", d.Name, d.TransportNames(), te.tr.Name())
+		return fmt.Errorf("engine: open segment %q: %w: the peer runs %v, this engine runs %s (create both engines with the same transport)", d.Name, ErrTransportMismatch, d.TransportNames(), te.tr.Name())
 	}
 	return nil
 }
@@ -556,6 +561,12 @@ func (te *TransferEngine) describePeer(ctx context.Context, addr, peer string) (
 	defer cancel()
 	b, err := te.client.call(rctx, addr, &segmentRequest{Type: rpcDescribe, Peer: peer, Transport: te.tr.Name()})
 	if err != nil {
+		if errors.Is(err, ErrSegmentRefused) && strings.HasSuffix(err.Error(), refusedTransport) {
+			// The listener's refusal for another transport (handleRPC): the
+			// segment RPC carries refusals as text, so the package that
+			// writes this one recognises it and gives it its sentinel.
+			err = fmt.Errorf("%w: %w", ErrTransportMismatch, err)
+		}
 		return transport.SegmentDescriptor{}, err
 	}
 	d, err := transport.DecodeSegmentDescriptor(b)

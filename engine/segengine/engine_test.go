@@ -221,8 +221,11 @@ func TestTransferEngineOpenErrors(t *testing.T) {
 
 	t.Run("not host:port", func(t *testing.T) {
 		_, err := send.OpenSegment(ctx, "prefill-0")
-		if err == nil || !strings.Contains(err.Error(), "host:rpc_port") {
-			t.Fatalf("err = %v, want the P2P naming hint", err)
+		if !errors.Is(err, segengine.ErrBadSegmentName) || !strings.Contains(err.Error(), "host:rpc_port") {
+			t.Fatalf("err = %v, want ErrBadSegmentName with the P2P naming hint", err)
+		}
+		if _, err := send.OpenSegment(ctx, ""); !errors.Is(err, segengine.ErrBadSegmentName) {
+			t.Fatalf("empty name: err = %v, want ErrBadSegmentName", err)
 		}
 	})
 	t.Run("refused", func(t *testing.T) {
@@ -250,8 +253,16 @@ func TestTransferEngineOpenErrors(t *testing.T) {
 	t.Run("transport mismatch", func(t *testing.T) {
 		other := newTE(t, "shm")
 		_, err := send.OpenSegment(ctx, other.Name())
-		if !errors.Is(err, segengine.ErrSegmentRefused) || !strings.Contains(err.Error(), "shm") || !strings.Contains(err.Error(), "tcp") {
-			t.Fatalf("err = %v, want a refusal naming shm and tcp", err)
+		if !errors.Is(err, segengine.ErrSegmentRefused) || !errors.Is(err, segengine.ErrTransportMismatch) || !strings.Contains(err.Error(), "shm") || !strings.Contains(err.Error(), "tcp") {
+			t.Fatalf("err = %v, want a refusal (ErrSegmentRefused, ErrTransportMismatch) naming shm and tcp", err)
+		}
+		// The same mismatch found in a descriptor handed over out of band.
+		d, err := other.Describe(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := send.OpenSegmentDescriptor(ctx, d); !errors.Is(err, segengine.ErrTransportMismatch) {
+			t.Fatalf("descriptor of an shm engine opened by a tcp one: err = %v, want ErrTransportMismatch", err)
 		}
 	})
 	t.Run("closed engine", func(t *testing.T) {

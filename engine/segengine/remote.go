@@ -21,6 +21,15 @@ var (
 	// partitioned); reopen the segment by name. Errors wrapping it also wrap
 	// ErrPeerLost.
 	ErrSegmentStale = errors.New("segment stale")
+	// ErrTransportMismatch: the peer engine does not run this engine's
+	// transport (found in its descriptor, or refused by its RPC listener);
+	// create both engines with the same transport. A caller's argument
+	// error (KVX_ERR_INVALID_ARGUMENT in the C ABI).
+	ErrTransportMismatch = errors.New("peer runs another transport")
+	// ErrBadSegmentName: the segment name cannot name a peer: empty, or in
+	// P2P mode (no directory) not the peer's "host:rpc_port". A caller's
+	// argument error (KVX_ERR_INVALID_ARGUMENT in the C ABI).
+	ErrBadSegmentName = errors.New("bad segment name")
 )
 
 // PeerRead is one READ addressed by the peer's virtual address: Length

@@ -148,7 +148,7 @@ func TestLayerRules(t *testing.T) {
 	type forbid struct {
 		from   string   // package (and the packages under it) the rule holds for
 		except []string // packages under from the rule does not cover
-		deps   []string // import paths it must not depend on, directly or not, with the packages under them (mod: any of the module's packages but internal/)
+		deps   []string // import paths it must not depend on, directly or not, with the packages under them (mod: any of the module's packages but internal/; a trailing "$": that package only, not the ones under it)
 		why    string
 	}
 	rules := []forbid{
@@ -191,6 +191,44 @@ func TestLayerRules(t *testing.T) {
 		{from: "engine/shm",
 			deps: []string{mod + "/engine/tcp", mod + "/rdma", mod + "/ibverbs", mod + "/metadata", mod + "/workload"},
 			why:  "a transport depends on the engine's interface only"},
+		// The transport SPI is a leaf; transports and their test tools see
+		// only it, never the KV manager, the codec or the segment engine.
+		{from: "engine/transport",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", mod + "/engine/kvargs", mod + "/bootstrap",
+				"github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why: "the transport SPI is a leaf: no control plane (ZeroMQ, Prometheus, OpenTelemetry, bootstrap client) and no engine"},
+		{from: "engine/tcp",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "a transport implements the transport SPI (engine/transport) and links nothing of the control plane"},
+		{from: "engine/shm",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "a transport implements the transport SPI (engine/transport) and links nothing of the control plane"},
+		{from: "rdma",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "a transport implements the transport SPI (engine/transport) and links nothing of the control plane"},
+		{from: "engine/faulty",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4"},
+			why:  "the fault-injecting decorator wraps transports through the transport SPI only"},
+		{from: "engine/transporttest",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4"},
+			why:  "the conformance suite tests transports through the transport SPI only"},
+		// The KV arguments are data: no manager, no codec, no control plane.
+		{from: "engine/kvargs",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", mod + "/bootstrap", "github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "the KV argument types are data (types, validation, pairing), not the manager"},
+		// The codec is the manager's: internal, and below the manager.
+		{from: "engine/internal/control",
+			deps: []string{mod + "/engine$", mod + "/engine/segengine", "github.com/pebbe/zmq4", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "the control codec encodes and decodes frames; sockets, metrics and spans are the manager's"},
+		{from: "engine/segengine",
+			deps: []string{mod + "/engine$", "github.com/prometheus", "go.opentelemetry.io"},
+			why:  "the segment engine and the KV manager are independent: they share the transport SPI and the codec's frame reader only"},
+		{from: "workload",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4"},
+			why:  "workloads lay out buffers (engine/kvargs, engine/transport); they do not link the KV manager"},
+		{from: "metadata",
+			deps: []string{mod + "/engine$", mod + "/engine/internal", mod + "/engine/segengine", "github.com/pebbe/zmq4"},
+			why:  "the metadata store implements transport.SegmentDirectory; it does not link the KV manager or the segment engine"},
 	}
 	for _, r := range rules {
 		matched := 0
@@ -202,6 +240,9 @@ func TestLayerRules(t *testing.T) {
 			for _, dep := range pkgs[name].Deps {
 				for _, bad := range r.deps {
 					hit := dep == bad || strings.HasPrefix(dep, bad+"/")
+					if exact, ok := strings.CutSuffix(bad, "$"); ok {
+						hit = dep == exact
+					}
 					if bad == mod {
 						hit = hit && !under(dep, "internal")
 					}
@@ -215,4 +256,34 @@ func TestLayerRules(t *testing.T) {
 			t.Errorf("rule for %s matched no package (renamed or moved? update the rule)", r.from)
 		}
 	}
+
+	// The leaf's whole dependency set: the standard library, golang.org/x/sys
+	// and the cuda binding, nothing else (an allowlist, so a new import of
+	// any other module or package fails here even if no rule above names it).
+	leaf := mod + "/engine/transport"
+	if p := pkgs[leaf]; p == nil {
+		t.Errorf("%s not found (renamed or moved? update the rule)", short(leaf))
+	} else {
+		for _, dep := range p.Deps {
+			first, _, _ := strings.Cut(dep, "/")
+			if !strings.Contains(first, ".") || strings.HasPrefix(dep, "golang.org/x/sys/") || under(dep, "cuda") && !under(dep, "cuda/gputopo") && !under(dep, "cuda/gpucheck") {
+				continue
+			}
+			t.Errorf("%s depends on %s (%s): the transport SPI imports only the standard library, golang.org/x/sys and cuda", short(leaf), short(dep), chain(pkgs, leaf, dep))
+		}
+	}
+
+	// The control codec stays internal to engine/: only engine and the
+	// packages under it may import it (Go enforces that for any path under
+	// engine/internal; this keeps it there).
+	codec := mod + "/engine/internal/control"
+	if pkgs[codec] == nil {
+		t.Errorf("%s not found: the control codec must stay internal to engine/ (moved out? put it back under engine/internal)", short(codec))
+	}
+	for _, name := range names {
+		if slices.Contains(pkgs[name].Imports, codec) && !under(name, "engine") {
+			t.Errorf("%s imports the control codec %s: only engine/ may", short(name), short(codec))
+		}
+	}
+
 }

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 const headerPath = "../include/kvxfer.h"
@@ -121,10 +123,7 @@ func TestLibraryExportsMatchHeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the c-shared library; skipped with -short")
 	}
-	nm, err := exec.LookPath("nm")
-	if err != nil {
-		t.Skip("nm (binutils) not installed: apt-get install binutils")
-	}
+	nm := testenv.RequireTool(t, "nm", "the export check (apt-get install binutils)")
 	lib := filepath.Join(t.TempDir(), "libkvxfer.so")
 	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", lib, ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")

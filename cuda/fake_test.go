@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // buildFake compiles testdata/<src> into a shared library in a temp dir with
@@ -22,10 +23,7 @@ import (
 // is not installed, as on the lent GPU machine.
 func buildFake(t *testing.T, src, name string, defines ...string) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
+	gcc := testenv.RequireTool(t, "gcc", "the fake CUDA libraries")
 	out := filepath.Join(t.TempDir(), name)
 	args := append([]string{"-shared", "-fPIC", "-O1", "-o", out, filepath.Join("testdata", src)}, defines...)
 	if b, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {

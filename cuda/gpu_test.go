@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // requireGPU loads the real CUDA libraries. It skips with the reason when
@@ -19,16 +20,7 @@ import (
 // machine), where a skip would hide a broken probe; a failed probe is fatal.
 func requireGPU(tb testing.TB) {
 	tb.Helper()
-	cuda.Close() // drop any fake library a previous test loaded
-	err := cuda.Load()
-	switch {
-	case err == nil:
-		tb.Cleanup(func() { cuda.Close() })
-	case errors.Is(err, cuda.ErrNotSupported) && os.Getenv("KVXFER_REQUIRE_GPU") == "":
-		tb.Skipf("no usable GPU (set KVXFER_REQUIRE_GPU=1 to fail instead): %v", err)
-	default:
-		tb.Fatalf("KVXFER_REQUIRE_GPU=%q: %v", os.Getenv("KVXFER_REQUIRE_GPU"), err)
-	}
+	testenv.RequireGPU(tb)
 }
 
 func TestGPUDevices(t *testing.T) {

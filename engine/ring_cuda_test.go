@@ -2,14 +2,12 @@ package engine
 
 import (
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/gpucheck"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // TestAutoRingMemoryHostFallback: with no CUDA the ring is plain host memory
@@ -36,12 +34,7 @@ func TestAutoRingMemoryHostFallback(t *testing.T) {
 // ring's device pointer, which checks its bootstrap_room. It needs a GPU
 // (KVXFER_REQUIRE_GPU=1 turns the skip into a failure).
 func TestRingGPUProof(t *testing.T) {
-	if err := cuda.Available(); err != nil {
-		if errors.Is(err, cuda.ErrNotSupported) && os.Getenv("KVXFER_REQUIRE_GPU") == "" {
-			t.Skipf("no usable GPU (set KVXFER_REQUIRE_GPU=1 to fail instead): %v", err)
-		}
-		t.Fatal(err)
-	}
+	testenv.RequireGPU(t)
 	r, err := NewMetaRing(64, CUDARingMemory(0))
 	if err != nil {
 		t.Fatal(err)
@@ -74,10 +67,6 @@ func TestRingGPUProof(t *testing.T) {
 // fake "kernel" reads the record's room through it, and Close unregisters.
 // Without cudaHostRegister the ring falls back to cudaHostAlloc memory (no fd).
 func TestRingFakeCUDA(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
 	for _, tc := range []struct {
 		name    string
 		defines []string
@@ -87,23 +76,7 @@ func TestRingFakeCUDA(t *testing.T) {
 		{"cudaHostAlloc fallback", []string{"-DFAKE_NO_HOST_REGISTER"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			libs := map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"}
-			for src, name := range libs {
-				args := append([]string{"-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "cuda", "testdata", src)}, tc.defines...)
-				if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
-					t.Fatalf("gcc %s: %v\n%s", src, err, out)
-				}
-			}
-			cuda.Close()
-			if err := cuda.Load(cuda.WithLibraryPath(filepath.Join(dir, "libcudart.so.13")), cuda.WithDriverPath(filepath.Join(dir, "libcuda.so.1")),
-				cuda.WithNVRTCPath(filepath.Join(dir, "none.so"))); err != nil {
-				if errors.Is(err, cuda.ErrNoCgo) {
-					t.Skip(err)
-				}
-				t.Fatal(err)
-			}
-			defer cuda.Close()
+			testenv.BuildFakeCUDA(t, tc.defines, tc.defines).Load(t)
 			r, err := NewMetaRing(16, CUDARingMemory(0))
 			if err != nil {
 				t.Fatal(err)

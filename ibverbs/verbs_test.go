@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -44,11 +46,7 @@ func requireDevice(t testing.TB) string {
 			name = devs[0].Name
 		}
 		if name == "" {
-			msg := fmt.Sprintf("no RDMA device (ibv_get_device_list: %v, %d devices); run `make test-rdma` for the Soft-RoCE VM", err, len(devs))
-			if os.Getenv("KVXFER_REQUIRE_RDMA") != "" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
+			testenv.Skip(t, "KVXFER_REQUIRE_RDMA", "no RDMA device (ibv_get_device_list: %v, %d devices); run `make test-rdma` for the Soft-RoCE VM", err, len(devs))
 		}
 	}
 	return name

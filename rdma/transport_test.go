@@ -16,21 +16,14 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/engine/transporttest"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // requireRDMA skips without a usable RDMA device (fails instead when
 // $KVXFER_REQUIRE_RDMA is set, as inside `make test-rdma`).
 func requireRDMA(t testing.TB) {
 	t.Helper()
-	if err := Probe(); err != nil {
-		if !errors.Is(err, transport.ErrUnavailable) {
-			t.Fatalf("Probe error does not wrap ErrUnavailable: %v", err)
-		}
-		if os.Getenv("KVXFER_REQUIRE_RDMA") != "" {
-			t.Fatal(err)
-		}
-		t.Skipf("%v (run `make test-rdma` for the Soft-RoCE VM)", err)
-	}
+	testenv.Require(t, "KVXFER_REQUIRE_RDMA", Probe(), transport.ErrUnavailable, "run `make test-rdma` for the Soft-RoCE VM")
 }
 
 func newT(t testing.TB, streams int, extra transport.RDMAOptions) *Transport {

@@ -3,38 +3,19 @@ package workload
 import (
 	"bytes"
 	"errors"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // loadFakeCUDA builds the fake CUDA libraries of cuda/testdata with gcc and
 // loads them for the test (unloaded at its end). It skips without gcc or cgo.
 func loadFakeCUDA(t *testing.T) {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
-	dir := t.TempDir()
-	for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
-		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %s: %v\n%s", src, err, out)
-		}
-	}
-	cuda.Close()
-	if err := cuda.Load(cuda.WithLibraryPath(filepath.Join(dir, "libcudart.so.13")), cuda.WithDriverPath(filepath.Join(dir, "libcuda.so.1")),
-		cuda.WithNVRTCPath(filepath.Join(dir, "none.so"))); err != nil {
-		if errors.Is(err, cuda.ErrNoCgo) {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cuda.Close() })
+	testenv.BuildFakeCUDA(t, nil, nil).Load(t)
 }
 
 func testLayout(t *testing.T, pages int) *Layout {

@@ -2,13 +2,12 @@ package main
 
 import (
 	"bytes"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // TestGPUCheckFakeCUDA runs `kvxfer gpucheck`'s checks against the fake CUDA
@@ -16,20 +15,11 @@ import (
 // fake driver runs the proof kernel's logic on the CPU): the command's ring
 // proof, transfer and staging plumbing all run with no GPU.
 func TestGPUCheckFakeCUDA(t *testing.T) {
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
-	dir := t.TempDir()
-	for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
-		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %s: %v\n%s", src, err, out)
-		}
-	}
+	fake := testenv.BuildFakeCUDA(t, nil, nil)
 	cuda.Close()
-	t.Setenv("KVXFER_CUDART", filepath.Join(dir, "libcudart.so.13"))
-	t.Setenv("KVXFER_LIBCUDA", filepath.Join(dir, "libcuda.so.1"))
-	t.Setenv("KVXFER_NVRTC", filepath.Join(dir, "none.so"))
+	t.Setenv("KVXFER_CUDART", fake.Runtime)
+	t.Setenv("KVXFER_LIBCUDA", fake.Driver)
+	t.Setenv("KVXFER_NVRTC", fake.NVRTC)
 	defer cuda.Close()
 
 	var log bytes.Buffer

@@ -7,12 +7,12 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // decodeReadyRing starts this test binary as `kvxfer decode` over the shm
@@ -101,18 +101,7 @@ func TestDecodeRingPlacement(t *testing.T) {
 // without gcc.
 func fakeCUDAEnv(t *testing.T) []string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
-	dir := t.TempDir()
-	for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
-		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", filepath.Join(dir, name), filepath.Join("..", "..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %s: %v\n%s", src, err, out)
-		}
-	}
-	return []string{"KVXFER_CUDART=" + filepath.Join(dir, "libcudart.so.13"), "KVXFER_LIBCUDA=" + filepath.Join(dir, "libcuda.so.1"),
-		"KVXFER_NVRTC=" + filepath.Join(dir, "none.so")}
+	return testenv.BuildFakeCUDA(t, nil, nil).Env()
 }
 
 // lockedBuffer is a bytes.Buffer safe for the exec copier goroutine and the test.

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 const mod = "github.com/kvxfer/kvxfer"
@@ -29,9 +31,7 @@ type pkg struct {
 // module's own packages by import path.
 func list(t *testing.T) map[string]*pkg {
 	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skipf("go command not on PATH: %v", err)
-	}
+	testenv.RequireTool(t, "go", "the layer rules (go list)")
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	// go test caches a result by the files the test itself touches; go

@@ -1,23 +1,32 @@
-// Package engine is kvxfer's transfer engine: registered memory regions, the
-// Transport interface and its registry (transports plug in from their own
-// packages, the database/sql driver pattern), transfer batches, the ZeroMQ
-// control channel, the metadata ring, and the per-request Sender/Receiver
-// state machines that report KVPoll states.
+// Package engine is kvxfer's KV room manager: per rank, a Manager built from
+// the caller's KV buffers; per request, a Sender (prefill) or Receiver
+// (decode) state machine reporting KVPoll states; the ZeroMQ control channel
+// between ranks, the metadata ring whose room-tagged record a decode
+// verifies before it accepts the KV, fencing of a failed room's producers,
+// liveness (PING, bootstrap heartbeats), metrics, room timelines and
+// optional OpenTelemetry spans, and the doctor's probes (Prober).
 //
 // The KV memory belongs to the caller (a serving engine): a Manager is built
-// from KVArgs, SGLang's per-rank list of KV, aux and state buffers with their
-// item lengths and the rank's placement, and derives every size it needs
-// from them (Geometry); it knows no model. It registers each buffer with
-// each transport, exchanges the geometry with its peers (REGISTER,
-// REGISTER_ACK) and pairs buffers and head slices per buffer (PairBuffers).
+// from kvargs.KVArgs, SGLang's per-rank list of KV, aux and state buffers
+// with their item lengths and the rank's placement, and derives every size
+// it needs from them (kvargs.Geometry); it knows no model. It registers each
+// buffer with each transport, exchanges the geometry with its peers
+// (REGISTER, REGISTER_ACK) and pairs buffers and head slices per buffer
+// (kvargs.PairBuffers). The package example runs one room end to end.
 //
-// TransferEngine is the Mooncake-style node on top of one transport: named
-// segments ("host:rpc_port" by default), a ZeroMQ segment RPC listener that
-// hands peers its SegmentDescriptor, writes addressed by the peer's virtual
-// addresses (RemoteSegment translates them to region and offset), and an
-// optional SegmentDirectory (etcd, package metadata) to publish to.
+// The rest of the transfer engine lives beside it, each in its own package:
+//   - engine/transport: the transport SPI (Transport, Segment, Memory,
+//     transfer batches, Fencer, the registry, segment descriptors and the
+//     SegmentDirectory interface, AllocHost); a leaf the transports
+//     (engine/tcp, engine/shm, rdma) implement;
+//   - engine/kvargs: the KV argument types, their validation and pairing;
+//   - engine/internal/control: the control frames' codec (the envelope,
+//     replay protection), used only by this package and the segment engine;
+//   - engine/segengine: the Mooncake-style TransferEngine over named
+//     segments, which the C ABI and the Python TransferEngine drive.
 //
 // Memory that a transport keeps (KV buffers, metadata rings) is never Go heap:
-// use AllocHost (memfd + mmap), C memory or CUDA memory. Every resource has an
-// idempotent Close.
+// use transport.AllocHost (memfd + mmap), C memory or CUDA memory. Every
+// resource has an idempotent Close. The package reads no environment
+// variable: cmd/, capi/ and python/ turn flags and env into ManagerConfig.
 package engine

@@ -5,35 +5,18 @@ package gpustaging_test
 import (
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/bench/gpustaging"
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // loadFake builds the cuda package's fake runtime and driver (its
 // testdata) and loads them; it skips without gcc (not a GPU gate).
 func loadFake(t *testing.T) {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skipf("fake CUDA libraries need gcc: %v", err)
-	}
-	dir := t.TempDir()
-	paths := map[string]string{}
-	for src, name := range map[string]string{"fake_cudart.c": "libcudart.so.13", "fake_cuda.c": "libcuda.so.1"} {
-		paths[src] = filepath.Join(dir, name)
-		if out, err := exec.Command(gcc, "-shared", "-fPIC", "-O1", "-o", paths[src], filepath.Join("..", "..", "cuda", "testdata", src)).CombinedOutput(); err != nil {
-			t.Fatalf("gcc %s: %v\n%s", src, err, out)
-		}
-	}
-	t.Cleanup(func() { cuda.Close() })
-	if err := cuda.Load(cuda.WithLibraryPath(paths["fake_cudart.c"]), cuda.WithDriverPath(paths["fake_cuda.c"]), cuda.WithNVRTCPath(filepath.Join(dir, "no-libnvrtc.so"))); err != nil {
-		t.Fatalf("Load: %v", err)
-	}
+	testenv.BuildFakeCUDA(t, nil, nil).Load(t)
 }
 
 // TestFakeMeasureStaging runs the staging benchmark's code path (copies and
@@ -57,15 +40,7 @@ func TestFakeMeasureStaging(t *testing.T) {
 // that scripts/gpu-check.sh collects; it asserts correctness, never timing.
 // Without a GPU it skips, or fails with KVXFER_REQUIRE_GPU=1.
 func TestGPUStagingBandwidth(t *testing.T) {
-	cuda.Close() // drop any fake library a previous test loaded
-	switch err := cuda.Load(); {
-	case err == nil:
-		t.Cleanup(func() { cuda.Close() })
-	case errors.Is(err, cuda.ErrNotSupported) && os.Getenv("KVXFER_REQUIRE_GPU") == "":
-		t.Skipf("no usable GPU (set KVXFER_REQUIRE_GPU=1 to fail instead): %v", err)
-	default:
-		t.Fatalf("KVXFER_REQUIRE_GPU=%q: %v", os.Getenv("KVXFER_REQUIRE_GPU"), err)
-	}
+	testenv.RequireGPU(t)
 	r, err := gpustaging.MeasureStaging(0, 256<<20, 4<<20, 5)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -577,4 +578,51 @@ func TestWritesFollowContiguousRuns(t *testing.T) {
 		}
 		t.Logf("fragment %v: %d pages, %d runs, %d writes of %d bytes on average", fragment, len(src), runs, mt.Writes, mt.Bytes/uint64(max(mt.Writes, 1)))
 	}
+}
+
+// TestDecodeWithoutHeadCounts: a decode whose KVArgs give no kv_head_num /
+// total_kv_head_num (SGLang's decode fills neither) takes the prefill's head
+// geometry from REGISTER_ACK: at equal and different TP sizes every byte
+// lands where a decode that stated its heads would have it (checksum on),
+// and a decode whose rows are not the prefill's heads per rank is refused
+// at registration on both sides, naming both.
+func TestDecodeWithoutHeadCounts(t *testing.T) {
+	for _, c := range []struct{ ptp, dtp int }{{1, 1}, {2, 1}, {1, 2}, {4, 2}} {
+		t.Run(fmt.Sprintf("prefill tp %d decode tp %d", c.ptp, c.dtp), func(t *testing.T) {
+			addr, pre, dec := topologyWith(t, smallGQA, c.ptp, 1, c.dtp, func(o *rankOpts) {
+				o.noHeads, o.checksum = o.role == engine.RoleDecode, o.role == engine.RoleDecode
+			})
+			for _, d := range dec {
+				if g := d.m.Geometry(); !g.HeadsUnknown() {
+					t.Fatalf("decode geometry %+v: want heads unknown", g)
+				}
+			}
+			for i, room := range []uint64{3, 1<<63 - 2} {
+				for _, r := range transferOne(t, addr, pre, dec, room, 3+i) {
+					if r.Poll() != engine.KVSuccess {
+						t.Fatalf("room %d: %s %v", room, r.Poll(), r.Failure())
+					}
+				}
+			}
+		})
+	}
+	t.Run("rows of another model", func(t *testing.T) {
+		// The decode's rows hold 2 heads of 16 elements, the prefill's
+		// heads per rank are 4 of 16: taken from the prefill, they do not fit.
+		addr := startBootstrap(t)
+		p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, addr: addr})
+		d := newRank(t, rankOpts{role: engine.RoleDecode, model: workload.ModelConfig{Name: "narrow", NumLayers: 4, NumKVHeads: 2, HeadDim: 16, DtypeBytes: 2}, tp: 1, noHeads: true})
+		s, err := p.m.NewSender(9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		failsNaming(t, addr, d, 9, "refused this decode's registration", p.m.Endpoint(), d.m.Endpoint(),
+			"decode's KVArgs give no KV head counts", "4 KV heads over decode tp 1 is 4 heads per token row of 32 bytes", "holds 64 bytes per token (2 heads)")
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(s.Failure().Error(), "4 heads per token row") {
+			t.Fatalf("sender %s %v: want Failed naming the refusal", st, s.Failure())
+		}
+	})
 }

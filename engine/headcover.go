@@ -94,10 +94,12 @@ func globalHead(g *kvargs.Geometry, h int) int {
 // misplaced, which SGLang does not notice. Those are refused here, naming
 // both TP sizes and the heads involved. MLA rows are replicated whole, so
 // any one producer covers them. Producers of different CP ranks write
-// different tokens and are checked separately.
+// different tokens and are checked separately. dst has its heads known
+// (kvargs.ResolveHeads): a decode that stated none has them from its
+// producers' geometry.
 func checkHeadCoverage(dst *kvargs.Geometry, ts []*recvTarget) error {
-	if dst.MLA {
-		return nil
+	if dst.MLA || dst.HeadsUnknown() {
+		return nil // replicated whole, or neither side states heads (equal TP sizes: whole pages)
 	}
 	type key struct{ cp, buf int }
 	written := map[key][]int{} // (cp, decode KV buffer) → producers per head slot

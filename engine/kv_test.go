@@ -77,6 +77,7 @@ type rankOpts struct {
 	maxPeers         int    // MaxPeers (0: default)
 	policy           string // prefill: DecodeAllocationPolicy
 	layout           []byte // prefill: DSV41SpecLayout
+	noHeads          bool   // KVArgs without kv_head_num/total_kv_head_num, as SGLang's decode fills them
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -117,6 +118,9 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots,
 		BootstrapAuthToken: o.authToken, AuthenticateControl: o.authControl, InstanceID: o.instance, MaxPeers: o.maxPeers,
 		DecodeAllocationPolicy: o.policy, DSV41SpecLayout: o.layout}
+	if o.noHeads {
+		cfg.KV.KVHeadNum, cfg.KV.TotalKVHeadNum = 0, 0
+	}
 	if o.metrics != nil {
 		cfg.Metrics = o.metrics
 	}
@@ -147,14 +151,24 @@ func newRank(t *testing.T, o rankOpts) *rank {
 // topology builds prefill ranks (ptp × ppp) and decode ranks (dtp).
 func topology(t *testing.T, model workload.ModelConfig, ptp, ppp, dtp int, checksum bool) (addr string, pre, dec []*rank) {
 	t.Helper()
+	return topologyWith(t, model, ptp, ppp, dtp, func(o *rankOpts) { o.checksum = checksum && o.role == engine.RoleDecode })
+}
+
+// topologyWith is topology with each rank's options adjusted by mod.
+func topologyWith(t *testing.T, model workload.ModelConfig, ptp, ppp, dtp int, mod func(*rankOpts)) (addr string, pre, dec []*rank) {
+	t.Helper()
 	addr = startBootstrap(t)
 	for tp := 0; tp < ptp; tp++ {
 		for pp := 0; pp < ppp; pp++ {
-			pre = append(pre, newRank(t, rankOpts{role: engine.RolePrefill, model: model, tp: ptp, tpRank: tp, pp: ppp, ppRank: pp, addr: addr}))
+			o := rankOpts{role: engine.RolePrefill, model: model, tp: ptp, tpRank: tp, pp: ppp, ppRank: pp, addr: addr}
+			mod(&o)
+			pre = append(pre, newRank(t, o))
 		}
 	}
 	for tp := 0; tp < dtp; tp++ {
-		dec = append(dec, newRank(t, rankOpts{role: engine.RoleDecode, model: model, tp: dtp, tpRank: tp, pp: 1, checksum: checksum}))
+		o := rankOpts{role: engine.RoleDecode, model: model, tp: dtp, tpRank: tp, pp: 1}
+		mod(&o)
+		dec = append(dec, newRank(t, o))
 	}
 	return addr, pre, dec
 }

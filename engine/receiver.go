@@ -525,6 +525,10 @@ func (r *Receiver) resolve() error {
 	r.tr.mark(StepResolveRank, "", "")
 	r.tr.expectPeers(real)
 	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
+	// hg is this rank's geometry with its KV heads known: a decode whose
+	// KVArgs stated none (SGLang's) takes them from its producers'
+	// REGISTER_ACK geometry, as PairBuffers does on both sides.
+	hg, hgFrom := g, ""
 	for _, t := range ts {
 		var pg *kvargs.Geometry
 		for try := 0; ; try++ {
@@ -545,7 +549,16 @@ func (r *Receiver) resolve() error {
 		if t.pairs, err = kvargs.PairBuffers(pg, g, t.endpoint, m.endpoint); err != nil {
 			return fmt.Errorf("engine: room %d: %w", r.room, err)
 		}
-		t.geo = pg
+		rp, rg, err := kvargs.ResolveHeads(pg, g, t.endpoint, m.endpoint)
+		if err != nil {
+			return fmt.Errorf("engine: room %d: %w", r.room, err)
+		}
+		if hgFrom != "" && (rg.KVHeadNum != hg.KVHeadNum || rg.TotalKVHeadNum != hg.TotalKVHeadNum) {
+			return fmt.Errorf("engine: room %d: decode %s states no KV head counts, and its producers disagree: prefill %s has %d KV heads (%d per decode rank), prefill %s has %d (%d per decode rank); run every prefill rank with the same model",
+				r.room, m.endpoint, hgFrom, hg.TotalKVHeadNum, hg.KVHeadNum, t.endpoint, rg.TotalKVHeadNum, rg.KVHeadNum)
+		}
+		hg, hgFrom = rg, t.endpoint
+		t.geo = rp
 		if pg.EndLayer == g.EndLayer && (writer == nil || pg.TPRank < writer.geo.TPRank) {
 			writer = t
 		}
@@ -556,7 +569,7 @@ func (r *Receiver) resolve() error {
 	if err := checkLayerCoverage(g, ts, m.endpoint); err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
-	if err := checkHeadCoverage(g, ts); err != nil {
+	if err := checkHeadCoverage(hg, ts); err != nil {
 		return fmt.Errorf("engine: room %d: %w", r.room, err)
 	}
 	r.mu.Lock()

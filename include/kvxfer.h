@@ -643,11 +643,16 @@ typedef struct kvx_kv_config {
     const uint64_t *aux_data_lens;
     const uint64_t *aux_item_lens;
     uint32_t num_state_buffers;     /* 0 = no state (Mamba, SWA, ...) */
-    uint32_t kv_head_num;           /* heads per token row on this rank; 0 = 1 */
+    uint32_t kv_head_num;           /* heads per token row on this rank; 0 with
+                                       total_kv_head_num set = max(1, total / tp_size);
+                                       both 0 on a non-MLA decode (SGLang's decode sets
+                                       neither) = unknown: taken from the prefill's
+                                       geometry at registration */
     const uint64_t *state_data_ptrs; /* same memory as the KV buffers */
     const uint64_t *state_data_lens;
     const uint64_t *state_item_lens;
-    uint32_t total_kv_head_num;     /* the model's KV heads; 0 = kv_head_num x tp_size */
+    uint32_t total_kv_head_num;     /* the model's KV heads; 0 = kv_head_num x tp_size
+                                       (see kv_head_num for both 0) */
     uint32_t is_mla;                /* 1: one latent buffer per layer, never head-sliced */
     uint32_t prefill_start_layer;   /* model layer of KV buffer 0 (a PP stage's first) */
     uint32_t system_dp_rank;        /* SGLang system_dp_rank (kept for the caller) */

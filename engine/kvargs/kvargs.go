@@ -64,11 +64,16 @@ type KVArgs struct {
 	// PageSize is tokens per page (SGLang page_size, > 0).
 	PageSize int
 	// KVHeadNum is the KV heads each token row of a KV buffer holds on this
-	// rank (SGLang kv_head_num; 1 for MLA). 0 means 1.
+	// rank (SGLang kv_head_num; 1 for MLA). 0 with TotalKVHeadNum set means
+	// max(1, TotalKVHeadNum / TPSize); 0 with TotalKVHeadNum 0 on a non-MLA
+	// rank means unknown (see Geometry.HeadsUnknown). On an MLA rank 0
+	// means 1.
 	KVHeadNum int
 	// TotalKVHeadNum is the model's KV heads (SGLang total_kv_head_num); 0
 	// means KVHeadNum × TPSize, as SGLang assumes. Head slicing across TP
-	// sizes uses it (spec §6.4).
+	// sizes uses it (spec §6.4). SGLang's decode fills neither count: with
+	// both 0 the rank's head geometry is taken from its peer's
+	// (ResolveHeads), as both sides compute it alike.
 	TotalKVHeadNum int
 	// EngineRank is the rank's attention-TP rank (SGLang engine_rank) and
 	// TPSize the attention-TP size (0 means 1).
@@ -107,7 +112,9 @@ type Geometry struct {
 	// PageSize is tokens per page.
 	PageSize int
 	// KVHeadNum is the heads per token row on this rank; TotalKVHeadNum the
-	// model's KV heads.
+	// model's KV heads. Both are 0 on a non-MLA rank whose KV arguments
+	// gave neither (HeadsUnknown): the peer's geometry supplies them
+	// (ResolveHeads).
 	KVHeadNum, TotalKVHeadNum int
 	// KVItemLens and KVItems are, per KV buffer, the bytes per page and the
 	// pages the buffer holds.
@@ -118,6 +125,14 @@ type Geometry struct {
 	// StateItemLens and StateItems are, per state buffer, the bytes per slot
 	// and the slots the buffer holds.
 	StateItemLens, StateItems []uint64
+}
+
+// HeadsUnknown reports whether the rank stated no KV head counts (a non-MLA
+// rank with KVHeadNum and TotalKVHeadNum 0, as SGLang's decode fills its
+// KVArgs): its heads per token row are derived from a peer's geometry by
+// ResolveHeads.
+func (g *Geometry) HeadsUnknown() bool {
+	return !g.MLA && g.KVHeadNum == 0 && g.TotalKVHeadNum == 0
 }
 
 // Layers is the number of layers held.
@@ -197,9 +212,16 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 	bad := func(format string, v ...any) (*Geometry, error) {
 		return nil, fmt.Errorf("%w: %s", ErrBadKVArgs, fmt.Sprintf(format, v...))
 	}
-	tp, pp, heads := max(a.TPSize, 1), max(a.PPSize, 1), max(a.KVHeadNum, 1)
-	total := a.TotalKVHeadNum
-	if total == 0 {
+	tp, pp := max(a.TPSize, 1), max(a.PPSize, 1)
+	heads, total := a.KVHeadNum, a.TotalKVHeadNum
+	unknown := !a.MLA && heads == 0 && total == 0
+	switch {
+	case a.MLA:
+		heads = max(heads, 1)
+	case heads == 0 && total > 0:
+		heads = max(1, total/tp)
+	}
+	if total == 0 && !unknown {
 		total = heads * tp
 	}
 	switch {
@@ -221,6 +243,7 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 		return bad("kv_head_num %d, total_kv_head_num %d and prefill_start_layer %d must be >= 0", a.KVHeadNum, a.TotalKVHeadNum, a.PrefillStartLayer)
 	case a.MLA && heads != 1:
 		return bad("kv_head_num %d on an MLA rank: MLA keeps one latent row per token (kv_head_num 1)", heads)
+	case unknown:
 	case !a.MLA && heads != max(1, total/tp):
 		return bad("kv_head_num %d, but total_kv_head_num %d over tp size %d gives %d heads per rank", heads, total, tp, max(1, total/tp))
 	case !a.MLA && total%tp != 0 && tp%total != 0:
@@ -257,7 +280,10 @@ func (a *KVArgs) Geometry() (*Geometry, error) {
 			}
 			if kv {
 				tok := b.ItemLen / uint64(a.PageSize)
-				if b.ItemLen%uint64(a.PageSize) != 0 || tok%uint64(heads) != 0 {
+				switch {
+				case unknown && b.ItemLen%uint64(a.PageSize) != 0:
+					return fmt.Errorf("%w: %s: item length %d bytes is not page_size %d whole token rows", ErrBadKVArgs, name, b.ItemLen, a.PageSize)
+				case !unknown && (b.ItemLen%uint64(a.PageSize) != 0 || tok%uint64(heads) != 0):
 					return fmt.Errorf("%w: %s: item length %d bytes is not page_size %d × kv_head_num %d whole head rows", ErrBadKVArgs, name, b.ItemLen, a.PageSize, heads)
 				}
 			}
@@ -344,23 +370,101 @@ func (p BufferPair) PageBytes(pageSize int) uint64 {
 	return uint64(pageSize) * p.Slice.Length
 }
 
+// pairError names both ranks of a pairing in an error.
+func pairError(srcName, dstName, format string, v ...any) error {
+	return fmt.Errorf("engine: prefill %s and decode %s: %s", srcName, dstName, fmt.Sprintf(format, v...))
+}
+
+// ResolveHeads returns the producer's (prefill, src) and the consumer's
+// (decode, dst) geometries with their KV head counts known: a side whose KV
+// arguments stated none (HeadsUnknown, as SGLang's decode fills its KVArgs)
+// takes the model's KV heads from the other side, and its heads per token
+// row are max(1, total / its TP size); its KV buffers' token rows must then
+// be a whole number of the other side's heads, exactly that many. The
+// inputs are not modified; a side that needs nothing is returned as given.
+// Both sides of a pairing call it (inside PairBuffers) with the same
+// geometries, so they agree. With neither side stating heads, equal TP sizes
+// need none (whole pages move) and different ones are refused. Errors name
+// both ranks (srcName, dstName) and the counts involved.
+func ResolveHeads(src, dst *Geometry, srcName, dstName string) (*Geometry, *Geometry, error) {
+	su, du := src.HeadsUnknown(), dst.HeadsUnknown()
+	switch {
+	case src.MLA || dst.MLA || (!su && !du):
+		return src, dst, nil
+	case su && du:
+		if src.TPSize == dst.TPSize {
+			return src, dst, nil
+		}
+		return nil, nil, pairError(srcName, dstName, "neither side states its KV head count (kv_head_num, total_kv_head_num), and prefill tp %d and decode tp %d differ, so the heads must be sliced: give the prefill's KVArgs its head counts (SGLang's prefill fills them)", src.TPSize, dst.TPSize)
+	}
+	known, unk, kname, uname := src, dst, "prefill", "decode"
+	if su {
+		known, unk, kname, uname = dst, src, "decode", "prefill"
+	}
+	total := known.TotalKVHeadNum
+	if total < 1 || known.KVHeadNum < 1 || unk.TPSize < 1 {
+		return nil, nil, pairError(srcName, dstName, "the %s states %d KV heads per rank and %d in total, and the %s tp size is %d: cannot derive the %s's heads", kname, known.KVHeadNum, total, uname, unk.TPSize, uname)
+	}
+	if total%unk.TPSize != 0 && unk.TPSize%total != 0 {
+		return nil, nil, pairError(srcName, dstName, "the %s's KVArgs give no KV head counts, so the %s's %d KV heads are taken, and they cannot be split over %s tp size %d (one must divide the other); run both with the same model", uname, kname, total, uname, unk.TPSize)
+	}
+	heads := max(1, total/unk.TPSize)
+	ps := uint64(known.PageSize)
+	if ps == 0 || uint64(unk.PageSize) != ps {
+		return nil, nil, pairError(srcName, dstName, "page size differs: prefill %d tokens, decode %d tokens", src.PageSize, dst.PageSize)
+	}
+	for i, item := range unk.KVItemLens {
+		layer, kv := unk.BufferLayer(i)
+		k, ok := known.BufferIndex(layer, kv)
+		if !ok {
+			continue // a layer the other side lacks: the pairing refuses it, naming the layers
+		}
+		ktok, utok := known.KVItemLens[k]/ps, item/ps
+		hb := ktok / uint64(known.KVHeadNum)
+		if utok != uint64(heads)*hb {
+			return nil, nil, pairError(srcName, dstName, "the %s's KVArgs give no KV head counts, so they are taken from the %s: %d KV heads over %s tp %d is %d heads per token row of %d bytes each (%s %s: %d bytes over %d heads), but %s %s holds %d bytes per token (%s); run both with the same model, or give the %s's kv_head_num and total_kv_head_num",
+				uname, kname, total, uname, unk.TPSize, heads, hb, kname, known.BufferName(k), ktok, known.KVHeadNum, uname, unk.BufferName(i), utok, wholeHeads(utok, hb), uname)
+		}
+	}
+	r := *unk
+	r.KVHeadNum, r.TotalKVHeadNum = heads, total
+	if su {
+		return &r, dst, nil
+	}
+	return src, &r, nil
+}
+
+// wholeHeads says how many heads of hb bytes a token row of tok bytes is.
+func wholeHeads(tok, hb uint64) string {
+	if hb == 0 || tok%hb != 0 {
+		return fmt.Sprintf("not a whole number of %d-byte heads", hb)
+	}
+	return fmt.Sprintf("%d heads", tok/hb)
+}
+
 // PairBuffers matches a producer's (prefill, src) KV buffers to a consumer's
 // (decode, dst) and computes each pair's head slice by SGLang's
 // send_kvcache_slice rules (spec §6.4), per buffer. Both sides call it with
-// the same geometries (exchanged in REGISTER / REGISTER_ACK), so they agree.
-// srcName and dstName name the ranks in errors, which say what differs on
-// which side: MLA, page size, total KV heads, a layer the consumer does not
-// hold, item lengths that differ at equal TP sizes, per-head bytes that
-// differ, aux or state lists that differ, or state buffers across TP sizes.
+// the same geometries (exchanged in REGISTER / REGISTER_ACK), so they agree;
+// a side that stated no KV head counts takes them from the other
+// (ResolveHeads). srcName and dstName name the ranks in errors, which say
+// what differs on which side: MLA, page size, total KV heads, a layer the
+// consumer does not hold, item lengths that differ at equal TP sizes,
+// per-head bytes that differ, aux or state lists that differ, or state
+// buffers across TP sizes.
 func PairBuffers(src, dst *Geometry, srcName, dstName string) ([]BufferPair, error) {
-	both := func(format string, v ...any) error {
-		return fmt.Errorf("engine: prefill %s and decode %s: %s", srcName, dstName, fmt.Sprintf(format, v...))
-	}
+	both := func(format string, v ...any) error { return pairError(srcName, dstName, format, v...) }
 	switch {
 	case src.MLA != dst.MLA:
 		return nil, both("prefill MLA is %v (%d KV buffers), decode MLA is %v (%d KV buffers); run both with the same model", src.MLA, len(src.KVItemLens), dst.MLA, len(dst.KVItemLens))
 	case src.PageSize != dst.PageSize:
 		return nil, both("page size differs: prefill %d tokens, decode %d tokens", src.PageSize, dst.PageSize)
+	}
+	src, dst, err := ResolveHeads(src, dst, srcName, dstName)
+	if err != nil {
+		return nil, err
+	}
+	switch {
 	case !src.MLA && src.TotalKVHeadNum != dst.TotalKVHeadNum:
 		return nil, both("total KV heads differ: prefill %d, decode %d; run both with the same model", src.TotalKVHeadNum, dst.TotalKVHeadNum)
 	case src.StartLayer < dst.StartLayer || src.EndLayer > dst.EndLayer:

@@ -171,3 +171,112 @@ func TestPairBuffersRefusals(t *testing.T) {
 }
 
 // auxModel is a model whose ranks differ only in their aux lists.
+
+// TestKVArgsUnknownHeads: a non-MLA rank whose KVArgs give neither head
+// count (SGLang's decode) gets a geometry with both 0 (unknown), not one
+// head per rank; one count given derives the other.
+func TestKVArgsUnknownHeads(t *testing.T) {
+	kv := func(item uint64) []kvargs.Buffer {
+		var b []kvargs.Buffer
+		for i := range 4 {
+			b = append(b, hostBuf(uintptr(0x10000+i*0x1000), 4*item, item))
+		}
+		return b
+	}
+	a := kvargs.KVArgs{KVBuffers: kv(64), PageSize: 4, TPSize: 2, GPUID: -1}
+	g, err := a.Geometry()
+	if err != nil || !g.HeadsUnknown() || g.KVHeadNum != 0 || g.TotalKVHeadNum != 0 {
+		t.Fatalf("geometry %+v, %v: want heads unknown (0, 0)", g, err)
+	}
+	a.KVBuffers = kv(62) // not whole token rows of 4 tokens
+	if _, err := a.Geometry(); err == nil || !strings.Contains(err.Error(), "item length 62 bytes is not page_size 4 whole token rows") {
+		t.Fatalf("err %v, want a refusal of a partial token row", err)
+	}
+	a = kvargs.KVArgs{KVBuffers: kv(64), PageSize: 4, TPSize: 2, TotalKVHeadNum: 8, GPUID: -1}
+	if g, err := a.Geometry(); err != nil || g.KVHeadNum != 4 || g.HeadsUnknown() {
+		t.Fatalf("total 8 over tp 2: %+v, %v; want 4 heads per rank", g, err)
+	}
+	a = kvargs.KVArgs{KVBuffers: kv(64)[:2], PageSize: 4, MLA: true, GPUID: -1}
+	if g, err := a.Geometry(); err != nil || g.KVHeadNum != 1 || g.HeadsUnknown() {
+		t.Fatalf("MLA without counts: %+v, %v; want 1 latent head", g, err)
+	}
+}
+
+// unknownHeads is g as a decode that stated no head counts sends it.
+func unknownHeads(g *kvargs.Geometry) *kvargs.Geometry {
+	c := *g
+	c.KVHeadNum, c.TotalKVHeadNum = 0, 0
+	return &c
+}
+
+// TestPairBuffersUnknownDecodeHeads: a decode whose KVArgs give no head
+// counts takes the prefill's: the pairs (head slices included) are those of
+// a decode that stated the right counts, at equal and at different TP sizes,
+// replicated KV heads included, whichever side computes them; a decode row
+// that is not the prefill's heads per rank is refused naming both.
+func TestPairBuffersUnknownDecodeHeads(t *testing.T) {
+	eight := workload.ModelConfig{NumLayers: 2, NumKVHeads: 8, HeadDim: 16, DtypeBytes: 2}
+	two := workload.ModelConfig{NumLayers: 2, NumKVHeads: 2, HeadDim: 16, DtypeBytes: 2}
+	cases := []struct {
+		m               workload.ModelConfig
+		ptp, prank      int
+		dtp, drank      int
+		wantDecodeHeads int
+	}{
+		{eight, 1, 0, 1, 0, 8}, {eight, 2, 1, 1, 0, 8}, {eight, 1, 0, 2, 1, 4}, {eight, 4, 3, 2, 1, 4}, {eight, 2, 0, 8, 5, 1},
+		{two, 4, 2, 1, 0, 2}, {two, 4, 3, 2, 1, 1}, {two, 8, 6, 2, 1, 1}, {two, 1, 0, 4, 3, 1}, {two, 2, 1, 4, 2, 1},
+	}
+	for _, c := range cases {
+		src, dst := geometryOf(t, c.m, c.ptp, c.prank, 1, 0, nil), geometryOf(t, c.m, c.dtp, c.drank, 1, 0, nil)
+		want, err := kvargs.PairBuffers(src, dst, "P", "D")
+		if err != nil {
+			t.Fatalf("%+v: known heads: %v", c, err)
+		}
+		got, err := kvargs.PairBuffers(src, unknownHeads(dst), "P", "D")
+		if err != nil {
+			t.Fatalf("%+v: unknown decode heads: %v", c, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%+v: %d pairs, want %d", c, len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("%+v pair %d: %+v, want %+v", c, i, got[i], want[i])
+			}
+		}
+		_, rd, err := kvargs.ResolveHeads(src, unknownHeads(dst), "P", "D")
+		if err != nil || rd.KVHeadNum != c.wantDecodeHeads || rd.TotalKVHeadNum != c.m.NumKVHeads {
+			t.Errorf("%+v: resolved decode %+v, %v; want %d heads of %d", c, rd, err, c.wantDecodeHeads, c.m.NumKVHeads)
+		}
+	}
+	// A decode row that is not the prefill's heads per rank: refused, naming both.
+	src, dst := geometryOf(t, eight, 2, 0, 1, 0, nil), geometryOf(t, eight, 1, 0, 1, 0, nil)
+	bad := unknownHeads(dst)
+	bad.KVItemLens = append([]uint64(nil), bad.KVItemLens...)
+	bad.KVItemLens[0] = bad.KVItemLens[0] / 2 // 4 heads instead of 8
+	_, err := kvargs.PairBuffers(src, bad, "tcp://p:1", "tcp://d:2")
+	for _, w := range []string{"prefill tcp://p:1 and decode tcp://d:2", "8 KV heads over decode tp 1 is 8 heads per token row of 32 bytes", "decode KV buffer 0 (layer 0 K) holds 128 bytes per token (4 heads)"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("err %v, want %q", err, w)
+		}
+	}
+	// A real mismatch stays one: a decode that states 4 total heads.
+	wrong := *dst
+	wrong.TotalKVHeadNum, wrong.KVHeadNum = 4, 4
+	if _, err := kvargs.PairBuffers(src, &wrong, "P", "D"); err == nil || !strings.Contains(err.Error(), "total KV heads differ: prefill 8, decode 4") {
+		t.Errorf("err %v, want total KV heads differ", err)
+	}
+	// Neither side states heads: equal TP sizes need none, different ones are refused.
+	if _, err := kvargs.PairBuffers(unknownHeads(dst), unknownHeads(dst), "P", "D"); err != nil {
+		t.Errorf("both unknown at equal TP: %v", err)
+	}
+	if _, err := kvargs.PairBuffers(unknownHeads(src), unknownHeads(dst), "P", "D"); err == nil || !strings.Contains(err.Error(), "neither side states its KV head count") {
+		t.Errorf("both unknown at different TP: %v", err)
+	}
+	// The decode's heads cannot be split: 8 heads over decode tp 3.
+	d3 := *unknownHeads(dst)
+	d3.TPSize, d3.TPRank = 3, 0
+	if _, err := kvargs.PairBuffers(src, &d3, "P", "D"); err == nil || !strings.Contains(err.Error(), "8 KV heads are taken, and they cannot be split over decode tp size 3") {
+		t.Errorf("err %v, want a refusal of 8 heads over tp 3", err)
+	}
+}

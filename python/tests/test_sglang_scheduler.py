@@ -22,14 +22,6 @@ from sglang_sched import DecodeScheduler, PrefillScheduler, Req, decode_kv_args,
 
 TIMEOUTS = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "30"}
 
-#: The engine change a decode without head counts needs (python/README.md).
-NO_HEADS_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="engine: a decode whose KVArgs give no kv_head_num/total_kv_head_num is taken as 1 head per rank "
-    "(engine.KVArgs.Geometry) and PairBuffers refuses 'total KV heads differ'; needs the decode to take the "
-    "prefill's geometry from REGISTER_ACK")
-
-
 @pytest.fixture(autouse=True)
 def short_timeouts(monkeypatch):
     for k, v in TIMEOUTS.items():
@@ -87,15 +79,16 @@ def done_events(events):
     pytest.param(False, "config", id="mha-decode-kvargs-as-sglang-heads-from-model-config"),
     pytest.param(False, "env", id="mha-decode-kvargs-as-sglang-heads-from-env"),
     pytest.param(False, "kvargs", id="mha-decode-kvargs-with-heads"),
-    pytest.param(False, None, id="mha-decode-kvargs-as-sglang-no-head-count", marks=NO_HEADS_XFAIL),
+    pytest.param(False, None, id="mha-decode-kvargs-as-sglang-no-head-count"),
 ])
 def test_scheduler_sequence(peers, bootstrap, monkeypatch, tmp_path, mla, heads_from):
     """Three requests, chunked prefill (3 chunks, a partial last page). The
     first request goes through try_ensure_parallel_info; once
     prefill_info_table knows the prefill, the next ones take the fast path.
-    The decode's KV head count comes from nowhere (SGLang's KVArgs; MLA needs
-    none), from config.json at server_args.model_path, from
-    KVXFER_TOTAL_KV_HEAD_NUM, or from KVArgs."""
+    The decode's KV head count comes from nowhere (SGLang's KVArgs: the
+    engine takes the prefill's from REGISTER_ACK; MLA needs none), from
+    config.json at server_args.model_path, from KVXFER_TOTAL_KV_HEAD_NUM, or
+    from KVArgs (the last three a cross-check)."""
     g = Geometry(mla=mla)
     pre = peers("sched-prefill", "--bootstrap", bootstrap.addr, *(["--mla"] if mla else []), env=TIMEOUTS)
     kv = RankKV(g)

@@ -503,9 +503,11 @@ const (
 )
 
 // geometry reads the 16 geometry frames starting at frame i and checks them:
-// ranks inside their sizes, a non-empty layer range, positive page size and
-// heads, one KV item length and count per buffer of the layer range, and
-// non-zero item lengths and counts everywhere.
+// ranks inside their sizes, a non-empty layer range, a positive page size,
+// positive head counts or, on a non-MLA rank that states none (SGLang's
+// decode), both 0 (kvargs.Geometry.HeadsUnknown), one KV item length and
+// count per buffer of the layer range, and non-zero item lengths and counts
+// everywhere.
 func (r *FrameReader) geometry(i int) kvargs.Geometry {
 	g := kvargs.Geometry{
 		TPRank:         r.int(i, 1<<16, "tp_rank"),
@@ -551,8 +553,12 @@ func (r *FrameReader) geometry(i int) kvargs.Geometry {
 		r.Fail(i+2, "pp_rank %d not in [0, pp_size %d)", g.PPRank, g.PPSize)
 	case g.StartLayer >= g.EndLayer:
 		r.Fail(i+4, "layers [%d, %d) are empty", g.StartLayer, g.EndLayer)
-	case g.PageSize == 0 || g.KVHeadNum == 0 || g.TotalKVHeadNum == 0:
-		r.Fail(i+7, "page_size, kv_head_num and total_kv_head_num must be > 0")
+	case g.PageSize == 0:
+		r.Fail(i+7, "page_size must be > 0")
+	case (g.KVHeadNum == 0) != (g.TotalKVHeadNum == 0):
+		r.Fail(i+8, "kv_head_num %d and total_kv_head_num %d: both > 0, or both 0 for a rank that states no head counts", g.KVHeadNum, g.TotalKVHeadNum)
+	case g.MLA && g.KVHeadNum == 0:
+		r.Fail(i+8, "kv_head_num 0 on an MLA rank (MLA keeps one latent row per token: 1)")
 	case len(g.KVItemLens) != want || len(g.KVItems) != want:
 		r.Fail(i+10, "%d KV item lengths and %d counts, want %d each for layers [%d, %d) (mla %v)", len(g.KVItemLens), len(g.KVItems), want, g.StartLayer, g.EndLayer, g.MLA)
 	case len(g.AuxItemLens) != len(g.AuxItems):

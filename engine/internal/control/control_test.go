@@ -134,7 +134,9 @@ func TestControlRejects(t *testing.T) {
 		{16, packU64([]uint64{64}), "1 aux item lengths but 2 row counts"},
 		{8, []byte("2"), "layers [2, 2) are empty"},
 		{6, []byte("1"), "pp_rank 1 not in [0, pp_size 1)"},
-		{12, []byte("0"), "kv_head_num and total_kv_head_num must be > 0"},
+		{11, []byte("0"), "page_size must be > 0"},
+		{12, []byte("0"), "kv_head_num 0 and total_kv_head_num 8: both > 0, or both 0"},
+		{13, []byte("0"), "kv_head_num 4 and total_kv_head_num 0: both > 0, or both 0"},
 		{20, []byte("0"), "ring_slots must be > 0"},
 		{21, []byte("0"), "epoch must be >= 1"},
 	}
@@ -145,7 +147,18 @@ func TestControlRejects(t *testing.T) {
 			t.Errorf("REGISTER frame %d = %q: err %v, want %q", c.frame, c.val, err, c.want)
 		}
 	}
+	// A decode that states no head counts (SGLang's KVArgs) sends both 0:
+	// accepted, and they arrive as 0 (unknown), not as a default.
 	reg := sampleRegister().Encode()
+	reg[12], reg[13] = []byte("0"), []byte("0")
+	if m, err := DecodeRegister(reg); err != nil || m.Geometry.KVHeadNum != 0 || m.Geometry.TotalKVHeadNum != 0 || !m.Geometry.HeadsUnknown() {
+		t.Fatalf("REGISTER with unknown heads: %+v, %v; want accepted with both 0", m, err)
+	}
+	reg[10] = []byte("1") // the same on an MLA rank is refused
+	if _, err := DecodeRegister(reg); err == nil || !strings.Contains(err.Error(), "kv_head_num 0 on an MLA rank") {
+		t.Fatalf("MLA REGISTER with 0 heads: %v", err)
+	}
+	reg = sampleRegister().Encode()
 	reg[len(reg)-1] = reg[len(reg)-1][:10]
 	if _, err := DecodeRegister(reg); err == nil || !strings.Contains(err.Error(), "region table") {
 		t.Fatalf("short region table: %v", err)

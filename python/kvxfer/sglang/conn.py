@@ -518,14 +518,16 @@ class KVManager(Closable):
     def _head_counts(self):
         """(kv_head_num, total_kv_head_num) for kvx_kv_config; 0 = unknown.
 
-        SGLang's decode leaves both unset, and the engine then takes one KV
-        head per rank, which a prefill of a model with more KV heads refuses
-        ("total KV heads differ"). For a non-MLA rank without them the model's
-        KV head count is taken from server_args.kvxfer_total_kv_head_num, the
-        environment (KVXFER_TOTAL_KV_HEAD_NUM), or num_key_value_heads (else
-        num_attention_heads) of config.json in server_args.model_path when
-        that is a local directory; heads per rank = max(1, total / attn TP
-        size). A wrong count is refused by the prefill, naming both."""
+        SGLang's decode leaves both unset; the engine then takes the
+        prefill's head geometry from its REGISTER_ACK (a decode row that is
+        not the prefill's heads per rank is refused, naming both). When the
+        model's KV head count is at hand anyway -- server_args.
+        kvxfer_total_kv_head_num, the environment (KVXFER_TOTAL_KV_HEAD_NUM),
+        or num_key_value_heads (else num_attention_heads) of config.json in
+        server_args.model_path when that is a local directory -- it is passed
+        as a cross-check: a prefill of another model is then refused
+        ("total KV heads differ"), naming both counts. Heads per rank =
+        max(1, total / attn TP size)."""
         a = self.kv_args
         heads, total = int(_arg(a, "kv_head_num", 0)), int(_arg(a, "total_kv_head_num", 0))
         if heads or total or self.is_mla_backend:

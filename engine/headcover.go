@@ -76,6 +76,54 @@ func layerRuns(held []bool, first int, want bool) []string {
 	return out
 }
 
+// replicaDummy is a producer made a dummy because another producer of the
+// same room writes the KV head it holds a replica of.
+type replicaDummy struct {
+	t      *recvTarget
+	head   int // the model-wide KV head
+	writer int // the prefill tp rank that writes it
+}
+
+// replicaDummies makes one writer per replica group (issue 22 item 11):
+// with more prefill attention-TP ranks than the model has KV heads (GQA
+// replication: prefill tp rank r holds head r / (P / heads)), several of the
+// producers SGLang's mapping assigns a decode rank hold the same head, and
+// their head slices land on the same decode head slot (SGLang's
+// send_kvcache_slice maps a replica to its unique head, so each replica
+// writes the same bytes there). Only the lowest prefill tp rank holding a
+// head, per CP rank and PP stage, stays a writer; the others become dummies
+// (TRANSFER without pages: they write nothing, as MLA's extra ranks) and
+// are returned. ts are the room's producers after registration (geo set
+// for every non-dummy); MLA producers are left alone (TargetRanks already
+// made every MLA rank but one a dummy).
+func replicaDummies(ts []*recvTarget) []replicaDummy {
+	type key struct{ cp, pp, head int }
+	first := map[key]*recvTarget{}
+	for _, t := range ts {
+		g := t.geo
+		if t.rank.Dummy || g == nil || g.MLA || g.TotalKVHeadNum == 0 || g.TPSize <= g.TotalKVHeadNum {
+			continue
+		}
+		k := key{t.rank.CP, t.rank.PP, globalHead(g, 0)}
+		if w := first[k]; w == nil || g.TPRank < w.geo.TPRank {
+			first[k] = t
+		}
+	}
+	var out []replicaDummy
+	for _, t := range ts {
+		g := t.geo
+		if t.rank.Dummy || g == nil || g.MLA || g.TotalKVHeadNum == 0 || g.TPSize <= g.TotalKVHeadNum {
+			continue
+		}
+		k := key{t.rank.CP, t.rank.PP, globalHead(g, 0)}
+		if w := first[k]; w != t {
+			t.rank.Dummy, t.pairs = true, nil
+			out = append(out, replicaDummy{t: t, head: k.head, writer: w.geo.TPRank})
+		}
+	}
+	return out
+}
+
 // globalHead returns the model-wide KV head that local head h of a rank
 // with geometry g holds (GQA replicas, TP size > heads, share one).
 func globalHead(g *kvargs.Geometry, h int) int {

@@ -177,6 +177,15 @@ func topologyWith(t *testing.T, model workload.ModelConfig, ptp, ppp, dtp int, m
 // the decode receivers (terminal) after verifying the pattern on Success.
 func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages int) []*engine.Receiver {
 	t.Helper()
+	recvs, _ := transferRoom(t, addr, pre, dec, room, pages)
+	return recvs
+}
+
+// transferRoom is transferOne that also returns, per prefill rank, the KV
+// bytes its sender wrote (0 for a dummy).
+func transferRoom(t *testing.T, addr string, pre, dec []*rank, room uint64, pages int) ([]*engine.Receiver, []uint64) {
+	t.Helper()
+	sent := make([]uint64, len(pre))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var recvs []*engine.Receiver
@@ -204,7 +213,7 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 		dpages = append(dpages, pg)
 	}
 	var wg sync.WaitGroup
-	for _, p := range pre {
+	for pi, p := range pre {
 		s, err := p.m.NewSender(room)
 		if err != nil {
 			t.Fatal(err)
@@ -240,6 +249,7 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 			if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
 				t.Errorf("sender room %d: state %s (%v)", room, st, s.Failure())
 			}
+			sent[pi] = s.BytesSent()
 		}()
 	}
 	for i, r := range recvs {
@@ -251,7 +261,7 @@ func transferOne(t *testing.T, addr string, pre, dec []*rank, room uint64, pages
 		}
 	}
 	wg.Wait()
-	return recvs
+	return recvs, sent
 }
 
 func TestTransferTopologies(t *testing.T) {

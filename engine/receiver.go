@@ -523,8 +523,6 @@ func (r *Receiver) resolve() error {
 		return fmt.Errorf("engine: room %d: %d real producers but required_prefill_response_num is %d (unsupported CP layout?)", r.room, real, tg.RequiredPrefillResponseNum)
 	}
 	r.tr.mark(StepResolveRank, "", "")
-	r.tr.expectPeers(real)
-	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
 	// hg is this rank's geometry with its KV heads known: a decode whose
 	// KVArgs stated none (SGLang's) takes them from its producers'
 	// REGISTER_ACK geometry, as PairBuffers does on both sides.
@@ -559,7 +557,15 @@ func (r *Receiver) resolve() error {
 		}
 		hg, hgFrom = rg, t.endpoint
 		t.geo = rp
-		if pg.EndLayer == g.EndLayer && (writer == nil || pg.TPRank < writer.geo.TPRank) {
+	}
+	for _, d := range replicaDummies(ts) {
+		r.tr.note(StepConnect, d.t.endpoint, fmt.Sprintf("dummy: holds a replica of KV head %d, which prefill tp rank %d writes", d.head, d.writer))
+		real--
+	}
+	r.tr.expectPeers(real)
+	var writer *recvTarget // writes the aux row and state: last PP stage, lowest TP rank
+	for _, t := range ts {
+		if !t.rank.Dummy && t.geo.EndLayer == g.EndLayer && (writer == nil || t.geo.TPRank < writer.geo.TPRank) {
 			writer = t
 		}
 	}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,63 @@ func TestNonDividingTP(t *testing.T) {
 			failsNaming(t, addr, d, 37, "prefill attn_tp_size 3", "decode attn_tp_size 2", "prefill tp ranks 2…2")
 		}
 	})
+}
+
+// twoHeads is a model with fewer KV heads than some TP sizes (Qwen3.5's 2):
+// prefill or decode ranks beyond 2 hold a replica of one head.
+var twoHeads = workload.ModelConfig{Name: "two-heads", NumLayers: 2, NumKVHeads: 2, HeadDim: 8, DtypeBytes: 2}
+
+// TestReplicatedKVHeads (issue 22 item 11): a model with 2 KV heads and a
+// prefill TP size above it holds each head on several prefill ranks. The
+// decode takes each head from one writer per replica group (the lowest
+// prefill tp rank holding it among those SGLang's mapping assigns it); the
+// other replicas are dummies (TRANSFER without pages, nothing written).
+// Every byte is verified (checksum on, and the pattern), and both sides
+// report Success. The reverse direction (decode TP above the heads: decode
+// ranks replicate) is served by slicing the one head each decode rank
+// keeps.
+func TestReplicatedKVHeads(t *testing.T) {
+	cases := []struct {
+		ptp, dtp int
+		noHeads  bool // the decode states no head counts (SGLang's KVArgs)
+		dummies  int  // prefill ranks that write nothing
+	}{
+		{4, 1, false, 2}, {4, 2, false, 2}, {8, 2, false, 6}, {8, 4, false, 4}, {4, 1, true, 2}, {8, 2, true, 6},
+		{1, 4, false, 0}, {2, 4, false, 0}, {2, 8, true, 0}, {4, 8, false, 0},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("prefill tp %d decode tp %d", c.ptp, c.dtp)
+		if c.noHeads {
+			name += " decode without head counts"
+		}
+		t.Run(name, func(t *testing.T) {
+			addr, pre, dec := topologyWith(t, twoHeads, c.ptp, 1, c.dtp, func(o *rankOpts) {
+				if o.role == engine.RoleDecode {
+					o.checksum, o.noHeads = true, c.noHeads
+				}
+			})
+			for i, room := range []uint64{21, 1<<62 + 5} {
+				recvs, sent := transferRoom(t, addr, pre, dec, room, 3+i)
+				for j, r := range recvs {
+					if r.Poll() != engine.KVSuccess {
+						t.Fatalf("room %d decode rank %d: %s %v", room, j, r.Poll(), r.Failure())
+					}
+					// Each decode rank's KV bytes: its pages × its row per buffer, written once.
+					l := dec[j].pool.Layout()
+					if want := uint64(3+i) * l.ItemLen() * uint64(l.NumBuffers()); r.TransferMetric().Bytes != want {
+						t.Errorf("room %d decode rank %d: %d KV bytes received, want %d (each head once)", room, j, r.TransferMetric().Bytes, want)
+					}
+				}
+				dummies := 0
+				for _, n := range sent {
+					if n == 0 {
+						dummies++
+					}
+				}
+				if dummies != c.dummies {
+					t.Errorf("room %d: %d prefill ranks wrote nothing (bytes sent %v), want %d dummies", room, dummies, sent, c.dummies)
+				}
+			}
+		})
+	}
 }

@@ -44,6 +44,7 @@ var (
 	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.bootstrap_auth_token)-C.KVX_KV_CONFIG_SIZE_V2]
 	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.control_auth)-C.KVX_KV_CONFIG_SIZE_V3]
 	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.decode_allocation_policy)-C.KVX_KV_CONFIG_SIZE_V4]
+	_ = same{}[unsafe.Offsetof(C.kvx_kv_config{}.prefill_http_port)-C.KVX_KV_CONFIG_SIZE_V5]
 	_ = same{}[C.KVX_CONTROL_AUTH_ENV-controlAuthEnv]
 	_ = same{}[C.KVX_CONTROL_AUTH_ON-controlAuthOn]
 	_ = same{}[C.KVX_CONTROL_AUTH_OFF-controlAuthOff]

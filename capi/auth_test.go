@@ -115,31 +115,37 @@ func TestControlSettings(t *testing.T) {
 	}
 }
 
-// TestKVConfigDeclarations: kvx_kv_config.decode_allocation_policy and
-// dsv41_spec_layout reach the prefill rank's registration (the directory's
-// topology answer carries them), and a value SGLang does not take fails
-// kvx_kv_create's path naming the C field.
+// TestKVConfigDeclarations: kvx_kv_config.decode_allocation_policy,
+// dsv41_spec_layout and prefill_http_port reach the prefill rank's
+// registration (the directory's topology answer carries them), and a value
+// SGLang does not take fails kvx_kv_create's path naming the C field.
 func TestKVConfigDeclarations(t *testing.T) {
 	srv, e := directoryAndEngine(t, "")
-	kc := func(policy, layout string) kvConfig {
+	kc := func(policy, layout string, port uint32) kvConfig {
 		return kvConfig{modelName: "llama-3.1-8b", layout: workload.LayoutOptions{PageSize: 16, NumPages: 4},
-			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, allocPolicy: policy, specLayout: layout}
+			bootstrapTimeout: 3 * time.Second, waitingTimeout: 3 * time.Second, allocPolicy: policy, specLayout: layout, httpPort: port}
 	}
-	for _, tc := range []struct{ policy, layout, want string }{
-		{"eager", "", "cfg->decode_allocation_policy"},
-		{"", "[1, 2]", "cfg->dsv41_spec_layout"},
+	for _, tc := range []struct {
+		policy, layout string
+		port           uint32
+		want           string
+	}{
+		{"eager", "", 0, "cfg->decode_allocation_policy"},
+		{"", "[1, 2]", 0, "cfg->dsv41_spec_layout"},
+		{"", "", 70000, "cfg->prefill_http_port 70000"},
 	} {
-		if _, err := newKV(e, kc(tc.policy, tc.layout)); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("policy %q layout %q: %v, want an error naming %s", tc.policy, tc.layout, err, tc.want)
+		if _, err := newKV(e, kc(tc.policy, tc.layout, tc.port)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("policy %q layout %q port %d: %v, want an error naming %s", tc.policy, tc.layout, tc.port, err, tc.want)
 		}
 	}
-	k, err := newKV(e, kc("prefill_complete", `{"block_size": 64}`))
+	k, err := newKV(e, kc("prefill_complete", `{"block_size": 64}`, 30000))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer k.close()
 	top := srv.Snapshot().Topology
-	if top == nil || top.AllocationPolicy() != "prefill_complete" || string(top.DSV41SpecLayout) != `{"block_size":64}` {
+	if top == nil || top.AllocationPolicy() != "prefill_complete" || string(top.DSV41SpecLayout) != `{"block_size":64}` ||
+		top.PrefillHTTPPort == nil || *top.PrefillHTTPPort != 30000 {
 		t.Fatalf("topology %+v", top)
 	}
 }

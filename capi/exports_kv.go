@@ -66,6 +66,7 @@ func kvx_kv_create(eng C.kvx_engine_t, cfg *C.kvx_kv_config, out *C.kvx_kv_t) (r
 		maxPeers:         uint32(c.max_peers),
 		allocPolicy:      goStr(c.decode_allocation_policy),
 		specLayout:       goStr(c.dsv41_spec_layout),
+		httpPort:         uint32(c.prefill_http_port),
 	}
 	if c.num_kv_buffers > 0 {
 		args, err := kvArgsFromC(&c)

@@ -59,6 +59,8 @@ type kvConfig struct {
 	// decode_allocation_policy and dsv41_spec_layout; "" declares the
 	// defaults ("early", none).
 	allocPolicy, specLayout string
+	// httpPort is kvx_kv_config's prefill_http_port (0: none).
+	httpPort uint32
 	// args, when it has KV buffers, are the caller's buffers (0.2): the
 	// library allocates nothing.
 	args kvargs.KVArgs
@@ -108,9 +110,10 @@ func controlSettings(c kvConfig, getenv func(string) string) (auth bool, maxPeer
 	return auth, maxPeers, nil
 }
 
-// declarations checks kvx_kv_config's decode_allocation_policy and
-// dsv41_spec_layout (what a prefill rank declares in its registration) and
-// returns them for engine.ManagerConfig; errors name the C field.
+// declarations checks kvx_kv_config's decode_allocation_policy,
+// dsv41_spec_layout and prefill_http_port (what a prefill rank declares in
+// its registration) and returns the first two for engine.ManagerConfig;
+// errors name the C field.
 func declarations(c kvConfig) (policy string, layout []byte, err error) {
 	switch c.allocPolicy {
 	case "", bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete:
@@ -120,6 +123,9 @@ func declarations(c kvConfig) (policy string, layout []byte, err error) {
 	}
 	if layout, err = bootstrap.CanonicalSpecLayout([]byte(c.specLayout)); err != nil {
 		return "", nil, fmt.Errorf("cfg->dsv41_spec_layout: %v", err)
+	}
+	if c.httpPort > 65535 {
+		return "", nil, fmt.Errorf("cfg->prefill_http_port %d: want the serving engine's HTTP port, 1–65535, or 0 for none", c.httpPort)
 	}
 	return c.allocPolicy, layout, nil
 }
@@ -206,6 +212,7 @@ func newKV(e *engineObj, c kvConfig) (*kvObj, error) {
 		// (decode_allocation_policy, dsv41_spec_layout).
 		DecodeAllocationPolicy: policy,
 		DSV41SpecLayout:        layout,
+		PrefillHTTPPort:        int(c.httpPort),
 		Role:                   role,
 		KV:                     args,
 		Transports:             e.trs,

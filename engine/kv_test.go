@@ -78,6 +78,7 @@ type rankOpts struct {
 	policy           string // prefill: DecodeAllocationPolicy
 	layout           []byte // prefill: DSV41SpecLayout
 	noHeads          bool   // KVArgs without kv_head_num/total_kv_head_num, as SGLang's decode fills them
+	httpPort         int    // prefill: PrefillHTTPPort
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -117,7 +118,7 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
 		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots,
 		BootstrapAuthToken: o.authToken, AuthenticateControl: o.authControl, InstanceID: o.instance, MaxPeers: o.maxPeers,
-		DecodeAllocationPolicy: o.policy, DSV41SpecLayout: o.layout}
+		DecodeAllocationPolicy: o.policy, DSV41SpecLayout: o.layout, PrefillHTTPPort: o.httpPort}
 	if o.noHeads {
 		cfg.KV.KVHeadNum, cfg.KV.TotalKVHeadNum = 0, 0
 	}

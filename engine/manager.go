@@ -238,6 +238,14 @@ type ManagerConfig struct {
 	// kvxfer's own decodes reserve their pages as under "early" whichever
 	// is declared (README, SGLang compatibility).
 	DecodeAllocationPolicy string
+	// PrefillHTTPPort (prefill) is the serving engine's HTTP API port
+	// (SGLang's server_args.port) this rank declares in its directory
+	// registration (prefill_http_port), 1–65535, or 0 for none. An SGLang
+	// decode reads it from the topology answer for PD rebootstrap: after a
+	// retraction it POSTs the request to http://{bootstrap host}:{port}/generate
+	// so the prefill recomputes the KV (common/conn.py
+	// _resolve_rebootstrap_prefill_url); without it that path fails the room.
+	PrefillHTTPPort int
 	// DSV41SpecLayout (prefill) is the DeepSeek-V4.1 DSpark speculative KV
 	// layout this rank declares (a JSON object, SGLang's
 	// get_dsv41_spec_layout(kv_args)), or nil for none. Every rank must

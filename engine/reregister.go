@@ -38,13 +38,16 @@ func (m *Manager) Epoch() uint64 { return m.epoch }
 
 // checkDeclarations validates (and canonicalises) what a prefill rank
 // declares in its registration besides its place: the decode allocation
-// policy and the DSpark layout.
+// policy, the HTTP API port and the DSpark layout.
 func checkDeclarations(cfg *ManagerConfig) error {
 	switch cfg.DecodeAllocationPolicy {
 	case "", bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete:
 	default:
 		return fmt.Errorf("engine: manager: decode allocation policy %q: want %q (the default) or %q, as the decode's --disaggregation-decode-allocation-policy",
 			cfg.DecodeAllocationPolicy, bootstrap.PolicyEarly, bootstrap.PolicyPrefillComplete)
+	}
+	if cfg.PrefillHTTPPort < 0 || cfg.PrefillHTTPPort > 65535 {
+		return fmt.Errorf("engine: manager: prefill HTTP port (prefill_http_port) %d: want 1–65535 (SGLang's --port), or 0 for none", cfg.PrefillHTTPPort)
 	}
 	l, err := bootstrap.CanonicalSpecLayout(cfg.DSV41SpecLayout)
 	if err != nil {
@@ -65,6 +68,9 @@ func (m *Manager) registerRequest() bootstrap.RegisterRequest {
 		RankIP: m.host, RankPort: m.port, PageSize: l.PageSize, KVCacheDtype: &dtype,
 		InstanceID: m.instanceID, Epoch: m.epoch,
 		DecodeAllocationPolicy: m.cfg.DecodeAllocationPolicy, DSV41SpecLayout: m.cfg.DSV41SpecLayout,
+	}
+	if port := m.cfg.PrefillHTTPPort; port > 0 {
+		r.PrefillHTTPPort = &port
 	}
 	if every := m.cfg.DirectoryCheckInterval; every > 0 {
 		// The directory check (watchDirectory) is the check-in.

@@ -103,12 +103,14 @@ func TestRollingRestartKeepsSuccessor(t *testing.T) {
 // server gives them to a decode) and its directory-check interval as
 // heartbeat_ms; its checks are check-ins, so the directory never reports it
 // stale while it runs, well past the stale bound. A policy SGLang does not
-// have, or a layout that is not a JSON object, fails NewManager naming it.
+// have, a layout that is not a JSON object, or an HTTP port out of range
+// fails NewManager naming it. The serving engine's HTTP port
+// (prefill_http_port, SGLang's PD rebootstrap target) is in the topology.
 func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
 	addr := startBootstrap(t)
 	layout := []byte(`{"num_draft_tokens": 6, "block_size": 128}`)
 	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, dirCheck: 100 * time.Millisecond,
-		policy: bootstrap.PolicyPrefillComplete, layout: layout})
+		policy: bootstrap.PolicyPrefillComplete, layout: layout, httpPort: 30000})
 	c, err := bootstrap.NewClient(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +123,9 @@ func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
 	}
 	if info.AllocationPolicy() != bootstrap.PolicyPrefillComplete || string(info.DSV41SpecLayout) != `{"block_size":128,"num_draft_tokens":6}` {
 		t.Fatalf("topology policy %q layout %s", info.AllocationPolicy(), info.DSV41SpecLayout)
+	}
+	if info.PrefillHTTPPort == nil || *info.PrefillHTTPPort != 30000 {
+		t.Fatalf("topology prefill_http_port %v, want 30000", info.PrefillHTTPPort)
 	}
 	bound := bootstrap.StaleAfter(100 * time.Millisecond)
 	for start := time.Now(); time.Since(start) < bound+time.Second; time.Sleep(50 * time.Millisecond) {
@@ -139,8 +144,9 @@ func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
 	for _, tc := range []struct {
 		policy string
 		layout []byte
+		port   int
 		want   string
-	}{{"eager", nil, `"eager"`}, {"", []byte(`[1]`), "dsv41_spec_layout"}} {
+	}{{"eager", nil, 0, `"eager"`}, {"", []byte(`[1]`), 0, "dsv41_spec_layout"}, {"", nil, 65536, "prefill HTTP port (prefill_http_port) 65536"}} {
 		l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 8})
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +162,7 @@ func TestPrefillDeclaresPolicyLayoutAndHeartbeat(t *testing.T) {
 		}
 		defer tr.Close()
 		_, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), BootstrapAddr: addr, Transports: []transport.Transport{tr},
-			DecodeAllocationPolicy: tc.policy, DSV41SpecLayout: tc.layout})
+			DecodeAllocationPolicy: tc.policy, DSV41SpecLayout: tc.layout, PrefillHTTPPort: tc.port})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("policy %q layout %s: NewManager %v, want an error naming %s", tc.policy, tc.layout, err, tc.want)
 		}

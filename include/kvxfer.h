@@ -699,6 +699,14 @@ typedef struct kvx_kv_config {
                                        rank declares, JSON object text (SGLang's
                                        get_dsv41_spec_layout); NULL/"" = none. Every rank
                                        must declare the same */
+    /* --- end of KVX_KV_CONFIG_SIZE_V5 (up to dsv41_spec_layout) --- */
+    uint32_t prefill_http_port;     /* prefill: the serving engine's HTTP API port
+                                       (SGLang's --port) this rank declares in its
+                                       directory registration (prefill_http_port): an
+                                       SGLang decode POSTs a retracted request to
+                                       http://{bootstrap host}:{port}/generate there (PD
+                                       rebootstrap). 0 = none; at most 65535 */
+    uint32_t reserved2;
 } kvx_kv_config;
 
 /* kvx_kv_config.control_auth values. */
@@ -714,6 +722,8 @@ typedef struct kvx_kv_config {
 #define KVX_KV_CONFIG_SIZE_V3 232
 /* struct_size of a kvx_kv_config up to max_peers (before decode_allocation_policy). */
 #define KVX_KV_CONFIG_SIZE_V4 240
+/* struct_size of a kvx_kv_config up to dsv41_spec_layout (before prefill_http_port). */
+#define KVX_KV_CONFIG_SIZE_V5 256
 
 /* Geometry reported by kvx_kv_layout_get. For a library-allocated pool, item
  * (buffer b, page p) is the item_len bytes at pool + b*buffer_len +

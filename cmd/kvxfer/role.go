@@ -72,6 +72,7 @@ type roleFlags struct {
 	noProbe          bool
 	allocPolicy      string
 	specLayout       string
+	httpPort         int
 	serve            string
 	drainTimeout     time.Duration
 }
@@ -91,6 +92,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.StringVar(&f.allocPolicy, "decode-allocation-policy", bootstrap.PolicyEarly,
 			"decode allocation policy this rank declares in its registration, as SGLang's --disaggregation-decode-allocation-policy: "+
 				bootstrap.PolicyEarly+" or "+bootstrap.PolicyPrefillComplete+"; every rank of the instance and the decodes must use the same (kvxfer decodes reserve pages early under either)")
+		fs.IntVar(&f.httpPort, "prefill-http-port", 0, "the serving engine's HTTP API port (SGLang's --port) this rank declares as prefill_http_port; an SGLang decode's PD rebootstrap POSTs /generate there; 0 = none")
 		fs.StringVar(&f.specLayout, "dsv41-spec-layout", "", "DeepSeek-V4.1 DSpark KV layout this rank declares (SGLang's get_dsv41_spec_layout): a JSON object, or @FILE holding one; empty = none")
 		fs.BoolVar(&f.noProbe, "no-probe", false, "refuse kvxfer doctor probes (by default this rank answers one at a time by writing a small pattern from a buffer of its own into the doctor's scratch region, never its KV)")
 	} else {
@@ -220,6 +222,9 @@ func validateRoleFlags(f *roleFlags) error {
 	}
 	if _, err := f.layout(); err != nil {
 		return err
+	}
+	if f.httpPort < 0 || f.httpPort > 65535 {
+		return fmt.Errorf("--prefill-http-port %d: want the serving engine's HTTP port, 1–65535, or 0 for none", f.httpPort)
 	}
 	return nil
 }
@@ -420,7 +425,7 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
 	}
 	if role == engine.RolePrefill {
-		cfg.DecodeAllocationPolicy = f.allocPolicy
+		cfg.DecodeAllocationPolicy, cfg.PrefillHTTPPort = f.allocPolicy, f.httpPort
 		if cfg.DSV41SpecLayout, err = f.layout(); err != nil {
 			return nil, nil, err
 		}

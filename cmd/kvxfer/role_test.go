@@ -94,6 +94,8 @@ func TestValidateRoleFlags(t *testing.T) {
 		{"serve http path", func(f *roleFlags) { f.serve = "http://127.0.0.1:9100/v1" }, "no path"},
 		{"serve http no port", func(f *roleFlags) { f.serve = "http://127.0.0.1" }, "HOST:PORT"},
 		{"serve tcp", func(f *roleFlags) { f.serve = "tcp://127.0.0.1:9" }, "want unix:PATH"},
+		{"http port", func(f *roleFlags) { f.httpPort = 30000 }, ""},
+		{"http port out of range", func(f *roleFlags) { f.httpPort = 65536 }, "--prefill-http-port 65536"},
 	}
 	for _, c := range cases {
 		f := good()

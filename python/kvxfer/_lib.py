@@ -100,6 +100,7 @@ KV_CONFIG_SIZE_V1 = 96
 KV_CONFIG_SIZE_V2 = 216
 KV_CONFIG_SIZE_V3 = 232
 KV_CONFIG_SIZE_V4 = 240
+KV_CONFIG_SIZE_V5 = 256
 
 # kvx_kv_config.control_auth values (KVX_CONTROL_AUTH_*).
 CONTROL_AUTH_ENV = 0
@@ -209,6 +210,8 @@ class KVConfig(Structure):
         ("max_peers", c_uint32),
         ("decode_allocation_policy", c_char_p),
         ("dsv41_spec_layout", c_char_p),
+        ("prefill_http_port", c_uint32),
+        ("reserved2", c_uint32),
     ]
 
 

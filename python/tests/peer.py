@@ -5,7 +5,7 @@ one per line on stdout (its result). The first stdout line is
     peer.py mooncake --protocol tcp|shm [--name H] [--metadata M] [--target] [--caller sglang|lmcache|vllm]
     peer.py prefill --bootstrap HOST:PORT --tp-size N --tp-rank R [--mla] [--host-buffers]
     peer.py decode --bootstrap HOST:PORT [--mla] [--host-buffers]
-    peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla]
+    peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla] [--http-port P]
     peer.py sched-decode --bootstrap HOST:PORT [--mla] [--with-heads]
 """
 
@@ -131,10 +131,13 @@ def mooncake(args):
     return 0
 
 
-def server_args(bootstrap, tp_size):
+def server_args(bootstrap, tp_size, args=None):
     host, _, port = bootstrap.rpartition(":")
-    return types.SimpleNamespace(host=host, disaggregation_bootstrap_port=int(port), tp_size=tp_size, dp_size=1,
-                                 pp_size=1, enable_dp_attention=False, kv_cache_dtype="auto", dist_init_addr=None)
+    sa = types.SimpleNamespace(host=host, disaggregation_bootstrap_port=int(port), tp_size=tp_size, dp_size=1,
+                               pp_size=1, enable_dp_attention=False, kv_cache_dtype="auto", dist_init_addr=None)
+    if args is not None and getattr(args, "http_port", None):
+        sa.port = args.http_port  # SGLang's --port: registered as prefill_http_port
+    return sa
 
 
 def prefill(args):
@@ -295,7 +298,7 @@ def sched_prefill(args):
 
     g = Geometry(mla=args.mla)
     kv = RankKV(g, tp=args.tp_size, rank=args.tp_rank)
-    sched = PrefillScheduler(kv, server_args(args.bootstrap, args.tp_size), args.tp_rank, args.mla, hook=_die)
+    sched = PrefillScheduler(kv, server_args(args.bootstrap, args.tp_size, args), args.tp_rank, args.mla, hook=_die)
     out({"event": "ready", "transport": sched.kv_manager.transport, "pid": os.getpid()})
     return _scheduler_loop(sched, _sched_req)
 
@@ -328,6 +331,7 @@ def main():
         p.add_argument("--mla", action="store_true")
         p.add_argument("--host-buffers", action="store_true")
         p.add_argument("--with-heads", action="store_true")
+        p.add_argument("--http-port", type=int, default=0, help="server_args.port (the prefill's HTTP API port)")
     args = ap.parse_args()
     roles = {"mooncake": mooncake, "prefill": prefill, "decode": decode, "sched-prefill": sched_prefill, "sched-decode": sched_decode}
     return roles[args.role](args)

@@ -48,6 +48,7 @@ def test_every_struct_field_of_the_header_is_bound():
     assert _lib.KV_CONFIG_SIZE_V2 == _lib.KVConfig.ib_device.offset + 8
     assert _lib.KV_CONFIG_SIZE_V3 == _lib.KVConfig.advertise_host.offset + 8 == _lib.KVConfig.control_auth.offset
     assert _lib.KV_CONFIG_SIZE_V4 == _lib.KVConfig.max_peers.offset + 4 == _lib.KVConfig.decode_allocation_policy.offset
+    assert _lib.KV_CONFIG_SIZE_V5 == _lib.KVConfig.dsv41_spec_layout.offset + 8 == _lib.KVConfig.prefill_http_port.offset
     assert _lib.ENGINE_CONFIG_SIZE_V1 == _lib.EngineConfig.streams.offset + 4
     assert ctypes.sizeof(_lib.WriteRequest) == 48
 

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 import kvxfer.sglang as backend
-from conftest import DEADLINE
+from conftest import DEADLINE, wait_until
 from kvpattern import Geometry, RankKV
 from sglang_sched import DecodeScheduler, PrefillScheduler, Req, decode_kv_args, prefill_kv_args
 
@@ -364,6 +364,49 @@ def test_rebootstrap_without_prefill_http_port(peers, bootstrap):
         assert done_events(events)["b"]["state"] == "Failed"
     finally:
         dec.close()
+
+
+def test_rebootstrap_reaches_prefill_http_port(peers, bootstrap):
+    """The prefill registers server_args.port as prefill_http_port (as
+    SGLang's register_to_bootstrap), the topology carries it, and the
+    decode's submit_prefill_recompute (SGLang's PD rebootstrap) POSTs the
+    payload to http://{bootstrap host}:{port}/generate, where a stand-in for
+    the prefill's HTTP API receives it; the room then completes on both
+    sides."""
+    import http.server
+    import threading
+
+    got = []
+
+    class Generate(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    api = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+    threading.Thread(target=api.serve_forever, daemon=True).start()
+    g = Geometry()
+    pre = peers("sched-prefill", "--bootstrap", bootstrap.addr, "--http-port", str(api.server_port), env=TIMEOUTS)
+    dec = DecodeScheduler(RankKV(g), server_args(bootstrap), with_heads=True)
+    try:
+        pre.send(add_cmd(bootstrap, "b", 72, 2 * g.page_size, [1, 2], hold=True))
+        dec.add(decode_req(bootstrap, "b", 72, 2 * g.page_size, [3, 4], [1, 2]))
+        run(dec, pre, lambda ev: dec.transfer_queue)
+        assert dec.kv_manager.prefill_info_table[bootstrap.addr].prefill_http_port == api.server_port
+        dec.kv_manager.submit_prefill_recompute(dec.transfer_queue[0].kv_receiver, {"rid": "b", "bootstrap_room": 72})
+        wait_until(lambda: got, what="POST /generate at the prefill's HTTP port")
+        assert got == [("/generate", {"rid": "b", "bootstrap_room": 72})], got
+        pre.send({"cmd": "release", "rid": "b"})
+        events = run(dec, pre, lambda ev: "b" in dec.done and "b" in done_events(ev))
+        assert (dec.done["b"]["state"], done_events(events)["b"]["state"]) == ("Success", "Success"), (dec.done["b"], done_events(events)["b"])
+    finally:
+        dec.close()
+        api.shutdown()
 
 
 def test_kvargs_sglang_shape_and_refusals(bootstrap):

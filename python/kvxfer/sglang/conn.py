@@ -357,7 +357,8 @@ class KVManager(Closable):
     server_args may be SGLang's ServerArgs or any object with (some of) its
     attributes: host, disaggregation_bootstrap_port (8998), dist_init_addr,
     tp_size, dp_size, pp_size, enable_dp_attention, kv_cache_dtype ("auto"),
-    attn_cp_size (1). control_auth (bool) turns control-frame authentication
+    attn_cp_size (1), port (a prefill's HTTP API port, registered as
+    prefill_http_port for SGLang's PD rebootstrap). control_auth (bool) turns control-frame authentication
     on or off and max_peers (int >= 1) bounds the control peers (kvxfer
     extensions; None: server_args.kvxfer_control_auth / kvxfer_max_peers,
     else the environment, KVXFER_CONTROL_AUTH and KVXFER_MAX_PEERS).
@@ -513,7 +514,23 @@ class KVManager(Closable):
             c.decode_allocation_policy = _lib.encode(str(policy) if policy else None)
             layout = _arg(a, "dsv41_spec_layout")
             c.dsv41_spec_layout = _lib.encode(json.dumps(layout) if layout is not None else None)
+            # SGLang's register_to_bootstrap sends server_args.port as
+            # prefill_http_port: the decode's PD rebootstrap POSTs /generate there.
+            c.prefill_http_port = self._http_port()
         return c
+
+    def _http_port(self) -> int:
+        """server_args.port (the prefill's HTTP API port, as SGLang registers
+        it) for kvx_kv_config.prefill_http_port; 0 when it is unset or not
+        a port number."""
+        port = getattr(self.server_args, "port", None)
+        if isinstance(port, bool):
+            return 0
+        try:
+            port = int(port)
+        except (TypeError, ValueError):
+            return 0
+        return port if 0 < port <= 65535 else 0
 
     def _head_counts(self):
         """(kv_head_num, total_kv_head_num) for kvx_kv_config; 0 = unknown.
@@ -656,7 +673,8 @@ class KVManager(Closable):
         if port is None:
             kv_receiver._fail_local(_lib.ERR_NOT_SUPPORTED,
                                     f"room {kv_receiver.bootstrap_room}: PD rebootstrap needs the prefill's HTTP port, and the directory at "
-                                    f"{kv_receiver.bootstrap_addr} reports no prefill_http_port (kvxfer prefill ranks do not register one)")
+                                    f"{kv_receiver.bootstrap_addr} reports no prefill_http_port (its prefill registered none: SGLang's "
+                                    "server_args.port, kvx_kv_config.prefill_http_port, kvxfer prefill --prefill-http-port)")
             return
         host = kv_receiver.bootstrap_addr.rpartition(":")[0] or "127.0.0.1"
         url = _directory_url(f"{host}:{port}", "/generate")

@@ -507,6 +507,20 @@ func kvx_kv_sender_prefix_len(sender C.kvx_room_t, tokens *C.uint32_t) (rc C.int
 	return finish(nil)
 }
 
+//export kvx_kv_sender_mark_prefill_complete
+func kvx_kv_sender_mark_prefill_complete(sender C.kvx_room_t) (rc C.int) {
+	const op = "kvx_kv_sender_mark_prefill_complete"
+	defer guard(op, &rc)
+	r, err := senderRoom(op, sender)
+	if err != nil {
+		return finish(err)
+	}
+	if err := r.sender.MarkPrefillComplete(); err != nil {
+		return finish(failWrap(inputCode(err), err, "%s", op))
+	}
+	return finish(nil)
+}
+
 //export kvx_kv_sender_state
 func kvx_kv_sender_state(sender C.kvx_room_t, stateIndices *C.int32_t, n C.uint32_t) (rc C.int) {
 	const op = "kvx_kv_sender_state"

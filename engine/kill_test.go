@@ -21,7 +21,7 @@ import (
 // (KVX_TEST_HELPER=prefill) so that tests can kill a real peer.
 func TestMain(m *testing.M) {
 	if h := os.Getenv("KVX_TEST_HELPER"); h != "" {
-		run := map[string]func() error{"prefill": helperPrefill}[h]
+		run := map[string]func() error{"prefill": helperPrefill, "prefill-complete": helperPrefillComplete}[h]
 		if run == nil {
 			fmt.Fprintln(os.Stderr, "helper: unknown KVX_TEST_HELPER", h)
 			os.Exit(2)

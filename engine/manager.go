@@ -87,7 +87,7 @@ var (
 
 // Control message types (frame 2 of every control message: "REGISTER",
 // "REGISTER_ACK", "TRANSFER", "ABORT", "ABORT_ACK", "STATUS", "HANDSHAKE",
-// "HANDSHAKE_ACK", "PING", "PROBE", "PROBE_RESULT"), as
+// "HANDSHAKE_ACK", "PING", "PROBE", "PROBE_RESULT", "SUBSCRIBE"), as
 // ManagerConfig.ControlFault sees them. The frames themselves are the
 // control codec's (engine/internal/control); these name them for callers of
 // the manager, such as engine/faulty.DropControl and the chaos soak.
@@ -103,6 +103,7 @@ const (
 	MsgPing         = control.MsgPing
 	MsgProbe        = control.MsgProbe
 	MsgProbeResult  = control.MsgProbeResult
+	MsgSubscribe    = control.MsgSubscribe
 )
 
 // ManagerConfig configures a KV manager (one per rank, like SGLang's
@@ -229,14 +230,19 @@ type ManagerConfig struct {
 	// (heartbeat_ms) and the directory reports the rank stale after
 	// bootstrap.StaleAfter of silence (a disabled check declares none).
 	DirectoryCheckInterval time.Duration
-	// DecodeAllocationPolicy (prefill) is the decode allocation policy this
-	// rank declares in its directory registration, SGLang's
-	// --disaggregation-decode-allocation-policy: bootstrap.PolicyEarly (also
-	// when empty) or bootstrap.PolicyPrefillComplete. Every rank of an
-	// instance must declare the same one (the directory answers 400
-	// otherwise), and a decode running another policy fails its rooms.
-	// kvxfer's own decodes reserve their pages as under "early" whichever
-	// is declared (README, SGLang compatibility).
+	// DecodeAllocationPolicy is SGLang's
+	// --disaggregation-decode-allocation-policy, for both roles:
+	// bootstrap.PolicyEarly (also when empty) or
+	// bootstrap.PolicyPrefillComplete. A prefill rank declares it in its
+	// directory registration (every rank of an instance must declare the
+	// same one: the directory answers 400 otherwise) and, under
+	// prefill_complete, answers the decodes' subscriptions when
+	// Sender.MarkPrefillComplete is called, its bootstrap timeout counting
+	// from then. A decode under prefill_complete reserves nothing for a room
+	// (no ring slot, no TRANSFER; Poll stays Bootstrapping so its caller
+	// allocates no pages) until every real producer computed the request,
+	// within the waiting timeout, and refuses a prefill that declares
+	// "early" (allocpolicy.go; README, SGLang compatibility).
 	DecodeAllocationPolicy string
 	// PrefillHTTPPort (prefill) is the serving engine's HTTP API port
 	// (SGLang's server_args.port) this rank declares in its directory
@@ -1345,6 +1351,13 @@ func (m *Manager) dispatch(parts [][]byte) {
 		m.handleProbe(v)
 	case *control.ProbeResultMsg:
 		m.log.Warn("dropped PROBE_RESULT: this rank sent no probe", "from", v.Endpoint)
+	case *control.SubscribeMsg:
+		if m.cfg.Role != RolePrefill {
+			m.log.Warn("dropped SUBSCRIBE: this rank is a decode", "from", v.Endpoint)
+			return
+		}
+		m.touch(v.Endpoint)
+		m.handleSubscribe(v)
 	}
 }
 
@@ -1394,8 +1407,10 @@ func (m *Manager) monitorLoop() {
 			}
 		}
 		m.pruneFenceStateLocked(now)
+		expiredSubs := m.expirePendingSubsLocked(now)
 		swept := m.sweepDeadPushLocked(now)
 		m.mu.Unlock()
+		m.rejectExpiredSubs(expiredSubs)
 		for _, ps := range swept {
 			ps.close()
 		}

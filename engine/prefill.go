@@ -29,6 +29,7 @@ type prefillSide struct {
 
 	senders map[uint64]*Sender
 	pending map[uint64]map[string]pendingTransfer // TRANSFERs before NewSender
+	subs    map[uint64]map[string]pendingSub      // SUBSCRIBEs before NewSender (allocpolicy.go)
 	aborted map[uint64]time.Time                  // ABORTs before NewSender
 	recent  map[uint64]ackMemo                    // how closed senders ended (late ABORTs, TRANSFERs)
 	// recentOrder: rooms of recent in the order first closed (expiry).
@@ -45,6 +46,7 @@ func newPrefillSide(dir *bootstrap.Client) prefillSide {
 	return prefillSide{
 		senders: map[uint64]*Sender{},
 		pending: map[uint64]map[string]pendingTransfer{},
+		subs:    map[uint64]map[string]pendingSub{},
 		aborted: map[uint64]time.Time{},
 		recent:  map[uint64]ackMemo{},
 		dpeers:  map[string]*decodePeer{},
@@ -353,6 +355,7 @@ func (m *Manager) handleAbort(v *control.AbortMsg) {
 	if m.cfg.Role == RolePrefill && s == nil {
 		m.pre.aborted[v.Room] = time.Now()
 		delete(m.pre.pending, v.Room)
+		delete(m.pre.subs, v.Room)
 		memo, haveMemo = m.pre.recent[v.Room]
 	}
 	m.mu.Unlock()

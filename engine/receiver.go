@@ -29,6 +29,7 @@ type recvTarget struct {
 	sent     bool   // TRANSFER sent (or being sent): the producer may write
 	wrote    bool   // the producer reported Success: it writes nothing more
 	fenced   bool   // clean ABORT_ACK, or its data path was fenced
+	ready    bool   // it computed the request (prefill_complete: its answer to SUBSCRIBE)
 }
 
 // Receiver is the decode side of one request (SGLang's KVReceiver). On
@@ -73,6 +74,8 @@ type Receiver struct {
 	// control loop so that an accept running concurrently cannot turn the
 	// room into Success after it (one outcome).
 	peerFail    error
+	readyCh     chan struct{} // prefill_complete: closed once every real producer computed the request
+	readyOnce   sync.Once
 	fenceCh     chan struct{} // closed once every producer is fenced
 	fenceOnce   sync.Once
 	closeOnce   sync.Once
@@ -107,7 +110,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1,
-		fenceCh: make(chan struct{}), closedCh: make(chan struct{})}
+		fenceCh: make(chan struct{}), closedCh: make(chan struct{}), readyCh: make(chan struct{})}
 	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
 	if m.closed {
@@ -286,6 +289,16 @@ func (r *Receiver) run() {
 			}
 		}
 		return
+	}
+	if r.m.prefillComplete() {
+		// Nothing is reserved until every producer computed the request.
+		if err := r.awaitPrefillComplete(); err != nil {
+			r.failLocal(err)
+			return
+		}
+		if r.ctx.Err() != nil {
+			return
+		}
 	}
 	r.st.advance(KVWaitingForInput)
 	select {
@@ -475,6 +488,9 @@ func (r *Receiver) resolve() error {
 		dp, ok = r.dpRank, true
 	}
 	r.tr.note(StepResolveTopology, r.addr, "PrefillServerInfo")
+	if err := m.checkAllocationPolicy(r.addr, inst.info); err != nil {
+		return fmt.Errorf("engine: room %d: %w", r.room, err)
+	}
 	if !ok {
 		err := retry(ctx, fmt.Sprintf("query the prefill dp rank of room %d at %s", r.room, r.addr), func(ctx context.Context) error {
 			got, err := inst.client.QueryDPRanks(ctx, []uint64{r.room})
@@ -643,6 +659,9 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 	p, ferr := r.st.get()
 	if t != nil && KVPoll(v.State) == KVSuccess && !t.rank.Dummy && (v.Epoch == t.epoch || v.Epoch == 0) {
 		t.wrote = true // it writes nothing more for this room
+	}
+	if t != nil && KVPoll(v.State) == KVWaitingForInput {
+		r.onReadyLocked(t, v.Epoch)
 	}
 	if t != nil && KVPoll(v.State) == KVFailed && p != KVFailed && r.peerFail == nil {
 		reason := v.Reason

@@ -173,6 +173,12 @@ type Sender struct {
 	statusTo map[string]bool // STATUS Success sent
 	failTold map[string]bool // STATUS Failed (and ABORT_ACK) sent or queued
 	verdicts map[string]bool // decode endpoints whose Success verdict arrived
+	// subs are the decodes that subscribed to the room's completion (the
+	// prefill_complete policy, allocpolicy.go), by endpoint: their
+	// registration epoch; completed/completedAt: MarkPrefillComplete.
+	subs        map[string]uint64
+	completed   bool
+	completedAt time.Time
 	// written: every page and record landed and STATUS Success went to
 	// every destination; awaitSince/lastAsk time the wait for verdicts.
 	written    bool
@@ -208,7 +214,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1, auxIndex: -1,
 		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{},
-		failTold: map[string]bool{}, verdicts: map[string]bool{}}
+		failTold: map[string]bool{}, verdicts: map[string]bool{}, subs: map[string]uint64{}}
 	s.tr = m.newRoomTrace(room, s.st)
 	m.mu.Lock()
 	if m.closed {
@@ -227,6 +233,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	s.tr.start()
 	pend := m.pre.pending[room]
 	delete(m.pre.pending, room)
+	subs := m.takePendingSubsLocked(room)
 	type pp struct {
 		msg  *control.TransferMsg
 		peer *decodePeer
@@ -242,6 +249,9 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	if aborted {
 		s.failLocal(fmt.Errorf("%w by decode before the prefill created room %d", ErrAborted, room))
 		return s, nil
+	}
+	for _, v := range subs {
+		s.addSubscriber(v)
 	}
 	for _, p := range ps {
 		s.addDst(p.msg, p.peer)
@@ -533,11 +543,14 @@ func (s *Sender) TransferMetric() TransferMetric {
 	return mt
 }
 
+// hasDst reports whether decode ep sent TRANSFER for the room or
+// subscribed to its completion.
 func (s *Sender) hasDst(ep string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.dsts[ep]
-	return ok
+	_, sub := s.subs[ep]
+	return ok || sub
 }
 
 // Send queues a chunk of source pages (indices into this rank's KV buffers,
@@ -670,9 +683,13 @@ func (s *Sender) fail(err error) bool {
 			ds = append(ds, d)
 		}
 	}
+	subs := s.subscribersOnlyLocked()
 	s.mu.Unlock()
 	if len(ds) > 0 {
 		go s.notifyFailed(ds, err)
+	}
+	for ep, epoch := range subs {
+		go s.tellFailed(ep, epoch, err)
 	}
 	return true
 }
@@ -802,11 +819,15 @@ func (s *Sender) awaitingVerdict() bool {
 
 func (s *Sender) checkTimeout(now time.Time) {
 	p, _ := s.st.get()
-	if p == KVBootstrapping && now.Sub(s.created) > s.m.cfg.BootstrapTimeout {
+	if since, ok := s.bootstrapClock(); p == KVBootstrapping && ok && now.Sub(since) > s.m.cfg.BootstrapTimeout {
 		s.mu.Lock()
 		n, req := len(s.dsts), s.required
 		s.mu.Unlock()
-		s.fail(fmt.Errorf("%w: room %d: bootstrapping for more than %s; %d of %d decode destinations sent TRANSFER (%s, or check the decode)", ErrTimeout, s.room, s.m.cfg.BootstrapTimeout, n, max(req, 1), bootstrapTimeoutHint))
+		what := "bootstrapping for more than " + s.m.cfg.BootstrapTimeout.String()
+		if s.m.prefillComplete() {
+			what += " after MarkPrefillComplete"
+		}
+		s.fail(fmt.Errorf("%w: room %d: %s; %d of %d decode destinations sent TRANSFER (%s, or check the decode)", ErrTimeout, s.room, what, n, max(req, 1), bootstrapTimeoutHint))
 		return
 	}
 	if p != KVTransferring {

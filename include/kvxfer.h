@@ -689,12 +689,20 @@ typedef struct kvx_kv_config {
                                        closed, with none idle a new peer is refused naming
                                        the limit. 0 = env KVXFER_MAX_PEERS, else 1024 */
     /* --- end of KVX_KV_CONFIG_SIZE_V4 (up to max_peers) --- */
-    const char *decode_allocation_policy; /* prefill: the decode allocation policy this
-                                       rank declares in its directory registration, as
-                                       SGLang's --disaggregation-decode-allocation-policy:
-                                       "early" or "prefill_complete"; NULL/"" = "early".
-                                       Every rank of the instance must declare the same
-                                       (the directory refuses another with 400) */
+    const char *decode_allocation_policy; /* SGLang's
+                                       --disaggregation-decode-allocation-policy, both
+                                       roles: "early" or "prefill_complete"; NULL/"" =
+                                       "early". A prefill declares it in its directory
+                                       registration (every rank of the instance must
+                                       declare the same: the directory refuses another
+                                       with 400) and under "prefill_complete" answers the
+                                       decodes once kvx_kv_sender_mark_prefill_complete
+                                       is called. A decode under "prefill_complete"
+                                       reserves nothing for a room (its state stays
+                                       BOOTSTRAPPING: allocate the pages once it is
+                                       WAITING_FOR_INPUT) until every prefill rank of the
+                                       room computed it, within the waiting timeout, and
+                                       fails rooms of a prefill declaring "early" */
     const char *dsv41_spec_layout;  /* prefill: the DeepSeek-V4.1 DSpark KV layout this
                                        rank declares, JSON object text (SGLang's
                                        get_dsv41_spec_layout); NULL/"" = none. Every rank
@@ -812,6 +820,20 @@ KVX_API int kvx_kv_sender_init_tokens(kvx_room_t sender, uint32_t prompt_tokens,
  * Valid once the state is WAITING_FOR_INPUT. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_prefix_len(kvx_room_t sender, uint32_t *tokens);
+#endif
+
+/* PREFILL: SGLang's KVSender.mark_prefill_complete: this rank finished
+ * computing the request's KV. Under the "prefill_complete" decode allocation
+ * policy (kvx_kv_config.decode_allocation_policy on both roles) the decodes
+ * that subscribed to the room are told now (a later one at once) and only
+ * then reserve their pages and send their destinations, so the state becomes
+ * WAITING_FOR_INPUT after this call; the room's bootstrap timeout counts from
+ * it. Under "early" it only records the time. Call it once the KV is in the
+ * source pages, before kvx_kv_sender_send; a second call does nothing. Errors:
+ * the room already failed (its failure, kvx_last_error), or was closed.
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_mark_prefill_complete(kvx_room_t sender);
 #endif
 
 /* PREFILL: this rank's state slots of the request (SGLang send(...,

@@ -89,9 +89,6 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.DurationVar(&f.writeDelay, "inject-write-delay", 0, "fault injection (kvxfer chaos): land every transfer batch this long after it was posted (engine/faulty DelayWrites)")
 		_ = fs.MarkHidden("inject-write-delay")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
-		fs.StringVar(&f.allocPolicy, "decode-allocation-policy", bootstrap.PolicyEarly,
-			"decode allocation policy this rank declares in its registration, as SGLang's --disaggregation-decode-allocation-policy: "+
-				bootstrap.PolicyEarly+" or "+bootstrap.PolicyPrefillComplete+"; every rank of the instance and the decodes must use the same (kvxfer decodes reserve pages early under either)")
 		fs.IntVar(&f.httpPort, "prefill-http-port", 0, "the serving engine's HTTP API port (SGLang's --port) this rank declares as prefill_http_port; an SGLang decode's PD rebootstrap POSTs /generate there; 0 = none")
 		fs.StringVar(&f.specLayout, "dsv41-spec-layout", "", "DeepSeek-V4.1 DSpark KV layout this rank declares (SGLang's get_dsv41_spec_layout): a JSON object, or @FILE holding one; empty = none")
 		fs.BoolVar(&f.noProbe, "no-probe", false, "refuse kvxfer doctor probes (by default this rank answers one at a time by writing a small pattern from a buffer of its own into the doctor's scratch region, never its KV)")
@@ -106,6 +103,10 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.DurationVar(&f.hold, "hold", 0, "keep each successful request's pages this long before the digest and before they are reused (a consumer using the KV; shows writes that land after a room was handed over)")
 		fs.DurationVar(&f.fenceTimeout, "fence-timeout", engine.DefaultFenceTimeout, "how long a failed request waits for its producers to acknowledge the abort before their data path is cut; its pages are reused only after that")
 	}
+	fs.StringVar(&f.allocPolicy, "decode-allocation-policy", bootstrap.PolicyEarly,
+		"SGLang's --disaggregation-decode-allocation-policy: "+bootstrap.PolicyEarly+" or "+bootstrap.PolicyPrefillComplete+
+			"; a prefill declares it in its registration and, under "+bootstrap.PolicyPrefillComplete+", reports each request computed before its decode reserves pages; a decode under "+
+			bootstrap.PolicyPrefillComplete+" takes a request's pages only then (and refuses a prefill declaring "+bootstrap.PolicyEarly+")")
 	fs.IntVar(&f.auxRows, "aux-rows", 1024, "rows of each aux (metadata) buffer: requests in flight at once on this rank")
 	fs.StringVar(&f.model, "model", "llama-3.1-8b", "built-in model name ("+strings.Join(workload.BuiltinModels(), ", ")+") or a Hugging Face config.json path")
 	fs.IntVar(&f.pageSize, "page-size", workload.DefaultPageSize, "KV page size in tokens (must match the peer)")
@@ -424,8 +425,9 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
 	}
+	cfg.DecodeAllocationPolicy = f.allocPolicy
 	if role == engine.RolePrefill {
-		cfg.DecodeAllocationPolicy, cfg.PrefillHTTPPort = f.allocPolicy, f.httpPort
+		cfg.PrefillHTTPPort = f.httpPort
 		if cfg.DSV41SpecLayout, err = f.layout(); err != nil {
 			return nil, nil, err
 		}

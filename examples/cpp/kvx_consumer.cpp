@@ -1137,6 +1137,71 @@ void two_processes(const char *self) {
 
 }  // namespace
 
+// The "prefill_complete" decode allocation policy on both roles (SGLang's
+// --disaggregation-decode-allocation-policy): the decode's room stays
+// BOOTSTRAPPING, reserving nothing, until the prefill marks the request
+// computed (kvx_kv_sender_mark_prefill_complete); then the decode gives its
+// pages and the room runs as under "early". The prefill also declares its
+// HTTP port (prefill_http_port, after KVX_KV_CONFIG_SIZE_V5).
+void prefill_complete_rooms() {
+    Cudart cuda;
+    OwnedKV::Kind kind = std::strcmp(g_transport, "shm") == 0 ? OwnedKV::AllocHost : OwnedKV::Vector;
+    kvx_bootstrap_t bs = 0;
+    REQUIRE_OK(kvx_bootstrap_start("127.0.0.1", 0, &bs));
+    std::string addr = bootstrap_address(bs);
+    kvx_engine_t prefill = make_engine(KVX_ROLE_PREFILL, addr);
+    kvx_engine_t decode = make_engine(KVX_ROLE_DECODE, addr);
+    auto pre = std::make_unique<OwnedKV>(kind, &cuda, "pc-prefill");
+    auto dec = std::make_unique<OwnedKV>(kind, &cuda, "pc-decode");
+    for (uint32_t b = 0; b < kBuffers; b++) {
+        std::vector<uint8_t> item(kItem);
+        for (uint64_t i = 0; i < kItem; i++) item[i] = pattern(b * 1000 + 500, i);
+        pre->write(b, 4 * kItem, item);  // the prompt's one page: prefill page 4
+    }
+    kvx_kv_config pcfg = pre->config(2), dcfg = dec->config(2);
+    pcfg.decode_allocation_policy = dcfg.decode_allocation_policy = "prefill_complete";
+    pcfg.prefill_http_port = 30000;
+    kvx_kv_t pkv = 0, dkv = 0;
+    REQUIRE_OK(kvx_kv_create(prefill, &pcfg, &pkv));
+    REQUIRE_OK(kvx_kv_create(decode, &dcfg, &dkv));
+    kvx_room_t rx = 0, tx = 0;
+    REQUIRE_OK(kvx_kv_receiver_create_dp(dkv, nullptr, 80, -1, &rx));
+    REQUIRE_OK(kvx_kv_sender_create(pkv, 80, &tx));
+    int32_t st = -1;
+    // Not computed yet: the decode reserves nothing (its caller allocates
+    // once the state is WAITING_FOR_INPUT).
+    EXPECT_RC(kvx_kv_wait(rx, KVX_KVPOLL_WAITING_FOR_INPUT, 300, &st), KVX_ERR_TIMEOUT);
+    CHECK(st == KVX_KVPOLL_BOOTSTRAPPING);
+    REQUIRE_OK(kvx_kv_sender_mark_prefill_complete(tx));
+    REQUIRE_OK(kvx_kv_sender_mark_prefill_complete(tx));  // a second call does nothing
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+    CHECK(st == KVX_KVPOLL_WAITING_FOR_INPUT);
+    const int32_t dst[1] = {7};
+    REQUIRE_OK(kvx_kv_receiver_send_metadata(rx, dst, 1, 2, nullptr, 0, 0));
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+    uint32_t npages = 0;
+    REQUIRE_OK(kvx_kv_sender_init_tokens(tx, 4, 1, &npages));
+    CHECK(npages == 1);
+    const int32_t src[1] = {4};
+    REQUIRE_OK(kvx_kv_sender_send(tx, src, 1, 1));
+    REQUIRE_OK(kvx_kv_wait(rx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    REQUIRE_OK(kvx_kv_wait(tx, KVX_KVPOLL_SUCCESS, 20000, &st));
+    CHECK(st == KVX_KVPOLL_SUCCESS);
+    int bad = 0;
+    for (uint32_t b = 0; b < kBuffers; b++) bad += dec->read(b, 7 * kItem, kItem) != pre->read(b, 4 * kItem, kItem);
+    CHECK(bad == 0);
+    REQUIRE_OK(kvx_kv_close(tx));
+    EXPECT_RC(kvx_kv_sender_mark_prefill_complete(tx), KVX_ERR_BAD_HANDLE);
+    REQUIRE_OK(kvx_kv_close(rx));
+    REQUIRE_OK(kvx_kv_destroy(pkv));
+    REQUIRE_OK(kvx_kv_destroy(dkv));
+    REQUIRE_OK(kvx_engine_destroy(prefill));
+    REQUIRE_OK(kvx_engine_destroy(decode));
+    REQUIRE_OK(kvx_bootstrap_stop(bs));
+    std::printf("prefill_complete: the decode reserved nothing until the prefill marked room 80 computed; %u buffers verified\n", kBuffers);
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && std::strcmp(argv[1], "--prefill-child") == 0) return prefill_child(argv[2], argv[3], argv[4]);
     if (argc > 1) g_transport = argv[1];
@@ -1170,6 +1235,7 @@ int main(int argc, char **argv) {
     old_config_size();
     kv_rooms(prefill, decode, addr);
     owned_buffers();
+    prefill_complete_rooms();
     bad_arguments(decode);
 
     REQUIRE_OK(kvx_deregister_memory(prefill, src_region));

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	directory "github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -107,7 +108,8 @@ func AllocWait(ctx context.Context, a *workload.PageAllocator, what string, n in
 
 // PrefillRoom sends one room's KV: it opens a Sender for room, takes the
 // prompt's pages and an aux row from pool and rows (waiting up to
-// WaitingTimeout for free ones), fills them when Fill, waits for the decode's
+// WaitingTimeout for free ones), fills them when Fill, marks the request
+// computed (Sender.MarkPrefillComplete), waits for the decode's
 // destination (up to BootstrapTimeout), sends the pages after the decode's
 // prefix in ChunkPages pieces and waits for the decode's verdict. A failure
 // here aborts the room so the decode learns the reason.
@@ -151,6 +153,11 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 			return fail(err)
 		}
 		r.FillUS = time.Since(t).Microseconds()
+	}
+	// The request is computed: under the prefill_complete allocation
+	// policy its decodes reserve their pages only now (a no-op under early).
+	if err := s.MarkPrefillComplete(); err != nil {
+		return fail(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.BootstrapTimeout+time.Second)
 	st := s.Wait(wctx, engine.KVWaitingForInput)
@@ -208,7 +215,9 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 
 // DecodeRoom receives one room: it takes destination pages and an aux row
 // (waiting up to WaitingTimeout), opens a Receiver for room at bootstrap
-// (RoomConfig.Bootstrap when empty), sends its metadata and waits for
+// (RoomConfig.Bootstrap when empty) -- under the prefill_complete
+// allocation policy it opens the Receiver first and takes the pages once
+// the prefill computed the request (WaitingForInput) --, sends its metadata and waits for
 // Success (up to BootstrapTimeout + WaitingTimeout). With a prefix cache
 // lease it asks only for the pages after the held prefix and, once Success,
 // waits for the prefix blocks' own requests so the whole prompt is verified.
@@ -229,6 +238,33 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	if addr == "" {
 		addr = c.Bootstrap
 	}
+	var r *engine.Receiver
+	var t0 time.Time
+	if m.DecodeAllocationPolicy() == directory.PolicyPrefillComplete {
+		// Nothing is reserved until the prefill computed the request: the
+		// receiver resolves and subscribes first (Bootstrapping), the pages
+		// are taken once it is WaitingForInput.
+		var err error
+		if r, t0, err = openReceiver(m, addr, room, tokens); err != nil {
+			return fail(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, c.BootstrapTimeout+c.WaitingTimeout)
+		st := r.Wait(wctx, engine.KVWaitingForInput)
+		cancel()
+		if st != engine.KVWaitingForInput {
+			err := r.Failure()
+			if err == nil {
+				err = Unfinished(ctx, room, "receiver", st, " waiting for the prefill to compute the request")
+			}
+			r.Close()
+			return fail(err)
+		}
+	}
+	closeEarly := func() {
+		if r != nil {
+			r.Close()
+		}
+	}
 	alloc := func(k int) ([]int32, error) { return AllocWait(ctx, pool.PageAllocator, "pages", k, c.WaitingTimeout) }
 	var pages []int32
 	var err error
@@ -244,25 +280,24 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		}
 	}
 	if err != nil {
+		closeEarly()
 		return fail(err)
 	}
 	held := prefix / m.PageSize()
 	aux, err := AllocWait(ctx, rows, "aux rows", 1, c.WaitingTimeout)
 	if err != nil {
+		closeEarly()
 		return fail(err)
 	}
 	frees = append(frees, func() { rows.Free(aux) })
-	r, err := m.NewReceiver(addr, room)
-	if err != nil {
-		return fail(err)
+	if r == nil {
+		if r, t0, err = openReceiver(m, addr, room, tokens); err != nil {
+			return fail(err)
+		}
 	}
-	frees = append(frees, r.Close)
+	frees = append(frees, r.Close) // closed before the pages and aux row are freed
 	if c.Verifier != nil {
 		defer c.Verifier.times.Delete(room)
-	}
-	t0 := time.Now()
-	if err := r.SetTokens(tokens); err != nil {
-		return fail(err)
 	}
 	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
 		return fail(err)
@@ -316,6 +351,21 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	}
 	out.OK = true
 	return out, release
+}
+
+// openReceiver opens room's Receiver and declares its token count; t0 is
+// when it was opened (the transfer time counts from it).
+func openReceiver(m *engine.Manager, addr string, room uint64, tokens int) (*engine.Receiver, time.Time, error) {
+	r, err := m.NewReceiver(addr, room)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	t0 := time.Now()
+	if err := r.SetTokens(tokens); err != nil {
+		r.Close()
+		return nil, t0, err
+	}
+	return r, t0, nil
 }
 
 // Verifier checks received rooms against the test pattern the prefill's

@@ -5,8 +5,8 @@ one per line on stdout (its result). The first stdout line is
     peer.py mooncake --protocol tcp|shm [--name H] [--metadata M] [--target] [--caller sglang|lmcache|vllm]
     peer.py prefill --bootstrap HOST:PORT --tp-size N --tp-rank R [--mla] [--host-buffers]
     peer.py decode --bootstrap HOST:PORT [--mla] [--host-buffers]
-    peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla] [--http-port P]
-    peer.py sched-decode --bootstrap HOST:PORT [--mla] [--with-heads]
+    peer.py sched-prefill --bootstrap HOST:PORT [--tp-size N --tp-rank R] [--mla] [--http-port P] [--policy POLICY]
+    peer.py sched-decode --bootstrap HOST:PORT [--mla] [--with-heads] [--policy POLICY]
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ def server_args(bootstrap, tp_size, args=None):
                                pp_size=1, enable_dp_attention=False, kv_cache_dtype="auto", dist_init_addr=None)
     if args is not None and getattr(args, "http_port", None):
         sa.port = args.http_port  # SGLang's --port: registered as prefill_http_port
+    if args is not None and getattr(args, "policy", None):
+        sa.disaggregation_decode_allocation_policy = args.policy
     return sa
 
 
@@ -278,13 +280,16 @@ def _sched_req(c):
     from sglang_sched import Req
 
     host, _, port = c["bootstrap"].rpartition(":")
-    hooks = {k: c[k] for k in ("hold", "die_after_chunks", "die_after_metadata", "abort_after_chunks") if k in c}
+    hooks = {k: c[k] for k in ("hold", "hold_complete", "die_after_chunks", "die_after_metadata", "abort_after_chunks") if k in c}
     return Req(c["rid"], c["room"], host, int(port), c["tokens"], c["pages"], c.get("prefix_tokens", 0),
                c.get("prefix_pages", ()), c.get("src_pages"), c.get("chunks", 1), **hooks)
 
 
 def _die(event, req, **kw):
-    """Scheduler hook: stop here (the test SIGKILLs this process)."""
+    """Scheduler hook: stop here (the test SIGKILLs this process); report
+    when a request was marked computed (prefill_complete)."""
+    if event == "marked":
+        out({"event": "marked", "rid": req.rid})
     if event == "chunk" and req.hooks.get("die_after_chunks") == kw.get("k"):
         out({"event": "dying", "rid": req.rid, "chunks_sent": kw["k"]})
         time.sleep(600)
@@ -308,7 +313,7 @@ def sched_decode(args):
 
     g = Geometry(mla=args.mla)
     kv = RankKV(g)
-    sched = DecodeScheduler(kv, server_args(args.bootstrap, 1), 0, args.mla, with_heads=args.with_heads, hook=_die)
+    sched = DecodeScheduler(kv, server_args(args.bootstrap, 1, args), 0, args.mla, with_heads=args.with_heads, hook=_die)
     out({"event": "ready", "transport": sched.kv_manager.transport, "pid": os.getpid()})
     return _scheduler_loop(sched, _sched_req)
 
@@ -332,6 +337,7 @@ def main():
         p.add_argument("--host-buffers", action="store_true")
         p.add_argument("--with-heads", action="store_true")
         p.add_argument("--http-port", type=int, default=0, help="server_args.port (the prefill's HTTP API port)")
+        p.add_argument("--policy", default=None, help="server_args.disaggregation_decode_allocation_policy")
     args = ap.parse_args()
     roles = {"mooncake": mooncake, "prefill": prefill, "decode": decode, "sched-prefill": sched_prefill, "sched-decode": sched_decode}
     return roles[args.role](args)

@@ -172,6 +172,11 @@ class PrefillScheduler:
         self.kv_manager = backend.KVManager(prefill_kv_args(kv, tp_rank, mla, kvargs_cls), backend.DisaggregationMode.PREFILL,
                                             server_args, mla)
         self.bootstrap_port = server_args.disaggregation_bootstrap_port
+        # --disaggregation-decode-allocation-policy: under "prefill_complete"
+        # the prefill computes a request before its decode reserved anything
+        # and then calls sender.mark_prefill_complete(); the decode's
+        # destination arrives after that.
+        self.prefill_complete = getattr(server_args, "disaggregation_decode_allocation_policy", "early") == "prefill_complete"
         self.queue: List[Req] = []
         self.waiting: List[Req] = []
         self.inflight: List[Req] = []
@@ -205,7 +210,21 @@ class PrefillScheduler:
             req.metadata_buffer_index = -1
         self.done[req.rid] = result
 
+    def mark_computed(self):
+        """prefill_complete: a request in the bootstrap queue is computed
+        (its pages were filled when it was added) and the sender is told,
+        unless a test holds it (hold_complete, until released)."""
+        if not self.prefill_complete:
+            return
+        for req in self.queue:
+            if getattr(req, "marked", False) or (req.hooks.get("hold_complete") and not req.hooks.get("released")):
+                continue
+            req.sender.mark_prefill_complete()
+            req.marked = True
+            self.hook("marked", req)
+
     def pop_bootstrapped(self):
+        self.mark_computed()
         polls = [int(r.sender.poll()) for r in self.queue]
         keep = []
         for i, (req, poll) in enumerate(zip(self.queue, polls)):

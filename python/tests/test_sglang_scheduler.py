@@ -460,3 +460,127 @@ def test_wrong_model_head_count_fails_both_sides(peers, bootstrap, monkeypatch):
         assert not kv.kv[0][3].any(), "a refused room wrote pages"
     finally:
         dec.close()
+
+
+PC = "prefill_complete"
+
+
+def pc_args(bs):
+    sa = server_args(bs)
+    sa.disaggregation_decode_allocation_policy = PC
+    return sa
+
+
+def timeline_has(room, what):
+    """Whether this process's KV manager holding room has a timeline event
+    whose detail contains what (kvx_room_timeline)."""
+    from kvxfer import _lib
+
+    try:
+        tl = json.loads(_lib.get_string("kvx_room_timeline", room))
+    except _lib.KvxError:
+        return False
+    return any(what in (e.get("detail") or "") for e in tl.get("events", []))
+
+
+def step_until(sched, cond, what, timeout=DEADLINE):
+    t0 = time.monotonic()
+    while not cond():
+        sched.step()
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(0.005)
+
+
+def test_prefill_complete_policy(peers, bootstrap):
+    """SGLang's decode_allocation_policy "prefill_complete" on both sides:
+    the decode scheduler reserves nothing for a request (its receiver stays
+    Bootstrapping, no send_metadata) while the prefill has not called
+    mark_prefill_complete(); once it does, the request runs as under
+    "early" and every byte is verified on the decode. Two requests, one
+    held, one not: the one the prefill computed is not held back."""
+    g = Geometry()
+    pre = peers("sched-prefill", "--bootstrap", bootstrap.addr, "--policy", PC, env=TIMEOUTS)
+    dec = DecodeScheduler(RankKV(g), pc_args(bootstrap), with_heads=False)
+    try:
+        src = {"h": [1, 2, 3], "f": [4, 5]}
+        dst = {"h": [10, 11, 12], "f": [13, 14]}
+        for rid, room in (("h", 81), ("f", 82)):
+            pre.send(add_cmd(bootstrap, rid, room, len(src[rid]) * g.page_size, src[rid], hold_complete=rid == "h"))
+            dec.add(decode_req(bootstrap, rid, room, len(src[rid]) * g.page_size, dst[rid], src[rid]))
+        events = run(dec, pre, lambda ev: "f" in dec.done and "f" in done_events(ev))
+        assert (dec.done["f"]["state"], dec.done["f"]["bad"]) == ("Success", []), dec.done["f"]
+        held = [d for d in dec.queue if d.req.rid == "h"]
+        assert held and not held[0].waiting_for_input and held[0].kv_receiver.poll() == backend.KVPoll.Bootstrapping
+        assert all(d.req.rid != "h" for d in dec.transfer_queue)  # no pages given for it
+        assert [e["rid"] for e in events if e.get("event") == "marked"] == ["f"]
+        pre.send({"cmd": "release", "rid": "h"})
+        events = run(dec, pre, lambda ev: "h" in dec.done and "h" in done_events(ev))
+        assert (dec.done["h"]["state"], dec.done["h"]["bad"], done_events(events)["h"]["state"]) == ("Success", [], "Success"), dec.done["h"]
+    finally:
+        dec.close()
+
+
+def test_prefill_complete_policy_mismatch(peers, bootstrap):
+    """A decode running prefill_complete against a prefill declaring
+    "early": the room fails on both sides, naming both policies."""
+    g = Geometry()
+    pre = peers("sched-prefill", "--bootstrap", bootstrap.addr, env=TIMEOUTS)
+    dec = DecodeScheduler(RankKV(g), pc_args(bootstrap))
+    try:
+        pre.send(add_cmd(bootstrap, "m", 83, 2 * g.page_size, [1, 2]))
+        dec.add(decode_req(bootstrap, "m", 83, 2 * g.page_size, [3, 4], [1, 2]))
+        events = run(dec, pre, lambda ev: "m" in dec.done and "m" in done_events(ev))
+        assert dec.done["m"]["state"] == "Failed" and "policy mismatch" in dec.done["m"]["error"] and '"early"' in dec.done["m"]["error"], dec.done["m"]
+        assert done_events(events)["m"]["state"] == "Failed" and "policy mismatch" in done_events(events)["m"]["error"]
+    finally:
+        dec.close()
+
+
+@pytest.mark.parametrize("after_mark", [False, True], ids=["before-mark", "after-mark"])
+def test_prefill_complete_prefill_killed(peers, bootstrap, after_mark):
+    """The prefill process dies (SIGKILL) before it marked the request
+    computed (the decode waiting to reserve) or after (its first chunk not
+    sent): the decode's room fails within the deadline instead of waiting
+    out its waiting timeout, and it never reported Success."""
+    g = Geometry()
+    pre = peers("sched-prefill", "--bootstrap", bootstrap.addr, "--policy", PC, env=TIMEOUTS)
+    dec = DecodeScheduler(RankKV(g), pc_args(bootstrap))
+    try:
+        src = [1, 2, 3, 4]
+        hook = dict(die_after_chunks=0) if after_mark else dict(hold_complete=True)
+        pre.send(add_cmd(bootstrap, "k", 84 + after_mark, len(src) * g.page_size, src, **hook))
+        dec.add(decode_req(bootstrap, "k", 84 + after_mark, len(src) * g.page_size, [5, 6, 7, 8], src))
+        if after_mark:
+            run(dec, pre, lambda ev: any(e.get("event") == "dying" for e in ev))
+            assert dec.transfer_queue  # it had reserved and sent its pages
+        else:
+            step_until(dec, lambda: timeline_has(84, "SUBSCRIBE sent"), "the decode did not subscribe")
+            assert not dec.transfer_queue and dec.queue[0].kv_receiver.poll() == backend.KVPoll.Bootstrapping
+        pre.kill()
+        step_until(dec, lambda: "k" in dec.done, "decode did not fail the room of a killed prefill")
+        assert dec.done["k"]["state"] == "Failed", dec.done["k"]
+    finally:
+        dec.close()
+
+
+def test_prefill_complete_decode_killed_while_waiting(peers, bootstrap):
+    """The decode process dies (SIGKILL) while it waits for the prefill to
+    compute (it subscribed, reserved nothing): the prefill's room ends
+    Failed, not Success, whether or not it was marked computed."""
+    g = Geometry()
+    dec = peers("sched-decode", "--bootstrap", bootstrap.addr, "--policy", PC, env=TIMEOUTS)
+    pre = PrefillScheduler(RankKV(g), pc_args(bootstrap))
+    try:
+        src = [1, 2]
+        tokens = len(src) * g.page_size
+        dec.send(add_cmd(bootstrap, "w", 86, tokens, [5, 6], src_pages=src))
+        req = prefill_req(bootstrap, "w", 86, tokens, src, hold_complete=True)
+        pre.add(req)
+        # The decode resolves and subscribes; it reserves nothing meanwhile.
+        step_until(pre, lambda: timeline_has(86, "SUBSCRIBE received"), "the decode did not subscribe")
+        assert req.sender.poll() == backend.KVPoll.Bootstrapping and dec.try_recv() is None
+        dec.kill()
+        step_until(pre, lambda: "w" in pre.done, "prefill did not fail the room of a killed decode")
+        assert pre.done["w"]["state"] == "Failed" and "86" in pre.done["w"]["error"], pre.done["w"]
+    finally:
+        pre.close()

@@ -27,7 +27,8 @@ import (
 //	frame 1: "5"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
-//	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go))
+//	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go), "SUBSCRIBE"
+//	         (the prefill_complete allocation policy, subscribe.go))
 //
 // followed by the type's fields, one per frame, and on the wire by the
 // sender envelope (four frames: sender instance id and epoch, send time,
@@ -227,7 +228,8 @@ type AbortAckMsg struct {
 //
 // Prefill → decode (spec §5.2.3): the producer's outcome; 5 is the producer
 // rank, 8 the data-path epoch it wrote through. Success means every page and
-// the metadata record landed.
+// the metadata record landed. StatusWaitingForInput answers SUBSCRIBE: the
+// producer computed the request (subscribe.go).
 //
 // Decode → prefill: the decode's verdict, sent once it verified the room
 // (Success; a failure is sent as ABORT); 5 is the decode's TP rank, 8 the
@@ -366,7 +368,7 @@ func controlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, Trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult:
+	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult, MsgSubscribe:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, Trunc(parts[2]))
@@ -383,7 +385,7 @@ func Trunc(b []byte) string {
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
 // *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
-// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg. Errors wrap ErrBadFrame.
+// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg, *SubscribeMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := controlType(parts)
 	if err != nil {
@@ -410,6 +412,8 @@ func DecodeControl(parts [][]byte) (any, error) {
 		return DecodeProbe(parts)
 	case MsgProbeResult:
 		return DecodeProbeResult(parts)
+	case MsgSubscribe:
+		return DecodeSubscribe(parts)
 	default:
 		return DecodePing(parts)
 	}

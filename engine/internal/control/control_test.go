@@ -52,6 +52,8 @@ func TestControlRoundTrip(t *testing.T) {
 		&HandshakeMsg{Endpoint: "tcp://h:2", Transport: "rdma", Reply: []byte{1, 2, 3}, Epoch: 3},
 		&HandshakeAckMsg{Endpoint: "tcp://h:1", Transport: "rdma", Err: "", Epoch: 3},
 		&PingMsg{Endpoint: "tcp://h:1"},
+		&SubscribeMsg{Room: 1<<63 - 1, Endpoint: "tcp://[::1]:9", Epoch: 12},
+		&StatusMsg{Room: 44, State: StatusWaitingForInput, Producer: 1, Endpoint: "tcp://h:2", Epoch: 12},
 	}
 	for _, m := range msgs {
 		got, err := DecodeControl(m.Encode())
@@ -107,6 +109,18 @@ func TestControlRejects(t *testing.T) {
 				t.Fatalf("err %v, want ErrBadFrame containing %q", err, c.want)
 			}
 		})
+	}
+	sub := (&SubscribeMsg{Room: 1, Endpoint: "tcp://h:1", Epoch: 1}).Encode()
+	sub[5] = []byte("0")
+	if _, err := DecodeControl(sub); err == nil || !strings.Contains(err.Error(), "SUBSCRIBE frame 5: epoch must be >= 1") {
+		t.Fatalf("SUBSCRIBE with epoch 0: %v", err)
+	}
+	sub[3] = []byte("9223372036854775808") // 2^63
+	if _, err := DecodeControl(sub); err == nil || !strings.Contains(err.Error(), "room") {
+		t.Fatalf("SUBSCRIBE with room 2^63: %v", err)
+	}
+	if _, err := DecodeControl(append(sub, []byte("x"))); err == nil {
+		t.Fatal("SUBSCRIBE with an extra frame accepted")
 	}
 	tr := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1, -2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
 	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "negative") {
@@ -182,6 +196,7 @@ func FuzzDecodeControl(f *testing.F) {
 		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}, Epoch: 1},
 		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
+		&SubscribeMsg{Room: 7, Endpoint: "tcp://h:1", Epoch: 3},
 		&ProbeMsg{Endpoint: "tcp://h:3", ID: 9, Length: 64, Transports: []ProbeOffer{{Name: "tcp", Endpoint: []byte("h:4"), Region: transport.RegionDesc{ID: 1, Addr: 4096, Length: 64}}}},
 		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Rank: "prefill dp0/tp0/pp0", Transports: []string{"tcp", "shm"},
 			Results: []ProbeResult{{Transport: "tcp", Handshake: 3 * time.Microsecond, Transfer: 9 * time.Microsecond}, {Transport: "shm", Stage: "handshake", Err: "x", NotApplicable: true}}},

@@ -61,6 +61,8 @@ func SenderEndpoint(msg any) string {
 		return v.Endpoint
 	case *ProbeResultMsg:
 		return v.Endpoint
+	case *SubscribeMsg:
+		return v.Endpoint
 	}
 	return ""
 }

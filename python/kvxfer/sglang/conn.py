@@ -504,14 +504,19 @@ class KVManager(Closable):
             c.control_auth = _lib.CONTROL_AUTH_ON if self.control_auth else _lib.CONTROL_AUTH_OFF
         if self.max_peers is not None:
             c.max_peers = int(self.max_peers)
+        # SGLang's --disaggregation-decode-allocation-policy, both roles: a
+        # prefill declares it in its registration and answers the decodes
+        # when mark_prefill_complete() is called; a decode under
+        # "prefill_complete" stays Bootstrapping (its scheduler allocates
+        # nothing) until the prefill computed the request.
+        policy = getattr(self.server_args, "disaggregation_decode_allocation_policy", None)
+        c.decode_allocation_policy = _lib.encode(str(policy) if policy else None)
         if self.mode == "prefill":
-            # What the rank declares in its directory registration, as
-            # SGLang's register_to_bootstrap: the decode allocation policy
-            # and the DeepSeek-V4.1 DSpark layout (KVArgs.dsv41_spec_layout;
-            # SGLang computes it from mla_compression_ratios layouts, which
-            # kvxfer refuses above, so only an explicit one is sent).
-            policy = getattr(self.server_args, "disaggregation_decode_allocation_policy", None)
-            c.decode_allocation_policy = _lib.encode(str(policy) if policy else None)
+            # What else the rank declares in its directory registration, as
+            # SGLang's register_to_bootstrap: the DeepSeek-V4.1 DSpark layout
+            # (KVArgs.dsv41_spec_layout; SGLang computes it from
+            # mla_compression_ratios layouts, which kvxfer refuses above, so
+            # only an explicit one is sent).
             layout = _arg(a, "dsv41_spec_layout")
             c.dsv41_spec_layout = _lib.encode(json.dumps(layout) if layout is not None else None)
             # SGLang's register_to_bootstrap sends server_args.port as
@@ -956,6 +961,20 @@ class KVSender(_Room):
             self._fail_local(rc, msg)
             return
         self.curr_idx += n
+
+    def mark_prefill_complete(self):
+        """SGLang's mark_prefill_complete: this rank computed the request's
+        KV. Under the "prefill_complete" decode allocation policy
+        (server_args.disaggregation_decode_allocation_policy, both roles)
+        the decode reserves its pages only after it, and this room's
+        bootstrap timeout counts from it; under "early" it changes nothing.
+        Call it once the KV is in the source pages, before send(). A failed
+        room stays failed (poll() says so); never raises."""
+        if not self._h:
+            return
+        rc, msg = _lib.try_call("kvx_kv_sender_mark_prefill_complete", self._h)
+        if rc != _lib.OK:
+            self._fail_local(rc, msg)
 
     def pop_decode_prefix_len(self) -> int:
         """Prompt tokens the decode already holds (0 when none); valid once

@@ -115,15 +115,25 @@ func (m *Manager) handleSubscribe(v *control.SubscribeMsg) {
 // decodes to be told (as pending TRANSFERs are); m.mu held.
 func (m *Manager) expirePendingSubsLocked(now time.Time) []*control.SubscribeMsg {
 	var out []*control.SubscribeMsg
-	for room, ps := range m.pre.subs {
+	for _, p := range expirePending(m.pre.subs, now, m.cfg.BootstrapTimeout, func(p pendingSub) time.Time { return p.at }) {
+		out = append(out, p.msg)
+	}
+	return out
+}
+
+// expirePending removes and returns the entries of pend (room → endpoint →
+// entry) older than ttl, dropping rooms left empty.
+func expirePending[V any](pend map[uint64]map[string]V, now time.Time, ttl time.Duration, at func(V) time.Time) []V {
+	var out []V
+	for room, ps := range pend {
 		for ep, p := range ps {
-			if now.Sub(p.at) > m.cfg.BootstrapTimeout {
+			if now.Sub(at(p)) > ttl {
 				delete(ps, ep)
-				out = append(out, p.msg)
+				out = append(out, p)
 			}
 		}
 		if len(ps) == 0 {
-			delete(m.pre.subs, room)
+			delete(pend, room)
 		}
 	}
 	return out
@@ -221,8 +231,9 @@ func (s *Sender) sendReady(ep string, epoch uint64) {
 	}()
 }
 
-// tellFailed sends STATUS Failed to a decode that subscribed but sent no
-// TRANSFER (nothing was written for it, so no ABORT_ACK follows).
+// tellFailed sends STATUS Failed to a decode of the room (notifyFailed
+// follows it with ABORT_ACK for a real destination; a decode that only
+// subscribed gets none: nothing was written for it).
 func (s *Sender) tellFailed(ep string, epoch uint64, err error) {
 	msg := &control.StatusMsg{Room: s.room, State: int(KVFailed), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: epoch}
 	if e := s.m.send(ep, msg.Encode(), false); e != nil {

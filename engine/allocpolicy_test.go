@@ -266,26 +266,9 @@ func TestPrefillCompleteRefusals(t *testing.T) {
 // complete when a line "mark" arrives on stdin and prints MARKED, then hangs
 // until killed.
 func helperPrefillComplete() error {
-	room, err := strconv.ParseUint(os.Getenv("KVX_ROOM"), 10, 64)
-	if err != nil {
-		return err
-	}
-	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 64})
-	if err != nil {
-		return err
-	}
-	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "helper", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
-	if err != nil {
-		return err
-	}
-	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []transport.Transport{tr},
-		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second, DecodeAllocationPolicy: bootstrap.PolicyPrefillComplete})
+	m, _, room, err := helperManager(ctx, 64, bootstrap.PolicyPrefillComplete)
 	if err != nil {
 		return err
 	}

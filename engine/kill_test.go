@@ -35,29 +35,37 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// helperPrefill registers a prefill rank, sends the first half of the room's
-// pages, prints SENT and then hangs until killed.
-func helperPrefill() error {
+// helperManager is a helper process's prefill rank (tcp, KVX_BOOTSTRAP's
+// directory, the given decode allocation policy) and the room it serves
+// (KVX_ROOM); ctx ends after 60 s.
+func helperManager(ctx context.Context, pages int, policy string) (*engine.Manager, *workload.KVBuffers, uint64, error) {
 	room, err := strconv.ParseUint(os.Getenv("KVX_ROOM"), 10, 64)
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
-	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 256})
+	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: pages})
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
 	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "helper", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
 	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
 	if err != nil {
-		return err
+		return nil, nil, 0, err
 	}
+	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []transport.Transport{tr},
+		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second, DecodeAllocationPolicy: policy})
+	return m, pool, room, err
+}
+
+// helperPrefill registers a prefill rank, sends the first half of the room's
+// pages, prints SENT and then hangs until killed.
+func helperPrefill() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	m, err := engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RolePrefill, KV: pool.Args(), Transports: []transport.Transport{tr},
-		BootstrapAddr: os.Getenv("KVX_BOOTSTRAP"), BootstrapTimeout: 30 * time.Second})
+	m, pool, room, err := helperManager(ctx, 256, "")
 	if err != nil {
 		return err
 	}

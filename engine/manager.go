@@ -1390,16 +1390,8 @@ func (m *Manager) monitorLoop() {
 			rs = append(rs, r)
 		}
 		var expired []*control.TransferMsg
-		for room, p := range m.pre.pending {
-			for ep, pt := range p {
-				if now.Sub(pt.at) > m.cfg.BootstrapTimeout {
-					delete(p, ep)
-					expired = append(expired, pt.msg)
-				}
-			}
-			if len(p) == 0 {
-				delete(m.pre.pending, room)
-			}
+		for _, pt := range expirePending(m.pre.pending, now, m.cfg.BootstrapTimeout, func(p pendingTransfer) time.Time { return p.at }) {
+			expired = append(expired, pt.msg)
 		}
 		for room, at := range m.pre.aborted {
 			if now.Sub(at) > m.cfg.BootstrapTimeout {

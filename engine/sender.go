@@ -700,9 +700,7 @@ func (s *Sender) fail(err error) bool {
 // stayed clean. One goroutine, so the decode gets them in that order.
 func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	for _, d := range ds {
-		if e := s.m.send(d.msg.Endpoint, (&control.StatusMsg{Room: s.room, State: int(KVFailed), Producer: s.m.producerRank(), Endpoint: s.m.endpoint, Reason: err.Error(), Epoch: d.msg.Epoch}).Encode(), false); e != nil {
-			s.m.log.Debug("STATUS Failed not sent", "room", s.room, "decode", d.msg.Endpoint, "err", e)
-		}
+		s.tellFailed(d.msg.Endpoint, d.msg.Epoch, err)
 	}
 	<-s.finished
 	clean, detail := s.cleanState()

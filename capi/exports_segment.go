@@ -17,7 +17,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -143,41 +142,38 @@ func kvx_segment_read(seg C.kvx_segment_t, reqs *C.kvx_write_request, n C.uint32
 	case n > maxBatchCapacity:
 		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
 	}
-	in := unsafe.Slice(reqs, int(n))
-	rr := make([]transport.ReadRequest, len(in))
-	var byAddr []segengine.PeerRead
-	var at []int
-	for i, r := range in {
-		if r.count > 1 {
-			return finish(fail(stInvalidArgument, "%s: request %d has count %d; reads are contiguous (count 0 or 1)", op, i, r.count))
-		}
-		w := transport.WriteRequest{Local: uintptr(r.local_addr), Length: uint64(r.length)}
-		if err := s.eng.checkLocal(op, i, w); err != nil {
-			return finish(err)
-		}
-		rr[i] = transport.ReadRequest{Local: uintptr(r.local_addr), Remote: transport.RegionID(r.remote_region), RemoteOffset: uint64(r.remote_offset), Length: uint64(r.length)}
-		if r.remote_region == C.KVX_REGION_PEER_ADDRESS {
-			byAddr = append(byAddr, segengine.PeerRead{Local: uintptr(r.local_addr), PeerAddr: uint64(r.remote_offset), Length: uint64(r.length)})
-			at = append(at, i)
-		}
-	}
+	rr := requests(unsafe.Slice(reqs, int(n)))
 	timeout := s.eng.timeout
 	if timeoutMS > 0 {
 		timeout = time.Duration(timeoutMS) * time.Millisecond
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	for k, pr := range byAddr {
-		id, off, err := s.seg.Translate(ctx, pr.PeerAddr, pr.Length)
-		if err != nil {
-			return finish(failWrap(stOK, err, "%s: request %d", op, at[k]))
-		}
-		rr[at[k]].Remote, rr[at[k]].RemoteOffset = id, off
+	if err := s.resolve(ctx, op, transport.OpRead, rr); err != nil {
+		return finish(err)
 	}
 	if err := s.seg.ReadRegions(ctx, rr); err != nil {
 		return finish(failWrap(stOK, err, "%s", op))
 	}
 	return finish(nil)
+}
+
+// requests copies C requests into transport requests (the caller's array is
+// not kept).
+func requests(in []C.kvx_write_request) []transport.WriteRequest {
+	out := make([]transport.WriteRequest, len(in))
+	for i, r := range in {
+		out[i] = transport.WriteRequest{
+			Local:        uintptr(r.local_addr),
+			Remote:       transport.RegionID(r.remote_region),
+			RemoteOffset: uint64(r.remote_offset),
+			Length:       uint64(r.length),
+			Count:        uint32(r.count),
+			LocalStride:  uint64(r.local_stride),
+			RemoteStride: uint64(r.remote_stride),
+		}
+	}
+	return out
 }
 
 //export kvx_segment_close
@@ -227,31 +223,31 @@ func kvx_batch_alloc(seg C.kvx_segment_t, capacity C.uint32_t, out *C.kvx_batch_
 func kvx_batch_submit(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32_t) (rc C.int) {
 	const op = "kvx_batch_submit"
 	defer guard(op, &rc)
+	return finish(batchSubmit(op, batch, reqs, n, transport.OpWrite))
+}
+
+//export kvx_batch_submit_read
+func kvx_batch_submit_read(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_submit_read"
+	defer guard(op, &rc)
+	return finish(batchSubmit(op, batch, reqs, n, transport.OpRead))
+}
+
+// batchSubmit checks the arguments of kvx_batch_submit / _read (fn) and
+// submits the requests as one transfer batch of dir.
+func batchSubmit(fn string, batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.uint32_t, dir transport.Op) error {
 	b, ok := batches.get(uint64(batch))
 	switch {
 	case !ok:
-		return finish(badHandle(op, "batch", uint64(batch)))
+		return badHandle(fn, "batch", uint64(batch))
 	case reqs == nil:
-		return finish(nullArg(op, "reqs"))
+		return nullArg(fn, "reqs")
 	case n == 0:
-		return finish(fail(stInvalidArgument, "%s: n is 0 requests", op))
+		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
 	case n > maxBatchCapacity:
-		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", op, n, maxBatchCapacity))
+		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
 	}
-	in := unsafe.Slice(reqs, int(n))
-	wr := make([]transport.WriteRequest, len(in))
-	for i, r := range in {
-		wr[i] = transport.WriteRequest{
-			Local:        uintptr(r.local_addr),
-			Remote:       transport.RegionID(r.remote_region),
-			RemoteOffset: uint64(r.remote_offset),
-			Length:       uint64(r.length),
-			Count:        uint32(r.count),
-			LocalStride:  uint64(r.local_stride),
-			RemoteStride: uint64(r.remote_stride),
-		}
-	}
-	return finish(b.submit(uint64(batch), wr))
+	return b.submit(fn, uint64(batch), dir, requests(unsafe.Slice(reqs, int(n))))
 }
 
 //export kvx_batch_status

@@ -419,6 +419,36 @@ func (s *segmentObj) close() error {
 	return err
 }
 
+// resolve checks that every request's local blocks lie in memory
+// registered with the engine and translates the requests addressed by peer
+// virtual address (KVX_REGION_PEER_ADDRESS) to (region, offset), in place;
+// fn names the exported function in the errors.
+func (s *segmentObj) resolve(ctx context.Context, fn string, op transport.Op, reqs []transport.WriteRequest) error {
+	for i := range reqs {
+		if err := s.eng.checkLocal(fn, i, reqs[i]); err != nil {
+			return err
+		}
+		if reqs[i].Remote != peerAddressRegion {
+			continue
+		}
+		r := reqs[i]
+		var tr []transport.WriteRequest
+		var err error
+		if op == transport.OpRead {
+			tr, err = s.seg.ResolveReads(ctx, []segengine.PeerRead{{Local: r.Local, PeerAddr: r.RemoteOffset, Length: r.Length,
+				Count: r.Count, LocalStride: r.LocalStride, PeerStride: r.RemoteStride}})
+		} else {
+			tr, err = s.seg.Resolve(ctx, []segengine.PeerWrite{{Local: r.Local, PeerAddr: r.RemoteOffset, Length: r.Length,
+				Count: r.Count, LocalStride: r.LocalStride, PeerStride: r.RemoteStride}})
+		}
+		if err != nil {
+			return failWrap(stOK, err, "%s: request %d", fn, i)
+		}
+		reqs[i] = tr[0]
+	}
+	return nil
+}
+
 // batchObj is one kvx_batch_t: up to capacity requests, submitted in one or
 // more engine transfer batches ("parts").
 type batchObj struct {
@@ -431,7 +461,8 @@ type batchObj struct {
 	freed bool   // kvx_batch_free won; no more submits
 }
 
-// batchPart is one kvx_batch_submit call: one engine TransferBatch.
+// batchPart is one kvx_batch_submit or kvx_batch_submit_read call: one
+// engine TransferBatch.
 type batchPart struct {
 	first, count uint32
 	id           transport.BatchID
@@ -441,34 +472,27 @@ type batchPart struct {
 	st           transport.BatchStatus // valid after done is closed
 }
 
-func (b *batchObj) submit(batchH uint64, reqs []transport.WriteRequest) error {
+// submit submits reqs as one engine transfer batch of op (a WRITE batch
+// for kvx_batch_submit, a READ batch for kvx_batch_submit_read); fn is the
+// exported function's name for the messages.
+func (b *batchObj) submit(fn string, batchH uint64, op transport.Op, reqs []transport.WriteRequest) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.seg.eng.timeout)
 	defer cancel()
-	for i := range reqs {
-		if err := b.seg.eng.checkLocal("kvx_batch_submit", i, reqs[i]); err != nil {
-			return err
-		}
-		if reqs[i].Remote == peerAddressRegion {
-			tr, err := b.seg.seg.Resolve(ctx, []segengine.PeerWrite{{Local: reqs[i].Local, PeerAddr: reqs[i].RemoteOffset, Length: reqs[i].Length,
-				Count: reqs[i].Count, LocalStride: reqs[i].LocalStride, PeerStride: reqs[i].RemoteStride}})
-			if err != nil {
-				return failWrap(stOK, err, "kvx_batch_submit: request %d", i)
-			}
-			reqs[i] = tr[0]
-		}
+	if err := b.seg.resolve(ctx, fn, op, reqs); err != nil {
+		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {
-		return fail(stBadHandle, "kvx_batch_submit: batch %d was freed", batchH)
+		return fail(stBadHandle, "%s: batch %d was freed", fn, batchH)
 	}
 	if uint64(b.n)+uint64(len(reqs)) > uint64(b.capacity) {
-		return fail(stBusy, "kvx_batch_submit: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", len(reqs), b.capacity, b.n)
+		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", fn, len(reqs), b.capacity, b.n)
 	}
-	tb := &transport.TransferBatch{Requests: reqs}
+	tb := &transport.TransferBatch{Op: op, Requests: reqs}
 	id, err := b.seg.seg.Submit(ctx, tb)
 	if err != nil {
-		return failWrap(stOK, err, "kvx_batch_submit: submit %d requests (%d bytes)", len(reqs), tb.Bytes())
+		return failWrap(stOK, err, "%s: submit %d %s requests (%d bytes)", fn, len(reqs), op, tb.Bytes())
 	}
 	wctx, wcancel := context.WithCancel(context.Background())
 	p := &batchPart{first: b.n, count: uint32(len(reqs)), id: id, cancel: wcancel, done: make(chan struct{})}

@@ -444,6 +444,12 @@ KVX_API int kvx_segment_close(kvx_segment_t segment);
  * block i read at local_addr + i*local_stride and written at
  * remote_offset + i*remote_stride (count 0 means 1). 48 bytes.
  *
+ * The same struct describes one READ (kvx_batch_submit_read,
+ * kvx_segment_read), in the reverse direction: block i is copied FROM
+ * remote_offset + i*remote_stride of the peer's region remote_region INTO
+ * local_addr + i*local_stride (inside memory registered with the reading
+ * engine).
+ *
  * remote_region == KVX_REGION_PEER_ADDRESS addresses the peer by virtual
  * address (Mooncake's peer_buffer_address): remote_offset is then an address
  * in the peer process, translated to (region, offset) with the segment's
@@ -492,6 +498,24 @@ KVX_API int kvx_batch_submit(kvx_batch_t batch, const kvx_write_request *reqs,
                              uint32_t n);
 #endif
 
+/* Submit n READ requests (one-sided READs of the peer's registered memory
+ * into local registered memory; see kvx_write_request), with the same
+ * rules as kvx_batch_submit: the next n request indices, validation first
+ * (nothing is read on error), one transfer batch that completes or fails
+ * together, then kvx_batch_status / _wait / _cancel / _free as for writes.
+ * Works on tcp (the peer's transport serves the read from its registered
+ * region), rdma (RDMA READ work requests) and shm (a copy from the mapped
+ * region). The peer refuses a read of a region it deregistered
+ * (KVX_ERR_UNKNOWN_REGION, or KVX_ERR_OUT_OF_BOUNDS on rdma, whose NIC
+ * reports both alike) or of a data path it fenced (KVX_ERR_PEER_LOST);
+ * a peer lost mid-read fails the batch with KVX_ERR_PEER_LOST and the
+ * local bytes of the requests are then unspecified. A batch may hold
+ * write and read submits. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_submit_read(kvx_batch_t batch, const kvx_write_request *reqs,
+                                  uint32_t n);
+#endif
+
 /* Non-blocking: the status of request `index`. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_status(kvx_batch_t batch, uint32_t index,
@@ -517,14 +541,18 @@ KVX_API int kvx_batch_cancel(kvx_batch_t batch);
 KVX_API int kvx_batch_free(kvx_batch_t batch);
 #endif
 
-/* Synchronous one-sided READ (Mooncake's transfer_sync_read): copy
- * reqs[i].length bytes from the peer into local memory at
- * reqs[i].local_addr, for each request; the remote side is named like a
- * WRITE (remote_region + remote_offset, or KVX_REGION_PEER_ADDRESS);
- * count must be 0 or 1. Only transports that map the peer's memory can
- * read (shm); tcp and rdma move bytes by one-sided WRITE only and return
- * KVX_ERR_NOT_SUPPORTED. Bounded by timeout_ms (0 = rpc_timeout_ms).
- * Thread-safe. */
+/* Synchronous one-sided READ (Mooncake's transfer_sync_read): the n
+ * requests as one read batch (see kvx_batch_submit_read; strided requests
+ * allowed), returning once every byte landed in local memory. The remote
+ * side is named like a WRITE (remote_region + remote_offset, or
+ * KVX_REGION_PEER_ADDRESS). Works on tcp, rdma and shm. Bounded by
+ * timeout_ms (0 = rpc_timeout_ms): KVX_ERR_TIMEOUT then, after the read was
+ * canceled and has stopped. Errors: KVX_ERR_NOT_REGISTERED (local memory
+ * not registered with this engine), KVX_ERR_OUT_OF_BOUNDS /
+ * KVX_ERR_UNKNOWN_REGION (a range or region the peer did not register, or
+ * deregistered; nothing is read), KVX_ERR_PEER_LOST (peer gone or the data
+ * path fenced). KVX_ERR_NOT_SUPPORTED only from a transport that cannot
+ * read (none of the built-in ones). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_segment_read(kvx_segment_t segment, const kvx_write_request *reqs,
                              uint32_t n, uint32_t timeout_ms);

@@ -250,6 +250,9 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	if err := transport.CheckOp("rdma", s.t.Capabilities(), b.Op); err != nil {
+		return 0, err
+	}
 	t := s.t
 	t.mu.Lock()
 	// Validate everything first: nothing is queued on error.

@@ -21,7 +21,8 @@
 //   - CorruptData(k...): after batch k lands, the first byte of its first
 //     request is overwritten at the receiver with the complement of the
 //     source byte, then the batch reports completed (a torn write that only
-//     a checksum catches);
+//     a checksum catches); for a read batch the first byte its first
+//     request read into local memory is complemented (a torn read);
 //   - FailRegisterAfter(n): RegisterMemory number n+1, ... fails;
 //   - FailInstall(): OpenSegment fails (the segment cannot be installed);
 //   - FailWith(err): the engine error the injected failures wrap besides
@@ -41,6 +42,10 @@
 //
 // DropControl builds a filter for engine.ManagerConfig.ControlFault that
 // drops control messages (lost on a dropped connection).
+//
+// Read batches (transport.OpRead) are forwarded like write batches and
+// counted with them: every knob above applies to them (a held read copies
+// late, a KillMidBatch read reads half its requests, ...).
 //
 // Every injected error wraps ErrInjected and the FailWith error, and says
 // which knob fired. The decorator is safe for concurrent use; Close closes
@@ -313,21 +318,31 @@ func (t *Transport) Close() error {
 	return err
 }
 
+// checkLocalHost fails unless addr is inside host memory registered
+// through the decorator.
+func (t *Transport) checkLocalHost(addr uintptr) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.checkLocalHostLocked(addr)
+}
+
+// checkLocalHostLocked is checkLocalHost with t.mu held.
+func (t *Transport) checkLocalHostLocked(addr uintptr) error {
+	for _, m := range t.local {
+		if addr >= m.Addr && uint64(addr-m.Addr) < m.Length && m.Kind == transport.MemoryHost {
+			return nil
+		}
+	}
+	return t.injected("CorruptData: local address %#x is not host memory registered through the decorator", addr)
+}
+
 // corruptRequest builds a 1-byte write that overwrites the first byte of r's
 // destination with the complement of its source byte.
 func (t *Transport) corruptRequest(r transport.WriteRequest) (transport.WriteRequest, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var src *transport.Memory
-	for _, m := range t.local {
-		if r.Local >= m.Addr && uint64(r.Local-m.Addr) < m.Length {
-			m := m
-			src = &m
-			break
-		}
-	}
-	if src == nil || src.Kind != transport.MemoryHost {
-		return transport.WriteRequest{}, t.injected("CorruptData: source %#x is not host memory registered through the decorator", r.Local)
+	if err := t.checkLocalHostLocked(r.Local); err != nil {
+		return transport.WriteRequest{}, err
 	}
 	if t.scratch == nil {
 		buf, err := transport.AllocHost("faulty-scratch", 4096)
@@ -367,6 +382,10 @@ type fbatch struct {
 	corruptID   transport.BatchID
 	corruptSent bool
 	corruptErr  error
+	// corruptLocal (a read batch's CorruptData): the local byte to
+	// complement once the read completed; corruptDone once it was.
+	corruptLocal uintptr
+	corruptDone  bool
 }
 
 type segment struct {
@@ -404,7 +423,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 	switch {
 	case t.cfg.failAfter >= 0 && n > t.cfg.failAfter:
 	case t.cfg.killMid[n]:
-		half := &transport.TransferBatch{Requests: b.Requests[:len(b.Requests)/2]}
+		half := &transport.TransferBatch{Op: b.Op, Requests: b.Requests[:len(b.Requests)/2]}
 		if len(half.Requests) > 0 {
 			_, _ = s.inner.Submit(ctx, half)
 		}
@@ -413,7 +432,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 		return s.add(fb), nil
 	case gate != nil || t.cfg.delayWrites > 0:
 		fb.held, fb.forwarded = true, make(chan struct{})
-		reqs := &transport.TransferBatch{Requests: append([]transport.WriteRequest(nil), b.Requests...)}
+		reqs := &transport.TransferBatch{Op: b.Op, Requests: append([]transport.WriteRequest(nil), b.Requests...)}
 		id := s.add(fb)
 		go s.forwardLater(fb, reqs, gate)
 		return id, nil
@@ -421,7 +440,12 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 	if t.cfg.failAfter >= 0 && n > t.cfg.failAfter {
 		fb.failErr = t.injected("batch of Submit %d failed after FailAfter(%d)", n, t.cfg.failAfter)
 	} else {
-		if t.cfg.corrupt[n] && len(b.Requests) > 0 {
+		if t.cfg.corrupt[n] && len(b.Requests) > 0 && b.Op == transport.OpRead {
+			if err := t.checkLocalHost(b.Requests[0].Local); err != nil {
+				return 0, err
+			}
+			fb.corruptLocal = b.Requests[0].Local
+		} else if t.cfg.corrupt[n] && len(b.Requests) > 0 {
 			r, err := t.corruptRequest(b.Requests[0])
 			if err != nil {
 				return 0, err
@@ -515,6 +539,16 @@ func (s *segment) status(fb *fbatch) (transport.BatchStatus, error) {
 	}
 	if d := s.t.cfg.delay; d > 0 && time.Since(fb.submitted) < d {
 		return transport.BatchStatus{State: transport.BatchPending, BytesDone: st.BytesDone}, nil
+	}
+	if fb.corruptLocal != 0 && st.State == transport.BatchCompleted {
+		s.mu.Lock()
+		if !fb.corruptDone {
+			fb.corruptDone = true
+			addr := fb.corruptLocal
+			p := (*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))) // registered host memory (checked at Submit)
+			*p = ^*p
+		}
+		s.mu.Unlock()
 	}
 	if fb.corruptReq != nil && st.State == transport.BatchCompleted {
 		s.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -32,12 +33,19 @@ var (
 	ErrBadSegmentName = errors.New("bad segment name")
 )
 
-// PeerRead is one READ addressed by the peer's virtual address: Length
-// bytes from PeerAddr in the peer process into local address Local.
+// PeerRead is one READ addressed by the peer's virtual address (Mooncake's
+// peer_buffer_address): Length bytes from PeerAddr in the peer process into
+// local address Local (inside memory registered with the reading engine).
+// When Count > 1 it is strided like PeerWrite: block i is read at
+// PeerAddr+i*PeerStride and copied to Local+i*LocalStride; every block must
+// lie in the same peer region.
 type PeerRead struct {
-	Local    uintptr
-	PeerAddr uint64
-	Length   uint64
+	Local       uintptr
+	PeerAddr    uint64
+	Length      uint64
+	Count       uint32
+	LocalStride uint64
+	PeerStride  uint64
 }
 
 // PeerWrite is one WRITE addressed by the peer's virtual address (Mooncake's
@@ -294,24 +302,94 @@ func (s *RemoteSegment) SubmitPeerWrites(ctx context.Context, ws []PeerWrite) (t
 	return s.Submit(ctx, &transport.TransferBatch{Requests: reqs})
 }
 
-// Read copies the peer ranges of rs into local memory (Mooncake's
-// transfer_sync_read), translating peer virtual addresses as writes do. It
-// needs a transport whose segments implement SegmentReader (shm); on others
-// it fails with an error wrapping ErrReadUnsupported.
+// ResolveReads translates peer-addressed reads into the region requests of
+// a read batch (refreshing the descriptor once when a range misses), as
+// Resolve does for writes.
+func (s *RemoteSegment) ResolveReads(ctx context.Context, rs []PeerRead) ([]transport.WriteRequest, error) {
+	out := make([]transport.WriteRequest, len(rs))
+	for i, r := range rs {
+		n, ok := span(r.Length, r.Count, r.PeerStride)
+		if !ok {
+			return nil, fmt.Errorf("engine: segment %q: read %d: %d blocks of %d bytes with peer stride %d overflow: %w", s.name, i, r.Count, r.Length, r.PeerStride, transport.ErrOutOfBounds)
+		}
+		id, off, err := s.Translate(ctx, r.PeerAddr, n)
+		if err != nil {
+			return nil, fmt.Errorf("read %d: %w", i, err)
+		}
+		out[i] = transport.WriteRequest{Local: r.Local, Remote: id, RemoteOffset: off, Length: r.Length, Count: r.Count, LocalStride: r.LocalStride, RemoteStride: r.PeerStride}
+	}
+	return out, nil
+}
+
+// SubmitPeerReads translates rs (ResolveReads) and submits them as one read
+// batch (transport.OpRead): the mirror of SubmitPeerWrites. Poll, Wait,
+// Cancel and Release apply to the returned ID. Errors: a stale or closed
+// segment, a range outside every region the peer registered
+// (ErrOutOfBounds), a local range outside registered memory, a transport
+// without transport.CapRead (wrapping ErrReadUnsupported); nothing is read
+// then.
+func (s *RemoteSegment) SubmitPeerReads(ctx context.Context, rs []PeerRead) (transport.BatchID, error) {
+	if err := s.readable(); err != nil {
+		return 0, err
+	}
+	reqs, err := s.ResolveReads(ctx, rs)
+	if err != nil {
+		return 0, err
+	}
+	return s.Submit(ctx, &transport.TransferBatch{Op: transport.OpRead, Requests: reqs})
+}
+
+// Read copies the peer ranges of rs into local memory and returns when they
+// have landed (Mooncake's transfer_sync_read): SubmitPeerReads, then Wait
+// and Release. Errors: those of SubmitPeerReads, the batch's error when it
+// fails (ErrPeerLost for a peer lost mid-read, ErrSegmentStale when the
+// peer restarted), ctx's error (the batch is canceled and waited for
+// before Read returns, so no byte lands in local memory afterwards).
 func (s *RemoteSegment) Read(ctx context.Context, rs []PeerRead) error {
+	id, err := s.SubmitPeerReads(ctx, rs)
+	if err != nil {
+		return err
+	}
+	return s.waitRead(ctx, id)
+}
+
+// ReadRegions is Read for region-addressed requests (a read batch's
+// requests: see transport.TransferBatch), refreshing the descriptor once
+// for an unknown region ID.
+func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []transport.WriteRequest) error {
 	if err := s.readable(); err != nil {
 		return err
 	}
-	reqs := make([]transport.ReadRequest, len(rs))
-	for i, r := range rs {
-		id, off, err := s.Translate(ctx, r.PeerAddr, r.Length)
-		if err != nil {
-			return fmt.Errorf("read %d: %w", i, err)
-		}
-		reqs[i] = transport.ReadRequest{Local: r.Local, Remote: id, RemoteOffset: off, Length: r.Length}
+	id, err := s.Submit(ctx, &transport.TransferBatch{Op: transport.OpRead, Requests: reqs})
+	if err != nil {
+		return err
 	}
-	return s.ReadRegions(ctx, reqs)
+	return s.waitRead(ctx, id)
 }
+
+// waitRead waits for read batch id and releases it. When ctx ends first it
+// cancels the batch and waits (bounded) until it is terminal, so the local
+// memory is the caller's again when it returns.
+func (s *RemoteSegment) waitRead(ctx context.Context, id transport.BatchID) error {
+	defer s.Release(id)
+	st, err := s.Wait(ctx, id)
+	if err != nil {
+		_ = s.Cancel(id)
+		dctx, cancel := context.WithTimeout(context.Background(), readDrain)
+		defer cancel()
+		if st2, err2 := s.Wait(dctx, id); err2 != nil || !st2.State.Terminal() {
+			s.invalidate(fmt.Errorf("engine: segment %q: a canceled read did not stop within %v; the segment is closed so that nothing lands in local memory any more: %w", s.name, readDrain, ErrSegmentStale))
+		}
+		return fmt.Errorf("engine: segment %q: read: %w", s.name, err)
+	}
+	if st.State != transport.BatchCompleted {
+		return fmt.Errorf("engine: segment %q: read %v after %d bytes: %w", s.name, st.State, st.BytesDone, st.Err)
+	}
+	return nil
+}
+
+// readDrain bounds how long Read waits for a canceled read batch to stop.
+const readDrain = 10 * time.Second
 
 // readable fails when the segment is stale or closed, or its transport
 // cannot read.
@@ -319,30 +397,8 @@ func (s *RemoteSegment) readable() error {
 	if err := s.usable(); err != nil {
 		return err
 	}
-	if _, ok := s.seg.(transport.SegmentReader); !ok {
-		return fmt.Errorf("engine: segment %q: read: transport %s: %w; use shm between processes of one host, or have the peer write", s.name, s.te.tr.Name(), transport.ErrReadUnsupported)
-	}
-	return nil
-}
-
-// ReadRegions copies region-addressed ranges of the peer into local memory
-// (see Read), refreshing the descriptor once for an unknown region ID.
-func (s *RemoteSegment) ReadRegions(ctx context.Context, reqs []transport.ReadRequest) error {
-	if err := s.readable(); err != nil {
-		return err
-	}
-	check := &transport.TransferBatch{Requests: make([]transport.WriteRequest, len(reqs))}
-	for i, r := range reqs {
-		check.Requests[i] = transport.WriteRequest{Local: r.Local, Remote: r.Remote, RemoteOffset: r.RemoteOffset, Length: r.Length}
-	}
-	if err := s.checkRegions(ctx, check); err != nil {
-		return err
-	}
-	if err := s.seg.(transport.SegmentReader).Read(ctx, reqs); err != nil {
-		if st := s.Err(); st != nil {
-			return st
-		}
-		return fmt.Errorf("engine: segment %q: read: %w", s.name, err)
+	if err := transport.CheckOp(s.te.tr.Name(), s.te.tr.Capabilities(), transport.OpRead); err != nil {
+		return fmt.Errorf("engine: segment %q: %w", s.name, err)
 	}
 	return nil
 }
@@ -370,16 +426,17 @@ func (s *RemoteSegment) checkRegions(ctx context.Context, b *transport.TransferB
 		}
 		n, ok := span(r.Length, r.Count, r.RemoteStride)
 		if !ok || r.RemoteOffset+n < r.RemoteOffset || r.RemoteOffset+n > rd.Length {
-			return fmt.Errorf("engine: segment %q: request %d writes %d×%d bytes at offset %d (stride %d) of region %d, which has %d bytes: %w",
-				s.name, i, r.Blocks(), r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, rd.Length, transport.ErrOutOfBounds)
+			return fmt.Errorf("engine: segment %q: request %d %ss %d×%d bytes at offset %d (stride %d) of region %d, which has %d bytes: %w",
+				s.name, i, b.Op, r.Blocks(), r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, rd.Length, transport.ErrOutOfBounds)
 		}
 	}
 	return nil
 }
 
 // Submit checks every request against the peer's regions (refreshing once
-// for an unknown region ID), then submits the batch on the transport
-// segment. A stale segment fails at once with its reason (ErrSegmentStale).
+// for an unknown region ID), then submits the batch (a write, or a read:
+// transport.TransferBatch.Op) on the transport segment. A stale segment
+// fails at once with its reason (ErrSegmentStale).
 func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	if err := s.usable(); err != nil {
 		return 0, err

@@ -78,12 +78,12 @@ type segment struct {
 }
 
 var (
-	_ transport.Segment       = (*segment)(nil)
-	_ transport.RegionAdder   = (*segment)(nil)
-	_ transport.SegmentReader = (*segment)(nil)
+	_ transport.Segment     = (*segment)(nil)
+	_ transport.RegionAdder = (*segment)(nil)
 )
 
 type batch struct {
+	read     bool // a read batch: copies from the receiver's regions into local memory
 	state    atomic.Uint32
 	done     atomic.Uint64 // bytes landed
 	canceled atomic.Bool
@@ -392,7 +392,8 @@ func (s *segment) HandshakeReply() []byte { return nil }
 
 // piece is one contiguous copy. A write into a receiver region names the
 // region (rr) and dst's byte offset in it (off), so put can tell whether
-// dst is warm; a read (or a test) leaves rr nil.
+// dst is warm; a read (dst local, src the receiver's mapping) or a test
+// leaves rr nil.
 type piece struct {
 	dst []byte
 	src []byte
@@ -409,9 +410,14 @@ type unit struct {
 	bytes      uint64
 }
 
-// Submit validates every request, then copies. Batches smaller than the
-// transport's parallel threshold are copied before Submit returns; larger ones
-// are split into 1 MiB chunks copied by several goroutines.
+// Submit validates every request, then copies: a write batch from local
+// memory into the receiver's regions, a read batch (transport.OpRead) from
+// the receiver's regions into local memory, both through the same mapping
+// and the same fence units (enter/leave: a fenced epoch or a deregistered
+// region stops a read as it stops a write, and FenceEpoch waits for a read
+// unit in progress). Batches smaller than the transport's parallel
+// threshold are copied before Submit returns; larger ones are split into
+// 1 MiB chunks copied by several goroutines.
 func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("shm: submit: %w", err)
@@ -419,6 +425,10 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if tb == nil {
 		return 0, errors.New("shm: submit: nil batch")
 	}
+	if err := transport.CheckOp("shm", s.t.Capabilities(), tb.Op); err != nil {
+		return 0, err
+	}
+	read := tb.Op == transport.OpRead
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -452,7 +462,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		// Last block's end, with overflow checks, for both sides.
 		rEnd, ok1 := spanEnd(r.RemoteOffset, r.RemoteStride, r.Length, n)
 		if !ok1 || rEnd > limit {
-			return 0, fmt.Errorf("shm: request %d: write of %d×%d bytes at offset %d stride %d into region %d (%d bytes registered): %w", i, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, transport.ErrOutOfBounds)
+			return 0, fmt.Errorf("shm: request %d: %s of %d×%d bytes at offset %d stride %d of region %d (%d bytes registered): %w", i, tb.Op, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, transport.ErrOutOfBounds)
 		}
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
@@ -466,14 +476,18 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > chunkBytes {
 					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
 				}
-				pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m), rr: rr, off: off + c})
+				if read {
+					pieces = append(pieces, piece{dst: hostBytes(src+uintptr(c), m), src: rr.data[off+c : off+c+m]})
+				} else {
+					pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m), rr: rr, off: off + c})
+				}
 				units[len(units)-1].end++
 				units[len(units)-1].bytes += m
 			}
 		}
 		total += n * r.Length
 	}
-	b := &batch{doneCh: make(chan struct{}), total: total}
+	b := &batch{doneCh: make(chan struct{}), total: total, read: read}
 	id := s.batches.Add(b)
 	s.running.Add(1)
 	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(units) < 2 {
@@ -485,84 +499,6 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		go s.copyAll(b, pieces, units, min(s.t.copyThreads, len(units)))
 	}
 	return id, nil
-}
-
-// Read copies each request's receiver range into local memory before it
-// returns (transport.SegmentReader). All requests are validated first: a
-// region not mapped or not live on the receiver fails with
-// transport.ErrUnknownRegion, a range past it or a local range outside this
-// transport's registrations with transport.ErrOutOfBounds, and nothing is
-// copied. A receiver that exits during the copy fails it with
-// transport.ErrPeerLost. ctx is checked between 1 MiB chunks.
-func (s *segment) Read(ctx context.Context, reqs []transport.ReadRequest) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("shm: read: %w", err)
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("shm: read: segment %w", transport.ErrClosed)
-	}
-	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		s.mu.Unlock()
-		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost)
-	}
-	pieces := make([]piece, 0, len(reqs))
-	for i, r := range reqs {
-		rr, ok := s.regions[r.Remote]
-		var live uint64
-		if ok && rr.data != nil {
-			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
-		}
-		if live == 0 {
-			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, transport.ErrUnknownRegion)
-		}
-		limit := min(uint64(len(rr.data)), live)
-		if r.Length == 0 {
-			continue
-		}
-		if end, ok := spanEnd(r.RemoteOffset, 0, r.Length, 1); !ok || end > limit {
-			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: %d bytes at offset %d of region %d (%d bytes registered): %w", i, r.Length, r.RemoteOffset, r.Remote, limit, transport.ErrOutOfBounds)
-		}
-		if lEnd, ok := spanEnd(uint64(r.Local), 0, r.Length, 1); !ok || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
-			s.mu.Unlock()
-			return fmt.Errorf("shm: read %d: local range %#x + %d bytes is not inside a region registered with this transport: %w", i, r.Local, r.Length, transport.ErrOutOfBounds)
-		}
-		for c := uint64(0); c < r.Length; c += chunkBytes {
-			m := min(chunkBytes, r.Length-c)
-			pieces = append(pieces, piece{dst: hostBytes(r.Local+uintptr(c), m), src: rr.data[r.RemoteOffset+c : r.RemoteOffset+c+m]})
-		}
-	}
-	s.running.Add(1) // Close waits before unmapping
-	s.mu.Unlock()
-	defer s.running.Done()
-	for _, p := range pieces {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("shm: read stopped: %w", err)
-		}
-		if s.peerLost.Load() {
-			break
-		}
-		copyPiece(p)
-	}
-	if !s.alive() {
-		return fmt.Errorf("shm: read: receiver pid %d exited or closed its transport during the read: %w", s.peer.PID, transport.ErrPeerLost)
-	}
-	return nil
-}
-
-// copyPiece copies one piece (at most chunkBytes) and then yields the
-// processor. The copy is runtime.memmove, which the Go scheduler cannot
-// preempt, and a loop of them has no other preemption point: without the
-// yield, copy goroutines as many as GOMAXPROCS hold every P for the whole
-// batch (tens of seconds for a GiB on a loaded host, with page faults on the
-// peer's mapping), starving the process's control loop, heartbeats and
-// timers until peers declare it hung. One yield per MiB costs well under 1 %.
-func copyPiece(p piece) {
-	copy(p.dst, p.src)
-	runtime.Gosched()
 }
 
 // spanEnd returns base + (n-1)*stride + length, and false on overflow.
@@ -585,7 +521,8 @@ func hostBytes(addr uintptr, n uint64) []byte {
 
 // copyAll copies the units with workers goroutines and finishes the batch:
 // it is the only place a batch turns terminal, after its last copy ended,
-// so a terminal batch never writes again. It owns one count of s.running.
+// so a terminal batch never writes again (into the receiver's memory, or
+// for a read into local memory). It owns one count of s.running.
 func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	defer s.running.Done()
 	var next atomic.Int64
@@ -614,7 +551,15 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 			s.leave(ph)
 			b.done.Add(u.bytes)
 			// Yield once per unit (at most 1 MiB), outside the fence
-			// count, for the reason copyPiece gives.
+			// count. The copy is runtime.memmove, which the Go
+			// scheduler cannot preempt, and a loop of them has no
+			// other preemption point: without the yield, copy
+			// goroutines as many as GOMAXPROCS hold every P for the
+			// whole batch (tens of seconds for a GiB on a loaded host,
+			// with page faults on the peer's mapping), starving the
+			// process's control loop, heartbeats and timers until
+			// peers declare it hung. One yield per MiB costs well
+			// under 1 %.
 			runtime.Gosched()
 		}
 	}
@@ -639,7 +584,9 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	case (b.total >= liveCheckMin && !s.alive()) || s.peerLost.Load():
 		b.finish(transport.BatchFailed, fmt.Errorf("shm: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.peer.PID, b.done.Load(), b.total, transport.ErrPeerLost))
 	default:
-		atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver
+		if !b.read {
+			atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver
+		}
 		b.finish(transport.BatchCompleted, nil)
 	}
 }

@@ -12,8 +12,11 @@
 // receiver with pidfd_open, opens /proc/PID/fd/N for the control memfd and for
 // every region, checks that each opened file has the advertised st_dev/st_ino,
 // and maps exactly the region's bytes MAP_SHARED. A one-sided WRITE is then a
-// memcpy from the sender's registered memory into that mapping; large batches
-// are split into chunks copied by several goroutines.
+// memcpy from the sender's registered memory into that mapping, and a
+// one-sided READ (transport.OpRead, CapRead) a memcpy from the mapping into
+// the sender's registered memory, with the same bounds, fence units and
+// peer-loss checks; large batches are split into chunks copied by several
+// goroutines.
 //
 // /proc/PID/fd/N was chosen over pidfd_getfd (needs ptrace attach rights, which
 // Yama's ptrace_scope=1 denies between sibling processes) and over an
@@ -221,7 +224,7 @@ func New(opts transport.Options) (transport.Transport, error) {
 func (t *shmTransport) Name() string { return Name }
 
 func (t *shmTransport) Capabilities() transport.Caps {
-	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided
+	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided | transport.CapRead
 }
 
 // RegisterMemory registers memfd-backed host memory. It duplicates m.FD so the

@@ -470,6 +470,9 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if tb == nil {
 		return 0, errors.New("tcp: submit: nil batch")
 	}
+	if err := transport.CheckOp(Name, s.t.Capabilities(), tb.Op); err != nil {
+		return 0, err
+	}
 	// Validate everything first (nothing is sent on error), then build all
 	// frames in one allocation. Small contiguous host-to-host requests are
 	// packed into scatter frames (see scatterEntryMax, scatterFrameBytes).

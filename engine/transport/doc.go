@@ -10,17 +10,17 @@
 //   - the interfaces: Transport (one node's instance: registered regions,
 //     endpoint, segments), Segment (a sender's connection to one receiver:
 //     Submit/Poll/Wait/Cancel/Release of TransferBatches of one-sided
-//     WriteRequests), and the optional ones a transport or segment may
-//     implement, each asserted at compile time by the transports: Acceptor
+//     requests, WRITEs or, with CapRead, READs: TransferBatch.Op), and the
+//     optional ones a transport or segment may implement, each asserted at compile time by the transports: Acceptor
 //     (CapHandshake: the receiver accepts the sender's handshake reply),
 //     Fencer (admit and fence segment epochs; the KV manager's stale-writer
 //     protection, required by the conformance suite engine/transporttest),
-//     RegionAdder (grow an open segment's region table) and SegmentReader
-//     (one-sided READ);
+//     and RegionAdder (grow an open segment's region table);
 //   - the data they move: Memory and MemoryKind, RegionID and RegionDesc,
-//     WriteRequest, ReadRequest, TransferBatch, BatchID/BatchState/
-//     BatchStatus, Caps, SegmentInfo, and the errors every transport wraps
-//     (ErrOutOfBounds, ErrUnknownRegion, ErrPeerLost, ErrFenced, ...);
+//     WriteRequest, Op, TransferBatch, BatchID/BatchState/BatchStatus, Caps
+//     (CheckOp: whether a transport executes a batch's op), SegmentInfo,
+//     and the errors every transport wraps (ErrOutOfBounds,
+//     ErrUnknownRegion, ErrPeerLost, ErrFenced, ErrReadUnsupported, ...);
 //   - the registry (the database/sql driver pattern): RegisterTransport from
 //     a transport's init, ProbeTransport, OpenTransport and OpenTransports
 //     (the one meaning of a --transport value), Options and the

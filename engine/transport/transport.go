@@ -3,12 +3,13 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // MemoryKind says where a memory range lives.
 type MemoryKind uint8
 
-//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type MemoryKind,BatchState -linecomment -output transport_string.go
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.51.0 -type MemoryKind,BatchState,Op -linecomment -output transport_string.go
 
 const (
 	// MemoryHost is CPU memory (mmap, memfd, malloc or CUDA pinned host memory).
@@ -71,6 +72,11 @@ type RegionDesc struct {
 // block i read from Local+i*LocalStride and written at
 // RemoteOffset+i*RemoteStride. This carries TP-mismatch head slicing as one
 // descriptor per page run instead of one request per token slot.
+//
+// In a read batch (TransferBatch.Op == OpRead) the same fields describe the
+// reverse direction: block i is copied FROM byte RemoteOffset+i*RemoteStride
+// of remote region Remote INTO local address Local+i*LocalStride (inside
+// memory registered with the reading side's transport).
 type WriteRequest struct {
 	Local        uintptr
 	Remote       RegionID
@@ -93,10 +99,35 @@ func (r WriteRequest) Blocks() uint64 {
 // Bytes returns the total payload of the request in bytes.
 func (r WriteRequest) Bytes() uint64 { return r.Blocks() * r.Length }
 
-// TransferBatch is an ordered list of WRITEs submitted together to one segment.
-// Requests inside a batch may complete in any order; the batch completes when
-// all of them have landed in the receiver's memory.
+// Op is the direction of a transfer batch.
+type Op uint8
+
+const (
+	// OpWrite (the zero value): one-sided WRITEs from local memory into the
+	// remote node's registered regions.
+	OpWrite Op = 0 // write
+	// OpRead: one-sided READs from the remote node's registered regions
+	// into local registered memory. It needs CapRead; a transport without
+	// it fails Submit with an error wrapping ErrReadUnsupported.
+	OpRead Op = 1 // read
+)
+
+// TransferBatch is an ordered list of one-sided requests submitted together
+// to one segment, all in the direction Op (OpWrite, the zero value, for
+// every batch that does not say otherwise). Requests inside a batch may
+// complete in any order; the batch completes when all of them have landed:
+// in the receiver's memory for a write, in local memory for a read.
+//
+// A read batch obeys the same rules as a write batch: the same validation
+// (unknown region → ErrUnknownRegion, a range outside the remote region or
+// a local range outside registered memory → ErrOutOfBounds, and then
+// nothing is moved), the same batch table (Poll, Wait, Cancel, Release),
+// the same epochs and fencing (the memory's owner serves no read of an
+// epoch it fenced or never admitted), and the same ErrPeerLost when the
+// remote node goes away: local memory named by a read that did not
+// complete holds unspecified bytes.
 type TransferBatch struct {
+	Op       Op
 	Requests []WriteRequest
 }
 
@@ -155,6 +186,11 @@ const (
 	// CapHandshake: OpenSegment returns a reply that the receiver must Accept
 	// (the transport implements Acceptor), e.g. RDMA QP exchange.
 	CapHandshake
+	// CapRead: Submit executes read batches (TransferBatch.Op == OpRead):
+	// one-sided READs of the remote node's registered regions, served by
+	// the remote transport (tcp), its NIC (rdma READ work requests) or a
+	// mapping of its memory (shm).
+	CapRead
 )
 
 // Has reports whether all flags in want are set.
@@ -176,8 +212,9 @@ type SegmentInfo struct {
 }
 
 // Transport moves bytes by one-sided WRITEs from registered local memory into a
-// remote node's registered regions. A Transport is one node's instance: it
-// both receives (listener, registered regions) and sends (segments).
+// remote node's registered regions and, with CapRead, by one-sided READs the
+// other way. A Transport is one node's instance: it both serves (listener,
+// registered regions) and initiates (segments).
 //
 // Implementations are safe for concurrent use.
 type Transport interface {
@@ -185,10 +222,13 @@ type Transport interface {
 	Name() string
 	// Capabilities returns the transport's flags.
 	Capabilities() Caps
-	// RegisterMemory registers m for local reads (sending) and remote writes
-	// (receiving) and returns its descriptor. Errors name the range and cause.
+	// RegisterMemory registers m for local use (the source of writes and the
+	// destination of reads this node submits) and remote use (the
+	// destination of peers' writes, the source of peers' reads) and returns
+	// its descriptor. Errors name the range and cause.
 	RegisterMemory(m Memory) (RegionDesc, error)
-	// DeregisterMemory removes a region; later writes to it are refused.
+	// DeregisterMemory removes a region; later writes to it and reads of it
+	// are refused.
 	DeregisterMemory(id RegionID) error
 	// Endpoint returns the blob a sender needs to reach this node, prepared
 	// for the named peer (a transport with per-peer state, such as an RDMA QP,
@@ -244,9 +284,11 @@ type Segment interface {
 	// HandshakeReply returns the blob the receiver must Accept (nil if the
 	// transport needs no second handshake step).
 	HandshakeReply() []byte
-	// Submit starts a batch. The local memory must stay valid and unchanged
-	// until the batch is terminal. Validation errors (unknown region, out of
-	// bounds) are returned at once and nothing is sent.
+	// Submit starts a batch (a write, or with CapRead a read: see
+	// TransferBatch.Op). The local memory must stay valid (and, for a
+	// write, unchanged) until the batch is terminal. Validation errors
+	// (unknown region, out of bounds, a read on a transport without
+	// CapRead) are returned at once and nothing is moved.
 	Submit(ctx context.Context, b *TransferBatch) (BatchID, error)
 	// Poll returns the batch's state without blocking. A terminal status is
 	// returned until Release.
@@ -270,28 +312,8 @@ type RegionAdder interface {
 	AddRegions(regions []RegionDesc) error
 }
 
-// ReadRequest is one one-sided READ: Length bytes from byte RemoteOffset of
-// the receiver's region Remote into local address Local (inside memory
-// registered with the reading side's transport).
-type ReadRequest struct {
-	Local        uintptr
-	Remote       RegionID
-	RemoteOffset uint64
-	Length       uint64
-}
-
-// SegmentReader is implemented by transport Segments that can READ the
-// receiver's registered memory (shm, which maps it). Read copies every
-// request before it returns; nothing is read when validation fails (errors
-// wrap ErrUnknownRegion or ErrOutOfBounds), and a receiver that is gone
-// fails it with ErrPeerLost. tcp and rdma move bytes by one-sided WRITE
-// only and do not implement it.
-type SegmentReader interface {
-	Read(ctx context.Context, reqs []ReadRequest) error
-}
-
-// ErrReadUnsupported: the transport moves bytes by one-sided WRITE only
-// (tcp, rdma); reads need a transport that implements SegmentReader (shm).
+// ErrReadUnsupported: the transport has no CapRead (it moves bytes by
+// one-sided WRITE only), so Submit refuses a read batch.
 var ErrReadUnsupported = errors.New("transport cannot read: one-sided WRITE only")
 
 // Errors shared by every transport. Transports wrap them with context
@@ -320,3 +342,19 @@ var (
 	// treat it as a lost peer.
 	ErrFenced = errors.New("data path fenced by the receiver")
 )
+
+// CheckOp returns nil when a transport with capabilities caps executes
+// batches of op, else the error its Submit returns (prefixed with owner, the
+// transport's name): an op that is neither OpWrite nor OpRead, or OpRead
+// without CapRead (wrapping ErrReadUnsupported).
+func CheckOp(owner string, caps Caps, op Op) error {
+	switch {
+	case op == OpWrite:
+		return nil
+	case op == OpRead && caps.Has(CapRead):
+		return nil
+	case op == OpRead:
+		return fmt.Errorf("%s: submit read batch: %w", owner, ErrReadUnsupported)
+	}
+	return fmt.Errorf("%s: submit: unknown batch op %d (want OpWrite or OpRead)", owner, op)
+}

@@ -27,6 +27,14 @@
 //   - its Segments implement transport.RegionAdder: a region the receiver
 //     registers after the open is refused (ErrUnknownRegion) until
 //     AddRegions names it, then written like any other;
+//   - reads (transport.OpRead, read.go): a transport with transport.CapRead
+//     passes the same cases for read batches, from the receiver's regions
+//     into the sender's registered memory (sizes, scattered pages, strided,
+//     refusals by the sender and by the receiving side with nothing
+//     returned, a deregistered region, reads and writes at once, cancel, a
+//     fenced epoch, the peer closing or killed mid-read, a large read); one
+//     without CapRead refuses a read batch with an error wrapping
+//     transport.ErrReadUnsupported;
 //   - when the receiver closes (or is killed), pending and later batches fail
 //     with an error wrapping transport.ErrPeerLost (Submit may return it
 //     instead) within PeerLostWithin, never hang;
@@ -147,6 +155,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver transport.Tr
 		{"FencedEpoch", s.fencedEpoch},
 		{"LargeTransfer", s.large},
 	}
+	cases = append(cases, s.readCases()...)
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
 	}
@@ -176,6 +185,7 @@ type env struct {
 	expected  []byte // what dstBuf must hold (guards included)
 	extra     []*extraRegion
 	fencePeer string // the peer name of the last segment opened
+	local     []byte // read cases: what the sender's memory (src) must hold
 }
 
 // newEnv allocates a srcBytes source and a dstBytes receiver region (with

@@ -358,3 +358,81 @@ func TestDropControl(t *testing.T) {
 		t.Fatalf("DropFor: counts %d/%d", d.Dropped(""), d.Dropped(control.MsgStatus))
 	}
 }
+
+// readBatch reads n bytes at off of the receiver into the sender's memory
+// (same offset both sides).
+func (r *rig) readBatch(off, n int) *transport.TransferBatch {
+	b := r.batch(off, n)
+	b.Op = transport.OpRead
+	return b
+}
+
+// Reads are forwarded and take the knobs like writes: CorruptData
+// complements the first byte read, KillMidBatch reads half the requests and
+// closes the segment, a stalled read copies only after Resume.
+func TestReadFaults(t *testing.T) {
+	readBack := func(r *rig, off, n int) bool {
+		for i := off; i < off+n; i++ {
+			if r.src.Bytes()[i] != r.dst.Bytes()[i] {
+				return false
+			}
+		}
+		return true
+	}
+	t.Run("CorruptData", func(t *testing.T) {
+		r := newRig(t, faulty.CorruptData(2))
+		r.setup()
+		fill := func() {
+			for i := range r.dst.Bytes() {
+				r.dst.Bytes()[i] = byte(i*13 + 5)
+			}
+		}
+		fill()
+		if st := r.run(r.readBatch(0, 4096)); st.State != transport.BatchCompleted || !readBack(r, 0, 4096) {
+			t.Fatalf("read 1: %v %v", st.State, st.Err)
+		}
+		if st := r.run(r.readBatch(4096, 8192)); st.State != transport.BatchCompleted {
+			t.Fatalf("corrupted read: %v %v, want completed", st.State, st.Err)
+		}
+		if got, want := r.src.Bytes()[4096], ^r.dst.Bytes()[4096]; got != want {
+			t.Fatalf("corrupted byte read = %#x, want %#x (complement of the remote byte)", got, want)
+		}
+		if !readBack(r, 4097, 8191) {
+			t.Fatalf("bytes after the corrupted one must be read intact")
+		}
+	})
+	t.Run("KillMidBatch", func(t *testing.T) {
+		r := newRig(t, faulty.KillMidBatch(1))
+		r.setup()
+		b := &transport.TransferBatch{Op: transport.OpRead, Requests: append(r.batch(0, 4096).Requests, r.batch(8192, 4096).Requests...)}
+		if st := r.run(b); st.State != transport.BatchFailed || !injected(st.Err, transport.ErrPeerLost) {
+			t.Fatalf("killed read: %v %v, want failed with ErrInjected+ErrPeerLost", st.State, st.Err)
+		}
+		if _, err := r.seg.Submit(r.ctx, r.readBatch(0, 4096)); !errors.Is(err, transport.ErrClosed) {
+			t.Fatalf("read after the kill: %v, want the segment closed", err)
+		}
+	})
+	t.Run("StallResume", func(t *testing.T) {
+		r := newRig(t, faulty.StallAfter(0))
+		r.setup()
+		for i := range r.dst.Bytes()[:4096] {
+			r.dst.Bytes()[i] = 0xA5
+		}
+		id, err := r.seg.Submit(r.ctx, r.readBatch(0, 4096))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := r.seg.Poll(id); st.State != transport.BatchPending {
+			t.Fatalf("stalled read: %v, want pending", st.State)
+		}
+		if readBack(r, 0, 4096) {
+			t.Fatalf("a stalled read copied before Resume")
+		}
+		r.send.Resume()
+		st, err := r.seg.Wait(r.ctx, id)
+		if err != nil || st.State != transport.BatchCompleted || !readBack(r, 0, 4096) {
+			t.Fatalf("read after Resume: %+v %v", st, err)
+		}
+		r.seg.Release(id)
+	})
+}

@@ -539,47 +539,90 @@ func TestTransferEngineCrossProcess(t *testing.T) {
 	}
 }
 
-// TestTransferEngineRead: shm reads peer memory by virtual address; tcp
-// refuses with ErrReadUnsupported.
+// TestTransferEngineRead: tcp and shm read peer memory by virtual address:
+// Read (sync), SubmitPeerReads + Wait (async, scattered pages and a strided
+// read), refusals naming the peer with nothing read, memory the peer
+// registers after the open (found by one refresh), and a peer that closes
+// (the read fails with ErrPeerLost).
 func TestTransferEngineRead(t *testing.T) {
-	recv := newTE(t, "shm")
-	send := newTE(t, "shm")
-	peer, _ := regBuf(t, recv, "peer", 1<<20)
-	fill(peer.Bytes(), 77)
-	local, _ := regBuf(t, send, "local", 1<<20)
-	seg, err := send.OpenSegment(context.Background(), recv.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Close()
-	ctx := context.Background()
-	if err := seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr() + 8, PeerAddr: uint64(peer.Addr()) + 1000, Length: 3 << 18}}); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(local.Bytes()[8:8+3<<18], peer.Bytes()[1000:1000+3<<18]) {
-		t.Fatal("read: bytes differ")
-	}
-	err = seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr(), PeerAddr: uint64(peer.Addr()) + 1<<20 - 4, Length: 8}})
-	if !errors.Is(err, transport.ErrOutOfBounds) || !strings.Contains(err.Error(), recv.Name()) {
-		t.Fatalf("read past the peer region: %v", err)
-	}
-	err = seg.Read(ctx, []segengine.PeerRead{{Local: 0x1000, PeerAddr: uint64(peer.Addr()), Length: 8}})
-	if !errors.Is(err, transport.ErrOutOfBounds) {
-		t.Fatalf("read into unregistered local memory: %v", err)
-	}
-
-	trecv := newTE(t, "tcp")
-	tsend := newTE(t, "tcp")
-	regBuf(t, trecv, "peer", 4096)
-	tl, _ := regBuf(t, tsend, "local", 4096)
-	tseg, err := tsend.OpenSegment(ctx, trecv.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tseg.Close()
-	err = tseg.Read(ctx, []segengine.PeerRead{{Local: tl.Addr(), PeerAddr: 1, Length: 1}})
-	if !errors.Is(err, transport.ErrReadUnsupported) || !strings.Contains(err.Error(), "tcp") {
-		t.Fatalf("tcp read: err = %v, want ErrReadUnsupported", err)
+	for _, name := range []string{"tcp", "shm"} {
+		t.Run(name, func(t *testing.T) {
+			recv := newTE(t, name)
+			send := newTE(t, name)
+			peer, _ := regBuf(t, recv, "peer", 1<<20)
+			fill(peer.Bytes(), 77)
+			local, _ := regBuf(t, send, "local", 1<<20)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			seg, err := send.OpenSegment(ctx, recv.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			pa := uint64(peer.Addr())
+			if err := seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr() + 8, PeerAddr: pa + 1000, Length: 3 << 18}}); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(local.Bytes()[8:8+3<<18], peer.Bytes()[1000:1000+3<<18]) {
+				t.Fatal("read: bytes differ")
+			}
+			// Async: 64 scattered pages and a strided read in one batch.
+			clear(local.Bytes())
+			var rs []segengine.PeerRead
+			for i := 0; i < 64; i++ {
+				rs = append(rs, segengine.PeerRead{Local: local.Addr() + uintptr(i*4096), PeerAddr: pa + uint64((63-i)*8192), Length: 4096})
+			}
+			rs = append(rs, segengine.PeerRead{Local: local.Addr() + 512<<10, PeerAddr: pa + 3, Length: 100, Count: 20, LocalStride: 128, PeerStride: 1000})
+			id, err := seg.SubmitPeerReads(ctx, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := seg.Wait(ctx, id)
+			if err != nil || st.State != transport.BatchCompleted || st.BytesDone != 64*4096+2000 {
+				t.Fatalf("async read: %+v, %v", st, err)
+			}
+			seg.Release(id)
+			for i := 0; i < 64; i++ {
+				if !bytes.Equal(local.Bytes()[i*4096:][:4096], peer.Bytes()[(63-i)*8192:][:4096]) {
+					t.Fatalf("async read: page %d differs", i)
+				}
+			}
+			for k := 0; k < 20; k++ {
+				if !bytes.Equal(local.Bytes()[512<<10+k*128:][:100], peer.Bytes()[3+k*1000:][:100]) {
+					t.Fatalf("strided read: block %d differs", k)
+				}
+			}
+			// Refusals: nothing is read.
+			before := bytes.Clone(local.Bytes())
+			err = seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr(), PeerAddr: pa + 1<<20 - 4, Length: 8}})
+			if !errors.Is(err, transport.ErrOutOfBounds) || !strings.Contains(err.Error(), recv.Name()) {
+				t.Fatalf("read past the peer region: %v", err)
+			}
+			err = seg.Read(ctx, []segengine.PeerRead{{Local: 0x1000, PeerAddr: pa, Length: 8}})
+			if !errors.Is(err, transport.ErrOutOfBounds) {
+				t.Fatalf("read into unregistered local memory: %v", err)
+			}
+			if !bytes.Equal(local.Bytes(), before) {
+				t.Fatal("a refused read changed local memory")
+			}
+			// Memory the peer registers after the open.
+			late, _ := regBuf(t, recv, "late", 64<<10)
+			fill(late.Bytes(), 5)
+			if err := seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr(), PeerAddr: uint64(late.Addr()) + 100, Length: 5000}}); err != nil {
+				t.Fatalf("read of memory registered after the open: %v", err)
+			}
+			if !bytes.Equal(local.Bytes()[:5000], late.Bytes()[100:5100]) {
+				t.Fatal("late read: bytes differ")
+			}
+			// The peer goes away: the read fails as a lost peer.
+			if err := recv.Close(); err != nil {
+				t.Fatal(err)
+			}
+			err = seg.Read(ctx, []segengine.PeerRead{{Local: local.Addr(), PeerAddr: pa, Length: 1 << 20}})
+			if !errors.Is(err, transport.ErrPeerLost) {
+				t.Fatalf("read after the peer closed: %v, want ErrPeerLost", err)
+			}
+		})
 	}
 }
 

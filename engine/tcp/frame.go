@@ -65,6 +65,21 @@ import (
 // the destination ranges; one refused entry refuses the whole frame (its
 // payload is drained) with one ack naming the entry.
 //
+// Data-frame header, kind 3 (read: the receiver sends back Count blocks of
+// Length bytes from its region, block i at Offset+i*Stride): the same
+// fields as kind 1, and no payload follows the header. Kind 4 (read
+// scatter: many small reads of one transfer batch, possibly from several
+// regions): the same header and scatter table as kind 2, and no payload
+// follows the table. The receiver checks a read as it checks a write (region
+// registered and not deregistered, every byte inside it, the connection's
+// epoch admitted) and answers with its ack: status ackOK and Bytes = the
+// frame's read size, then exactly Bytes bytes of payload (the blocks, or the
+// entries in table order, back to back), written with one vectored write
+// straight from the region; a refused read gets a refusal ack and no
+// payload. Kinds 3 and 4 came without a version bump: a receiver of an
+// older build answers them with a protocol error (unknown frame kind), and
+// writes keep working between builds.
+//
 // Ack (one per data frame, in the order the frames arrived):
 //
 //	0  u32 magic 0x41585643 ("CVXA")
@@ -72,7 +87,8 @@ import (
 //	5  u8  reserved (0)
 //	6  u16 message length in bytes (<= maxAckMsg)
 //	8  u64 seq of the frame acknowledged
-//	16 u64 payload bytes that landed in the region(s)
+//	16 u64 payload bytes that landed in the region(s); for an ackOK to a
+//	       read frame, the payload bytes that follow the ack
 
 const (
 	helloSize  = 24
@@ -86,8 +102,10 @@ const (
 	frameMagic = 0x5758564B
 	ackMagic   = 0x41585643
 
-	kindWrite   = 1
-	kindScatter = 2
+	kindWrite       = 1
+	kindScatter     = 2
+	kindRead        = 3
+	kindReadScatter = 4
 
 	// maxScatterEntries bounds the entries of one scatter frame (its table
 	// is at most 16 KiB; its payload fits one readv of IOV_MAX slices).
@@ -146,8 +164,8 @@ func decodeHello(b []byte) (hello, error) {
 }
 
 // header is a decoded data-frame header. For a scatter frame (Kind ==
-// kindScatter) Count is the number of table entries, Length the total
-// payload in bytes, and Region, Offset and Stride are zero.
+// kindScatter or kindReadScatter) Count is the number of table entries,
+// Length the total payload in bytes, and Region, Offset and Stride are zero.
 type header struct {
 	Kind   uint8
 	Seq    uint64
@@ -158,19 +176,35 @@ type header struct {
 	Stride uint64
 }
 
-// payload returns the payload bytes that follow the header (and the scatter
-// table): Count*Length for a write frame, Length for a scatter frame.
-func (h header) payload() uint64 {
-	if h.Kind == kindScatter {
+// read reports whether the frame is a read (kindRead, kindReadScatter).
+func (h header) read() bool { return h.Kind == kindRead || h.Kind == kindReadScatter }
+
+// scattered reports whether a scatter table follows the header.
+func (h header) scattered() bool { return h.Kind == kindScatter || h.Kind == kindReadScatter }
+
+// size returns the frame's data bytes: Count*Length for a write or read
+// frame, Length for a scatter frame of either direction.
+func (h header) size() uint64 {
+	if h.scattered() {
 		return h.Length
 	}
 	return uint64(h.Count) * h.Length
 }
 
+// payload returns the payload bytes that follow the header (and the scatter
+// table) from the sender: size() for a write, 0 for a read (its bytes
+// follow the receiver's ack instead).
+func (h header) payload() uint64 {
+	if h.read() {
+		return 0
+	}
+	return h.size()
+}
+
 // tableBytes returns the size of the scatter table after the header (0 for a
-// write frame).
+// write or read frame).
 func (h header) tableBytes() int {
-	if h.Kind == kindScatter {
+	if h.scattered() {
 		return int(h.Count) * entrySize
 	}
 	return 0
@@ -198,7 +232,7 @@ func (h header) encode(b *[headerSize]byte) {
 // means the stream is unusable: bad magic, unknown kind or flags, zero count,
 // a payload over maxFramePayload, or (scatter) more than maxScatterEntries
 // entries or reserved fields set. Bounds are not checked here. The returned
-// header has Kind set (kindWrite or kindScatter).
+// header has Kind set (kindWrite, kindScatter, kindRead or kindReadScatter).
 func decodeHeader(b []byte) (header, error) {
 	if len(b) < headerSize {
 		return header{}, fmt.Errorf("%w: frame header is %d bytes, want %d", errProtocol, len(b), headerSize)
@@ -206,7 +240,7 @@ func decodeHeader(b []byte) (header, error) {
 	if m := binary.LittleEndian.Uint32(b[0:]); m != frameMagic {
 		return header{}, fmt.Errorf("%w: bad frame magic %#08x, want %#08x (stream out of sync)", errProtocol, m, frameMagic)
 	}
-	if b[4] != kindWrite && b[4] != kindScatter {
+	if b[4] < kindWrite || b[4] > kindReadScatter {
 		return header{}, fmt.Errorf("%w: unknown frame kind %d", errProtocol, b[4])
 	}
 	if b[5] != 0 || binary.LittleEndian.Uint16(b[6:]) != 0 {
@@ -224,7 +258,7 @@ func decodeHeader(b []byte) (header, error) {
 	if h.Count == 0 {
 		return h, fmt.Errorf("%w: frame %d has block count 0", errProtocol, h.Seq)
 	}
-	if h.Kind == kindScatter {
+	if h.scattered() {
 		switch {
 		case h.Count > maxScatterEntries:
 			return h, fmt.Errorf("%w: scatter frame %d has %d entries, the limit is %d", errProtocol, h.Seq, h.Count, maxScatterEntries)

@@ -15,6 +15,8 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{Kind: kindWrite, Seq: 7, Region: 0, Count: 1, Offset: 1<<64 - 1, Length: 0},
 		{Kind: kindScatter, Seq: 8, Count: 3, Length: 3},
 		{Kind: kindScatter, Seq: 9, Count: maxScatterEntries, Length: maxFramePayload},
+		{Kind: kindRead, Seq: 10, Region: 2, Count: 16, Offset: 4096, Length: 256, Stride: 1024},
+		{Kind: kindReadScatter, Seq: 11, Count: 2, Length: 8192},
 	} {
 		var b [headerSize]byte
 		h.encode(&b)
@@ -137,6 +139,10 @@ func FuzzDecodeHeader(f *testing.F) {
 	f.Add(make([]byte, headerSize))
 	header{Kind: kindScatter, Seq: 2, Count: 3, Length: 12288}.encode(&b)
 	f.Add(b[:])
+	header{Kind: kindRead, Seq: 3, Region: 1, Count: 4, Offset: 8, Length: 64, Stride: 128}.encode(&b)
+	f.Add(b[:])
+	header{Kind: kindReadScatter, Seq: 4, Count: 2, Length: 8192}.encode(&b)
+	f.Add(b[:])
 	f.Fuzz(func(t *testing.T, in []byte) {
 		h, err := decodeHeader(in)
 		if err != nil {
@@ -145,7 +151,7 @@ func FuzzDecodeHeader(f *testing.F) {
 			}
 			return
 		}
-		if h.Count == 0 || h.payload() > maxFramePayload {
+		if h.Count == 0 || h.size() > maxFramePayload || (h.read() && h.payload() != 0) {
 			t.Fatalf("accepted invalid header %+v", h)
 		}
 		var out [headerSize]byte
@@ -297,6 +303,8 @@ func FuzzDecodeScatter(f *testing.F) {
 	f.Add(hb[:])
 	header{Kind: kindScatter, Seq: 1, Count: maxScatterEntries, Length: maxScatterEntries}.encode(&hb)
 	f.Add(append(hb[:], make([]byte, 100)...))
+	header{Kind: kindReadScatter, Seq: 1, Count: 2, Length: 4096 + 8}.encode(&hb)
+	f.Add(append(hb[:], tb...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		h, err := decodeHeader(in)
 		if err != nil {
@@ -305,10 +313,10 @@ func FuzzDecodeScatter(f *testing.F) {
 			}
 			return
 		}
-		if h.Kind != kindScatter {
+		if !h.scattered() {
 			return
 		}
-		if h.Count == 0 || h.Count > maxScatterEntries || h.Length < uint64(h.Count) || h.payload() > maxFramePayload || h.tableBytes() != int(h.Count)*entrySize {
+		if h.Count == 0 || h.Count > maxScatterEntries || h.Length < uint64(h.Count) || h.size() > maxFramePayload || h.tableBytes() != int(h.Count)*entrySize {
 			t.Fatalf("accepted invalid scatter header %+v", h)
 		}
 		ents, err := decodeTable(h, in[headerSize:], nil)

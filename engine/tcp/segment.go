@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
@@ -86,7 +87,10 @@ func (b *batch) finish(bytes uint64, err error, skipped bool) {
 
 // frame is one header (+ payload) on one stream: a write frame (one request
 // or chunk, local is its source region) or a scatter frame (many small
-// requests; local is nil, table and srcs describe them).
+// requests; local is nil, table and srcs describe them). A read frame
+// (hdr.Kind kindRead or kindReadScatter) has the same fields, local and
+// srcs naming the destinations of the bytes the receiver sends back
+// (read.go); its header (and table) is all the writer sends.
 type frame struct {
 	b      *batch
 	hdr    header
@@ -95,7 +99,8 @@ type frame struct {
 	stride uint64 // local stride between blocks
 	bytes  uint64 // payload bytes
 	// scatter frames only: the encoded scatter table and each entry's
-	// source bytes in registered host memory, in table order.
+	// source bytes (destination bytes for a read) in registered host
+	// memory, in table order.
 	table []byte
 	srcs  [][]byte
 	// wire is the encoded header, written by the writer for the kernel.
@@ -107,15 +112,29 @@ type frame struct {
 }
 
 // device reports whether the frame's payload is read from device memory
-// (it then goes alone through the bounce buffer).
-func (f *frame) device() bool { return f.local != nil && f.local.buf == nil }
+// (it then goes alone through the bounce buffer). A read frame sends no
+// payload: never.
+func (f *frame) device() bool { return f.local != nil && f.local.buf == nil && !f.hdr.read() }
 
 // iovs is the number of slices the frame needs in a vectored write.
 func (f *frame) iovs() int {
-	if f.hdr.Kind == kindScatter {
+	switch {
+	case f.hdr.Kind == kindReadScatter:
+		return 2
+	case f.hdr.read():
+		return 1
+	case f.hdr.Kind == kindScatter:
 		return 2 + len(f.srcs)
 	}
 	return 1 + int(f.hdr.Count)
+}
+
+// wireBytes is the payload the writer sends for the frame (0 for a read).
+func (f *frame) wireBytes() uint64 {
+	if f.hdr.read() {
+		return 0
+	}
+	return f.bytes
 }
 
 // stream is one data connection of a segment.
@@ -138,9 +157,15 @@ type stream struct {
 	idleLoss bool
 	seq      uint64
 	lastAck  time.Time
+	raw      syscall.RawConn // for the reader's readv of read payloads (read.go)
 
 	writerDone chan struct{}
 	readerDone chan struct{}
+
+	// reader-only state (read.go): destinations of one read answer, and
+	// the staging buffer of answers into device memory
+	answerIOV    [][]byte
+	answerBounce []byte
 
 	// writer-only state
 	hdrBuf [headerSize]byte
@@ -203,7 +228,17 @@ func (s *segment) dialStream(ctx context.Context, i int, timeout time.Duration) 
 		c.Close()
 		return nil, err
 	}
-	return &stream{seg: s, idx: i, c: c, wake: make(chan struct{}, 1),
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("data connection %T has no file descriptor", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &stream{seg: s, idx: i, c: c, raw: raw, wake: make(chan struct{}, 1),
 		writerDone: make(chan struct{}), readerDone: make(chan struct{})}, nil
 }
 
@@ -376,14 +411,15 @@ func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 // HandshakeReply returns nil: TCP needs no second handshake step.
 func (s *segment) HandshakeReply() []byte { return nil }
 
-// checkRequest validates one request against the remote descriptor and the
-// local registrations and returns the local region holding its source.
-func (s *segment) checkRequest(i int, r transport.WriteRequest) (*region, error) {
+// checkRequest validates one request of a batch of op against the remote
+// descriptor and the local registrations and returns the local region
+// holding its source (a write) or destination (a read).
+func (s *segment) checkRequest(i int, op transport.Op, r transport.WriteRequest) (*region, error) {
 	if r.Length == 0 {
 		return nil, fmt.Errorf("tcp: request %d: length must be > 0 bytes", i)
 	}
 	blocks := r.Blocks()
-	if blocks > 1 && r.RemoteStride < r.Length {
+	if op == transport.OpWrite && blocks > 1 && r.RemoteStride < r.Length {
 		return nil, fmt.Errorf("tcp: request %d: remote stride %d < block length %d (blocks would overlap)", i, r.RemoteStride, r.Length)
 	}
 	desc, ok := (*s.remote.Load())[r.Remote]
@@ -395,8 +431,8 @@ func (s *segment) checkRequest(i int, r transport.WriteRequest) (*region, error)
 	}
 	end, ok := header{Count: uint32(blocks), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}.span()
 	if !ok || end > desc.Length {
-		return nil, fmt.Errorf("tcp: request %d: write to region %d at offset %d length %d x %d (stride %d) ends at %d, past its %d bytes: %w",
-			i, r.Remote, r.RemoteOffset, blocks, r.Length, r.RemoteStride, end, desc.Length, transport.ErrOutOfBounds)
+		return nil, fmt.Errorf("tcp: request %d: %s of region %d at offset %d length %d x %d (stride %d) ends at %d, past its %d bytes: %w",
+			i, op, r.Remote, r.RemoteOffset, blocks, r.Length, r.RemoteStride, end, desc.Length, transport.ErrOutOfBounds)
 	}
 	lend, ok := header{Count: uint32(blocks), Offset: uint64(r.Local), Length: r.Length, Stride: r.LocalStride}.span()
 	if !ok {
@@ -456,12 +492,62 @@ func (p *packer) add(n uint64) bool {
 // reset starts over with the same limit.
 func (p *packer) reset() { p.entries, p.bytes = 0, 0 }
 
+// readFrame is one frame of a strided read: count blocks of length bytes,
+// the first at remoteOff (localOff) from the request's start, stride apart
+// on the remote side (0 for one block).
+type readFrame struct {
+	count               uint32
+	length              uint64
+	localOff, remoteOff uint64
+	stride              uint64
+}
+
+// readFrames returns how many frames splitRead cuts r into.
+func readFrames(r transport.WriteRequest) int {
+	if r.Length <= chunkSize {
+		k := chunkSize / r.Length
+		return int((r.Blocks() + k - 1) / k)
+	}
+	return int(r.Blocks() * ((r.Length + chunkSize - 1) / chunkSize))
+}
+
+// splitRead cuts a strided read into frames of at most chunkSize bytes:
+// runs of chunkSize/Length blocks, or, for blocks over chunkSize, each
+// block in chunkSize pieces.
+func splitRead(r transport.WriteRequest) []readFrame {
+	out := make([]readFrame, 0, readFrames(r))
+	blocks := r.Blocks()
+	if r.Length <= chunkSize {
+		k := chunkSize / r.Length
+		for first := uint64(0); first < blocks; first += k {
+			c := min(k, blocks-first)
+			rf := readFrame{count: uint32(c), length: r.Length, localOff: first * r.LocalStride, remoteOff: first * r.RemoteStride}
+			if c > 1 {
+				rf.stride = r.RemoteStride
+			}
+			out = append(out, rf)
+		}
+		return out
+	}
+	for i := uint64(0); i < blocks; i++ {
+		for done := uint64(0); done < r.Length; done += chunkSize {
+			out = append(out, readFrame{count: 1, length: min(chunkSize, r.Length-done), localOff: i*r.LocalStride + done, remoteOff: i*r.RemoteStride + done})
+		}
+	}
+	return out
+}
+
 // Submit validates every request (remote region known and in bounds, local
 // range inside a registered region; errors wrap transport.ErrUnknownRegion or
-// transport.ErrOutOfBounds and nothing is sent), packs small writes (one block
-// of at most 256 KiB, host to host) into scatter frames of at most 1024
-// writes and 256 KiB..1 MiB (the batch's small bytes over the streams), splits contiguous requests over 4 MiB into 4 MiB frames,
-// and queues the frames on the least-loaded streams.
+// transport.ErrOutOfBounds and nothing is sent), packs small requests (one
+// block of at most 256 KiB, host to host) into scatter frames of at most
+// 1024 requests and 256 KiB..1 MiB (the batch's small bytes over the
+// streams), splits contiguous requests over 4 MiB into 4 MiB frames, and
+// queues the frames on the least-loaded streams. A read batch
+// (transport.OpRead) is framed the same way with read frames (read.go),
+// and a strided read is also split into frames of at most 4 MiB, so the
+// receiver stages at most that much of device memory per frame and a large
+// strided read spreads over the streams.
 // Errors also: a closed segment (ErrClosed), every stream lost (ErrPeerLost).
 func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
@@ -476,13 +562,18 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	// Validate everything first (nothing is sent on error), then build all
 	// frames in one allocation. Small contiguous host-to-host requests are
 	// packed into scatter frames (see scatterEntryMax, scatterFrameBytes).
+	read := tb.Op == transport.OpRead
+	kind, scatterKind := uint8(kindWrite), uint8(kindScatter)
+	if read {
+		kind, scatterKind = kindRead, kindReadScatter
+	}
 	locals := make([]*region, len(tb.Requests))
 	small := make([]bool, len(tb.Requests))
 	nframes, nsmall := 0, 0
 	var smallBytes uint64
 	remote := *s.remote.Load()
 	for i, r := range tb.Requests {
-		lr, err := s.checkRequest(i, r)
+		lr, err := s.checkRequest(i, tb.Op, r)
 		if err != nil {
 			return 0, err
 		}
@@ -492,6 +583,8 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 			small[i] = true
 			nsmall++
 			smallBytes += r.Length
+		case r.Blocks() > 1 && read:
+			nframes += readFrames(r)
 		case r.Blocks() > 1:
 			nframes++
 		default:
@@ -527,7 +620,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 					cur.table = table[:len(cur.srcs)*entrySize]
 					table = table[len(cur.table):]
 				}
-				store = append(store, frame{b: b, hdr: header{Kind: kindScatter}})
+				store = append(store, frame{b: b, hdr: header{Kind: scatterKind}})
 				cur = &store[len(store)-1]
 				frames = append(frames, cur)
 				cur.srcs = srcs[len(srcs):]
@@ -540,6 +633,14 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 			cur.bytes += r.Length
 			continue
 		}
+		if r.Blocks() > 1 && read {
+			for _, rf := range splitRead(r) {
+				store = append(store, frame{b: b, local: lr, off: off + rf.localOff, stride: r.LocalStride, bytes: uint64(rf.count) * rf.length,
+					hdr: header{Kind: kindRead, Region: uint32(r.Remote), Count: rf.count, Offset: r.RemoteOffset + rf.remoteOff, Length: rf.length, Stride: rf.stride}})
+				frames = append(frames, &store[len(store)-1])
+			}
+			continue
+		}
 		if r.Blocks() > 1 {
 			store = append(store, frame{b: b, local: lr, off: off, stride: r.LocalStride, bytes: r.Bytes(),
 				hdr: header{Region: uint32(r.Remote), Count: uint32(r.Blocks()), Offset: r.RemoteOffset, Length: r.Length, Stride: r.RemoteStride}})
@@ -549,7 +650,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		for done := uint64(0); done < r.Length; done += chunkSize {
 			n := min(chunkSize, r.Length-done)
 			store = append(store, frame{b: b, local: lr, off: off + done, bytes: n,
-				hdr: header{Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset + done, Length: n}})
+				hdr: header{Kind: kind, Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset + done, Length: n}})
 			frames = append(frames, &store[len(store)-1])
 		}
 	}
@@ -748,7 +849,7 @@ func (st *stream) writer() {
 				continue
 			}
 			need := f.iovs()
-			if len(burst) > 0 && (f.device() || iovs+need > burstIOV || size+f.bytes > burstBytes) {
+			if len(burst) > 0 && (f.device() || iovs+need > burstIOV || size+f.wireBytes() > burstBytes) {
 				break
 			}
 			st.queue[0] = nil
@@ -761,7 +862,7 @@ func (st *stream) writer() {
 			st.inflight = append(st.inflight, f)
 			burst = append(burst, f)
 			iovs += need
-			size += f.bytes
+			size += f.wireBytes()
 			if f.device() {
 				break
 			}
@@ -793,9 +894,15 @@ func (st *stream) write(burst []*frame) error {
 		for _, f := range burst {
 			f.hdr.encode(&f.wire)
 			st.iov = append(st.iov, f.wire[:])
-			if f.hdr.Kind == kindScatter {
+			switch f.hdr.Kind {
+			case kindScatter:
 				st.iov = append(st.iov, f.table)
 				st.iov = append(st.iov, f.srcs...)
+				continue
+			case kindReadScatter:
+				st.iov = append(st.iov, f.table)
+				continue
+			case kindRead:
 				continue
 			}
 			for i := uint64(0); i < uint64(f.hdr.Count); i++ {
@@ -848,6 +955,7 @@ func (st *stream) reader() {
 	var hb [ackSize]byte
 	msg := make([]byte, maxAckMsg)
 	br := bufio.NewReaderSize(st.c, 16<<10) // acks arrive in bursts
+	pr := payloadReader{c: st.c, raw: st.raw, br: br, timeout: timeout}
 	readFull := func(p []byte) error {
 		for n := 0; n < len(p); {
 			st.c.SetReadDeadline(time.Now().Add(tick))
@@ -913,6 +1021,15 @@ func (st *stream) reader() {
 		st.lastAck = time.Now()
 		st.mu.Unlock()
 		st.queued.Add(^(f.bytes - 1))
+		if f.hdr.read() && a.Status == ackOK {
+			// The answer's bytes follow the ack: land them, then finish
+			// the frame (popped above, so only this goroutine finishes it).
+			if err := st.readAnswer(&pr, f, a); err != nil {
+				f.b.finish(0, err, false)
+				st.kill(err)
+				return
+			}
+		}
 		f.b.finish(a.Bytes, st.ackErr(f, a), false)
 		if a.Status == ackProtocol || a.Status == ackShutdown {
 			st.kill(st.lost("receiver closed the stream: %s", a.Msg))
@@ -931,8 +1048,13 @@ func (st *stream) ackErr(f *frame, a ack) error {
 		return nil
 	}
 	where := fmt.Sprintf("tcp: write to region %d at offset %d length %d x %d on %s refused", f.hdr.Region, f.hdr.Offset, f.hdr.Count, f.hdr.Length, st.seg.addr)
-	if f.hdr.Kind == kindScatter {
+	switch f.hdr.Kind {
+	case kindScatter:
 		where = fmt.Sprintf("tcp: scatter frame of %d writes (%d bytes) on %s refused", f.hdr.Count, f.hdr.Length, st.seg.addr)
+	case kindRead:
+		where = fmt.Sprintf("tcp: read of region %d at offset %d length %d x %d on %s refused (nothing was read)", f.hdr.Region, f.hdr.Offset, f.hdr.Count, f.hdr.Length, st.seg.addr)
+	case kindReadScatter:
+		where = fmt.Sprintf("tcp: scatter frame of %d reads (%d bytes) on %s refused (nothing was read)", f.hdr.Count, f.hdr.Length, st.seg.addr)
 	}
 	var sentinel error
 	switch a.Status {

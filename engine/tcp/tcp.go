@@ -28,6 +28,12 @@
 // header with one readv and writes acks in bursts (at the latest before it
 // would wait for input, or every 64 acks or 4 MiB acknowledged).
 //
+// Reads (transport.OpRead): a read batch travels as read frames on the same
+// streams; the receiver checks each like a write and answers with its ack
+// followed by the bytes, one vectored write straight from the registered
+// region; the reading side lands them with readv straight into its
+// registered memory (read.go).
+//
 // Timeouts: a stream with frames in flight and no acknowledgement for
 // Options.TCP.AckTimeout (default 10s; it must exceed
 // the time the link needs for 8 MiB) is declared lost; a peer that closes or
@@ -325,10 +331,10 @@ func (t *Transport) Name() string { return Name }
 
 // Capabilities: host memory, cross-host, zero-copy on the host (vectored
 // writes from and reads into registered memory), strided requests executed
-// natively (one header per request). CapDeviceMemory is set only when a CUDA
+// natively (one header per request), one-sided READ (read.go). CapDeviceMemory is set only when a CUDA
 // copier is installed.
 func (t *Transport) Capabilities() transport.Caps {
-	c := transport.CapHostMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapStrided
+	c := transport.CapHostMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapStrided | transport.CapRead
 	if _, none := deviceCopier.(noDevice); !none {
 		c |= transport.CapDeviceMemory
 	}
@@ -562,6 +568,9 @@ type receiver struct {
 	ents   []entry   // decoded table
 	dests  []*region // region of each entry
 	locked []*region // distinct regions of the frame, ascending ID
+	// read-response state (read.go), reused across frames
+	out  [][]byte    // acks + payload slices of one response (backing array kept)
+	bufs net.Buffers // out as handed to WriteTo (a field: no allocation per call)
 }
 
 // maxRcvLowat caps the SO_RCVLOWAT the receiver sets while it waits for a
@@ -643,9 +652,15 @@ func (rx *receiver) run() error {
 		}
 		rx.c.SetReadDeadline(time.Now().Add(rx.t.ackTimeout))
 		var a ack
-		if h.Kind == kindScatter {
+		switch h.Kind {
+		case kindScatter:
 			a, err = rx.scatter(h)
-		} else {
+		case kindRead, kindReadScatter:
+			var answered bool
+			if answered, a, err = rx.serveRead(h); err == nil && answered {
+				continue
+			}
+		default:
 			a, err = rx.frame(h)
 		}
 		if errors.Is(err, errProtocol) {

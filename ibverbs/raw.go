@@ -267,20 +267,21 @@ func rawQueryDevice(c cContext) (DeviceAttr, error) {
 		return DeviceAttr{}, &Error{Op: "ibv_query_device", Errno: syscall.Errno(rc)}
 	}
 	return DeviceAttr{
-		FWVer:        C.GoString(&a.fw_ver[0]),
-		NodeGUID:     uint64(a.node_guid),
-		VendorID:     uint32(a.vendor_id),
-		VendorPartID: uint32(a.vendor_part_id),
-		MaxMRSize:    uint64(a.max_mr_size),
-		MaxQP:        int(a.max_qp),
-		MaxQPWR:      int(a.max_qp_wr),
-		MaxSGE:       int(a.max_sge),
-		MaxCQ:        int(a.max_cq),
-		MaxCQE:       int(a.max_cqe),
-		MaxMR:        int(a.max_mr),
-		MaxPD:        int(a.max_pd),
-		MaxQPRdAtom:  int(a.max_qp_rd_atom),
-		PhysPortCnt:  int(a.phys_port_cnt),
+		FWVer:           C.GoString(&a.fw_ver[0]),
+		NodeGUID:        uint64(a.node_guid),
+		VendorID:        uint32(a.vendor_id),
+		VendorPartID:    uint32(a.vendor_part_id),
+		MaxMRSize:       uint64(a.max_mr_size),
+		MaxQP:           int(a.max_qp),
+		MaxQPWR:         int(a.max_qp_wr),
+		MaxSGE:          int(a.max_sge),
+		MaxCQ:           int(a.max_cq),
+		MaxCQE:          int(a.max_cqe),
+		MaxMR:           int(a.max_mr),
+		MaxPD:           int(a.max_pd),
+		MaxQPRdAtom:     int(a.max_qp_rd_atom),
+		MaxQPInitRdAtom: int(a.max_qp_init_rd_atom),
+		PhysPortCnt:     int(a.phys_port_cnt),
 	}, nil
 }
 

@@ -222,8 +222,15 @@ type DeviceAttr struct {
 	MaxCQE       int
 	MaxMR        int
 	MaxPD        int
-	MaxQPRdAtom  int
-	PhysPortCnt  int
+	// MaxQPRdAtom is the most RDMA READ (and atomic) requests a QP of this
+	// device serves at once as the responder (max_qp_rd_atom): the upper
+	// bound of RTRAttr.MaxDestRdAtomic.
+	MaxQPRdAtom int
+	// MaxQPInitRdAtom is the most RDMA READ (and atomic) requests a QP of
+	// this device keeps outstanding as the initiator (max_qp_init_rd_atom):
+	// the upper bound of RTSAttr.MaxRdAtomic.
+	MaxQPInitRdAtom int
+	PhysPortCnt     int
 }
 
 // PortAttr is the subset of struct ibv_port_attr the transport uses.
@@ -276,7 +283,10 @@ type RTRAttr struct {
 	DGID      GID
 	SGIDIndex uint8
 	HopLimit  uint8
-	// MaxDestRdAtomic is responder resources for RDMA READ/atomics (0..16).
+	// MaxDestRdAtomic is responder resources for RDMA READ/atomics: how
+	// many incoming READs the QP serves at once (at most
+	// DeviceAttr.MaxQPRdAtom; the peer's RTSAttr.MaxRdAtomic must not
+	// exceed it).
 	MaxDestRdAtomic uint8
 	// MinRNRTimer is the RNR NAK timer code (IB spec table, 12 = 0.64 ms).
 	MinRNRTimer uint8
@@ -292,7 +302,11 @@ type RTSAttr struct {
 	// RetryCnt is the transport retry count (0..7).
 	RetryCnt uint8
 	// RNRRetry is the RNR retry count (0..7, 7 = infinite).
-	RNRRetry    uint8
+	RNRRetry uint8
+	// MaxRdAtomic is the initiator depth: how many RDMA READs (and
+	// atomics) the QP keeps outstanding (at most
+	// DeviceAttr.MaxQPInitRdAtom and the peer's RTRAttr.MaxDestRdAtomic);
+	// more READs posted wait in the send queue.
 	MaxRdAtomic uint8
 }
 
@@ -432,6 +446,43 @@ func (w *WC) Err() error {
 		return nil
 	}
 	return &WCError{WRID: w.WRID, Status: w.Status, VendorErr: w.VendorErr, QPNum: w.QPNum}
+}
+
+// WRError is a work request PostSend refused before posting anything (a
+// request the verbs would reject or mis-execute): Index is its position in
+// the chain, Reason says what is wrong. It wraps syscall.EINVAL, the errno
+// ibv_post_send would return.
+type WRError struct {
+	Op     string // "ibv_post_send"
+	Index  int
+	Opcode Opcode
+	Reason string
+}
+
+// Error describes the refused work request.
+func (e *WRError) Error() string {
+	return fmt.Sprintf("ibverbs: %s: work request %d (opcode %d): %s", e.Op, e.Index, e.Opcode, e.Reason)
+}
+
+// Unwrap returns syscall.EINVAL.
+func (e *WRError) Unwrap() error { return syscall.EINVAL }
+
+// checkSendWR refuses work requests that cannot run: an RDMA READ with
+// inline data (a READ's local buffer is its destination, which the NIC must
+// be able to write through the lkey; IBV_SEND_INLINE would have it read the
+// buffer instead) or with the solicited flag (meaningless without a
+// receive on the responder).
+func checkSendWR(i int, w *SendWR) error {
+	if w.Opcode != OpRDMARead {
+		return nil
+	}
+	switch {
+	case w.Flags&SendInline != 0:
+		return &WRError{Op: "ibv_post_send", Index: i, Opcode: w.Opcode, Reason: "an RDMA READ cannot carry inline data (SendInline): its local buffer is the destination"}
+	case w.Flags&SendSolicited != 0:
+		return &WRError{Op: "ibv_post_send", Index: i, Opcode: w.Opcode, Reason: "an RDMA READ cannot be solicited (SendSolicited): it raises no event at the responder"}
+	}
+	return nil
 }
 
 // ---- leak tracking

@@ -81,3 +81,35 @@ func TestErrorForms(t *testing.T) {
 		t.Fatalf("poll failure unwraps to an errno: %v", errors.Unwrap(p))
 	}
 }
+
+// TestCheckSendWR: PostSend refuses an RDMA READ it cannot run with a
+// *WRError wrapping EINVAL that names the WR, before posting anything;
+// other WRs pass the check.
+func TestCheckSendWR(t *testing.T) {
+	for _, c := range []struct {
+		wr   SendWR
+		want string // "" = accepted
+	}{
+		{SendWR{Opcode: OpRDMARead, Flags: SendSignaled}, ""},
+		{SendWR{Opcode: OpRDMARead, Flags: SendInline}, "inline"},
+		{SendWR{Opcode: OpRDMARead, Flags: SendSolicited | SendSignaled}, "solicited"},
+		{SendWR{Opcode: OpRDMAWrite, Flags: SendInline}, ""},
+		{SendWR{Opcode: OpSend, Flags: SendSolicited}, ""},
+	} {
+		err := checkSendWR(3, &c.wr)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%+v: %v, want accepted", c.wr, err)
+			}
+			continue
+		}
+		var we *WRError
+		if !errors.As(err, &we) || we.Index != 3 || !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want a *WRError for WR 3 wrapping EINVAL about %q", c.wr, err, c.want)
+		}
+	}
+	q := &QP{}
+	if n, err := q.PostSend([]SendWR{{Opcode: OpRDMAWrite}, {Opcode: OpRDMARead, Flags: SendInline}}); n != 0 || !errors.As(err, new(*WRError)) {
+		t.Errorf("PostSend of a chain with a bad READ: %d accepted, %v; want 0 and a *WRError", n, err)
+	}
+}

@@ -561,8 +561,15 @@ func (q *QP) State() (QPState, error) {
 // built in C memory, no allocation). It returns how many WRs were accepted:
 // on error the WRs before that index were posted and will complete, the rest
 // were not. ibv_post_send's returned errno is in the *Error (ENOMEM: send
-// queue full; EINVAL: bad WR).
+// queue full; EINVAL: bad WR). A WR that cannot run (an RDMA READ with
+// SendInline or SendSolicited) is refused with a *WRError before anything
+// of the chain is posted (0 accepted).
 func (q *QP) PostSend(wrs []SendWR) (int, error) {
+	for i := range wrs {
+		if err := checkSendWR(i, &wrs[i]); err != nil {
+			return 0, err
+		}
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.locked(); err != nil {

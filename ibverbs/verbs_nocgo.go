@@ -138,8 +138,16 @@ func (q *QP) ToError() error { return ErrNoCgo }
 // State returns ErrNoCgo.
 func (q *QP) State() (QPState, error) { return 0, ErrNoCgo }
 
-// PostSend returns ErrNoCgo.
-func (q *QP) PostSend(wrs []SendWR) (int, error) { return 0, ErrNoCgo }
+// PostSend refuses a WR that cannot run (*WRError, as with cgo), else
+// returns ErrNoCgo.
+func (q *QP) PostSend(wrs []SendWR) (int, error) {
+	for i := range wrs {
+		if err := checkSendWR(i, &wrs[i]); err != nil {
+			return 0, err
+		}
+	}
+	return 0, ErrNoCgo
+}
 
 // PostRecv returns ErrNoCgo.
 func (q *QP) PostRecv(wrs []RecvWR) (int, error) { return 0, ErrNoCgo }

@@ -242,6 +242,51 @@ func TestWriteSizes(t *testing.T) {
 	}
 }
 
+// TestReadSizes: RDMA READ work requests copy the target's MR into the
+// local one (the completion says WCRDMARead); a READ with a bad rkey
+// completes with an error and leaves the local buffer untouched.
+func TestReadSizes(t *testing.T) {
+	p := newPair(t)
+	const max = 4 << 20
+	local, remote := mmapBuf(t, max), mmapBuf(t, max)
+	lmr, rmr := p.reg(t, local), p.reg(t, remote)
+	for i := range remote {
+		remote[i] = byte(i*11 + i>>12)
+	}
+	for i, size := range []int{1, 64, 4096, 65536 + 3, 1 << 20, max - 256} {
+		clear(local)
+		n, err := p.a.PostSend([]SendWR{{ID: uint64(i), Opcode: OpRDMARead, Flags: SendSignaled,
+			Addr: addrOf(local) + 128, Length: uint32(size), LKey: lmr.LKey(),
+			RemoteAddr: rmr.Addr() + 64, RKey: rmr.RKey()}})
+		if err != nil || n != 1 {
+			t.Fatalf("size %d: post: %d, %v", size, n, err)
+		}
+		wc := waitWC(t, p.cq, 1)[0]
+		if err := wc.Err(); err != nil || wc.WRID != uint64(i) || wc.Opcode != WCRDMARead {
+			t.Fatalf("size %d: completion %+v: %v", size, wc, err)
+		}
+		if !bytes.Equal(local[128:128+size], remote[64:64+size]) {
+			t.Fatalf("size %d: local bytes differ from the remote MR", size)
+		}
+		if local[127] != 0 || local[128+size] != 0 {
+			t.Fatalf("size %d: read spilled outside [128,%d)", size, 128+size)
+		}
+	}
+	clear(local)
+	if _, err := p.a.PostSend([]SendWR{{ID: 99, Opcode: OpRDMARead, Flags: SendSignaled, Addr: addrOf(local), Length: 4096,
+		LKey: lmr.LKey(), RemoteAddr: rmr.Addr(), RKey: rmr.RKey() ^ 0x5a5a00}}); err != nil {
+		t.Fatal(err)
+	}
+	wc := waitWC(t, p.cq, 1)[0]
+	if wc.Err() == nil || wc.WRID != 99 {
+		t.Fatalf("read with a bad rkey: %+v, want a completion error", wc)
+	}
+	t.Logf("read with a bad rkey -> %v", wc.Err())
+	if !bytes.Equal(local[:4096], make([]byte, 4096)) {
+		t.Fatalf("a refused read changed the local buffer")
+	}
+}
+
 func TestWriteChain(t *testing.T) {
 	p := newPair(t)
 	const n, piece = 300, 4096 // > one 128-WR cgo chunk

@@ -22,7 +22,7 @@ type sqp struct {
 	pending []slice
 }
 
-// slice is one RDMA WRITE WR.
+// slice is one RDMA WRITE WR (RDMA READ WR for a read batch).
 type slice struct {
 	local  uintptr
 	lkey   uint32
@@ -34,6 +34,7 @@ type slice struct {
 
 type batch struct {
 	id       transport.BatchID
+	read     bool // a read batch: RDMA READ WRs into local memory
 	total    uint64
 	done     uint64
 	inflight int
@@ -246,6 +247,14 @@ func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 // the receiver's NIC (RC ACK: the bytes are placed in its memory); so a
 // caller that writes its metadata record in a later batch, after this one
 // completed, commits it only after all KV writes landed.
+//
+// A read batch (transport.OpRead) is cut and striped the same way into
+// RDMA READ work requests on the same QPs: the receiver's NIC serves them
+// from its MRs (registered with remote read access) within the rkeys'
+// bounds, and refuses a deregistered region (remote access error, the QP
+// moves to ERR, the batch fails with ErrOutOfBounds/ErrUnknownRegion) or a
+// fenced epoch (its QPs are destroyed: no response, ErrPeerLost). The batch
+// completes when every READ's response has been placed in local memory.
 func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -270,7 +279,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 			la := r.Local + uintptr(k*r.LocalStride)
 			if ro+r.Length < ro || ro+r.Length > rr.desc.Length {
 				t.mu.Unlock()
-				return 0, fmt.Errorf("rdma: request %d block %d: remote %d+%d outside region %d (%d bytes): %w", i, k, ro, r.Length, r.Remote, rr.desc.Length, transport.ErrOutOfBounds)
+				return 0, fmt.Errorf("rdma: request %d block %d: %s of remote %d+%d outside region %d (%d bytes): %w", i, k, b.Op, ro, r.Length, r.Remote, rr.desc.Length, transport.ErrOutOfBounds)
 			}
 			for _, q := range s.qps {
 				if ext := rr.key.extent(q.rdev); ro+r.Length > ext {
@@ -295,7 +304,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 		return 0, fmt.Errorf("rdma: submit to peer %s: segment unusable: %w", s.peer, err)
 	}
 	s.nextID++
-	bt := &batch{id: s.nextID, total: b.Bytes(), doneCh: make(chan struct{})}
+	bt := &batch{id: s.nextID, total: b.Bytes(), read: b.Op == transport.OpRead, doneCh: make(chan struct{})}
 	s.batches[bt.id] = bt
 	sliceMax := t.cfg.sliceSize
 	for _, r := range b.Requests {
@@ -369,11 +378,11 @@ func (s *segment) settle(b *batch) {
 
 // wcErr turns a failed completion into an error naming device, peer and
 // stage, wrapping the engine sentinel that fits.
-func (s *segment) wcErr(q *sqp, wc *ibverbs.WC) error {
-	base := fmt.Errorf("rdma: %s QP %d -> peer %s: write completion: %w", q.dev.name, q.qp.QPN(), s.peer, wc.Err())
+func (s *segment) wcErr(q *sqp, wc *ibverbs.WC, op transport.Op) error {
+	base := fmt.Errorf("rdma: %s QP %d -> peer %s: %s completion: %w", q.dev.name, q.qp.QPN(), s.peer, op, wc.Err())
 	switch wc.Status {
 	case ibverbs.WCRemAccessErr, ibverbs.WCRemInvReqErr:
-		return fmt.Errorf("%w (receiver NIC refused the write: region deregistered or write out of its bounds): %w; %w", base, transport.ErrOutOfBounds, transport.ErrUnknownRegion)
+		return fmt.Errorf("%w (receiver NIC refused the %s: region deregistered or %s out of its bounds): %w; %w", base, op, op, transport.ErrOutOfBounds, transport.ErrUnknownRegion)
 	case ibverbs.WCRetryExcErr, ibverbs.WCRNRRetryExcErr, ibverbs.WCRespTimeoutErr:
 		return fmt.Errorf("%w (no ACK from the receiver: it closed, died or is unreachable): %w", base, transport.ErrPeerLost)
 	case ibverbs.WCLocProtErr:
@@ -548,7 +557,11 @@ func (s *segment) postChain(qi int, q *sqp, wrs []ibverbs.SendWR) bool {
 			continue
 		}
 		b = sl.b
-		wrs[n] = ibverbs.SendWR{Opcode: ibverbs.OpRDMAWrite, Addr: sl.local, Length: sl.length, LKey: sl.lkey, RemoteAddr: sl.raddr, RKey: sl.rkey}
+		opcode := ibverbs.OpRDMAWrite
+		if b.read {
+			opcode = ibverbs.OpRDMARead
+		}
+		wrs[n] = ibverbs.SendWR{Opcode: opcode, Addr: sl.local, Length: sl.length, LKey: sl.lkey, RemoteAddr: sl.raddr, RKey: sl.rkey}
 		bytes += uint64(sl.length)
 		n++
 	}
@@ -597,7 +610,11 @@ func (s *segment) complete(wc *ibverbs.WC) {
 	q := s.qps[c.qi]
 	if e := wc.Err(); e != nil {
 		if s.broken == nil {
-			s.broken = s.wcErr(q, wc)
+			op := transport.OpWrite
+			if c.b.read {
+				op = transport.OpRead
+			}
+			s.broken = s.wcErr(q, wc, op)
 		}
 		if c.b.err == nil {
 			c.b.err = s.broken

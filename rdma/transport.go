@@ -189,15 +189,28 @@ type device struct {
 	gidIdx int
 	pattr  ibverbs.PortAttr
 	maxMR  uint64
-	ctx    *ibverbs.Context
-	pd     *ibverbs.PD
-	rcq    *ibverbs.CQ // receive-side CQ shared by the receiver's QPs
+	// rdAtom is how many incoming RDMA READs one of our QPs serves at
+	// once (RTR max_dest_rd_atomic), initRdAtom how many READs one keeps
+	// outstanding (RTS max_rd_atomic, also bounded by the peer's rdAtom):
+	// the device's limits, capped at maxRdAtomic.
+	rdAtom, initRdAtom uint8
+	ctx                *ibverbs.Context
+	pd                 *ibverbs.PD
+	rcq                *ibverbs.CQ // receive-side CQ shared by the receiver's QPs
 }
 
 func (d *device) info(qpn, psn uint32) qpInfo {
 	return qpInfo{Dev: d.name, QPN: qpn, PSN: psn, GID: d.gid.String(), LID: d.pattr.LID,
-		MTU: uint8(d.pattr.ActiveMTU), Global: d.pattr.LinkLayer == ibverbs.LinkLayerEthernet}
+		MTU: uint8(d.pattr.ActiveMTU), Global: d.pattr.LinkLayer == ibverbs.LinkLayerEthernet, RdAtom: d.rdAtom}
 }
+
+// maxRdAtomic caps the RDMA READs a QP serves or keeps outstanding at once
+// (16, what mlx5 devices offer; rxe offers 128): one READ at a time would
+// leave a READ stream a round trip per slice.
+const maxRdAtomic = 16
+
+// rdDepth clamps a device's READ limit to 1..maxRdAtomic.
+func rdDepth(dev int) uint8 { return uint8(min(max(dev, 1), maxRdAtomic)) }
 
 // usable picks the first active port of nic with a selectable GID.
 func usable(n NIC, gidIndex int, addrs func(string) ([]net.IP, error)) (Port, GID, error) {
@@ -349,6 +362,7 @@ func openDevice(n NIC, p Port, g GID, cfg config) (*device, error) {
 		return fail("query device", err)
 	}
 	d.maxMR = attr.MaxMRSize
+	d.rdAtom, d.initRdAtom = rdDepth(attr.MaxQPRdAtom), rdDepth(attr.MaxQPInitRdAtom)
 	if cfg.maxMR != 0 && (d.maxMR == 0 || cfg.maxMR < d.maxMR) {
 		d.maxMR = cfg.maxMR
 	}
@@ -375,9 +389,10 @@ func (d *device) close() {
 func (t *Transport) Name() string { return "rdma" }
 
 // Capabilities: host memory, device memory (dma-buf), cross-host,
-// zero-copy, and the two-step QP handshake.
+// zero-copy, the two-step QP handshake, and one-sided READ (RDMA READ work
+// requests on the segment's QPs).
 func (t *Transport) Capabilities() transport.Caps {
-	return transport.CapHostMemory | transport.CapDeviceMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapHandshake
+	return transport.CapHostMemory | transport.CapDeviceMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapHandshake | transport.CapRead
 }
 
 // Devices returns the names of the devices in use, in striping order.
@@ -645,7 +660,9 @@ func (t *Transport) Accept(ctx context.Context, peer string, reply []byte) error
 }
 
 // connectQP moves an INIT QP to RTR towards remote (and on to RTS when
-// send is set).
+// send is set). The QP serves d.rdAtom incoming READs at once and keeps at
+// most min(d.initRdAtom, remote.RdAtom) READs outstanding (a peer of an
+// older build advertises no RdAtom and served one: 1).
 func connectQP(qp *ibverbs.QP, d *device, local, remote qpInfo, send bool, cfg config) error {
 	dgid, err := ibverbs.ParseGID(remote.GID)
 	if err != nil {
@@ -654,13 +671,14 @@ func connectQP(qp *ibverbs.QP, d *device, local, remote qpInfo, send bool, cfg c
 	mtu := min(ibverbs.MTU(local.MTU), ibverbs.MTU(remote.MTU))
 	if err := qp.ToRTR(ibverbs.RTRAttr{MTU: mtu, DestQPN: remote.QPN, RQPSN: remote.PSN, DLID: remote.LID,
 		IsGlobal: local.Global, DGID: dgid, SGIDIndex: uint8(d.gidIdx), HopLimit: 64,
-		MaxDestRdAtomic: 1, MinRNRTimer: 12, Port: d.port}); err != nil {
+		MaxDestRdAtomic: max(d.rdAtom, 1), MinRNRTimer: 12, Port: d.port}); err != nil {
 		return fmt.Errorf("to RTR: %w", err)
 	}
 	if !send {
 		return nil
 	}
-	if err := qp.ToRTS(ibverbs.RTSAttr{SQPSN: local.PSN, Timeout: cfg.timeout, RetryCnt: cfg.retry, RNRRetry: 7, MaxRdAtomic: 1}); err != nil {
+	if err := qp.ToRTS(ibverbs.RTSAttr{SQPSN: local.PSN, Timeout: cfg.timeout, RetryCnt: cfg.retry, RNRRetry: 7,
+		MaxRdAtomic: min(max(d.initRdAtom, 1), max(remote.RdAtom, 1))}); err != nil {
 		return fmt.Errorf("to RTS: %w", err)
 	}
 	return nil

@@ -260,7 +260,9 @@ func TestDeviceMemoryWithoutDmaBuf(t *testing.T) {
 // side-by-side with ib_write_bw inside the VM: one QP, batches of 16 MiB of
 // KVXFER_RDMA_BW_BLOCK-byte writes (default 1 MiB; 4096 for the small-write
 // comparison) to a random permutation of the block slots of a 16 MiB
-// region, one batch at a time. It asserts nothing about speed; enable with
+// region, one batch at a time. With KVXFER_RDMA_BW_OP=read the batches are
+// RDMA READs of those slots into local memory (the side-by-side with
+// ib_read_bw). It asserts nothing about speed; enable with
 // KVXFER_RDMA_BW=<MiB>.
 func TestBandwidth(t *testing.T) {
 	mib, _ := strconv.Atoi(os.Getenv("KVXFER_RDMA_BW"))
@@ -283,6 +285,14 @@ func TestBandwidth(t *testing.T) {
 	seg, _, dd := pairUp(t, s, r, src, dst)
 	ctx := context.Background()
 	b := &transport.TransferBatch{}
+	verb := "writes"
+	switch op := os.Getenv("KVXFER_RDMA_BW_OP"); op {
+	case "", "write":
+	case "read":
+		b.Op, verb = transport.OpRead, "reads"
+	default:
+		t.Fatalf("KVXFER_RDMA_BW_OP=%q: want write or read", op)
+	}
 	for i, slot := range rand.New(rand.NewPCG(1, 2)).Perm(size / block) {
 		b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(i*block), Remote: dd.ID, RemoteOffset: uint64(slot * block), Length: uint64(block)})
 	}
@@ -300,7 +310,7 @@ func TestBandwidth(t *testing.T) {
 	el := time.Since(start)
 	gbps := float64(mib) * (1 << 20) * 8 / el.Seconds() / 1e9
 	ps := seg.(*segment).stats()
-	fmt.Printf("KVXFER_BW_GBPS=%.4f (%d MiB in %v, %d-byte writes, %d WRs in %d chains, process CPU %v)\n", gbps, mib, el, block, ps.wrs, ps.chains, cpuTime()-cpu0)
+	fmt.Printf("KVXFER_BW_GBPS=%.4f (%d MiB in %v, %d-byte %s, %d WRs in %d chains, process CPU %v)\n", gbps, mib, el, block, verb, ps.wrs, ps.chains, cpuTime()-cpu0)
 }
 
 // TestSmallBatchLatency reports the latency of KVXFER_RDMA_LAT sequential
@@ -433,4 +443,17 @@ func TestChainFailsMidChain(t *testing.T) {
 		t.Fatalf("Submit after a failed chain = %v, want the segment reported unusable", err)
 	}
 	t.Log(st.Err)
+}
+
+// TestRdDepth: a device's RDMA READ limits are clamped to 1..maxRdAtomic
+// (a device reporting 0 still serves one READ at a time).
+func TestRdDepth(t *testing.T) {
+	for _, tc := range []struct {
+		dev  int
+		want uint8
+	}{{0, 1}, {1, 1}, {8, 8}, {16, 16}, {128, maxRdAtomic}, {-3, 1}} {
+		if got := rdDepth(tc.dev); got != tc.want {
+			t.Errorf("rdDepth(%d) = %d, want %d", tc.dev, got, tc.want)
+		}
+	}
 }

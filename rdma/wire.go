@@ -30,6 +30,10 @@ type qpInfo struct {
 	MTU uint8 `json:"mtu"`
 	// Global is true when the path needs a GRH (RoCE).
 	Global bool `json:"global"`
+	// RdAtom is how many incoming RDMA READs the QP serves at once (its
+	// max_dest_rd_atomic); the peer keeps at most that many outstanding.
+	// Absent (0) from builds before READ: 1.
+	RdAtom uint8 `json:"rd_atom,omitempty"`
 }
 
 // handshake is the Endpoint blob (receiver -> sender) and the

@@ -100,7 +100,7 @@ capi: deps ## build the C ABI (build/libkvxfer.so.0) and the C++ consumer with C
 ctest: capi ## run the C ABI tests (C++ consumer, header/export check, find_package install check)
 	ctest --test-dir build --output-on-failure
 
-test-rdma: ## ibverbs/rdma tests, conformance, KV end-to-end and ib_write_bw side-by-side in a Soft-RoCE QEMU VM
+test-rdma: ## ibverbs/rdma tests, conformance (WRITE and READ), KV end-to-end and ib_write_bw / ib_read_bw side-by-sides in a Soft-RoCE QEMU VM
 	@bash scripts/install-deps.sh rdma-vm
 	$(GO) test -c -o build/rdma-vm/ibverbs.test ./ibverbs
 	$(GO) test -c -o build/rdma-vm/rdma.test ./rdma

@@ -26,10 +26,14 @@ python/README.md for the method table). Differences, all documented there:
 * addresses and lengths are integers as Mooncake's binding takes them: int,
   numpy integer scalars, any object with __index__ (and, as a kvxfer
   extension, buffer objects);
-* transfer_sync_read and the other READs go through the library's read entry
-  point (kvx_segment_read): they work where the transport can read the
-  peer's memory (shm today); elsewhere they return -17
-  (KVX_ERR_NOT_SUPPORTED) with a log line naming the transport.
+* READs are one-sided reads of the peer's registered memory on every
+  transport (tcp: the peer's transport answers from its registered region;
+  rdma: RDMA READ work requests; shm: a copy from the mapped region), with
+  the same bounds, epochs and fencing as WRITEs: transfer_sync_read and
+  batch_transfer_sync_read go through kvx_segment_read,
+  batch_transfer_async_read and transfer_submit_read (kvxfer's mirror of
+  transfer_submit_write) submit a kvx read batch (kvx_batch_submit_read)
+  polled like a write batch.
 
 Environment (read when a TransferEngine is constructed / initialized):
 MC_TRANSFER_TIMEOUT (seconds, at least 5, default 30; a transfer may take that
@@ -49,8 +53,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from . import _lib
 from ._lib import Closable, KvxError
@@ -210,13 +212,12 @@ def _location(location) -> bytes:
 
 
 class _Async:
-    """One asynchronous batch: a kvx batch (writes) or a future (reads)."""
+    """One asynchronous batch: a kvx batch of writes or of reads."""
 
-    __slots__ = ("handle", "future", "start_ns", "timeout_ns", "count", "timed_out", "target")
+    __slots__ = ("handle", "start_ns", "timeout_ns", "count", "timed_out", "target")
 
-    def __init__(self, handle, future, timeout_ns, count, target):
+    def __init__(self, handle, timeout_ns, count, target):
         self.handle = handle
-        self.future = future
         self.start_ns = time.monotonic_ns()
         self.timeout_ns = timeout_ns
         self.count = count
@@ -246,8 +247,6 @@ class TransferEngine(Closable):
         # batch id -> final transfer_check_status value, oldest first
         self._finished: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._zombies: list[int] = []  # kvx batches cancelled but not yet terminal
-        self._reader: ThreadPoolExecutor | None = None
-        self._next_read_id = 1 << 62
         self._transport = ""
         self._name = ""
         self.last_error = ""
@@ -336,8 +335,9 @@ class TransferEngine(Closable):
     def _lost(self, rc: int) -> bool:
         return rc in (_lib.ERR_PEER_LOST, _lib.ERR_CLOSED, _lib.ERR_BAD_HANDLE)
 
-    def _submit(self, op, target, buffers, peer_addresses, lengths) -> tuple[int, int, int]:
-        """Submit WRITEs as one kvx batch: (batch, total bytes, 0) or (0, 0, code)."""
+    def _submit(self, op, target, buffers, peer_addresses, lengths, read=False) -> tuple[int, int, int]:
+        """Submit WRITEs (READs with read=True) as one kvx batch: (batch,
+        total bytes, 0) or (0, 0, code)."""
         try:
             reqs, n, total, _keep = self._requests(op, buffers, peer_addresses, lengths)
         except (ValueError, TypeError) as e:
@@ -349,13 +349,13 @@ class TransferEngine(Closable):
         b = ctypes.c_uint64(0)
         rc, msg = _lib.try_call("kvx_batch_alloc", seg, n, ctypes.byref(b))
         if rc == _lib.OK:
-            rc, msg = _lib.try_call("kvx_batch_submit", b.value, reqs, n)
+            rc, msg = _lib.try_call("kvx_batch_submit_read" if read else "kvx_batch_submit", b.value, reqs, n)
             if rc != _lib.OK:
                 _lib.try_call("kvx_batch_free", b.value)
         if rc != _lib.OK:
             if self._lost(rc):
                 self._drop_segment(target, seg)
-            return 0, 0, self._fail(rc, f"{op} to {target}: {msg}")
+            return 0, 0, self._fail(rc, f"{op} {'from' if read else 'to'} {target}: {msg}")
         return b.value, total, 0
 
     def _finish(self, op, target, batch, timeout_ms) -> int:
@@ -674,9 +674,11 @@ class TransferEngine(Closable):
         return self._finish(op, target_hostname, batch, self._timeout_ms(total))
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
-        """READ `length` bytes at the peer's peer_buffer_address into local
-        `buffer`. Only transports that map the peer's memory can (shm); tcp and
-        rdma return -17 (KVX_ERR_NOT_SUPPORTED) and log why."""
+        """READ `length` bytes at the peer's peer_buffer_address (inside
+        memory the peer registered) into local `buffer` (inside registered
+        memory); blocks until they landed. Returns 0 or a negative code (-8
+        when the peer range is outside every region the peer registered, or
+        was deregistered; -12 when the peer is lost mid-read)."""
         return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length], transport_hint)
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
@@ -690,9 +692,6 @@ class TransferEngine(Closable):
         if code:
             return code
         rc, msg = _lib.try_call("kvx_segment_read", seg, reqs, n, self._timeout_ms(total))
-        if rc == _lib.ERR_NOT_SUPPORTED:
-            return self._fail(rc, f"{op} from {target_hostname}: the {self._transport} transport cannot READ the peer's memory "
-                              f"(it moves bytes by one-sided WRITE; use shm on one host, or have the peer write): {msg}")
         if rc != _lib.OK:
             if self._lost(rc):
                 self._drop_segment(target_hostname, seg)
@@ -726,25 +725,16 @@ class TransferEngine(Closable):
         return self._submit_async("batch_transfer_async_write", target_hostname, buffers, peer_buffer_addresses, lengths)
 
     def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
-        """READs run on a worker thread (shm only, see transfer_sync_read);
-        returns a batch id, or 0 on failure."""
-        op = "batch_transfer_async_read"
-        if not self._engine:
-            self._submit_failed(self._not_initialized(op))
-            return 0
-        try:
-            total = sum(as_int(x, f"{op}: lengths") for x in lengths)
-        except TypeError as e:
-            self._submit_failed(self._fail(_lib.ERR_INVALID_ARGUMENT, str(e)))
-            return 0
-        with self._lock:
-            if self._reader is None:
-                self._reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvxfer-read")
-            bid = self._next_read_id
-            self._next_read_id += 1
-            fut = self._reader.submit(self.batch_transfer_sync_read, target_hostname, list(buffers), list(peer_buffer_addresses), list(lengths))
-            self._async[bid] = _Async(0, fut, self.transfer_timeout_ns + total, len(lengths), target_hostname)
-        return bid
+        """Submit READs as one batch (kvx_batch_submit_read); returns its id,
+        or 0 on failure (as Mooncake). Poll with transfer_check_status /
+        get_batch_transfer_status, as for writes."""
+        return self._submit_async("batch_transfer_async_read", target_hostname, buffers, peer_buffer_addresses, lengths, read=True)
+
+    def transfer_submit_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
+        """kvxfer's mirror of transfer_submit_write: submit one READ; returns
+        a batch id (> 0) for transfer_check_status, or 0 when it could not
+        be submitted (the reason is logged and in last_error)."""
+        return self._submit_async("transfer_submit_read", target_hostname, [buffer], [peer_buffer_address], [length], read=True)
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint="") -> int:
         """batch_transfer_async_read or _write by opcode."""
@@ -757,13 +747,13 @@ class TransferEngine(Closable):
         transfer_check_status(0)."""
         self._submit_error = (code, self.last_error)
 
-    def _submit_async(self, op, target, buffers, peer_addresses, lengths):
-        batch, total, code = self._submit(op, target, buffers, peer_addresses, lengths)
+    def _submit_async(self, op, target, buffers, peer_addresses, lengths, read=False):
+        batch, total, code = self._submit(op, target, buffers, peer_addresses, lengths, read)
         if code:
             self._submit_failed(code)
             return 0
         with self._lock:
-            self._async[batch] = _Async(batch, None, self.transfer_timeout_ns + total, len(buffers), target)
+            self._async[batch] = _Async(batch, self.transfer_timeout_ns + total, len(buffers), target)
         return batch
 
     def transfer_check_status(self, batch_id) -> int:
@@ -803,19 +793,6 @@ class TransferEngine(Closable):
         if a is None:
             self._fail(_lib.ERR_BAD_HANDLE, f"transfer_check_status: batch id {bid} is unknown (never submitted, or finished more than 4096 batches ago)")
             return -1
-        if a.future is not None:
-            if a.future.done():
-                with self._lock:
-                    self._async.pop(bid, None)
-                rc = a.future.result()
-                if rc == 0:
-                    return 1
-                self._fail(-rc, f"transfer_check_status: read batch {bid} from {a.target} failed: {self.last_error}")
-                return -1
-            if time.monotonic_ns() - a.start_ns > a.timeout_ns:
-                self._fail(_lib.ERR_TIMEOUT, f"transfer_check_status: read batch {bid} from {a.target} timed out")
-                return -2
-            return 0
         if a.timed_out:
             self._try_forget(bid, a)
             return -2
@@ -883,12 +860,6 @@ class TransferEngine(Closable):
                 if a is None:
                     failed = True
                     break
-                if a.future is not None:
-                    try:
-                        a.future.result(timeout=max(0.001, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) / 1e9))
-                    except FutureTimeout:
-                        pass  # transfer_check_status reports -2 next
-                    continue
                 left_ms = max(1, (a.timeout_ns - (time.monotonic_ns() - a.start_ns)) // 1_000_000)
                 _lib.try_call("kvx_batch_wait", a.handle, min(left_ms, 0xFFFFFFFF))
             if failed:
@@ -987,9 +958,6 @@ class TransferEngine(Closable):
             self._regions.clear()
             self._async.clear()
             self._zombies.clear()
-            reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.shutdown(wait=True)
         if eng:
             _lib.try_call("kvx_engine_destroy", eng)  # closes segments and batches
         for hb, _ in managed:

@@ -113,22 +113,42 @@ def test_region_registered_after_open(peers, local):
     assert peer_bytes(target, late["addr"] + 4096, 4096) == bytes(src)
 
 
-def test_sync_read_on_tcp(peers, local, caplog):
-    """READ goes through the library's read entry point: today tcp answers
-    -17 (KVX_ERR_NOT_SUPPORTED) and the log names the transport; once the
-    transport reads, the bytes must be the peer's."""
+def test_reads_on_tcp(peers, local):
+    """One-sided READ on tcp: transfer_sync_read, batch_transfer_sync_read,
+    transfer_sync(..., READ), batch_transfer_async_read and
+    transfer_submit_read return the peer's bytes; a range outside the peer's
+    memory is -8 with nothing read; a killed peer is -12."""
     target = peers("mooncake", "--protocol", "tcp")
-    src_hex = (b"tcp-read" * 4).hex()
-    assert target.call({"cmd": "write", "addr": target.ready["regions"]["a"], "hex": src_hex})["rc"] == 0
-    dst = bytearray(32)
+    name, a = target.ready["name"], target.ready["regions"]["a"]
+    src_hex = (b"tcp-read" * 512).hex()
+    assert target.call({"cmd": "write", "addr": a, "hex": src_hex})["rc"] == 0
+    dst = bytearray(16384)
     assert local.register_memory(dst) == 0
-    with caplog.at_level(logging.WARNING, logger="kvxfer"):
-        rc = local.transfer_sync_read(target.ready["name"], kvxfer.address_of(dst)[0], target.ready["regions"]["a"], 32)
-    if rc == 0:
-        assert bytes(dst) == b"tcp-read" * 4
-        return
-    assert rc == -kvxfer._lib.ERR_NOT_SUPPORTED == -17 == local.last_code
-    assert "cannot READ" in caplog.text and "tcp" in caplog.text
+    base = kvxfer.address_of(dst)[0]
+    assert local.transfer_sync_read(name, base, a, 32) == 0, local.last_error
+    assert bytes(dst[:32]) == b"tcp-read" * 4
+    assert local.batch_transfer_sync_read(name, [base + 4096, base + 8192], [a + 8, a + 16], [16, 24]) == 0, local.last_error
+    assert bytes(dst[4096:4112]) == b"tcp-read" * 2 and bytes(dst[8192:8216]) == b"tcp-read" * 3
+    assert local.transfer_sync(name, base + 100, a, 8, kengine.TransferOpcode.READ) == 0, local.last_error
+    assert bytes(dst[100:108]) == b"tcp-read"
+    bid = local.batch_transfer_async_read(name, [base + 12288], [a], [4096])
+    assert bid > 0, local.last_error
+    assert local.get_batch_transfer_status([bid]) == 0, local.last_error
+    assert bytes(dst[12288:16384]) == b"tcp-read" * 512
+    dst[:64] = bytes(64)
+    bid = local.transfer_submit_read(name, base, a + 64, 64)
+    assert bid > 0, local.last_error
+    while (st := local.transfer_check_status(bid)) == 0:
+        pass
+    assert st == 1, local.last_error
+    assert bytes(dst[:64]) == b"tcp-read" * 8
+    # Outside the peer's memory: refused, nothing read.
+    before = bytes(dst)
+    assert local.transfer_sync_read(name, base, a + (1 << 20) - 4, 8) == -8
+    assert bytes(dst) == before
+    # A killed peer: the read fails as a lost peer, no hang.
+    target.kill()
+    assert local.transfer_sync_read(name, base, a, 4096) == -12, local.last_error
 
 
 def test_shm_write_and_sync_read(peers):

@@ -18,12 +18,10 @@ through kvxfer's shim) initializes as "127.0.0.1:12347" and checks:
 * send_probe is 0 for the target, non-zero for an unknown peer.
 
 Each runs here in the mode of Mooncake's CI (HTTP metadata, MC_FORCE_TCP),
-on shm through the HTTP metadata server, and in P2P mode on tcp and shm. A
-READ half that the library answers with -17 (KVX_ERR_NOT_SUPPORTED: tcp moves
-bytes by one-sided WRITE today) is skipped with "READ not supported by
-transport X yet", after its WRITE half passed and was checked through the
-target; any other failure fails. The rounds default to 200
-(KVXFER_MOONCAKE_CIRCLE, Mooncake's CIRCLE: 1000).
+on shm through the HTTP metadata server, and in P2P mode on tcp and shm;
+every READ assertion must pass on every mode (one-sided READ on tcp and
+shm), and each WRITE is also checked through the target. The rounds
+default to 200 (KVXFER_MOONCAKE_CIRCLE, Mooncake's CIRCLE: 1000).
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ TARGET = "127.0.0.1:12345"
 INITIATOR = "127.0.0.1:12347"
 CAPACITY = 8 << 20  # Mooncake's DEFAULT_BUFFER_CAPACITY is 64 MiB; 8 MiB covers every offset used
 CIRCLE = int(os.environ.get("KVXFER_MOONCAKE_CIRCLE", "200"))
-NOT_SUPPORTED = -kvxfer._lib.ERR_NOT_SUPPORTED
 
 # (id, metadata "http" or "p2p", protocol, MC_FORCE_TCP)
 MODES = [
@@ -118,15 +115,6 @@ def random_bytes(rng: random.Random, n: int) -> bytes:
     return "".join(rng.choices(chars, k=n)).encode()
 
 
-def read_or_skip(mc: Setup, rc: int, what: str, wrote: str):
-    """rc of a READ: 0 continues; -17 skips with the reason (the WRITE half
-    described by `wrote` passed); anything else fails."""
-    if rc == NOT_SUPPORTED:
-        assert mc.adaptor.last_code == NOT_SUPPORTED, mc.adaptor.last_error
-        pytest.skip(f"READ not supported by transport {mc.transport} yet ({what} returned -17; {wrote} passed)")
-    assert rc == 0, f"{what} failed with {rc}: {mc.adaptor.last_error}"
-
-
 def test_random_write_circle_times(mc):
     """CIRCLE rounds of random-length writes, each read back (Mooncake:
     test_random_write_circle_times)."""
@@ -136,23 +124,17 @@ def test_random_write_circle_times(mc):
     dst = a.get_first_buffer_address(mc.target_name)
     assert dst != 0, "Target server has no registered buffers"
     assert dst == mc.target_buffer
-    read_rc = None
     for i in range(CIRCLE):
         data = random_bytes(rng, rng.randint(16, 256))
         n = len(data)
         assert a.write_bytes_to_buffer(src, data, n) == 0, f"[{i}] writeBytesToBuffer failed"
         assert a.transfer_sync_write(mc.target_name, src, dst, n) == 0, f"[{i}] WRITE failed: {a.last_error}"
         assert a.write_bytes_to_buffer(src, bytes(n), n) == 0, f"[{i}] Clear buffer failed"
-        if read_rc == NOT_SUPPORTED:
+        if i % 50 == 0:
             assert mc.target_bytes(dst, n) == data, f"[{i}] the target holds other bytes than written"
-            continue
-        read_rc = a.transfer_sync_read(mc.target_name, src, dst, n)
-        if read_rc == NOT_SUPPORTED:
-            assert mc.target_bytes(dst, n) == data, f"[{i}] the target holds other bytes than written"
-            continue
-        assert read_rc == 0, f"[{i}] READ failed with {read_rc}: {a.last_error}"
+        rc = a.transfer_sync_read(mc.target_name, src, dst, n)
+        assert rc == 0, f"[{i}] READ failed with {rc}: {a.last_error}"
         assert a.read_bytes_from_buffer(src, n) == data, f"[{i}] Data mismatch"
-    read_or_skip(mc, read_rc, "transfer_sync_read", f"{CIRCLE} rounds of transfer_sync_write")
 
 
 def batch_setup(mc: Setup, rng: random.Random, batch=100, offset=1024):
@@ -186,22 +168,18 @@ def clear(mc, srcs, lens):
 
 def batch_rounds(mc: Setup, seed: int, write, read, names: tuple[str, str]):
     """max(2, CIRCLE // 100) rounds of 100 pieces: write(srcs, dsts, lens)
-    asserts its own success, read(...) returns 0 or the failure's code; the
-    READ half is skipped as read_or_skip says."""
+    asserts its own success (checked through the target too), read(...)
+    returns 0 or the failure's code and must succeed."""
     rng = random.Random(seed)
     rounds = max(2, CIRCLE // 100)
-    read_rc = None
     for i in range(rounds):
         srcs, dsts, datas, lens = batch_setup(mc, rng)
         write(i, srcs, dsts, lens)
+        check_batch_written(mc, dsts, datas, lens)
         clear(mc, srcs, lens)
-        read_rc = read(i, srcs, dsts, lens)
-        if read_rc == NOT_SUPPORTED:
-            check_batch_written(mc, dsts, datas, lens)
-            continue
-        assert read_rc == 0, f"[{i}] {names[1]} failed with {read_rc}: {mc.adaptor.last_error}"
+        rc = read(i, srcs, dsts, lens)
+        assert rc == 0, f"[{i}] {names[1]} failed with {rc}: {mc.adaptor.last_error}"
         check_batch_read(mc, srcs, datas, lens)
-    read_or_skip(mc, read_rc, names[1], f"{rounds} rounds of {names[0]}")
 
 
 def test_batch_write_read(mc):
@@ -231,7 +209,7 @@ def test_async_batch_write_read(mc):
         assert bid != 0, f"[{i}] batch_transfer_async_read {bid} failed in submitting task(s): {a.last_error}"
         if a.get_batch_transfer_status([bid]) == 0:
             return 0
-        return a.last_code  # -17 when the transport cannot READ
+        return a.last_code
 
     batch_rounds(mc, 3, write, read, ("batch_transfer_async_write", "batch_transfer_async_read"))
 

@@ -103,6 +103,7 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.BlockSizes = []uint64{1 << 30} },
 		func(c *Config) { c.Depths = nil },
 		func(c *Config) { c.BlockSizes = []uint64{4096, 8192, 4096} },
+		func(c *Config) { c.Ops = []string{"write", "scan"} },
 	}
 	for i, f := range bad {
 		c := DefaultConfig()
@@ -115,8 +116,19 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(c.Cases()); n != len(c.Transports)*len(c.BlockSizes)*len(c.Depths)*len(c.Streams) {
+	cs := c.Cases()
+	if n := len(cs); n != len(c.Transports)*len(c.BlockSizes)*len(c.Depths)*len(c.Streams)*len(c.Ops) {
 		t.Fatalf("Cases() has %d entries", n)
+	}
+	// Each READ case follows the WRITE case of its point.
+	for i, k := range cs {
+		if k.Read() && (i == 0 || cs[i-1] != k.WriteTwin()) {
+			t.Fatalf("case %d (%s) does not follow its WRITE twin", i, k.Label())
+		}
+	}
+	c.Ops = nil
+	if cs := c.Cases(); len(cs) != len(c.Transports)*len(c.BlockSizes)*len(c.Depths)*len(c.Streams) || cs[0].Read() {
+		t.Fatalf("no Ops: %d cases, want WRITE only", len(cs))
 	}
 }
 
@@ -188,19 +200,40 @@ func TestRunSmoke(t *testing.T) {
 	if len(rep.Skipped) != 1 || !strings.Contains(rep.Skipped[0], "nonesuch") {
 		t.Errorf("skipped = %v, want the unknown transport", rep.Skipped)
 	}
-	if len(rep.Results) != 8 || len(rep.KV) != 2 || steps != 11 {
-		t.Fatalf("%d results, %d KV cases, %d progress calls; want 8, 2 and 11", len(rep.Results), len(rep.KV), steps)
+	// 2 transports × 2 sizes × 2 depths × (write, read); KV push and pull per transport.
+	if len(rep.Results) != 16 || len(rep.KV) != 4 || steps != 21 {
+		t.Fatalf("%d results, %d KV cases, %d progress calls; want 16, 4 and 21", len(rep.Results), len(rep.KV), steps)
 	}
+	pulls := 0
 	for _, k := range rep.KV {
 		// 100 tokens = 7 pages of 16 tokens × 4 buffers × 16 tokens × 2 heads × 16 × 2 bytes.
 		if k.Err != "" || !k.Verified || k.Buffers != 4 || k.Bytes != 7*4*16*2*16*2 || k.GBps.N != 2 || k.GBps.Median <= 0 {
 			t.Errorf("KV case %+v", k)
 		}
+		if k.Mode == "pull" {
+			pulls++
+			if k.PushRatio <= 0 {
+				t.Errorf("pull KV case without its ratio to push: %+v", k)
+			}
+		}
 	}
+	if pulls != 2 {
+		t.Errorf("%d pull KV cases, want one per transport", pulls)
+	}
+	reads := 0
 	for _, r := range rep.Results {
 		if r.Err != "" || !r.Verified || len(r.Reps) != 2 || r.GBps.Median <= 0 || r.MemcpyGBps.N != 2 || r.MemcpyRatio.N != 2 || r.LatencyP99us < r.LatencyP50us {
 			t.Errorf("%s: %+v", r.Label(), r)
 		}
+		if r.Read() {
+			reads++
+			if r.WriteRatio <= 0 {
+				t.Errorf("%s: READ result without its ratio to WRITE", r.Label())
+			}
+		}
+	}
+	if reads != 8 {
+		t.Errorf("%d READ results, want 8", reads)
 	}
 	if rep.Method.CPUModel == "" && len(rep.Method.CPUFeatures) == 0 {
 		t.Error("method has no CPU description")
@@ -212,11 +245,11 @@ func TestRunSmoke(t *testing.T) {
 	if err := WriteTable(&tbl, rep); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(tbl.String(), "shm") || !strings.Contains(tbl.String(), "64K") {
+	if !strings.Contains(tbl.String(), "shm") || !strings.Contains(tbl.String(), "64K") || !strings.Contains(tbl.String(), "×write") || !strings.Contains(tbl.String(), " read ") {
 		t.Errorf("table:\n%s", tbl.String())
 	}
 	tbl.Reset()
-	if err := WriteKVTable(&tbl, rep); err != nil || !strings.Contains(tbl.String(), "KV rooms") || strings.Count(tbl.String(), "tiny.json") != 2 {
+	if err := WriteKVTable(&tbl, rep); err != nil || !strings.Contains(tbl.String(), "KV rooms") || strings.Count(tbl.String(), "tiny.json") != 4 || !strings.Contains(tbl.String(), "pull") {
 		t.Errorf("KV table (%v):\n%s", err, tbl.String())
 	}
 	dir := t.TempDir()

@@ -54,7 +54,7 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 	cases := cfg.Cases()
 	total := len(cases) + len(peers)*len(cfg.BlockSizes)
 	if cfg.KVModel != "" {
-		total += len(cfg.Transports)
+		total += 2 * len(cfg.Transports)
 	}
 	step := 0
 	tell := func(label string) {
@@ -87,6 +87,7 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 		}
 	}
 	rep.Results, rep.Peers = results, peerRes
+	rep.SetWriteRatios()
 	if cfg.KVModel != "" {
 		for _, t := range cfg.Transports {
 			if err := ctx.Err(); err != nil {
@@ -94,7 +95,10 @@ func Run(ctx context.Context, cfg Config, progress ProgressFunc) (*Report, error
 			}
 			tell(fmt.Sprintf("%s kv %s %d tokens", t, cfg.KVModel, cfg.KVTokens))
 			rep.KV = append(rep.KV, RunKV(ctx, cfg, t))
+			tell(fmt.Sprintf("%s kv pull %s %d tokens", t, cfg.KVModel, cfg.KVTokens))
+			rep.KV = append(rep.KV, RunKVPull(ctx, cfg, t))
 		}
+		setPushRatios(rep.KV)
 	}
 	if progress != nil {
 		progress("done", total, total)

@@ -12,18 +12,30 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
-// KVResult is one KV-room case: the whole main-job path in this process —
-// a bootstrap server, a prefill and a decode KV manager over one transport,
-// each on per-layer K/V buffers and aux buffers built by workload exactly as
-// a serving engine holds them — moving one request of Tokens tokens per
-// repetition (Send → the decode's Success, metadata record verified).
+// KVResult is one KV-room case. Push (Mode "push"): the whole main-job path
+// in this process — a bootstrap server, a prefill and a decode KV manager
+// over one transport, each on per-layer K/V buffers and aux buffers built by
+// workload exactly as a serving engine holds them — moving one request of
+// Tokens tokens per repetition with the prefill's WRITEs (Send → the
+// decode's Success, metadata record verified). Pull (Mode "pull", RunKVPull):
+// the same buffers registered with a prefill and a decode segment engine;
+// the decode READs the request's pages and aux row from the prefill's
+// registered memory (the NIXL/vLLM pattern: SubmitPeerReads → completed),
+// then checks them.
 type KVResult struct {
 	// Transport is the engine registry name.
 	Transport string `json:"transport"`
+	// Mode is "push" (the prefill WRITEs, KV managers) or "pull" (the
+	// decode READs, segment engines).
+	Mode string `json:"mode,omitempty"`
+	// PushRatio (pull cases) is this case's median GB/s over the push case
+	// of the same transport in the same run (0 when that one is missing).
+	PushRatio float64 `json:"push_ratio,omitempty"`
 	// Model and Tokens describe the request; Buffers is the KV buffers per
 	// rank and Bytes the KV bytes one request moves.
 	Model   string `json:"model"`
@@ -52,7 +64,21 @@ const (
 // zeroed decode pages and (cfg.Verify) checked against the test pattern. A
 // failure is returned in KVResult.Err.
 func RunKV(ctx context.Context, cfg Config, transport string) (res KVResult) {
-	res = KVResult{Transport: transport, Model: cfg.KVModel, Tokens: cfg.KVTokens}
+	return runKVCase(ctx, cfg, transport, "push", runKV)
+}
+
+// RunKVPull measures the pull-mode KV room on transport (see KVResult):
+// cfg.Warmup untimed and cfg.Reps timed requests of cfg.KVTokens tokens of
+// cfg.KVModel, each read by the decode into zeroed pages and (cfg.Verify)
+// checked against the test pattern. A failure is returned in KVResult.Err.
+func RunKVPull(ctx context.Context, cfg Config, transport string) KVResult {
+	return runKVCase(ctx, cfg, transport, "pull", runKVPull)
+}
+
+// runKVCase runs one KV-room case (run: runKV or runKVPull) within its
+// budget.
+func runKVCase(ctx context.Context, cfg Config, transport, mode string, run func(context.Context, Config, *KVResult) error) (res KVResult) {
+	res = KVResult{Transport: transport, Mode: mode, Model: cfg.KVModel, Tokens: cfg.KVTokens}
 	budget := cfg.CaseTimeout
 	if budget <= 0 {
 		// As CaseBudget: the base plus every room's KV bytes at the floor rate.
@@ -67,7 +93,7 @@ func RunKV(ctx context.Context, cfg Config, transport string) (res KVResult) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	if err := runKV(ctx, cfg, &res); err != nil {
+	if err := run(ctx, cfg, &res); err != nil {
 		res.Err = err.Error()
 	}
 	return res
@@ -222,17 +248,167 @@ func WriteKVTable(w io.Writer, rep *Report) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nKV rooms (prefill → decode managers in one process, per-layer buffers from workload, Send → decode Success):")
-	fmt.Fprintln(tw, "transport\tmodel\ttokens\tbuffers\tMiB/request\tGB/s median [min–max]\tlatency ms median\tverified")
+	fmt.Fprintln(tw, "\nKV rooms (one process, per-layer buffers from workload; push: prefill → decode KV managers, Send → decode Success;")
+	fmt.Fprintln(tw, "pull: the decode's segment engine READs the prefill's registered pages and aux row, submit → completed):")
+	fmt.Fprintln(tw, "transport\tmode\tmodel\ttokens\tbuffers\tMiB/request\tGB/s median [min–max]\tlatency ms median\t×push\tverified")
 	for _, k := range rep.KV {
+		mode := k.Mode
+		if mode == "" {
+			mode = "push"
+		}
 		if k.Err != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t\tFAILED: %s\t\t\n", k.Transport, k.Model, k.Tokens, k.Buffers, k.Err)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t\tFAILED: %s\t\t\t\n", k.Transport, mode, k.Model, k.Tokens, k.Buffers, k.Err)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.2f [%.2f–%.2f]\t%.1f\t%v\n", k.Transport, k.Model, k.Tokens, k.Buffers,
-			float64(k.Bytes)/(1<<20), k.GBps.Median, k.GBps.Min, k.GBps.Max, k.LatencyMS.Median, k.Verified)
+		ratio := ""
+		if mode == "pull" {
+			ratio = fmtRatio(k.PushRatio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.0f\t%.2f [%.2f–%.2f]\t%.1f\t%s\t%v\n", k.Transport, mode, k.Model, k.Tokens, k.Buffers,
+			float64(k.Bytes)/(1<<20), k.GBps.Median, k.GBps.Min, k.GBps.Max, k.LatencyMS.Median, ratio, k.Verified)
 	}
 	return tw.Flush()
+}
+
+// setPushRatios fills KVResult.PushRatio of the pull cases from the push
+// case of the same transport.
+func setPushRatios(kv []KVResult) {
+	push := map[string]float64{}
+	for _, k := range kv {
+		if k.Mode != "pull" && k.Err == "" {
+			push[k.Transport] = k.GBps.Median
+		}
+	}
+	for i := range kv {
+		if k := &kv[i]; k.Mode == "pull" && k.Err == "" && push[k.Transport] > 0 {
+			k.PushRatio = k.GBps.Median / push[k.Transport]
+		}
+	}
+}
+
+// runKVPull is the pull-mode KV room (see KVResult): the prefill's and the
+// decode's buffers registered with a segment engine each (P2P: the decode
+// opens the prefill's segment by its RPC address), the prefill's pages
+// filled with the test pattern once, then per request one read batch of
+// one READ per KV buffer (the request's pages are one run) and one per aux
+// buffer (prefill row 0 into decode row 1).
+func runKVPull(ctx context.Context, cfg Config, res *KVResult) error {
+	model, err := workload.LookupModel(cfg.KVModel)
+	if err != nil {
+		return err
+	}
+	l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize})
+	if err != nil {
+		return err
+	}
+	res.Buffers = l.NumBuffers()
+	type side struct {
+		bufs *workload.KVBuffers
+		te   *segengine.TransferEngine
+	}
+	open := func(name string) (*side, error) {
+		s := &side{}
+		var err error
+		if s.bufs, err = workload.NewKVBuffers(l, workload.BufferOptions{Name: "bench-pull-" + name, Device: -1, Aux: workload.DefaultAux, AuxRows: 2}); err != nil {
+			return nil, err
+		}
+		_ = s.bufs.Prefault()
+		tr, err := transport.OpenTransport(res.Transport, transport.DefaultOptions())
+		if err != nil {
+			s.bufs.Close()
+			return nil, err
+		}
+		if s.te, err = segengine.NewTransferEngine(ctx, segengine.TransferEngineConfig{Transport: tr, Logger: quietLogger()}); err != nil {
+			tr.Close()
+			s.bufs.Close()
+			return nil, err
+		}
+		args := s.bufs.Args()
+		for _, b := range append(args.KVBuffers, args.AuxBuffers...) {
+			if _, err := s.te.RegisterMemory(b.Memory); err != nil {
+				s.te.Close()
+				s.bufs.Close()
+				return nil, fmt.Errorf("%s: register %d bytes at %#x: %w", name, b.Memory.Length, b.Memory.Addr, err)
+			}
+		}
+		return s, nil
+	}
+	pre, err := open("prefill")
+	if err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	defer func() { pre.te.Close(); pre.bufs.Close() }()
+	dec, err := open("decode")
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	defer func() { dec.te.Close(); dec.bufs.Close() }()
+	seg, err := dec.te.OpenSegment(ctx, pre.te.Name())
+	if err != nil {
+		return fmt.Errorf("decode: open the prefill's segment %s: %w", pre.te.Name(), err)
+	}
+	defer seg.Close()
+	pages := make([]int32, l.NumPages)
+	for i := range pages {
+		pages[i] = int32(i)
+	}
+	const fillRoom = 1
+	if err := workload.FillPattern(pre.bufs, fillRoom, pages, 0); err != nil {
+		return err
+	}
+	if err := workload.FillAux(pre.bufs, fillRoom, 0); err != nil {
+		return err
+	}
+	pa, da := pre.bufs.Args(), dec.bufs.Args()
+	var reads []segengine.PeerRead
+	var kvBytes uint64
+	for i := range pa.KVBuffers {
+		n := uint64(len(pages)) * l.ItemLen()
+		reads = append(reads, segengine.PeerRead{Local: da.KVBuffers[i].Memory.Addr, PeerAddr: uint64(pa.KVBuffers[i].Memory.Addr), Length: n})
+		kvBytes += n
+	}
+	for i := range pa.AuxBuffers {
+		row := pa.AuxBuffers[i].ItemLen
+		reads = append(reads, segengine.PeerRead{Local: da.AuxBuffers[i].Memory.Addr + uintptr(row), PeerAddr: uint64(pa.AuxBuffers[i].Memory.Addr), Length: row})
+	}
+	res.Bytes = kvBytes
+	var gbps, lat []float64
+	for i := 0; i < cfg.Warmup+cfg.Reps; i++ {
+		for b := 0; b < l.NumBuffers(); b++ {
+			clear(dec.bufs.Bytes(b))
+		}
+		for a := range da.AuxBuffers {
+			clear(dec.bufs.AuxRow(a, 1))
+		}
+		t0 := time.Now()
+		id, err := seg.SubmitPeerReads(ctx, reads)
+		if err != nil {
+			return fmt.Errorf("request %d: submit the reads: %w", i+1, err)
+		}
+		st, err := seg.Wait(ctx, id)
+		dt := time.Since(t0)
+		seg.Release(id)
+		switch {
+		case err != nil:
+			return fmt.Errorf("request %d: wait for the reads: %w", i+1, err)
+		case st.State != transport.BatchCompleted:
+			return fmt.Errorf("request %d: reads %v after %d bytes: %w", i+1, st.State, st.BytesDone, st.Err)
+		}
+		if cfg.Verify {
+			if err := workload.VerifyPattern(dec.bufs, fillRoom, pages, 0); err != nil {
+				return err
+			}
+			if err := workload.VerifyAux(dec.bufs, fillRoom, 1); err != nil {
+				return err
+			}
+		}
+		if i >= cfg.Warmup {
+			gbps = append(gbps, float64(kvBytes)/dt.Seconds()/1e9)
+			lat = append(lat, float64(dt.Microseconds())/1000)
+		}
+	}
+	res.GBps, res.LatencyMS, res.Verified = Summarize(gbps), Summarize(lat), cfg.Verify
+	return nil
 }
 
 // quietLogger keeps the KV managers' per-request info logs out of the

@@ -120,7 +120,7 @@ func (r *Report) Targets() []Target {
 		t := Target{What: fmt.Sprintf("tcp %s at depth ≥ %d vs tcp %s (best depth), same run", FormatSize(block), SmallWriteDepth, FormatSize(TargetBlock)), Want: want}
 		var ours Result
 		for _, res := range r.Results {
-			if res.Err == "" && res.Transport == "tcp" && res.BlockBytes == block && res.Depth >= SmallWriteDepth && res.GBps.Median > ours.GBps.Median {
+			if res.Err == "" && !res.Read() && res.Transport == "tcp" && res.BlockBytes == block && res.Depth >= SmallWriteDepth && res.GBps.Median > ours.GBps.Median {
 				ours = res
 			}
 		}
@@ -254,6 +254,7 @@ func RenderMarkdown(r *Report, plotRel, jsonRel string) (string, error) {
 		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
 	}
 	fmt.Fprintf(&b, "\nRatios in parentheses: kvxfer's best configuration at that size (its median) over the peer (one run); a ratio over %d× is marked suspect.\n", SuspectRatioMax)
+	writeReadSection(&b, r)
 	if plotRel != "" {
 		fmt.Fprintf(&b, "\n![bandwidth vs block size](%s)\n", plotRel)
 	}
@@ -307,4 +308,38 @@ func UpdateMarkdown(path, section string) error {
 		return fmt.Errorf("bench: replace %s: %w", path, err)
 	}
 	return nil
+}
+
+// writeReadSection adds the READ rows of r beside the WRITE rows of the
+// same point (nothing when the run measured no READ).
+func writeReadSection(b *strings.Builder, r *Report) {
+	var reads []Result
+	for _, res := range r.Results {
+		if res.Read() {
+			reads = append(reads, res)
+		}
+	}
+	if len(reads) == 0 {
+		return
+	}
+	writes := map[Case]Result{}
+	for _, res := range r.Results {
+		if !res.Read() {
+			writes[res.Case] = res
+		}
+	}
+	b.WriteString("\n### One-sided READ beside WRITE (same point, measured right after it; GB/s = 1e9 B/s)\n\n")
+	b.WriteString("| transport | block | depth | streams | WRITE GB/s | READ GB/s (min–max) | READ / WRITE |\n|---|---|---|---|---|---|---|\n")
+	for _, res := range reads {
+		w, ok := writes[res.WriteTwin()]
+		wcell := "–"
+		if ok && w.Err == "" {
+			wcell = fmt.Sprintf("%.2f", w.GBps.Median)
+		}
+		rcell := "failed: " + res.Err
+		if res.Err == "" {
+			rcell = fmt.Sprintf("%.2f (%.2f–%.2f)", res.GBps.Median, res.GBps.Min, res.GBps.Max)
+		}
+		fmt.Fprintf(b, "| %s | %s | %d | %d | %s | %s | %s |\n", res.Transport, FormatSize(res.BlockBytes), res.Depth, res.Streams, wcell, rcell, fmtRatio(res.WriteRatio))
+	}
 }

@@ -107,11 +107,43 @@ type Case struct {
 	Inflight int `json:"inflight"`
 	// Pair names the (NIC, GPU) pair for hardware runs; empty for host memory.
 	Pair string `json:"pair,omitempty"`
+	// Op is OpWrite ("", the sender WRITEs into the receiver's region) or
+	// OpRead ("read": the sender READs the receiver's region into its own
+	// memory, transport.OpRead).
+	Op string `json:"op,omitempty"`
+}
+
+// Case directions (Case.Op, Config.Ops).
+const (
+	OpWrite = ""
+	OpRead  = "read"
+)
+
+// Read reports whether the case is a READ case.
+func (c Case) Read() bool { return c.Op == OpRead }
+
+// OpName is "write" or "read".
+func (c Case) OpName() string {
+	if c.Read() {
+		return "read"
+	}
+	return "write"
 }
 
 // Label is a short human name of the case.
 func (c Case) Label() string {
-	return fmt.Sprintf("%s %s×%d s%d", c.Transport, FormatSize(c.BlockBytes), c.Depth, c.Streams)
+	l := fmt.Sprintf("%s %s×%d s%d", c.Transport, FormatSize(c.BlockBytes), c.Depth, c.Streams)
+	if c.Read() {
+		l += " read"
+	}
+	return l
+}
+
+// WriteTwin is the WRITE case of the same point (transport, block, depth,
+// streams, inflight) as read case c.
+func (c Case) WriteTwin() Case {
+	c.Op = OpWrite
+	return c
 }
 
 // Result is the outcome of one Case.
@@ -142,6 +174,10 @@ type Result struct {
 	// see the same machine load, so this is steadier than the ratio of the
 	// two medians on a busy host.
 	MemcpyRatio Stat `json:"memcpy_ratio"`
+	// WriteRatio (READ cases) is the median GB/s of this READ case divided
+	// by that of the WRITE case of the same point in the same run (run right
+	// before it); NaN-free: 0 when the WRITE case is missing or failed.
+	WriteRatio float64 `json:"write_ratio,omitempty"`
 	// Err is why the case could not run (then the metrics are zero).
 	Err string `json:"error,omitempty"`
 }
@@ -227,13 +263,14 @@ func ReadJSON(path string) (*Report, error) {
 	return &r, nil
 }
 
-// Best returns, for each transport and block size, the result with the
-// highest median bandwidth (over depth, streams and inflight), keyed
-// transport → block bytes.
+// Best returns, for each transport and block size, the WRITE result with
+// the highest median bandwidth (over depth, streams and inflight), keyed
+// transport → block bytes. READ cases are left out: the peers and targets
+// it serves are WRITE figures.
 func (r *Report) Best() map[string]map[uint64]Result {
 	out := map[string]map[uint64]Result{}
 	for _, res := range r.Results {
-		if res.Err != "" {
+		if res.Err != "" || res.Read() {
 			continue
 		}
 		m := out[res.Transport]
@@ -246,6 +283,26 @@ func (r *Report) Best() map[string]map[uint64]Result {
 		}
 	}
 	return out
+}
+
+// SetWriteRatios fills Result.WriteRatio of every READ result from the
+// WRITE result of the same point.
+func (r *Report) SetWriteRatios() {
+	writes := map[Case]Result{}
+	for _, res := range r.Results {
+		if !res.Read() && res.Err == "" {
+			writes[res.Case] = res
+		}
+	}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if !res.Read() || res.Err != "" {
+			continue
+		}
+		if w, ok := writes[res.WriteTwin()]; ok && w.GBps.Median > 0 {
+			res.WriteRatio = res.GBps.Median / w.GBps.Median
+		}
+	}
 }
 
 // PeerFor returns the successful peer result of the given label at block

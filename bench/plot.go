@@ -34,7 +34,8 @@ func (l plotLine) Len() int                    { return len(l.pts) }
 func (l plotLine) XY(i int) (float64, float64) { return l.pts[i].X, l.pts[i].Y }
 
 // plotLines returns the plot's series: one solid line per kvxfer transport
-// and batch depth (and stream count when the run varied it), the median of
+// and batch depth (and stream count when the run varied it; a dash-dot
+// line for its READ cases), the median of
 // the repetitions with min–max bars; one dashed line per peer series (one
 // run per size, no bars); a dotted memcpy line (median, min–max) from each
 // block size's shallowest shm case.
@@ -42,6 +43,7 @@ func plotLines(r *Report) []plotLine {
 	type key struct {
 		transport      string
 		depth, streams int
+		read           bool
 	}
 	byKey := map[key]*plotLine{}
 	var order []key
@@ -53,10 +55,13 @@ func plotLines(r *Report) []plotLine {
 		if res.Err != "" || res.GBps.Median <= 0 {
 			continue
 		}
-		k := key{res.Transport, res.Depth, res.Streams}
+		k := key{res.Transport, res.Depth, res.Streams, res.Read()}
 		l := byKey[k]
 		if l == nil {
 			name := fmt.Sprintf("kvxfer %s, depth %d", res.Transport, res.Depth)
+			if res.Read() {
+				name = fmt.Sprintf("kvxfer %s READ, depth %d", res.Transport, res.Depth)
+			}
 			if streamsVary {
 				name += fmt.Sprintf(", %d streams", res.Streams)
 			}
@@ -64,12 +69,15 @@ func plotLines(r *Report) []plotLine {
 				name += fmt.Sprintf(" (median of %d reps, min–max)", reps)
 			}
 			l = &plotLine{name: name}
+			if res.Read() {
+				l.dashes = []vg.Length{vg.Points(4), vg.Points(1), vg.Points(1), vg.Points(1)}
+			}
 			byKey[k] = l
 			order = append(order, k)
 		}
 		l.pts = append(l.pts, plotter.XY{X: float64(res.BlockBytes), Y: res.GBps.Median})
 		l.lo, l.hi = append(l.lo, res.GBps.Min), append(l.hi, res.GBps.Max)
-		if res.Transport == "shm" && res.MemcpyGBps.Median > 0 {
+		if res.Transport == "shm" && res.MemcpyGBps.Median > 0 && !res.Read() {
 			if d, ok := memcpyDepth[res.BlockBytes]; !ok || res.Depth < d {
 				if ok { // replace the deeper case's point
 					for i := range memcpy.pts {

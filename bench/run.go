@@ -25,6 +25,10 @@ type Config struct {
 	Depths []int `json:"depths"`
 	// Streams are transport.Options.Streams values (0 = transport default).
 	Streams []int `json:"streams"`
+	// Ops are the directions measured at every point: "write" and/or
+	// "read" (one-sided READ of the receiver's region; its rows carry the
+	// ratio to the WRITE row of the same point). Empty: write only.
+	Ops []string `json:"ops,omitempty"`
 	// Inflight is the number of batches kept submitted at once (>= 1).
 	Inflight int `json:"inflight"`
 	// Reps is the number of timed repetitions per case (>= 1).
@@ -63,6 +67,7 @@ func DefaultConfig() Config {
 		BlockSizes:     []uint64{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
 		Depths:         []int{1, 8},
 		Streams:        []int{0},
+		Ops:            []string{"write", "read"},
 		Inflight:       2,
 		Reps:           5,
 		Warmup:         4,
@@ -98,6 +103,11 @@ func (c *Config) Validate() error {
 	case c.KVModel != "" && (c.KVTokens < 1 || c.KVTokens > 1<<20):
 		return fmt.Errorf("bench: kv tokens %d: want 1..2^20 (or no --kv-model)", c.KVTokens)
 	}
+	for _, op := range c.Ops {
+		if op != "write" && op != "read" {
+			return fmt.Errorf("bench: op %q: want write or read (--ops write,read)", op)
+		}
+	}
 	seen := map[uint64]bool{}
 	for _, b := range c.BlockSizes {
 		if seen[b] {
@@ -111,14 +121,29 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Cases expands the matrix in transport, block, depth, streams order.
+// Cases expands the matrix in transport, block, depth, streams, op order:
+// the READ case of a point right after its WRITE case, so their ratio
+// compares figures taken seconds apart.
 func (c *Config) Cases() []Case {
+	ops := []string{OpWrite}
+	if len(c.Ops) > 0 {
+		ops = ops[:0]
+		for _, op := range c.Ops {
+			if op == "read" {
+				ops = append(ops, OpRead)
+			} else {
+				ops = append(ops, OpWrite)
+			}
+		}
+	}
 	var out []Case
 	for _, t := range c.Transports {
 		for _, b := range c.BlockSizes {
 			for _, d := range c.Depths {
 				for _, s := range c.Streams {
-					out = append(out, Case{Transport: t, BlockBytes: b, Depth: d, Streams: s, Inflight: c.Inflight})
+					for _, op := range ops {
+						out = append(out, Case{Transport: t, BlockBytes: b, Depth: d, Streams: s, Inflight: c.Inflight, Op: op})
+					}
 				}
 			}
 		}
@@ -170,7 +195,9 @@ func (c *Config) CaseBudget(k Case) time.Duration {
 // RunCase measures one case end to end: two transport instances (receiver and
 // sender) from the engine registry, memfd buffers, a segment, warm-up,
 // cfg.Reps timed repetitions each followed by verification, and the memcpy
-// baseline. A failure is returned in Result.Err, never as a panic.
+// baseline. A READ case (Case.Op) submits read batches of the same requests:
+// the bytes flow from the receiver's region into the sender's buffer, which
+// is what is verified. A failure is returned in Result.Err, never as a panic.
 func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	res = Result{Case: c, RegionBytes: RegionBytes(c, cfg.MaxRegionBytes)}
 	budget := cfg.CaseBudget(c)
@@ -232,8 +259,12 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	}
 
 	slots := res.RegionBytes / c.BlockBytes
+	op := transport.OpWrite
+	if c.Read() {
+		op = transport.OpRead
+	}
 	mkBatch := func(k int) *transport.TransferBatch {
-		b := &transport.TransferBatch{Requests: make([]transport.WriteRequest, c.Depth)}
+		b := &transport.TransferBatch{Op: op, Requests: make([]transport.WriteRequest, c.Depth)}
 		for j := range b.Requests {
 			off := (uint64(k*c.Depth+j) % slots) * c.BlockBytes
 			b.Requests[j] = transport.WriteRequest{Local: src.Addr() + uintptr(off), Remote: dd.ID, RemoteOffset: off, Length: c.BlockBytes}
@@ -252,15 +283,21 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 	// working set (a block size that is not a page multiple leaves a tail
 	// no write covers).
 	srcB, dstB := src.Bytes()[:res.RegionBytes], dst.Bytes()[:res.RegionBytes]
+	// from is the memory the bytes come from (the sender's for a write, the
+	// receiver's for a read), to where they land.
+	from, to, landed := srcB, dstB, "receiver"
+	if c.Read() {
+		from, to, landed = dstB, srcB, "sender (read destination)"
+	}
 
-	fill(srcB, 0x9e3779b97f4a7c15)
+	fill(from, 0x9e3779b97f4a7c15)
 	if _, _, err := pump(ctx, seg, batches, max(cfg.Warmup, 0), 0, 0, c.Inflight, nil); err != nil {
 		return fail("warm-up: %v", err)
 	}
 	var lats, mc []float64
 	res.Verified = cfg.Verify
 	for r := 0; r < cfg.Reps; r++ {
-		fill(srcB, uint64(r+1)*0xbf58476d1ce4e5b9) // untimed: new content per rep
+		fill(from, uint64(r+1)*0xbf58476d1ce4e5b9) // untimed: new content per rep
 		minB := max(cfg.MinBatches, nb)            // every slot written every rep
 		var repLats []float64
 		start := time.Now()
@@ -272,16 +309,16 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 		res.Reps = append(res.Reps, Rep{Bytes: uint64(n) * batchBytes, Batches: n, Messages: msgs, Seconds: secs})
 		lats = append(lats, repLats...)
 		if cfg.Verify {
-			if i := firstDiff(srcB, dstB); i >= 0 {
+			if i := firstDiff(from, to); i >= 0 {
 				res.Verified = false
-				res.VerifyErr = fmt.Sprintf("repetition %d: receiver byte %d is %#02x, source has %#02x", r+1, i, dstB[i], srcB[i])
+				res.VerifyErr = fmt.Sprintf("repetition %d: %s byte %d is %#02x, source has %#02x", r+1, landed, i, to[i], from[i])
 				break
 			}
 		}
 		if cfg.Memcpy {
 			// Interleaved with the transport's repetitions so both see the
 			// same machine load; same buffers, same block size.
-			mc = append(mc, memcpyRep(dstB, srcB, c.BlockBytes, cfg.RepTime))
+			mc = append(mc, memcpyRep(to, from, c.BlockBytes, cfg.RepTime))
 		}
 	}
 	gb := make([]float64, len(res.Reps))

@@ -12,8 +12,9 @@ import (
 // WriteTable prints one row per result: the case, median GB/s with the
 // min–max spread over repetitions, messages/s, p50/p99 batch latency, the
 // verification outcome, the median per-repetition ratio to the
-// single-goroutine memcpy baseline (Result.MemcpyRatio),
-// and the ratio to each peer series compared with the row's transport (at the
+// single-goroutine memcpy baseline (Result.MemcpyRatio), for READ rows the
+// ratio to the WRITE row of the same point (Result.WriteRatio), and for
+// WRITE rows the ratio to each peer series compared with the row's transport (at the
 // same block size). Then the peer runs, the targets this run could evaluate
 // (Report.Targets) and the hardware note.
 func WriteTable(w io.Writer, r *Report) error {
@@ -24,14 +25,14 @@ func WriteTable(w io.Writer, r *Report) error {
 		peerCols[t] = r.PeerLabels(t)
 		allPeers = append(allPeers, peerCols[t]...)
 	}
-	hdr := []string{"transport", "block", "depth", "streams", "GB/s", "min–max", "msg/s", "p50 µs", "p99 µs", "verified", "×memcpy"}
+	hdr := []string{"transport", "op", "block", "depth", "streams", "GB/s", "min–max", "msg/s", "p50 µs", "p99 µs", "verified", "×memcpy", "×write"}
 	if len(allPeers) > 0 {
 		hdr = append(hdr, "×peer (series)")
 	}
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	for _, res := range r.Results {
 		if res.Err != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\tfailed (below)\t\n", res.Transport, FormatSize(res.BlockBytes), res.Depth, res.Streams)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\tfailed (below)\t\n", res.Transport, res.OpName(), FormatSize(res.BlockBytes), res.Depth, res.Streams)
 			continue
 		}
 		ver := "off"
@@ -41,11 +42,15 @@ func WriteTable(w io.Writer, r *Report) error {
 		case res.Verified:
 			ver = "ok"
 		}
-		row := []string{res.Transport, FormatSize(res.BlockBytes), fmt.Sprint(res.Depth), fmt.Sprint(res.Streams),
+		wr := ""
+		if res.Read() {
+			wr = fmtRatio(res.WriteRatio)
+		}
+		row := []string{res.Transport, res.OpName(), FormatSize(res.BlockBytes), fmt.Sprint(res.Depth), fmt.Sprint(res.Streams),
 			fmt.Sprintf("%.3f", res.GBps.Median), fmt.Sprintf("%.3f–%.3f", res.GBps.Min, res.GBps.Max),
 			fmtRate(res.MsgsPerSec.Median), fmt.Sprintf("%.1f", res.LatencyP50us), fmt.Sprintf("%.1f", res.LatencyP99us),
-			ver, fmtRatio(res.MemcpyRatio.Median)}
-		if len(allPeers) > 0 {
+			ver, fmtRatio(res.MemcpyRatio.Median), wr}
+		if len(allPeers) > 0 && !res.Read() {
 			var parts []string
 			for _, l := range peerCols[res.Transport] {
 				if p, ok := r.PeerFor(l, res.BlockBytes); ok {

@@ -19,6 +19,7 @@ func init() {
 	def := bench.DefaultConfig()
 	var (
 		transports, sizes, depths, streams string
+		ops                                string
 		noVerify, noMemcpy, peers, quiet   bool
 		jsonPath, plotPath, maxRegion      string
 		mdPath                             string
@@ -33,7 +34,13 @@ engine (transport.OpenTransport, segments, transfer batches) between two transpo
 instances in this process, verifies every byte after each timed repetition, and
 prints a table. --peers runs iperf3, ucx_perftest (UCX_TLS=tcp and UCX_TLS=sm)
 and, where an RDMA device exists, ib_write_bw on loopback with the same block
-sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
+sizes and adds ratio columns. Every point is measured as a WRITE and as a
+one-sided READ (--ops); a READ row's ×write is its ratio to the WRITE row of
+the same point, measured right before it. The KV-room cases move a request
+prefill → decode through the KV managers (push, WRITE) and pull it with the
+decode's READs of the prefill's registered KV (segment engine, the
+NIXL/vLLM pattern), with the pull/push ratio. GB/s means 1e9 bytes per
+second.`,
 		Example: `  kvxfer bench --transports tcp,shm --peers --json out.json --plot out.png
   kvxfer bench --transports shm --sizes 1M --depths 1,16 --streams 1,2,4 --reps 9`,
 		Args: cobra.NoArgs,
@@ -53,6 +60,12 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 			}
 			if cfg.Streams, err = bench.ParseInts(streams, "--streams", 0, 64); err != nil {
 				return err
+			}
+			cfg.Ops = nil
+			for _, o := range strings.Split(ops, ",") {
+				if o = strings.TrimSpace(o); o != "" {
+					cfg.Ops = append(cfg.Ops, o)
+				}
 			}
 			if cfg.MaxRegionBytes, err = bench.ParseSize(maxRegion); err != nil {
 				return fmt.Errorf("--max-region: %w", err)
@@ -156,6 +169,7 @@ sizes and adds ratio columns. GB/s means 1e9 bytes per second.`,
 	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, rdma); unavailable ones are skipped with the reason")
 	f.StringVar(&sizes, "sizes", "4K,64K,1M,4M,16M,64M", "block sizes (bytes per WriteRequest), e.g. 4K,1M,64M")
 	f.StringVar(&depths, "depths", "1,8", "batch depths: WriteRequests per transfer batch")
+	f.StringVar(&ops, "ops", strings.Join(def.Ops, ","), "directions at every point: write (the sender WRITEs into the receiver's region) and/or read (one-sided READ of the receiver's region; READ rows show ×write, the ratio to the WRITE row of the same point, measured right before it)")
 	f.StringVar(&streams, "streams", "0", "transport.Options.Streams values (tcp connections, shm copy goroutines, rdma QPs; 0 = the transport's default, and the table shows the count used)")
 	f.IntVar(&cfg.Inflight, "inflight", def.Inflight, "transfer batches kept submitted at once")
 	f.IntVar(&cfg.Reps, "reps", def.Reps, "timed repetitions per case (median and min–max reported)")

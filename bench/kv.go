@@ -83,12 +83,9 @@ func runKVCase(ctx context.Context, cfg Config, transport, mode string, run func
 	if budget <= 0 {
 		// As CaseBudget: the base plus every room's KV bytes at the floor rate.
 		budget = caseBudgetBase
-		if model, err := workload.LookupModel(cfg.KVModel); err == nil {
-			pages := (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize
-			if l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: pages}); err == nil {
-				room := float64(l.NumBuffers()) * float64(pages) * float64(l.ItemLen())
-				budget += time.Duration(room * float64(cfg.Warmup+cfg.Reps) / caseBudgetFloor * float64(time.Second))
-			}
+		if l, err := kvLayout(cfg); err == nil {
+			room := float64(l.NumBuffers()) * float64(l.NumPages) * float64(l.ItemLen())
+			budget += time.Duration(room * float64(cfg.Warmup+cfg.Reps) / caseBudgetFloor * float64(time.Second))
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, budget)
@@ -99,12 +96,18 @@ func runKVCase(ctx context.Context, cfg Config, transport, mode string, run func
 	return res
 }
 
-func runKV(ctx context.Context, cfg Config, res *KVResult) error {
+// kvLayout is the KV geometry of the KV-room cases: cfg.KVModel, pages
+// for cfg.KVTokens tokens.
+func kvLayout(cfg Config) (*workload.Layout, error) {
 	model, err := workload.LookupModel(cfg.KVModel)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize})
+	return workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize})
+}
+
+func runKV(ctx context.Context, cfg Config, res *KVResult) error {
+	l, err := kvLayout(cfg)
 	if err != nil {
 		return err
 	}
@@ -293,11 +296,7 @@ func setPushRatios(kv []KVResult) {
 // one READ per KV buffer (the request's pages are one run) and one per aux
 // buffer (prefill row 0 into decode row 1).
 func runKVPull(ctx context.Context, cfg Config, res *KVResult) error {
-	model, err := workload.LookupModel(cfg.KVModel)
-	if err != nil {
-		return err
-	}
-	l, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize})
+	l, err := kvLayout(cfg)
 	if err != nil {
 		return err
 	}

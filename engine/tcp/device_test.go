@@ -91,66 +91,17 @@ func TestDeviceCapabilityFollowsCopier(t *testing.T) {
 }
 
 func TestDeviceBouncePath(t *testing.T) {
-	fake := &fakeDevice{}
-	fake.failTo.Store(-1 << 30)
-	fake.failFrom.Store(-1 << 30)
-	saved := deviceCopier
-	deviceCopier = fake
-	defer func() { deviceCopier = saved }()
-
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	const size = 10 << 20 // > bounceSize, so blocks are staged in pieces
-	var trs [2]*Transport
-	var bufs [2]*transport.HostBuffer
-	var descs [2]transport.RegionDesc
-	for i := range trs {
-		tr, err := New(transport.DefaultOptions())
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf, err := transport.AllocHost("dev", size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := buf.Memory()
-		m.Kind, m.Device = transport.MemoryCUDA, i
-		d, err := tr.RegisterMemory(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		trs[i], bufs[i], descs[i] = tr, buf, d
-	}
-	defer func() {
-		trs[0].Close()
-		trs[1].Close()
-		bufs[0].Close()
-		bufs[1].Close()
-	}()
-	if !trs[0].Capabilities().Has(transport.CapDeviceMemory) {
+	fake, ctx, bufs, descs, seg := devicePair(t)
+	if !seg.t.Capabilities().Has(transport.CapDeviceMemory) {
 		t.Errorf("CapDeviceMemory not set with a copier installed")
 	}
 	src, dst := bufs[0].Bytes(), bufs[1].Bytes()
 	for i := range src {
 		src[i] = byte(i*31 + i>>12)
 	}
-	seg, err := trs[0].OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []transport.RegionDesc{descs[1]}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Close()
 	run := func(rs ...transport.WriteRequest) transport.BatchStatus {
 		t.Helper()
-		id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: rs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := seg.Wait(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seg.Release(id)
-		return st
+		return runBatch(t, ctx, seg, transport.OpWrite, rs...)
 	}
 	base := bufs[0].Addr()
 	// Contiguous, split into 4 MiB frames, each staged through the bounce buffer.
@@ -187,4 +138,65 @@ func TestDeviceBouncePath(t *testing.T) {
 	if st := run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 1 << 20}); st.State != transport.BatchCompleted || !bytes.Equal(dst[:1<<20], src[:1<<20]) {
 		t.Fatalf("write after copy failures: %v %v", st.State, st.Err)
 	}
+}
+
+// devicePair installs the fake copier (restored at cleanup) and returns two
+// tcp transports with 10 MiB (> bounceSize, so blocks are staged in pieces)
+// of "device" memory registered each, and a segment from the first to the
+// second.
+func devicePair(t *testing.T) (*fakeDevice, context.Context, [2]*transport.HostBuffer, [2]transport.RegionDesc, *segment) {
+	t.Helper()
+	fake := &fakeDevice{}
+	fake.failTo.Store(-1 << 30)
+	fake.failFrom.Store(-1 << 30)
+	saved := deviceCopier
+	deviceCopier = fake
+	t.Cleanup(func() { deviceCopier = saved })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	const size = 10 << 20
+	var trs [2]*Transport
+	var bufs [2]*transport.HostBuffer
+	var descs [2]transport.RegionDesc
+	for i := range trs {
+		tr, err := New(transport.DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf, err := transport.AllocHost("dev", size)
+		if err != nil {
+			tr.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close(); buf.Close() })
+		m := buf.Memory()
+		m.Kind, m.Device = transport.MemoryCUDA, i
+		d, err := tr.RegisterMemory(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trs[i], bufs[i], descs[i] = tr, buf, d
+	}
+	seg, err := trs[0].OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []transport.RegionDesc{descs[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { seg.Close() })
+	return fake, ctx, bufs, descs, seg.(*segment)
+}
+
+// runBatch submits one batch of op on seg, waits, releases it and returns
+// its status.
+func runBatch(t *testing.T, ctx context.Context, seg transport.Segment, op transport.Op, rs ...transport.WriteRequest) transport.BatchStatus {
+	t.Helper()
+	id, err := seg.Submit(ctx, &transport.TransferBatch{Op: op, Requests: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := seg.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg.Release(id)
+	return st
 }

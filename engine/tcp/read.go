@@ -57,42 +57,24 @@ func (rx *receiver) serveRead(h header) (answered bool, refusal ack, err error) 
 	var ents []entry
 	scatter := h.Kind == kindReadScatter
 	if scatter {
-		need := h.tableBytes()
-		if cap(rx.table) < need {
-			rx.table = make([]byte, need, maxScatterEntries*entrySize)
-		}
-		tb := rx.table[:need]
-		rx.iov = append(rx.iov[:0], tb)
-		_, err := rx.fill(rx.iov, need)
-		clear(rx.iov)
-		if err != nil {
-			return false, ack{}, fmt.Errorf("read scatter table of read frame %d (%d entries): %w", h.Seq, h.Count, err)
-		}
-		if ents, err = decodeTable(h, tb, rx.ents); err != nil {
+		var err error
+		if ents, err = rx.readTable(h); err != nil {
 			return false, ack{}, err
 		}
-		rx.ents = ents
 	}
 	if h.size() > maxReadFrame {
 		return refuse(ackBadRequest, "read frame %d asks for %d bytes; at most %d per frame (split the read)", h.Seq, h.size(), maxReadFrame)
 	}
-	// Look the regions up under one read lock of the table.
-	dests := rx.dests[:0]
-	t.mu.RLock()
-	closing := t.closed
-	if !scatter {
-		dests = append(dests, t.regions[transport.RegionID(h.Region)])
+	var dests []*region
+	var closing bool
+	if scatter {
+		dests, closing = rx.lookup(ents)
 	} else {
-		var last *region
-		for i, e := range ents {
-			if i == 0 || e.Region != ents[i-1].Region {
-				last = t.regions[transport.RegionID(e.Region)]
-			}
-			dests = append(dests, last)
-		}
+		t.mu.RLock()
+		dests, closing = append(rx.dests[:0], t.regions[transport.RegionID(h.Region)]), t.closed
+		t.mu.RUnlock()
+		rx.dests = dests
 	}
-	t.mu.RUnlock()
-	rx.dests = dests
 	defer clear(dests)
 	if closing {
 		return refuse(ackShutdown, "receiver is closing")
@@ -120,23 +102,12 @@ func (rx *receiver) serveRead(h header) (answered bool, refusal ack, err error) 
 			}
 		}
 	}
-	// Read-lock each distinct region once (ascending ID, see lockOrder)
-	// for as long as the response is written from it.
-	locked := lockOrder(dests, rx.locked)
-	rx.locked = locked
-	for _, r := range locked {
-		r.mu.RLock()
-	}
-	defer func() {
-		for _, r := range locked {
-			r.mu.RUnlock()
-		}
-		clear(locked)
-	}()
-	for _, r := range locked {
-		if r.dead {
-			return refuse(ackUnknownRegion, "region %d was deregistered (read frame %d)", r.id, h.Seq)
-		}
+	// Read-lock each distinct region for as long as the response is
+	// written from it.
+	locked, dead := rx.rlock(dests)
+	defer runlock(locked)
+	if dead != nil {
+		return refuse(ackUnknownRegion, "region %d was deregistered (read frame %d)", dead.id, h.Seq)
 	}
 	out := append(rx.out[:0], nil) // out[0]: the acks (respond)
 	switch {

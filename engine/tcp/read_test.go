@@ -2,10 +2,8 @@ package tcp
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -86,63 +84,14 @@ func TestSplitRead(t *testing.T) {
 // failing copy on either side fails the batch naming the copy while the
 // stream stays usable.
 func TestDeviceReadPath(t *testing.T) {
-	fake := &fakeDevice{}
-	fake.failTo.Store(-1 << 30)
-	fake.failFrom.Store(-1 << 30)
-	saved := deviceCopier
-	deviceCopier = fake
-	defer func() { deviceCopier = saved }()
-
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	const size = 10 << 20
-	var trs [2]*Transport
-	var bufs [2]*transport.HostBuffer
-	var descs [2]transport.RegionDesc
-	for i := range trs {
-		tr, err := New(transport.DefaultOptions())
-		if err != nil {
-			t.Fatal(err)
-		}
-		buf, err := transport.AllocHost("dev", size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := buf.Memory()
-		m.Kind, m.Device = transport.MemoryCUDA, i
-		d, err := tr.RegisterMemory(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		trs[i], bufs[i], descs[i] = tr, buf, d
-	}
-	defer func() {
-		trs[0].Close()
-		trs[1].Close()
-		bufs[0].Close()
-		bufs[1].Close()
-	}()
+	fake, ctx, bufs, descs, seg := devicePair(t)
 	local, remote := bufs[0].Bytes(), bufs[1].Bytes()
 	for i := range remote {
 		remote[i] = byte(i*29 + i>>13)
 	}
-	seg, err := trs[0].OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(trs[1].Addr()), Regions: []transport.RegionDesc{descs[1]}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Close()
 	run := func(rs ...transport.WriteRequest) transport.BatchStatus {
 		t.Helper()
-		id, err := seg.Submit(ctx, &transport.TransferBatch{Op: transport.OpRead, Requests: rs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := seg.Wait(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seg.Release(id)
-		return st
+		return runBatch(t, ctx, seg, transport.OpRead, rs...)
 	}
 	base := bufs[0].Addr()
 	if st := run(transport.WriteRequest{Local: base, Remote: descs[1].ID, Length: 9 << 20}); st.State != transport.BatchCompleted {

@@ -757,19 +757,7 @@ func (rx *receiver) frame(h header) (ack, error) {
 // means the stream is broken.
 func (rx *receiver) scatter(h header) (ack, error) {
 	t := rx.t
-	need := h.tableBytes()
-	if cap(rx.table) < need {
-		rx.table = make([]byte, need, maxScatterEntries*entrySize)
-	}
-	tb := rx.table[:need]
-	rx.iov = append(rx.iov[:0], tb)
-	_, err := rx.fill(rx.iov, need)
-	clear(rx.iov)
-	if err != nil {
-		return ack{}, fmt.Errorf("read scatter table of frame %d (%d entries): %w", h.Seq, h.Count, err)
-	}
-	ents, err := decodeTable(h, tb, rx.ents)
-	rx.ents = ents
+	ents, err := rx.readTable(h)
 	if err != nil {
 		return ack{}, err
 	}
@@ -779,19 +767,7 @@ func (rx *receiver) scatter(h header) (ack, error) {
 		}
 		return ack{Status: status, Seq: h.Seq, Msg: fmt.Sprintf(format, args...)}, nil
 	}
-	// Look every region up under one read lock of the table.
-	dests := rx.dests[:0]
-	t.mu.RLock()
-	closing := t.closed
-	var last *region
-	for i, e := range ents {
-		if i == 0 || e.Region != ents[i-1].Region {
-			last = t.regions[transport.RegionID(e.Region)]
-		}
-		dests = append(dests, last)
-	}
-	t.mu.RUnlock()
-	rx.dests = dests
+	dests, closing := rx.lookup(ents)
 	defer clear(dests)
 	if closing {
 		return refuse(ackShutdown, "receiver is closing")
@@ -811,23 +787,11 @@ func (rx *receiver) scatter(h header) (ack, error) {
 			device = true
 		}
 	}
-	// Read-lock each distinct region once, in ascending ID order, for as
-	// long as bytes land in them.
-	locked := lockOrder(dests, rx.locked)
-	rx.locked = locked
-	for _, r := range locked {
-		r.mu.RLock()
-	}
-	defer func() {
-		for _, r := range locked {
-			r.mu.RUnlock()
-		}
-		clear(locked)
-	}()
-	for _, r := range locked {
-		if r.dead {
-			return refuse(ackUnknownRegion, "region %d was deregistered (scatter frame of %d writes)", r.id, len(ents))
-		}
+	// Read-lock each distinct region for as long as bytes land in them.
+	locked, dead := rx.rlock(dests)
+	defer runlock(locked)
+	if dead != nil {
+		return refuse(ackUnknownRegion, "region %d was deregistered (scatter frame of %d writes)", dead.id, len(ents))
 	}
 	if !device {
 		iov := rx.iov[:0]
@@ -868,6 +832,71 @@ func (rx *receiver) scatter(h header) (ack, error) {
 		landed += uint64(e.Length)
 	}
 	return ack{Status: ackOK, Seq: h.Seq, Bytes: h.Length}, nil
+}
+
+// readTable reads and decodes the scatter table of frame h (a scatter
+// write or a scatter read) into rx.ents. An error means the stream is
+// broken (errProtocol: a malformed table).
+func (rx *receiver) readTable(h header) ([]entry, error) {
+	need := h.tableBytes()
+	if cap(rx.table) < need {
+		rx.table = make([]byte, need, maxScatterEntries*entrySize)
+	}
+	tb := rx.table[:need]
+	rx.iov = append(rx.iov[:0], tb)
+	_, err := rx.fill(rx.iov, need)
+	clear(rx.iov)
+	if err != nil {
+		return nil, fmt.Errorf("read scatter table of frame %d (%d entries): %w", h.Seq, h.Count, err)
+	}
+	ents, err := decodeTable(h, tb, rx.ents)
+	rx.ents = ents
+	return ents, err
+}
+
+// lookup returns the region of every entry (nil for one not registered),
+// looked up under one read lock of the region table, in rx.dests (the
+// caller clears it), and whether the transport is closing.
+func (rx *receiver) lookup(ents []entry) (dests []*region, closing bool) {
+	t := rx.t
+	dests = rx.dests[:0]
+	t.mu.RLock()
+	closing = t.closed
+	var last *region
+	for i, e := range ents {
+		if i == 0 || e.Region != ents[i-1].Region {
+			last = t.regions[transport.RegionID(e.Region)]
+		}
+		dests = append(dests, last)
+	}
+	t.mu.RUnlock()
+	rx.dests = dests
+	return dests, closing
+}
+
+// rlock read-locks each distinct region of dests once, in ascending ID
+// order (lockOrder), and returns them (in rx.locked) with the first one
+// that was deregistered, if any. The caller unlocks with runlock.
+func (rx *receiver) rlock(dests []*region) (locked []*region, dead *region) {
+	locked = lockOrder(dests, rx.locked)
+	rx.locked = locked
+	for _, r := range locked {
+		r.mu.RLock()
+	}
+	for _, r := range locked {
+		if r.dead {
+			return locked, r
+		}
+	}
+	return locked, nil
+}
+
+// runlock releases what rlock locked.
+func runlock(locked []*region) {
+	for _, r := range locked {
+		r.mu.RUnlock()
+	}
+	clear(locked)
 }
 
 // lockOrder returns the distinct regions of dests in ascending ID order,

@@ -88,27 +88,6 @@ func (e *env) expectRead(req transport.WriteRequest) {
 	}
 }
 
-// runRead submits read batch b on seg, waits, requires BatchCompleted with
-// every byte, and records the reads in the expected local image.
-func (e *env) runRead(seg transport.Segment, b *transport.TransferBatch) {
-	e.t.Helper()
-	id, err := seg.Submit(e.ctx, b)
-	if err != nil {
-		e.t.Fatalf("Submit read batch: %v", err)
-	}
-	st := e.wait(seg, id)
-	if st.State != transport.BatchCompleted {
-		e.t.Fatalf("read batch %d: state %v, err %v; want completed", id, st.State, st.Err)
-	}
-	if st.BytesDone != b.Bytes() {
-		e.t.Errorf("read batch %d: BytesDone %d, want %d", id, st.BytesDone, b.Bytes())
-	}
-	seg.Release(id)
-	for _, r := range b.Requests {
-		e.expectRead(r)
-	}
-}
-
 // verifyRead checks the local memory against the expected local image and
 // the remote regions against theirs (a read changes nothing there).
 func (e *env) verifyRead() {
@@ -122,51 +101,6 @@ func (e *env) verifyRead() {
 		}
 	}
 	e.verify()
-}
-
-// refusedRead requires read batch b to be refused with an error wrapping
-// one of want (by Submit or as a failed batch) and the local memory to be
-// unchanged: nothing returned.
-func (e *env) refusedRead(seg transport.Segment, b *transport.TransferBatch, want ...error) {
-	e.t.Helper()
-	id, err := seg.Submit(e.ctx, b)
-	if err == nil {
-		st := e.wait(seg, id)
-		seg.Release(id)
-		if st.State != transport.BatchFailed {
-			e.t.Fatalf("invalid read: batch ended %v, want failed (refused)", st.State)
-		}
-		err = st.Err
-	}
-	for _, w := range want {
-		if errors.Is(err, w) {
-			e.t.Logf("read refused as expected: %v", err)
-			e.verifyRead()
-			return
-		}
-	}
-	e.t.Fatalf("invalid read refused with %v; want an error wrapping one of %v", err, want)
-}
-
-// cannotRead requires that a read through seg returns nothing: Submit or the
-// batch fails with an error wrapping ErrPeerLost, ErrFenced or
-// ErrUnknownRegion, and the local memory is unchanged.
-func (e *env) cannotRead(seg transport.Segment, req transport.WriteRequest, what string) {
-	e.t.Helper()
-	id, err := seg.Submit(e.ctx, readBatch(req))
-	if err == nil {
-		st := e.wait(seg, id)
-		seg.Release(id)
-		if st.State != transport.BatchFailed {
-			e.t.Fatalf("%s: read batch ended %v, want failed", what, st.State)
-		}
-		err = st.Err
-	}
-	if !errors.Is(err, transport.ErrPeerLost) && !errors.Is(err, transport.ErrFenced) && !errors.Is(err, transport.ErrUnknownRegion) {
-		e.t.Fatalf("%s: %v, want an error wrapping ErrPeerLost, ErrFenced or ErrUnknownRegion", what, err)
-	}
-	e.t.Logf("%s: refused: %v", what, err)
-	e.verifyRead()
 }
 
 func (s *suite) readUnsupported(t *testing.T) {
@@ -198,13 +132,13 @@ func (s *suite) readSizes(t *testing.T) {
 		ro := rng.IntN(12*mib - n + 1)
 		t.Run(fmt.Sprintf("bytes=%d", n), func(t *testing.T) {
 			e.t = t
-			e.runRead(e.seg, readBatch(e.read(lo, ro, n)))
+			e.run(e.seg, readBatch(e.read(lo, ro, n)))
 			e.verifyRead()
 		})
 	}
 	e.t = t
 	// Edges of the region (first and last byte) and several requests.
-	e.runRead(e.seg, readBatch(e.read(5, 0, 1), e.read(9, 12*mib-1, 1), e.read(4096, 8*mib, 64<<10), e.read(mib, 3, 3*mib)))
+	e.run(e.seg, readBatch(e.read(5, 0, 1), e.read(9, 12*mib-1, 1), e.read(4096, 8*mib, 64<<10), e.read(mib, 3, 3*mib)))
 	e.verifyRead()
 }
 
@@ -241,7 +175,7 @@ func (s *suite) readScattered(t *testing.T) {
 	}
 	seg := e.open(e.dstDesc, x.desc)
 	defer seg.Close()
-	e.runRead(seg, &b)
+	e.run(seg, &b)
 	e.verifyRead()
 
 	t.Run("2048-pages", func(t *testing.T) {
@@ -251,7 +185,7 @@ func (s *suite) readScattered(t *testing.T) {
 			pages.Requests = append(pages.Requests, e.read(p*4096, rng.IntN(8*mib/4096)*4096, 4096))
 		}
 		pages.Requests = pages.Requests[:2048]
-		e.runRead(e.seg, pages)
+		e.run(e.seg, pages)
 		e.verifyRead()
 	})
 }
@@ -273,7 +207,7 @@ func (s *suite) readStrided(t *testing.T) {
 		r.Remote = e.dstDesc.ID
 		t.Run(fmt.Sprintf("case%d/count=%d/len=%d", i, r.Count, r.Length), func(t *testing.T) {
 			e.t = t
-			e.runRead(e.seg, readBatch(r))
+			e.run(e.seg, readBatch(r))
 			e.verifyRead()
 		})
 	}
@@ -292,22 +226,22 @@ func (s *suite) readRefusedSender(t *testing.T) {
 	for i, r := range bad {
 		t.Run(fmt.Sprintf("remote-case%d", i), func(t *testing.T) {
 			e.t = t
-			e.refusedRead(e.seg, readBatch(e.read(4096, 0, 4096), r), transport.ErrOutOfBounds)
+			e.refused(e.seg, readBatch(e.read(4096, 0, 4096), r), transport.ErrOutOfBounds)
 		})
 	}
 	t.Run("local-outside-registered", func(t *testing.T) {
 		e.t = t
-		e.refusedRead(e.seg, readBatch(e.read(1<<20-100, 0, 200)), transport.ErrOutOfBounds)
+		e.refused(e.seg, readBatch(e.read(1<<20-100, 0, 200)), transport.ErrOutOfBounds)
 	})
 	t.Run("unknown-region", func(t *testing.T) {
 		e.t = t
 		r := e.read(0, 0, 16)
 		r.Remote = e.dstDesc.ID + 1000
-		e.refusedRead(e.seg, readBatch(r), transport.ErrUnknownRegion)
+		e.refused(e.seg, readBatch(r), transport.ErrUnknownRegion)
 	})
 	t.Run("still-usable", func(t *testing.T) {
 		e.t = t
-		e.runRead(e.seg, readBatch(e.read(0, 0, 4096)))
+		e.run(e.seg, readBatch(e.read(0, 0, 4096)))
 		e.verifyRead()
 	})
 }
@@ -336,8 +270,8 @@ func (s *suite) readRefusedReceiver(t *testing.T) {
 	for i, r := range bad {
 		t.Run(fmt.Sprintf("case%d", i), func(t *testing.T) {
 			e.t = t
-			e.refusedRead(seg, readBatch(r), transport.ErrOutOfBounds, transport.ErrUnknownRegion)
-			e.runRead(seg, readBatch(e.read(i*4096, i*4096, 4096)))
+			e.refused(seg, readBatch(r), transport.ErrOutOfBounds, transport.ErrUnknownRegion)
+			e.run(seg, readBatch(e.read(i*4096, i*4096, 4096)))
 			e.verifyRead()
 		})
 	}
@@ -347,12 +281,12 @@ func (s *suite) readRefusedReceiver(t *testing.T) {
 // next read is refused with a clear error and returns nothing.
 func (s *suite) readDeregistered(t *testing.T) {
 	e := s.readEnv(t, 1<<16, 1<<16)
-	e.runRead(e.seg, readBatch(e.read(0, 0, 4096)))
+	e.run(e.seg, readBatch(e.read(0, 0, 4096)))
 	e.verifyRead()
 	if err := e.r.DeregisterMemory(e.dstDesc.ID); err != nil {
 		t.Fatalf("DeregisterMemory: %v", err)
 	}
-	e.refusedRead(e.seg, readBatch(e.read(4096, 4096, 4096)), transport.ErrUnknownRegion, transport.ErrOutOfBounds)
+	e.refused(e.seg, readBatch(e.read(4096, 4096, 4096)), transport.ErrUnknownRegion, transport.ErrOutOfBounds)
 }
 
 // readWriteConcurrent runs read and write batches at once on one segment:
@@ -429,36 +363,14 @@ func (s *suite) readCancel(t *testing.T) {
 	for i := 0; i < 32; i++ {
 		b.Requests = append(b.Requests, e.read(i*mib, i*mib, mib))
 	}
-	id, err := e.seg.Submit(e.ctx, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.seg.Cancel(id); err != nil {
-		t.Fatalf("Cancel: %v", err)
-	}
-	st := e.wait(e.seg, id)
-	switch st.State {
-	case transport.BatchCanceled:
-		if !errors.Is(st.Err, transport.ErrCanceled) {
-			t.Errorf("canceled read batch Err = %v, want ErrCanceled", st.Err)
-		}
-		t.Logf("read canceled after %d of %d bytes", st.BytesDone, b.Bytes())
-	case transport.BatchCompleted:
-		t.Logf("read batch completed before Cancel took effect (allowed: best effort)")
-	default:
-		t.Fatalf("after Cancel: state %v err %v, want canceled or completed", st.State, st.Err)
-	}
-	e.seg.Release(id)
-	if _, err := e.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
-		t.Errorf("Poll after Release: %v, want ErrUnknownBatch", err)
-	}
+	e.submitCancel(b)
 	// A canceled read leaves its local ranges unspecified; read everything
 	// again on the same segment and verify.
 	again := readBatch()
 	for i := 0; i < 32; i++ {
 		again.Requests = append(again.Requests, e.read(i*mib, i*mib, mib))
 	}
-	e.runRead(e.seg, again)
+	e.run(e.seg, again)
 	e.verifyRead()
 }
 
@@ -479,12 +391,12 @@ func (s *suite) readFencedEpoch(t *testing.T) {
 	}
 	defer seg.Close()
 	peer := e.fencePeer
-	e.runRead(seg, readBatch(e.read(0, 0, n)))
+	e.run(seg, readBatch(e.read(0, 0, n)))
 	e.verifyRead()
 	if err := f.FenceEpoch(e.ctx, peer, epoch); err != nil {
 		t.Fatalf("FenceEpoch(%d): %v", epoch, err)
 	}
-	e.cannotRead(seg, e.read(n, n, n), "read through the fenced segment")
+	e.cannotMove(seg, readBatch(e.read(n, n, n)), "read through the fenced segment")
 	if !e.r.Capabilities().Has(transport.CapHandshake) {
 		for _, c := range []struct {
 			epoch uint64
@@ -497,7 +409,7 @@ func (s *suite) readFencedEpoch(t *testing.T) {
 				}
 				continue
 			}
-			e.cannotRead(late, e.read(2*n, 2*n, n), c.what)
+			e.cannotMove(late, readBatch(e.read(2*n, 2*n, n)), c.what)
 			late.Close()
 		}
 	}
@@ -507,7 +419,7 @@ func (s *suite) readFencedEpoch(t *testing.T) {
 		t.Fatalf("open a segment with a new admitted epoch %d: %v", next, err)
 	}
 	defer seg2.Close()
-	e.runRead(seg2, readBatch(e.read(3*n, 3*n, n)))
+	e.run(seg2, readBatch(e.read(3*n, 3*n, n)))
 	e.verifyRead()
 }
 
@@ -532,41 +444,20 @@ func (s *suite) readPeerCloses(t *testing.T) {
 }
 
 func (s *suite) readPeerKilled(t *testing.T) {
-	if s.cfg.RemotePeer == nil {
-		t.Skip("no RemotePeer hook given (transporttest.WithRemotePeer): the cross-process kill case needs one")
-	}
 	const mib = 1 << 20
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
-	defer cancel()
-	dst, err := transport.AllocHost("transporttest-readdst", 8*mib)
-	if err != nil {
-		t.Fatal(err)
+	skipWithoutRemotePeer(t, s.cfg)
+	snd, rcv := s.newPair(t)
+	caps, name := snd.Capabilities(), snd.Name()
+	snd.Close()
+	rcv.Close()
+	if !caps.Has(transport.CapRead) {
+		t.Skipf("%s has no transport.CapRead", name)
 	}
-	defer dst.Close()
-	sender, recv := s.newPair(t)
-	defer recv.Close()
-	defer sender.Close()
-	if !sender.Capabilities().Has(transport.CapRead) {
-		t.Skipf("%s has no transport.CapRead", sender.Name())
-	}
-	if _, err := sender.RegisterMemory(dst.Memory()); err != nil {
-		t.Fatal(err)
-	}
-	info, kill := s.cfg.RemotePeer(t, 8*mib)
-	if len(info.Regions) == 0 || info.Regions[0].Length < 8*mib {
-		t.Fatalf("RemotePeer returned %d regions; want one of at least %d bytes", len(info.Regions), 8*mib)
-	}
-	seg, err := sender.OpenSegment(ctx, info)
-	if err != nil {
-		kill()
-		t.Fatalf("OpenSegment to the remote peer: %v", err)
-	}
-	defer seg.Close()
-	src := info.Regions[0].ID
+	ctx, dst, seg, region, kill := s.remoteSegment(t, 19)
 	mk := func(int) *transport.TransferBatch {
 		b := readBatch()
 		for j := 0; j < 8; j++ {
-			b.Requests = append(b.Requests, transport.WriteRequest{Local: dst.Addr() + uintptr(j*mib), Remote: src, RemoteOffset: uint64(j * mib), Length: mib})
+			b.Requests = append(b.Requests, transport.WriteRequest{Local: dst.Addr() + uintptr(j*mib), Remote: region, RemoteOffset: uint64(j * mib), Length: mib})
 		}
 		return b
 	}

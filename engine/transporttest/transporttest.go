@@ -340,23 +340,29 @@ func (e *env) addRegion(n int) *extraRegion {
 	return x
 }
 
-// run submits b on seg, waits, and requires BatchCompleted with every byte.
+// run submits b on seg, waits, requires BatchCompleted with every byte, and
+// records its effect: on the expected receiver image for a write, on the
+// expected local image for a read (read.go).
 func (e *env) run(seg transport.Segment, b *transport.TransferBatch) {
 	e.t.Helper()
 	id, err := seg.Submit(e.ctx, b)
 	if err != nil {
-		e.t.Fatalf("Submit: %v", err)
+		e.t.Fatalf("Submit %s batch: %v", b.Op, err)
 	}
 	st := e.wait(seg, id)
 	if st.State != transport.BatchCompleted {
-		e.t.Fatalf("batch %d: state %v, err %v; want completed", id, st.State, st.Err)
+		e.t.Fatalf("%s batch %d: state %v, err %v; want completed", b.Op, id, st.State, st.Err)
 	}
 	if st.BytesDone != b.Bytes() {
-		e.t.Errorf("batch %d: BytesDone %d, want %d", id, st.BytesDone, b.Bytes())
+		e.t.Errorf("%s batch %d: BytesDone %d, want %d", b.Op, id, st.BytesDone, b.Bytes())
 	}
 	seg.Release(id)
 	for _, r := range b.Requests {
-		e.expect(r)
+		if b.Op == transport.OpRead {
+			e.expectRead(r)
+		} else {
+			e.expect(r)
+		}
 	}
 }
 
@@ -431,25 +437,37 @@ func verifyImage(t *testing.T, what string, got, want []byte) {
 }
 
 // refused submits b and requires it to be refused with an error wrapping one
-// of want, either by Submit or as a failed batch.
+// of want, either by Submit or as a failed batch; a refused read must also
+// have returned nothing (the local image is checked).
 func (e *env) refused(seg transport.Segment, b *transport.TransferBatch, want ...error) {
+	e.t.Helper()
+	err := e.fails(seg, b, "invalid "+b.Op.String())
+	for _, w := range want {
+		if errors.Is(err, w) {
+			e.t.Logf("%s refused as expected: %v", b.Op, err)
+			if b.Op == transport.OpRead {
+				e.verifyRead()
+			}
+			return
+		}
+	}
+	e.t.Fatalf("invalid %s refused with %v; want an error wrapping one of %v", b.Op, err, want)
+}
+
+// fails submits b and returns its error: Submit's, or the batch's, which
+// must end BatchFailed (what names the batch in the failure).
+func (e *env) fails(seg transport.Segment, b *transport.TransferBatch, what string) error {
 	e.t.Helper()
 	id, err := seg.Submit(e.ctx, b)
 	if err == nil {
 		st := e.wait(seg, id)
 		seg.Release(id)
 		if st.State != transport.BatchFailed {
-			e.t.Fatalf("invalid write: batch ended %v, want failed (refused)", st.State)
+			e.t.Fatalf("%s: batch ended %v, want failed (refused)", what, st.State)
 		}
 		err = st.Err
 	}
-	for _, w := range want {
-		if errors.Is(err, w) {
-			e.t.Logf("refused as expected: %v", err)
-			return
-		}
-	}
-	e.t.Fatalf("invalid write refused with %v; want an error wrapping one of %v", err, want)
+	return err
 }
 
 // cannotWrite requires that a write through seg never lands: Submit or the
@@ -457,19 +475,21 @@ func (e *env) refused(seg transport.Segment, b *transport.TransferBatch, want ..
 // ErrUnknownRegion, within the case deadline.
 func (e *env) cannotWrite(seg transport.Segment, req transport.WriteRequest, what string) {
 	e.t.Helper()
-	id, err := seg.Submit(e.ctx, &transport.TransferBatch{Requests: []transport.WriteRequest{req}})
-	if err == nil {
-		st := e.wait(seg, id)
-		seg.Release(id)
-		if st.State != transport.BatchFailed {
-			e.t.Fatalf("%s: batch ended %v, want failed", what, st.State)
-		}
-		err = st.Err
-	}
+	e.cannotMove(seg, &transport.TransferBatch{Requests: []transport.WriteRequest{req}}, what)
+}
+
+// cannotMove is cannotWrite for a batch of either op; a read must also have
+// returned nothing.
+func (e *env) cannotMove(seg transport.Segment, b *transport.TransferBatch, what string) {
+	e.t.Helper()
+	err := e.fails(seg, b, what)
 	if !errors.Is(err, transport.ErrPeerLost) && !errors.Is(err, transport.ErrFenced) && !errors.Is(err, transport.ErrUnknownRegion) {
 		e.t.Fatalf("%s: %v, want an error wrapping ErrPeerLost, ErrFenced or ErrUnknownRegion", what, err)
 	}
 	e.t.Logf("%s: refused: %v", what, err)
+	if b.Op == transport.OpRead {
+		e.verifyRead()
+	}
 }
 
 func (s *suite) fencedEpoch(t *testing.T) {
@@ -1021,26 +1041,7 @@ func (s *suite) cancel(t *testing.T) {
 	for i := 0; i < 64; i++ {
 		b.Requests = append(b.Requests, e.write(i*mib, i*mib, mib))
 	}
-	id, err := e.seg.Submit(e.ctx, &b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.seg.Cancel(id); err != nil {
-		t.Fatalf("Cancel: %v", err)
-	}
-	st := e.wait(e.seg, id)
-	switch st.State {
-	case transport.BatchCanceled:
-		if !errors.Is(st.Err, transport.ErrCanceled) {
-			t.Errorf("canceled batch Err = %v, want ErrCanceled", st.Err)
-		}
-		t.Logf("canceled after %d of %d bytes", st.BytesDone, b.Bytes())
-	case transport.BatchCompleted:
-		t.Logf("batch completed before Cancel took effect (allowed: best effort)")
-	default:
-		t.Fatalf("after Cancel: state %v err %v, want canceled or completed", st.State, st.Err)
-	}
-	e.seg.Release(id)
+	e.submitCancel(&b)
 	if err := e.seg.Cancel(999999); !errors.Is(err, transport.ErrUnknownBatch) {
 		t.Errorf("Cancel(unknown) = %v, want ErrUnknownBatch", err)
 	}
@@ -1051,6 +1052,36 @@ func (s *suite) cancel(t *testing.T) {
 	}
 	e.run(e.seg, &again)
 	e.verify()
+}
+
+// submitCancel submits b on the env's segment, cancels it at once and
+// requires it to end canceled (with ErrCanceled) or completed (Cancel is
+// best effort), then releases it: Poll then answers ErrUnknownBatch.
+func (e *env) submitCancel(b *transport.TransferBatch) {
+	e.t.Helper()
+	id, err := e.seg.Submit(e.ctx, b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.seg.Cancel(id); err != nil {
+		e.t.Fatalf("Cancel: %v", err)
+	}
+	st := e.wait(e.seg, id)
+	switch st.State {
+	case transport.BatchCanceled:
+		if !errors.Is(st.Err, transport.ErrCanceled) {
+			e.t.Errorf("canceled %s batch Err = %v, want ErrCanceled", b.Op, st.Err)
+		}
+		e.t.Logf("%s canceled after %d of %d bytes", b.Op, st.BytesDone, b.Bytes())
+	case transport.BatchCompleted:
+		e.t.Logf("%s batch completed before Cancel took effect (allowed: best effort)", b.Op)
+	default:
+		e.t.Fatalf("after Cancel: %s batch %v err %v, want canceled or completed", b.Op, st.State, st.Err)
+	}
+	e.seg.Release(id)
+	if _, err := e.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
+		e.t.Errorf("Poll after Release: %v, want ErrUnknownBatch", err)
+	}
 }
 
 func (s *suite) closeIdempotent(t *testing.T) {
@@ -1153,22 +1184,39 @@ func (s *suite) peerCloses(t *testing.T) {
 }
 
 func (s *suite) peerKilled(t *testing.T) {
-	if s.cfg.RemotePeer == nil {
-		t.Skip("no RemotePeer hook given (transporttest.WithRemotePeer): the cross-process kill case needs one")
+	const mib = 1 << 20
+	ctx, src, seg, region, kill := s.remoteSegment(t, 9)
+	mk := func(int) *transport.TransferBatch {
+		var b transport.TransferBatch
+		for j := 0; j < 8; j++ {
+			b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(j*mib), Remote: region, RemoteOffset: uint64(j * mib), Length: mib})
+		}
+		return &b
 	}
+	s.streamUntilLost(t, ctx, seg, mk, kill)
+}
+
+// remoteSegment sets up the killed-peer cases (WRITE and READ): a fresh
+// sender with 8 MiB of registered local memory filled with pattern seed, a
+// receiver in another process (RemotePeer) with a region of at least
+// 8 MiB, and a segment to it, all closed at the case's end. It returns the
+// case context, the local buffer, the segment, the remote region and the
+// function that kills the receiver process.
+func (s *suite) remoteSegment(t *testing.T, seed uint64) (context.Context, *transport.HostBuffer, transport.Segment, transport.RegionID, func()) {
+	t.Helper()
+	skipWithoutRemotePeer(t, s.cfg)
 	const mib = 1 << 20
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CaseTimeout)
-	defer cancel()
-	src, err := transport.AllocHost("transporttest-src", 8*mib)
+	t.Cleanup(cancel)
+	local, err := transport.AllocHost("transporttest-local", 8*mib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	fillRandom(src.Bytes(), 9)
+	t.Cleanup(func() { local.Close() })
+	fillRandom(local.Bytes(), seed)
 	sender, recv := s.newPair(t)
-	defer recv.Close()
-	defer sender.Close()
-	if _, err := sender.RegisterMemory(src.Memory()); err != nil {
+	t.Cleanup(func() { sender.Close(); recv.Close() })
+	if _, err := sender.RegisterMemory(local.Memory()); err != nil {
 		t.Fatal(err)
 	}
 	info, kill := s.cfg.RemotePeer(t, 8*mib)
@@ -1180,16 +1228,16 @@ func (s *suite) peerKilled(t *testing.T) {
 		kill()
 		t.Fatalf("OpenSegment to the remote peer: %v", err)
 	}
-	defer seg.Close()
-	dst := info.Regions[0].ID
-	mk := func(int) *transport.TransferBatch {
-		var b transport.TransferBatch
-		for j := 0; j < 8; j++ {
-			b.Requests = append(b.Requests, transport.WriteRequest{Local: src.Addr() + uintptr(j*mib), Remote: dst, RemoteOffset: uint64(j * mib), Length: mib})
-		}
-		return &b
+	t.Cleanup(func() { seg.Close() })
+	return ctx, local, seg, info.Regions[0].ID, kill
+}
+
+// skipWithoutRemotePeer skips a killed-peer case when the suite has no
+// RemotePeer hook.
+func skipWithoutRemotePeer(t *testing.T, cfg Config) {
+	if cfg.RemotePeer == nil {
+		t.Skip("no RemotePeer hook given (transporttest.WithRemotePeer): the cross-process kill case needs one")
 	}
-	s.streamUntilLost(t, ctx, seg, mk, kill)
 }
 
 func (s *suite) large(t *testing.T) {

@@ -30,7 +30,15 @@ var (
 	// ErrInvalidValue: CUDA rejected an argument (bad pointer, size or
 	// ordinal).
 	ErrInvalidValue = errors.New("cuda: invalid value")
+	// ErrNotReady: the work an event or stream waits for has not completed
+	// yet (cudaErrorNotReady / CUDA_ERROR_NOT_READY, code 600). Event.Query
+	// reports it as (false, nil); an *Error carrying it only comes from a
+	// call that wanted the work done.
+	ErrNotReady = errors.New("cuda: not ready")
 )
+
+// codeNotReady is cudaErrorNotReady and CUDA_ERROR_NOT_READY (same number).
+const codeNotReady Code = 600
 
 // API names the library a code came from; runtime and driver codes are
 // different enumerations.
@@ -113,6 +121,8 @@ func (e *Error) sentinel() error {
 			return ErrNoDevice
 		case 34, 35, 801:
 			return ErrNotSupported
+		case codeNotReady:
+			return ErrNotReady
 		}
 	case Driver:
 		switch e.Code {
@@ -124,6 +134,8 @@ func (e *Error) sentinel() error {
 			return ErrNoDevice
 		case 34, 801:
 			return ErrNotSupported
+		case codeNotReady:
+			return ErrNotReady
 		}
 	case NVRTC:
 		if e.Code == 1 {

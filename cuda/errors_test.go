@@ -21,6 +21,9 @@ func TestErrorMapping(t *testing.T) {
 		{&Error{Op: "nvrtcCompileProgram", API: NVRTC, Code: 6}, nil, []error{ErrNotSupported}, "NVRTC_ERROR_COMPILATION"},
 		{&Error{Op: "cudaSetDevice", API: Runtime, Code: 101, msg: "from the library"}, []error{ErrInvalidValue}, nil, "cuda: cudaSetDevice: from the library"},
 		{&Error{Op: "cuX", API: Driver, Code: 12345}, nil, []error{ErrNotSupported}, "unrecognised error code"},
+		{&Error{Op: "cudaEventSynchronize", API: Runtime, Code: 600}, []error{ErrNotReady}, []error{ErrNotSupported, ErrInvalidValue}, "device not ready (runtime error 600)"},
+		{&Error{Op: "cuEventQuery", API: Driver, Code: 600}, []error{ErrNotReady}, []error{ErrNotSupported}, "device not ready (driver error 600)"},
+		{&Error{Op: "cudaEventQuery", API: Runtime, Code: 400}, []error{ErrInvalidValue}, []error{ErrNotReady}, "runtime error 400"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.err.Op, func(t *testing.T) {

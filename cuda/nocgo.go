@@ -135,3 +135,42 @@ func (m *Module) Close() error { return nil }
 
 // Leaked returns 0.
 func Leaked() int64 { return 0 }
+
+// Event is a CUDA event; without cgo none can be created.
+type Event struct{}
+
+// NewEvent returns ErrNoCgo.
+func NewEvent(dev int) (*Event, error) { return nil, errNoCgo }
+
+// Handle returns a zero handle.
+func (e *Event) Handle() EventHandle { return EventHandle{} }
+
+// Device returns -1.
+func (e *Event) Device() int { return -1 }
+
+// Query returns ErrNoCgo.
+func (e *Event) Query() (bool, error) { return false, errNoCgo }
+
+// Synchronize returns ErrNoCgo.
+func (e *Event) Synchronize() error { return errNoCgo }
+
+// Close does nothing.
+func (e *Event) Close() error { return nil }
+
+// Query returns ErrNoCgo.
+func (h EventHandle) Query() (bool, error) { return false, errNoCgo }
+
+// Record returns ErrNoCgo.
+func (s *Stream) Record(e *Event) error { return errNoCgo }
+
+// Gate holds a stream; without cgo none can be made.
+type Gate struct{}
+
+// Gate returns ErrNoCgo.
+func (s *Stream) Gate() (*Gate, error) { return nil, errNoCgo }
+
+// Open does nothing.
+func (g *Gate) Open() {}
+
+// Close does nothing.
+func (g *Gate) Close() error { return nil }

@@ -14,6 +14,7 @@ package cuda
 #include <string.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <time.h>
 
 #define KVX_ENOSYM (-1)
 
@@ -52,6 +53,12 @@ struct kvx_table {
 	int (*cudaMemGetInfo)(size_t *, size_t *);
 	int (*cudaRuntimeGetVersion)(int *);
 	const char *(*cudaGetErrorString)(int);
+	int (*cudaEventCreateWithFlags)(void **, unsigned);
+	int (*cudaEventRecord)(void *, void *);
+	int (*cudaEventQuery)(void *);
+	int (*cudaEventSynchronize)(void *);
+	int (*cudaEventDestroy)(void *);
+	int (*cudaLaunchHostFunc)(void *, void (*)(void *), void *);
 	// driver (libcuda)
 	int (*cuInit)(unsigned);
 	int (*cuDriverGetVersion)(int *);
@@ -118,6 +125,12 @@ static void kvx_bind_runtime(void *h) {
 	KVX_SYM(h, cudaMemGetInfo, "cudaMemGetInfo");
 	KVX_SYM(h, cudaRuntimeGetVersion, "cudaRuntimeGetVersion");
 	KVX_SYM(h, cudaGetErrorString, "cudaGetErrorString");
+	KVX_SYM(h, cudaEventCreateWithFlags, "cudaEventCreateWithFlags");
+	KVX_SYM(h, cudaEventRecord, "cudaEventRecord");
+	KVX_SYM(h, cudaEventQuery, "cudaEventQuery");
+	KVX_SYM(h, cudaEventSynchronize, "cudaEventSynchronize");
+	KVX_SYM(h, cudaEventDestroy, "cudaEventDestroy");
+	KVX_SYM(h, cudaLaunchHostFunc, "cudaLaunchHostFunc");
 }
 
 static void kvx_bind_driver(void *h) {
@@ -325,6 +338,50 @@ static int kvx_dmabuf_fd(int dev, kvx_devptr p, size_t n, int *fd) {
 	*fd = -1;
 	return KVX_CALL(cuMemGetHandleForAddressRange, (void *)fd, p, n, 1, 0ULL);
 }
+
+// Events (cudaEventDisableTiming = 2: no timestamps, the cheapest kind) and
+// the stream gate. An event handle is a cudaEvent_t, the same object as the
+// driver's CUevent, so a caller's event (PyTorch's torch.cuda.Event) is
+// queried here as is.
+static int kvx_event_create(int dev, void **e) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaEventCreateWithFlags, e, 2);
+}
+static int kvx_event_record(int dev, void *e, void *stream) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaEventRecord, e, stream);
+}
+static int kvx_event_query(int dev, void *e) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaEventQuery, e);
+}
+static int kvx_event_sync(int dev, void *e) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaEventSynchronize, e);
+}
+static int kvx_event_destroy(int dev, void *e) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaEventDestroy, e);
+}
+
+// The gate: a host function enqueued on a stream (cudaLaunchHostFunc) that
+// returns once the host opens the gate, so the work enqueued after it waits
+// for the host. It runs on CUDA's callback thread and calls no CUDA API (the
+// rule for host functions). The struct is C memory (kvx_gate_new).
+typedef struct { int open; int done; } kvx_gate;
+static kvx_gate *kvx_gate_new(void) { return calloc(1, sizeof(kvx_gate)); }
+static void kvx_gate_fn(void *p) {
+	kvx_gate *g = p;
+	struct timespec ts = {0, 50000}; // 50 us
+	while (!__atomic_load_n(&g->open, __ATOMIC_ACQUIRE)) nanosleep(&ts, NULL);
+	__atomic_store_n(&g->done, 1, __ATOMIC_RELEASE);
+}
+static int kvx_gate_launch(int dev, void *stream, kvx_gate *g) {
+	KVX_USE_OR_RETURN(dev);
+	return KVX_CALL(cudaLaunchHostFunc, stream, kvx_gate_fn, g);
+}
+static void kvx_gate_open(kvx_gate *g) { __atomic_store_n(&g->open, 1, __ATOMIC_RELEASE); }
+static int kvx_gate_done(kvx_gate *g) { return __atomic_load_n(&g->done, __ATOMIC_ACQUIRE); }
 
 // The GPU proof: load a module (PTX text), fetch the kernel, run it on one
 // thread and wait. args are the kernel's three pointer/u64 parameters.
@@ -718,3 +775,42 @@ func rawNVRTCCompile(src, name, arch string) (string, error) {
 	}
 	return ptxText, nil
 }
+
+func rawEventCreate(dev int) (unsafe.Pointer, error) {
+	var e unsafe.Pointer
+	err := rawErr("cudaEventCreateWithFlags", Runtime, C.kvx_event_create(C.int(dev), &e))
+	return e, err
+}
+
+func rawEventRecord(dev int, e, s unsafe.Pointer) error {
+	return rawErr("cudaEventRecord", Runtime, C.kvx_event_record(C.int(dev), e, s))
+}
+
+// rawEventQuery returns the raw status of cudaEventQuery: 0 complete,
+// codeNotReady pending, anything else an error (as an *Error).
+func rawEventQuery(dev int, e unsafe.Pointer) (Code, error) {
+	r := C.kvx_event_query(C.int(dev), e)
+	if Code(r) == codeNotReady {
+		return codeNotReady, nil
+	}
+	return Code(r), rawErr("cudaEventQuery", Runtime, r)
+}
+
+func rawEventSync(dev int, e unsafe.Pointer) error {
+	return rawErr("cudaEventSynchronize", Runtime, C.kvx_event_sync(C.int(dev), e))
+}
+
+func rawEventDestroy(dev int, e unsafe.Pointer) error {
+	return rawErr("cudaEventDestroy", Runtime, C.kvx_event_destroy(C.int(dev), e))
+}
+
+// rawGateNew allocates a closed gate in C memory (nil when out of memory).
+func rawGateNew() unsafe.Pointer { return unsafe.Pointer(C.kvx_gate_new()) }
+
+func rawGateLaunch(dev int, s, g unsafe.Pointer) error {
+	return rawErr("cudaLaunchHostFunc", Runtime, C.kvx_gate_launch(C.int(dev), s, (*C.kvx_gate)(g)))
+}
+
+func rawGateOpen(g unsafe.Pointer)      { C.kvx_gate_open((*C.kvx_gate)(g)) }
+func rawGateDone(g unsafe.Pointer) bool { return C.kvx_gate_done((*C.kvx_gate)(g)) != 0 }
+func rawGateFree(g unsafe.Pointer)      { C.free(g) }

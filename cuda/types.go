@@ -148,3 +148,16 @@ func defaultConfig() loadConfig {
 		nvrtc:   expand("KVXFER_NVRTC", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"),
 	}
 }
+
+// EventHandle is an event the caller owns (a cudaEvent_t, which is the
+// driver's CUevent; PyTorch's torch.cuda.Event.cuda_event is one) on device
+// Device. It is a comparable value: two handles of the same event are equal.
+// The package never destroys it; it must stay valid while anything queries
+// it.
+type EventHandle struct {
+	// Device is the ordinal of the device the event belongs to (made
+	// current for the query).
+	Device int
+	// Event is the cudaEvent_t handle (non-zero).
+	Event uintptr
+}

@@ -79,6 +79,7 @@ type rankOpts struct {
 	layout           []byte // prefill: DSV41SpecLayout
 	noHeads          bool   // KVArgs without kv_head_num/total_kv_head_num, as SGLang's decode fills them
 	httpPort         int    // prefill: PrefillHTTPPort
+	onDevice         bool   // KV buffers on cuda:0 (a fake or real CUDA library must be loaded)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -90,7 +91,11 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "test", Device: -1, Aux: workload.DefaultAux, AuxRows: 16})
+	dev := -1
+	if o.onDevice {
+		dev = 0
+	}
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "test", Device: dev, Aux: workload.DefaultAux, AuxRows: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -732,6 +732,12 @@ func (r *Receiver) accept(t *recvTarget, v *control.StatusMsg) {
 		r.failLocal(fmt.Errorf("engine: room %d: producer %d wrote %d pages / %d bytes, expected %d pages / %d bytes", r.room, t.producer, rec.PageCount, rec.ByteCount, len(pages), wantBytes))
 		return
 	}
+	if layers := t.geo.Layers(); rec.LayerCount != uint32(layers) {
+		// A room sent layer by layer commits only after its last layer; a
+		// record short of it is a partial room and never a Success.
+		r.failLocal(fmt.Errorf("engine: room %d: producer %d's record covers %d of its %d layers (%d…%d): a partial room", r.room, t.producer, rec.LayerCount, layers, t.geo.StartLayer, t.geo.EndLayer-1))
+		return
+	}
 	if r.m.cfg.Checksum {
 		if !rec.HasChecksum() {
 			r.failLocal(fmt.Errorf("%w: room %d: producer %d sent no checksum although the decode asked for one", ErrChecksum, r.room, t.producer))

@@ -30,17 +30,22 @@ import (
 //	|     20 |    4 | producer     | producer rank (tp*(pp*cp) + pp*cp + cp, as SGLang)        |
 //	|     24 |    8 | byte_count   | payload bytes this producer wrote to this decode rank     |
 //	|     32 |    4 | checksum     | CRC32C (Castagnoli) of those bytes in canonical order     |
-//	|     36 |    4 | flags        | bit 0: checksum is set                                    |
+//	|     36 |    4 | flags        | bit 0: checksum is set; bit 1: sent layer by layer; others 0 |
 //	|     40 |    4 | token_count  | tokens (prompt length) the producer covered; 0 = undeclared |
-//	|     44 |    4 | reserved     | zero                                                      |
+//	|     44 |    4 | layer_count  | layers of the producer (its [start, end)) every page of which it wrote |
 //	|     48 |    8 | epoch        | segment epoch of the data path the producer wrote through |
 //	|     56 |    8 | commit       | RecordCommitMagic XOR generation; written last           |
 //
 // The decode accepts a record only when the commit word matches the slot's
 // generation AND the body names its room, the epoch under which it registered
 // with that producer (REGISTER/TRANSFER), the producer rank, and the page,
-// byte and (when both sides declared it) token counts it expects: a record
-// from another room or another (fenced) data path never commits a slot.
+// byte and (when both sides declared it) token counts it expects, and a
+// layer_count equal to the producer's layers: a record from another room or
+// another (fenced) data path never commits a slot, and neither does one of
+// a room sent layer by layer (Sender.SendLayers) before its last layer.
+// layer_count took the reserved bytes 44–47 in control protocol version 6
+// (a version-5 decode refuses the record as corrupt, and REGISTER between
+// the two versions is refused first).
 const (
 	// RecordSize is the size of one metadata record in bytes.
 	RecordSize = 64
@@ -48,12 +53,20 @@ const (
 	RecordCommitOffset = 56
 	// RecordTokenCountOffset is the byte offset of token_count (u32).
 	RecordTokenCountOffset = 40
+	// RecordLayerCountOffset is the byte offset of layer_count (u32).
+	RecordLayerCountOffset = 44
 	// RecordEpochOffset is the byte offset of epoch (u64).
 	RecordEpochOffset = 48
 	// RecordCommitMagic XOR the generation is the committed value.
 	RecordCommitMagic uint64 = 0x4B5658434F4D4954 // "KVXCOMIT"
 	// RecordFlagChecksum marks a record whose checksum field is set.
 	RecordFlagChecksum uint32 = 1
+	// RecordFlagLayerwise marks a record of a room the producer sent layer
+	// range by layer range (Sender.SendLayers) rather than whole pages.
+	RecordFlagLayerwise uint32 = 2
+	// recordFlagsKnown are the flag bits this version defines; a record
+	// with any other bit set is refused as corrupt.
+	recordFlagsKnown = RecordFlagChecksum | RecordFlagLayerwise
 )
 
 // MetaRecord is one decoded metadata record; the fields are those of the
@@ -70,6 +83,12 @@ type MetaRecord struct {
 	// pages cover, as the prefill declared it (Sender.SetTokens); 0 when it
 	// declared none.
 	TokenCount uint32
+	// LayerCount is the number of the producer's layers (its
+	// [StartLayer, EndLayer) of its KV arguments) whose every page it wrote
+	// to this decode rank before the record: the decode accepts only its
+	// producer's whole layer count, so a room sent layer by layer is never
+	// accepted short of its last layer.
+	LayerCount uint32
 	// Epoch is the segment epoch of the data path the record (and the
 	// producer's KV writes) went through: the epoch the decode chose when it
 	// registered with the producer (RegisterMsg.Epoch).
@@ -95,7 +114,7 @@ func (r MetaRecord) EncodeBody(b []byte) {
 	binary.LittleEndian.PutUint32(b[32:], r.Checksum)
 	binary.LittleEndian.PutUint32(b[36:], r.Flags)
 	binary.LittleEndian.PutUint32(b[RecordTokenCountOffset:], r.TokenCount)
-	clear(b[44:48])
+	binary.LittleEndian.PutUint32(b[RecordLayerCountOffset:], r.LayerCount)
 	binary.LittleEndian.PutUint64(b[RecordEpochOffset:], r.Epoch)
 }
 
@@ -106,16 +125,15 @@ func (r MetaRecord) EncodeCommit(b []byte) {
 }
 
 // DecodeRecord parses a record from b. It fails only when b is shorter than
-// RecordSize or the reserved bytes 44–47 are not zero (a corrupt slot); a
-// record that is not committed decodes fine (check Committed).
+// RecordSize or a flag bit this version does not define is set (a corrupt
+// slot, or a producer of a newer protocol); a record that is not committed
+// decodes fine (check Committed).
 func DecodeRecord(b []byte) (MetaRecord, error) {
 	if len(b) < RecordSize {
 		return MetaRecord{}, fmt.Errorf("engine: metadata record: %d bytes, want %d", len(b), RecordSize)
 	}
-	for _, c := range b[44:48] {
-		if c != 0 {
-			return MetaRecord{}, errors.New("engine: metadata record: reserved bytes 44-47 are not zero (corrupt slot)")
-		}
+	if f := binary.LittleEndian.Uint32(b[36:]); f&^recordFlagsKnown != 0 {
+		return MetaRecord{}, fmt.Errorf("engine: metadata record: flags %#x set unknown bits %#x (corrupt slot, or a producer of another protocol version)", f, f&^recordFlagsKnown)
 	}
 	return MetaRecord{
 		Room:       binary.LittleEndian.Uint64(b[0:]),
@@ -126,6 +144,7 @@ func DecodeRecord(b []byte) (MetaRecord, error) {
 		Checksum:   binary.LittleEndian.Uint32(b[32:]),
 		Flags:      binary.LittleEndian.Uint32(b[36:]),
 		TokenCount: binary.LittleEndian.Uint32(b[RecordTokenCountOffset:]),
+		LayerCount: binary.LittleEndian.Uint32(b[RecordLayerCountOffset:]),
 		Epoch:      binary.LittleEndian.Uint64(b[RecordEpochOffset:]),
 		Commit:     binary.LittleEndian.Uint64(b[56:]),
 	}, nil

@@ -2,12 +2,14 @@ package engine
 
 import (
 	"bytes"
+	"encoding/binary"
+	"strings"
 	"testing"
 )
 
 func TestRecordRoundTrip(t *testing.T) {
 	r := MetaRecord{Room: 0, Generation: 5, PageCount: 3, Producer: 2, ByteCount: 1 << 33, Checksum: 0xdeadbeef, Flags: RecordFlagChecksum,
-		TokenCount: 45, Epoch: 1<<40 + 3}
+		TokenCount: 45, LayerCount: 61, Epoch: 1<<40 + 3}
 	b := make([]byte, RecordSize)
 	r.EncodeBody(b)
 	got, err := DecodeRecord(b)
@@ -20,12 +22,17 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil || !got.Committed() || got != r {
 		t.Fatalf("got %+v %v, want %+v", got, err, r)
 	}
-	if b[RecordTokenCountOffset] != 45 || b[RecordEpochOffset] != 3 || b[RecordEpochOffset+5] != 1 {
-		t.Fatalf("token_count/epoch not at their documented offsets: % x", b)
+	if b[RecordTokenCountOffset] != 45 || b[RecordLayerCountOffset] != 61 || b[RecordEpochOffset] != 3 || b[RecordEpochOffset+5] != 1 {
+		t.Fatalf("token_count/layer_count/epoch not at their documented offsets: % x", b)
 	}
-	b[44] = 1
-	if _, err := DecodeRecord(b); err == nil {
-		t.Fatal("non-zero reserved bytes accepted")
+	r.Flags |= RecordFlagLayerwise
+	r.EncodeBody(b)
+	if got, err := DecodeRecord(b); err != nil || got.Flags != RecordFlagChecksum|RecordFlagLayerwise || !got.HasChecksum() {
+		t.Fatalf("layer-wise flag: %+v %v", got, err)
+	}
+	b[36] |= 4
+	if _, err := DecodeRecord(b); err == nil || !strings.Contains(err.Error(), "unknown bits 0x4") {
+		t.Fatalf("unknown flag bit accepted: %v", err)
 	}
 	if _, err := DecodeRecord(b[:63]); err == nil {
 		t.Fatal("short record accepted")
@@ -69,6 +76,11 @@ func FuzzDecodeRecord(f *testing.F) {
 	r.EncodeBody(b)
 	r.EncodeCommit(b)
 	f.Add(b)
+	lw := make([]byte, RecordSize)
+	r = MetaRecord{Room: 1 << 62, Generation: 9, PageCount: 256, Producer: 3, ByteCount: 1 << 30, Flags: RecordFlagLayerwise | RecordFlagChecksum, TokenCount: 4096, LayerCount: 80, Epoch: 7}
+	r.EncodeBody(lw)
+	r.EncodeCommit(lw)
+	f.Add(lw)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rec, err := DecodeRecord(b)
 		if err != nil {
@@ -81,6 +93,12 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 		if rec.Committed() != (rec.Commit == RecordCommitMagic^rec.Generation) {
 			t.Fatal("Committed disagrees with the commit word")
+		}
+		if rec.Flags&^recordFlagsKnown != 0 {
+			t.Fatalf("flags %#x with unknown bits decoded", rec.Flags)
+		}
+		if rec.LayerCount != binary.LittleEndian.Uint32(b[RecordLayerCountOffset:]) {
+			t.Fatal("layer_count not read from its offset")
 		}
 	})
 }

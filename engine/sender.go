@@ -95,16 +95,29 @@ func checkState(idx []int32, g *kvargs.Geometry) error {
 
 // senderDst is one destination decode rank of a Sender.
 type senderDst struct {
-	msg   *control.TransferMsg
-	peer  *decodePeer
-	crc   uint32
-	pages uint32
-	bytes uint64
+	msg  *control.TransferMsg
+	peer *decodePeer
+	crc  uint32
+	// layerPages[l] is the pages of local layer l planned to this
+	// destination (the record's PageCount and LayerCount come from it).
+	layerPages []int
+	bytes      uint64
 }
 
+// chunk is one Send or SendLayers call for the worker: source pages for
+// destination positions offset… of model layers lo…hi; last marks the
+// chunk after which the aux row, the state slots and the record follow.
 type chunk struct {
-	pages []int32
+	pages  []int32
+	offset int
+	lo, hi int
+	// after, when set, is waited for before the chunk's writes.
+	after Event
 	last  bool
+	// layerwise: a chunk so far covered fewer than all layers; chunks is
+	// the room's chunk count with this one.
+	layerwise bool
+	chunks    int
 }
 
 // TransferMetric is one room's transfer figures (SGLang's
@@ -161,12 +174,13 @@ type Sender struct {
 	tokens   int // from SetTokens; 0 undeclared
 	auxIndex int // from Init; -1 none
 	state    []int32
-	queued   int // pages queued by Send
+	queued   int // pages queued on every layer (Send, SendLayers)
+	layers   layerState
 	lastSeen bool
 	closed   bool
 	started  time.Time
 	latency  time.Duration
-	queue    chan chunk
+	q        chunkQueue
 	ctx      context.Context
 	cancel   context.CancelFunc
 	finished chan struct{}
@@ -213,7 +227,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Sender{m: m, room: room, st: newPollState(), created: time.Now(), dsts: map[string]*senderDst{}, numPages: -1, auxIndex: -1,
-		queue: make(chan chunk, 64), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{},
+		q: newChunkQueue(), ctx: ctx, cancel: cancel, finished: make(chan struct{}), statusTo: map[string]bool{},
 		failTold: map[string]bool{}, verdicts: map[string]bool{}, subs: map[string]uint64{}}
 	s.tr = m.newRoomTrace(room, s.st)
 	m.mu.Lock()
@@ -559,54 +573,10 @@ func (s *Sender) hasDst(ep string) bool {
 // chunk (it may be empty), after which the aux row, the state slots, the
 // metadata record and STATUS follow. It returns at once; errors are
 // immediate validation failures (wrong state, a page beyond a buffer, more
-// pages than the decode asked for).
+// pages than the decode asked for). Send is SendLayers over every layer of
+// this rank with an explicit last chunk; the two may be mixed in a room.
 func (s *Sender) Send(pages []int32, last bool) error {
-	p, err := s.st.get()
-	if p == KVFailed {
-		return fmt.Errorf("engine: send room %d: sender already failed: %w", s.room, err)
-	}
-	if p < KVWaitingForInput {
-		return fmt.Errorf("engine: send room %d: state %s; wait for WaitingForInput (every decode destination known) first", s.room, p)
-	}
-	if err := checkPages(pages, s.m.geo); err != nil {
-		return fmt.Errorf("engine: send room %d: source %w", s.room, err)
-	}
-	s.mu.Lock()
-	if s.lastSeen || s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("engine: send room %d: the last chunk was already sent", s.room)
-	}
-	want := -1
-	for _, d := range s.dsts {
-		if !d.msg.Dummy {
-			want = len(d.msg.Pages)
-		}
-	}
-	if s.numPages >= 0 && want >= 0 && s.numPages != want {
-		s.mu.Unlock()
-		err := fmt.Errorf("engine: send room %d: Init declared %d pages, the decode pre-allocated %d (after a prefix of %d tokens)", s.room, s.numPages, want, s.prefixLocked())
-		s.fail(err)
-		return err
-	}
-	if want >= 0 && (s.queued+len(pages) > want || (last && s.queued+len(pages) != want)) {
-		s.mu.Unlock()
-		err := fmt.Errorf("engine: send room %d: %d pages sent in total, the decode pre-allocated %d", s.room, s.queued+len(pages), want)
-		s.fail(err)
-		return err
-	}
-	if s.started.IsZero() {
-		s.started = time.Now()
-	}
-	s.queued += len(pages)
-	s.lastSeen = last
-	s.mu.Unlock()
-	s.st.advance(KVTransferring)
-	select {
-	case s.queue <- chunk{pages: append([]int32(nil), pages...), last: last}:
-		return nil
-	case <-s.ctx.Done():
-		return fmt.Errorf("engine: send room %d: %w", s.room, s.Failure())
-	}
+	return s.queueChunk("send", pages, s.m.geo.StartLayer, s.m.geo.EndLayer-1, nil, true, last)
 }
 
 // Abort fails the sender (sticky) with ErrAborted, cancels its in-flight
@@ -893,13 +863,21 @@ func later(a, b time.Time) time.Time {
 // worker executes queued chunks in order.
 func (s *Sender) worker() {
 	defer close(s.finished)
-	sent := 0
 	for {
-		var c chunk
-		select {
-		case <-s.ctx.Done():
+		c, ok := s.q.pop(s.ctx)
+		if !ok {
 			return
-		case c = <-s.queue:
+		}
+		if c.after != nil {
+			if err := events.wait(s.ctx, c.after); err != nil {
+				if s.ctx.Err() == nil {
+					s.fail(fmt.Errorf("engine: room %d: the event the writes of layers %d…%d wait for failed: %w", s.room, c.lo, c.hi, err))
+				}
+				return
+			}
+			if s.ctx.Err() != nil { // aborted while it waited: write nothing more
+				return
+			}
 		}
 		s.mu.Lock()
 		var ds []*senderDst
@@ -915,7 +893,7 @@ func (s *Sender) worker() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[i] = s.transferChunk(d, c, sent)
+				errs[i] = s.transferChunk(d, c)
 			}()
 		}
 		wg.Wait()
@@ -923,9 +901,13 @@ func (s *Sender) worker() {
 			s.fail(err)
 			return
 		}
-		sent += len(c.pages)
+		s.q.finish()
 		if c.last {
-			s.tr.mark(StepTransfer, "", "every page, the aux row and the metadata record landed")
+			what := "every page, the aux row and the metadata record landed"
+			if c.layerwise {
+				what = fmt.Sprintf("every page of every layer (%d chunks, layer by layer), the aux row and the metadata record landed", c.chunks)
+			}
+			s.tr.mark(StepTransfer, "", what)
 			for _, d := range ds {
 				s.mu.Lock()
 				already := s.statusTo[d.msg.Endpoint]
@@ -956,7 +938,7 @@ func (s *Sender) worker() {
 // transferChunk writes one chunk to one destination: KV runs (plus, for the
 // last chunk, the aux row, the state slots and the record body) in one
 // batch, then, once that batch completed, the commit word.
-func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
+func (s *Sender) transferChunk(d *senderDst, c chunk) error {
 	p := d.peer
 	select {
 	case <-p.ready:
@@ -967,16 +949,22 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		s.markUnclean(p, "the data path to the decode could not be opened: "+p.err.Error())
 		return p.err
 	}
-	dstPages := d.msg.Pages[offset : offset+len(c.pages)]
-	reqs, nbytes := s.plan(p, c.pages, dstPages)
-	if d.msg.Checksum {
+	dstPages := d.msg.Pages[c.offset : c.offset+len(c.pages)]
+	reqs, nbytes := s.plan(p, c.pages, dstPages, c.lo, c.hi)
+	if d.msg.Checksum && !c.layerwise {
 		crc, err := s.checksum(p, c.pages, d.crc)
 		if err != nil {
 			return fmt.Errorf("engine: room %d: checksum of the sent pages: %w", s.room, err)
 		}
 		d.crc = crc
 	}
-	d.pages += uint32(len(c.pages))
+	g := s.m.geo
+	if d.layerPages == nil {
+		d.layerPages = make([]int, g.Layers())
+	}
+	for l := c.lo; l <= c.hi; l++ {
+		d.layerPages[l-g.StartLayer] += len(c.pages)
+	}
 	d.bytes += nbytes
 	b := &transport.TransferBatch{Requests: reqs}
 	stage := -1
@@ -988,6 +976,20 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		}
 		b.Requests = append(b.Requests, ex...)
 		extra = n
+		if d.msg.Checksum && c.layerwise {
+			// Layer by layer the bytes went out in another order than the
+			// canonical walk: take it now over every page (each source page
+			// holds its final KV: the caller wrote every layer before its
+			// chunk was queued, and waits for Success before reusing it).
+			s.mu.Lock()
+			src := slices.Clone(s.layers.src)
+			s.mu.Unlock()
+			crc, err := s.checksum(p, src, 0)
+			if err != nil {
+				return fmt.Errorf("engine: room %d: checksum of the sent pages: %w", s.room, err)
+			}
+			d.crc = crc
+		}
 		if d.msg.Checksum {
 			if d.crc, err = s.extrasChecksum(d, d.crc); err != nil {
 				return fmt.Errorf("engine: room %d: checksum of the aux row and state: %w", s.room, err)
@@ -1002,10 +1004,14 @@ func (s *Sender) transferChunk(d *senderDst, c chunk, offset int) error {
 		s.mu.Lock()
 		tokens := s.tokens
 		s.mu.Unlock()
-		rec := MetaRecord{Room: s.room, Generation: d.msg.Generation, PageCount: d.pages, Producer: uint32(s.m.producerRank()), ByteCount: d.bytes,
-			TokenCount: uint32(tokens), Epoch: d.msg.Epoch}
+		pages, layers := coverage(d.layerPages, len(d.msg.Pages))
+		rec := MetaRecord{Room: s.room, Generation: d.msg.Generation, PageCount: uint32(pages), Producer: uint32(s.m.producerRank()), ByteCount: d.bytes,
+			TokenCount: uint32(tokens), LayerCount: uint32(layers), Epoch: d.msg.Epoch}
 		if d.msg.Checksum {
 			rec.Checksum, rec.Flags = d.crc, RecordFlagChecksum
+		}
+		if c.layerwise {
+			rec.Flags |= RecordFlagLayerwise
 		}
 		buf := s.m.pre.staging.Bytes()[i*RecordSize : (i+1)*RecordSize]
 		rec.EncodeBody(buf)
@@ -1097,6 +1103,12 @@ func (s *Sender) run(p *decodePeer, b *transport.TransferBatch) error {
 	if len(b.Requests) == 0 {
 		return nil
 	}
+	if s.ctx.Err() != nil { // failed or aborted: post nothing more
+		if ferr := s.Failure(); ferr != nil {
+			return ferr
+		}
+		return fmt.Errorf("engine: room %d: transfer to decode %s: %w", s.room, p.reg.Endpoint, transport.ErrCanceled)
+	}
 	id, err := p.seg.Submit(s.ctx, b)
 	if err != nil {
 		if pathLost(err) {
@@ -1138,16 +1150,20 @@ func (s *Sender) run(p *decodePeer, b *transport.TransferBatch) error {
 	}
 }
 
-// plan builds the write requests for one chunk: for every buffer pair, runs
+// plan builds the write requests for one chunk: for every buffer pair of
+// model layers lo…hi (its K and V buffers, or its MLA latent buffer), runs
 // of pages contiguous on both sides coalesced into one request, or, when
 // heads are sliced (TP mismatch, non-MLA), one strided request per run whose
 // blocks are the token rows (spec §6.3–6.4).
-func (s *Sender) plan(p *decodePeer, src, dst []int32) ([]transport.WriteRequest, uint64) {
+func (s *Sender) plan(p *decodePeer, src, dst []int32, lo, hi int) ([]transport.WriteRequest, uint64) {
 	ps := uint64(s.m.geo.PageSize)
 	bufs := s.m.cfg.KV.KVBuffers
 	var reqs []transport.WriteRequest
 	var total uint64
 	for _, pr := range p.pairs {
+		if layer, _ := s.m.geo.BufferLayer(pr.Src); layer < lo || layer > hi {
+			continue
+		}
 		base := bufs[pr.Src].Addr
 		remote := p.offer.KV[pr.Dst].ID
 		for j := 0; j < len(src); {

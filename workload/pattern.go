@@ -96,6 +96,11 @@ func checkRow(b []byte, seed uint64) int {
 // staged item by item through a host copy (ReadAt, then WriteAt when write is
 // set); errors come only from those copies.
 func forRows(b *KVBuffers, pages []int32, firstPage int, write bool, f func(row []byte, layer, kv, token, head int) bool) error {
+	return forRowsOf(b, pages, firstPage, b.layout.StartLayer, b.layout.EndLayer-1, write, f)
+}
+
+// forRowsOf is forRows over the buffers of model layers lo…hi only.
+func forRowsOf(b *KVBuffers, pages []int32, firstPage, lo, hi int, write bool, f func(row []byte, layer, kv, token, head int) bool) error {
 	l := b.layout
 	hb, tb, il := l.HeadBytes(), l.TokenBytes(), l.ItemLen()
 	var item []byte
@@ -104,6 +109,9 @@ func forRows(b *KVBuffers, pages []int32, firstPage int, write bool, f func(row 
 	}
 	for i := 0; i < l.NumBuffers(); i++ {
 		layer, kv := l.BufferLayer(i)
+		if layer < lo || layer > hi {
+			continue
+		}
 		host := b.Bytes(i)
 		for k, pg := range pages {
 			poff := uint64(pg) * il
@@ -156,13 +164,26 @@ func FillPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error 
 	return nil
 }
 
-// VerifyPattern checks every byte of the request's pages (pages[k] = logical
-// page firstPage+k) against the test pattern of room; the error names the
-// first wrong row (layer, K/V, token, head, byte offset). Device buffers are
-// read through host copies; a failed copy is returned as an error too.
-func VerifyPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error {
+// FillPatternLayers is FillPattern for the buffers of model layers
+// firstLayer…lastLayer only: what a prefill's forward pass has written once
+// it finished those layers (layer-wise sending writes each layer as it is
+// computed). Layers outside the rank's are skipped.
+func FillPatternLayers(b *KVBuffers, room uint64, pages []int32, firstPage, firstLayer, lastLayer int) error {
+	err := forRowsOf(b, pages, firstPage, firstLayer, lastLayer, true, func(row []byte, layer, kv, token, head int) bool {
+		fillRow(row, patternSeed(room, layer, kv, token, head))
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("workload: fill the test pattern of layers %d…%d for room %d: %w", firstLayer, lastLayer, room, err)
+	}
+	return nil
+}
+
+// VerifyPatternLayers is VerifyPattern for the buffers of model layers
+// firstLayer…lastLayer only.
+func VerifyPatternLayers(b *KVBuffers, room uint64, pages []int32, firstPage, firstLayer, lastLayer int) error {
 	var err error
-	cerr := forRows(b, pages, firstPage, false, func(row []byte, layer, kv, token, head int) bool {
+	cerr := forRowsOf(b, pages, firstPage, firstLayer, lastLayer, false, func(row []byte, layer, kv, token, head int) bool {
 		if off := checkRow(row, patternSeed(room, layer, kv, token, head)); off >= 0 {
 			err = fmt.Errorf("workload: KV verification failed for room %d: layer %d %s, token %d (page %d), head %d, byte %d differs from the pattern", room, layer, kvName(b.layout, kv), token, pages[token/b.layout.PageSize-firstPage], head, off)
 			return false
@@ -173,6 +194,14 @@ func VerifyPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) erro
 		return fmt.Errorf("workload: verify room %d: %w", room, cerr)
 	}
 	return err
+}
+
+// VerifyPattern checks every byte of the request's pages (pages[k] = logical
+// page firstPage+k) against the test pattern of room; the error names the
+// first wrong row (layer, K/V, token, head, byte offset). Device buffers are
+// read through host copies; a failed copy is returned as an error too.
+func VerifyPattern(b *KVBuffers, room uint64, pages []int32, firstPage int) error {
+	return VerifyPatternLayers(b, room, pages, firstPage, b.layout.StartLayer, b.layout.EndLayer-1)
 }
 
 // auxSeed is the pattern seed of aux buffer i's row for room (layer -1 keeps

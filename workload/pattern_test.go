@@ -175,3 +175,28 @@ func TestBuffersPrefault(t *testing.T) {
 		t.Fatal("prefaulted memory is not zero")
 	}
 }
+
+// TestPatternLayers: filling one layer writes only its K and V buffers; the
+// layer checks see exactly that.
+func TestPatternLayers(t *testing.T) {
+	m := ModelConfig{Name: "t", NumLayers: 3, NumKVHeads: 2, HeadDim: 6, DtypeBytes: 2}
+	p := patternBuffers(t, m, 1, 0, 8, BufferOptions{})
+	pages := []int32{4, 0}
+	if err := FillPatternLayers(p, 9, pages, 3, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyPatternLayers(p, 9, pages, 3, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int{0, 2} {
+		if err := VerifyPatternLayers(p, 9, pages, 3, l, l); err == nil || !strings.Contains(err.Error(), "layer "+string(rune('0'+l))+" K") {
+			t.Fatalf("layer %d never filled, verify = %v", l, err)
+		}
+	}
+	if err := FillPatternLayers(p, 9, pages, 3, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := VerifyPattern(p, 9, pages, 3); err != nil {
+		t.Fatal(err)
+	}
+}

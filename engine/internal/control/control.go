@@ -24,7 +24,7 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "5"        (ControlVersion, ASCII decimal)
+//	frame 1: "6"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
 //	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go), "SUBSCRIBE"
@@ -50,8 +50,12 @@ const (
 	// indices and decode prefix. Version 4: every message ends with the
 	// sender envelope (instance id, epoch, send time, HMAC tag; envelope.go).
 	// Version 5: the envelope carries the sender's frame sequence number
-	// (replay protection of authenticated frames; replay.go).
-	ControlVersion = 5
+	// (replay protection of authenticated frames; replay.go). Version 6: the
+	// metadata record's bytes 44–47 carry layer_count (engine/ring.go) and
+	// flag bit 1 marks a room sent layer by layer, so a decode of version 5
+	// (which refuses non-zero bytes 44–47) and a producer of version 6 never
+	// pair.
+	ControlVersion = 6
 )
 
 // Control message types (frame 2).

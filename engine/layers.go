@@ -299,6 +299,10 @@ type eventWait struct {
 	done    chan struct{}
 	err     error
 	waiters int // guarded by eventPoller.mu
+	// qmu is held by the poller while it decides to query and queries: a
+	// waiter that leaves takes it once, so the event is never queried for
+	// it after its wait returned (the caller may destroy the event then).
+	qmu sync.Mutex
 }
 
 type eventPoller struct {
@@ -309,13 +313,14 @@ type eventPoller struct {
 var events = &eventPoller{waits: map[Event]*eventWait{}}
 
 // wait returns once ev completed (nil), its query failed (that error) or
-// ctx ended (ctx's cause).
+// ctx ended (ctx's cause). After it returns ev is not queried again on
+// this caller's behalf.
 func (p *eventPoller) wait(ctx context.Context, ev Event) error {
 	if ok, err := ev.Query(); err != nil || ok {
 		return err
 	}
 	if !reflect.TypeOf(ev).Comparable() {
-		return pollEvent(ctx, ev, nil)
+		return pollEvent(ctx, ev)
 	}
 	p.mu.Lock()
 	w := p.waits[ev]
@@ -333,33 +338,46 @@ func (p *eventPoller) wait(ctx context.Context, ev Event) error {
 		p.mu.Lock()
 		w.waiters--
 		p.mu.Unlock()
+		w.qmu.Lock() // a query in flight ends; the next sees one waiter fewer
+		w.qmu.Unlock()
 		return context.Cause(ctx)
 	}
 }
 
 // poll queries ev until it completes, fails, or nobody waits any more.
 func (p *eventPoller) poll(ev Event, w *eventWait) {
-	err := pollEvent(context.Background(), ev, func() bool {
+	d := eventPollFirst
+	var err error
+	for {
+		time.Sleep(d)
+		d = min(2*d, eventPollMax)
+		w.qmu.Lock()
 		p.mu.Lock()
-		defer p.mu.Unlock()
 		if w.waiters == 0 {
 			delete(p.waits, ev)
-			return false
+			p.mu.Unlock()
+			w.qmu.Unlock()
+			close(w.done)
+			return
 		}
-		return true
-	})
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.waits[ev] == w {
-		delete(p.waits, ev)
+		p.mu.Unlock()
+		var ok bool
+		ok, err = ev.Query()
+		w.qmu.Unlock()
+		if err != nil || ok {
+			break
+		}
 	}
+	p.mu.Lock()
+	delete(p.waits, ev)
 	w.err = err
 	close(w.done)
+	p.mu.Unlock()
 }
 
-// pollEvent queries ev with backoff until it completes (nil), fails, ctx
-// ends, or keep (when set) says to stop.
-func pollEvent(ctx context.Context, ev Event, keep func() bool) error {
+// pollEvent queries ev with backoff, in the caller's goroutine, until it
+// completes (nil), fails, or ctx ends.
+func pollEvent(ctx context.Context, ev Event) error {
 	d := eventPollFirst
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -371,9 +389,6 @@ func pollEvent(ctx context.Context, ev Event, keep func() bool) error {
 		}
 		if ok, err := ev.Query(); err != nil || ok {
 			return err
-		}
-		if keep != nil && !keep() {
-			return nil
 		}
 		d = min(2*d, eventPollMax)
 		t.Reset(d)

@@ -265,32 +265,12 @@ func kvx_kv_sender_init(sender C.kvx_room_t, numPages C.uint32_t) (rc C.int) {
 func kvx_kv_sender_send(sender C.kvx_room_t, pages *C.int32_t, n C.uint32_t, last C.int) (rc C.int) {
 	const op = "kvx_kv_sender_send"
 	defer guard(op, &rc)
-	r, ok := rooms.get(uint64(sender))
-	switch {
-	case !ok:
-		return finish(badHandle(op, "room", uint64(sender)))
-	case r.sender == nil:
-		return finish(fail(stInvalidArgument, "%s: handle %d is a receiver; only senders send", op, sender))
-	case pages == nil && n > 0:
-		return finish(nullArg(op, "pages"))
-	case n == 0 && last == 0:
-		return finish(fail(stInvalidArgument, "%s: n is 0 pages and last is 0 (nothing to do)", op))
-	case n > 1<<30:
-		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n))
-	}
-	var ps []int32
-	if n > 0 {
-		ps = append(ps, unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
-	}
-	if err := checkPageList(op, ps, r.kv.mgr.NumPages()); err != nil {
+	r, ps, err := senderPages(op, sender, pages, n, last != 0)
+	if err != nil {
 		return finish(err)
 	}
 	if err := r.sender.Send(ps, last != 0); err != nil {
-		code := codeOf(err)
-		if code == stTransferFailed {
-			code = stInvalidArgument // Send only returns validation errors
-		}
-		return finish(failWrap(code, err, "%s", op))
+		return finish(sendErr(op, err))
 	}
 	return finish(nil)
 }

@@ -884,6 +884,56 @@ KVX_API int kvx_kv_sender_send(kvx_room_t sender, const int32_t *pages,
                                uint32_t n, int last);
 #endif
 
+/* PREFILL, layer-wise: queue the KV of model layers first_layer..last_layer
+ * (inclusive; within this rank's layers, [prefill_start_layer,
+ * prefill_start_layer + layers)) for n source pages (pool page indices, in
+ * request order, after the decode's prefix). Each layer has its own cursor:
+ * the pages map onto the next destination pages of those layers, which must
+ * all have been sent the same number of pages so far, so a chunked prefill
+ * may go chunk by chunk and layer by layer in either order; the source page
+ * at a position must be the same for every layer. Call it as the forward
+ * pass finishes each layer (range) of each chunk (vLLM save_kv_layer). The
+ * call that completes every page of every layer is the last: the aux row,
+ * the state slots and the metadata record (which states the pages and the
+ * layers it covers) follow it; the decode accepts the room only whole. A
+ * room with no page to send (the decode holds the prompt, or this rank only
+ * has dummy destinations) names every layer once with n = 0. It may be
+ * mixed with kvx_kv_sender_send (= every layer of this rank).
+ *
+ * cuda_event: NULL to send at once, or the cudaEvent_t (the driver's
+ * CUevent; PyTorch's torch.cuda.Event().cuda_event) the caller recorded on
+ * its compute stream right after writing these layers' KV: the writes are
+ * posted once the event completed (cudaEventQuery, polled by the library
+ * on the rank's GPU: kvx_kv_config.gpu_id, else the device of the KV
+ * buffers, else 0), so the compute stream never waits for kvxfer. The event
+ * is the caller's: it must stay valid until kvx_kv_sender_flush returned
+ * OK for a later point, or kvx_kv_close returned. An event whose query
+ * fails (a failed kernel) fails the room on both sides.
+ *
+ * Returns at once (the queue is unbounded); the page list is copied.
+ * KVX_ERR_INVALID_ARGUMENT: a layer outside this rank, a page beyond the
+ * pool or a call after the last refuse the call; layers of the range at
+ * different pages, more pages than the decode asked for, or another source
+ * page than an earlier layer sent at that position also fail the room (the
+ * decode is told why);
+ * KVX_ERR_NOT_SUPPORTED: an event was given but CUDA cannot be loaded.
+ * Thread-safe; calls of one room must be ordered by the caller. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_send_layers(kvx_room_t sender, const int32_t *pages,
+                                      uint32_t n, uint32_t first_layer,
+                                      uint32_t last_layer, void *cuda_event);
+#endif
+
+/* PREFILL: block until every chunk queued by kvx_kv_sender_send and
+ * kvx_kv_sender_send_layers before this call has been written to every
+ * decode destination (their events completed, their writes acknowledged),
+ * so what they read may be reused (vLLM wait_for_save). KVX_OK;
+ * KVX_ERR_TIMEOUT after timeout_ms; the room's failure status once it
+ * failed (kvx_kv_failure says why). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_sender_flush(kvx_room_t sender, uint32_t timeout_ms);
+#endif
+
 /* DECODE: create the receiver of one request whose prefill instance registers
  * at bootstrap_addr ("host:port"; NULL = the engine's bootstrap_addr). It
  * starts resolving its producers at once. KVX_ERR_BUSY if a receiver for the
@@ -1054,13 +1104,17 @@ KVX_API int kvx_room_timeline(uint64_t room, char *buf, size_t cap,
 /* producer writes bytes 0-55, waits for that batch to complete, then writes */
 /* commit (= KVX_RECORD_COMMIT_MAGIC ^ generation) last. The decode accepts  */
 /* a record only when commit matches the slot's generation AND room, epoch,  */
-/* producer, page/byte counts and (when both sides declared it) token_count  */
-/* are the ones it expects, so a record from another room or from a fenced   */
-/* data path (older epoch) never commits a slot. Layout from engine/ring.go. */
+/* producer, page/byte counts, layer_count (all the producer's layers) and   */
+/* (when both sides declared it) token_count are the ones it expects, so a   */
+/* record from another room, from a fenced data path (older epoch) or of a   */
+/* room sent layer by layer short of its last layer never commits a slot.    */
+/* Layout from engine/ring.go; layer_count is protocol version 6 (before:    */
+/* reserved, zero).                                                          */
 /* ------------------------------------------------------------------------ */
 #define KVX_RECORD_SIZE 64
 #define KVX_RECORD_COMMIT_MAGIC 0x4B5658434F4D4954ULL /* "KVXCOMIT" */
 #define KVX_RECORD_FLAG_CHECKSUM 1u
+#define KVX_RECORD_FLAG_LAYERWISE 2u /* sent layer range by layer range */
 
 typedef struct kvx_meta_record {
     uint64_t room;        /*  0: bootstrap_room of the request */
@@ -1069,9 +1123,9 @@ typedef struct kvx_meta_record {
     uint32_t producer;    /* 20: producer rank */
     uint64_t byte_count;  /* 24: payload bytes this producer wrote */
     uint32_t checksum;    /* 32: CRC32C (Castagnoli) of those bytes */
-    uint32_t flags;       /* 36: bit 0: checksum is set */
+    uint32_t flags;       /* 36: bit 0: checksum is set; bit 1: sent layer by layer; others 0 */
     uint32_t token_count; /* 40: tokens (prompt length) the producer covered; 0 = undeclared */
-    uint32_t reserved;    /* 44: zero */
+    uint32_t layer_count; /* 44: the producer's layers every page of which it wrote */
     uint64_t epoch;       /* 48: segment epoch of the producer's data path (REGISTER epoch) */
     uint64_t commit;      /* 56: KVX_RECORD_COMMIT_MAGIC ^ generation; written last */
 } kvx_meta_record;

@@ -32,6 +32,9 @@ int main(void) {
     CHECK(offsetof(kvx_meta_record, byte_count) == 24);
     CHECK(offsetof(kvx_meta_record, checksum) == 32);
     CHECK(offsetof(kvx_meta_record, flags) == 36);
+    CHECK(offsetof(kvx_meta_record, token_count) == 40);
+    CHECK(offsetof(kvx_meta_record, layer_count) == 44);
+    CHECK(offsetof(kvx_meta_record, epoch) == 48);
     CHECK(offsetof(kvx_meta_record, commit) == 56);
     CHECK(sizeof(kvx_kv_layout) == 40);
     CHECK(KVX_KVPOLL_FAILED == 0 && KVX_KVPOLL_SUCCESS == 4);

@@ -507,6 +507,51 @@ void kv_rooms(kvx_engine_t prefill, kvx_engine_t decode, const std::string &boot
     EXPECT_RC(kvx_kv_close(rx), KVX_ERR_BAD_HANDLE);
     EXPECT_RC(kvx_kv_poll(rx, &st), KVX_ERR_BAD_HANDLE);
 
+    // Layer-wise: room 44 is sent layer by layer as a forward pass would
+    // produce it, in two chunks of a chunked prefill: chunk A (2 pages)
+    // layer 0, then layer 1; chunk B (1 page) both layers at once. After
+    // chunk A the decode is still TRANSFERRING (its record comes only
+    // with the last layer); then both sides reach Success and every byte
+    // matches (CRC32C on: the sender takes it over the whole room).
+    {
+        kvx_room_t lrx = 0, ltx = 0;
+        const int32_t ldst[3] = {12, 13, 14};
+        const int32_t lsrc[3] = {3, 4, 10};
+        REQUIRE_OK(kvx_kv_receiver_create(dkv, bootstrap.c_str(), 44, &lrx));
+        REQUIRE_OK(kvx_kv_receiver_init(lrx, ldst, 3));
+        REQUIRE_OK(kvx_kv_sender_create(pkv, 44, &ltx));
+        REQUIRE_OK(kvx_kv_wait(ltx, KVX_KVPOLL_WAITING_FOR_INPUT, 20000, &st));
+        EXPECT_RC(kvx_kv_sender_send_layers(ltx, lsrc, 2, 0, 2, nullptr), KVX_ERR_INVALID_ARGUMENT);  // 2 layers: 0..1
+        CHECK(std::strstr(kvx_last_error(), "this rank holds layers 0") != nullptr);
+        EXPECT_RC(kvx_kv_sender_send_layers(lrx, lsrc, 2, 0, 0, nullptr), KVX_ERR_INVALID_ARGUMENT);  // a receiver
+        EXPECT_RC(kvx_kv_sender_flush(lrx, 10), KVX_ERR_INVALID_ARGUMENT);
+        void *driver = std::getenv("KVXFER_LIBCUDA") ? nullptr : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (driver != nullptr) dlclose(driver);
+        else if (!std::getenv("KVXFER_LIBCUDA")) {  // no CUDA driver: an event cannot be waited for
+            int fake_event = 0;
+            EXPECT_RC(kvx_kv_sender_send_layers(ltx, lsrc, 2, 0, 0, &fake_event), KVX_ERR_NOT_SUPPORTED);
+        }
+        REQUIRE_OK(kvx_kv_sender_send_layers(ltx, lsrc, 2, 0, 0, nullptr));
+        REQUIRE_OK(kvx_kv_sender_send_layers(ltx, lsrc, 2, 1, 1, nullptr));
+        REQUIRE_OK(kvx_kv_sender_flush(ltx, 20000));
+        REQUIRE_OK(kvx_kv_poll(lrx, &st));
+        CHECK(st == KVX_KVPOLL_TRANSFERRING);
+        REQUIRE_OK(kvx_kv_sender_send_layers(ltx, lsrc + 2, 1, 0, 1, nullptr));
+        EXPECT_RC(kvx_kv_sender_send_layers(ltx, nullptr, 0, 0, 0, nullptr), KVX_ERR_INVALID_ARGUMENT);  // after the last
+        REQUIRE_OK(kvx_kv_wait(lrx, KVX_KVPOLL_SUCCESS, 20000, &st));
+        CHECK(st == KVX_KVPOLL_SUCCESS);
+        REQUIRE_OK(kvx_kv_wait(ltx, KVX_KVPOLL_SUCCESS, 20000, &st));
+        CHECK(st == KVX_KVPOLL_SUCCESS);
+        int lbad = 0;
+        for (uint32_t b = 0; b < lay.num_buffers; b++)
+            for (int k = 0; k < 3; k++)
+                if (std::memcmp(dst + item(b, ldst[k]), src + item(b, lsrc[k]), lay.item_len) != 0) ++lbad;
+        CHECK(lbad == 0);
+        REQUIRE_OK(kvx_kv_close(ltx));
+        REQUIRE_OK(kvx_kv_close(lrx));
+        std::printf("KV-room API: room 44 sent layer by layer (2 chunks x 2 layers), 3 pages x %u buffers verified\n", lay.num_buffers);
+    }
+
     // Abort: a receiver for room 43 (no sender ever comes) is aborted and
     // reports Failed with KVX_ERR_CANCELED.
     kvx_room_t rx2 = 0;

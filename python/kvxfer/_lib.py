@@ -301,6 +301,8 @@ _PROTOTYPES = {
     "kvx_kv_sender_mark_prefill_complete": (c_int, [c_uint64]),
     "kvx_kv_sender_state": (c_int, [c_uint64, i32p, c_uint32]),
     "kvx_kv_sender_send": (c_int, [c_uint64, i32p, c_uint32, c_int]),
+    "kvx_kv_sender_send_layers": (c_int, [c_uint64, i32p, c_uint32, c_uint32, c_uint32, c_void_p]),
+    "kvx_kv_sender_flush": (c_int, [c_uint64, c_uint32]),
     "kvx_kv_receiver_create_dp": (c_int, [c_uint64, c_char_p, c_uint64, c_int32, u64p]),
     "kvx_kv_receiver_send_metadata": (
         c_int,

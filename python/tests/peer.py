@@ -163,6 +163,9 @@ def prefill(args):
                 res["error"] = s.failure_reason()[1]
             out(res)
             continue
+        if cmd == "send_layers":
+            out(_send_layers(mgr, args, g, kv, c))
+            continue
         # cmd == "send": the request's source pages, in chunks.
         kv.fill(room)
         s = KVSender(mgr, args.bootstrap, room, [0], 0)
@@ -205,6 +208,63 @@ def prefill(args):
         s.clear()
     mgr.close()
     return 0
+
+
+def _send_layers(mgr, args, g, kv, c):
+    """A room sent layer by layer: "chunks" chunks of the pages after the
+    decode's prefix, each sent layer by layer ("order": "chunk" = every
+    layer of a chunk before the next chunk, "layer" = every chunk of a layer
+    before the next layer), with send_layers or, with "hooks", the
+    vLLM-shaped begin_layers / save_kv_layer(layer name) / wait_for_save.
+    "abort_after_calls": k aborts after k calls (a forward pass failing
+    between layers); "stall_after_calls": k stops sending and only waits."""
+    from kvxfer.sglang import KVPoll, KVSender, LayerwiseSaver
+
+    room = c["room"]
+    kv.fill(room)
+    s = KVSender(mgr, args.bootstrap, room, [0], 0)
+    res = {"room": room, "state": s.wait(KVPoll.WaitingForInput, 60)}
+    if res["state"] == KVPoll.WaitingForInput:
+        prefix = s.pop_decode_prefix_len()
+        pages = c["src_pages"][prefix // g.page_size:]
+        aux = c.get("aux_row")
+        if aux is not None:
+            kv.fill_aux(aux, room)
+        s.init(len(pages), aux)
+        step = max(1, -(-len(pages) // max(1, c.get("chunks", 1))))
+        chunks = [pages[i:i + step] for i in range(0, len(pages), step)] or [[]]
+        calls = [(ch, layer) for ch in chunks for layer in range(g.layers)]
+        if c.get("order") == "layer":
+            calls = [(ch, layer) for layer in range(g.layers) for ch in chunks]
+        saver = LayerwiseSaver()
+        for k, (ch, layer) in enumerate(calls):
+            if c.get("abort_after_calls") == k:
+                s.wait_for_save(30)
+                s.abort()
+                break
+            if c.get("stall_after_calls") == k:
+                break
+            if c.get("die_after_calls") == k:  # the test SIGKILLs this process now
+                s.wait_for_save(30)
+                out({"event": "dying", "room": room, "calls": k})
+                time.sleep(600)
+            if c.get("bad_event") and k == 1:
+                s.send_layers(np.asarray(ch, dtype=np.int32), layer, cuda_event=0xDEAD)
+                break
+            arr = np.asarray(ch, dtype=np.int32)
+            if c.get("hooks"):
+                if layer == 0 or c.get("order") == "layer":
+                    saver.add(s, arr)
+                saver.save_kv_layer(f"model.layers.{layer}.self_attn.attn")
+                if layer == g.layers - 1 or c.get("order") == "layer":
+                    res.setdefault("saved", []).append(saver.wait_for_save(30))
+            else:
+                s.send_layers(arr, layer)
+        res["state"] = s.wait(KVPoll.Success, 60)
+    if res["state"] == KVPoll.Failed:
+        res["error"] = s.failure_reason()[1]
+    s.clear()
+    return res
 
 
 def decode(args):

@@ -23,7 +23,9 @@ from .conn import (
     KVSender,
     KVTransferError,
     KVTransferMetric,
+    LayerwiseSaver,
     PrefillServerInfo,
+    layer_index,
     query_prefill_dp_ranks,
 )
 

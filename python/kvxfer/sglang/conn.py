@@ -912,6 +912,7 @@ class KVSender(_Room):
         self.num_kv_indices = None
         self.aux_index = None
         self.curr_idx = 0
+        self._layer_pages = None  # begin_layers: the chunk save_kv_layer sends
         if mgr.mode != "prefill":
             raise ValueError("KVSender needs a prefill KVManager (this one is decode)")
         if not _valid_room(bootstrap_room):
@@ -976,6 +977,81 @@ class KVSender(_Room):
         if rc != _lib.OK:
             self._fail_local(rc, msg)
 
+    def send_layers(self, kv_indices, first_layer: int, last_layer: Optional[int] = None, cuda_event=None):
+        """kvxfer extension, layer-wise sending: queue the KV of model layers
+        first_layer..last_layer (inclusive; default: just first_layer; within
+        this rank's layers, KVArgs.prefill_start_layer onwards) for the
+        source pages kv_indices (int32 page indices after the decode's
+        prefix; numpy or a list). Each layer has its own cursor, so a chunked
+        prefill may go chunk by chunk and layer by layer in either order; a
+        position's source page must be the same for every layer. The call
+        that completes every page of every layer is the last (call init
+        first): the aux row, the state slots (state_indices of set_state)
+        and the metadata record follow it. cuda_event: None to send at once,
+        or the CUDA event recorded on the compute stream after these layers'
+        KV write (a torch.cuda.Event, anything with .cuda_event, or the raw
+        cudaEvent_t as an int): the writes start once it completed, and it
+        must stay alive until wait_for_save() returned or the room was
+        cleared. Failures surface as poll() == Failed on both sides."""
+        if not self._h:
+            return
+        if self.num_kv_indices is None:
+            self._fail_local(_lib.ERR_INVALID_ARGUMENT, f"send_layers before init(num_kv_indices, aux_index) on room {self.bootstrap_room}")
+            return
+        last_layer = first_layer if last_layer is None else last_layer
+        try:
+            ptr, n, keep = _int32_list(kv_indices, "kv_indices")
+            ev = _event_handle(cuda_event)
+            first, last = int(first_layer), int(last_layer)
+            if first < 0 or last < 0:
+                raise ValueError(f"layers {first}..{last}: want model layer indices >= 0")
+        except (TypeError, ValueError) as e:
+            self._fail_local(_lib.ERR_INVALID_ARGUMENT, str(e))
+            return
+        rc, msg = _lib.try_call("kvx_kv_sender_send_layers", self._h, ptr, n, first, last, ev)
+        del keep
+        if rc != _lib.OK:
+            self._fail_local(rc, msg)
+
+    def set_state(self, state_indices):
+        """kvxfer extension: this rank's state slots of the request (SGLang's
+        send(..., state_indices), flattened), for a room sent with
+        send_layers; give them before its last call."""
+        lists = self._index_lists(None, state_indices)
+        if lists is None or not self._h:
+            return
+        _, _, _, sptr, sn, skeep = lists
+        if sn:
+            rc, msg = _lib.try_call("kvx_kv_sender_state", self._h, sptr, sn)
+            del skeep
+            if rc != _lib.OK:
+                self._fail_local(rc, msg)
+
+    def begin_layers(self, kv_indices):
+        """vLLM-shaped layer hooks: the source pages of this forward pass's
+        chunk of the request (after the decode's prefix), which the following
+        save_kv_layer calls send layer by layer."""
+        self._layer_pages = kv_indices
+
+    def save_kv_layer(self, layer, cuda_event=None):
+        """vLLM KVConnectorBase_V1.save_kv_layer for this request: send the
+        chunk given to begin_layers for one layer, an index or a vLLM layer
+        name ("model.layers.12.self_attn.attn"), after cuda_event (see
+        send_layers)."""
+        idx = layer_index(layer)
+        self.send_layers(getattr(self, "_layer_pages", None), idx, idx, cuda_event)
+
+    def wait_for_save(self, timeout_s: float = 30.0) -> bool:
+        """vLLM KVConnectorBase_V1.wait_for_save for this request: block
+        until every layer queued so far is written to the decode (their
+        events completed), so the pages they read may be overwritten. True
+        when they are; False when the room failed or timeout_s passed
+        (poll() says which)."""
+        if not self._h or self._failure is not None:
+            return False
+        rc, _ = _lib.try_call("kvx_kv_sender_flush", self._h, int(timeout_s * 1000))
+        return rc == _lib.OK
+
     def pop_decode_prefix_len(self) -> int:
         """Prompt tokens the decode already holds (0 when none); valid once
         poll() is WaitingForInput."""
@@ -989,6 +1065,67 @@ class KVSender(_Room):
         """Send a chunk with pages, and always the last one (it completes the
         request even with 0 pages when the decode holds the whole prompt)."""
         return num_pages > 0 or bool(last_chunk)
+
+
+def _event_handle(ev) -> Optional[int]:
+    """The cudaEvent_t of ev as an int (None for none): a torch.cuda.Event
+    (its .cuda_event), a ctypes-style object (._as_parameter_) or an int."""
+    if ev is None:
+        return None
+    h = getattr(ev, "cuda_event", None)
+    if h is None and hasattr(ev, "_as_parameter_"):
+        h = ev._as_parameter_
+        h = getattr(h, "value", h)
+    if h is None:
+        h = ev
+    if isinstance(h, bool) or not isinstance(h, int):
+        raise TypeError(f"cuda_event {ev!r}: want a torch.cuda.Event, an object with .cuda_event, or a cudaEvent_t as an int")
+    if h == 0:
+        raise ValueError("cuda_event is a null handle (a torch.cuda.Event that was never recorded has none yet: record it first)")
+    return h
+
+
+def layer_index(layer) -> int:
+    """A model layer index from an int or a vLLM layer name: the one integer
+    component of a dotted name ("model.layers.12.self_attn.attn" -> 12), as
+    vLLM's extract_layer_index reads it."""
+    if isinstance(layer, bool):
+        raise TypeError(f"layer {layer!r}: want an int or a layer name")
+    if isinstance(layer, int):
+        return layer
+    nums = [p for p in str(layer).split(".") if p.isdigit()]
+    if len(nums) != 1:
+        raise ValueError(f"layer name {layer!r}: want exactly one integer component (e.g. model.layers.12.self_attn.attn)")
+    return int(nums[0])
+
+
+class LayerwiseSaver:
+    """vLLM's KVConnectorBase_V1 worker hooks over kvxfer senders: one
+    forward pass (a batch of requests, each a chunk of pages) saved layer by
+    layer. add(sender, kv_indices) once per request of the pass;
+    save_kv_layer(layer_name_or_index, cuda_event) as each attention layer
+    finishes (one call covers every request; the event is the one recorded
+    after that layer's KV write); wait_for_save() as the forward context
+    exits. A request whose last chunk this is completes with its last layer
+    (its sender's init gave the total page count)."""
+
+    def __init__(self):
+        self._reqs: list = []
+
+    def add(self, sender: "KVSender", kv_indices):
+        self._reqs.append((sender, kv_indices))
+
+    def save_kv_layer(self, layer, cuda_event=None, *_args, **_kwargs):
+        idx = layer_index(layer)
+        for sender, pages in self._reqs:
+            sender.send_layers(pages, idx, idx, cuda_event)
+
+    def wait_for_save(self, timeout_s: float = 30.0) -> bool:
+        """True when every request's queued layers are written; False when
+        one failed or timed out (its poll() says which)."""
+        ok = all([sender.wait_for_save(timeout_s) for sender, _ in self._reqs])
+        self._reqs = []
+        return ok
 
 
 class KVReceiver(_Room):
@@ -1125,4 +1262,6 @@ __all__ = [
     "DisaggregationMode",
     "PrefillServerInfo",
     "query_prefill_dp_ranks",
+    "LayerwiseSaver",
+    "layer_index",
 ]

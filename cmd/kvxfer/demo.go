@@ -48,6 +48,7 @@ type demoFlags struct {
 	bench        bool
 	warmup       int
 	otlpEndpoint string
+	lw           layerwiseFlags
 }
 
 func init() {
@@ -130,6 +131,7 @@ prefaulted: a progress bar on a terminal, a line every 5 s otherwise.`,
 	fs.StringVar(&f.authToken, "bootstrap-auth-token", "", "run the bootstrap server with this bearer token required and give it to every rank (through their environment, not their command line); "+
 		"default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; none: no authentication")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
+	f.lw.add(fs)
 	fs.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "every rank sends OpenTelemetry spans to this OTLP/HTTP endpoint (see kvxfer prefill --help); default: none (the children still honour OTEL_EXPORTER_OTLP_ENDPOINT)")
 	rootCmd.AddCommand(cmd)
 }
@@ -166,6 +168,18 @@ type demoResult struct {
 	// send for the room (MLA with prefill TP > decode TP: one latent KV per
 	// token, written by one rank).
 	DummyRanks []string `json:"dummy_ranks,omitempty"`
+	// With --layerwise: Mode is "whole-room" or "layer-wise"; the compute
+	// interval over the prefill ranks (earliest start, latest end) and the
+	// decode ranks' latest Success (every record accepted), Unix ns; and
+	// from them ComputeMS, HandoverMS (compute end → decode Success) and
+	// TTFTMS (compute start → decode Success).
+	Mode               string  `json:"mode,omitempty"`
+	ComputeStartUnixNS int64   `json:"compute_start_unix_ns,omitempty"`
+	ComputeEndUnixNS   int64   `json:"compute_end_unix_ns,omitempty"`
+	SuccessUnixNS      int64   `json:"success_unix_ns,omitempty"`
+	ComputeMS          float64 `json:"compute_ms,omitempty"`
+	HandoverMS         float64 `json:"handover_ms,omitempty"`
+	TTFTMS             float64 `json:"ttft_proxy_ms,omitempty"`
 }
 
 type demoSummary struct {
@@ -259,6 +273,9 @@ func runDemo(parent context.Context, f *demoFlags) error {
 	plan, err := planDemo(f)
 	if err != nil {
 		return err
+	}
+	if f.lw.on {
+		return runLayerwiseDemo(ctx, f, plan)
 	}
 	plan.announce(os.Stderr)
 	c, err := startDemoCluster(ctx, f, plan)

@@ -388,8 +388,13 @@ func (res *demoResult) add(r replyLine, decode bool) {
 		res.PrefixTokens = max(res.PrefixTokens, r.PrefixTokens)
 		res.Pages += r.Pages
 		res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
+		res.SuccessUnixNS = max(res.SuccessUnixNS, r.SuccessUnixNS)
 		return
 	}
+	if r.ComputeStartUnixNS > 0 && (res.ComputeStartUnixNS == 0 || r.ComputeStartUnixNS < res.ComputeStartUnixNS) {
+		res.ComputeStartUnixNS = r.ComputeStartUnixNS
+	}
+	res.ComputeEndUnixNS = max(res.ComputeEndUnixNS, r.ComputeEndUnixNS)
 	res.SentBytes += r.Bytes
 	res.Writes += r.Writes
 	if r.Dummy {

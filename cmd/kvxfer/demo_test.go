@@ -193,6 +193,10 @@ func TestDemoRejectsBadFlags(t *testing.T) {
 		{"transport unknown", func(f *demoFlags) { f.transport = "foo" }, `unknown transport "foo"`},
 		{"transport in list", func(f *demoFlags) { f.transport = "tcp,foo" }, `unknown transport "foo"`},
 		{"prefix cache", func(f *demoFlags) { f.prefixMB = -1 }, "--prefix-cache-mb -1"},
+		{"layerwise pp", func(f *demoFlags) { f.lw.on, f.lw.tflops, f.prefillPP = true, 400, 2 }, "--layerwise with --prefill-pp 2"},
+		{"layerwise tflops", func(f *demoFlags) { f.lw.on, f.lw.tflops = true, 0 }, "--prefill-tflops 0"},
+		{"layerwise time", func(f *demoFlags) { f.lw.on, f.lw.layerTime = true, -time.Second }, "--prefill-layer-time -1s"},
+		{"layerwise tokens", func(f *demoFlags) { f.lw.on, f.lw.tflops, f.lw.tokens = true, 400, -3 }, "--prompt-tokens -3"},
 	}
 	for _, c := range cases {
 		f := good()
@@ -409,5 +413,48 @@ func TestStartProgressLines(t *testing.T) {
 	}
 	if got := rssShmem(os.Getpid()); got < 0 {
 		t.Errorf("rssShmem of this process: %d", got)
+	}
+}
+
+// TestDemoLayerwise: demo --layerwise runs every request whole-room and
+// layer-wise (alternating which goes first), each with the compute model,
+// every byte verified by the decode, and reports per room the compute, the
+// handover and the TTFT proxy (start <= end <= Success), and the ratios.
+func TestDemoLayerwise(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	gqa := filepath.Join(t.TempDir(), "gqa.json")
+	os.WriteFile(gqa, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 1024, "intermediate_size": 2816, "torch_dtype": "bfloat16"}`), 0o644)
+	out := filepath.Join(t.TempDir(), "out.json")
+	f := &demoFlags{requests: 2, model: gqa, prefillTP: 2, prefillPP: 1, decodeTP: 1, pageSize: 16, poolMB: 16, concurrency: 1, transport: "tcp",
+		jsonOut: out, seed: 9, timeout: 60 * time.Second, noProgress: true, childLog: "warn", chunkPages: 2,
+		lw: layerwiseFlags{on: true, tflops: 0.05, tokens: 96}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := runDemo(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Summary  layerwiseSummary `json:"summary"`
+		Requests []demoResult     `json:"requests"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	s := got.Summary
+	if s.Requests != 2 || s.Failures != 0 || len(got.Requests) != 4 || s.Layers != 4 || s.OneLayerMS <= 0 || s.HandoverRatio <= 0 || s.TTFTRatio <= 0 {
+		t.Fatalf("summary %+v", s)
+	}
+	for i, r := range got.Requests {
+		want := []string{modeWhole, modeLayer, modeLayer, modeWhole}[i]
+		if !r.OK || r.Mode != want || r.Tokens != 96 || r.ComputeStartUnixNS == 0 || r.ComputeEndUnixNS < r.ComputeStartUnixNS || r.SuccessUnixNS < r.ComputeEndUnixNS || r.Bytes == 0 {
+			t.Errorf("room %d: %+v (want mode %s)", i, r, want)
+		}
 	}
 }

@@ -19,6 +19,14 @@ object per line: {"room": <bootstrap_room 0 … 2^63-1>, "tokens": <prompt lengt
 test pattern, waits for the decode ranks' TRANSFER, writes the pages and the
 metadata record.
 
+Layer-wise (optional keys): "layer_compute_us": N models the forward pass,
+N µs of compute per layer over the whole prompt, run after the decode's
+destination is known, chunk by chunk (--chunk-pages) and layer by layer,
+each layer's pattern written within its share of the time; "layerwise":
+true sends each layer of each chunk as soon as it is computed
+(engine.Sender.SendLayers) instead of each chunk after its last layer. The
+result then carries compute_start_unix_ns and compute_end_unix_ns.
+
 stdout: first {"event":"ready", "endpoint": ..., "transports": [...]} (no
 room key), then exactly one JSON result line per non-blank input line, in
 completion order: {"line": N, "room": R, "ok": true|false, "error": "...",

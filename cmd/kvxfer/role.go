@@ -75,6 +75,8 @@ type roleFlags struct {
 	httpPort         int
 	serve            string
 	drainTimeout     time.Duration
+	exitAfterLayers  int
+	stallAfterLayers int
 }
 
 func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
@@ -88,6 +90,10 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 			"how often this rank checks that the bootstrap directory still names it (±20% jitter) and registers again when it does not (a restarted directory); 0 disables")
 		fs.DurationVar(&f.writeDelay, "inject-write-delay", 0, "fault injection (kvxfer chaos): land every transfer batch this long after it was posted (engine/faulty DelayWrites)")
 		_ = fs.MarkHidden("inject-write-delay")
+		fs.IntVar(&f.exitAfterLayers, "inject-exit-after-layers", 0, "fault injection (tests): in a layer-wise room, once N layer-wise calls have landed, kill this process (SIGKILL)")
+		fs.IntVar(&f.stallAfterLayers, "inject-stall-after-layers", 0, "fault injection (tests): in a layer-wise room, once N layer-wise calls have landed, send nothing more (a stalled forward pass)")
+		_ = fs.MarkHidden("inject-exit-after-layers")
+		_ = fs.MarkHidden("inject-stall-after-layers")
 		fs.BoolVar(&f.fill, "fill", true, "fill each request's source pages with the (room, layer, token, head) test pattern before sending")
 		fs.IntVar(&f.httpPort, "prefill-http-port", 0, "the serving engine's HTTP API port (SGLang's --port) this rank declares as prefill_http_port; an SGLang decode's PD rebootstrap POSTs /generate there; 0 = none")
 		fs.StringVar(&f.specLayout, "dsv41-spec-layout", "", "DeepSeek-V4.1 DSpark KV layout this rank declares (SGLang's get_dsv41_spec_layout): a JSON object, or @FILE holding one; empty = none")
@@ -299,6 +305,12 @@ type requestLine struct {
 	// per --prefix-block-tokens tokens); a decode with a prefix cache uses
 	// them, a prefill ignores them.
 	HashIDs []int64 `json:"hash_ids,omitempty"`
+	// Layerwise (prefill) sends the room layer by layer as a modeled
+	// forward pass computes it; LayerComputeUS (prefill) is that pass's
+	// compute time per layer over the whole prompt, µs (0: none). Without
+	// either the pages are sent whole after they are filled.
+	Layerwise      bool  `json:"layerwise,omitempty"`
+	LayerComputeUS int64 `json:"layer_compute_us,omitempty"`
 }
 
 // readyEvent is the Event of the one line a rank prints when it serves
@@ -521,7 +533,7 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 	// rc is how each request line's room is driven (cluster.PrefillRoom,
 	// DecodeRoom).
 	r.rc = cluster.RoomConfig{Bootstrap: f.bootstrap, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest}
+		ChunkPages: f.chunkPages, Fill: f.fill, Hold: f.hold, Digest: f.digest, AfterLayers: f.afterLayers()}
 	r.token = bootstrapToken(f.authToken, os.Getenv)
 	cfg := engine.ManagerConfig{Role: r.role, KV: r.pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
@@ -627,6 +639,8 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		Tokens    json.RawMessage `json:"tokens"`
 		Bootstrap *string         `json:"bootstrap"`
 		HashIDs   []int64         `json:"hash_ids"`
+		Layerwise *bool           `json:"layerwise"`
+		LayerUS   *int64          `json:"layer_compute_us"`
 	}
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -679,6 +693,18 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		return q, true, fmt.Errorf(`"hash_ids" has %d entries, more than %d`, len(raw.HashIDs), 1<<20)
 	}
 	q.HashIDs = raw.HashIDs
+	if raw.Layerwise != nil || raw.LayerUS != nil {
+		if role != engine.RolePrefill {
+			return q, true, fmt.Errorf(`"layerwise" and "layer_compute_us" are prefill request fields (how the prefill computes and sends the room)`)
+		}
+		if raw.LayerUS != nil && (*raw.LayerUS < 0 || *raw.LayerUS > 600e6) {
+			return q, true, fmt.Errorf(`"layer_compute_us" %d: want 0 … 600000000 (µs of modeled compute per layer)`, *raw.LayerUS)
+		}
+		q.Layerwise = raw.Layerwise != nil && *raw.Layerwise
+		if raw.LayerUS != nil {
+			q.LayerComputeUS = *raw.LayerUS
+		}
+	}
 	return q, true, nil
 }
 
@@ -760,4 +786,24 @@ func deviceTransports(ts []transport.Transport, spec, device string) ([]transpor
 		slog.Info("transports without device-memory support are not used with --device", "device", device, "dropped", names)
 	}
 	return keep, nil
+}
+
+// afterLayers is the prefill's layer-wise fault injection
+// (--inject-exit-after-layers, --inject-stall-after-layers; nil without).
+func (f *roleFlags) afterLayers() func(room uint64, calls int) bool {
+	if f.exitAfterLayers <= 0 && f.stallAfterLayers <= 0 {
+		return nil
+	}
+	return func(room uint64, calls int) bool {
+		if f.exitAfterLayers > 0 && calls >= f.exitAfterLayers {
+			slog.Warn("fault injection: killing this prefill rank after layer-wise calls landed", "room", room, "calls", calls)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal ends the process
+		}
+		if f.stallAfterLayers > 0 && calls >= f.stallAfterLayers {
+			slog.Warn("fault injection: this prefill rank stops sending the room", "room", room, "calls", calls)
+			return false
+		}
+		return true
+	}
 }

@@ -48,6 +48,11 @@ func TestParseRequest(t *testing.T) {
 		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
 		{`{"room":1,"tokens":1100,"hash_ids":[0,4,9]}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 1100, HashIDs: []int64{0, 4, 9}}, true, ""},
 		{`{"room":1,"tokens":5,"hash_ids":["a"]}`, engine.RoleDecode, requestLine{}, false, `"hash_ids" is a JSON string`},
+		{`{"room":1,"tokens":64,"layerwise":true,"layer_compute_us":250}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64, Layerwise: true, LayerComputeUS: 250}, true, ""},
+		{`{"room":1,"tokens":64,"layer_compute_us":250}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64, LayerComputeUS: 250}, true, ""},
+		{`{"room":1,"tokens":64,"layerwise":true}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 64}, true, "prefill request fields"},
+		{`{"room":1,"tokens":64,"layer_compute_us":-1}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64}, true, `"layer_compute_us" -1`},
+		{`{"room":1,"tokens":64,"layerwise":1}`, engine.RolePrefill, requestLine{}, false, `"layerwise" is a JSON number`},
 	}
 	for _, c := range cases {
 		q, hasRoom, err := parseRequest(c.line, c.role)
@@ -168,7 +173,8 @@ func TestRoleStdinProtocol(t *testing.T) {
 // FuzzParseRequest: any stdin line gives a request or an error, never a
 // panic; accepted requests are within range; errors are never empty.
 func FuzzParseRequest(f *testing.F) {
-	for _, s := range []string{`{"room":0,"tokens":1}`, `{"room":60,"tokens":0}`, `{"tokens":5}`, `garbage`, `{"room":1,"tokens":2,"bootstrap":"h:1"}`, `{}`, `[]`, `null`} {
+	for _, s := range []string{`{"room":0,"tokens":1}`, `{"room":60,"tokens":0}`, `{"tokens":5}`, `garbage`, `{"room":1,"tokens":2,"bootstrap":"h:1"}`, `{}`, `[]`, `null`,
+		`{"room":1,"tokens":64,"layerwise":true,"layer_compute_us":250}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, line string) {
@@ -180,7 +186,8 @@ func FuzzParseRequest(f *testing.F) {
 				}
 				continue
 			}
-			if q.Tokens < 1 || q.Room > maxRoom || (role == engine.RolePrefill && q.Bootstrap != "") {
+			if q.Tokens < 1 || q.Room > maxRoom || (role == engine.RolePrefill && q.Bootstrap != "") ||
+				(role == engine.RoleDecode && (q.Layerwise || q.LayerComputeUS != 0)) || q.LayerComputeUS < 0 {
 				t.Fatalf("%q accepted as %+v", line, q)
 			}
 		}

@@ -179,7 +179,9 @@ func (r *rank) serveLine(in inputLine, lease *workload.Lease) (rep replyLine, re
 	case in.err != nil:
 		rep.Error = fmt.Sprintf("line %d: %v", in.n, in.err)
 	case r.role == engine.RolePrefill:
-		rep.Result = cluster.PrefillRoom(r.roomCtx, r.m, r.pool, r.rows, r.rc, in.q.Room, in.q.Tokens)
+		rc := r.rc
+		rc.Layerwise, rc.LayerTime = in.q.Layerwise, time.Duration(in.q.LayerComputeUS)*time.Microsecond
+		rep.Result = cluster.PrefillRoom(r.roomCtx, r.m, r.pool, r.rows, rc, in.q.Room, in.q.Tokens)
 	default:
 		rep.Result, release = cluster.DecodeRoom(r.roomCtx, r.m, r.pool, r.rows, lease, r.rc, in.q.Room, in.q.Tokens, in.q.Bootstrap)
 	}

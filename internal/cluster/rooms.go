@@ -58,6 +58,17 @@ type Result struct {
 	TransferUS int64 `json:"transfer_us"`
 	FillUS     int64 `json:"fill_us,omitempty"`
 	VerifyUS   int64 `json:"verify_us,omitempty"`
+	// ComputeStartUnixNS and ComputeEndUnixNS (prefill, with a compute
+	// model: RoomConfig.LayerTime) bound the modeled forward pass, Unix
+	// nanoseconds; SuccessUnixNS (decode) is when the room's every record
+	// was accepted (before the pattern check of --verify, which a serving
+	// decode does not run), so compute end → decode Success is the
+	// handover and compute start → decode Success a TTFT proxy.
+	ComputeStartUnixNS int64 `json:"compute_start_unix_ns,omitempty"`
+	ComputeEndUnixNS   int64 `json:"compute_end_unix_ns,omitempty"`
+	SuccessUnixNS      int64 `json:"success_unix_ns,omitempty"`
+	// Layerwise (prefill) says the room was sent layer by layer.
+	Layerwise bool `json:"layerwise,omitempty"`
 }
 
 // RoomConfig is how a rank drives its rooms (the CLI's role flags).
@@ -83,6 +94,20 @@ type RoomConfig struct {
 	Hold time.Duration
 	// Digest (decode) hashes the received KV bytes into Result.Digest.
 	Digest bool
+	// Layerwise (prefill) sends each layer of each chunk as the forward
+	// pass finishes it (engine.Sender.SendLayers) instead of each chunk
+	// after all its layers (layers.go).
+	Layerwise bool
+	// LayerTime (prefill) is the modeled compute time of one layer over the
+	// whole prompt (0: none). With it (or Layerwise) the prefill runs the
+	// forward pass layer by layer, chunk by chunk, after the decode's
+	// destination is known: it fills each layer's pattern (Fill) within the
+	// layer's share of the time and sleeps the rest, holding no lock.
+	LayerTime time.Duration
+	// AfterLayers (prefill, fault injection), when set, is called once the
+	// writes of each layer-wise call have landed, with the calls made so
+	// far; false stops sending (the room then ends as a stalled prefill's).
+	AfterLayers func(room uint64, calls int) bool
 }
 
 // AllocWait allocates n items from a (KV pages or aux rows; what names them
@@ -144,10 +169,15 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	}
 	defer rows.Free(aux)
 	var r Result
+	// With a compute model the pages are filled layer by layer as the
+	// forward pass "computes" them (forwardPass); the aux row here.
+	modeled := c.LayerTime > 0 || c.Layerwise
 	if c.Fill {
 		t := time.Now()
-		if err := workload.FillPattern(pool, room, src, 0); err != nil {
-			return fail(err)
+		if !modeled {
+			if err := workload.FillPattern(pool, room, src, 0); err != nil {
+				return fail(err)
+			}
 		}
 		if err := workload.FillAux(pool, room, int(aux[0])); err != nil {
 			return fail(err)
@@ -180,18 +210,15 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 		src = src[len(src)-send:]
 	}
 	t0 := time.Now()
-	chunk := c.ChunkPages
-	if chunk <= 0 {
-		chunk = len(src) + 1
-	}
-	for i := 0; ; i += chunk {
-		end := min(i+chunk, len(src))
-		if err := s.Send(src[i:end], end == len(src)); err != nil {
+	if modeled {
+		ct, err := forwardPass(ctx, s, pool, c, room, src, n-len(src))
+		if err != nil {
 			return fail(err)
 		}
-		if end == len(src) {
-			break
-		}
+		r.ComputeStartUnixNS, r.ComputeEndUnixNS, r.Layerwise = ct.start.UnixNano(), ct.end.UnixNano(), c.Layerwise
+		t0 = ct.firstSend
+	} else if err := sendChunks(s, src, c.ChunkPages); err != nil {
+		return fail(err)
 	}
 	// Success needs the decode's verdict; the engine bounds that wait by
 	// the waiting timeout, this bound is only a backstop.
@@ -211,6 +238,22 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
 	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes
 	return r
+}
+
+// sendChunks sends src in Send calls of chunk pages (0: one call).
+func sendChunks(s *engine.Sender, src []int32, chunk int) error {
+	if chunk <= 0 {
+		chunk = len(src) + 1
+	}
+	for i := 0; ; i += chunk {
+		end := min(i+chunk, len(src))
+		if err := s.Send(src[i:end], end == len(src)); err != nil {
+			return err
+		}
+		if end == len(src) {
+			return nil
+		}
+	}
 }
 
 // DecodeRoom receives one room: it takes destination pages and an aux row
@@ -298,6 +341,7 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	frees = append(frees, r.Close) // closed before the pages and aux row are freed
 	if c.Verifier != nil {
 		defer c.Verifier.times.Delete(room)
+		defer c.Verifier.calls.Delete(room)
 	}
 	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
 		return fail(err)
@@ -305,7 +349,10 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	wctx, cancel := context.WithTimeout(ctx, c.BootstrapTimeout+c.WaitingTimeout)
 	st := r.Wait(wctx, engine.KVSuccess)
 	cancel()
-	out = Result{Pages: n, TransferUS: time.Since(t0).Microseconds()}
+	out = Result{Pages: n, TransferUS: time.Since(t0).Microseconds(), SuccessUnixNS: time.Now().UnixNano()}
+	if at, ok := c.Verifier.accepted(room); ok {
+		out.SuccessUnixNS = at.UnixNano() // before the pattern check
+	}
 	if st != engine.KVSuccess {
 		if err := r.Failure(); err != nil {
 			return fail(err)
@@ -377,6 +424,7 @@ type Verifier struct {
 	pool     *workload.KVBuffers
 	pageSize int      // tokens per page
 	times    sync.Map // room → µs the check took
+	calls    sync.Map // room → time.Time the engine called the check
 }
 
 // NewVerifier returns a Verifier of pool's pages (pageSize tokens each).
@@ -388,6 +436,7 @@ func NewVerifier(pool *workload.KVBuffers, pageSize int) *Verifier {
 // error names the first byte that differs.
 func (v *Verifier) VerifyKV(kv engine.ReceivedKV) error {
 	t := time.Now()
+	v.calls.Store(kv.Room, t)
 	defer func() { v.times.Store(kv.Room, time.Since(t).Microseconds()) }()
 	if err := workload.VerifyPattern(v.pool, kv.Room, kv.Pages, kv.PrefixTokens/v.pageSize); err != nil {
 		return err
@@ -396,6 +445,18 @@ func (v *Verifier) VerifyKV(kv engine.ReceivedKV) error {
 		return workload.VerifyAux(v.pool, kv.Room, kv.AuxIndex)
 	}
 	return nil
+}
+
+// accepted returns (and forgets) when the engine called VerifyKV for room:
+// every producer's record had been accepted (v may be nil).
+func (v *Verifier) accepted(room uint64) (time.Time, bool) {
+	if v == nil {
+		return time.Time{}, false
+	}
+	if t, ok := v.calls.LoadAndDelete(room); ok {
+		return t.(time.Time), true
+	}
+	return time.Time{}, false
 }
 
 // took returns (and forgets) how long VerifyKV took for room, µs.

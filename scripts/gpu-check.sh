@@ -11,8 +11,11 @@
 #   4. kvxfer gpucheck --require: GPU proof on the engine's metadata ring,
 #      tcp and shm transfers with device-memory KV pools (bytes verified),
 #      device<->host staging vs a plain cudaMemcpy of the same size;
-#   5. the remaining test binaries (gputopo, engine incl. the ring GPU proof,
-#      engine/tcp, engine/shm, cmd/kvxfer, internal/pciaddr);
+#   5. the remaining test binaries (gputopo, engine incl. the ring GPU proof
+#      and the stream-ordered layer-wise room: a CUDA stream held by a gate,
+#      each layer's copies and its event handed to SendLayers, nothing sent
+#      before the gate opens, every byte after; engine/tcp, engine/shm,
+#      cmd/kvxfer, internal/pciaddr), and demo --layerwise with device KV;
 #   6. a short table, printed last.
 #
 # It stays under GPU_CHECK_BUDGET_S (default 420 s): each step's timeout is cut
@@ -153,6 +156,10 @@ step gpucheck 150 "$ROOT" "$K" gpucheck --require --size-mib 256 --staging-mib 5
 step demo-device 90 "$ROOT" "$K" demo --device cuda:0 --requests 8 --pool-mb 512 --checksum --no-progress --seed 7
 step gputopo-tests 30 "$ROOT/cuda/gputopo" "$T/cuda_gputopo.test" -test.v -test.count=1
 step engine-ring-gpu 60 "$ROOT/engine" "$T/engine.test" -test.v -test.count=1 -test.run 'Ring'
+# Layer-wise sending waiting for CUDA events (issue 24): TestLayerwiseCUDAEventGPU
+# (device-memory KV, gate + copies + an event per layer), TestGPUEventGate in cuda-tests.
+step engine-layerwise-gpu 60 "$ROOT/engine" "$T/engine.test" -test.v -test.count=1 -test.run 'LayerwiseCUDAEventGPU|EventPoller'
+step demo-layerwise-device 90 "$ROOT" "$K" demo --device cuda:0 --layerwise --requests 3 --prompt-tokens 2048 --pool-mb 512 --concurrency 1 --prefill-tflops 200 --no-progress --bench=false --seed 7
 step tcp-tests 120 "$ROOT/engine/tcp" "$T/engine_tcp.test" -test.v -test.count=1 -test.timeout 110s
 step shm-tests 120 "$ROOT/engine/shm" "$T/engine_shm.test" -test.v -test.count=1 -test.timeout 110s
 step cmd-tests 60 "$ROOT/cmd/kvxfer" "$T/cmd_kvxfer.test" -test.v -test.count=1 -test.run 'Topo|GPUCheck'
@@ -168,6 +175,8 @@ step engine-tests 150 "$ROOT/engine" "$T/engine.test" -test.count=1 -test.v -tes
 	grep -h 'GPU read bootstrap_room' "$OUTDIR/engine-ring-gpu.log" 2>/dev/null | head -3 | sed 's/^ *//'
 	echo "== kvxfer demo --device cuda:0 (device-memory KV pools, real sender/receiver)"
 	grep -E '^(transport|requests|bytes|GB/s|transfer latency|failures) ' "$OUTDIR/demo-device.log" 2>/dev/null || echo "(no demo summary: see demo-device.log)"
+	echo "== kvxfer demo --device cuda:0 --layerwise (whole-room vs layer-wise, device-memory KV)"
+	grep -E '^(whole-room:|layer-wise:|one layer|target |rooms:)' "$OUTDIR/demo-layerwise-device.log" 2>/dev/null || echo "(no layer-wise summary: see demo-layerwise-device.log)"
 	echo
 	echo "== gpu-check summary (commit $(cat "$WORK/COMMIT"), lib mode: $LIBMODE, $(elapsed) s of ${BUDGET} s)"
 	printf '%-16s %-5s %5s  %s\n' STEP RESULT SECS NOTE

@@ -104,3 +104,41 @@ func TestDeviceFlag(t *testing.T) {
 		}
 	})
 }
+
+// TestDemoLayerwiseDevicePools is scripts/gpu-check.sh's demo
+// --layerwise --device cuda:0 step on the fake CUDA library: device-memory
+// KV pools, both modes, every byte verified through host copies.
+func TestDemoLayerwiseDevicePools(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, kv := range fakeCUDAEnv(t) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	cuda.Close()
+	t.Cleanup(func() { cuda.Close() })
+	out := filepath.Join(t.TempDir(), "out.json")
+	f := &demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, pageSize: 16, poolMB: 16, concurrency: 1,
+		transport: "auto", jsonOut: out, seed: 7, timeout: 60 * time.Second, noProgress: true, childLog: "warn", device: "cuda:0",
+		lw: layerwiseFlags{on: true, tflops: 200, tokens: 64}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := runDemo(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Summary layerwiseSummary `json:"summary"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if s := got.Summary; s.Requests != 1 || s.Failures != 0 || s.Transport != "[tcp]" {
+		t.Fatalf("summary %+v; want one request, both modes verified over tcp", s)
+	}
+}

@@ -9,8 +9,9 @@ import (
 // Layer-wise rooms between real `kvxfer prefill` and `kvxfer decode`
 // processes, no --verify and no --checksum: the decode prints the SHA-256
 // of each room's received KV (--digest) and the test compares it with the
-// digest of the room's pattern (expectedDigest), which the prefill writes
-// layer by layer as its modeled forward pass "computes" each layer.
+// digest of the room's pattern (expectedDigest). (That each layer's writes
+// follow its compute is the engine's tests' part: they write each layer's
+// pattern just before sending it, and hold a CUDA stream before the copies.)
 
 // TestCLILayerwise: layer-wise rooms (one chunk, and a chunked prefill of
 // 4-page chunks × layers) and a whole-room room with the same compute

@@ -22,7 +22,7 @@ metadata record.
 Layer-wise (optional keys): "layer_compute_us": N models the forward pass,
 N µs of compute per layer over the whole prompt, run after the decode's
 destination is known, chunk by chunk (--chunk-pages) and layer by layer,
-each layer's pattern written within its share of the time; "layerwise":
+sleeping each layer's share (the pattern is written before); "layerwise":
 true sends each layer of each chunk as soon as it is computed
 (engine.Sender.SendLayers) instead of each chunk after its last layer. The
 result then carries compute_start_unix_ns and compute_end_unix_ns.

@@ -18,15 +18,16 @@ type computeTimes struct {
 // forwardPass runs a prefill's modeled forward pass over the pages it
 // sends (src, the request's logical pages first… onwards), chunk by chunk
 // (RoomConfig.ChunkPages, chunked prefill) and layer by layer: each layer of
-// a chunk takes its share of LayerTime (chunk pages / all pages), in which
-// the layer's KV is written (the pattern, with Fill) and the rest is slept
-// (no lock held, as a GPU computes while the CPU waits). Layer-wise, each
+// a chunk takes its share of LayerTime (chunk pages / all pages), slept
+// with no lock held, as the host waits while a GPU computes (the KV, the
+// pattern, was written before: a CPU fill here would compete with the
+// transfer for the host's cores, which a GPU's compute does not). Layer-wise, each
 // layer of each chunk is queued as soon as it is "computed"
 // (SendLayers); otherwise each chunk is queued after its last layer (Send,
 // the last chunk marked last), which is what a prefill without layer-wise
 // sending does. A dummy rank (no real destination, src empty) computes and
 // names every layer with no pages.
-func forwardPass(ctx context.Context, s *engine.Sender, pool *workload.KVBuffers, c RoomConfig, room uint64, src []int32, first int) (computeTimes, error) {
+func forwardPass(ctx context.Context, s *engine.Sender, pool *workload.KVBuffers, c RoomConfig, room uint64, src []int32) (computeTimes, error) {
 	lay := pool.Layout()
 	chunk := c.ChunkPages
 	if chunk <= 0 || chunk > len(src) {
@@ -34,6 +35,10 @@ func forwardPass(ctx context.Context, s *engine.Sender, pool *workload.KVBuffers
 	}
 	var ct computeTimes
 	ct.start = time.Now()
+	// Layers end at fixed times from the start (a late wake-up of one
+	// layer does not delay the next: the host being busy does not slow a
+	// GPU's compute).
+	due := ct.start
 	calls := 0
 	for at := 0; at < len(src) || (at == 0 && len(src) == 0); at += chunk {
 		pages := src[at:min(at+chunk, len(src))]
@@ -42,12 +47,7 @@ func forwardPass(ctx context.Context, s *engine.Sender, pool *workload.KVBuffers
 			share = time.Duration(int64(c.LayerTime) * int64(len(pages)) / int64(len(src)))
 		}
 		for l := lay.StartLayer; l < lay.EndLayer; l++ {
-			due := time.Now().Add(share)
-			if c.Fill {
-				if err := workload.FillPatternLayers(pool, room, pages, first+at, l, l); err != nil {
-					return ct, err
-				}
-			}
+			due = due.Add(share)
 			if err := sleepUntil(ctx, due); err != nil {
 				return ct, err
 			}

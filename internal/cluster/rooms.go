@@ -101,8 +101,9 @@ type RoomConfig struct {
 	// LayerTime (prefill) is the modeled compute time of one layer over the
 	// whole prompt (0: none). With it (or Layerwise) the prefill runs the
 	// forward pass layer by layer, chunk by chunk, after the decode's
-	// destination is known: it fills each layer's pattern (Fill) within the
-	// layer's share of the time and sleeps the rest, holding no lock.
+	// destination is known, sleeping each layer's share of the time and
+	// holding no lock (a GPU computes while the host waits; the pattern
+	// the decode checks was written before, with Fill).
 	LayerTime time.Duration
 	// AfterLayers (prefill, fault injection), when set, is called once the
 	// writes of each layer-wise call have landed, with the calls made so
@@ -169,15 +170,11 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	}
 	defer rows.Free(aux)
 	var r Result
-	// With a compute model the pages are filled layer by layer as the
-	// forward pass "computes" them (forwardPass); the aux row here.
 	modeled := c.LayerTime > 0 || c.Layerwise
 	if c.Fill {
 		t := time.Now()
-		if !modeled {
-			if err := workload.FillPattern(pool, room, src, 0); err != nil {
-				return fail(err)
-			}
+		if err := workload.FillPattern(pool, room, src, 0); err != nil {
+			return fail(err)
 		}
 		if err := workload.FillAux(pool, room, int(aux[0])); err != nil {
 			return fail(err)
@@ -211,7 +208,7 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	}
 	t0 := time.Now()
 	if modeled {
-		ct, err := forwardPass(ctx, s, pool, c, room, src, n-len(src))
+		ct, err := forwardPass(ctx, s, pool, c, room, src)
 		if err != nil {
 			return fail(err)
 		}

@@ -87,6 +87,45 @@ func (ls *layerState) complete(want int) bool {
 	return true
 }
 
+// admit checks one call's pages for local layers a…b (model layer =
+// local + start) against the progress so far and, when they fit, records
+// them. It returns the call's first position, whether it is the room's
+// last chunk, and why it does not fit ("" when it does; the room then
+// fails). want < 0: no real destination (any page count). whole: Send
+// (every layer; last says whether it is the final chunk).
+func (ls *layerState) admit(pages []int32, a, b, start, want int, whole, last bool) (at int, commit bool, why string) {
+	at = ls.cursor[a]
+	for l := a; l <= b; l++ {
+		if ls.cursor[l] != at {
+			return 0, false, fmt.Sprintf("layers %d…%d are at different pages: layer %d has %d pages sent, layer %d has %d (a call's pages follow the same pages of every layer it names)", a+start, b+start, a+start, at, l+start, ls.cursor[l])
+		}
+	}
+	if want >= 0 && (at+len(pages) > want || (whole && last && at+len(pages) != want)) {
+		return 0, false, fmt.Sprintf("%d pages sent in total, the decode pre-allocated %d", at+len(pages), want)
+	}
+	if want >= 0 {
+		for i, pg := range pages {
+			if prev := ls.src[at+i]; prev >= 0 && prev != pg {
+				return 0, false, fmt.Sprintf("source page %d at position %d for layers %d…%d, but page %d was sent at that position for other layers (every layer of a position comes from the same page)", pg, at+i, a+start, b+start, prev)
+			}
+		}
+		copy(ls.src[at:], pages)
+	}
+	for l := a; l <= b; l++ {
+		ls.cursor[l] += len(pages)
+		ls.touched[l] = true
+	}
+	if b-a+1 < len(ls.cursor) {
+		ls.partial = true
+	}
+	ls.chunks++
+	commit = last
+	if !whole {
+		commit = ls.complete(want)
+	}
+	return at, commit, ""
+}
+
 // chunkQueue is a Sender's queue of chunks for its worker: unbounded, so
 // Send and SendLayers never block the caller, with counts for Flush.
 type chunkQueue struct {
@@ -216,35 +255,9 @@ func (s *Sender) queueChunk(op string, pages []int32, lo, hi int, after Event, w
 	}
 	ls := &s.layers
 	ls.init(g.Layers(), want)
-	a, b := lo-g.StartLayer, hi-g.StartLayer
-	at := ls.cursor[a]
-	for l := a; l <= b; l++ {
-		if ls.cursor[l] != at {
-			return bad("layers %d…%d are at different pages: layer %d has %d pages sent, layer %d has %d (a call's pages follow the same pages of every layer it names)", lo, hi, lo, at, l+g.StartLayer, ls.cursor[l])
-		}
-	}
-	if want >= 0 && (at+len(pages) > want || (whole && last && at+len(pages) != want)) {
-		return bad("%d pages sent in total, the decode pre-allocated %d", at+len(pages), want)
-	}
-	if want >= 0 {
-		for i, pg := range pages {
-			if prev := ls.src[at+i]; prev >= 0 && prev != pg {
-				return bad("source page %d at position %d for layers %d…%d, but page %d was sent at that position for other layers (every layer of a position comes from the same page)", pg, at+i, lo, hi, prev)
-			}
-		}
-		copy(ls.src[at:], pages)
-	}
-	for l := a; l <= b; l++ {
-		ls.cursor[l] += len(pages)
-		ls.touched[l] = true
-	}
-	if b-a+1 < g.Layers() {
-		ls.partial = true
-	}
-	ls.chunks++
-	commit := last
-	if !whole {
-		commit = ls.complete(want)
+	at, commit, why := ls.admit(pages, lo-g.StartLayer, hi-g.StartLayer, g.StartLayer, want, whole, last)
+	if why != "" {
+		return bad("%s", why)
 	}
 	if s.started.IsZero() {
 		s.started = time.Now()

@@ -427,26 +427,14 @@ func TestDemoLayerwise(t *testing.T) {
 	t.Setenv("KVXFER_TEST_AS_CLI", "1")
 	gqa := filepath.Join(t.TempDir(), "gqa.json")
 	os.WriteFile(gqa, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 1024, "intermediate_size": 2816, "torch_dtype": "bfloat16"}`), 0o644)
-	out := filepath.Join(t.TempDir(), "out.json")
 	f := &demoFlags{requests: 2, model: gqa, prefillTP: 2, prefillPP: 1, decodeTP: 1, pageSize: 16, poolMB: 16, concurrency: 1, transport: "tcp",
-		jsonOut: out, seed: 9, timeout: 60 * time.Second, noProgress: true, childLog: "warn", chunkPages: 2,
+		jsonOut: filepath.Join(t.TempDir(), "out.json"), seed: 9, timeout: 60 * time.Second, noProgress: true, childLog: "warn", chunkPages: 2,
 		lw: layerwiseFlags{on: true, tflops: 0.05, tokens: 96}}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := runDemo(ctx, f); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got struct {
 		Summary  layerwiseSummary `json:"summary"`
 		Requests []demoResult     `json:"requests"`
 	}
-	if err := json.Unmarshal(b, &got); err != nil {
-		t.Fatal(err)
-	}
+	runDemoJSON(t, f, &got)
 	s := got.Summary
 	if s.Requests != 2 || s.Failures != 0 || len(got.Requests) != 4 || s.Layers != 4 || s.OneLayerMS <= 0 || s.HandoverRatio <= 0 || s.TTFTRatio <= 0 {
 		t.Fatalf("summary %+v", s)
@@ -456,5 +444,23 @@ func TestDemoLayerwise(t *testing.T) {
 		if !r.OK || r.Mode != want || r.Tokens != 96 || r.ComputeStartUnixNS == 0 || r.ComputeEndUnixNS < r.ComputeStartUnixNS || r.SuccessUnixNS < r.ComputeEndUnixNS || r.Bytes == 0 {
 			t.Errorf("room %d: %+v (want mode %s)", i, r, want)
 		}
+	}
+}
+
+// runDemoJSON runs the demo (3 minutes at most) and decodes its --json
+// file (f.jsonOut) into out.
+func runDemoJSON(t *testing.T, f *demoFlags, out any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := runDemo(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(f.jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -119,25 +119,13 @@ func TestDemoLayerwiseDevicePools(t *testing.T) {
 	t.Setenv("KVXFER_TEST_AS_CLI", "1")
 	cuda.Close()
 	t.Cleanup(func() { cuda.Close() })
-	out := filepath.Join(t.TempDir(), "out.json")
 	f := &demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, pageSize: 16, poolMB: 16, concurrency: 1,
-		transport: "auto", jsonOut: out, seed: 7, timeout: 60 * time.Second, noProgress: true, childLog: "warn", device: "cuda:0",
+		transport: "auto", jsonOut: filepath.Join(t.TempDir(), "out.json"), seed: 7, timeout: 60 * time.Second, noProgress: true, childLog: "warn", device: "cuda:0",
 		lw: layerwiseFlags{on: true, tflops: 200, tokens: 64}}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if err := runDemo(ctx, f); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got struct {
 		Summary layerwiseSummary `json:"summary"`
 	}
-	if err := json.Unmarshal(b, &got); err != nil {
-		t.Fatal(err)
-	}
+	runDemoJSON(t, f, &got)
 	if s := got.Summary; s.Requests != 1 || s.Failures != 0 || s.Transport != "[tcp]" {
 		t.Fatalf("summary %+v; want one request, both modes verified over tcp", s)
 	}

@@ -27,9 +27,12 @@
 //
 // # Lifetimes
 //
-// Device memory (Malloc), mapped pinned host memory (AllocMapped), streams
-// and IPC mappings are owned by the caller and released by their Free/Close
-// calls, which are idempotent where they are methods. Close unloads the
+// Device memory (Malloc), mapped pinned host memory (AllocMapped), streams,
+// events (NewEvent), stream gates (Stream.Gate) and IPC mappings are owned by
+// the caller and released by their Free/Close calls, which are idempotent
+// where they are methods. An EventHandle is a caller's own event (a
+// cudaEvent_t, e.g. PyTorch's): the package queries it and never destroys
+// it. Close unloads the
 // libraries; call it only when no other goroutine uses the package. Memory a
 // GPU or NIC keeps is never Go heap: Go slices passed to the synchronous
 // copies are used only for the length of the call.

@@ -21,13 +21,7 @@ func TestDemoDevicePools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	for _, kv := range fakeCUDAEnv(t) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	cuda.Close() // forget a cached "no CUDA" answer; load the fake libraries
-	t.Cleanup(func() { cuda.Close() })
+	useFakeCUDA(t)
 	for _, c := range []struct {
 		name      string
 		ptp, dtp  int
@@ -112,13 +106,7 @@ func TestDemoLayerwiseDevicePools(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	for _, kv := range fakeCUDAEnv(t) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	cuda.Close()
-	t.Cleanup(func() { cuda.Close() })
+	useFakeCUDA(t)
 	f := &demoFlags{requests: 1, model: "llama-3.1-8b", prefillTP: 1, prefillPP: 1, decodeTP: 1, pageSize: 16, poolMB: 16, concurrency: 1,
 		transport: "auto", jsonOut: filepath.Join(t.TempDir(), "out.json"), seed: 7, timeout: 60 * time.Second, noProgress: true, childLog: "warn", device: "cuda:0",
 		lw: layerwiseFlags{on: true, tflops: 200, tokens: 64}}
@@ -129,4 +117,17 @@ func TestDemoLayerwiseDevicePools(t *testing.T) {
 	if s := got.Summary; s.Requests != 1 || s.Failures != 0 || s.Transport != "[tcp]" {
 		t.Fatalf("summary %+v; want one request, both modes verified over tcp", s)
 	}
+}
+
+// useFakeCUDA makes this test process and the ranks it starts use the fake
+// CUDA libraries (their environment), as the CLI.
+func useFakeCUDA(t *testing.T) {
+	t.Helper()
+	for _, kv := range fakeCUDAEnv(t) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	cuda.Close() // forget a cached "no CUDA" answer; load the fake libraries
+	t.Cleanup(func() { cuda.Close() })
 }

@@ -562,9 +562,16 @@ type inputLine struct {
 	q       requestLine
 	hasRoom bool
 	err     error
-	// readAt is when the line was read whole (a line read after a stop
-	// signal is refused, one read before it served).
+	// readAt is when the line was read whole (on a source without a
+	// byte boundary, the HTTP endpoint, a line read after a stop signal is
+	// refused, one read before it served).
 	readAt time.Time
+	// end is the stream offset just past the line (bytes, its "\n"
+	// included); afterStop is set by a gatedReader for a line that ends
+	// past the bytes the source held when the stop signal came; gated
+	// says a gatedReader judged the line (readAt is then not used).
+	end              int64
+	gated, afterStop bool
 }
 
 // maxLineBytes bounds one request line; a longer line gets an error result
@@ -579,6 +586,7 @@ const maxLineBytes = 1 << 20
 func readRequests(r io.Reader, role engine.Role, handle func(inputLine)) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	n := 0
+	var off int64
 	for {
 		line, size, err := readLine(br, maxLineBytes)
 		if size == 0 && err != nil {
@@ -588,11 +596,15 @@ func readRequests(r io.Reader, role engine.Role, handle func(inputLine)) error {
 			return err
 		}
 		n++
+		off += int64(size)
+		if err == nil {
+			off++ // the "\n"
+		}
 		if size > maxLineBytes {
-			handle(inputLine{n: n, readAt: time.Now(), err: fmt.Errorf("line of %d bytes is longer than the limit of %d bytes (1 MiB): skipped (want one JSON request object per line)", size, maxLineBytes)})
+			handle(inputLine{n: n, readAt: time.Now(), end: off, err: fmt.Errorf("line of %d bytes is longer than the limit of %d bytes (1 MiB): skipped (want one JSON request object per line)", size, maxLineBytes)})
 		} else if text := strings.TrimSpace(string(line)); text != "" {
 			q, hasRoom, perr := parseRequest(text, role)
-			handle(inputLine{n: n, q: q, hasRoom: hasRoom, err: perr, readAt: time.Now()})
+			handle(inputLine{n: n, q: q, hasRoom: hasRoom, err: perr, readAt: time.Now(), end: off})
 		}
 		if err == io.EOF {
 			return nil

@@ -42,10 +42,10 @@ request line it sends) or http://HOST:PORT (POST /v1/requests with request
 lines as the body, answered as NDJSON; GET /v1/ready). Exit status 0 once
 drained.
 
-SIGTERM or SIGINT drains: no new request starts (a line read after the signal
-gets a result with ok false saying the rank is draining, lines already written
-to it included), the rooms in flight finish, every line read gets its result
-line, then the rank exits; the rooms still running after --drain-timeout, or
+SIGTERM or SIGINT drains: the lines already written to the rank when the signal
+came (in its stdin pipe or socket) are served; a line written after it gets a
+result with ok false saying the rank is draining; the rooms in flight finish,
+every line read gets its result line, then the rank exits; the rooms still running after --drain-timeout, or
 at a second signal, are cancelled, their result naming why.`
 
 // drainRefusal is the error of a request line read after the stop signal.
@@ -116,7 +116,13 @@ func (r *rank) beginDrain(why string) {
 // waiting for their result (nil: none kept).
 func (r *rank) handle(in inputLine, out *lineWriter, sess *sync.WaitGroup) {
 	r.total.Add(1)
-	if late, sig := r.drainedBefore(in.readAt); late {
+	late, sig := in.afterStop, ""
+	if late {
+		sig, _ = r.drainSig.Load().(string)
+	} else if !in.gated {
+		late, sig = r.drainedBefore(in.readAt)
+	}
+	if late {
 		r.refused.Add(1)
 		r.failed.Add(1)
 		rep := replyLine{Role: r.role.String(), TPRank: r.layout.TPRank, PPRank: r.layout.PPRank, Line: in.n}
@@ -278,30 +284,90 @@ type gatedReader struct {
 	done    bool
 	stopped bool
 	nread   int64
+	// boundary is the stream offset the source had buffered (read, or
+	// readable without blocking) when the stop signal came: lines ending
+	// past it are refused (-1: no signal yet). markWanted says mark
+	// interrupted a Read in flight and waits for the reading goroutine to
+	// set boundary.
+	boundary   int64
+	markWanted bool
 }
 
 func newGatedReader(src io.Reader, pending func() (int, error), deadline func(time.Time) error) *gatedReader {
-	g := &gatedReader{src: src, pending: pending, deadline: deadline}
+	g := &gatedReader{src: src, pending: pending, deadline: deadline, boundary: -1}
 	g.cond = sync.NewCond(&g.mu)
 	return g
 }
 
+// mark records the stop signal's boundary: the lines already written to
+// the source (read, or waiting in the pipe or socket buffer) are served,
+// those written later refused. Without a way to ask the kernel (pending
+// nil or failing) only the lines read so far count. The first call counts.
+func (g *gatedReader) mark() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.boundary >= 0 || g.done {
+		return
+	}
+	if !g.inRead || g.deadline == nil {
+		g.setBoundary()
+		return
+	}
+	// A Read is in flight: bytes it already took from the kernel are not
+	// in nread yet. Interrupt it (a read deadline consumes nothing); the
+	// reading goroutine sets the boundary once it holds mu again.
+	g.markWanted = true
+	if err := g.deadline(time.Now()); err != nil {
+		g.markWanted = false
+		g.setBoundary()
+		return
+	}
+	for g.boundary < 0 && !g.done {
+		g.cond.Wait()
+	}
+}
+
 // Read is the source's Read with mu released around it.
 func (g *gatedReader) Read(p []byte) (int, error) {
-	if g.stopped {
-		return 0, errStopped
+	for {
+		if g.stopped {
+			return 0, errStopped
+		}
+		g.inRead = true
+		g.cond.Broadcast()
+		g.mu.Unlock()
+		n, err := g.src.Read(p)
+		g.mu.Lock()
+		g.inRead = false
+		g.nread += int64(n)
+		if g.markWanted {
+			// mark interrupted this Read (or it returned on its own): every
+			// byte it took is counted in nread now.
+			g.setBoundary()
+			g.markWanted = false
+			_ = g.deadline(time.Time{})
+			g.cond.Broadcast()
+			if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) && !g.stopped {
+				continue
+			}
+		}
+		if err != nil && g.stopped && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = errStopped
+		}
+		return n, err
 	}
-	g.inRead = true
-	g.cond.Broadcast()
-	g.mu.Unlock()
-	n, err := g.src.Read(p)
-	g.mu.Lock()
-	g.inRead = false
-	g.nread += int64(n)
-	if err != nil && g.stopped && errors.Is(err, os.ErrDeadlineExceeded) {
-		err = errStopped
+}
+
+// setBoundary sets boundary to the bytes read plus those readable now;
+// g.mu held, no Read in flight (or one on a source without deadlines).
+func (g *gatedReader) setBoundary() {
+	b := g.nread
+	if g.pending != nil {
+		if n, err := g.pending(); err == nil {
+			b += int64(n)
+		}
 	}
-	return n, err
+	g.boundary = b
 }
 
 // run reads request lines until EOF, a read error or the drain's stop,
@@ -314,7 +380,12 @@ func (g *gatedReader) run(role engine.Role, handle func(inputLine)) error {
 		g.cond.Broadcast()
 		g.mu.Unlock()
 	}()
-	if err := readRequests(g, role, handle); err != nil && !errors.Is(err, errStopped) {
+	judge := func(in inputLine) {
+		in.gated = true
+		in.afterStop = g.boundary >= 0 && in.end > g.boundary
+		handle(in)
+	}
+	if err := readRequests(g, role, judge); err != nil && !errors.Is(err, errStopped) {
 		return err
 	}
 	return nil
@@ -400,6 +471,7 @@ func (r *rank) serveStdin(sigs <-chan os.Signal) error {
 		r.drain(sigs, false, nil, nil)
 	case s := <-sigs:
 		r.beginDrain(s.String() + " signal")
+		g.mark()
 		r.drain(sigs, true, g.quiesce, g.interrupt)
 	}
 	r.summary("stdin")
@@ -541,6 +613,9 @@ func (r *rank) serveUnix(ln *net.UnixListener, sigs <-chan os.Signal) error {
 		open = append(open, uc)
 	}
 	mu.Unlock()
+	for _, uc := range open {
+		uc.g.mark()
+	}
 	quiesce := func() {
 		var wg sync.WaitGroup
 		for _, uc := range open {

@@ -25,7 +25,10 @@ import (
 // TestRoleSIGTERMDrainsInFlight: a decode gets SIGTERM 3 ms after its
 // request line (the room is still in flight: the prefill lands its writes
 // 300 ms late). The room completes on both sides, the decode writes its
-// result line and exits 0.
+// result line and exits 0. The decode is stopped (SIGSTOP) while the line
+// is written and the signal sent, so the line still waits in its stdin
+// pipe when the signal is handled, as on a loaded machine: a line written
+// before the signal is served, not refused.
 func TestRoleSIGTERMDrainsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -37,9 +40,16 @@ func TestRoleSIGTERMDrainsInFlight(t *testing.T) {
 	p.ready()
 	d.ready()
 	p.send(requestLine{Room: 31, Tokens: 512})
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // stopped before the line is written
 	d.send(requestLine{Room: 31, Tokens: 512})
 	time.Sleep(3 * time.Millisecond)
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	dr := d.result(time.Minute)

@@ -29,3 +29,7 @@ func SendControl(m *Manager, endpoint string, frames [][]byte) error {
 // their monitor's reader, as a ZeroMQ context out of sockets does (tests
 // only).
 func FailMonitorReaders(m *Manager) { m.failMonitorReader.Store(true) }
+
+// SetBeforeVerdict installs a hook each decided verdict's send runs first
+// (tests only: a verdict goroutine descheduled while the caller closes).
+func SetBeforeVerdict(m *Manager, f func()) { m.beforeVerdict.Store(&f) }

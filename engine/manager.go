@@ -424,6 +424,12 @@ type Manager struct {
 	// failMonitorReader, when set (tests only), makes watch fail to open a
 	// monitor's reader, as a context out of sockets does.
 	failMonitorReader atomic.Bool
+	// verdictFlight counts the decided verdicts not yet handed to their
+	// socket (verdicts.go); Close waits for them. beforeVerdict, when set
+	// (tests only), runs before each such send, as a descheduled
+	// goroutine's delay.
+	verdictFlight flight
+	beforeVerdict atomic.Pointer[func()]
 }
 
 // NewManager validates the KV arguments (errors wrap ErrBadKVArgs), binds the
@@ -553,7 +559,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			m.teardown()
+			m.teardown(false)
 		}
 	}()
 	if err := m.setupMemory(); err != nil {
@@ -861,6 +867,16 @@ func (m *Manager) Close() error {
 		m.mu.Unlock()
 		return nil
 	}
+	m.mu.Unlock()
+	// The verdicts of rooms decided before Close go out first (verdicts.go).
+	if !m.verdictFlight.wait(verdictFlush) {
+		m.log.Warn("closing with room verdicts not yet sent: their producers decide by their own timeouts", "waited", verdictFlush)
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
 	m.closed = true
 	var ss []*Sender
 	for _, s := range m.pre.senders {
@@ -893,11 +909,14 @@ func (m *Manager) Close() error {
 			m.log.Debug("deregistration failed", "err", err)
 		}
 	}
-	m.teardown()
+	m.teardown(true)
 	return nil
 }
 
-func (m *Manager) teardown() {
+// teardown stops the loops and frees everything; flush (Close) lets the
+// control sockets of live peers send what they queue, for at most
+// verdictFlush, instead of dropping it.
+func (m *Manager) teardown(flush bool) {
 	select {
 	case <-m.done:
 	default:
@@ -917,7 +936,13 @@ func (m *Manager) teardown() {
 	m.pre.dpeers = map[string]*decodePeer{}
 	for ep, ps := range m.push {
 		ps.mu.Lock()
-		_ = ps.sock.Close()
+		if ps.sock != nil {
+			if flush && ps.connected && !ps.unreachable {
+				_ = ps.sock.SetLinger(verdictFlush)
+			}
+			_ = ps.sock.Close()
+			ps.sock = nil
+		}
 		ps.mu.Unlock()
 		delete(m.push, ep)
 	}
@@ -1476,13 +1501,40 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	}
 	m.dropPush(ep)
 	affected := 0
+	var await []*Sender
 	for _, s := range ss {
-		if hung && s.awaitingVerdict() {
-			continue // it asks again until its waiting timeout
+		if !s.hasDst(ep) || s.verdictFrom(ep) {
+			continue // a verdict received from it stands (verdicts.go)
 		}
-		if s.hasDst(ep) && s.fail(err) {
+		if s.awaitingVerdict() {
+			if hung {
+				continue // it asks again until its waiting timeout
+			}
+			// The decode's verdict may be on its way on its own
+			// connection: judged once the inbox is read (verdicts.go).
+			await = append(await, s)
+			continue
+		}
+		if s.fail(err) {
 			affected++
 		}
+	}
+	if len(await) > 0 {
+		lostAt := time.Now()
+		m.goTracked(func() {
+			if !m.afterInboxDrained(lostAt.Add(verdictGrace)) {
+				return
+			}
+			n := 0
+			for _, s := range await {
+				if !s.verdictFrom(ep) && s.fail(err) {
+					n++
+				}
+			}
+			if n > 0 {
+				m.log.Warn("peer lost before its verdict", "peer", ep, "failed_rooms", n, "err", err)
+			}
+		})
 	}
 	for _, r := range rs {
 		if r.hasTarget(ep) && r.failLocal(err) {

@@ -413,15 +413,19 @@ func (r *Receiver) succeed() {
 	if !r.sentAt.IsZero() && r.latency == 0 {
 		r.latency = time.Since(r.sentAt)
 	}
+	ts := append([]*recvTarget(nil), r.targets...)
+	// Counted before the decision is visible: a caller that sees Success
+	// and closes the manager at once still sends these (verdicts.go).
+	r.m.verdictFlight.add(len(ts))
 	if !r.st.advance(KVSuccess) {
 		r.mu.Unlock()
+		r.m.verdictFlight.done(len(ts))
 		return
 	}
-	ts := append([]*recvTarget(nil), r.targets...)
 	r.mu.Unlock()
 	r.m.rememberVerdict(r.room, true, "")
 	for _, t := range ts {
-		go r.m.sendVerdict(t.endpoint, r.room, true, "", t.epoch)
+		r.m.goVerdict(t.endpoint, r.room, true, "", t.epoch)
 	}
 	r.updateFence()
 }
@@ -818,8 +822,10 @@ func (r *Receiver) failLocal(err error) bool {
 	r.mu.Lock()
 	ts := append([]*recvTarget(nil), r.targets...)
 	r.mu.Unlock()
+	r.m.verdictFlight.add(len(ts)) // Close sends them first (verdicts.go)
 	for _, t := range ts {
 		go func() {
+			defer r.m.verdictFlight.done(1)
 			// Recorded before the send: the producer's ABORT_ACK can be
 			// handled before a send returns, and the timeline must not show
 			// the answer before the question.

@@ -721,6 +721,13 @@ func (s *Sender) onVerdict(ep string) {
 	s.maybeSucceed()
 }
 
+// verdictFrom reports whether decode ep's Success verdict arrived.
+func (s *Sender) verdictFrom(ep string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.verdicts[ep]
+}
+
 func (s *Sender) maybeSucceed() {
 	s.mu.Lock()
 	ok := s.written && len(s.dsts) > 0

@@ -1,0 +1,96 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// Issue 22 case 1: a decode that closes its manager the moment its room
+// reached Success (its process exits) still delivers the Success verdict it
+// decided, and the prefill, which then sees the decode's control connection
+// drop, reports the room Success, not "peer lost". A fresh decode each run:
+// the verdict raced the close in a fraction of the runs. The two races are
+// made certain: the decode's verdict goroutine descheduled past the close,
+// and the prefill's control loop busy when the verdict arrives, so that it
+// notices the drop first.
+func TestDecodeClosesRightAfterSuccess(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		slowSend  bool
+		slowRead  bool
+		firstRoom uint64
+	}{
+		{"verdict sent late", true, false, 900},
+		{"verdict read late", false, true, 950},
+		{"no delay", false, false, 1000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr := startBootstrap(t)
+			pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+			if c.slowRead {
+				engine.SetBeforeDispatch(pre.m, func(typ string) {
+					if typ == engine.MsgStatus {
+						time.Sleep(100 * time.Millisecond)
+					}
+				})
+			}
+			for i := range uint64(10) {
+				closeAfterSuccess(t, addr, pre, c.firstRoom+i, c.slowSend)
+			}
+		})
+	}
+}
+
+// closeAfterSuccess runs room through pre and a new decode, closes the
+// decode's manager the moment its room is Success, and fails the test
+// unless the prefill reports Success too.
+func closeAfterSuccess(t *testing.T, addr string, pre *rank, room uint64, slowSend bool) {
+	t.Helper()
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	if slowSend {
+		engine.SetBeforeVerdict(dec.m, func() { time.Sleep(20 * time.Millisecond) })
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dst, err := dec.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dec.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("room %d: sender %s %v", room, st, s.Failure())
+	}
+	src, err := pre.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.pool.Free(src)
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("room %d: receiver %s %v", room, st, r.Failure())
+	}
+	dec.m.Close() // at once, as a decode process that exits
+	if ps := s.Wait(ctx, engine.KVSuccess); ps != engine.KVSuccess {
+		t.Fatalf("room %d: decode Success, prefill %s: %v", room, ps, s.Failure())
+	}
+}

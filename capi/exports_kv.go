@@ -332,8 +332,8 @@ func kvx_kv_receiver_init(receiver C.kvx_room_t, pages *C.int32_t, n C.uint32_t)
 		return finish(nullArg(op, "pages"))
 	case n == 0:
 		return finish(fail(stInvalidArgument, "%s: n is 0 pages", op))
-	case n > 1<<30:
-		return finish(fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n))
+	case int64(n) > int64(r.kv.mgr.NumPages()):
+		return finish(fail(stInvalidArgument, "%s: n %d is more pages than the KV buffers hold (%d); nothing was read", op, n, r.kv.mgr.NumPages()))
 	}
 	ps := append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(pages)), int(n))...)
 	if err := checkPageList(op, ps, r.kv.mgr.NumPages()); err != nil {

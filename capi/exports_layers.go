@@ -36,8 +36,8 @@ func senderPages(op string, sender C.kvx_room_t, pages *C.int32_t, n C.uint32_t,
 		return nil, nil, nullArg(op, "pages")
 	case n == 0 && !emptyOK:
 		return nil, nil, fail(stInvalidArgument, "%s: n is 0 pages and last is 0 (nothing to do)", op)
-	case n > 1<<30:
-		return nil, nil, fail(stInvalidArgument, "%s: n %d is over the limit of 2^30 pages", op, n)
+	case int64(n) > int64(r.kv.mgr.NumPages()):
+		return nil, nil, fail(stInvalidArgument, "%s: n %d is more pages than the KV buffers hold (%d); nothing was read", op, n, r.kv.mgr.NumPages())
 	}
 	var ps []int32
 	if n > 0 {

@@ -244,8 +244,13 @@ func batchSubmit(fn string, batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.
 		return nullArg(fn, "reqs")
 	case n == 0:
 		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
-	case n > maxBatchCapacity:
-		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
+	case uint32(n) > b.capacity:
+		return fail(stInvalidArgument, "%s: n %d is over the batch capacity of %d requests (kvx_batch_alloc's capacity); nothing was read", fn, n, b.capacity)
+	}
+	// The caller's array is read only once n fits in what is left of the
+	// batch: an n past its capacity says nothing about the array's length.
+	if free := b.free(); uint32(n) > free {
+		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d free (allocate a larger batch); nothing was read", fn, n, b.capacity, free)
 	}
 	return b.submit(fn, uint64(batch), dir, requests(unsafe.Slice(reqs, int(n))))
 }

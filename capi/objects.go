@@ -519,6 +519,13 @@ func (b *batchObj) submit(fn string, batchH uint64, op transport.Op, reqs []tran
 	return nil
 }
 
+// free is the number of request indices not yet submitted.
+func (b *batchObj) free() uint32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.capacity - b.n
+}
+
 // partOf returns the part holding request index i.
 func (b *batchObj) partOf(i uint32) *batchPart {
 	b.mu.Lock()

@@ -489,10 +489,13 @@ KVX_API int kvx_batch_alloc(kvx_segment_t segment, uint32_t capacity,
 #endif
 
 /* Submit n WRITE requests; they get the next n request indices of the batch
- * (the first submit gets 0..n-1). All are validated first (registered local
- * memory, known remote region, bounds); on error nothing is sent. Requests of
- * one submit call travel as one transfer batch and complete (or fail)
- * together. Thread-safe. */
+ * (the first submit gets 0..n-1). reqs must hold n requests. n is checked
+ * before reqs is read: 0 or more than the batch's capacity is
+ * KVX_ERR_INVALID_ARGUMENT, more than its free indices (capacity minus the
+ * requests already submitted) KVX_ERR_BUSY; then all are validated
+ * (registered local memory: KVX_ERR_NOT_REGISTERED; known remote region,
+ * bounds); on error nothing is sent. Requests of one submit call travel as
+ * one transfer batch and complete (or fail) together. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_submit(kvx_batch_t batch, const kvx_write_request *reqs,
                              uint32_t n);
@@ -877,7 +880,9 @@ KVX_API int kvx_kv_sender_state(kvx_room_t sender, const int32_t *state_indices,
  * one-to-one onto the decode's next destination pages. last != 0 marks the
  * final chunk, after which the metadata record and the status follow. Call
  * once the state is WAITING_FOR_INPUT. Returns at once; the page list is
- * copied. Thread-safe, but chunks of one room must come from one thread (or
+ * copied. pages must hold n entries; n is checked before it is read: more
+ * pages than the KV buffers hold is KVX_ERR_INVALID_ARGUMENT, as is a page
+ * index beyond them. Thread-safe, but chunks of one room must come from one thread (or
  * be ordered by the caller): their order is the page order. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_sender_send(kvx_room_t sender, const int32_t *pages,
@@ -954,7 +959,9 @@ KVX_API int kvx_kv_receiver_create_dp(kvx_kv_t kv, const char *bootstrap_addr,
 
 /* DECODE: give the n destination pages (pool page indices in token order,
  * may be non-contiguous); the receiver then asks its producers for the KV.
- * The list is copied. Once per receiver (= kvx_kv_receiver_send_metadata
+ * The list is copied; n is checked before it is read (0, or more pages than
+ * the KV buffers hold, is KVX_ERR_INVALID_ARGUMENT, as is a page index
+ * beyond them). Once per receiver (= kvx_kv_receiver_send_metadata
  * with no aux row, no state, no prefix). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_receiver_init(kvx_room_t receiver, const int32_t *pages,

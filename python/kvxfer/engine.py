@@ -241,7 +241,8 @@ class TransferEngine(Closable):
         self._engine = 0
         self._lock = threading.Lock()
         self._segments: dict[str, int] = {}
-        self._regions: dict[int, tuple[int, int, object]] = {}  # addr -> (region id, length, keep-alive)
+        # addr -> (region id, length, keep-alive, host memory?)
+        self._regions: dict[int, tuple[int, int, object, bool]] = {}
         self._managed: dict[int, tuple[HostBuffer, int]] = {}  # addr -> (buffer, length asked)
         self._async: dict[int, _Async] = {}
         # batch id -> final transfer_check_status value, oldest first
@@ -321,8 +322,8 @@ class TransferEngine(Closable):
             if k is not None:
                 keep.append(k)
             length = as_int(lengths[i], f"{op}: lengths[{i}]")
-            if length <= 0:
-                raise ValueError(f"{op}: lengths[{i}] is {length}; want > 0 bytes")
+            if length <= 0 or length >= 1 << 64:
+                raise ValueError(f"{op}: lengths[{i}] is {length}; want 1..2**64-1 bytes")
             r = reqs[i]
             r.local_addr = addr
             r.remote_offset = check_address(as_int(peer_addresses[i], f"{op}: peer_buffer_addresses[{i}]"), f"{op}: peer_buffer_addresses[{i}]")
@@ -541,7 +542,7 @@ class TransferEngine(Closable):
         if rc != _lib.OK:
             return self._fail(rc, f"{op}: {msg}")
         with self._lock:
-            self._regions[addr] = (region.value, length, keep)
+            self._regions[addr] = (region.value, length, keep, _location(location) == b"host")
         return 0
 
     def unregister_memory(self, buffer_addr) -> int:
@@ -610,7 +611,7 @@ class TransferEngine(Closable):
             self._fail(rc, f"{op}({length}): {msg}")
             return 0
         with self._lock:
-            self._regions[hb.addr] = (region.value, hb.nbytes, None)
+            self._regions[hb.addr] = (region.value, hb.nbytes, None, True)
             self._managed[hb.addr] = (hb, length)
         return hb.addr
 
@@ -630,28 +631,64 @@ class TransferEngine(Closable):
         m[0].close()
         return rc
 
+    def _host_range(self, op: str, what: str, addr: int, n: int) -> str:
+        """"" when [addr, addr+n) lies inside one host region registered with
+        this engine (register_memory or allocate_managed_buffer), else the
+        reason, naming op, the argument and what to do. Nothing is touched
+        before this check: an address the engine did not register may be
+        unmapped (a crash, not an exception) or device memory."""
+        with self._lock:
+            regions = list(self._regions.items())
+        for base, (_, length, _, host) in regions:
+            if base <= addr and addr + n <= base + length:
+                if not host:
+                    return (f"{op}: {what} {addr:#x}+{n} lies in device memory registered at {base:#x}; "
+                            "copy device memory with its framework (torch, cupy), not this call")
+                return ""
+        if addr == 0:
+            return f"{op}: {what} is 0 (NULL)"
+        return (f"{op}: {what} {addr:#x}+{n} bytes is not inside memory registered with this engine "
+                "(allocate it with allocate_managed_buffer or register it with register_memory first)")
+
     def write_bytes_to_buffer(self, dest_address, src_ptr, length) -> int:
-        """Copy `length` bytes of src_ptr (bytes-like) to dest_address. Returns
-        0, or -1 (invalid argument) when src_ptr is shorter than length."""
-        src = bytes(src_ptr) if not isinstance(src_ptr, bytes) else src_ptr
+        """Copy `length` bytes of src_ptr (bytes-like) to dest_address, which
+        must lie, with its `length` bytes, in host memory registered with this
+        engine (allocate_managed_buffer or register_memory). Returns 0, or -1
+        (invalid argument, last_error says why) for a source shorter than
+        length or a destination outside registered host memory: nothing is
+        written then."""
+        op = "write_bytes_to_buffer"
         try:
-            length = as_int(length, "write_bytes_to_buffer: length")
-            dest = check_address(as_int(dest_address, "write_bytes_to_buffer: dest_address"), "write_bytes_to_buffer: dest_address")
+            src = bytes(src_ptr) if not isinstance(src_ptr, bytes) else src_ptr
+            length = as_int(length, f"{op}: length")
+            dest = check_address(as_int(dest_address, f"{op}: dest_address"), f"{op}: dest_address")
         except (TypeError, ValueError) as e:
             return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
         if length < 0 or length > len(src):
-            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"write_bytes_to_buffer: length {length} but {len(src)} source bytes")
-        if dest == 0 and length:
-            return self._fail(_lib.ERR_INVALID_ARGUMENT, "write_bytes_to_buffer: dest_address is 0 (NULL)")
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, f"{op}: length {length} but {len(src)} source bytes")
+        if length == 0:
+            return 0
+        why = self._host_range(op, "dest_address", dest, length)
+        if why:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, why)
         ctypes.memmove(dest, src, length)
         return 0
 
     def read_bytes_from_buffer(self, source_address, length) -> bytes:
-        """`length` bytes at source_address as bytes."""
-        addr = check_address(as_int(source_address, "read_bytes_from_buffer: source_address"), "read_bytes_from_buffer: source_address")
-        n = as_int(length, "read_bytes_from_buffer: length")
-        if n < 0 or (addr == 0 and n):
-            raise ValueError(f"read_bytes_from_buffer: {n} bytes at {addr:#x}: want a non-NULL address and length >= 0")
+        """`length` bytes at source_address as bytes; the range must lie in
+        host memory registered with this engine (allocate_managed_buffer or
+        register_memory). Raises ValueError naming the argument otherwise
+        (nothing is read)."""
+        op = "read_bytes_from_buffer"
+        addr = check_address(as_int(source_address, f"{op}: source_address"), f"{op}: source_address")
+        n = as_int(length, f"{op}: length")
+        if n < 0:
+            raise ValueError(f"{op}: length {n}: want >= 0 bytes")
+        if n == 0:
+            return b""
+        why = self._host_range(op, "source_address", addr, n)
+        if why:
+            raise ValueError(why)
         return ctypes.string_at(addr, n)
 
     # ------------------------------------------------------------------

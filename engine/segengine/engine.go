@@ -482,6 +482,26 @@ func (te *TransferEngine) Close() error {
 // ErrSegmentRefused, ErrMetadataUnavailable, context.DeadlineExceeded (each
 // request is bounded by RPCTimeout) or the transport's open error.
 func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*RemoteSegment, error) {
+	return te.OpenSegmentWith(ctx, name, SegmentOptions{})
+}
+
+// SegmentOptions are the choices OpenSegmentWith leaves to its caller.
+type SegmentOptions struct {
+	// Peer is the peer id the remote engine prepares its endpoint for (the
+	// id a transport with CapHandshake keys its per-peer state by, e.g. the
+	// RDMA QPs the remote Fencer destroys when it fences this data path).
+	// "" = a fresh id of this engine ("name#epoch.seq").
+	Peer string
+	// Epoch is carried on the data path (transport.SegmentInfo.Epoch): a
+	// remote transport that fences (transport.Fencer) serves only an epoch
+	// it admitted and has not fenced. 0 = no epoch.
+	Epoch uint64
+}
+
+// OpenSegmentWith is OpenSegment with a caller-chosen peer id and segment
+// epoch (package agent: the remote agent admits the epoch for this peer
+// before the open and fences it when it removes this agent).
+func (te *TransferEngine) OpenSegmentWith(ctx context.Context, name string, o SegmentOptions) (*RemoteSegment, error) {
 	if name == "" {
 		return nil, fmt.Errorf("engine: open segment: %w: the segment name is empty (want the peer's name, \"host:rpc_port\" in P2P mode)", ErrBadSegmentName)
 	}
@@ -491,7 +511,10 @@ func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*Remote
 	if closed {
 		return nil, fmt.Errorf("engine: open segment %q: transfer engine %w", name, transport.ErrClosed)
 	}
-	peer := te.peerID()
+	peer := o.Peer
+	if peer == "" {
+		peer = te.peerID()
+	}
 	var (
 		d   transport.SegmentDescriptor
 		rev int64
@@ -526,7 +549,7 @@ func (te *TransferEngine) OpenSegment(ctx context.Context, name string) (*Remote
 			return nil, fmt.Errorf("engine: open segment %q: %w", name, err)
 		}
 	}
-	return te.open(ctx, name, d, rev)
+	return te.open(ctx, name, d, rev, o.Epoch)
 }
 
 // OpenSegmentDescriptor opens a segment from a descriptor handed over out of
@@ -540,7 +563,7 @@ func (te *TransferEngine) OpenSegmentDescriptor(ctx context.Context, d transport
 	if t, _ := d.Transport(te.tr.Name()); len(t.Endpoint) == 0 {
 		return nil, fmt.Errorf("engine: open segment %q: the descriptor carries no %s endpoint (export it for a peer: the transport prepares one per peer)", d.Name, te.tr.Name())
 	}
-	return te.open(ctx, d.Name, d, 0)
+	return te.open(ctx, d.Name, d, 0, 0)
 }
 
 func (te *TransferEngine) peerID() string {
@@ -577,9 +600,9 @@ func (te *TransferEngine) describePeer(ctx context.Context, addr, peer string) (
 }
 
 // open connects the transport segment for descriptor d.
-func (te *TransferEngine) open(ctx context.Context, name string, d transport.SegmentDescriptor, rev int64) (*RemoteSegment, error) {
+func (te *TransferEngine) open(ctx context.Context, name string, d transport.SegmentDescriptor, rev int64, epoch uint64) (*RemoteSegment, error) {
 	t, _ := d.Transport(te.tr.Name())
-	seg, err := te.tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: t.Endpoint, Regions: d.Regions})
+	seg, err := te.tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: t.Endpoint, Regions: d.Regions, Epoch: epoch})
 	if err != nil {
 		return nil, fmt.Errorf("engine: open segment %q (epoch %#x, %s): %w", name, d.Epoch, te.tr.Name(), err)
 	}

@@ -1,0 +1,366 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
+)
+
+// Control channel frames (ZeroMQ multipart; a DEALER sends one request, the
+// agent's ROUTER answers on the same connection):
+//
+//	request: 0 "KVXAGENT"  1 "1" (version)  2 type  3 request id (decimal)
+//	         4 sender agent name  5 sender instance (decimal)  6 target agent name
+//	  HELLO:  no more frames (the sender added the target and asks for its
+//	          data path: the answer names the peer id and epoch to open with)
+//	  OPENED: 7 peer id  8 epoch (the sender's open finished; a transport
+//	          with a handshake binds the epoch to the prepared QPs now)
+//	  NOTIF:  7 the notification message (0..MaxNotifBytes bytes)
+//	reply:   0 magic  1 version  2 "OK" or "ERR"  3 request id
+//	         4.. payload: HELLO OK: 4 peer id  5 epoch; ERR: 4 the reason
+//
+// Decoders never panic (FuzzDecodeRequest, FuzzDecodeReply) and reject an
+// unknown magic, version or type with an error wrapping control.ErrBadFrame.
+const (
+	ctlMagic   = "KVXAGENT"
+	ctlVersion = 1
+
+	msgHello  = "HELLO"
+	msgOpened = "OPENED"
+	msgNotif  = "NOTIF"
+	replyOK   = "OK"
+	replyErr  = "ERR"
+
+	// MaxNotifBytes bounds a notification message.
+	MaxNotifBytes = 64 << 10
+	// maxCtlMessage bounds a control message.
+	maxCtlMessage = MaxNotifBytes + 4<<10
+)
+
+// request is a decoded control request.
+type request struct {
+	Type     string
+	ID       uint64
+	From     string
+	Instance uint64
+	To       string
+	Peer     string // OPENED
+	Epoch    uint64 // OPENED
+	Msg      []byte // NOTIF
+}
+
+func (r *request) encode() [][]byte {
+	f := [][]byte{[]byte(ctlMagic), []byte(strconv.Itoa(ctlVersion)), []byte(r.Type), control.Dec(r.ID), []byte(r.From), control.Dec(r.Instance), []byte(r.To)}
+	switch r.Type {
+	case msgOpened:
+		f = append(f, []byte(r.Peer), control.Dec(r.Epoch))
+	case msgNotif:
+		f = append(f, r.Msg)
+	}
+	return f
+}
+
+func ctlHeader(parts [][]byte, what string) error {
+	if len(parts) < 4 {
+		return fmt.Errorf("%w: agent %s: %d frames, want at least 4", control.ErrBadFrame, what, len(parts))
+	}
+	if string(parts[0]) != ctlMagic {
+		return fmt.Errorf("%w: agent %s: frame 0 is %q, want %q (is this address a kvxfer agent's control port?)", control.ErrBadFrame, what, control.Trunc(parts[0]), ctlMagic)
+	}
+	if string(parts[1]) != strconv.Itoa(ctlVersion) {
+		return fmt.Errorf("%w: agent %s: version %q not supported (this build speaks %d; upgrade the older side)", control.ErrBadFrame, what, control.Trunc(parts[1]), ctlVersion)
+	}
+	return nil
+}
+
+// decodeRequest decodes a request's frames (without the ROUTER identity).
+func decodeRequest(parts [][]byte) (*request, error) {
+	if err := ctlHeader(parts, "request"); err != nil {
+		return nil, err
+	}
+	typ := string(parts[2])
+	want := 0
+	switch typ {
+	case msgHello:
+		want = 7
+	case msgOpened:
+		want = 9
+	case msgNotif:
+		want = 8
+	default:
+		return nil, fmt.Errorf("%w: agent request: unknown type %q", control.ErrBadFrame, control.Trunc(parts[2]))
+	}
+	if len(parts) != want {
+		return nil, fmt.Errorf("%w: agent %s has %d frames, want %d", control.ErrBadFrame, typ, len(parts), want)
+	}
+	r := &control.FrameReader{Msg: "agent " + typ, Parts: parts}
+	req := &request{Type: typ, ID: r.Uint(3, 1<<63, "request id"), From: r.Str(4, "sender"), Instance: r.Uint(5, 1<<64-1, "instance"), To: r.Str(6, "target")}
+	if r.Err == nil && (req.From == "" || len(req.From) > MaxNameBytes) {
+		r.Fail(4, "sender name of %d bytes, want 1..%d", len(req.From), MaxNameBytes)
+	}
+	switch typ {
+	case msgOpened:
+		req.Peer = r.Str(7, "peer id")
+		req.Epoch = r.Uint(8, 1<<64-1, "epoch")
+	case msgNotif:
+		if len(parts[7]) > MaxNotifBytes {
+			r.Fail(7, "notification of %d bytes, longer than %d", len(parts[7]), MaxNotifBytes)
+		}
+		req.Msg = append([]byte{}, parts[7]...)
+	}
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	return req, nil
+}
+
+// reply is a decoded control reply.
+type reply struct {
+	ID      uint64
+	OK      bool
+	Payload [][]byte
+}
+
+func (r *reply) encode() [][]byte {
+	st := replyErr
+	if r.OK {
+		st = replyOK
+	}
+	return append([][]byte{[]byte(ctlMagic), []byte(strconv.Itoa(ctlVersion)), []byte(st), control.Dec(r.ID)}, r.Payload...)
+}
+
+// decodeReply decodes a reply's frames.
+func decodeReply(parts [][]byte) (*reply, error) {
+	if err := ctlHeader(parts, "reply"); err != nil {
+		return nil, err
+	}
+	if len(parts) > 8 {
+		return nil, fmt.Errorf("%w: agent reply has %d frames, want at most 8", control.ErrBadFrame, len(parts))
+	}
+	var ok bool
+	switch string(parts[2]) {
+	case replyOK:
+		ok = true
+	case replyErr:
+	default:
+		return nil, fmt.Errorf("%w: agent reply: status %q is not OK or ERR", control.ErrBadFrame, control.Trunc(parts[2]))
+	}
+	r := &control.FrameReader{Msg: "agent reply", Parts: parts}
+	id := r.Uint(3, 1<<63, "request id")
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	rep := &reply{ID: id, OK: ok}
+	for _, p := range parts[4:] {
+		rep.Payload = append(rep.Payload, append([]byte{}, p...))
+	}
+	return rep, nil
+}
+
+// handler answers one decoded request: the payload of an OK reply, or an
+// error whose text becomes the ERR reply.
+type handler func(req *request) ([][]byte, error)
+
+// listener is the agent's control ROUTER socket and its serving goroutine.
+type listener struct {
+	sock    *zmq.Socket
+	port    int
+	handle  handler
+	log     *slog.Logger
+	done    chan struct{}
+	stopped chan struct{}
+}
+
+func listen(zctx *zmq.Context, host string, port int, h handler, log *slog.Logger) (*listener, error) {
+	s, err := zctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		return nil, fmt.Errorf("agent: control channel: zmq ROUTER socket: %w", err)
+	}
+	_ = s.SetLinger(0)
+	_ = s.SetRcvtimeo(100 * time.Millisecond)
+	_ = s.SetSndtimeo(time.Second)
+	_ = s.SetMaxmsgsize(maxCtlMessage)
+	p := "*"
+	if port > 0 {
+		p = strconv.Itoa(port)
+	}
+	bh := host
+	if ip := net.ParseIP(bh); ip != nil && ip.To4() == nil {
+		_ = s.SetIpv6(true)
+		bh = "[" + bh + "]"
+	}
+	if err := s.Bind("tcp://" + bh + ":" + p); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("agent: control channel: bind %s:%s: %w (port in use, or the host is not an address of this machine; 0 picks a free port)", host, p, err)
+	}
+	ep, err := s.GetLastEndpoint()
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("agent: control channel: endpoint: %w", err)
+	}
+	_, ps, err := net.SplitHostPort(ep[len("tcp://"):])
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("agent: control channel: endpoint %q: %w", ep, err)
+	}
+	l := &listener{sock: s, handle: h, log: log, done: make(chan struct{}), stopped: make(chan struct{})}
+	l.port, _ = strconv.Atoi(ps)
+	go l.loop()
+	return l, nil
+}
+
+func (l *listener) loop() {
+	defer close(l.stopped)
+	for {
+		select {
+		case <-l.done:
+			return
+		default:
+		}
+		parts, err := l.sock.RecvMessageBytes(0)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.ETERM {
+				return
+			}
+			continue // EAGAIN (receive timeout), EINTR
+		}
+		if len(parts) < 2 {
+			continue
+		}
+		id, frames := parts[0], parts[1:]
+		req, err := decodeRequest(frames)
+		if err != nil {
+			l.log.Debug("agent control: dropped a malformed request", "err", err)
+			if len(frames) >= 4 && string(frames[0]) == ctlMagic {
+				if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
+					l.send(id, &reply{ID: rid, Payload: [][]byte{[]byte(err.Error())}})
+				}
+			}
+			continue
+		}
+		payload, herr := l.handle(req)
+		rep := &reply{ID: req.ID, OK: herr == nil, Payload: payload}
+		if herr != nil {
+			rep.Payload = [][]byte{[]byte(herr.Error())}
+		}
+		l.send(id, rep)
+	}
+}
+
+func (l *listener) send(id []byte, rep *reply) {
+	frames := rep.encode()
+	parts := make([]any, 0, len(frames)+1)
+	parts = append(parts, id)
+	for _, f := range frames {
+		parts = append(parts, f)
+	}
+	if _, err := l.sock.SendMessage(parts...); err != nil {
+		l.log.Debug("agent control: reply not sent (requester gone?)", "err", err)
+	}
+}
+
+// close stops the loop and closes the socket. Idempotent.
+func (l *listener) close() {
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+	<-l.stopped
+	_ = l.sock.Close()
+}
+
+// Errors of the control channel.
+var (
+	// ErrAgentUnreachable: nothing answered at the agent's control address
+	// before the deadline (process gone, host down, port filtered).
+	ErrAgentUnreachable = errors.New("agent unreachable")
+	// ErrRefused: the remote agent answered with a refusal (it removed this
+	// agent, does not know it, or is another agent than the metadata named).
+	ErrRefused = errors.New("refused by the remote agent")
+)
+
+var ctlSeq atomic.Uint64
+
+// call sends req to addr and waits for the reply until ctx ends.
+func call(ctx context.Context, zctx *zmq.Context, addr string, req *request) ([][]byte, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("agent: control address %q is not host:port", addr)
+	}
+	s, err := zctx.NewSocket(zmq.DEALER)
+	if err != nil {
+		return nil, fmt.Errorf("agent: control %s to %s: zmq DEALER socket: %w", req.Type, addr, err)
+	}
+	defer s.Close()
+	_ = s.SetLinger(0)
+	_ = s.SetMaxmsgsize(maxCtlMessage)
+	_ = s.SetSndtimeo(time.Second)
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		_ = s.SetIpv6(true)
+	}
+	if err := s.Connect("tcp://" + net.JoinHostPort(host, port)); err != nil {
+		return nil, fmt.Errorf("agent: control %s: connect to %s: %w: %v", req.Type, addr, ErrAgentUnreachable, err)
+	}
+	req.ID = ctlSeq.Add(1)
+	frames := req.encode()
+	parts := make([]any, len(frames))
+	for i, f := range frames {
+		parts[i] = f
+	}
+	if _, err := s.SendMessage(parts...); err != nil {
+		return nil, fmt.Errorf("agent: control %s to %s: send: %w: %v", req.Type, addr, ErrAgentUnreachable, err)
+	}
+	poller := zmq.NewPoller()
+	poller.Add(s, zmq.POLLIN)
+	for {
+		wait := 50 * time.Millisecond
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			wait = max(time.Until(dl), time.Millisecond)
+		}
+		polled, err := poller.Poll(wait)
+		if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
+			return nil, fmt.Errorf("agent: control %s to %s: poll: %w", req.Type, addr, err)
+		}
+		if len(polled) > 0 {
+			msg, err := s.RecvMessageBytes(zmq.DONTWAIT)
+			if err == nil {
+				rep, err := decodeReply(msg)
+				if err != nil {
+					return nil, fmt.Errorf("agent: control %s to %s: %w", req.Type, addr, err)
+				}
+				if rep.ID != req.ID {
+					continue
+				}
+				if !rep.OK {
+					why := ""
+					if len(rep.Payload) > 0 {
+						why = trunc4k(rep.Payload[0])
+					}
+					return nil, fmt.Errorf("agent: control %s to %s: %w: %s", req.Type, addr, ErrRefused, why)
+				}
+				return rep.Payload, nil
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("agent: control %s to %s: %w: no answer before the deadline (agent process gone, host down, or not a kvxfer agent's control port): %w", req.Type, addr, ErrAgentUnreachable, err)
+		}
+	}
+}
+
+func trunc4k(b []byte) string {
+	if len(b) > 4096 {
+		return string(b[:4096]) + "…"
+	}
+	return string(b)
+}

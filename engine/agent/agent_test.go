@@ -598,8 +598,10 @@ func startHelper(t *testing.T) *helper {
 func TestCrossProcess(t *testing.T) {
 	ctx := context.Background()
 	h := startHelper(t)
-	d, err := agent.New(ctx, agent.Config{Name: "decode", Timeout: 2 * time.Second, DrainTimeout: 2 * time.Second,
-		Transport: faulty.Wrap(openTransport(t, "tcp"), faulty.DelayWrites(200*time.Millisecond))})
+	// The second read's batch is held (StallAfter) until the prefill is
+	// dead, so it is in flight when the peer dies, whatever the load.
+	ft := faulty.Wrap(openTransport(t, "tcp"), faulty.StallAfter(1))
+	d, err := agent.New(ctx, agent.Config{Name: "decode", Timeout: 2 * time.Second, DrainTimeout: 2 * time.Second, Transport: ft})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,13 +640,14 @@ func TestCrossProcess(t *testing.T) {
 			t.Fatalf("region %d: wrong data", reg)
 		}
 	}
-	// Peer killed mid-read: the batch is held 200 ms; the prefill dies first.
+	// Peer killed mid-read.
 	y, _ := d.MakeXfer(agent.OpRead, l, descIDs([]int{2}), r, descIDs([]int{3}), []byte("req-10:1"))
 	if _, err := d.Post(y, nil); err != nil {
 		t.Fatal(err)
 	}
 	h.cmd.Process.Kill()
 	h.cmd.Wait()
+	ft.Resume()
 	st, why := waitState(t, d, y)
 	if st != agent.XferErr || !errors.Is(why, transport.ErrPeerLost) {
 		t.Fatalf("read from a killed prefill: %v %v, want ERR wrapping ErrPeerLost", st, why)

@@ -37,8 +37,15 @@ func TestConformance(t *testing.T) {
 // of regionBytes and returns its segment info and a SIGKILL function.
 func remoteReceiver(t *testing.T, regionBytes int) (transport.SegmentInfo, func()) {
 	t.Helper()
+	return remoteReceiverEnv(t, regionBytes)
+}
+
+// remoteReceiverEnv is remoteReceiver with extra environment variables
+// ("K=V") for the child (childCMAEnv: a cma receiver).
+func remoteReceiverEnv(t *testing.T, regionBytes int, env ...string) (transport.SegmentInfo, func()) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", childEnv, regionBytes))
+	cmd.Env = append(append(os.Environ(), fmt.Sprintf("%s=%d", childEnv, regionBytes)), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -35,8 +35,12 @@ const liveCheckMin = 256 << 10
 const watchInterval = 100 * time.Millisecond
 
 type remoteRegion struct {
-	mapping []byte // page-aligned mapping to unmap
-	data    []byte // exactly the region: Length bytes
+	mapping []byte // page-aligned mapping to unmap (nil for cma)
+	data    []byte // exactly the region: Length bytes (nil for cma)
+	// size is the region's usable length in bytes (0: refused at Submit);
+	// base its address in the receiver (cma only).
+	size uint64
+	base uintptr
 
 	// First contact (warm.go): lead is data's offset in mapping; warm holds
 	// one bit per page of mapping: written through this mapping at least
@@ -137,7 +141,7 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 	if closed {
 		return nil, fmt.Errorf("shm: open segment: transport %w", transport.ErrClosed)
 	}
-	ep, err := decodeEndpoint(info.Endpoint)
+	ep, err := decodeEndpoint(info.Endpoint, t.cma)
 	if err != nil {
 		return nil, err
 	}
@@ -164,12 +168,17 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 	}
 	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes, false)
 	if err != nil {
-		return nil, fmt.Errorf("shm: map receiver control memfd: %v: %w", err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: map receiver control memfd: %v: %w", t.Name(), err, transport.ErrUnavailable)
 	}
 	s.ctl = ctl.mapping
 	s.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl.data[0])), ctlWords)
 	if atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		return nil, fmt.Errorf("shm: receiver pid %d has closed its transport: %w", pid, transport.ErrPeerLost)
+		return nil, fmt.Errorf("%s: receiver pid %d has closed its transport: %w", t.Name(), pid, transport.ErrPeerLost)
+	}
+	if t.cma {
+		if err := s.checkAttach(); err != nil {
+			return nil, err
+		}
 	}
 	// Claim a sender slot (our epoch published in it), then check the
 	// receiver admitted the epoch: a fence that withdrew it either is seen
@@ -220,7 +229,10 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 // Submit; a longer claim is cut to the true length.
 func (s *segment) mapRegion(d transport.RegionDesc) (*remoteRegion, error) {
 	if d.Kind != transport.MemoryHost {
-		return nil, fmt.Errorf("shm: region %d is %s memory: %w", d.ID, d.Kind, transport.ErrUnsupportedMemory)
+		return nil, fmt.Errorf("%s: region %d is %s memory: %w", s.t.Name(), d.ID, d.Kind, transport.ErrUnsupportedMemory)
+	}
+	if s.t.cma {
+		return s.cmaRegion(d)
 	}
 	k, err := decodeKey(d.Key)
 	if err != nil {
@@ -325,7 +337,7 @@ func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remo
 	// in this process. Best effort: without it the copies fault them in.
 	// On a VM this is not enough (warm.go): the warmer and put finish it.
 	_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
-	r := &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length], fd: -1, fileOff: offset, lead: offset - start}
+	r := &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length], size: length, fd: -1, fileOff: offset, lead: offset - start}
 	if keepFD {
 		words := ((span+pg-1)/pg + 63) / 64 // one bit per page of the mapping
 		r.warm = make([]atomic.Uint64, words)
@@ -394,11 +406,17 @@ func (s *segment) HandshakeReply() []byte { return nil }
 // region (rr) and dst's byte offset in it (off), so put can tell whether
 // dst is warm; a read (dst local, src the receiver's mapping) or a test
 // leaves rr nil.
+//
+// A cma piece names local memory (local) and the receiver's address
+// (raddr) instead; the batch's op gives the direction.
 type piece struct {
 	dst []byte
 	src []byte
 	rr  *remoteRegion
 	off uint64
+
+	local []byte
+	raddr uintptr
 }
 
 // unit is a run of pieces [start, end) into one remote region, at most
@@ -448,13 +466,13 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	for i, r := range tb.Requests {
 		rr, ok := s.regions[r.Remote]
 		var live uint64
-		if ok && rr.data != nil {
+		if ok && rr.size > 0 {
 			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
 		}
 		if live == 0 {
 			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, transport.ErrUnknownRegion)
 		}
-		limit := min(uint64(len(rr.data)), live)
+		limit := min(rr.size, live)
 		n := r.Blocks()
 		if r.Length == 0 {
 			continue
@@ -476,7 +494,9 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > chunkBytes {
 					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
 				}
-				if read {
+				if s.t.cma {
+					pieces = append(pieces, piece{local: hostBytes(src+uintptr(c), m), raddr: rr.base + uintptr(off+c)})
+				} else if read {
 					pieces = append(pieces, piece{dst: hostBytes(src+uintptr(c), m), src: rr.data[off+c : off+c+m]})
 				} else {
 					pieces = append(pieces, piece{dst: rr.data[off+c : off+c+m], src: hostBytes(src+uintptr(c), m), rr: rr, off: off + c})
@@ -525,11 +545,20 @@ func hostBytes(addr uintptr, n uint64) []byte {
 // for a read into local memory). It owns one count of s.running.
 func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	defer s.running.Done()
+	if s.t.cma && !s.alive() {
+		// process_vm_writev names the receiver by pid: never write
+		// through a pid whose process has exited (see the cma notes).
+		s.lose(fmt.Errorf("cma: receiver pid %d exited: %w", s.peer.PID, transport.ErrPeerLost))
+	}
 	var next atomic.Int64
 	var stopMu sync.Mutex
 	var stopErr error // a fence or a deregistered region stopped the batch
 	stopped := func() bool { stopMu.Lock(); defer stopMu.Unlock(); return stopErr != nil }
 	work := func() {
+		var sc *iovScratch
+		if s.t.cma {
+			sc = new(iovScratch)
+		}
 		for {
 			i := next.Add(1) - 1
 			if i >= int64(len(units)) || b.canceled.Load() || s.peerLost.Load() || stopped() {
@@ -545,10 +574,22 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 				stopMu.Unlock()
 				return
 			}
-			for _, p := range pieces[u.start:u.end] {
-				p.put()
+			if sc != nil {
+				err = s.vmCopy(pieces[u.start:u.end], b.read, sc)
+			} else {
+				for _, p := range pieces[u.start:u.end] {
+					p.put()
+				}
 			}
 			s.leave(ph)
+			if err != nil {
+				stopMu.Lock()
+				if stopErr == nil {
+					stopErr = err
+				}
+				stopMu.Unlock()
+				return
+			}
 			b.done.Add(u.bytes)
 			// Yield once per unit (at most 1 MiB), outside the fence
 			// count. The copy is runtime.memmove, which the Go

@@ -70,6 +70,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"sync"
@@ -107,6 +108,7 @@ const (
 
 func init() {
 	transport.RegisterTransport(Name, Priority, Probe, New)
+	transport.RegisterTransport(CMAName, CMAPriority, ProbeCMA, NewCMA)
 }
 
 // Probe reports whether the shm transport can run here: it needs Linux's
@@ -129,6 +131,12 @@ type localRegion struct {
 }
 
 type shmTransport struct {
+	// cma: this instance is the "cma" transport (cma.go): regions are any
+	// host memory, moved by process_vm_writev/readv instead of a mapping.
+	cma         bool
+	log         *slog.Logger
+	refusedOnce sync.Once // the one log line when the kernel refuses cross-memory attach
+
 	copyThreads int
 	parallelMin uint64
 
@@ -165,15 +173,26 @@ var (
 // ParallelMinBytes). Errors: /proc unreadable, memfd_create or mmap
 // failures for the control memfd, CopyThreads outside 0..256.
 func New(opts transport.Options) (transport.Transport, error) {
+	return newTransport(opts, false)
+}
+
+// newTransport creates an shm (cma false) or cma (cma true) instance.
+func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
+	name := Name
+	if cma {
+		name = CMAName
+	}
 	boot, err := readBootID()
 	if err != nil {
-		return nil, fmt.Errorf("shm: %v: %w", err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: %v: %w", name, err, transport.ErrUnavailable)
 	}
 	st, err := procStartTime(os.Getpid())
 	if err != nil {
-		return nil, fmt.Errorf("shm: read own start time: %w", err)
+		return nil, fmt.Errorf("%s: read own start time: %w", name, err)
 	}
 	t := &shmTransport{
+		cma:         cma,
+		log:         opts.Log(),
 		copyThreads: opts.Streams,
 		parallelMin: 4 << 20,
 		nextID:      1,
@@ -216,13 +235,24 @@ func New(opts transport.Options) (transport.Transport, error) {
 	t.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl[0])), ctlWords)
 	atomic.StoreUint64(&t.ctlWord[ctlState], stateOpen)
 	t.self = endpoint{BootID: boot, PID: uint32(os.Getpid()), StartTime: st,
-		CtlFD: uint32(fd), CtlDev: uint64(fst.Dev), CtlIno: fst.Ino}
-	t.blob = t.self.encode()
+		CtlFD: uint32(fd), CtlDev: uint64(fst.Dev), CtlIno: fst.Ino, CtlAddr: uint64(uintptr(unsafe.Pointer(&ctl[0])))}
+	t.blob = t.self.encode(cma)
+	if cma {
+		grantPtrace(t.log)
+	}
 	return t, nil
 }
 
-func (t *shmTransport) Name() string { return Name }
+// Name is "shm", or "cma" for the cross-memory-attach instance.
+func (t *shmTransport) Name() string {
+	if t.cma {
+		return CMAName
+	}
+	return Name
+}
 
+// Capabilities: host memory, zero copy (one copy, by the CPU or the
+// kernel), strided requests, READ; not cross-host.
 func (t *shmTransport) Capabilities() transport.Caps {
 	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided | transport.CapRead
 }
@@ -230,6 +260,9 @@ func (t *shmTransport) Capabilities() transport.Caps {
 // RegisterMemory registers memfd-backed host memory. It duplicates m.FD so the
 // region stays shareable even if the caller closes its descriptor early.
 func (t *shmTransport) RegisterMemory(m transport.Memory) (transport.RegionDesc, error) {
+	if t.cma {
+		return t.registerCMA(m)
+	}
 	if m.Kind != transport.MemoryHost {
 		return transport.RegionDesc{}, fmt.Errorf("shm: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", m.Kind, m.Addr, m.Length, transport.ErrUnsupportedMemory)
 	}
@@ -296,7 +329,9 @@ func (t *shmTransport) DeregisterMemory(id transport.RegionID) error {
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
 	t.snapshotLocked()
-	unix.Close(r.fd)
+	if r.fd >= 0 {
+		unix.Close(r.fd)
+	}
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), deregisterWait)
 	defer cancel()
@@ -365,7 +400,9 @@ func (t *shmTransport) Close() error {
 	atomic.StoreUint64(&t.ctlWord[ctlState], stateClosed)
 	for id, r := range t.regions {
 		atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
-		unix.Close(r.fd)
+		if r.fd >= 0 {
+			unix.Close(r.fd)
+		}
 	}
 	t.regions = map[transport.RegionID]*localRegion{}
 	t.snapshotLocked()

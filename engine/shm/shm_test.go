@@ -36,17 +36,28 @@ type childInfo struct {
 func runReceiverChild(size string) int {
 	var n int64
 	fmt.Sscan(size, &n)
-	tr, err := New(transport.DefaultOptions())
+	newT, mem := New, func() (transport.Memory, error) {
+		buf, err := transport.AllocHost("child", n)
+		if err != nil {
+			return transport.Memory{}, err
+		}
+		return buf.Memory(), nil
+	}
+	if os.Getenv(childCMAEnv) != "" {
+		// cma: the receiver's memory is its own (anonymous, no memfd).
+		newT, mem = NewCMA, func() (transport.Memory, error) { return anonMemory(int(n)) }
+	}
+	tr, err := newT(transport.DefaultOptions())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	buf, err := transport.AllocHost("child", n)
+	m, err := mem()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	d, err := tr.RegisterMemory(buf.Memory())
+	d, err := tr.RegisterMemory(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -268,14 +279,14 @@ func TestOtherHostUnavailable(t *testing.T) {
 	defer snd.Close()
 	ep := snd.(*shmTransport).self
 	ep.BootID[0] ^= 0xff
-	_, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode()})
+	_, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode(false)})
 	if !errors.Is(err, transport.ErrUnavailable) {
 		t.Fatalf("open segment to another boot id: %v, want ErrUnavailable", err)
 	}
 	// Right host, wrong process identity (start time): also unavailable.
 	ep = snd.(*shmTransport).self
 	ep.StartTime++
-	if _, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode()}); !errors.Is(err, transport.ErrUnavailable) {
+	if _, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: ep.encode(false)}); !errors.Is(err, transport.ErrUnavailable) {
 		t.Fatalf("open segment to a recycled pid: %v, want ErrUnavailable", err)
 	}
 	if _, err = snd.OpenSegment(context.Background(), transport.SegmentInfo{Endpoint: []byte("tcp://127.0.0.1:1")}); err == nil {
@@ -404,14 +415,14 @@ func TestReceiverKilled(t *testing.T) {
 }
 
 func FuzzDecodeEndpoint(f *testing.F) {
-	f.Add(endpoint{PID: 42, StartTime: 7, CtlFD: 3}.encode())
+	f.Add(endpoint{PID: 42, StartTime: 7, CtlFD: 3}.encode(false))
 	f.Add([]byte("KVXS"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		e, err := decodeEndpoint(b)
+		e, err := decodeEndpoint(b, false)
 		if err != nil {
 			return
 		}
-		if !bytes.Equal(e.encode(), b) {
+		if !bytes.Equal(e.encode(false), b) {
 			t.Fatalf("round trip changed %x", b)
 		}
 	})

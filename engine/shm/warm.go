@@ -63,7 +63,8 @@ const warmChunk = 2 << 20
 // startWarmer starts a goroutine that warms regs (warm.go). Caller holds
 // s.mu. It is counted in s.running, so Close waits for it before unmapping.
 func (s *segment) startWarmer(regs []*remoteRegion) {
-	if s.closed || len(regs) == 0 {
+	if s.closed || len(regs) == 0 || s.t.cma { // cma maps nothing
+
 		return
 	}
 	s.running.Add(1)

@@ -56,9 +56,22 @@ type endpoint struct {
 	CtlFD     uint32
 	CtlDev    uint64
 	CtlIno    uint64
+	// CtlAddr is the control memfd's address in the receiver (cma blobs
+	// only: the sender's first process_vm_readv reads it, so a kernel that
+	// refuses cross-memory attach is found at OpenSegment).
+	CtlAddr uint64
 }
 
-func (e endpoint) encode() []byte {
+// encode writes the shm blob, or with cma the cma blob (magic "KVXC", the
+// same fields and CtlAddr at bytes 53-60).
+func (e endpoint) encode(cma bool) []byte {
+	if cma {
+		b := make([]byte, cmaEndpointSize)
+		copy(b, e.encode(false))
+		copy(b[0:4], cmaEndpointMagic[:])
+		binary.LittleEndian.PutUint64(b[endpointSize:], e.CtlAddr)
+		return b
+	}
 	b := make([]byte, endpointSize)
 	copy(b[0:4], endpointMagic[:])
 	b[4] = wireVersion
@@ -71,16 +84,27 @@ func (e endpoint) encode() []byte {
 	return b
 }
 
-func decodeEndpoint(b []byte) (endpoint, error) {
+// decodeEndpoint parses an shm blob, or with cma a cma blob.
+func decodeEndpoint(b []byte, cma bool) (endpoint, error) {
 	var e endpoint
-	if len(b) != endpointSize {
-		return e, fmt.Errorf("shm: endpoint blob is %d bytes, want %d (is the peer running a different kvxfer version or transport?)", len(b), endpointSize)
+	name, size, magic := Name, endpointSize, endpointMagic
+	if cma {
+		name, size, magic = CMAName, cmaEndpointSize, cmaEndpointMagic
 	}
-	if !bytes.Equal(b[0:4], endpointMagic[:]) {
-		return e, fmt.Errorf("shm: endpoint blob has magic %q, want %q (not an shm endpoint)", b[0:4], endpointMagic[:])
+	if len(b) != size {
+		return e, fmt.Errorf("%s: endpoint blob is %d bytes, want %d (is the peer running a different kvxfer version or transport?)", name, len(b), size)
+	}
+	if !bytes.Equal(b[0:4], magic[:]) {
+		return e, fmt.Errorf("%s: endpoint blob has magic %q, want %q (not a %s endpoint)", name, b[0:4], magic[:], name)
 	}
 	if b[4] != wireVersion {
-		return e, fmt.Errorf("shm: endpoint blob version %d, this build speaks %d (upgrade both sides)", b[4], wireVersion)
+		return e, fmt.Errorf("%s: endpoint blob version %d, this build speaks %d (upgrade both sides)", name, b[4], wireVersion)
+	}
+	if cma {
+		e.CtlAddr = binary.LittleEndian.Uint64(b[endpointSize:])
+		if e.CtlAddr == 0 {
+			return e, fmt.Errorf("%s: endpoint blob names control address 0", name)
+		}
 	}
 	copy(e.BootID[:], b[5:21])
 	e.PID = binary.LittleEndian.Uint32(b[21:])
@@ -89,10 +113,10 @@ func decodeEndpoint(b []byte) (endpoint, error) {
 	e.CtlDev = binary.LittleEndian.Uint64(b[37:])
 	e.CtlIno = binary.LittleEndian.Uint64(b[45:])
 	if e.PID == 0 || e.PID > 1<<22 {
-		return e, fmt.Errorf("shm: endpoint blob names pid %d, outside 1..%d", e.PID, 1<<22)
+		return e, fmt.Errorf("%s: endpoint blob names pid %d, outside 1..%d", name, e.PID, 1<<22)
 	}
 	if e.CtlFD > 1<<30 {
-		return e, fmt.Errorf("shm: endpoint blob names control fd %d, not a valid fd number", e.CtlFD)
+		return e, fmt.Errorf("%s: endpoint blob names control fd %d, not a valid fd number", name, e.CtlFD)
 	}
 	return e, nil
 }

@@ -20,6 +20,12 @@ func names(ts []transport.Transport) []string {
 
 func TestOpenTransports(t *testing.T) {
 	shmOK := transport.ProbeTransport("shm") == nil
+	var usable []string // what auto must open: every registered transport whose probe passes, priority order
+	for _, n := range transport.Transports() {
+		if transport.ProbeTransport(n) == nil {
+			usable = append(usable, n)
+		}
+	}
 	tests := []struct {
 		spec    string
 		want    []string // nil: don't compare (auto)
@@ -34,12 +40,16 @@ func TestOpenTransports(t *testing.T) {
 		{spec: "auto"},
 		{spec: ""},
 	}
+	type tcase = struct {
+		spec    string
+		want    []string
+		wantErr error
+	}
 	if shmOK {
-		tests = append(tests, struct {
-			spec    string
-			want    []string
-			wantErr error
-		}{spec: "tcp,shm", want: []string{"shm", "tcp"}})
+		tests = append(tests, tcase{spec: "tcp,shm", want: []string{"shm", "tcp"}})
+	}
+	if shmOK && transport.ProbeTransport("cma") == nil {
+		tests = append(tests, tcase{spec: "tcp,cma,shm", want: []string{"shm", "cma", "tcp"}})
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec, func(t *testing.T) {
@@ -73,8 +83,9 @@ func TestOpenTransports(t *testing.T) {
 				t.Fatalf("opened %v, want %v", got, tc.want)
 			}
 			if tc.want == nil { // auto: every usable registered transport, priority order
-				if !slices.Contains(got, "tcp") || (shmOK && !slices.Equal(got[:2], []string{"shm", "tcp"}) && got[0] != "rdma") {
-					t.Fatalf("auto opened %v", got)
+				noRDMA := slices.DeleteFunc(slices.Clone(usable), func(n string) bool { return n == "rdma" }) // a probe can pass where no device opens
+				if !slices.Contains(got, "tcp") || (!slices.Equal(got, usable) && !slices.Equal(got, noRDMA)) {
+					t.Fatalf("auto opened %v, want every usable transport in priority order %v", got, usable)
 				}
 				if c := transport.FirstCrossHost(ts); c == nil || !c.Capabilities().Has(transport.CapCrossHost) {
 					t.Fatalf("FirstCrossHost(%v) = %v", got, c)

@@ -401,8 +401,10 @@ type Manager struct {
 	tracer    trace.Tracer
 	// probing is set while a doctor probe runs (one at a time); probeAcks
 	// are the probes waiting for a HANDSHAKE_ACK (probe.go).
-	probing   atomic.Bool
-	probeAcks map[probeKey]chan error
+	probing atomic.Bool
+	// probeRefusals is the probe refusals being sent (maxProbeRefusals).
+	probeRefusals atomic.Int32
+	probeAcks     map[probeKey]chan error
 
 	// life ends when the manager closes; shared lookups run under it.
 	life     context.Context

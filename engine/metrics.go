@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,8 +21,11 @@ import (
 // (seconds, bytes), _total on counters. Label values are bounded: role is
 // prefill or decode, state and step come from fixed lists, reason is a
 // failure class (FailureReason), never error text; peer is a peer rank's
-// control address host:port (one series per peer rank this rank talked to),
-// transport a transport name.
+// role and coordinates ("decode tp0/pp0", "prefill tp1/pp0":
+// decodePeerLabel, prefillPeerLabel), never an address (ports are often
+// ephemeral, and a restarted rank would add series); transport a transport
+// name. Doctor probes are counted in MetricProbes only: the prober is no
+// peer (no peer series, no peer loss when it exits, no transfer bytes).
 //
 // Several managers of one process (ranks sharing a C ABI library, tests) may
 // register on the same Registerer: they then share the collectors, counters
@@ -392,8 +396,40 @@ func (em *engineMetrics) open(m *Manager) { em.state.add(m) }
 // close stops the manager's scrape-time gauges.
 func (em *engineMetrics) close(m *Manager) { em.state.remove(m) }
 
-// peerLabel is the peer label value of a control endpoint: host:port.
+// peerLabel is a control endpoint as host:port, for logs and timelines
+// (never a metric label: an address, its port often ephemeral, is not a
+// bounded label value).
 func peerLabel(ep string) string { return strings.TrimPrefix(ep, "tcp://") }
+
+// rankCoords formats a rank's coordinates as ranks name themselves
+// ("tp1/pp0"; "dp2/" and "cp1/" in front when not 0).
+func rankCoords(dp, cp, tp, pp int) string {
+	s := fmt.Sprintf("tp%d/pp%d", tp, pp)
+	if cp != 0 {
+		s = fmt.Sprintf("cp%d/", cp) + s
+	}
+	if dp != 0 {
+		s = fmt.Sprintf("dp%d/", dp) + s
+	}
+	return s
+}
+
+// decodePeerLabel is the peer label value of a decode rank (prefill-side
+// metrics): its role and coordinates from its REGISTER, e.g. "decode
+// tp0/pp0". Bounded by the deployment's shape, whatever ports the ranks
+// bind and however often they restart; the decodes of several instances at
+// the same coordinates share the series (logs and timelines name their
+// addresses).
+func decodePeerLabel(g kvargs.Geometry) string {
+	return "decode " + rankCoords(0, 0, g.TPRank, g.PPRank)
+}
+
+// prefillPeerLabel is the peer label value of a prefill rank (decode-side
+// metrics): "prefill " and its directory coordinates, e.g. "prefill
+// tp1/pp0".
+func prefillPeerLabel(r bootstrap.TargetRank) string {
+	return "prefill " + rankCoords(r.DP, r.CP, r.TP, r.PP)
+}
 
 // batchStart counts a submitted batch in flight and returns the function
 // that records its end (outcome completed, failed or canceled; bytes and

@@ -108,7 +108,7 @@ func TestMetricsAcrossOutcomes(t *testing.T) {
 	if n := sample(t, preReg, engine.MetricTransferSeconds, map[string]string{"role": "prefill"}); n != 1 {
 		t.Errorf("prefill transfer latency samples = %v, want 1", n)
 	}
-	peer := strings.TrimPrefix(dec[0].m.Endpoint(), "tcp://")
+	peer := "decode tp0/pp0" // the peer label is the rank, never its address
 	var pageBytes uint64
 	for _, n := range dec[0].m.Geometry().KVItemLens {
 		pageBytes += n
@@ -126,8 +126,8 @@ func TestMetricsAcrossOutcomes(t *testing.T) {
 	if got := sample(t, preReg, engine.MetricBatchesInFlight, nil); got != 0 {
 		t.Errorf("batches in flight after the room = %v, want 0", got)
 	}
-	if got := sample(t, decReg, engine.MetricReceivedBytes, nil); got != float64(wantBytes) {
-		t.Errorf("decode received bytes = %v, want %d", got, wantBytes)
+	if got := sample(t, decReg, engine.MetricReceivedBytes, map[string]string{"peer": "prefill tp0/pp0"}); got != float64(wantBytes) {
+		t.Errorf("decode received bytes from prefill tp0/pp0 = %v, want %d", got, wantBytes)
 	}
 	if got := sample(t, decReg, engine.MetricPeers, map[string]string{"role": "decode", "state": "connected"}); got != 1 {
 		t.Errorf("decode connected peers = %v, want 1", got)

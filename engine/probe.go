@@ -106,8 +106,28 @@ func (m *Manager) handleProbe(v *control.ProbeMsg) {
 	}
 	if res.Refused != "" {
 		m.met.probes.WithLabelValues("refused").Inc()
-		m.log.Info("probe refused", "peer", peerLabel(v.Endpoint), "probe", v.ID, "why", res.Refused)
-		go func() { _ = m.send(v.Endpoint, res.Encode(), false) }()
+		m.log.Info("probe refused", "prober", peerLabel(v.Endpoint), "probe", v.ID, "why", res.Refused)
+		if n := m.probeRefusals.Add(1); n > maxProbeRefusals {
+			m.probeRefusals.Add(-1)
+			return // a flood of PROBE frames gets no more answers than this
+		}
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			m.probeRefusals.Add(-1)
+			return
+		}
+		m.wg.Add(1)
+		m.mu.Unlock()
+		go func() {
+			defer m.wg.Done()
+			defer m.probeRefusals.Add(-1)
+			pc, err := m.openProbeReply(v.Endpoint)
+			if err == nil {
+				_ = pc.send(res.Encode())
+				pc.close()
+			}
+		}()
 		return
 	}
 	m.mu.Lock()
@@ -121,9 +141,15 @@ func (m *Manager) handleProbe(v *control.ProbeMsg) {
 	go func() {
 		defer m.wg.Done()
 		defer m.probing.Store(false)
+		pc, err := m.openProbeReply(v.Endpoint)
+		if err != nil {
+			m.log.Warn("probe not answered: no control socket to the prober", "prober", peerLabel(v.Endpoint), "probe", v.ID, "err", err)
+			return
+		}
+		defer pc.close()
 		passed := true
 		for _, o := range v.Transports {
-			r := m.probeOne(v, o)
+			r := m.probeOne(v, o, pc)
 			if r.Err != "" && !r.NotApplicable {
 				passed = false
 			}
@@ -134,17 +160,83 @@ func (m *Manager) handleProbe(v *control.ProbeMsg) {
 			result = "failed"
 		}
 		m.met.probes.WithLabelValues(result).Inc()
-		m.log.Info("probe answered", "peer", peerLabel(v.Endpoint), "probe", v.ID, "result", result)
-		if err := m.send(v.Endpoint, res.Encode(), false); err != nil {
-			m.log.Warn("probe result not sent", "peer", peerLabel(v.Endpoint), "err", err)
+		m.log.Info("probe answered", "prober", peerLabel(v.Endpoint), "probe", v.ID, "result", result)
+		if err := pc.send(res.Encode()); err != nil {
+			m.log.Warn("probe result not sent", "prober", peerLabel(v.Endpoint), "err", err)
 		}
 	}()
 }
 
+// maxProbeRefusals bounds the refusals being sent at once (each has its own
+// short-lived socket).
+const maxProbeRefusals = 4
+
+// probeReplyLinger is how long a closed probe reply socket keeps trying to
+// deliver what was queued on it (the PROBE_RESULT sent just before close).
+const probeReplyLinger = 2 * time.Second
+
+// probeReply is the control socket a rank answers one doctor probe on. It
+// is not one of the manager's peer sockets: a prober is no peer rank, so it
+// is not in MaxPeers, the kvxfer_peers gauge or the disconnect monitor (a
+// doctor that exits after its probe is not a lost peer), and it is closed
+// when the probe ends. Used by one goroutine.
+type probeReply struct {
+	m        *Manager
+	endpoint string
+	sock     *zmq.Socket
+}
+
+// openProbeReply connects a probe reply socket to the prober's endpoint.
+func (m *Manager) openProbeReply(endpoint string) (*probeReply, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.zctx == nil {
+		return nil, ErrManagerClosed
+	}
+	s, err := m.zctx.NewSocket(zmq.PUSH)
+	if err != nil {
+		return nil, fmt.Errorf("zmq PUSH socket: %w", err)
+	}
+	_ = s.SetLinger(probeReplyLinger)
+	_ = s.SetSndtimeo(controlSendTimeout)
+	_ = s.SetImmediate(false)
+	if err := s.SetIpv6(true); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("zmq PUSH socket: enable IPv6: %w", err)
+	}
+	if err := s.Connect(endpoint); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("connect to the prober at %s: %w", peerLabel(endpoint), err)
+	}
+	return &probeReply{m: m, endpoint: endpoint, sock: s}, nil
+}
+
+// send seals and sends frames to the prober (ControlFault applies as to
+// every control message).
+func (p *probeReply) send(frames [][]byte) error {
+	m := p.m
+	if f := m.cfg.ControlFault; f != nil && len(frames) > 2 && f(p.endpoint, string(frames[2])) {
+		return nil
+	}
+	frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
+	parts := make([]any, len(frames))
+	for i, f := range frames {
+		parts[i] = f
+	}
+	if _, err := p.sock.SendMessage(parts...); err != nil {
+		return fmt.Errorf("send to the prober at %s: %w (prober gone?)", peerLabel(p.endpoint), err)
+	}
+	return nil
+}
+
+// close closes the socket; what was sent is delivered within
+// probeReplyLinger.
+func (p *probeReply) close() { _ = p.sock.Close() }
+
 // probeOne runs one transport of a probe: open a segment to the prober's
 // scratch region (handshake), write the pattern from a probe buffer
 // (transfer).
-func (m *Manager) probeOne(v *control.ProbeMsg, o control.ProbeOffer) ProbeTransportResult {
+func (m *Manager) probeOne(v *control.ProbeMsg, o control.ProbeOffer, pc *probeReply) ProbeTransportResult {
 	r := ProbeTransportResult{Transport: o.Name}
 	var rs *regSet
 	for _, x := range m.regs {
@@ -192,7 +284,7 @@ func (m *Manager) probeOne(v *control.ProbeMsg, o control.ProbeOffer) ProbeTrans
 			delete(m.probeAcks, k)
 			m.mu.Unlock()
 		}()
-		if err := m.send(v.Endpoint, (&control.HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: seg.HandshakeReply(), Epoch: v.ID}).Encode(), false); err != nil {
+		if err := pc.send((&control.HandshakeMsg{Endpoint: m.endpoint, Transport: o.Name, Reply: seg.HandshakeReply(), Epoch: v.ID}).Encode()); err != nil {
 			return fail("handshake", err)
 		}
 		select {
@@ -212,9 +304,9 @@ func (m *Manager) probeOne(v *control.ProbeMsg, o control.ProbeOffer) ProbeTrans
 		return fail("transfer", fmt.Errorf("submit %d bytes: %w", v.Length, err))
 	}
 	defer seg.Release(id)
-	var st transport.BatchStatus
-	defer m.met.batchStart(o.Name, peerLabel(v.Endpoint), b)(&st)
-	st, err = seg.Wait(ctx, id)
+	// Not counted in the transfer metrics (bytes, write requests, batches):
+	// a probe is no room, and kvxfer_probes_total counts it.
+	st, err := seg.Wait(ctx, id)
 	switch {
 	case err != nil:
 		_ = seg.Cancel(id)

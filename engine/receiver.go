@@ -767,7 +767,7 @@ func (r *Receiver) accept(t *recvTarget, v *control.StatusMsg) {
 	r.remaining--
 	left := r.remaining
 	r.mu.Unlock()
-	r.m.met.recvBytes.WithLabelValues(peerLabel(t.endpoint)).Add(float64(rec.ByteCount))
+	r.m.met.recvBytes.WithLabelValues(prefillPeerLabel(t.rank)).Add(float64(rec.ByteCount))
 	r.tr.peer(StepVerify, t.endpoint, "metadata record verified")
 	if left == 0 {
 		r.succeed()

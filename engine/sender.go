@@ -1125,7 +1125,7 @@ func (s *Sender) run(p *decodePeer, b *transport.TransferBatch) error {
 	}
 	defer p.seg.Release(id)
 	var st transport.BatchStatus
-	defer s.m.met.batchStart(p.offer.Name, peerLabel(p.reg.Endpoint), b)(&st)
+	defer s.m.met.batchStart(p.offer.Name, decodePeerLabel(p.reg.Geometry), b)(&st)
 	st, err = p.seg.Wait(s.ctx, id)
 	if err != nil || !st.State.Terminal() {
 		_ = p.seg.Cancel(id)

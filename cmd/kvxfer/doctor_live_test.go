@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -283,4 +284,90 @@ func TestDoctorSGLangDirectory(t *testing.T) {
 		t.Errorf("exit %d against a server that is no directory, want 1", code)
 	}
 	wantFirstFailure(t, rep, "register", stepFail, "not a bootstrap directory")
+}
+
+// TestDoctorProbesLeaveNoTrace: 100 doctor probes (a fresh prober each, as
+// every `kvxfer doctor` run is, each on its own ephemeral control port)
+// against a live prefill rank that also served a room: the rank counts them
+// in kvxfer_probes_total only. No peer is lost when a prober exits, no
+// series is added by a probe, and no label value of any metric of either
+// rank is an address (issue 26 item 2: label values are bounded).
+func TestDoctorProbesLeaveNoTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	_, addr := startBootstrapProc(t, "127.0.0.1", 0)
+	pre := startProc(t, "prefill", nil, roleArgs("prefill", addr, "127.0.0.1", "--metrics-addr", "127.0.0.1:0")...)
+	dec := startProc(t, "decode", nil, roleArgs("decode", addr, "127.0.0.1", "--metrics-addr", "127.0.0.1:0")...)
+	pr := pre.ready()
+	pm, dm := pr.Metrics, dec.ready().Metrics
+	transferRoom(t, 7001, pre, dec)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	probe := func() {
+		t.Helper()
+		tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		p, err := engine.NewProber(engine.ProberConfig{Transports: []transport.Transport{tr}, Length: 64 << 10, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		rep, err := p.Probe(ctx, pr.Endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Refused != "" || len(rep.Results) != 1 || !rep.Results[0].Verified {
+			t.Fatalf("probe: %+v", rep)
+		}
+	}
+	probe()
+	before, err := scrapeMetrics(ctx, pm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < 100; i++ {
+		probe()
+	}
+	transferRoom(t, 7002, pre, dec) // the rank still serves rooms
+	after, err := scrapeMetrics(ctx, pm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sumSeries(after, engine.MetricProbes, `result="passed"`); n != 100 {
+		t.Errorf("probes passed = %v, want 100", n)
+	}
+	if n := sumSeries(after, engine.MetricPeersLost); n != 0 {
+		t.Errorf("peers lost after 100 probes = %v, want 0 (a prober is no peer)", n)
+	}
+	if n := sumSeries(after, engine.MetricPeers, `state="connected"`); n != 1 {
+		t.Errorf("connected peers = %v, want 1 (the decode; probers are not peers)", n)
+	}
+	if n := sumSeries(after, engine.MetricBytes, `peer="decode tp0/pp0"`); n == 0 {
+		t.Errorf("no bytes to peer \"decode tp0/pp0\": %v", after)
+	}
+	var added []string
+	for k := range after {
+		if _, ok := before[k]; !ok && strings.HasPrefix(k, "kvxfer_") {
+			added = append(added, k)
+		}
+	}
+	if len(added) != 0 {
+		t.Errorf("99 more probes (and a room) added series: %v", added)
+	}
+	ds, err := scrapeMetrics(ctx, dm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrLike := regexp.MustCompile(`="([^"]*(:[0-9]+|tcp://)[^"]*)"`)
+	for _, s := range []map[string]float64{after, ds} {
+		for k := range s {
+			if m := addrLike.FindStringSubmatch(k); m != nil {
+				t.Errorf("label value %q is an address: %s", m[1], k)
+			}
+		}
+	}
 }

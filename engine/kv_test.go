@@ -70,16 +70,17 @@ type rankOpts struct {
 	kvDtype          string               // KVCacheDtype ("": auto)
 	controlFault     func(peer, msgType string) bool
 	verifyKV         func(engine.ReceivedKV) error
-	ringSlots        int    // decode: RingSlots (0: default)
-	authToken        string // BootstrapAuthToken
-	authControl      bool   // AuthenticateControl (needs authToken)
-	instance         string // InstanceID ("": random)
-	maxPeers         int    // MaxPeers (0: default)
-	policy           string // prefill: DecodeAllocationPolicy
-	layout           []byte // prefill: DSV41SpecLayout
-	noHeads          bool   // KVArgs without kv_head_num/total_kv_head_num, as SGLang's decode fills them
-	httpPort         int    // prefill: PrefillHTTPPort
-	onDevice         bool   // KV buffers on cuda:0 (a fake or real CUDA library must be loaded)
+	ringSlots        int                         // decode: RingSlots (0: default)
+	authToken        string                      // BootstrapAuthToken
+	authControl      bool                        // AuthenticateControl (needs authToken)
+	instance         string                      // InstanceID ("": random)
+	maxPeers         int                         // MaxPeers (0: default)
+	policy           string                      // prefill: DecodeAllocationPolicy
+	layout           []byte                      // prefill: DSV41SpecLayout
+	noHeads          bool                        // KVArgs without kv_head_num/total_kv_head_num, as SGLang's decode fills them
+	httpPort         int                         // prefill: PrefillHTTPPort
+	onDevice         bool                        // KV buffers on cuda:0 (a fake or real CUDA library must be loaded)
+	cfgMod           func(*engine.ManagerConfig) // last word on the manager's configuration
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -136,6 +137,9 @@ func newRank(t *testing.T, o rankOpts) *rank {
 	}
 	if cfg.WaitingTimeout == 0 && !o.envTimeouts {
 		cfg.WaitingTimeout = 20 * time.Second
+	}
+	if o.cfgMod != nil {
+		o.cfgMod(&cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

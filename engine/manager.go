@@ -55,6 +55,9 @@ const (
 	controlSendTimeout       = 2 * time.Second
 )
 
+// DefaultProgressInterval is ManagerConfig.ProgressInterval's default.
+const DefaultProgressInterval = 10 * time.Second
+
 // Where a user raises the two room timeouts, named the same way by every
 // face of the engine (the CLI, the C ABI and Python pass their setting as
 // ManagerConfig's; SGLang's env is read only where neither is given).
@@ -172,6 +175,15 @@ type ManagerConfig struct {
 	// after it sent TRANSFER. 0: 300 s (SGLang's default; the edges read
 	// SGLANG_DISAGGREGATION_WAITING_TIMEOUT into it).
 	WaitingTimeout time.Duration
+	// ProgressInterval (decode) is how often a room that waits on its
+	// producers (Bootstrapping: resolving, registering, prefill_complete;
+	// Transferring: TRANSFER sent, not every Success in) logs a "room
+	// waiting" line naming the producers that answered and those it still
+	// waits for, so a room reaching only some TP ranks is not silent until
+	// its timeout. 0: DefaultProgressInterval (10 s); negative: never. The
+	// lines come from the liveness loop, so the period is rounded up to
+	// HeartbeatInterval.
+	ProgressInterval time.Duration
 	// HeartbeatInterval is the PING period to every known peer (500 ms).
 	// It is kvxfer's own control-channel liveness, not SGLang's bootstrap
 	// heartbeat (see BootstrapHeartbeatInterval).
@@ -479,6 +491,9 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 			bootstrap.WithAuthToken(cfg.BootstrapAuthToken), bootstrap.WithRetryNotify(notify)); err != nil {
 			return nil, fmt.Errorf("engine: prefill manager: %w", err)
 		}
+	}
+	if cfg.ProgressInterval == 0 {
+		cfg.ProgressInterval = DefaultProgressInterval
 	}
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
@@ -1450,6 +1465,7 @@ func (m *Manager) monitorLoop() {
 		}
 		for _, r := range rs {
 			r.checkTimeout(now)
+			r.progress(now)
 		}
 	}
 }

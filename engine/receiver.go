@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,6 +85,9 @@ type Receiver struct {
 	requiredDst int
 	closed      bool
 	slots       []int
+	// progressAt is when the last "room waiting" line was logged (zero:
+	// none yet; the first comes ProgressInterval after creation).
+	progressAt time.Time
 }
 
 // NewReceiver creates the receiver for room (any value in [0, 2^63-1], 0
@@ -802,6 +806,87 @@ func (r *Receiver) checkTimeout(now time.Time) {
 	if !sent.IsZero() && now.Sub(sent) > r.m.cfg.WaitingTimeout {
 		r.failLocal(fmt.Errorf("%w: room %d: no Success from %d producer(s) within %s of TRANSFER (%s, or check the prefill)", ErrTimeout, r.room, left, r.m.cfg.WaitingTimeout, waitingTimeoutHint))
 	}
+}
+
+// prefillRankName names a producer as errors and progress lines do:
+// "prefill tp1/pp0 at 127.0.0.1:46439".
+func prefillRankName(rank bootstrap.TargetRank, ep string) string {
+	return prefillPeerLabel(rank) + " at " + peerLabel(ep)
+}
+
+// progress logs the "room waiting" line (ManagerConfig.ProgressInterval)
+// when the room has waited on its producers for another interval: its
+// state and step, how long it waited, the producers that answered and those
+// it waits for, each by rank and address, and the time left before its
+// timeout fails it.
+func (r *Receiver) progress(now time.Time) {
+	every := r.m.cfg.ProgressInterval
+	p, _ := r.st.get()
+	if every <= 0 || (p != KVBootstrapping && p != KVTransferring) {
+		return
+	}
+	registered := r.tr.peersDone(StepConnect) // before r.mu: the trace's lock is taken under it elsewhere
+	step := r.tr.step()
+	r.mu.Lock()
+	last := r.progressAt
+	if last.IsZero() {
+		last = r.tr.created
+	}
+	if now.Sub(last) < every {
+		r.mu.Unlock()
+		return
+	}
+	r.progressAt = now
+	var answered, waiting []string
+	var left time.Duration
+	switch {
+	case p == KVTransferring:
+		for _, t := range r.targets {
+			switch {
+			case t.rank.Dummy:
+			case t.done:
+				answered = append(answered, prefillRankName(t.rank, t.endpoint))
+			case t.wrote:
+				waiting = append(waiting, prefillRankName(t.rank, t.endpoint)+" (Success reported, metadata record not verified yet)")
+			default:
+				waiting = append(waiting, prefillRankName(t.rank, t.endpoint)+" (TRANSFER sent, no Success yet)")
+			}
+		}
+		left = r.m.cfg.WaitingTimeout - now.Sub(r.sentAt)
+	case r.resolved: // prefill_complete: waiting for the producers to compute the request
+		for _, t := range r.targets {
+			switch {
+			case t.rank.Dummy:
+			case t.ready:
+				answered = append(answered, prefillRankName(t.rank, t.endpoint))
+			default:
+				waiting = append(waiting, prefillRankName(t.rank, t.endpoint)+" (SUBSCRIBE sent, request not computed yet)")
+			}
+		}
+	default: // resolving producers and registering with them
+		for _, ep := range r.resolvedEPs {
+			if registered[ep] {
+				answered = append(answered, "prefill at "+peerLabel(ep))
+			} else {
+				waiting = append(waiting, "prefill at "+peerLabel(ep)+" (REGISTER sent, no REGISTER_ACK yet)")
+			}
+		}
+		if len(waiting) == 0 {
+			what := "the next prefill rank's entry"
+			if step == StepResolveTopology {
+				what = "the prefill topology: not every prefill rank of the instance has registered yet"
+			}
+			waiting = append(waiting, "the bootstrap server at "+r.addr+" ("+what+")")
+		}
+		left = r.m.cfg.BootstrapTimeout - now.Sub(r.tr.created)
+	}
+	r.mu.Unlock()
+	args := []any{"state", p.String(), "waited", now.Sub(r.tr.created).Round(time.Millisecond).String(),
+		"answered", strings.Join(answered, "; "), "waiting_for", strings.Join(waiting, "; ")}
+	if left > 0 {
+		args = append(args, "fails_in", left.Round(time.Second).String())
+	}
+	r.tr.log("").Info("room waiting", args...)
 }
 
 // Abort fails the receiver (sticky) with ErrAborted; like every failure it

@@ -253,6 +253,17 @@ func (t *roomTrace) peer(step Step, peer, detail string) {
 	}
 }
 
+// peersDone returns the peers (control endpoints) that completed step.
+func (t *roomTrace) peersDone(step Step) map[string]bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]bool, len(t.peers[step]))
+	for p := range t.peers[step] {
+		out[p] = true
+	}
+	return out
+}
+
 // note records an event that completes nothing (a message sent, a state
 // change). Transfer-start notes also start the transfer latency clock.
 func (t *roomTrace) note(step Step, peer, detail string) {

@@ -46,6 +46,7 @@ type roleFlags struct {
 	bootstrapTimeout time.Duration
 	waitingTimeout   time.Duration
 	peerTimeout      time.Duration
+	progressInterval time.Duration
 	fenceTimeout     time.Duration
 	digest           bool
 	hold             time.Duration
@@ -142,6 +143,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.DurationVar(&f.bootstrapTimeout, "bootstrap-timeout", boot, "bootstrap timeout (env SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, seconds)")
 	fs.DurationVar(&f.waitingTimeout, "waiting-timeout", wait, "waiting timeout (env SGLANG_DISAGGREGATION_WAITING_TIMEOUT, seconds)")
 	fs.DurationVar(&f.peerTimeout, "peer-timeout", engine.DefaultPeerTimeout, "fail a request when its peer is silent this long")
+	fs.DurationVar(&f.progressInterval, "progress-interval", engine.DefaultProgressInterval, "decode: log a \"room waiting\" line this often for each room that waits on its prefill ranks (which answered, which not); 0 or negative: never")
 	fs.StringVar(&f.serve, "serve", envOr("KVXFER_SERVE", ""), "where request lines come from: empty = stdin (JSON lines; the rank stops at its end); "+
 		"unix:PATH = connections to a unix socket (each gets the ready line, then one result line per request line it sends); "+
 		"http://HOST:PORT = POST /v1/requests (request lines in, result lines out as NDJSON) and GET /v1/ready; for a long-lived rank with no stdin (systemd, containers; env KVXFER_SERVE)")
@@ -539,7 +541,7 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
 		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
-		PeerTimeout: f.peerTimeout, FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
+		PeerTimeout: f.peerTimeout, ProgressInterval: progressInterval(f.progressInterval), FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
 		// the shm transport can share it by fd either way.
@@ -818,4 +820,13 @@ func (f *roleFlags) afterLayers() func(room uint64, calls int) bool {
 		}
 		return true
 	}
+}
+
+// progressInterval maps --progress-interval to ManagerConfig.ProgressInterval
+// (0 there means the default; the flag's 0 means never).
+func progressInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

@@ -348,6 +348,11 @@ type pushSock struct {
 	// lastUse is when a message was last sent through it (Unix ns), for
 	// closing the least recently used idle socket at MaxPeers.
 	lastUse atomic.Int64
+	// droppedAt is when its connection last dropped, connectedAt when it
+	// last (re)connected; dropCheck is set while a drop is being judged,
+	// lost once it was judged a lost peer (ctlreset.go).
+	droppedAt, connectedAt time.Time
+	dropCheck, lost        atomic.Bool
 }
 
 // Manager is one rank's KV transfer manager: it owns the control PULL socket,
@@ -381,6 +386,9 @@ type Manager struct {
 	closed   bool
 	push     map[string]*pushSock
 	lastSeen map[string]time.Time
+	// resetAt is when the control connection to a live peer was last
+	// reset and reconnected (ctlreset.go).
+	resetAt map[string]time.Time
 
 	instanceID string
 	// ctlKey tags and checks control frames (nil: AuthenticateControl off).
@@ -558,6 +566,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 		log:        cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
 		push:       map[string]*pushSock{},
 		lastSeen:   map[string]time.Time{},
+		resetAt:    map[string]time.Time{},
 		probeAcks:  map[probeKey]chan error{},
 		done:       make(chan struct{}),
 		instanceID: cfg.InstanceID,
@@ -1137,15 +1146,29 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 			continue
 		}
 		if ev == zmq.EVENT_DISCONNECTED {
-			if !lost {
-				lost = true
-				m.met.peerLost(m.cfg.Role, "disconnected")
-				go m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed)", transport.ErrPeerLost, m.otherRole(), ep))
+			if !lost && ps.dropCheck.CompareAndSwap(false, true) {
+				// A dead process, or only its connection reset (ss -K, a
+				// middlebox)? connectionDropped tells them apart
+				// (ctlreset.go); lost stays false for a reset, so the
+				// next drop is judged again.
+				ps.mu.Lock()
+				ps.droppedAt = time.Now()
+				ps.mu.Unlock()
+				go func() {
+					defer ps.dropCheck.Store(false)
+					if m.connectionDropped(ep, ps) {
+						ps.lost.Store(true)
+					}
+				}()
 			}
-			continue // until peerLost closed the socket
+			lost = ps.lost.Load()
+			continue // a lost peer's socket is closed by peerLost
 		}
 		if ev == zmq.EVENT_CONNECT_RETRIED || ev == zmq.EVENT_CONNECTED {
 			ps.mu.Lock()
+			if ev == zmq.EVENT_CONNECTED {
+				ps.connectedAt = time.Now()
+			}
 			ps.unreachable = ev == zmq.EVENT_CONNECT_RETRIED
 			probe := ps.unreachable && !ps.connected && ps.dialErr == ""
 			if ev == zmq.EVENT_CONNECTED {
@@ -1486,6 +1509,7 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	m.mu.Unlock()
 	m.mu.Lock()
 	delete(m.lastSeen, ep)
+	delete(m.resetAt, ep)
 	var ss []*Sender
 	for _, s := range m.pre.senders {
 		ss = append(ss, s)

@@ -20,7 +20,8 @@ import (
 //     sent the REGISTER. A REGISTER naming the same endpoint replaces it only
 //     when it comes from that instance with a newer epoch, or when the
 //     registered instance is no longer alive (silent for PeerTimeout, or
-//     disconnected); anything else is dropped, so a stray or forged REGISTER
+//     disconnected, or its control connection was reset and nothing came
+//     from it since, ctlreset.go); anything else is dropped, so a stray or forged REGISTER
 //     cannot take a live decode's state (the forged "tcpx" REGISTER of the
 //     issue). Other frames claiming a registered decode's endpoint from
 //     another instance are dropped.
@@ -157,7 +158,7 @@ func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Enve
 		return ""
 	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch:
 		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch)
-	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint):
+	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint) && !m.resetUnheardLocked(v.Endpoint):
 		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout)
 	}
 	return ""

@@ -33,3 +33,8 @@ func FailMonitorReaders(m *Manager) { m.failMonitorReader.Store(true) }
 // SetBeforeVerdict installs a hook each decided verdict's send runs first
 // (tests only: a verdict goroutine descheduled while the caller closes).
 func SetBeforeVerdict(m *Manager, f func()) { m.beforeVerdict.Store(&f) }
+
+// SetControlVersion makes the manager speak control protocol version v
+// instead of this build's (tests only: a peer of another release, whose
+// frames keep this build's layout, as versions 5 and 6 do).
+func SetControlVersion(m *Manager, v int) { m.ctlVersion.Store(int64(v)) }

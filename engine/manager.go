@@ -452,6 +452,11 @@ type Manager struct {
 	// goroutine's delay.
 	verdictFlight flight
 	beforeVerdict atomic.Pointer[func()]
+	// ctlVersion, when not 0 (tests only), is the control protocol version
+	// this rank speaks instead of control.ControlVersion; versionTold is
+	// when each endpoint of another version was last answered (skew.go).
+	ctlVersion  atomic.Int64
+	versionTold map[string]time.Time
 }
 
 // NewManager validates the KV arguments (errors wrap ErrBadKVArgs), binds the
@@ -563,17 +568,18 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	}
 	m := &Manager{
 		cfg: cfg, geo: geo, rankName: rankName, timelines: newTimelineStore(cfg.TimelineRooms),
-		log:        cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
-		push:       map[string]*pushSock{},
-		lastSeen:   map[string]time.Time{},
-		resetAt:    map[string]time.Time{},
-		probeAcks:  map[probeKey]chan error{},
-		done:       make(chan struct{}),
-		instanceID: cfg.InstanceID,
-		ctlKey:     controlKeyIf(cfg.AuthenticateControl, cfg.BootstrapAuthToken),
-		epoch:      uint64(time.Now().UnixNano()),
-		pre:        newPrefillSide(dir),
-		dec:        newDecodeSide(),
+		log:         cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
+		push:        map[string]*pushSock{},
+		lastSeen:    map[string]time.Time{},
+		resetAt:     map[string]time.Time{},
+		versionTold: map[string]time.Time{},
+		probeAcks:   map[probeKey]chan error{},
+		done:        make(chan struct{}),
+		instanceID:  cfg.InstanceID,
+		ctlKey:      controlKeyIf(cfg.AuthenticateControl, cfg.BootstrapAuthToken),
+		epoch:       uint64(time.Now().UnixNano()),
+		pre:         newPrefillSide(dir),
+		dec:         newDecodeSide(),
 	}
 	m.life, m.stopLife = context.WithCancel(context.Background())
 	if cfg.TracerProvider != nil {
@@ -1059,6 +1065,10 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return ErrManagerClosed
 	}
 	ps.lastUse.Store(time.Now().UnixNano())
+	if v := m.version(); v != control.ControlVersion && len(frames) > 1 { // a test's rank of another version
+		frames = slices.Clone(frames)
+		frames[1] = []byte(strconv.Itoa(v))
+	}
 	frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
 	parts := make([]any, len(frames))
 	for i, f := range frames {
@@ -1336,6 +1346,13 @@ func (m *Manager) dispatch(parts [][]byte) {
 	if h := m.beforeDispatch.Load(); h != nil && len(parts) > 2 {
 		(*h)(string(parts[2]))
 	}
+	if v, ok := control.ForeignVersion(parts, m.version()); ok {
+		m.handleForeign(parts, v) // skew.go
+		return
+	}
+	if m.version() != control.ControlVersion { // a test's rank of another version
+		parts[1] = []byte(strconv.Itoa(control.ControlVersion))
+	}
 	now := time.Now()
 	body, env, err := control.OpenControl(parts, m.ctlKey, now)
 	if err != nil {
@@ -1416,6 +1433,8 @@ func (m *Manager) dispatch(parts [][]byte) {
 		m.handleProbe(v)
 	case *control.ProbeResultMsg:
 		m.log.Warn("dropped PROBE_RESULT: this rank sent no probe", "from", v.Endpoint)
+	case *control.VersionMsg:
+		m.log.Warn("dropped VERSION of this rank's own protocol version (stray)", "from", v.Endpoint)
 	case *control.SubscribeMsg:
 		if m.cfg.Role != RolePrefill {
 			m.log.Warn("dropped SUBSCRIBE: this rank is a decode", "from", v.Endpoint)

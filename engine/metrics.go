@@ -176,7 +176,7 @@ func FailureReason(err error) string {
 		return ReasonPeerFailed
 	case errors.Is(err, ErrAborted):
 		return ReasonAborted
-	case errors.Is(err, bootstrap.ErrMismatch), errors.Is(err, kvargs.ErrBadKVArgs), errors.Is(err, ErrTokenMismatch):
+	case errors.Is(err, bootstrap.ErrMismatch), errors.Is(err, kvargs.ErrBadKVArgs), errors.Is(err, ErrTokenMismatch), errors.Is(err, ErrVersionSkew):
 		return ReasonMismatch
 	case errors.Is(err, bootstrap.ErrNotFound), errors.Is(err, bootstrap.ErrNotReady), errors.Is(err, bootstrap.ErrUnauthorized),
 		errors.Is(err, bootstrap.ErrBadRequest), errors.Is(err, bootstrap.ErrUnsupported):

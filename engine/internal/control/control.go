@@ -372,7 +372,7 @@ func controlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, Trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult, MsgSubscribe:
+	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult, MsgSubscribe, MsgVersion:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, Trunc(parts[2]))
@@ -389,7 +389,7 @@ func Trunc(b []byte) string {
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
 // *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
-// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg, *SubscribeMsg. Errors wrap ErrBadFrame.
+// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg, *SubscribeMsg, *VersionMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := controlType(parts)
 	if err != nil {
@@ -418,6 +418,8 @@ func DecodeControl(parts [][]byte) (any, error) {
 		return DecodeProbeResult(parts)
 	case MsgSubscribe:
 		return DecodeSubscribe(parts)
+	case MsgVersion:
+		return DecodeVersion(parts)
 	default:
 		return DecodePing(parts)
 	}

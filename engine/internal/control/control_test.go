@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -316,5 +317,90 @@ func FuzzUnpackRegions(f *testing.F) {
 		if err == nil && !bytes.Equal(packRegions(rs), b) {
 			t.Fatalf("region table does not re-encode to its input")
 		}
+	})
+}
+
+// DecodeForeign reads the fields every version keeps from a frame of
+// another version, and refuses what does not hold them.
+func TestDecodeForeign(t *testing.T) {
+	as := func(v int, frames [][]byte) [][]byte {
+		frames[1] = []byte(strconv.Itoa(v))
+		return SealControl(frames, "inst", 1, 1, time.Now(), nil)
+	}
+	for _, c := range []struct {
+		name  string
+		parts [][]byte
+		want  ForeignFrame
+		bad   bool
+	}{
+		{"register v5", as(5, sampleRegister().Encode()), ForeignFrame{Version: 5, Type: MsgRegister, Endpoint: sampleRegister().Endpoint}, false},
+		{"abort v7", as(7, (&AbortMsg{Room: 9, Endpoint: "tcp://h:1", Reason: "r", Epoch: 2}).Encode()),
+			ForeignFrame{Version: 7, Type: MsgAbort, Endpoint: "tcp://h:1", Room: 9, HasRoom: true, Reason: "r"}, false},
+		{"status v4", as(4, (&StatusMsg{Room: 3, State: StatusSuccess, Endpoint: "tcp://h:2", Epoch: 1}).Encode()),
+			ForeignFrame{Version: 4, Type: MsgStatus, Endpoint: "tcp://h:2", Room: 3, HasRoom: true}, false},
+		{"version v9", as(9, (&VersionMsg{Endpoint: "tcp://h:3", Reason: "why"}).Encode()),
+			ForeignFrame{Version: 9, Type: MsgVersion, Endpoint: "tcp://h:3", Reason: "why"}, false},
+		{"unknown type", [][]byte{[]byte(ControlMagic), []byte("8"), []byte("NEWTHING"), []byte("x")}, ForeignFrame{Version: 8, Type: "NEWTHING"}, false},
+		{"short transfer", [][]byte{[]byte(ControlMagic), []byte("5"), []byte(MsgTransfer), []byte("1")}, ForeignFrame{}, true},
+		{"not an endpoint", [][]byte{[]byte(ControlMagic), []byte("5"), []byte(MsgPing), []byte("h:1")}, ForeignFrame{}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v, ok := ForeignVersion(c.parts, ControlVersion)
+			if !ok {
+				t.Fatal("not seen as another version")
+			}
+			got, err := DecodeForeign(c.parts, v)
+			if c.bad {
+				if err == nil || !errors.Is(err, ErrBadFrame) {
+					t.Fatalf("err %v, want ErrBadFrame", err)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
+			}
+		})
+	}
+	if _, ok := ForeignVersion((&PingMsg{Endpoint: "tcp://h:1"}).Encode(), ControlVersion); ok {
+		t.Fatal("this build's own frame taken as another version")
+	}
+	key := ControlKey("t")
+	sealed := SealControl((&PingMsg{Endpoint: "tcp://h:1"}).Encode(), "i", 1, 1, time.Now(), key)
+	sealed[1] = []byte("7")
+	if ForeignTagValid(sealed, key) {
+		t.Fatal("a frame altered after sealing verified")
+	}
+	f := (&PingMsg{Endpoint: "tcp://h:1"}).Encode()
+	f[1] = []byte("7")
+	if !ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), key), key) || ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), nil), key) {
+		t.Fatal("ForeignTagValid: a tagged frame must verify, an untagged one must not")
+	}
+}
+
+// FuzzDecodeForeign: frames of any version and content never panic, and an
+// accepted frame names a tcp:// endpoint or none.
+func FuzzDecodeForeign(f *testing.F) {
+	for _, m := range [][][]byte{sampleRegister().Encode(), (&AbortMsg{Room: 1, Endpoint: "tcp://h:1", Reason: "r", Epoch: 4}).Encode(),
+		(&VersionMsg{Endpoint: "tcp://h:3", Reason: "x"}).Encode(), (&StatusMsg{Room: 1, State: StatusSuccess, Endpoint: "tcp://h:1", Epoch: 2}).Encode()} {
+		m[1] = []byte("5")
+		f.Add(bytes.Join(m, []byte{0}))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		parts := bytes.Split(data, []byte{0})
+		v, ok := ForeignVersion(parts, ControlVersion)
+		if !ok {
+			return
+		}
+		got, err := DecodeForeign(parts, v)
+		if err != nil {
+			if !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("error does not wrap ErrBadFrame: %v", err)
+			}
+			return
+		}
+		if got.Endpoint != "" && !strings.HasPrefix(got.Endpoint, "tcp://") {
+			t.Fatalf("accepted endpoint %q", got.Endpoint)
+		}
+		_ = ForeignTagValid(parts, ControlKey("k"))
 	})
 }

@@ -63,6 +63,8 @@ func SenderEndpoint(msg any) string {
 		return v.Endpoint
 	case *SubscribeMsg:
 		return v.Endpoint
+	case *VersionMsg:
+		return v.Endpoint
 	}
 	return ""
 }

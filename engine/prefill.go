@@ -39,18 +39,24 @@ type prefillSide struct {
 	dir       *bootstrap.Client // the directory this rank registers with
 	reregs    atomic.Int64      // re-registrations (reregister.go)
 	watchStop chan struct{}     // stops watchDirectory
-	watchDone chan struct{}     // closed when watchDirectory returned
+	// checkNow asks watchDirectory for a check at once (a TRANSFER for a
+	// room this rank does not hold); replaced, once set, says why this rank
+	// gets no new rooms: its directory names a newer instance (wrongpeer.go).
+	checkNow  chan struct{}
+	replaced  atomic.Pointer[string]
+	watchDone chan struct{} // closed when watchDirectory returned
 }
 
 func newPrefillSide(dir *bootstrap.Client) prefillSide {
 	return prefillSide{
-		senders: map[uint64]*Sender{},
-		pending: map[uint64]map[string]pendingTransfer{},
-		subs:    map[uint64]map[string]pendingSub{},
-		aborted: map[uint64]time.Time{},
-		recent:  map[uint64]ackMemo{},
-		dpeers:  map[string]*decodePeer{},
-		dir:     dir,
+		senders:  map[uint64]*Sender{},
+		pending:  map[uint64]map[string]pendingTransfer{},
+		subs:     map[uint64]map[string]pendingSub{},
+		aborted:  map[uint64]time.Time{},
+		recent:   map[uint64]ackMemo{},
+		dpeers:   map[string]*decodePeer{},
+		dir:      dir,
+		checkNow: make(chan struct{}, 1),
 	}
 }
 
@@ -281,7 +287,13 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 		reject(fmt.Sprintf("prefill %s failed room %d %s before this TRANSFER arrived: %s", m.endpoint, v.Room, time.Since(memo.at).Round(time.Millisecond), memo.failure), clean)
 		return
 	}
+	if why := m.pre.replaced.Load(); why != nil && m.pre.senders[v.Room] == nil {
+		m.mu.Unlock()
+		reject(m.replacedRefusal(v.Room, *why), true) // wrongpeer.go
+		return
+	}
 	if m.pre.senders[v.Room] == nil {
+		m.askDirectoryCheck()
 		if m.pre.pending[v.Room] == nil {
 			m.pre.pending[v.Room] = map[string]pendingTransfer{}
 		}

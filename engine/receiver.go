@@ -695,7 +695,9 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 		}
 		r.updateFence()
 	case KVPoll(v.State) == KVFailed:
-		r.failLocal(peerFail)
+		if r.failLocal(peerFail) {
+			go r.tellCurrentProducers(v.Endpoint, peerFail) // wrongpeer.go
+		}
 	case KVPoll(v.State) == KVSuccess && !t.rank.Dummy:
 		r.tr.peer(StepTransfer, v.Endpoint, "STATUS Success")
 		r.m.goTracked(func() { r.accept(t, v) }) // Close waits for it before the ring goes

@@ -129,6 +129,7 @@ func (m *Manager) watchDirectory() {
 	defer close(m.pre.watchDone)
 	every := m.cfg.DirectoryCheckInterval
 	down := false // the last check could not reach the directory
+	var last time.Time
 	for {
 		t := time.NewTimer(time.Duration(float64(every) * (0.8 + 0.4*rand.Float64())))
 		select {
@@ -138,8 +139,23 @@ func (m *Manager) watchDirectory() {
 		case <-m.done:
 			t.Stop()
 			return
+		case <-m.pre.checkNow:
+			// Brought forward (wrongpeer.go), at most every
+			// checkNowSpacing however many TRANSFERs ask.
+			t.Stop()
+			t = time.NewTimer(max(checkNowSpacing-time.Since(last), 0))
+			select {
+			case <-m.pre.watchStop:
+				t.Stop()
+				return
+			case <-m.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
 		case <-t.C:
 		}
+		last = time.Now()
 		ctx, cancel := context.WithTimeout(m.life, max(2*every, 2*time.Second))
 		stop, reached := m.checkDirectory(ctx, down)
 		cancel()
@@ -165,6 +181,7 @@ func (m *Manager) checkDirectory(ctx context.Context, wasDown bool) (stop, reach
 		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it gets no new rooms and stops re-registering (stop this process)",
 			"bootstrap", m.pre.dir.Addr(), "rank", at.String(), "successor", e.InstanceID, "successor_epoch", e.Epoch,
 			"successor_endpoint", e.Endpoint(), "instance", m.instanceID, "epoch", m.epoch)
+		m.markReplaced(fmt.Sprintf("its bootstrap directory %s names instance %s at %s for rank %s", m.pre.dir.Addr(), e.InstanceID, e.Endpoint(), at))
 		return true, true
 	case err == nil:
 		return m.reregister(ctx, fmt.Sprintf("the entry names an older instance %q at %s", e.InstanceID, e.Endpoint())), true
@@ -200,6 +217,7 @@ func (m *Manager) reregister(ctx context.Context, why string) (stop bool) {
 	case errors.Is(err, bootstrap.ErrReplaced):
 		m.log.Warn("this rank was replaced in the bootstrap directory by a newer instance; it stops re-registering (stop this process)",
 			"bootstrap", m.pre.dir.Addr(), "err", err)
+		m.markReplaced(fmt.Sprintf("its bootstrap directory %s holds a newer instance for rank %s (%v)", m.pre.dir.Addr(), m.coord(), err))
 		return true
 	}
 	m.log.Warn("registering again with the bootstrap directory failed; retrying at the next check", "bootstrap", m.pre.dir.Addr(), "why", why, "err", err)

@@ -803,6 +803,9 @@ func (m *Manager) bind() error {
 	_ = s.SetLinger(0)
 	_ = s.SetRcvtimeo(100 * time.Millisecond)
 	_ = s.SetRcvhwm(100000)
+	if err := limitControlSocket(s, "PULL"); err != nil {
+		return err
+	}
 	// Every control socket is IPv6-enabled (ZMQ_IPV6): it then binds and
 	// connects IPv6 and IPv4 endpoints alike (a PUSH without it never
 	// connects to a "tcp://[::1]:port" peer).
@@ -1298,7 +1301,13 @@ func (m *Manager) recvLoop() {
 			return
 		default:
 		}
-		parts, err := m.pull.RecvMessageBytes(flags)
+		parts, err := recvControl(m.pull, flags)
+		if errors.Is(err, control.ErrFrameTooLarge) {
+			m.drop("oversize", err)
+			m.progressAt.Store(time.Now().UnixNano())
+			flags = zmq.DONTWAIT
+			continue
+		}
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) { // inbox empty (or receive timeout)
 				now := time.Now().UnixNano()

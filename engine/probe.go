@@ -427,6 +427,9 @@ func NewProber(cfg ProberConfig) (*Prober, error) {
 	}
 	_ = p.pull.SetLinger(0)
 	_ = p.pull.SetRcvtimeo(100 * time.Millisecond)
+	if err := limitControlSocket(p.pull, "prober PULL"); err != nil {
+		return nil, err
+	}
 	if err := p.pull.SetIpv6(true); err != nil {
 		return nil, fmt.Errorf("engine: prober: enable IPv6: %w", err)
 	}
@@ -529,9 +532,9 @@ func (p *Prober) Probe(ctx context.Context, endpoint string) (*ProbeReport, erro
 				"(the rank cannot reach this host there, e.g. a firewall toward the doctor; or it is an older kvxfer that drops PROBE; or it hangs)",
 				ErrTimeout, peerLabel(endpoint), time.Since(start).Round(time.Millisecond), p.endpoint)
 		}
-		parts, err := p.pull.RecvMessageBytes(0)
+		parts, err := recvControl(p.pull, 0)
 		if err != nil {
-			continue // receive timeout: check ctx
+			continue // receive timeout (check ctx), or an oversize frame
 		}
 		body, _, err := control.OpenControl(parts, p.key, time.Now())
 		if err != nil {

@@ -858,6 +858,9 @@ func unpackRegions(b []byte) ([]transport.RegionDesc, error) {
 	if len(b) < 4 {
 		return nil, fmt.Errorf("%d bytes, too short for the region count", len(b))
 	}
+	if len(b) > MaxRegionTableBytes {
+		return nil, fmt.Errorf("%d bytes, more than %d", len(b), MaxRegionTableBytes)
+	}
 	n := binary.LittleEndian.Uint32(b)
 	if n > maxRegions {
 		return nil, fmt.Errorf("%d regions, more than %d", n, maxRegions)

@@ -20,4 +20,8 @@ type (
 	cKV           = C.kvx_kv_t
 	cRoom         = C.kvx_room_t
 	cInt32        = C.int32_t
+	cEngine       = C.kvx_engine_t
+	cRegion       = C.kvx_region_t
+	cHostBuf      = C.kvx_hostbuf_t
+	cTransferStat = C.kvx_transfer_status
 )

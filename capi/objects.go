@@ -589,10 +589,16 @@ func (b *batchObj) wait(timeout time.Duration) error {
 	defer t.Stop()
 	var first error
 	for _, p := range parts {
+		// A part already done counts even when the timer has fired too
+		// (timeout_ms 0 polls): select alone picks either at random.
 		select {
 		case <-p.done:
-		case <-t.C:
-			return fail(stTimeout, "kvx_batch_wait: requests %d..%d still pending after %v", p.first, p.first+p.count-1, timeout)
+		default:
+			select {
+			case <-p.done:
+			case <-t.C:
+				return fail(stTimeout, "kvx_batch_wait: requests %d..%d still pending after %v", p.first, p.first+p.count-1, timeout)
+			}
 		}
 		if p.st.State != transport.BatchCompleted && first == nil {
 			code := codeOf(p.st.Err)

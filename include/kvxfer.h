@@ -347,8 +347,10 @@ KVX_API int kvx_alloc_host(const char *name, uint64_t size, kvx_hostbuf_t *out,
                            void **addr, uint64_t *len);
 #endif
 
-/* Unmap memory from kvx_alloc_host. Deregister it from every engine first.
- * Thread-safe; a second call returns KVX_ERR_BAD_HANDLE. */
+/* Unmap memory from kvx_alloc_host. Deregister it from every engine first:
+ * while an engine still has it registered the call returns KVX_ERR_BUSY
+ * (naming the engine and region) and unmaps nothing. Thread-safe; a second
+ * call returns KVX_ERR_BAD_HANDLE. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_free_host(kvx_hostbuf_t buf);
 #endif
@@ -357,13 +359,18 @@ KVX_API int kvx_free_host(kvx_hostbuf_t buf);
  * reads) and receiving (remote writes). location is "cpu"/"host" (or NULL)
  * for host memory, "cuda:N" for device memory on GPU N. Memory from
  * kvx_alloc_host is recognised and shared by file descriptor. *out is the
- * region ID to name in WRITE requests. Thread-safe. */
+ * region ID to name in WRITE requests. KVX_ERR_INVALID_ARGUMENT for a NULL
+ * addr or out, len 0, an unknown location or a range overlapping a region
+ * already registered; KVX_ERR_UNSUPPORTED_MEMORY when the transport cannot
+ * register that kind of memory. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_register_memory(kvx_engine_t engine, void *addr, uint64_t len,
                                 const char *location, kvx_region_t *out);
 #endif
 
-/* Deregister a region; later writes to it are refused. Thread-safe. */
+/* Deregister a region; later writes to it are refused. A region this
+ * engine does not have registered (never, or already deregistered) is
+ * KVX_ERR_UNKNOWN_REGION. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_deregister_memory(kvx_engine_t engine, kvx_region_t region);
 #endif
@@ -519,15 +526,18 @@ KVX_API int kvx_batch_submit_read(kvx_batch_t batch, const kvx_write_request *re
                                   uint32_t n);
 #endif
 
-/* Non-blocking: the status of request `index`. Thread-safe. */
+/* Non-blocking: the status of request `index` (KVX_TRANSFER_EMPTY for an
+ * index not submitted yet; an index at or past the batch's capacity is
+ * KVX_ERR_INVALID_ARGUMENT). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_status(kvx_batch_t batch, uint32_t index,
                              kvx_transfer_status *out);
 #endif
 
 /* Block until every submitted request is terminal or timeout_ms passes
- * (KVX_ERR_TIMEOUT). Returns KVX_OK if all completed, else the error of the
- * first failed request. Thread-safe. */
+ * (KVX_ERR_TIMEOUT; timeout_ms 0 polls: requests already terminal never
+ * time out). Returns KVX_OK if all completed, else the error of the first
+ * failed request (KVX_ERR_CANCELED for a canceled one). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_wait(kvx_batch_t batch, uint32_t timeout_ms);
 #endif

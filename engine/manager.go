@@ -302,6 +302,12 @@ type ManagerConfig struct {
 	// is exported as kvxfer_pool_pages{state="free"} at each scrape and
 	// must be cheap and safe for concurrent use.
 	FreePages func() int
+	// PagesWaiting (either role), when set, reports how many of the
+	// caller's rooms wait for KV pages of its pool
+	// (workload.PageAllocator.Waiting); it is exported as
+	// kvxfer_rooms_waiting_for_pages{role} at each scrape and must be cheap
+	// and safe for concurrent use.
+	PagesWaiting func() int
 }
 
 // ReceivedKV is what ManagerConfig.VerifyKV checks: the room, its

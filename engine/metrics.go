@@ -92,6 +92,11 @@ const (
 	// pages of failed rooms whose producers are not yet all fenced: ABORT_ACK
 	// or a transport fence pending, see Receiver.Close).
 	MetricPoolPages = "kvxfer_pool_pages"
+	// MetricRoomsWaitingPages is the rooms waiting for KV pages of the
+	// caller's pool (ManagerConfig.PagesWaiting, when given), by role: a
+	// prefill's rooms waiting for source pages, a decode's for destination
+	// pages (served first come, first served).
+	MetricRoomsWaitingPages = "kvxfer_rooms_waiting_for_pages"
 	// MetricRingSlots is the decode's metadata ring slots by state (free,
 	// used).
 	MetricRingSlots = "kvxfer_ring_slots"
@@ -222,6 +227,7 @@ var metricSpecs = []metricSpec{
 	{MetricHeartbeatFailures, "Failed liveness checks, by kind (peer: control peer silent past the peer timeout; bootstrap: failed GET /health).", "counter", []string{"kind"}},
 	{MetricFencingEvents, "Fencing events, by role and event (abort_sent, abort_received, abort_ack_sent, abort_ack_received, quarantined, fenced).", "counter", []string{"role", "event"}},
 	{MetricPoolPages, "Decode KV pool pages by state (free: reported by the caller; quarantined: pages of failed rooms waiting for their producers to be fenced).", "gaugefunc", []string{"state"}},
+	{MetricRoomsWaitingPages, "Rooms waiting for KV pages of the caller's pool, by role (reported by the caller).", "gaugefunc", []string{"role"}},
 	{MetricRingSlots, "Decode metadata ring slots by state (free, used).", "gaugefunc", []string{"state"}},
 	{MetricProbes, "Doctor probes this rank answered, by result (passed, failed, refused).", "counter", []string{"result"}},
 	{MetricControlFramesDropped, "Received control frames dropped, by reason (malformed, unauthenticated, replay: an authenticated frame accepted before, sender: from another instance than the peer state it names).", "counter", []string{"reason"}},
@@ -500,6 +506,7 @@ type stateCollector struct {
 	ring     *prometheus.Desc
 	waiters  *prometheus.Desc
 	redials  *prometheus.Desc
+	pageWait *prometheus.Desc
 }
 
 // redialCounter is a transport that counts its redials (tcp).
@@ -513,7 +520,7 @@ func newStateCollector() *stateCollector {
 		return prometheus.NewDesc(s.name, s.help, s.labels, nil)
 	}
 	return &stateCollector{active: d(MetricRoomsActive), peers: d(MetricPeers), pool: d(MetricPoolPages), ring: d(MetricRingSlots),
-		waiters: d(MetricRingWaiters), redials: d(MetricRedials)}
+		waiters: d(MetricRingWaiters), redials: d(MetricRedials), pageWait: d(MetricRoomsWaitingPages)}
 }
 
 func (c *stateCollector) add(m *Manager) {
@@ -536,6 +543,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.ring
 	ch <- c.waiters
 	ch <- c.redials
+	ch <- c.pageWait
 }
 
 // Collect implements prometheus.Collector.
@@ -551,6 +559,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// Redials by transport, each transport once (managers may share one;
 	// pointer transports are told apart by address, as kvxfer's all are).
 	redials := map[string]float64{}
+	pageWait := map[string]float64{}
 	seen := map[uintptr]bool{}
 	roles := map[Role]bool{}
 	for _, m := range ms {
@@ -573,6 +582,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			peers[key{m.cfg.Role.String(), st}] += float64(n)
 		}
 		quarantined += float64(s.quarantinedPages)
+		if s.pagesWaiting >= 0 {
+			pageWait[m.cfg.Role.String()] += float64(s.pagesWaiting)
+		}
 		if s.freePages >= 0 {
 			free += float64(s.freePages)
 			haveFree = true
@@ -596,6 +608,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			redials[rs.t.Name()] += float64(rc.Redials())
 		}
+	}
+	for role, n := range pageWait {
+		ch <- prometheus.MustNewConstMetric(c.pageWait, prometheus.GaugeValue, n, role)
 	}
 	for tr, n := range redials {
 		ch <- prometheus.MustNewConstMetric(c.redials, prometheus.CounterValue, n, tr)
@@ -640,6 +655,7 @@ type managerState struct {
 	peers            map[string]int
 	quarantinedPages int
 	freePages        int // -1: not reported
+	pagesWaiting     int // -1: not reported
 	ringSlots        int
 	ringUsed         int
 	ringWaiting      int
@@ -648,7 +664,7 @@ type managerState struct {
 // stateSnapshot reads the manager's rooms, peers, ring and pool for a
 // scrape.
 func (m *Manager) stateSnapshot() managerState {
-	s := managerState{active: map[KVPoll]int{}, peers: map[string]int{}, freePages: -1}
+	s := managerState{active: map[KVPoll]int{}, peers: map[string]int{}, freePages: -1, pagesWaiting: -1}
 	m.mu.Lock()
 	polls := make([]*pollState, 0, len(m.pre.senders)+len(m.dec.receivers))
 	for _, x := range m.pre.senders {
@@ -682,6 +698,9 @@ func (m *Manager) stateSnapshot() managerState {
 	s.quarantinedPages = m.quarantinedPages()
 	if f := m.cfg.FreePages; f != nil {
 		s.freePages = f()
+	}
+	if f := m.cfg.PagesWaiting; f != nil {
+		s.pagesWaiting = f()
 	}
 	if m.dec.ring != nil {
 		s.ringSlots = m.dec.ring.Slots()

@@ -327,3 +327,44 @@ func TestMetricNamesAreRegistered(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricRoomsWaitingForPages: ManagerConfig.PagesWaiting is exported
+// as kvxfer_rooms_waiting_for_pages by role, summed over the managers of
+// one registry, read at each scrape.
+func TestMetricRoomsWaitingForPages(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	l, _ := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 4})
+	pool, err := workload.NewKVBuffers(l, workload.BufferOptions{Name: "waiting", Device: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	m, err := engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []transport.Transport{tr},
+		Metrics: reg, PagesWaiting: pool.Waiting})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	held, err := pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{}, 2)
+	for range 2 {
+		go func() { pool.AllocWait(ctx, 3); done <- struct{}{} }()
+	}
+	waitSample(t, reg, engine.MetricRoomsWaitingPages, map[string]string{"role": "decode"}, 2)
+	pool.Free(held)
+	<-done
+	waitSample(t, reg, engine.MetricRoomsWaitingPages, map[string]string{"role": "decode"}, 1)
+	cancel()
+	<-done
+	waitSample(t, reg, engine.MetricRoomsWaitingPages, map[string]string{"role": "decode"}, 0)
+}

@@ -443,10 +443,8 @@ func (r *Receiver) abortUnresolved(cause error) {
 	m := r.m
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m.mu.Lock()
-	inst := m.dec.bcache[r.addr]
-	m.mu.Unlock()
-	if inst == nil || inst.info == nil {
+	inst, err := m.instance(ctx, r.addr)
+	if err != nil || inst.info == nil {
 		return
 	}
 	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
@@ -465,18 +463,66 @@ func (r *Receiver) abortUnresolved(cause error) {
 	g := m.geo
 	// Page size and dtype left out (0, ""): not checked, so the refused
 	// pairing still yields the producers to tell.
+	var coords []bootstrap.Coord
 	tg, err := bootstrap.TargetRanks(*inst.info, bootstrap.DecodeRank{AttnTPSize: g.TPSize, AttnTPRank: g.TPRank, AttnCPSize: 1,
 		PPSize: g.PPSize, PPRank: g.PPRank, IsMLA: g.MLA}, dp)
-	if err != nil {
-		return
+	if err == nil {
+		for _, tr := range tg.Ranks {
+			coords = append(coords, tr.Coord())
+		}
+	} else {
+		// No mapping exists (an unsupported TP or PP pairing): every rank
+		// of the DP group may hold the request, so every one is told.
+		for cp := range max(inst.info.AttnCPSize, 1) {
+			for tp := range max(inst.info.AttnTPSize, 1) {
+				for pp := range max(inst.info.PPSize, 1) {
+					coords = append(coords, bootstrap.Coord{DP: dp, CP: cp, TP: tp, PP: pp})
+				}
+			}
+		}
 	}
-	for _, tr := range tg.Ranks {
-		ep, err := inst.rank(ctx, tr.Coord())
+	for _, c := range coords {
+		ep, err := inst.rank(ctx, c)
 		if err != nil {
 			continue
 		}
+		r.tr.event(r.tr.step(), ep, "ABORT sent (refused before the producers were resolved)")
 		m.sendVerdict(ep, r.room, false, cause.Error(), 0)
 	}
+}
+
+// Refuse fails the room for a reason of the decode's own before it gave
+// any destination: its KV pool cannot hold the request, or no page came
+// free within the waiting timeout. Like every failure it is sticky and
+// reaches the producers as ABORT naming the reason, here even when they
+// were not resolved yet (the receiver then finds them, as abortUnresolved
+// does), so a prefill holding the request fails it at once instead of at its
+// bootstrap timeout. It returns at once; a room already terminal is left
+// as it is.
+func (r *Receiver) Refuse(cause error) {
+	r.mu.Lock()
+	resolved := r.resolved
+	r.mu.Unlock()
+	if !r.failLocal(cause) || resolved {
+		return // resolved producers were told by failLocal
+	}
+	r.m.wg.Add(1)
+	go func() {
+		defer r.m.wg.Done()
+		r.mu.Lock()
+		eps := append([]string(nil), r.resolvedEPs...)
+		told := len(r.targets) > 0
+		r.mu.Unlock()
+		if told {
+			return
+		}
+		for _, ep := range eps {
+			r.m.sendVerdict(ep, r.room, false, cause.Error(), 0)
+		}
+		if len(eps) == 0 {
+			r.abortUnresolved(cause)
+		}
+	}()
 }
 
 func (r *Receiver) resolve() error {

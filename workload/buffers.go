@@ -37,9 +37,16 @@ type PageAllocator struct {
 	free []int32 // ascending, or in random order once fragmented
 	used []bool
 	rng  *rand.Rand // non-nil once Fragment was called
-	// freed is closed (and replaced) by every Free: AllocWait's wake-up.
+	// freed is closed (and replaced) by every Free and every change of
+	// the wait queue: AllocWait's wake-up.
 	freed chan struct{}
+	// waiters is AllocWait's queue, oldest first: only its head may take
+	// pages, so a large request is not overtaken by every later small one.
+	waiters []*pageWaiter
 }
+
+// pageWaiter is one AllocWait call waiting for pages.
+type pageWaiter struct{ n int }
 
 // Fragment makes the allocator hand out pages in the random order a warm
 // serving engine's free list has (pages of finished requests go back
@@ -86,37 +93,75 @@ func (a *PageAllocator) Alloc(n int) ([]int32, error) {
 	if n > len(a.free) {
 		return nil, fmt.Errorf("%w: %d pages asked, %d of %d free (free finished requests or raise the pool size)", ErrPoolExhausted, n, len(a.free), a.n)
 	}
+	return a.takeLocked(n), nil
+}
+
+// AllocWait takes n pages like Alloc, waiting for Free to return enough
+// when fewer are free (finished requests give theirs back). Waiting calls
+// are served first come, first served: a call takes pages only when every
+// call that started waiting before it has taken its own (or given up), so a
+// request for most of the pool is not overtaken by every later small one.
+// It fails at once with an error wrapping ErrPoolTooSmall when n exceeds
+// Capacity, and with ctx's error (context.DeadlineExceeded or Canceled,
+// wrapped with the counts and the queue position) when ctx ends first:
+// bound the wait with a context deadline. Alloc does not queue.
+func (a *PageAllocator) AllocWait(ctx context.Context, n int) ([]int32, error) {
+	if n > a.n {
+		return nil, fmt.Errorf("%w: %d pages asked, the pool holds %d", ErrPoolTooSmall, n, a.n)
+	}
+	if n < 0 {
+		return nil, fmt.Errorf("workload: allocate %d pages: count must be >= 0", n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.waiters) == 0 && n <= len(a.free) {
+		return a.takeLocked(n), nil
+	}
+	w := &pageWaiter{n: n}
+	a.waiters = append(a.waiters, w)
+	for {
+		if a.waiters[0] == w && n <= len(a.free) {
+			a.waiters = a.waiters[1:]
+			a.wakeLocked() // the next waiter may fit too
+			return a.takeLocked(n), nil
+		}
+		freed := a.freed
+		a.mu.Unlock()
+		select {
+		case <-freed:
+			a.mu.Lock()
+		case <-ctx.Done():
+			a.mu.Lock()
+			pos := slices.Index(a.waiters, w)
+			a.waiters = slices.Delete(a.waiters, pos, pos+1)
+			a.wakeLocked()
+			return nil, fmt.Errorf("%w: %d pages asked, %d of %d free, %d requests waiting before this one (waited for pages to be freed: %w)",
+				ErrPoolExhausted, n, len(a.free), a.n, pos, ctx.Err())
+		}
+	}
+}
+
+// Waiting is the number of AllocWait calls waiting for pages now.
+func (a *PageAllocator) Waiting() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.waiters)
+}
+
+// takeLocked takes n pages (n <= len(a.free)); a.mu held.
+func (a *PageAllocator) takeLocked(n int) []int32 {
 	out := slices.Clone(a.free[:n])
 	a.free = a.free[n:]
 	for _, p := range out {
 		a.used[p] = true
 	}
-	return out, nil
+	return out
 }
 
-// AllocWait takes n pages like Alloc, waiting for Free to return enough
-// when fewer are free (finished requests give theirs back). It fails at
-// once with an error wrapping ErrPoolTooSmall when n exceeds Capacity, and
-// with ctx's error (context.DeadlineExceeded or Canceled, wrapped with the
-// counts) when ctx ends first: bound the wait with a context deadline.
-func (a *PageAllocator) AllocWait(ctx context.Context, n int) ([]int32, error) {
-	if n > a.n {
-		return nil, fmt.Errorf("%w: %d pages asked, the pool holds %d", ErrPoolTooSmall, n, a.n)
-	}
-	for {
-		a.mu.Lock()
-		freed := a.freed
-		a.mu.Unlock()
-		p, err := a.Alloc(n)
-		if err == nil || !errors.Is(err, ErrPoolExhausted) {
-			return p, err
-		}
-		select {
-		case <-freed:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (waited for pages to be freed: %w)", err, ctx.Err())
-		}
-	}
+// wakeLocked wakes every AllocWait call; a.mu held.
+func (a *PageAllocator) wakeLocked() {
+	close(a.freed)
+	a.freed = make(chan struct{})
 }
 
 // Free returns pages to the pool. A page out of range or not allocated is an
@@ -137,8 +182,7 @@ func (a *PageAllocator) Free(pages []int32) error {
 	for _, p := range pages {
 		a.used[p] = false
 	}
-	close(a.freed)
-	a.freed = make(chan struct{})
+	a.wakeLocked()
 	if a.rng == nil {
 		a.free = append(a.free, pages...)
 		slices.Sort(a.free)

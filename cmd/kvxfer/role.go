@@ -545,7 +545,7 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so
 		// the shm transport can share it by fd either way.
-		RingAlloc: ring}
+		RingAlloc: ring, PagesWaiting: r.pool.Waiting}
 	if r.role == engine.RoleDecode {
 		cfg.BootstrapAddr = ""
 		cfg.FreePages = r.pool.FreePages

@@ -300,10 +300,20 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 			return fail(err)
 		}
 	}
-	closeEarly := func() {
+	// refuse fails the room for want of pages or an aux row: the receiver
+	// (opened now if the policy had not) tells the prefill the reason, so
+	// it fails the room at once rather than at its bootstrap timeout.
+	refuse := func(err error) (Result, func()) {
+		if r == nil {
+			if rr, _, oerr := openReceiver(m, addr, room, tokens); oerr == nil {
+				r = rr
+			}
+		}
 		if r != nil {
+			r.Refuse(fmt.Errorf("decode refused room %d: %w", room, err))
 			r.Close()
 		}
+		return fail(err)
 	}
 	alloc := func(k int) ([]int32, error) { return AllocWait(ctx, pool.PageAllocator, "pages", k, c.WaitingTimeout) }
 	var pages []int32
@@ -320,14 +330,14 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		}
 	}
 	if err != nil {
-		closeEarly()
-		return fail(err)
+		return refuse(err)
 	}
 	held := prefix / m.PageSize()
 	aux, err := AllocWait(ctx, rows, "aux rows", 1, c.WaitingTimeout)
 	if err != nil {
-		closeEarly()
-		return fail(err)
+		release()
+		frees = nil
+		return refuse(err)
 	}
 	frees = append(frees, func() { rows.Free(aux) })
 	if r == nil {

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/agent"
 )
 
 // same is a zero-size array indexed by the difference of two constants.
@@ -51,4 +52,14 @@ var (
 	_ = same{}[C.KVX_CONTROL_AUTH_ON-controlAuthOn]
 	_ = same{}[C.KVX_CONTROL_AUTH_OFF-controlAuthOff]
 	_ = same{}[unsafe.Sizeof(C.kvx_transfer_metric{})-48]
+	_ = same{}[C.KVX_XFER_NOT_POSTED-int(agent.XferNotPosted)]
+	_ = same{}[C.KVX_XFER_PROC-int(agent.XferProc)]
+	_ = same{}[C.KVX_XFER_DONE-int(agent.XferDone)]
+	_ = same{}[C.KVX_XFER_ERR-int(agent.XferErr)]
+	_ = same{}[C.KVX_XFER_CANCELED-int(agent.XferCanceled)]
+	_ = same{}[C.KVX_XFER_READ-uint32(agent.OpRead)]
+	_ = same{}[C.KVX_XFER_WRITE-uint32(agent.OpWrite)]
+	_ = same{}[unsafe.Sizeof(C.kvx_agent_desc{})-24]
+	_ = same{}[unsafe.Sizeof(C.kvx_xfer_telemetry{})-40]
+	_ = same{}[unsafe.Sizeof(C.kvx_agent_config{})-48]
 )

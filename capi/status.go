@@ -98,6 +98,9 @@ func codeOf(err error) status {
 	if c, ok := kvCode(err); ok {
 		return c
 	}
+	if c, ok := agentCode(err); ok {
+		return c
+	}
 	switch {
 	case errors.Is(err, transport.ErrSegmentNotFound):
 		return stNotFound

@@ -1116,6 +1116,214 @@ KVX_API int kvx_room_timeline(uint64_t room, char *buf, size_t cap,
 #endif
 
 /* ------------------------------------------------------------------------ */
+/* NIXL-shaped agent (package engine/agent): what NIXL's nixlAgent is to     */
+/* vLLM's NixlConnector. Register memory, hand kvx_agent_metadata to peers   */
+/* out of band, add them (kvx_agent_add_remote), prepare descriptor lists    */
+/* for the local side and for a remote agent, make READ/WRITE requests by    */
+/* descriptor index with an optional notification, post and poll them.      */
+/* A notification is sent only once the data landed (READ: here; WRITE: in   */
+/* the remote memory); one that cannot be delivered makes the transfer ERR.  */
+/* A cancelled or released request moves no byte and sends no notification  */
+/* once the call returned. kvx_agent_remove_remote fences: the removed       */
+/* agent's transfers into this agent's memory fail and its notifications    */
+/* are refused until it is added again. Handles are opaque and per agent.    */
+/* Every function is thread-safe. Strings and arrays are copied before the   */
+/* call returns; memory named by descriptors stays the caller's and must     */
+/* stay valid while it is registered.                                        */
+/* Status codes: an unknown or removed remote agent is KVX_ERR_NOT_FOUND; a  */
+/* descriptor index out of range, lists of different lengths or a bad       */
+/* metadata blob KVX_ERR_INVALID_ARGUMENT; a local descriptor outside        */
+/* registered memory KVX_ERR_NOT_REGISTERED, a remote one                    */
+/* KVX_ERR_OUT_OF_BOUNDS; a request in progress KVX_ERR_BUSY; a peer that    */
+/* refused this agent (it removed it) or vanished KVX_ERR_PEER_LOST, one     */
+/* that did not answer in time KVX_ERR_TIMEOUT.                              */
+/* ------------------------------------------------------------------------ */
+typedef uint64_t kvx_agent_t;     /* one agent: transport, engine, control channel */
+typedef uint64_t kvx_agent_reg_t; /* one kvx_agent_register call's regions        */
+typedef uint64_t kvx_dlist_t;     /* a prepared descriptor list                    */
+typedef uint64_t kvx_xfer_t;      /* a transfer request                            */
+
+/* Memory kinds (NIXL's DRAM and VRAM). */
+#define KVX_AGENT_MEM_DRAM 0u
+#define KVX_AGENT_MEM_VRAM 1u
+
+/* Operations. */
+#define KVX_XFER_WRITE 0u
+#define KVX_XFER_READ 1u
+
+/* Transfer states. NIXL's Python API calls PROC "PROC", DONE "DONE" and
+ * every other state "ERR". */
+#define KVX_XFER_NOT_POSTED 0
+#define KVX_XFER_PROC 1
+#define KVX_XFER_DONE 2
+#define KVX_XFER_ERR 3
+#define KVX_XFER_CANCELED 4
+
+/* Well-known name of the local side in kvx_agent_prep_dlist. */
+#define KVX_AGENT_LOCAL "NIXL_INIT_AGENT"
+
+typedef struct kvx_agent_config {
+    uint32_t struct_size;  /* sizeof(kvx_agent_config) */
+    uint32_t control_port; /* control channel port; 0 = a free port */
+    const char *name;      /* the agent's name (required, 1..256 bytes) */
+    const char *transport; /* "tcp" (NULL), "shm" or "rdma": one transport */
+    /* "host" or "host:rpc_port" the segment RPC and the control channel
+     * bind; NULL = "127.0.0.1". */
+    const char *local_hostname;
+    uint32_t timeout_ms;          /* each control/RPC request; 0 = 5000 */
+    uint32_t drain_timeout_ms;    /* cancel/release wait before closing the segment; 0 = 10000 */
+    uint32_t transfer_timeout_ms; /* one posted transfer, data + notification; 0 = 120000 */
+    uint32_t max_notifs;          /* unread notifications kept per sender; 0 = 65536 */
+} kvx_agent_config;
+
+/* One descriptor: NIXL's (addr, len, dev_id). */
+typedef struct kvx_agent_desc {
+    uint64_t addr;  /* first byte (a device pointer for VRAM) */
+    uint64_t len;   /* bytes, > 0 */
+    int32_t device; /* GPU ordinal for VRAM; ignored for DRAM */
+    uint32_t reserved;
+} kvx_agent_desc;
+
+/* A transfer's last post (NIXL's nixlXferTelemetry). Times in microseconds. */
+typedef struct kvx_xfer_telemetry {
+    int64_t start_us;     /* post time, microseconds since the Unix epoch */
+    int64_t post_us;      /* time the post call took */
+    int64_t xfer_us;      /* post to DONE/ERR (to now while PROC) */
+    uint64_t total_bytes; /* payload bytes */
+    uint64_t desc_count;  /* descriptor pairs of the request */
+} kvx_xfer_telemetry;
+
+/* Create an agent on a newly opened transport. KVX_ERR_INVALID_ARGUMENT for
+ * a missing name, an unknown transport or a bad local_hostname. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_create(const kvx_agent_config *cfg, kvx_agent_t *out);
+#endif
+
+/* Cancel the agent's requests and close it (transport, engine, control
+ * channel). A second call returns KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_destroy(kvx_agent_t agent);
+#endif
+
+/* Write the agent's metadata (a versioned byte string, at most 2 KiB) into
+ * buf (same buffer rules as kvx_segment_export; not NUL-terminated). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_metadata(kvx_agent_t agent, void *buf, size_t cap,
+                               size_t *needed);
+#endif
+
+/* Register n ranges of kind mem_kind, all or nothing. Memory from
+ * kvx_alloc_host is shared by file descriptor (the shm transport needs it). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_register(kvx_agent_t agent, uint32_t mem_kind,
+                               const kvx_agent_desc *descs, uint32_t n,
+                               kvx_agent_reg_t *out);
+#endif
+
+/* Deregister one kvx_agent_register call's ranges. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_deregister(kvx_agent_t agent, kvx_agent_reg_t reg);
+#endif
+
+/* Load a peer's metadata: connect to it and write its name (NUL-terminated,
+ * buffer rules of kvx_engine_segment_name) into name. Adding the same peer
+ * again returns its name. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_add_remote(kvx_agent_t agent, const void *metadata,
+                                 size_t len, char *name, size_t cap,
+                                 size_t *needed);
+#endif
+
+/* Remove (and fence) a remote agent; see the section comment. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_remove_remote(kvx_agent_t agent, const char *name);
+#endif
+
+/* Prepare a descriptor list: remote_agent NULL, "" or KVX_AGENT_LOCAL for
+ * this agent's registered memory, else an added remote agent's name (the
+ * descriptors must lie in memory it registered). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_prep_dlist(kvx_agent_t agent, const char *remote_agent,
+                                 uint32_t mem_kind, const kvx_agent_desc *descs,
+                                 uint32_t n, kvx_dlist_t *out);
+#endif
+
+/* Forget a prepared list (requests made from it keep working). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_release_dlist(kvx_agent_t agent, kvx_dlist_t dlist);
+#endif
+
+/* Make a request: local[local_idx[i]] pairs with remote[remote_idx[i]] for
+ * i < n (same lengths); op KVX_XFER_READ or KVX_XFER_WRITE; notif (len
+ * bytes, at most 64 KiB; NULL/0 = none) is delivered to the remote agent
+ * once the data landed. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_make_xfer(kvx_agent_t agent, uint32_t op,
+                                kvx_dlist_t local, const int64_t *local_idx,
+                                kvx_dlist_t remote, const int64_t *remote_idx,
+                                uint32_t n, const void *notif, size_t len,
+                                kvx_xfer_t *out);
+#endif
+
+/* Post a request (again, once it is not PROC). notif replaces the request's
+ * notification when not NULL. *state is KVX_XFER_PROC on success. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_post(kvx_agent_t agent, kvx_xfer_t xfer, const void *notif,
+                           size_t len, int32_t *state);
+#endif
+
+/* Write a request's state to *state. For KVX_XFER_ERR, KVX_XFER_CANCELED and
+ * KVX_XFER_NOT_POSTED the return value is the failure's status code and
+ * kvx_last_error says why; a bad handle is KVX_ERR_BAD_HANDLE. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_xfer_state(kvx_agent_t agent, kvx_xfer_t xfer,
+                                 int32_t *state);
+#endif
+
+/* Wait up to timeout_ms (0 = the transfer timeout) for the current post to
+ * end; then as kvx_agent_xfer_state (KVX_ERR_TIMEOUT while still PROC). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_xfer_wait(kvx_agent_t agent, kvx_xfer_t xfer,
+                                uint32_t timeout_ms, int32_t *state);
+#endif
+
+/* Cancel an in-flight request; *state is the final state (CANCELED, or
+ * DONE/ERR when it ended first). */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_xfer_cancel(kvx_agent_t agent, kvx_xfer_t xfer,
+                                  int32_t *state);
+#endif
+
+/* Release a request, cancelling it first when in flight. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_xfer_release(kvx_agent_t agent, kvx_xfer_t xfer);
+#endif
+
+/* The request's last post's telemetry. KVX_ERR_INVALID_ARGUMENT if never
+ * posted. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_xfer_telemetry(kvx_agent_t agent, kvx_xfer_t xfer,
+                                     kvx_xfer_telemetry *out);
+#endif
+
+/* Send a notification on its own to an added remote agent; returns once it
+ * queued it. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_send_notif(kvx_agent_t agent, const char *remote_agent,
+                                 const void *msg, size_t len);
+#endif
+
+/* Take the notifications received since the last call into buf, as records
+ * {uint32 name_len, name bytes, uint32 msg_len, msg bytes} (little-endian),
+ * grouped by sending agent, each agent's in arrival order; *needed is the
+ * size. With a buffer too small (KVX_ERR_BUFFER_TOO_SMALL) nothing is lost:
+ * the next call returns the same records first. 0 bytes = none. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_agent_get_notifs(kvx_agent_t agent, void *buf, size_t cap,
+                                 size_t *needed);
+#endif
+
+/* ------------------------------------------------------------------------ */
 /* Metadata record (one ring slot), as written by the producer into the     */
 /* decode's metadata ring. Little-endian, 64 bytes, one cache line. The      */
 /* producer writes bytes 0-55, waits for that batch to complete, then writes */

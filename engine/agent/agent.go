@@ -41,6 +41,9 @@ var (
 	// ErrBadDescriptor: a descriptor is empty, outside registered memory, of
 	// another memory kind, or pairs with a descriptor of another length.
 	ErrBadDescriptor = errors.New("bad descriptor")
+	// ErrNotRegistered: a local descriptor is not inside memory registered
+	// with this agent (errors wrapping it also wrap ErrBadDescriptor).
+	ErrNotRegistered = errors.New("not inside registered memory")
 	// ErrBusy: the transfer is in progress (PROC); wait for DONE or ERR, or
 	// cancel it, before posting it again.
 	ErrBusy = errors.New("transfer in progress")
@@ -740,7 +743,7 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 		if seg == nil {
 			m, _, ok := a.te.LocalRegion(uintptr(d.Addr), d.Len)
 			if !ok {
-				return 0, fmt.Errorf("agent %q: local descriptor %d [%#x, +%d bytes): %w: not inside memory registered with this agent (register_memory first)", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor)
+				return 0, fmt.Errorf("agent %q: local descriptor %d [%#x, +%d bytes): %w: %w with this agent (register_memory first)", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor, ErrNotRegistered)
 			}
 			if m.Kind != kind {
 				return 0, fmt.Errorf("agent %q: local descriptor %d [%#x, +%d bytes): %w: the list is %s memory, the registered range is %s", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor, kind, m.Kind)

@@ -60,18 +60,19 @@ $(PYLIB): $(PYLIB_SRC)
 PYDIST    := build/python/dist
 VENV      ?= .venv
 MOONCAKE  ?= 0
+NIXL      ?= 0
 
-python-wheel: deps python-lib ## wheels in build/python/dist: kvxfer (libkvxfer.so inside) and the optional mooncake shim (offline)
+python-wheel: deps python-lib ## wheels in build/python/dist: kvxfer (libkvxfer.so inside) and the optional mooncake and nixl shims (offline)
 	@$(PYTHON) -c 'import setuptools, wheel, pip' 2>/dev/null || { echo "$(PYTHON) lacks setuptools, wheel or pip (Debian: python3-setuptools python3-wheel python3-pip; scripts/install-deps.sh installs them)"; exit 1; }
-	@rm -rf $(PYDIST) python/build python/mooncake-shim/build
-	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps --no-index --no-cache-dir -w $(PYDIST) ./python ./python/mooncake-shim
+	@rm -rf $(PYDIST) python/build python/mooncake-shim/build python/nixl-shim/build
+	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps --no-index --no-cache-dir -w $(PYDIST) ./python ./python/mooncake-shim ./python/nixl-shim
 	@# the in-tree build's leftovers: an egg-info next to the sources would make python/ look installed (entry points)
-	@rm -rf python/build python/*.egg-info python/mooncake-shim/build python/mooncake-shim/*.egg-info
+	@rm -rf python/build python/*.egg-info python/mooncake-shim/build python/mooncake-shim/*.egg-info python/nixl-shim/build python/nixl-shim/*.egg-info
 	@ls $(PYDIST)
 
-python-install: python-wheel ## install kvxfer into the venv VENV (default .venv; created with --system-site-packages); MOONCAKE=1 adds the mooncake shim
+python-install: python-wheel ## install kvxfer into the venv VENV (default .venv; created with --system-site-packages); MOONCAKE=1 adds the mooncake shim, NIXL=1 the nixl shim
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/python -m pip install -q --no-index --no-deps --force-reinstall $(PYDIST)/kvxfer-*.whl $(if $(filter 1,$(MOONCAKE)),$(PYDIST)/kvxfer_mooncake_shim-*.whl)
+	$(VENV)/bin/python -m pip install -q --no-index --no-deps --force-reinstall $(PYDIST)/kvxfer-*.whl $(if $(filter 1,$(MOONCAKE)),$(PYDIST)/kvxfer_mooncake_shim-*.whl) $(if $(filter 1,$(NIXL)),$(PYDIST)/kvxfer_nixl_shim-*.whl)
 	@$(VENV)/bin/python -c 'import kvxfer; print("kvxfer", kvxfer.__version__, "installed in $(VENV); library", kvxfer.library_path())'
 
 test-python: deps python-lib ## the Python package's tests (pytest on $(PYTHON), two-process loopback; ~1-2 min)

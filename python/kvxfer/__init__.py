@@ -5,6 +5,9 @@ libkvxfer.so (ctypes; standard library only, numpy optional).
   for Mooncake's ``from mooncake.engine import TransferEngine``.
 * ``kvxfer.sglang``: KVArgs, KVPoll, KVManager, KVSender, KVReceiver,
   KVBootstrapServer with SGLang's disaggregation interface shapes.
+* ``kvxfer.Agent`` (kvxfer.agent): the NIXL-shaped agent; the optional
+  ``nixl`` package (python/nixl) wraps it in NIXL's Python API so vLLM's
+  NixlConnector runs on kvxfer.
 * ``kvxfer.MetadataServer``: Mooncake's HTTP metadata server
   (http://host:port/metadata) in this process.
 * the optional ``mooncake`` package (python/mooncake, installed separately)
@@ -18,12 +21,14 @@ places when it is missing). Do not fork a process after the library is loaded
 "spawn" start method.
 """
 
+from .agent import Agent
 from ._lib import KvxError, LibraryNotFoundError, last_error, library_path, version
 from ._memory import HostBuffer, address_of
 from .engine import TransferEngine, TransferNotify, TransferOpcode
 from .metadata_server import MetadataServer
 
 __all__ = [
+    "Agent",
     "TransferEngine",
     "TransferOpcode",
     "TransferNotify",

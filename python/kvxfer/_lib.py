@@ -244,6 +244,53 @@ class TransferMetric(Structure):
     ]
 
 
+class AgentConfig(Structure):
+    """kvx_agent_config."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("control_port", c_uint32),
+        ("name", c_char_p),
+        ("transport", c_char_p),
+        ("local_hostname", c_char_p),
+        ("timeout_ms", c_uint32),
+        ("drain_timeout_ms", c_uint32),
+        ("transfer_timeout_ms", c_uint32),
+        ("max_notifs", c_uint32),
+    ]
+
+
+class AgentDesc(Structure):
+    """kvx_agent_desc (24 bytes): NIXL's (addr, len, dev_id)."""
+
+    _fields_ = [("addr", c_uint64), ("len", c_uint64), ("device", c_int32), ("reserved", c_uint32)]
+
+
+class XferTelemetry(Structure):
+    """kvx_xfer_telemetry (40 bytes, microseconds)."""
+
+    _fields_ = [
+        ("start_us", c_int64),
+        ("post_us", c_int64),
+        ("xfer_us", c_int64),
+        ("total_bytes", c_uint64),
+        ("desc_count", c_uint64),
+    ]
+
+
+# kvx_agent memory kinds, operations and transfer states.
+AGENT_MEM_DRAM = 0
+AGENT_MEM_VRAM = 1
+XFER_WRITE = 0
+XFER_READ = 1
+XFER_NOT_POSTED = 0
+XFER_PROC = 1
+XFER_DONE = 2
+XFER_ERR = 3
+XFER_CANCELED = 4
+AGENT_LOCAL = "NIXL_INIT_AGENT"
+
+
 #: C struct name for each ctypes struct (used by the ABI test).
 C_STRUCTS = {
     "kvx_engine_config": EngineConfig,
@@ -253,6 +300,9 @@ C_STRUCTS = {
     "kvx_kv_config": KVConfig,
     "kvx_kv_layout": KVLayout,
     "kvx_transfer_metric": TransferMetric,
+    "kvx_agent_config": AgentConfig,
+    "kvx_agent_desc": AgentDesc,
+    "kvx_xfer_telemetry": XferTelemetry,
 }
 
 u64p = POINTER(c_uint64)
@@ -316,6 +366,27 @@ _PROTOTYPES = {
     "kvx_kv_failure": (c_int, [c_uint64]),
     "kvx_kv_abort": (c_int, [c_uint64]),
     "kvx_kv_close": (c_int, [c_uint64]),
+    "kvx_agent_create": (c_int, [POINTER(AgentConfig), u64p]),
+    "kvx_agent_destroy": (c_int, [c_uint64]),
+    "kvx_agent_metadata": (c_int, [c_uint64, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "kvx_agent_register": (c_int, [c_uint64, c_uint32, POINTER(AgentDesc), c_uint32, u64p]),
+    "kvx_agent_deregister": (c_int, [c_uint64, c_uint64]),
+    "kvx_agent_add_remote": (c_int, [c_uint64, c_void_p, c_size_t, c_char_p, c_size_t, POINTER(c_size_t)]),
+    "kvx_agent_remove_remote": (c_int, [c_uint64, c_char_p]),
+    "kvx_agent_prep_dlist": (c_int, [c_uint64, c_char_p, c_uint32, POINTER(AgentDesc), c_uint32, u64p]),
+    "kvx_agent_release_dlist": (c_int, [c_uint64, c_uint64]),
+    "kvx_agent_make_xfer": (
+        c_int,
+        [c_uint64, c_uint32, c_uint64, c_void_p, c_uint64, c_void_p, c_uint32, c_void_p, c_size_t, u64p],
+    ),
+    "kvx_agent_post": (c_int, [c_uint64, c_uint64, c_void_p, c_size_t, i32p]),
+    "kvx_agent_xfer_state": (c_int, [c_uint64, c_uint64, i32p]),
+    "kvx_agent_xfer_wait": (c_int, [c_uint64, c_uint64, c_uint32, i32p]),
+    "kvx_agent_xfer_cancel": (c_int, [c_uint64, c_uint64, i32p]),
+    "kvx_agent_xfer_release": (c_int, [c_uint64, c_uint64]),
+    "kvx_agent_xfer_telemetry": (c_int, [c_uint64, c_uint64, POINTER(XferTelemetry)]),
+    "kvx_agent_send_notif": (c_int, [c_uint64, c_char_p, c_void_p, c_size_t]),
+    "kvx_agent_get_notifs": (c_int, [c_uint64, c_void_p, c_size_t, POINTER(c_size_t)]),
 }
 
 

@@ -1,9 +1,10 @@
 """The documented install, run as written: `make python-install VENV=...
-MOONCAKE=1` builds the wheels offline with Debian's setuptools and wheel,
+MOONCAKE=1 NIXL=1` builds the wheels offline with Debian's setuptools and wheel,
 creates a fresh venv (--system-site-packages) and installs them; a process
 outside the source tree, with no KVXFER_LIBRARY and no PYTHONPATH, imports
 kvxfer from the venv, finds the library inside the installed package and
-runs a transfer, and imports TransferEngine from the mooncake shim."""
+runs a transfer, imports TransferEngine from the mooncake shim and makes a
+nixl_agent from the nixl shim."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ CHECK = textwrap.dedent(
     import numpy as np
     import kvxfer
     from mooncake.engine import TransferEngine
+    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl._bindings import nixlXferTelemetry
     venv = sys.argv[1]
     assert kvxfer.__file__.startswith(venv), kvxfer.__file__
     assert kvxfer.library_path().startswith(os.path.dirname(kvxfer.__file__)), kvxfer.library_path()
@@ -39,6 +42,11 @@ CHECK = textwrap.dedent(
     assert a.transfer_sync_write(b.segment_name, src.ctypes.data, dst.ctypes.data, src.nbytes) == 0, a.last_error
     assert (dst == src).all()
     a.close(); b.close()
+    import nixl
+    assert nixl.KVXFER_SHIM and nixl.__file__.startswith(venv), nixl.__file__
+    n = nixl_agent("install-check", nixl_agent_config(backends=["UCX"]))
+    assert len(n.get_agent_metadata()) > 20
+    n.close()
     print("ok", kvxfer.version())
     """
 )
@@ -48,13 +56,14 @@ CHECK = textwrap.dedent(
 def test_make_python_install_in_fresh_venv(tmp_path):
     venv = str(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("KVXFER_LIBRARY", "PYTHONPATH", "VIRTUAL_ENV")}
-    r = subprocess.run(["make", "--no-print-directory", "-C", ROOT, "python-install", f"VENV={venv}", "MOONCAKE=1",
+    r = subprocess.run(["make", "--no-print-directory", "-C", ROOT, "python-install", f"VENV={venv}", "MOONCAKE=1", "NIXL=1",
                         f"PYTHON={sys.executable}"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, f"make python-install failed:\n{r.stdout}\n{r.stderr}"
     wheels = sorted(os.path.basename(w) for w in glob.glob(os.path.join(ROOT, "build", "python", "dist", "*.whl")))
-    assert len(wheels) == 2, wheels
+    assert len(wheels) == 3, wheels
     assert wheels[0].startswith("kvxfer-") and "-py3-none-linux_" in wheels[0], wheels  # carries libkvxfer.so
     assert wheels[1].startswith("kvxfer_mooncake_shim-") and wheels[1].endswith("-py3-none-any.whl"), wheels
+    assert wheels[2].startswith("kvxfer_nixl_shim-") and wheels[2].endswith("-py3-none-any.whl"), wheels
     r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", CHECK, venv], capture_output=True, text=True,
                        env=env, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("ok "), f"{r.stdout}\n{r.stderr}"

@@ -476,13 +476,13 @@ func MemcpyBaseline(dst, src []byte, block uint64, reps int, dur time.Duration) 
 
 // EffectiveStreams is the stream count a transport uses when
 // transport.Options.Streams is 0, taken from the transports' own defaults: tcp
-// connections per segment, shm copy goroutines, RDMA QPs per device per peer;
+// connections per segment, shm and cma copy goroutines, RDMA QPs per device per peer;
 // 0 for a transport it does not know.
 func EffectiveStreams(transport string) int {
 	switch transport {
 	case "tcp":
 		return tcp.DefaultStreams
-	case "shm":
+	case "shm", "cma":
 		return shm.DefaultCopyThreads()
 	case "rdma":
 		return rdma.DefaultStreams

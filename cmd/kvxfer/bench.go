@@ -166,7 +166,7 @@ second.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, rdma); unavailable ones are skipped with the reason")
+	f.StringVar(&transports, "transports", strings.Join(def.Transports, ","), "comma-separated transports to measure (tcp, shm, cma, rdma); unavailable ones are skipped with the reason")
 	f.StringVar(&sizes, "sizes", "4K,64K,1M,4M,16M,64M", "block sizes (bytes per WriteRequest), e.g. 4K,1M,64M")
 	f.StringVar(&depths, "depths", "1,8", "batch depths: WriteRequests per transfer batch")
 	f.StringVar(&ops, "ops", strings.Join(def.Ops, ","), "directions at every point: write (the sender WRITEs into the receiver's region) and/or read (one-sided READ of the receiver's region; READ rows show ×write, the ratio to the WRITE row of the same point, measured right before it)")

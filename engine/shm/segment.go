@@ -489,9 +489,10 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		for j := uint64(0); j < n; j++ {
 			src := uintptr(uint64(r.Local) + j*r.LocalStride)
 			off := r.RemoteOffset + j*r.RemoteStride
-			for c := uint64(0); c < r.Length; c += chunkBytes {
-				m := min(chunkBytes, r.Length-c)
-				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > chunkBytes {
+			ub := s.t.unitBytes
+			for c := uint64(0); c < r.Length; c += ub {
+				m := min(ub, r.Length-c)
+				if k := len(units) - 1; k < 0 || units[k].region != r.Remote || units[k].bytes+m > ub {
 					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
 				}
 				if s.t.cma {
@@ -557,7 +558,8 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	work := func() {
 		var sc *iovScratch
 		if s.t.cma {
-			sc = new(iovScratch)
+			sc = iovPool.Get().(*iovScratch) // 32 KiB: allocating it per batch dominated 4 KiB batches
+			defer iovPool.Put(sc)
 		}
 		for {
 			i := next.Add(1) - 1

@@ -139,6 +139,7 @@ type shmTransport struct {
 
 	copyThreads int
 	parallelMin uint64
+	unitBytes   uint64 // copy unit (fence check, parallel split): chunkBytes, or cmaUnitBytes
 
 	self    endpoint
 	blob    []byte
@@ -195,6 +196,7 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 		log:         opts.Log(),
 		copyThreads: opts.Streams,
 		parallelMin: 4 << 20,
+		unitBytes:   chunkBytes,
 		nextID:      1,
 		regions:     map[transport.RegionID]*localRegion{},
 		segments:    map[*segment]struct{}{},
@@ -202,6 +204,9 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 	}
 	if t.copyThreads <= 0 {
 		t.copyThreads = DefaultCopyThreads()
+	}
+	if cma {
+		t.parallelMin, t.unitBytes = cmaParallelMin, cmaUnitBytes
 	}
 	if n := opts.SHM.CopyThreads; n != 0 {
 		if n < 1 || n > 256 {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -188,6 +189,17 @@ func kvx_kv_pool(kv C.kvx_kv_t, addr *unsafe.Pointer, length *C.uint64_t) (rc C.
 	*addr = unsafe.Pointer(unsafe.SliceData(b.Bytes()))
 	*length = C.uint64_t(k.pool.Layout().PoolBytes())
 	return finish(nil)
+}
+
+//export kvx_kv_transports
+func kvx_kv_transports(kv C.kvx_kv_t, buf *C.char, capacity C.size_t, needed *C.size_t) (rc C.int) {
+	const op = "kvx_kv_transports"
+	defer guard(op, &rc)
+	k, ok := kvs.get(uint64(kv))
+	if !ok {
+		return finish(badHandle(op, "KV manager", uint64(kv)))
+	}
+	return finish(writeOut(op, []byte(strings.Join(k.mgr.TransportNames(), ",")), true, unsafe.Pointer(buf), capacity, needed))
 }
 
 //export kvx_kv_layout_get

@@ -41,7 +41,7 @@ type engineObj struct {
 	role          int32
 	bootstrapAddr string
 	te            *segengine.TransferEngine
-	tr            transport.Transport        // the TransferEngine's: trs[0]
+	tr            transport.Transport        // the TransferEngine's (segmentTransport)
 	trs           []transport.Transport      // every transport opened, highest priority first (KV managers use them all)
 	meta          transport.SegmentDirectory // nil in P2P mode; closed with the engine
 	metaClose     func() error
@@ -118,10 +118,12 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		}
 		return nil, failWrap(code, err, "%s: transport %q (compiled in: %s)", op, name, strings.Join(transport.Transports(), ", "))
 	}
-	tr := trs[0]
+	tr := segmentTransport(name, trs)
 	closeRest := func() {
-		for _, t := range trs[1:] {
-			_ = t.Close()
+		for _, t := range trs {
+			if t != tr {
+				_ = t.Close()
+			}
 		}
 	}
 	local := cfg.localHostname
@@ -170,6 +172,25 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		segments:      map[uint64]struct{}{},
 		notify:        newNotifier(),
 	}, nil
+}
+
+// segmentTransport picks the one transport the segment API
+// (TransferEngine) moves bytes on: the highest-priority one opened, except
+// that for "auto" (or "") cma goes before shm. The segment API chooses
+// before any memory is registered, and its callers (Mooncake's) register
+// their own memory (numpy arrays, tensors), which shm cannot share and cma
+// can; cma also moves the memfd memory shm would. KV managers are not
+// affected: they register on every transport and use shm where it can
+// register their buffers.
+func segmentTransport(spec string, trs []transport.Transport) transport.Transport {
+	if s := strings.TrimSpace(spec); (s == "" || s == "auto") && trs[0].Name() == "shm" {
+		for _, t := range trs {
+			if t.Name() == "cma" {
+				return t
+			}
+		}
+	}
+	return trs[0]
 }
 
 // resolveBindHost turns a host name given as a bind host into the address
@@ -239,7 +260,10 @@ func (e *engineObj) close() error {
 		}
 	}
 	err := e.te.Close() // closes e.tr
-	for _, t := range e.trs[1:] {
+	for _, t := range e.trs {
+		if t == e.tr {
+			continue
+		}
 		if cerr := t.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("close transport %s: %w", t.Name(), cerr)
 		}

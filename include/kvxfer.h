@@ -298,7 +298,9 @@ typedef struct kvx_engine_config {
 /* Create an engine: opens the transports cfg->transport names, as the CLI's
  * --transport does: "tcp", "shm", "rdma", a comma list, or "auto" (NULL) =
  * every transport that can run here. Segments (kvx_register_memory,
- * transfers) use the highest-priority one, which kvx_engine_transport names;
+ * transfers) use the highest-priority one (for "auto", cma before shm: it
+ * registers a caller's own memory as well as kvx_alloc_host's), which
+ * kvx_engine_transport names;
  * KV managers offer them all, so a peer both sides can reach by shm uses
  * shm and another falls back to tcp/rdma. An unknown name is
  * KVX_ERR_INVALID_ARGUMENT. Thread-safe. */
@@ -819,6 +821,15 @@ KVX_API int kvx_kv_pool(kvx_kv_t kv, void **addr, uint64_t *len);
 /* The pool geometry. Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_kv_layout_get(kvx_kv_t kv, kvx_kv_layout *out);
+#endif
+
+/* Write the transports this KV manager registered its buffers with, in
+ * selection order and comma-separated ("shm,cma,tcp"; "cma,tcp" when shm
+ * cannot share the caller's buffers), into buf (same buffer rules as
+ * kvx_bootstrap_addr). A transfer uses the first one both ranks have that
+ * reaches the peer. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_kv_transports(kvx_kv_t kv, char *buf, size_t cap, size_t *needed);
 #endif
 
 /* PREFILL: create the sender of one request (bootstrap_room < 2^63).

@@ -345,6 +345,7 @@ _PROTOTYPES = {
     "kvx_kv_create": (c_int, [c_uint64, POINTER(KVConfig), u64p]),
     "kvx_kv_destroy": (c_int, [c_uint64]),
     "kvx_kv_layout_get": (c_int, [c_uint64, POINTER(KVLayout)]),
+    "kvx_kv_transports": (c_int, [c_uint64, c_char_p, c_size_t, POINTER(c_size_t)]),
     "kvx_kv_sender_create": (c_int, [c_uint64, c_uint64, u64p]),
     "kvx_kv_sender_init_aux": (c_int, [c_uint64, c_uint32, c_int64]),
     "kvx_kv_sender_prefix_len": (c_int, [c_uint64, POINTER(c_uint32)]),

@@ -19,8 +19,12 @@ python/README.md for the method table). Differences, all documented there:
   serves one itself: kvxfer.MetadataServer, `kvxfer metadata-server`). With
   a metadata server the segment is named local_hostname as given, as in
   Mooncake; redis:// is not supported;
-* protocols: "tcp", "rdma", and kvxfer's "shm" (same host) and "auto";
-  MC_FORCE_TCP turns any of them into "tcp", as in Mooncake;
+* protocols: "tcp", "rdma", and kvxfer's same-host "shm" (memory from
+  allocate_managed_buffer / kvxfer.HostBuffer only) and "cma" (any host
+  memory: numpy arrays, bytearrays, a caller's tensors; cross-memory
+  attach), and "auto" (rdma, else cma: it registers every host memory shm
+  does and the caller's own); MC_FORCE_TCP turns any of them into "tcp", as
+  in Mooncake;
 * local_hostname may be a host name ("localhost", this machine's name): the
   engine binds its local address and peers name it "name:rpc_port";
 * addresses and lengths are integers as Mooncake's binding takes them: int,
@@ -28,7 +32,8 @@ python/README.md for the method table). Differences, all documented there:
   extension, buffer objects);
 * READs are one-sided reads of the peer's registered memory on every
   transport (tcp: the peer's transport answers from its registered region;
-  rdma: RDMA READ work requests; shm: a copy from the mapped region), with
+  rdma: RDMA READ work requests; shm: a copy from the mapped region; cma:
+  process_vm_readv), with
   the same bounds, epochs and fencing as WRITEs: transfer_sync_read and
   batch_transfer_sync_read go through kvx_segment_read,
   batch_transfer_async_read and transfer_submit_read (kvxfer's mirror of
@@ -71,7 +76,7 @@ SUPPORT_MUSA = False
 #: Mooncake's *_on_cuda stream-triggered methods are not provided.
 SUPPORT_CUDA = False
 
-_PROTOCOLS = ("tcp", "rdma", "shm", "auto")
+_PROTOCOLS = ("tcp", "rdma", "shm", "cma", "auto")
 _DEFAULT_TIMEOUT_S = 30
 _MIN_TIMEOUT_S = 5
 
@@ -402,7 +407,7 @@ class TransferEngine(Closable):
         set), metadata_server "P2PHANDSHAKE" (the segment is named
         "host:rpc_port"), etcd or "http://host:port/metadata" (the segment is
         named local_hostname as given), protocol "tcp" | "rdma" | "shm" |
-        "auto" (MC_FORCE_TCP: tcp), device_name a comma list of RDMA devices
+        "cma" | "auto" (MC_FORCE_TCP: tcp), device_name a comma list of RDMA devices
         or "". Returns 0, or a negative code with the reason logged."""
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, None)
 
@@ -488,7 +493,7 @@ class TransferEngine(Closable):
 
     @property
     def transport(self) -> str:
-        """kvxfer extension: the transport in use ("tcp", "shm", "rdma")."""
+        """kvxfer extension: the transport in use ("tcp", "shm", "cma", "rdma")."""
         return self._transport
 
     def get_engine_ptr(self) -> int:
@@ -538,7 +543,7 @@ class TransferEngine(Closable):
         region = ctypes.c_uint32(0)
         rc, msg = _lib.try_call("kvx_register_memory", self._engine, addr, length, _location(location), ctypes.byref(region))
         if rc == _lib.ERR_UNSUPPORTED_MEMORY and self._transport == "shm":
-            msg += "; in Python allocate it with engine.allocate_managed_buffer(n) or kvxfer.HostBuffer(n)"
+            msg += "; in Python allocate it with engine.allocate_managed_buffer(n) or kvxfer.HostBuffer(n), or initialize with protocol \"cma\" (or \"auto\"), which registers any host memory"
         if rc != _lib.OK:
             return self._fail(rc, f"{op}: {msg}")
         with self._lock:

@@ -86,6 +86,12 @@ def mooncake(args):
             out({"event": "error", "rc": rc, "error": e.last_error})
             return 1
         name = args.name if args.metadata != "P2PHANDSHAKE" else e.segment_name
+        if args.protocol == "cma":
+            # cma: the target's buffer is its own memory (a numpy array),
+            # registered before Mooncake's target looks for a first buffer.
+            arr = np.zeros(args.capacity, dtype=np.uint8)
+            keep.append(arr)
+            assert e.register_memory(arr.ctypes.data, arr.nbytes) == 0, e.last_error
         buf = e.get_first_buffer_address(name)
         if buf == 0:
             buf = e.allocate_managed_buffer(args.capacity)

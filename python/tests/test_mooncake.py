@@ -151,6 +151,36 @@ def test_reads_on_tcp(peers, local):
     assert local.transfer_sync_read(name, base, a, 4096) == -12, local.last_error
 
 
+@pytest.mark.parametrize("protocol", ["cma", "auto"])
+def test_caller_memory_same_host(peers, protocol):
+    """The caller's own memory (a bytearray, a numpy array) registers and
+    moves between two processes on one host: with "cma", and with "auto",
+    which picks cma for the segment API (shm would refuse this memory)."""
+    target = peers("mooncake", "--protocol", "cma")
+    name, regions = target.ready["name"], target.ready["regions"]
+    assert target.ready["transport"] == "cma"
+    e = kvxfer.TransferEngine()
+    try:
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0, e.last_error
+        assert e.transport == "cma"
+        plain = bytearray(8192)
+        arr = np.zeros(MiB, dtype=np.uint8)
+        assert e.register_memory(plain) == 0, e.last_error
+        assert e.register_memory(arr.ctypes.data, arr.nbytes) == 0, e.last_error
+        data = bytes(range(256)) * 16
+        arr[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+        assert e.transfer_sync_write(name, arr.ctypes.data, regions["b"] + 100, len(data)) == 0, e.last_error
+        assert peer_bytes(target, regions["b"] + 100, len(data)) == data
+        target.call({"cmd": "write", "addr": regions["a"] + 8, "hex": (b"cma-read!" * 10).hex()})
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(plain))
+        assert e.transfer_sync_read(name, addr + 16, regions["a"] + 8, 90) == 0, e.last_error
+        assert bytes(plain[16:106]) == b"cma-read!" * 10
+        # Out of bounds of the target's region: refused, nothing written.
+        assert e.transfer_sync_write(name, arr.ctypes.data, regions["b"] + target.ready["size"] - 10, 64) < 0
+    finally:
+        e.close()
+
+
 def test_shm_write_and_sync_read(peers):
     target = peers("mooncake", "--protocol", "shm")
     name, regions = target.ready["name"], target.ready["regions"]

@@ -18,9 +18,9 @@ through kvxfer's shim) initializes as "127.0.0.1:12347" and checks:
 * send_probe is 0 for the target, non-zero for an unknown peer.
 
 Each runs here in the mode of Mooncake's CI (HTTP metadata, MC_FORCE_TCP),
-on shm through the HTTP metadata server, and in P2P mode on tcp and shm;
-every READ assertion must pass on every mode (one-sided READ on tcp and
-shm), and each WRITE is also checked through the target. The rounds
+on shm and cma through the HTTP metadata server, and in P2P mode on tcp,
+shm and cma; every READ assertion must pass on every mode (one-sided READ
+on tcp, shm and cma), and each WRITE is also checked through the target. The rounds
 default to 200 (KVXFER_MOONCAKE_CIRCLE, Mooncake's CIRCLE: 1000).
 """
 
@@ -46,6 +46,8 @@ MODES = [
     ("http-shm", "http", "shm", None),
     ("p2p-tcp", "p2p", "tcp", None),
     ("p2p-shm", "p2p", "shm", None),
+    ("http-cma", "http", "cma", None),
+    ("p2p-cma", "p2p", "cma", None),
 ]
 
 
@@ -78,6 +80,17 @@ class Setup:
         if meta == "P2PHANDSHAKE":  # as Mooncake's test does
             self.name = INITIATOR.rpartition(":")[0] + ":" + str(self.adaptor.get_rpc_port())
         self.fallback = None
+        self.own = None
+        if protocol == "cma":
+            # cma moves the caller's own memory: the initiator's buffer is a
+            # numpy array (the target's too, see peer.py), which
+            # ensure_buffer then finds as the segment's first buffer.
+            import numpy as np
+
+            self.own = np.zeros(CAPACITY, dtype=np.uint8)
+            assert self.adaptor.register_memory(self.own.ctypes.data, CAPACITY) == 0, self.adaptor.last_error
+            assert self.adaptor.get_first_buffer_address(self.name) == self.own.ctypes.data
+            assert self.transport == self.adaptor.transport == "cma"
 
     def ensure_buffer(self) -> int:
         """Mooncake's _ensure_buffer_available: the first buffer of the

@@ -5,6 +5,7 @@ checked against the pattern; failures are checked on both sides."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import time
@@ -143,6 +144,7 @@ def test_host_buffers_over_shm(peers, bootstrap):
     mgr = KVManager(kv.kv_args(), "decode", server_args())
     try:
         assert mgr.transport == pre.ready["transport"] == "shm"
+        assert mgr.transports[0] == "shm", mgr.transports
         room = 5
         pre.send({"cmd": "send", "room": room, "src_pages": [1, 2, 3], "chunks": 2})
         r = receive(mgr, bootstrap, room, [7, 8, 9])
@@ -152,6 +154,38 @@ def test_host_buffers_over_shm(peers, bootstrap):
     finally:
         mgr.close()
         kv.close()
+
+
+def _cma_expected():
+    """The transport auto gives caller buffers on one host: cma, unless Yama
+    forbids cross-memory attach here (ptrace_scope 3, or 2 without root)."""
+    try:
+        scope = int(open("/proc/sys/kernel/yama/ptrace_scope").read())
+    except (OSError, ValueError):
+        scope = 0
+    return "tcp" if scope >= 3 or (scope == 2 and os.geteuid() != 0) else "cma"
+
+
+def test_caller_buffers_over_cma(peers, bootstrap):
+    """numpy arrays (the caller's own memory, as SGLang's KV pool) on both
+    sides: shm cannot share them, so auto registers them with cma (tcp
+    behind it) and the room runs on cma; mgr.transport and the ready line
+    say so."""
+    g = Geometry()
+    (pre,) = prefill_ranks(peers, bootstrap, 1)
+    kv, mgr = decode_rank(g)
+    try:
+        want = _cma_expected()
+        assert mgr.transport == pre.ready["transport"] == want
+        assert "shm" not in mgr.transports and mgr.transports[-1] == "tcp", mgr.transports
+        room = 6
+        pre.send({"cmd": "send", "room": room, "src_pages": [2, 3, 4], "chunks": 2})
+        r = receive(mgr, bootstrap, room, [5, 6, 7])
+        assert r.wait(KVPoll.Success, DEADLINE) == KVPoll.Success, r.failure_reason()
+        assert pre.recv()["state"] == KVPoll.Success
+        check_pages(g, kv, room, [2, 3, 4], [5, 6, 7])
+    finally:
+        mgr.close()
 
 
 def test_unreachable_bootstrap(monkeypatch):

@@ -19,8 +19,10 @@ a layout kvxfer cannot move) raise directly, from KVManager().
 
 Configuration, beyond what SGLang passes (server_args attributes win over the
 environment): transport ``server_args.kvxfer_transport`` / KVXFER_TRANSPORT
-("auto" default: rdma > shm > tcp, with shm falling back to tcp when the
-buffers are not kvxfer.HostBuffer memory), host ``server_args.kvxfer_host`` /
+("auto" default: rdma > shm > cma > tcp; shm shares only kvxfer.HostBuffer
+memory, cma any host buffer on the same host, tcp where the kernel refuses
+cross-memory attach; ``KVManager.transports`` lists what the buffers were
+registered with, ``transport`` the first), host ``server_args.kvxfer_host`` /
 KVXFER_HOST (control and data-plane address; default server_args.host, a
 wildcard meaning loopback), checksum KVXFER_CHECKSUM=1 (decode verifies a
 CRC32C), segment metadata KVXFER_METADATA (etcd://...; default P2P), the
@@ -609,17 +611,14 @@ class KVManager(Closable):
         self.transport = _lib.get_string("kvx_engine_transport", self._engine)
         out = ctypes.c_uint64(0)
         rc, msg = _lib.try_call("kvx_kv_create", self._engine, ctypes.byref(cfg), ctypes.byref(out))
-        if rc == _lib.ERR_UNSUPPORTED_MEMORY and transport == "auto" and self.transport == "shm":
-            # shm shares memory by file descriptor (kvxfer.HostBuffer); plain
-            # buffers go over tcp instead.
-            log.info("kvxfer: %s rank %d: buffers are not kvxfer.HostBuffer memory, so shm cannot share them; using tcp",
-                     self.mode, self.tp_rank)
-            _lib.try_call("kvx_engine_destroy", self._engine)
-            self._engine = self._engine_create("tcp")
-            self.transport = "tcp"
-            rc, msg = _lib.try_call("kvx_kv_create", self._engine, ctypes.byref(cfg), ctypes.byref(out))
         if rc != _lib.OK:
-            raise KvxError(rc, "kvx_kv_create", f"{self.mode} KV manager (tp rank {self.tp_rank}, transport {self.transport}): {msg}")
+            raise KvxError(rc, "kvx_kv_create", f"{self.mode} KV manager (tp rank {self.tp_rank}, transport {transport}): {msg}")
+        # The transports the manager registered its buffers with, preferred
+        # first: with "auto", shm for kvxfer.HostBuffer memory, cma for the
+        # caller's own buffers (shm cannot share them), tcp where neither runs.
+        self.transports = _lib.get_string("kvx_kv_transports", out.value).split(",")
+        self.transport = self.transports[0]
+        log.info("kvxfer: %s rank %d: KV buffers registered with %s", self.mode, self.tp_rank, ", ".join(self.transports))
         self._kv = out.value
         lay = _lib.KVLayout()
         _lib.call("kvx_kv_layout_get", self._kv, ctypes.byref(lay))

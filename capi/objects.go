@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
@@ -291,8 +292,47 @@ func hostBufferFor(addr uintptr, n uint64) (fd int, off uint64, ok bool) {
 	return -1, 0, false
 }
 
+// detectLocation says where memory given with no location lives (a NULL or
+// empty location, or Mooncake's wildcard "*"), as Mooncake does for "*":
+// on a host where CUDA may be present (cuda.MayBePresent: the NVIDIA
+// driver, or KVXFER_CUDART/KVXFER_LIBCUDA set) the driver's
+// cuPointerGetAttribute tells device memory (cuda:N) from host memory;
+// elsewhere, or where CUDA does not load (cuda.ErrNotSupported), it is host
+// memory. A driver that errors is an error naming the address: treating a
+// device pointer as host memory would fault in the first transfer.
+func detectLocation(addr uintptr) (transport.MemoryKind, int, error) {
+	if !cuda.MayBePresent() {
+		return transport.MemoryHost, 0, nil
+	}
+	if err := cuda.Available(); err != nil {
+		if errors.Is(err, cuda.ErrNotSupported) {
+			return transport.MemoryHost, 0, nil
+		}
+		return 0, 0, fmt.Errorf("no location given and CUDA did not load to tell whether %#x is device memory: %v; pass location \"cpu\" or \"cuda:N\"", addr, err)
+	}
+	dev, ok, err := cuda.PointerDevice(addr)
+	if err != nil {
+		return 0, 0, fmt.Errorf("no location given and the CUDA driver cannot tell whether %#x is device memory: %v; pass location \"cpu\" or \"cuda:N\"", addr, err)
+	}
+	if ok {
+		return transport.MemoryCUDA, dev, nil
+	}
+	return transport.MemoryHost, 0, nil
+}
+
 func (e *engineObj) register(addr uintptr, n uint64, loc string) (transport.RegionID, error) {
-	kind, dev, err := transport.ParseLocation(loc)
+	var kind transport.MemoryKind
+	var dev int
+	var err error
+	if l := strings.TrimSpace(loc); l == "" || l == "*" {
+		kind, dev, err = detectLocation(addr)
+		loc = "host"
+		if kind == transport.MemoryCUDA {
+			loc = fmt.Sprintf("cuda:%d (detected)", dev)
+		}
+	} else {
+		kind, dev, err = transport.ParseLocation(loc)
+	}
 	if err != nil {
 		return 0, failWrap(stInvalidArgument, err, "kvx_register_memory")
 	}

@@ -496,6 +496,23 @@ func PointerAttributes(p uintptr) (PointerInfo, error) {
 	return rawPointerAttributes(p)
 }
 
+// PointerDevice asks the CUDA driver (cuPointerGetAttribute:
+// CU_POINTER_ATTRIBUTE_MEMORY_TYPE, then DEVICE_ORDINAL) whether p is
+// device memory: ok is true with the owning device's ordinal for device
+// memory (cudaMalloc, PyTorch's CUDA tensors), false for host memory,
+// pinned or not, managed memory and memory the driver does not know (its
+// CUDA_ERROR_INVALID_VALUE). Errors: the libraries are not loaded
+// (ErrNotLoaded), a driver without the symbol (ErrSymbolMissing), another
+// driver error.
+func PointerDevice(p uintptr) (dev int, ok bool, err error) {
+	lib.mu.RLock()
+	defer lib.mu.RUnlock()
+	if !lib.loaded {
+		return -1, false, fmt.Errorf("cuda: pointer device: %w", ErrNotLoaded)
+	}
+	return rawPointerDevice(p)
+}
+
 // IPCGetHandle exports device memory p (from Malloc on dev) for another
 // process on the same host.
 func IPCGetHandle(dev int, p DevicePtr) (IPCHandle, error) {

@@ -190,6 +190,12 @@ func TestFakeDevicePresent(t *testing.T) {
 		if tc.want == cuda.MemoryUnregistered && info.Device != -1 {
 			t.Errorf("PointerAttributes(%s).Device = %d, want -1", tc.name, info.Device)
 		}
+		// The driver's answer (cuPointerGetAttribute) agrees: only device
+		// memory is a device pointer.
+		dev, ok, err := cuda.PointerDevice(tc.p)
+		if err != nil || ok != (tc.want == cuda.MemoryDevice) || (ok && dev != 0) || (!ok && dev != -1) {
+			t.Errorf("PointerDevice(%s) = %d, %v, %v; want device memory %v on device 0", tc.name, dev, ok, err, tc.want == cuda.MemoryDevice)
+		}
 	}
 
 	// Optional symbols absent from this fake: typed error, no crash.

@@ -97,6 +97,9 @@ func RegisterHost(dev int, b []byte) (DevicePtr, error) { return 0, errNoCgo }
 // UnregisterHost returns ErrNoCgo.
 func UnregisterHost(dev int, b []byte) error { return errNoCgo }
 
+// PointerDevice returns ErrNoCgo.
+func PointerDevice(p uintptr) (int, bool, error) { return -1, false, errNoCgo }
+
 // PointerAttributes returns ErrNoCgo.
 func PointerAttributes(p uintptr) (PointerInfo, error) { return PointerInfo{Device: -1}, errNoCgo }
 

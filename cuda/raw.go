@@ -74,6 +74,7 @@ struct kvx_table {
 	int (*cuModuleUnload)(void *);
 	int (*cuLaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 	                      unsigned, void *, void **, void **);
+	int (*cuPointerGetAttribute)(void *, int, kvx_devptr);
 	// nvrtc (libnvrtc)
 	int (*nvrtcCreateProgram)(void **, const char *, const char *, int, const char **, const char **);
 	int (*nvrtcCompileProgram)(void *, int, const char **);
@@ -147,6 +148,7 @@ static void kvx_bind_driver(void *h) {
 	KVX_SYM(h, cuModuleGetFunction, "cuModuleGetFunction");
 	KVX_SYM(h, cuModuleUnload, "cuModuleUnload");
 	KVX_SYM(h, cuLaunchKernel, "cuLaunchKernel");
+	KVX_SYM(h, cuPointerGetAttribute, "cuPointerGetAttribute");
 }
 
 static void kvx_bind_nvrtc(void *h) {
@@ -225,6 +227,15 @@ static int kvx_pci_bus_id(int dev, char *buf, int len) { return KVX_CALL(cudaDev
 static int kvx_device_name(int dev, char *buf, int len) { return KVX_CALL(cuDeviceGetName, buf, len, dev); }
 static int kvx_total_mem(int dev, size_t *n) { return KVX_CALL(cuDeviceTotalMem_v2, n, dev); }
 static int kvx_attribute(int dev, int attr, int *v) { return KVX_CALL(cuDeviceGetAttribute, v, attr, dev); }
+// CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2: a CUmemorytype) and, for device
+// memory, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9).
+static int kvx_cu_pointer_type(kvx_devptr p, unsigned *type, int *ordinal) {
+	*type = 0;
+	*ordinal = -1;
+	int r = KVX_CALL(cuPointerGetAttribute, type, 2, p);
+	if (r != 0 || *type != 2) return r;
+	return KVX_CALL(cuPointerGetAttribute, ordinal, 9, p);
+}
 static int kvx_mem_info(int dev, size_t *free, size_t *total) {
 	KVX_USE_OR_RETURN(dev);
 	return KVX_CALL(cudaMemGetInfo, free, total);
@@ -695,6 +706,26 @@ func rawPointerAttributes(p uintptr) (PointerInfo, error) {
 		info.Device = -1
 	}
 	return info, nil
+}
+
+// cuErrorInvalidValue is CUDA_ERROR_INVALID_VALUE: what
+// cuPointerGetAttribute returns for memory the driver does not know.
+const cuErrorInvalidValue = 1
+
+func rawPointerDevice(p uintptr) (int, bool, error) {
+	var typ C.uint
+	var ord C.int
+	rc := C.kvx_cu_pointer_type(C.kvx_devptr(p), &typ, &ord)
+	if rc == cuErrorInvalidValue && typ == 0 {
+		return -1, false, nil // not CUDA memory: plain host memory
+	}
+	if err := rawErr("cuPointerGetAttribute", Driver, rc); err != nil {
+		return -1, false, err
+	}
+	if typ != 2 { // CU_MEMORYTYPE_DEVICE
+		return -1, false, nil
+	}
+	return int(ord), true, nil
 }
 
 func rawIPCGet(dev int, p DevicePtr) (IPCHandle, error) {

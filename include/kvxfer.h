@@ -358,8 +358,11 @@ KVX_API int kvx_free_host(kvx_hostbuf_t buf);
 #endif
 
 /* Register [addr, addr+len) with the engine's transport, for sending (local
- * reads) and receiving (remote writes). location is "cpu"/"host" (or NULL)
- * for host memory, "cuda:N" for device memory on GPU N. Memory from
+ * reads) and receiving (remote writes). location is "cpu"/"host" for host
+ * memory, "cuda:N" for device memory on GPU N, or NULL, "" or "*"
+ * (Mooncake's wildcard) to detect it: where CUDA is present the driver's
+ * cuPointerGetAttribute tells device memory (cuda:N) from host memory,
+ * elsewhere it is host memory. Memory from
  * kvx_alloc_host is recognised and shared by file descriptor. *out is the
  * region ID to name in WRITE requests. KVX_ERR_INVALID_ARGUMENT for a NULL
  * addr or out, len 0, an unknown location or a range overlapping a region

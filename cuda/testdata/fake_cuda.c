@@ -2,7 +2,10 @@
 // proof kernel's logic on the host, so the module/launch plumbing (argument
 // marshalling, result read-back) is exercised with no GPU.
 //   -DFAKE_DMABUF  export cuMemGetHandleForAddressRange (returns an fd of /dev/null)
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <string.h>
 #include <stdlib.h>
 
@@ -61,4 +64,37 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 	out[0] = slot[0];
 	out[1] = slot[0] == expected ? 1 : 0;
 	return 0;
+}
+
+/* cuPointerGetAttribute answers from the fake runtime's allocation table
+ * (the runtime and the driver are separate libraries, as in CUDA): it asks
+ * the cudaPointerGetAttributes of every loaded fake libcudart (a test
+ * process may hold earlier ones that dlclose did not unload) and uses the
+ * first that knows the pointer. Memory none allocated is
+ * CUDA_ERROR_INVALID_VALUE, as the real driver answers for host memory. */
+typedef struct { int type; int device; void *devicePointer; void *hostPointer; } fake_attr_t;
+struct lookup { unsigned long long p; fake_attr_t a; };
+static int ask_rt(struct dl_phdr_info *info, size_t size, void *data) {
+	struct lookup *q = data;
+	const char *n = info->dlpi_name;
+	size_t l = n ? strlen(n) : 0;
+	if (l < 15 || strcmp(n + l - 15, "libcudart.so.13") != 0) return 0;
+	void *h = dlopen(n, RTLD_NOW | RTLD_NOLOAD);
+	if (!h) return 0;
+	int (*get)(fake_attr_t *, const void *) = (int (*)(fake_attr_t *, const void *))dlsym(h, "cudaPointerGetAttributes");
+	fake_attr_t a = {0};
+	int found = get && get(&a, (const void *)q->p) == 0 && a.type != 0;
+	dlclose(h);
+	if (found) q->a = a;
+	return found;
+}
+int cuPointerGetAttribute(void *data, int attr, unsigned long long p) {
+	struct lookup q = {p, {0}};
+	dl_iterate_phdr(ask_rt, &q);
+	if (q.a.type == 0) return 1; /* not CUDA memory */
+	switch (attr) {
+	case 2: *(unsigned *)data = q.a.type == 2 ? 2u : q.a.type == 1 ? 1u : 4u; return 0; /* CUmemorytype */
+	case 9: *(int *)data = q.a.device; return 0;
+	}
+	return 1;
 }

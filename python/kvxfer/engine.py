@@ -209,9 +209,14 @@ class InnerTransferEngine:
 
 
 def _location(location) -> bytes:
-    """Mooncake memory location ("*", "cpu:0", "cuda:1") -> kvx location."""
+    """Mooncake memory location ("*", "cpu:0", "cuda:1") -> kvx location:
+    "*" (or nothing) is detected by the library (device memory through the
+    CUDA driver's cuPointerGetAttribute, else host memory), as Mooncake
+    does."""
     loc = (location or "*").strip().lower()
-    if loc in ("*", "", "cpu", "host") or loc.startswith("cpu:"):
+    if loc in ("*", ""):
+        return b"*"
+    if loc in ("cpu", "host") or loc.startswith("cpu:"):
         return b"host"
     return loc.encode()
 

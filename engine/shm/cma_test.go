@@ -116,6 +116,11 @@ func TestCMACallerMemory(t *testing.T) {
 			t.Fatalf("%s: %+v %v", op, st, err)
 		}
 	}
+	// Errors of the shared shm code name the transport the caller chose.
+	bad := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: anon.Addr, Remote: 999, Length: 8}}}
+	if _, err := seg.Submit(context.Background(), bad); !errors.Is(err, transport.ErrUnknownRegion) || !strings.HasPrefix(err.Error(), "cma: ") {
+		t.Fatalf("write to an unknown region: %v; want ErrUnknownRegion, prefixed cma:", err)
+	}
 	run(transport.OpWrite)
 	clear(local[:256<<10])
 	run(transport.OpRead)

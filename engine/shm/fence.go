@@ -149,13 +149,13 @@ func (s *segment) enter(id transport.RegionID) (uint64, error) {
 	switch {
 	case atomic.LoadUint64(&w[sFenced]) != 0:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
+		return 0, fmt.Errorf("%s: receiver pid %d fenced this segment (epoch %d): %w: %w", s.t.Name(), s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
 	case atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: receiver pid %d closed its transport during the batch: %w", s.peer.PID, transport.ErrPeerLost)
+		return 0, fmt.Errorf("%s: receiver pid %d closed its transport during the batch: %w", s.t.Name(), s.peer.PID, transport.ErrPeerLost)
 	case atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(id)]) == 0:
 		atomic.AddUint64(&w[sCount0+ph], ^uint64(0))
-		return 0, fmt.Errorf("shm: remote region %d was deregistered by receiver pid %d during the batch: %w", id, s.peer.PID, transport.ErrUnknownRegion)
+		return 0, fmt.Errorf("%s: remote region %d was deregistered by receiver pid %d during the batch: %w", s.t.Name(), id, s.peer.PID, transport.ErrUnknownRegion)
 	}
 	return ph, nil
 }
@@ -187,7 +187,7 @@ func (t *shmTransport) quiesceSlot(ctx context.Context, i int) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("shm: sender pid %d is still in the middle of a copy into this receiver's memory (stopped?): %w", pid, ctx.Err())
+			return fmt.Errorf("%s: sender pid %d is still in the middle of a copy into this receiver's memory (stopped?): %w", t.Name(), pid, ctx.Err())
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 10*time.Millisecond)
@@ -215,12 +215,12 @@ func (t *shmTransport) quiesce(ctx context.Context, match func(w []uint64) bool)
 // epochs admitted at once.
 func (t *shmTransport) AdmitEpoch(peer string, epoch uint64) error {
 	if epoch == 0 {
-		return fmt.Errorf("shm: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", peer)
+		return fmt.Errorf("%s: admit epoch 0 for %q: epochs start at 1 (0 means no epoch)", t.Name(), peer)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return fmt.Errorf("shm: admit epoch %d: transport %w", epoch, transport.ErrClosed)
+		return fmt.Errorf("%s: admit epoch %d: transport %w", t.Name(), epoch, transport.ErrClosed)
 	}
 	if _, ok := t.admitted[epoch]; ok {
 		return nil
@@ -232,7 +232,7 @@ func (t *shmTransport) AdmitEpoch(peer string, epoch uint64) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("shm: admit epoch %d for %q: all %d admission entries in use (fence unused epochs)", epoch, peer, admitSlots)
+	return fmt.Errorf("%s: admit epoch %d for %q: all %d admission entries in use (fence unused epochs)", t.Name(), epoch, peer, admitSlots)
 }
 
 // FenceEpoch withdraws epoch's admission (segments opened with it later are
@@ -266,7 +266,7 @@ func (t *shmTransport) FenceEpoch(ctx context.Context, peer string, epoch uint64
 	}
 	err := t.quiesce(ctx, func(w []uint64) bool { return atomic.LoadUint64(&w[sEpoch]) == epoch })
 	if err != nil {
-		return fmt.Errorf("shm: fence epoch %d (%s): %w", epoch, peer, err)
+		return fmt.Errorf("%s: fence epoch %d (%s): %w", t.Name(), epoch, peer, err)
 	}
 	return nil
 }

@@ -133,23 +133,23 @@ func (b *batch) Status() transport.BatchStatus {
 // user, process gone), so automatic selection can fall back to tcp.
 func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentInfo) (transport.Segment, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("shm: open segment: %w", err)
+		return nil, fmt.Errorf("%s: open segment: %w", t.Name(), err)
 	}
 	t.mu.Lock()
 	closed := t.closed
 	t.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("shm: open segment: transport %w", transport.ErrClosed)
+		return nil, fmt.Errorf("%s: open segment: transport %w", t.Name(), transport.ErrClosed)
 	}
 	ep, err := decodeEndpoint(info.Endpoint, t.cma)
 	if err != nil {
 		return nil, err
 	}
 	if ep.BootID != t.self.BootID {
-		return nil, fmt.Errorf("shm: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", fmtBootID(ep.BootID), fmtBootID(t.self.BootID), transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: peer is on another host (boot id %s, ours %s); use tcp or rdma: %w", t.Name(), fmtBootID(ep.BootID), fmtBootID(t.self.BootID), transport.ErrUnavailable)
 	}
 	s := &segment{t: t, peer: ep, pidfd: -1, regions: map[transport.RegionID]*remoteRegion{}, slotIdx: -1, epoch: info.Epoch,
-		batches: transport.NewBatchTable[*batch]("shm"), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
+		batches: transport.NewBatchTable[*batch](t.Name()), wake: [2]int{-1, -1}, watchEnd: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -160,11 +160,11 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		s.pidfd = fd
 	} else if !errors.Is(err, unix.ENOSYS) {
-		return nil, fmt.Errorf("shm: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", pid, err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", t.Name(), pid, err, transport.ErrUnavailable)
 	}
 	// The pidfd now pins the process the pid names; check it is the receiver.
 	if st, err := procStartTime(pid); err != nil || st != ep.StartTime {
-		return nil, fmt.Errorf("shm: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", pid, st, ep.StartTime, err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: receiver pid %d is not the process that published the endpoint (start time %d, want %d; err %v): %w", t.Name(), pid, st, ep.StartTime, err, transport.ErrUnavailable)
 	}
 	ctl, err := mapPeerFD(pid, int(ep.CtlFD), ep.CtlDev, ep.CtlIno, 0, ctlBytes, false)
 	if err != nil {
@@ -185,16 +185,16 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 	// here or sees our slot (fence.go).
 	idx, err := claimSlot(s.ctlWord, uint64(os.Getpid()), t.self.StartTime, info.Epoch)
 	if err != nil {
-		return nil, fmt.Errorf("shm: open segment to receiver pid %d: %v: %w", pid, err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: open segment to receiver pid %d: %v: %w", t.Name(), pid, err, transport.ErrUnavailable)
 	}
 	s.slotIdx, s.slot = idx, slotWords(s.ctlWord, idx)
 	if info.Epoch != 0 && !admitted(s.ctlWord, info.Epoch) {
-		return nil, fmt.Errorf("shm: open segment to receiver pid %d: epoch %d is not admitted there: it was fenced (the decode gave up on that data path) or never registered; the decode registers again with a new epoch: %w: %w",
-			pid, info.Epoch, transport.ErrFenced, transport.ErrPeerLost)
+		return nil, fmt.Errorf("%s: open segment to receiver pid %d: epoch %d is not admitted there: it was fenced (the decode gave up on that data path) or never registered; the decode registers again with a new epoch: %w: %w",
+			t.Name(), pid, info.Epoch, transport.ErrFenced, transport.ErrPeerLost)
 	}
 	for _, d := range info.Regions {
 		if _, dup := s.regions[d.ID]; dup {
-			return nil, fmt.Errorf("shm: segment info lists region %d twice", d.ID)
+			return nil, fmt.Errorf("%s: segment info lists region %d twice", t.Name(), d.ID)
 		}
 		r, err := s.mapRegion(d)
 		if err != nil {
@@ -203,12 +203,12 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 		s.regions[d.ID] = r
 	}
 	if err := unix.Pipe2(s.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, fmt.Errorf("shm: open segment: pipe: %w", err)
+		return nil, fmt.Errorf("%s: open segment: pipe: %w", t.Name(), err)
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, fmt.Errorf("shm: open segment: transport %w", transport.ErrClosed)
+		return nil, fmt.Errorf("%s: open segment: transport %w", t.Name(), transport.ErrClosed)
 	}
 	t.segments[s] = struct{}{}
 	t.mu.Unlock()
@@ -236,10 +236,10 @@ func (s *segment) mapRegion(d transport.RegionDesc) (*remoteRegion, error) {
 	}
 	k, err := decodeKey(d.Key)
 	if err != nil {
-		return nil, fmt.Errorf("shm: region %d: %w", d.ID, err)
+		return nil, fmt.Errorf("%s: region %d: %w", s.t.Name(), d.ID, err)
 	}
 	if d.Length == 0 || d.Length > 1<<46 {
-		return nil, fmt.Errorf("shm: region %d: length %d bytes out of range", d.ID, d.Length)
+		return nil, fmt.Errorf("%s: region %d: length %d bytes out of range", s.t.Name(), d.ID, d.Length)
 	}
 	// Trust the receiver's control slot over the advertised descriptor.
 	if int(d.ID) >= MaxRegions {
@@ -253,7 +253,7 @@ func (s *segment) mapRegion(d transport.RegionDesc) (*remoteRegion, error) {
 	length := min(d.Length, trueLen)
 	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length, true)
 	if err != nil {
-		return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: map receiver region %d (%d bytes): %v: %w", s.t.Name(), d.ID, d.Length, err, transport.ErrUnavailable)
 	}
 	return r, nil
 }
@@ -266,7 +266,7 @@ func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("shm: add regions: segment %w", transport.ErrClosed)
+		return fmt.Errorf("%s: add regions: segment %w", s.t.Name(), transport.ErrClosed)
 	}
 	added := map[transport.RegionID]*remoteRegion{}
 	for _, d := range regions {
@@ -374,14 +374,14 @@ func (s *segment) watch() {
 	for {
 		_, err := unix.Poll(fds, int(watchInterval/time.Millisecond))
 		if err != nil && !errors.Is(err, unix.EINTR) {
-			s.lose(fmt.Errorf("shm: watching receiver pid %d: poll: %v: %w", s.peer.PID, err, transport.ErrPeerLost))
+			s.lose(fmt.Errorf("%s: watching receiver pid %d: poll: %v: %w", s.t.Name(), s.peer.PID, err, transport.ErrPeerLost))
 			return
 		}
 		if fds[0].Revents != 0 {
 			return // Close
 		}
 		if !s.alive() {
-			s.lose(fmt.Errorf("shm: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost))
+			s.lose(fmt.Errorf("%s: receiver pid %d exited or closed its transport: %w", s.t.Name(), s.peer.PID, transport.ErrPeerLost))
 			return
 		}
 	}
@@ -438,27 +438,27 @@ type unit struct {
 // 1 MiB chunks copied by several goroutines.
 func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (transport.BatchID, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("shm: submit: %w", err)
+		return 0, fmt.Errorf("%s: submit: %w", s.t.Name(), err)
 	}
 	if tb == nil {
-		return 0, errors.New("shm: submit: nil batch")
+		return 0, fmt.Errorf("%s: submit: nil batch", s.t.Name())
 	}
-	if err := transport.CheckOp("shm", s.t.Capabilities(), tb.Op); err != nil {
+	if err := transport.CheckOp(s.t.Name(), s.t.Capabilities(), tb.Op); err != nil {
 		return 0, err
 	}
 	read := tb.Op == transport.OpRead
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, fmt.Errorf("shm: submit: segment %w", transport.ErrClosed)
+		return 0, fmt.Errorf("%s: submit: segment %w", s.t.Name(), transport.ErrClosed)
 	}
 	// Cheap check here (no syscall); the pidfd is polled when the batch
 	// completes and by the watcher.
 	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		return 0, fmt.Errorf("shm: submit: receiver pid %d exited or closed its transport: %w", s.peer.PID, transport.ErrPeerLost)
+		return 0, fmt.Errorf("%s: submit: receiver pid %d exited or closed its transport: %w", s.t.Name(), s.peer.PID, transport.ErrPeerLost)
 	}
 	if atomic.LoadUint64(&s.slot[sFenced]) != 0 {
-		return 0, fmt.Errorf("shm: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
+		return 0, fmt.Errorf("%s: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.t.Name(), s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
 	}
 	pieces := make([]piece, 0, len(tb.Requests))
 	var units []unit
@@ -470,7 +470,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 			live = atomic.LoadUint64(&s.ctlWord[ctlSlots+2*int(r.Remote)]) // acquire
 		}
 		if live == 0 {
-			return 0, fmt.Errorf("shm: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", i, r.Remote, transport.ErrUnknownRegion)
+			return 0, fmt.Errorf("%s: request %d: remote region %d: %w (not in this segment's region table, or not registered on the receiver)", s.t.Name(), i, r.Remote, transport.ErrUnknownRegion)
 		}
 		limit := min(rr.size, live)
 		n := r.Blocks()
@@ -480,11 +480,11 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		// Last block's end, with overflow checks, for both sides.
 		rEnd, ok1 := spanEnd(r.RemoteOffset, r.RemoteStride, r.Length, n)
 		if !ok1 || rEnd > limit {
-			return 0, fmt.Errorf("shm: request %d: %s of %d×%d bytes at offset %d stride %d of region %d (%d bytes registered): %w", i, tb.Op, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, transport.ErrOutOfBounds)
+			return 0, fmt.Errorf("%s: request %d: %s of %d×%d bytes at offset %d stride %d of region %d (%d bytes registered): %w", s.t.Name(), i, tb.Op, n, r.Length, r.RemoteOffset, r.RemoteStride, r.Remote, limit, transport.ErrOutOfBounds)
 		}
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
-			return 0, fmt.Errorf("shm: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", i, r.Local, n, r.Length, r.LocalStride, transport.ErrOutOfBounds)
+			return 0, fmt.Errorf("%s: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", s.t.Name(), i, r.Local, n, r.Length, r.LocalStride, transport.ErrOutOfBounds)
 		}
 		for j := uint64(0); j < n; j++ {
 			src := uintptr(uint64(r.Local) + j*r.LocalStride)
@@ -619,13 +619,13 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 	}
 	switch {
 	case s.closing.Load():
-		b.finish(transport.BatchFailed, fmt.Errorf("shm: segment closed with the batch pending (%d of %d bytes copied): %w", b.done.Load(), b.total, transport.ErrClosed))
+		b.finish(transport.BatchFailed, fmt.Errorf("%s: segment closed with the batch pending (%d of %d bytes copied): %w", s.t.Name(), b.done.Load(), b.total, transport.ErrClosed))
 	case stopErr != nil:
 		b.finish(transport.BatchFailed, fmt.Errorf("%w (%d of %d bytes copied)", stopErr, b.done.Load(), b.total))
 	case b.canceled.Load() && !s.peerLost.Load():
-		b.finish(transport.BatchCanceled, fmt.Errorf("shm: batch stopped after %d of %d bytes: %w", b.done.Load(), b.total, transport.ErrCanceled))
+		b.finish(transport.BatchCanceled, fmt.Errorf("%s: batch stopped after %d of %d bytes: %w", s.t.Name(), b.done.Load(), b.total, transport.ErrCanceled))
 	case (b.total >= liveCheckMin && !s.alive()) || s.peerLost.Load():
-		b.finish(transport.BatchFailed, fmt.Errorf("shm: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.peer.PID, b.done.Load(), b.total, transport.ErrPeerLost))
+		b.finish(transport.BatchFailed, fmt.Errorf("%s: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.t.Name(), s.peer.PID, b.done.Load(), b.total, transport.ErrPeerLost))
 	default:
 		if !b.read {
 			atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver
@@ -694,7 +694,7 @@ func (s *segment) release() error {
 			continue
 		}
 		if err := unix.Munmap(r.mapping); err != nil {
-			errs = append(errs, fmt.Errorf("shm: unmap region %d: %w", id, err))
+			errs = append(errs, fmt.Errorf("%s: unmap region %d: %w", s.t.Name(), id, err))
 		}
 	}
 	s.regions = nil

@@ -210,7 +210,7 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 	}
 	if n := opts.SHM.CopyThreads; n != 0 {
 		if n < 1 || n > 256 {
-			return nil, fmt.Errorf("shm: SHMOptions.CopyThreads %d: want 1..256 (0 for the default)", n)
+			return nil, fmt.Errorf("%s: SHMOptions.CopyThreads %d: want 1..256 (0 for the default)", name, n)
 		}
 		t.copyThreads = n
 	}
@@ -219,22 +219,22 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 	}
 	fd, err := unix.MemfdCreate("kvxfer:shm-ctl", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("shm: control memfd: memfd_create: %w", err)
+		return nil, fmt.Errorf("%s: control memfd: memfd_create: %w", name, err)
 	}
 	if err := unix.Ftruncate(fd, ctlBytes); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: control memfd: ftruncate: %w", err)
+		return nil, fmt.Errorf("%s: control memfd: ftruncate: %w", name, err)
 	}
 	ctl, err := unix.Mmap(fd, 0, ctlBytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: control memfd: mmap: %w", err)
+		return nil, fmt.Errorf("%s: control memfd: mmap: %w", name, err)
 	}
 	var fst unix.Stat_t
 	if err := unix.Fstat(fd, &fst); err != nil {
 		unix.Munmap(ctl)
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: control memfd: fstat: %w", err)
+		return nil, fmt.Errorf("%s: control memfd: fstat: %w", name, err)
 	}
 	t.ctlFD, t.ctl = fd, ctl
 	t.ctlWord = unsafe.Slice((*uint64)(unsafe.Pointer(&ctl[0])), ctlWords)
@@ -269,37 +269,37 @@ func (t *shmTransport) RegisterMemory(m transport.Memory) (transport.RegionDesc,
 		return t.registerCMA(m)
 	}
 	if m.Kind != transport.MemoryHost {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", m.Kind, m.Addr, m.Length, transport.ErrUnsupportedMemory)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register %s memory at %#x (%d bytes): %w (use tcp or rdma for device memory)", t.Name(), m.Kind, m.Addr, m.Length, transport.ErrUnsupportedMemory)
 	}
 	if m.Addr == 0 || m.Length == 0 {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): address and length must be non-zero", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): address and length must be non-zero", t.Name(), m.Addr, m.Length)
 	}
 	if m.FD < 0 {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with transport.AllocHost: %w", m.Addr, m.Length, m.FD, transport.ErrUnsupportedMemory)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with transport.AllocHost: %w", t.Name(), m.Addr, m.Length, m.FD, transport.ErrUnsupportedMemory)
 	}
 	if m.Addr+uintptr(m.Length) < m.Addr {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x (%d bytes): range wraps the address space", m.Addr, m.Length)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): range wraps the address space", t.Name(), m.Addr, m.Length)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(m.FD, &st); err != nil {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fstat fd %d: %w (is Memory.FD still open?)", m.Addr, m.FD, err)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: fstat fd %d: %w (is Memory.FD still open?)", t.Name(), m.Addr, m.FD, err)
 	}
 	if st.Size < 0 || m.FDOffset+m.Length > uint64(st.Size) || m.FDOffset+m.Length < m.FDOffset {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", m.Addr, m.FD, st.Size, m.FDOffset, m.Length, transport.ErrOutOfBounds)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", t.Name(), m.Addr, m.FD, st.Size, m.FDOffset, m.Length, transport.ErrOutOfBounds)
 	}
 	dup, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 3)
 	if err != nil {
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory at %#x: dup fd %d: %w", m.Addr, m.FD, err)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: dup fd %d: %w", t.Name(), m.Addr, m.FD, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		unix.Close(dup)
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory: transport %w", transport.ErrClosed)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory: transport %w", t.Name(), transport.ErrClosed)
 	}
 	if int(t.nextID) >= MaxRegions {
 		unix.Close(dup)
-		return transport.RegionDesc{}, fmt.Errorf("shm: register memory: this transport has handed out all %d region IDs; open a new transport", MaxRegions-1)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory: this transport has handed out all %d region IDs; open a new transport", t.Name(), MaxRegions-1)
 	}
 	id := t.nextID
 	t.nextID++
@@ -329,7 +329,7 @@ func (t *shmTransport) DeregisterMemory(id transport.RegionID) error {
 	r, ok := t.regions[id]
 	if !ok {
 		t.mu.Unlock()
-		return fmt.Errorf("shm: deregister region %d: %w", id, transport.ErrUnknownRegion)
+		return fmt.Errorf("%s: deregister region %d: %w", t.Name(), id, transport.ErrUnknownRegion)
 	}
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
@@ -341,7 +341,7 @@ func (t *shmTransport) DeregisterMemory(id transport.RegionID) error {
 	ctx, cancel := context.WithTimeout(context.Background(), deregisterWait)
 	defer cancel()
 	if err := t.quiesce(ctx, nil); err != nil {
-		return fmt.Errorf("shm: deregister region %d: %w", id, err)
+		return fmt.Errorf("%s: deregister region %d: %w", t.Name(), id, err)
 	}
 	return nil
 }
@@ -351,7 +351,7 @@ func (t *shmTransport) Endpoint(ctx context.Context, peer string) ([]byte, error
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, fmt.Errorf("shm: endpoint: transport %w", transport.ErrClosed)
+		return nil, fmt.Errorf("%s: endpoint: transport %w", t.Name(), transport.ErrClosed)
 	}
 	return append([]byte(nil), t.blob...), nil
 }
@@ -423,14 +423,14 @@ func (t *shmTransport) Close() error {
 	defer t.mu.Unlock()
 	var errs []error
 	if qerr != nil {
-		errs = append(errs, fmt.Errorf("shm: close: %w (its memory may still be written until that process continues or exits)", qerr))
+		errs = append(errs, fmt.Errorf("%s: close: %w (its memory may still be written until that process continues or exits)", t.Name(), qerr))
 	}
 	if err := unix.Munmap(t.ctl); err != nil {
-		errs = append(errs, fmt.Errorf("shm: unmap control memfd: %w", err))
+		errs = append(errs, fmt.Errorf("%s: unmap control memfd: %w", t.Name(), err))
 	}
 	t.ctl, t.ctlWord = nil, nil
 	if err := unix.Close(t.ctlFD); err != nil {
-		errs = append(errs, fmt.Errorf("shm: close control memfd: %w", err))
+		errs = append(errs, fmt.Errorf("%s: close control memfd: %w", t.Name(), err))
 	}
 	return errors.Join(errs...)
 }

@@ -3,10 +3,13 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/workload"
@@ -124,5 +127,51 @@ func TestRoomWaitingProgress(t *testing.T) {
 	}
 	if r.Poll() != engine.KVTransferring {
 		t.Errorf("room %s (%v), want still Transferring", r.Poll(), r.Failure())
+	}
+}
+
+// TestTimelineBatches (issue 26 item 9): a prefill's room timeline shows
+// inside transfer each batch posted and completed (writes, bytes, peer),
+// and the writes of its batches are what the room adds to
+// kvxfer_write_requests_total; the decode reports its wait before TRANSFER
+// apart from its transfer.
+func TestTimelineBatches(t *testing.T) {
+	addr := startBootstrap(t)
+	reg := prometheus.NewRegistry()
+	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, metrics: reg})}
+	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})}
+	room := uint64(9100)
+	r := transferOne(t, addr, pre, dec, room, 4)[0]
+	if r.Poll() != engine.KVSuccess {
+		t.Fatalf("room: %s %v", r.Poll(), r.Failure())
+	}
+	rm := r.TransferMetric()
+	if rm.BootstrapWait <= 0 || rm.TransferStart.IsZero() || rm.Latency <= 0 {
+		t.Errorf("receiver metric %+v: want a bootstrap wait, a transfer start and a latency", rm)
+	}
+	tl, ok := pre[0].m.RoomTimeline(room)
+	if !ok {
+		t.Fatal("no prefill timeline")
+	}
+	var posted, completed, writes int
+	for _, e := range tl.Events {
+		if e.Step != engine.StepTransfer || e.Peer == "" {
+			continue
+		}
+		var n, w int
+		var b uint64
+		var tr string
+		if k, _ := fmt.Sscanf(e.Detail, "batch %d posted: %d writes, %d bytes over %s", &n, &w, &b, &tr); k == 4 {
+			posted++
+			writes += w
+		} else if strings.HasPrefix(e.Detail, fmt.Sprintf("batch %d completed after ", posted)) {
+			completed++
+		}
+	}
+	if posted < 2 || posted != completed {
+		t.Errorf("timeline: %d batches posted, %d completed; want >= 2 (data, commit word), each completed:\n%s", posted, completed, tl)
+	}
+	if n := sample(t, reg, engine.MetricWriteRequests, nil); n != float64(writes) {
+		t.Errorf("kvxfer_write_requests_total = %v, the timeline's batches carried %d writes", n, writes)
 	}
 }

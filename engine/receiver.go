@@ -241,12 +241,17 @@ func (r *Receiver) AuxRow(i int) ([]byte, error) {
 }
 
 // TransferMetric returns the room's transfer figures so far: Latency from
-// SendMetadata to Success (0 before), the KV bytes the producers' records
-// state, aux and state bytes, pages, and the prefix and the bytes it saved.
+// TRANSFER (sent once SendMetadata gave the pages and ring slots are held)
+// to Success (0 before), the wait before it (BootstrapWait), the KV bytes
+// the producers' records state, aux and state bytes, pages, and the prefix
+// and the bytes it saved.
 func (r *Receiver) TransferMetric() TransferMetric {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	mt := TransferMetric{Latency: r.latency, Pages: len(r.pages), PrefixTokens: r.prefix}
+	mt := TransferMetric{Latency: r.latency, Pages: len(r.pages), PrefixTokens: r.prefix, TransferStart: r.sentAt}
+	if !r.sentAt.IsZero() {
+		mt.BootstrapWait = r.sentAt.Sub(r.tr.created)
+	}
 	ps := r.m.geo.PageSize
 	prefixPages := uint64(r.prefix / ps)
 	for _, t := range r.targets {

@@ -125,7 +125,8 @@ type chunk struct {
 // decode prefix reuse saved.
 type TransferMetric struct {
 	// Latency is, on a sender, first Send → Success; on a receiver,
-	// SendMetadata → Success. 0 until Success.
+	// TRANSFER → Success (the pages known, ring slots held; BootstrapWait
+	// not included). 0 until Success.
 	Latency time.Duration
 	// Bytes is the KV bytes moved: on a sender, written to all destinations
 	// by completed transfer batches; on a receiver, what its producers'
@@ -146,8 +147,24 @@ type TransferMetric struct {
 	// contiguous on both sides per buffer pair, so about pages × buffers
 	// when the pools are fragmented and far fewer when they are not. Bytes
 	// / Writes is the effective write size. The aux row, state slots and
-	// metadata record are not counted.
+	// metadata record are not counted: they are ExtraWrites.
 	Writes int
+	// ExtraWrites (sender only) is the room's other write requests in
+	// completed batches: aux rows, state slots, the metadata record body
+	// and its commit word, per destination. Writes + ExtraWrites is what
+	// the room adds to kvxfer_write_requests_total (every one-sided WRITE
+	// a completed batch carried: the one definition of "write requests";
+	// "KV write requests" are the Writes among them).
+	ExtraWrites int
+	// TransferStart is when the room's transfer began: on a sender its
+	// first Send, on a receiver its TRANSFER to the producers (zero
+	// before). Latency counts from it.
+	TransferStart time.Time
+	// BootstrapWait (receiver only) is the receiver's creation →
+	// TRANSFER: resolving its producers through the bootstrap server,
+	// registering with them, prefill_complete, the caller's SendMetadata
+	// and a free metadata ring slot. It is not part of Latency.
+	BootstrapWait time.Duration
 }
 
 // Sender is the prefill side of one request (SGLang's KVSender): it waits for
@@ -210,8 +227,10 @@ type Sender struct {
 	// and state bytes.
 	sent, auxSent atomic.Uint64
 	// writes counts the KV write requests of completed transfer batches
-	// (after coalescing runs of pages contiguous on both sides).
-	writes atomic.Int64
+	// (after coalescing runs of pages contiguous on both sides);
+	// extraWrites their other requests (aux, state, metadata record, commit
+	// word); batchN numbers the room's batches for its timeline.
+	writes, extraWrites, batchN atomic.Int64
 }
 
 // NewSender creates the sender for room (any value in [0, 2^63-1], 0
@@ -544,7 +563,7 @@ func (s *Sender) TransferMetric() TransferMetric {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mt := TransferMetric{Latency: s.latency, Bytes: s.sent.Load(), AuxBytes: s.auxSent.Load(), Pages: max(s.queued, 0), PrefixTokens: s.prefixLocked(),
-		Writes: int(s.writes.Load())}
+		Writes: int(s.writes.Load()), ExtraWrites: int(s.extraWrites.Load()), TransferStart: s.started}
 	prefixPages := uint64(mt.PrefixTokens / s.m.geo.PageSize)
 	for _, d := range s.dsts {
 		if d.msg.Dummy || d.peer.pairs == nil {
@@ -1032,12 +1051,14 @@ func (s *Sender) transferChunk(d *senderDst, c chunk) error {
 	s.sent.Add(nbytes)
 	s.auxSent.Add(extra)
 	s.writes.Add(int64(len(reqs)))
+	s.extraWrites.Add(int64(len(b.Requests) - len(reqs)))
 	if stage >= 0 {
 		cb := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: s.m.pre.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}
 		if err := s.run(p, cb); err != nil {
 			return err
 		}
+		s.extraWrites.Add(1)
 	}
 	return nil
 }
@@ -1126,6 +1147,17 @@ func (s *Sender) run(p *decodePeer, b *transport.TransferBatch) error {
 	defer p.seg.Release(id)
 	var st transport.BatchStatus
 	defer s.m.met.batchStart(p.offer.Name, decodePeerLabel(p.reg.Geometry), b)(&st)
+	// The timeline's view inside transfer: each batch posted and ended.
+	n, posted := s.batchN.Add(1), time.Now()
+	s.tr.noteBatch(p.reg.Endpoint, fmt.Sprintf("batch %d posted: %d writes, %d bytes over %s", n, len(b.Requests), b.Bytes(), p.offer.Name))
+	defer func() {
+		took := time.Since(posted)
+		what := fmt.Sprintf("batch %d %s after %s", n, st.State, took.Round(time.Microsecond))
+		if st.State == transport.BatchCompleted && took > 0 {
+			what += fmt.Sprintf(" (%.2f GB/s)", float64(b.Bytes())/took.Seconds()/1e9)
+		}
+		s.tr.noteBatch(p.reg.Endpoint, what)
+	}()
 	st, err = p.seg.Wait(s.ctx, id)
 	if err != nil || !st.State.Terminal() {
 		_ = p.seg.Cancel(id)

@@ -253,6 +253,25 @@ func (t *roomTrace) peer(step Step, peer, detail string) {
 	}
 }
 
+// batchEventsReserve is the room kept in a timeline's event list for the
+// chain's own events (steps done, STATUS, the failure, fencing) once
+// per-batch events (noteBatch) fill it.
+const batchEventsReserve = 48
+
+// noteBatch records a transfer batch event (posted, ended) unless the
+// timeline is within batchEventsReserve of its limit: a room of many
+// batches (layer by layer, small chunks) keeps its first batches and every
+// chain event; the batches left out are counted in Dropped.
+func (t *roomTrace) noteBatch(peer, detail string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.events) >= maxRoomEvents-batchEventsReserve {
+		t.dropped++
+		return
+	}
+	t.appendLocked(RoomEvent{At: time.Now(), Step: StepTransfer, Peer: peerLabel(peer), Detail: detail})
+}
+
 // peersDone returns the peers (control endpoints) that completed step.
 func (t *roomTrace) peersDone(step Step) map[string]bool {
 	t.mu.Lock()

@@ -147,17 +147,26 @@ type demoResult struct {
 	// Bytes, the decode side's count, when the transfer is whole).
 	SentBytes  uint64  `json:"sent_bytes"`
 	TransferMS float64 `json:"transfer_ms"`
-	DecodeMS   float64 `json:"decode_wait_ms"`
-	OK         bool    `json:"ok"`
-	Error      string  `json:"error,omitempty"`
-	Transport  string  `json:"transport,omitempty"`
+	// DecodeMS is the slowest decode rank's transfer (its TRANSFER → every
+	// record accepted); BootstrapWaitMS the longest wait of a decode rank
+	// before its TRANSFER (resolving and registering through the bootstrap
+	// server), which DecodeMS does not include.
+	DecodeMS        float64 `json:"decode_wait_ms"`
+	BootstrapWaitMS float64 `json:"bootstrap_wait_ms,omitempty"`
+	OK              bool    `json:"ok"`
+	Error           string  `json:"error,omitempty"`
+	Transport       string  `json:"transport,omitempty"`
 	// PrefixTokens is the prompt tokens the decode already held (not sent);
 	// SkippedBytes the KV bytes that saved (all decode ranks).
 	PrefixTokens int    `json:"prefix_tokens,omitempty"`
 	SkippedBytes uint64 `json:"skipped_bytes,omitempty"`
 	// Writes is the KV write requests the prefill ranks made for the room
-	// (one per run of pages contiguous on both sides per buffer).
-	Writes int `json:"writes"`
+	// (one per run of pages contiguous on both sides per buffer);
+	// ExtraWrites their other write requests (aux rows, state slots,
+	// metadata records and commit words). Writes + ExtraWrites is what the
+	// room adds to kvxfer_write_requests_total.
+	Writes      int `json:"writes"`
+	ExtraWrites int `json:"extra_writes"`
 	// StartUnixNS and EndUnixNS bound the room's transfer over all prefill
 	// ranks (earliest first Send, latest Success), Unix nanoseconds.
 	StartUnixNS int64 `json:"start_unix_ns,omitempty"`
@@ -217,8 +226,12 @@ type demoSummary struct {
 	TransferGBps float64 `json:"per_request_transfer_gbps"`
 	// Writes is the KV write requests of the verified requests; WritesPerRoom
 	// their mean per request; WriteBytes the effective write size (KV bytes
-	// sent / Writes).
+	// sent / Writes). ExtraWrites is their other write requests (aux rows,
+	// state slots, metadata records, commit words): Writes + ExtraWrites is
+	// what they added to kvxfer_write_requests_total (which also counts
+	// warm-up and failed rooms' completed batches).
 	Writes        int64   `json:"writes"`
+	ExtraWrites   int64   `json:"extra_writes"`
 	WritesPerRoom float64 `json:"writes_per_room"`
 	WriteBytes    uint64  `json:"effective_write_bytes"`
 	// Bench is kvxfer bench on the transport used at WriteBytes (BenchCase

@@ -388,6 +388,7 @@ func (res *demoResult) add(r replyLine, decode bool) {
 		res.PrefixTokens = max(res.PrefixTokens, r.PrefixTokens)
 		res.Pages += r.Pages
 		res.DecodeMS = max(res.DecodeMS, float64(r.TransferUS)/1000)
+		res.BootstrapWaitMS = max(res.BootstrapWaitMS, float64(r.BootstrapWaitUS)/1000)
 		res.SuccessUnixNS = max(res.SuccessUnixNS, r.SuccessUnixNS)
 		return
 	}
@@ -397,6 +398,7 @@ func (res *demoResult) add(r replyLine, decode bool) {
 	res.ComputeEndUnixNS = max(res.ComputeEndUnixNS, r.ComputeEndUnixNS)
 	res.SentBytes += r.Bytes
 	res.Writes += r.Writes
+	res.ExtraWrites += r.ExtraWrites
 	if r.Dummy {
 		res.DummyRanks = append(res.DummyRanks, fmt.Sprintf("tp%d pp%d", r.TPRank, r.PPRank))
 		return

@@ -135,7 +135,8 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	fmt.Fprintf(tw, "wall time\t%.2f s\n", s.WallSeconds)
 	fmt.Fprintf(tw, "GB/s\t%.2f aggregate transfer (bytes / union of the transfer intervals, %.2f s); %.2f per request (bytes / Σ per-request transfer time); %.2f goodput (bytes / wall, incl. fill + verify)\n",
 		s.AggregateGBps, s.TransferSeconds, s.TransferGBps, s.GoodputGBps)
-	fmt.Fprintf(tw, "writes\t%.1f KV write requests per room (%d in all; %s per write on average; pages %s)\n", s.WritesPerRoom, s.Writes, fmtBytes(s.WriteBytes), fragmentWord(s.Fragment))
+	fmt.Fprintf(tw, "writes\t%.1f KV write requests per room (%d in all; %s per write on average; pages %s) + %d for aux rows, state slots, metadata records and commit words = %d write requests (kvxfer_write_requests_total of these rooms)\n",
+		s.WritesPerRoom, s.Writes, fmtBytes(s.WriteBytes), fragmentWord(s.Fragment), s.ExtraWrites, s.Writes+s.ExtraWrites)
 	if s.BenchGBps > 0 {
 		fmt.Fprintf(tw, "vs bench\t%.2f× aggregate over kvxfer bench %s: %.2f GB/s\n", s.BenchRatio, s.BenchCase, s.BenchGBps)
 	} else {
@@ -303,7 +304,7 @@ func printMetrics(w io.Writer, ms []childMetrics) {
 		line := fmt.Sprintf("metrics %s (%s/metrics): rooms %g ok, %g failed", m.Rank, m.Addr,
 			sumSeries(s, engine.MetricRooms, `state="success"`), sumSeries(s, engine.MetricRooms, `state="failed"`))
 		if b := sumSeries(s, engine.MetricBytes); b > 0 {
-			line += fmt.Sprintf("; %.0f bytes in %g write requests, %g batches", b, sumSeries(s, engine.MetricWriteRequests), sumSeries(s, engine.MetricBatches))
+			line += fmt.Sprintf("; %.0f bytes in %g write requests (KV, aux, state, records; warm-up rooms included), %g batches", b, sumSeries(s, engine.MetricWriteRequests), sumSeries(s, engine.MetricBatches))
 		}
 		if b := sumSeries(s, engine.MetricReceivedBytes); b > 0 {
 			line += fmt.Sprintf("; %.0f bytes received", b)
@@ -382,6 +383,7 @@ func (s *demoSummary) tally(results []demoResult, nWarm int, wall time.Duration,
 		s.PrefixTokens += int64(r.PrefixTokens)
 		s.FullBytes += r.Bytes + r.SkippedBytes
 		s.Writes += int64(r.Writes)
+		s.ExtraWrites += int64(r.ExtraWrites)
 		sentBytes += r.SentBytes
 		lats = append(lats, r.TransferMS)
 		latSum += r.TransferMS

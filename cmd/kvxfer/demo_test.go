@@ -91,11 +91,28 @@ func TestDemoTopologies(t *testing.T) {
 					t.Errorf("%s metrics: %s %v", m.Rank, m.Error, m.Samples)
 				}
 			}
+			// One definition of write requests (issue 26 item 9): the
+			// summary's KV and other writes add up to the prefill ranks'
+			// kvxfer_write_requests_total.
+			var metricWrites float64
+			for _, m := range got.Metrics {
+				if strings.HasPrefix(m.Rank, "prefill") {
+					metricWrites += sumSeries(m.Samples, engine.MetricWriteRequests)
+				}
+			}
+			if s.ExtraWrites == 0 || float64(s.Writes+s.ExtraWrites) != metricWrites {
+				t.Errorf("summary writes %d KV + %d others, kvxfer_write_requests_total %v", s.Writes, s.ExtraWrites, metricWrites)
+			}
 			for _, r := range got.Requests {
 				// What the prefill ranks say they sent is what the decode
 				// ranks received (prefill result line "bytes").
 				if r.SentBytes != r.Bytes || r.Bytes == 0 {
 					t.Errorf("room %d: prefill sent %d bytes, decode received %d", r.Room, r.SentBytes, r.Bytes)
+				}
+				// The decode's wait before its TRANSFER is reported apart
+				// from its transfer.
+				if r.BootstrapWaitMS <= 0 || r.DecodeMS <= 0 {
+					t.Errorf("room %d: decode bootstrap wait %v ms, transfer %v ms; want both reported", r.Room, r.BootstrapWaitMS, r.DecodeMS)
 				}
 			}
 		})

@@ -42,6 +42,11 @@ type Result struct {
 	// run of pages contiguous on both sides per buffer (engine
 	// TransferMetric.Writes).
 	Writes int `json:"writes,omitempty"`
+	// ExtraWrites (prefill) is the room's other write requests: aux rows,
+	// state slots, the metadata record and its commit word (engine
+	// TransferMetric.ExtraWrites); Writes + ExtraWrites is what the room
+	// adds to kvxfer_write_requests_total.
+	ExtraWrites int `json:"extra_writes,omitempty"`
 	// Transports (prefill) names the transports the room's bytes moved on.
 	Transports []string `json:"transports,omitempty"`
 	// StartUnixNS and EndUnixNS (prefill) bound the transfer (first Send,
@@ -52,12 +57,16 @@ type Result struct {
 	// Digest (decode, RoomConfig.Digest) is the SHA-256 of the room's
 	// received KV bytes (workload.KVBuffers.Digest), taken after Hold.
 	Digest string `json:"digest,omitempty"`
-	// TransferUS, FillUS and VerifyUS are microseconds: the transfer (first
-	// Send or the decode's metadata to Success), the prefill's pattern fill
-	// and the decode's pattern check.
-	TransferUS int64 `json:"transfer_us"`
-	FillUS     int64 `json:"fill_us,omitempty"`
-	VerifyUS   int64 `json:"verify_us,omitempty"`
+	// TransferUS, FillUS and VerifyUS are microseconds: the transfer
+	// (prefill: first Send → Success; decode: its TRANSFER → every record
+	// accepted, before the pattern check), the prefill's pattern fill and
+	// the decode's pattern check. BootstrapWaitUS (decode) is the wait
+	// before its TRANSFER (resolving and registering with the producers
+	// through the bootstrap server, a ring slot): not part of TransferUS.
+	TransferUS      int64 `json:"transfer_us"`
+	BootstrapWaitUS int64 `json:"bootstrap_wait_us,omitempty"`
+	FillUS          int64 `json:"fill_us,omitempty"`
+	VerifyUS        int64 `json:"verify_us,omitempty"`
 	// ComputeStartUnixNS and ComputeEndUnixNS (prefill, with a compute
 	// model: RoomConfig.LayerTime) bound the modeled forward pass, Unix
 	// nanoseconds; SuccessUnixNS (decode) is when the room's every record
@@ -233,7 +242,7 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	}
 	mt := s.TransferMetric()
 	r.OK, r.Pages, r.Transports, r.Bytes = true, len(src), s.TransportNames(), mt.Bytes
-	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes
+	r.PrefixTokens, r.SkippedBytes, r.AuxBytes, r.Writes, r.ExtraWrites = mt.PrefixTokens, mt.SkippedBytes, mt.AuxBytes, mt.Writes, mt.ExtraWrites
 	return r
 }
 
@@ -368,6 +377,10 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	}
 	mt := r.TransferMetric()
 	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
+	if !mt.TransferStart.IsZero() { // the transfer proper: the bootstrap wait apart
+		out.TransferUS = time.Unix(0, out.SuccessUnixNS).Sub(mt.TransferStart).Microseconds()
+		out.BootstrapWaitUS = mt.BootstrapWait.Microseconds()
+	}
 	// The held prefix is usable once the requests that receive it are done
 	// (it may have been counted while in flight).
 	var segs []workload.PrefixSegment

@@ -285,6 +285,27 @@ func kvx_register_memory(eng C.kvx_engine_t, addr unsafe.Pointer, length C.uint6
 	return finish(nil)
 }
 
+//export kvx_pointer_device
+func kvx_pointer_device(addr unsafe.Pointer, device *C.int) (rc C.int) {
+	const op = "kvx_pointer_device"
+	defer guard(op, &rc)
+	switch {
+	case addr == nil:
+		return finish(nullArg(op, "addr"))
+	case device == nil:
+		return finish(nullArg(op, "device"))
+	}
+	kind, dev, err := detectLocation(uintptr(addr))
+	if err != nil {
+		return finish(failWrap(stInvalidArgument, err, op))
+	}
+	*device = -1
+	if kind == transport.MemoryCUDA {
+		*device = C.int(dev)
+	}
+	return finish(nil)
+}
+
 //export kvx_deregister_memory
 func kvx_deregister_memory(eng C.kvx_engine_t, region C.kvx_region_t) (rc C.int) {
 	const op = "kvx_deregister_memory"

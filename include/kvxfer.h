@@ -373,6 +373,17 @@ KVX_API int kvx_register_memory(kvx_engine_t engine, void *addr, uint64_t len,
                                 const char *location, kvx_region_t *out);
 #endif
 
+/* Where the memory at addr lives, as kvx_register_memory detects it for a
+ * NULL, empty or "*" location: *device is the CUDA device ordinal for
+ * device memory (the driver's cuPointerGetAttribute), -1 for host memory
+ * (also wherever CUDA is absent). A caller that touches registered memory
+ * with the CPU (Python's read_bytes_from_buffer) asks this first.
+ * KVX_ERR_INVALID_ARGUMENT for a NULL addr or device, or a CUDA driver
+ * that cannot tell (the message names the address). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_pointer_device(void *addr, int *device);
+#endif
+
 /* Deregister a region; later writes to it are refused. A region this
  * engine does not have registered (never, or already deregistered) is
  * KVX_ERR_UNKNOWN_REGION. Thread-safe. */

@@ -329,6 +329,7 @@ _PROTOTYPES = {
     "kvx_alloc_host": (c_int, [c_char_p, c_uint64, u64p, POINTER(c_void_p), u64p]),
     "kvx_free_host": (c_int, [c_uint64]),
     "kvx_register_memory": (c_int, [c_uint64, c_void_p, c_uint64, c_char_p, POINTER(c_uint32)]),
+    "kvx_pointer_device": (c_int, [c_void_p, POINTER(c_int)]),
     "kvx_deregister_memory": (c_int, [c_uint64, c_uint32]),
     "kvx_segment_open_name": (c_int, [c_uint64, c_char_p, u64p]),
     "kvx_segment_regions": (c_int, [c_uint64, POINTER(RegionInfo), c_uint32, POINTER(c_uint32)]),

@@ -551,8 +551,16 @@ class TransferEngine(Closable):
             msg += "; in Python allocate it with engine.allocate_managed_buffer(n) or kvxfer.HostBuffer(n), or initialize with protocol \"cma\" (or \"auto\"), which registers any host memory"
         if rc != _lib.OK:
             return self._fail(rc, f"{op}: {msg}")
+        loc = _location(location)
+        host = loc == b"host"
+        if loc == b"*":
+            # Detected by the library at registration; ask it the same way,
+            # so read/write_bytes_to_buffer know whether the CPU may touch it.
+            dev = ctypes.c_int(-1)
+            rc, _ = _lib.try_call("kvx_pointer_device", addr, ctypes.byref(dev))
+            host = rc == _lib.OK and dev.value < 0
         with self._lock:
-            self._regions[addr] = (region.value, length, keep, _location(location) == b"host")
+            self._regions[addr] = (region.value, length, keep, host)
         return 0
 
     def unregister_memory(self, buffer_addr) -> int:

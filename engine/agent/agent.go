@@ -189,9 +189,10 @@ type regList struct {
 
 // dlist is a prepared descriptor list.
 type dlist struct {
-	agent string // "" = local
-	kind  transport.MemoryKind
-	descs []Desc
+	agent   string // "" = local
+	kind    transport.MemoryKind
+	descs   []Desc
+	regions []transport.RegionID // the region holding each descriptor (merging stays inside one)
 }
 
 // remote is an added remote agent.
@@ -727,6 +728,7 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 		return 0, err
 	}
 	var seg *segengine.RemoteSegment
+	regions := make([]transport.RegionID, len(descs))
 	if agent != "" {
 		a.mu.Lock()
 		r := a.remotes[agent]
@@ -741,23 +743,26 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 			return 0, fmt.Errorf("agent %q: descriptor %d [%#x, +%d bytes): %w: empty or wrapping", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor)
 		}
 		if seg == nil {
-			m, _, ok := a.te.LocalRegion(uintptr(d.Addr), d.Len)
+			m, rd, ok := a.te.LocalRegion(uintptr(d.Addr), d.Len)
 			if !ok {
 				return 0, fmt.Errorf("agent %q: local descriptor %d [%#x, +%d bytes): %w: %w with this agent (register_memory first)", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor, ErrNotRegistered)
 			}
 			if m.Kind != kind {
 				return 0, fmt.Errorf("agent %q: local descriptor %d [%#x, +%d bytes): %w: the list is %s memory, the registered range is %s", a.cfg.Name, i, d.Addr, d.Len, ErrBadDescriptor, kind, m.Kind)
 			}
+			regions[i] = rd.ID
 			continue
 		}
-		if _, _, err := seg.Translate(ctx, d.Addr, d.Len); err != nil {
+		id, _, err := seg.Translate(ctx, d.Addr, d.Len)
+		if err != nil {
 			return 0, fmt.Errorf("agent %q: descriptor %d of remote agent %q: %w: %w", a.cfg.Name, i, agent, ErrBadDescriptor, err)
 		}
+		regions[i] = id
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := DlistHandle(a.next())
-	a.dlists[h] = &dlist{agent: agent, kind: kind, descs: append([]Desc(nil), descs...)}
+	a.dlists[h] = &dlist{agent: agent, kind: kind, descs: append([]Desc(nil), descs...), regions: regions}
 	return h, nil
 }
 
@@ -816,6 +821,7 @@ func (a *Agent) MakeXfer(op Op, local DlistHandle, localIdx []int, remoteH Dlist
 	x := &xfer{op: op, agent: rd.agent, descs: len(localIdx), notif: append([]byte(nil), notif...)}
 	var cur *segengine.PeerRead
 	var reqs []segengine.PeerRead
+	var curL, curR transport.RegionID
 	for i := range localIdx {
 		li, ri := localIdx[i], remoteIdx[i]
 		if li < 0 || li >= len(ld.descs) {
@@ -829,12 +835,13 @@ func (a *Agent) MakeXfer(op Op, local DlistHandle, localIdx []int, remoteH Dlist
 			return 0, fmt.Errorf("agent %q: make transfer: position %d pairs local descriptor %d (%d bytes) with remote descriptor %d (%d bytes): %w: lengths differ", a.cfg.Name, i, li, l.Len, ri, r.Len, ErrBadDescriptor)
 		}
 		x.bytes += l.Len
-		if cur != nil && uint64(cur.Local)+cur.Length == l.Addr && cur.PeerAddr+cur.Length == r.Addr {
-			cur.Length += l.Len
+		lr, rr := ld.regions[li], rd.regions[ri]
+		if cur != nil && uint64(cur.Local)+cur.Length == l.Addr && cur.PeerAddr+cur.Length == r.Addr && lr == curL && rr == curR {
+			cur.Length += l.Len // adjacent on both sides, in the same regions
 			continue
 		}
 		reqs = append(reqs, segengine.PeerRead{Local: uintptr(l.Addr), PeerAddr: r.Addr, Length: l.Len})
-		cur = &reqs[len(reqs)-1]
+		cur, curL, curR = &reqs[len(reqs)-1], lr, rr
 	}
 	if op == OpRead {
 		x.reads = reqs

@@ -656,3 +656,62 @@ func TestCrossProcess(t *testing.T) {
 		t.Fatalf("notification to a killed agent: %v", err)
 	}
 }
+
+// TestAdjacentRegionsNotMerged: descriptors adjacent in memory but in two
+// registered regions (one allocation registered as two halves, as two
+// tensors the caching allocator placed back to back) are not merged into a
+// request spanning both: the transfer is DONE.
+func TestAdjacentRegionsNotMerged(t *testing.T) {
+	for _, tn := range []string{"tcp", "shm"} {
+		t.Run(tn, func(t *testing.T) {
+			ctx := context.Background()
+			p := newAgent(t, "p", openTransport(t, tn))
+			d := newAgent(t, "d", openTransport(t, tn))
+			halves := func(a *agent.Agent, fill bool) []agent.Desc {
+				b, err := transport.AllocHost("halves", 4*blockLen)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				if fill {
+					for i := range b.Bytes() {
+						b.Bytes()[i] = byte(i/blockLen + 1)
+					}
+				}
+				m := b.Memory()
+				lo, hi := m, m
+				lo.Length, hi.Length = 2*blockLen, 2*blockLen
+				hi.Addr += 2 * blockLen
+				hi.FDOffset += 2 * blockLen
+				if _, err := a.RegisterMemory([]transport.Memory{lo, hi}); err != nil {
+					t.Fatal(err)
+				}
+				var ds []agent.Desc
+				for i := 0; i < 4; i++ {
+					ds = append(ds, agent.Desc{Addr: uint64(b.Addr()) + uint64(i*blockLen), Len: blockLen})
+				}
+				return ds
+			}
+			pd, dd := halves(p, true), halves(d, false)
+			if _, err := d.AddRemoteAgent(ctx, p.Metadata()); err != nil {
+				t.Fatal(err)
+			}
+			l, _ := d.PrepDlist(ctx, "", transport.MemoryHost, dd)
+			r, err := d.PrepDlist(ctx, "p", transport.MemoryHost, pd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, err := d.MakeXfer(agent.OpRead, l, []int{0, 1, 2, 3}, r, []int{0, 1, 2, 3}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Post(x, nil)
+			if st, err := waitState(t, d, x); st != agent.XferDone {
+				t.Fatalf("read across two adjacent regions: %v %v", st, err)
+			}
+			if tel, _ := d.Telemetry(x); tel.Descs != 4 || tel.Bytes != 4*blockLen {
+				t.Fatalf("telemetry %+v", tel)
+			}
+		})
+	}
+}

@@ -27,7 +27,7 @@ export CGO_ENABLED=1
 LDF="-s -w"
 # Packages whose test binaries run on the device. The cuda tests and the
 # engine ring proof turn GPU skips into failures under KVXFER_REQUIRE_GPU=1.
-PKGS=(cuda cuda/gputopo bench/gpustaging engine engine/tcp engine/shm cmd/kvxfer internal/pciaddr)
+PKGS=(cuda cuda/gputopo bench/gpustaging engine engine/tcp engine/shm engine/agent cmd/kvxfer internal/pciaddr)
 
 quiet() { # go-nvml's cgo prints deprecation warnings; keep real errors
 	"$@" 2> >(grep -v -e 'warning:' -e 'note:' -e '^ *[0-9]* |' -e '^ *|' -e 'cgo-gcc-prolog' \

@@ -160,6 +160,9 @@ step engine-ring-gpu 60 "$ROOT/engine" "$T/engine.test" -test.v -test.count=1 -t
 # (device-memory KV, gate + copies + an event per layer), TestGPUEventGate in cuda-tests.
 step engine-layerwise-gpu 60 "$ROOT/engine" "$T/engine.test" -test.v -test.count=1 -test.run 'LayerwiseCUDAEventGPU|EventPoller'
 step demo-layerwise-device 90 "$ROOT" "$K" demo --device cuda:0 --layerwise --requests 3 --prompt-tokens 2048 --pool-mb 512 --concurrency 1 --prefill-tflops 200 --no-progress --bench=false --seed 7
+# The NIXL-shaped agent's VRAM path (vLLM's NixlConnector with
+# kv_buffer_device cuda): device blocks READ between two agents over tcp.
+step agent-vram-gpu 60 "$ROOT/engine/agent" "$T/engine_agent.test" -test.v -test.count=1 -test.run 'VRAMGPU'
 step tcp-tests 120 "$ROOT/engine/tcp" "$T/engine_tcp.test" -test.v -test.count=1 -test.timeout 110s
 step shm-tests 120 "$ROOT/engine/shm" "$T/engine_shm.test" -test.v -test.count=1 -test.timeout 110s
 step cmd-tests 60 "$ROOT/cmd/kvxfer" "$T/cmd_kvxfer.test" -test.v -test.count=1 -test.run 'Topo|GPUCheck'

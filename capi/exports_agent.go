@@ -13,6 +13,7 @@ import "C"
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 	"unsafe"
 
@@ -52,13 +53,13 @@ func kvx_agent_create(cfg *C.kvx_agent_config, out *C.kvx_agent_t) (rc C.int) {
 	if h := bindHostOf(bindLocal); h != "" {
 		opts.ListenHost = h
 	}
-	tr, err := transport.OpenTransport(trName, opts)
+	tr, err := openAgentTransport(trName, opts)
 	if err != nil {
 		code := stUnavailable
 		if errors.Is(err, transport.ErrUnknownTransport) {
 			code = stInvalidArgument
 		}
-		return finish(failWrap(code, err, "%s: transport %q (one of tcp, shm, rdma)", op, trName))
+		return finish(failWrap(code, err, "%s: transport %q (one of tcp, shm, rdma, or auto)", op, trName))
 	}
 	advertise := getenv("KVXFER_ADVERTISE_HOST")
 	if advertise == "" {
@@ -75,6 +76,30 @@ func kvx_agent_create(cfg *C.kvx_agent_config, out *C.kvx_agent_t) (rc C.int) {
 	}
 	*out = C.kvx_agent_t(agents.add(&agentObj{a: a}))
 	return finish(nil)
+}
+
+// openAgentTransport opens the agent's one transport. "auto" (the
+// KV manager's meaning of KVXFER_TRANSPORT) picks the highest-priority
+// transport usable here that reaches other hosts (rdma, else tcp): an agent
+// does not know its peers when it starts.
+func openAgentTransport(name string, opts transport.Options) (transport.Transport, error) {
+	if name != "auto" {
+		return transport.OpenTransport(name, opts)
+	}
+	trs, err := transport.OpenTransports("auto", opts)
+	if err != nil {
+		return nil, err
+	}
+	pick := transport.FirstCrossHost(trs)
+	for _, t := range trs {
+		if t != pick {
+			_ = t.Close()
+		}
+	}
+	if pick == nil {
+		return nil, fmt.Errorf("auto: no transport usable here reaches other hosts (opened %d): %w", len(trs), transport.ErrUnavailable)
+	}
+	return pick, nil
 }
 
 // bindHostOf is the host of "host" or "host:port".

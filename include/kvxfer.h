@@ -1191,7 +1191,9 @@ typedef struct kvx_agent_config {
     uint32_t struct_size;  /* sizeof(kvx_agent_config) */
     uint32_t control_port; /* control channel port; 0 = a free port */
     const char *name;      /* the agent's name (required, 1..256 bytes) */
-    const char *transport; /* "tcp" (NULL), "shm" or "rdma": one transport */
+    /* "tcp" (NULL), "shm", "rdma", or "auto": the highest-priority one
+     * usable here that reaches other hosts (rdma, else tcp). */
+    const char *transport;
     /* "host" or "host:rpc_port" the segment RPC and the control channel
      * bind; NULL = "127.0.0.1". */
     const char *local_hostname;

@@ -97,6 +97,7 @@ def _bytes(msg) -> bytes | None:
 class Agent(Closable):
     """One kvx_agent_t. name must be unique among the agents that talk to
     each other; transport is "tcp" (default: $KVXFER_TRANSPORT, else tcp),
+    "auto" (the highest-priority transport here that reaches other hosts),
     "shm" or "rdma"; local_hostname is "host" or "host:rpc_port" the agent
     binds and advertises (default: $KVXFER_HOST, else 127.0.0.1: set it to a
     reachable address across hosts). Timeouts are seconds (0 = the library's

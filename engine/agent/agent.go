@@ -21,10 +21,14 @@ const LocalAgent = "NIXL_INIT_AGENT"
 
 // Defaults of Config.
 const (
-	DefaultTimeout         = 5 * time.Second
-	DefaultDrainTimeout    = 10 * time.Second
+	// DefaultTimeout bounds one control request or segment RPC.
+	DefaultTimeout = 5 * time.Second
+	// DefaultDrainTimeout bounds the wait for a cancelled batch to stop.
+	DefaultDrainTimeout = 10 * time.Second
+	// DefaultTransferTimeout bounds one posted transfer.
 	DefaultTransferTimeout = 120 * time.Second
-	DefaultMaxNotifs       = 1 << 16
+	// DefaultMaxNotifs bounds the unread notifications kept per sender.
+	DefaultMaxNotifs = 1 << 16
 )
 
 // Errors of the agent. The errors wrapping them name the agent, handle or
@@ -107,6 +111,7 @@ const (
 	OpRead
 )
 
+// String returns NIXL's name of the operation ("READ", "WRITE").
 func (o Op) String() string {
 	switch o {
 	case OpWrite:
@@ -339,7 +344,8 @@ func bindHost(s string) string {
 func (a *Agent) Name() string { return a.cfg.Name }
 
 // Engine returns the agent's transfer engine (its transport and segment
-// RPC listener); the agent owns it.
+// RPC listener). The agent owns it: do not close it or register memory
+// with it directly (use RegisterMemory).
 func (a *Agent) Engine() *segengine.TransferEngine { return a.te }
 
 // ControlAddr returns "host:port" of the control channel.
@@ -1094,7 +1100,7 @@ func (a *Agent) stop(x *xfer, reason error) error {
 		return nil
 	case <-t.C:
 	}
-	if r == nil {
+	if r == nil || r.seg != seg { // removed or re-added meanwhile: close the segment this post used
 		_ = seg.Close()
 	} else {
 		a.kill(r, fmt.Errorf("agent %q: transfer %d to %q did not stop within %v of its cancel", a.cfg.Name, x.h, x.agent, a.cfg.DrainTimeout))

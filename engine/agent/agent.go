@@ -195,6 +195,7 @@ type regList struct {
 // dlist is a prepared descriptor list.
 type dlist struct {
 	agent   string // "" = local
+	inst    uint64 // the remote agent's instance it was prepared against
 	kind    transport.MemoryKind
 	descs   []Desc
 	regions []transport.RegionID // the region holding each descriptor (merging stays inside one)
@@ -221,6 +222,7 @@ type xfer struct {
 	h         XferHandle
 	op        Op
 	agent     string
+	inst      uint64               // the remote agent's instance its list was prepared against
 	reads     []segengine.PeerRead // OpRead
 	writes    []segengine.PeerWrite
 	descs     int
@@ -734,6 +736,7 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 		return 0, err
 	}
 	var seg *segengine.RemoteSegment
+	var inst uint64
 	regions := make([]transport.RegionID, len(descs))
 	if agent != "" {
 		a.mu.Lock()
@@ -742,7 +745,7 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 		if r == nil {
 			return 0, fmt.Errorf("agent %q: prepare descriptor list for %q: %w (add it with its metadata first, or name %q for local memory)", a.cfg.Name, agent, ErrUnknownAgent, LocalAgent)
 		}
-		seg = r.seg
+		seg, inst = r.seg, r.md.Instance
 	}
 	for i, d := range descs {
 		if d.Len == 0 || d.Addr+d.Len < d.Addr {
@@ -768,7 +771,7 @@ func (a *Agent) PrepDlist(ctx context.Context, agent string, kind transport.Memo
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := DlistHandle(a.next())
-	a.dlists[h] = &dlist{agent: agent, kind: kind, descs: append([]Desc(nil), descs...), regions: regions}
+	a.dlists[h] = &dlist{agent: agent, inst: inst, kind: kind, descs: append([]Desc(nil), descs...), regions: regions}
 	return h, nil
 }
 
@@ -821,10 +824,14 @@ func (a *Agent) MakeXfer(op Op, local DlistHandle, localIdx []int, remoteH Dlist
 	case rd.agent == "":
 		return 0, fmt.Errorf("agent %q: make transfer: the remote list %d was prepared for local memory (prepare it with the remote agent's name)", a.cfg.Name, remoteH)
 	}
-	if a.remotes[rd.agent] == nil {
+	rem := a.remotes[rd.agent]
+	if rem == nil {
 		return 0, fmt.Errorf("agent %q: make transfer to %q: %w (removed after its list was prepared? add it again)", a.cfg.Name, rd.agent, ErrUnknownAgent)
 	}
-	x := &xfer{op: op, agent: rd.agent, descs: len(localIdx), notif: append([]byte(nil), notif...)}
+	if err := a.sameInstance(rd.agent, rd.inst, rem); err != nil {
+		return 0, fmt.Errorf("agent %q: make transfer: remote list %d: %w", a.cfg.Name, remoteH, err)
+	}
+	x := &xfer{op: op, agent: rd.agent, inst: rd.inst, descs: len(localIdx), notif: append([]byte(nil), notif...)}
 	var cur *segengine.PeerRead
 	var reqs []segengine.PeerRead
 	var curL, curR transport.RegionID
@@ -888,6 +895,12 @@ func (a *Agent) Post(h XferHandle, notif []byte) (XferState, error) {
 		a.mu.Unlock()
 		return XferErr, err
 	}
+	if err := a.sameInstance(x.agent, x.inst, r); err != nil {
+		err = fmt.Errorf("agent %q: post transfer %d: %w", a.cfg.Name, h, err)
+		x.state, x.err = XferErr, err
+		a.mu.Unlock()
+		return XferErr, err
+	}
 	if notif != nil {
 		x.notif = append([]byte(nil), notif...)
 	}
@@ -923,6 +936,17 @@ func (a *Agent) Post(h XferHandle, notif []byte) (XferState, error) {
 	a.mu.Unlock()
 	go a.run(x, r, gen, seg, md, id)
 	return XferProc, nil
+}
+
+// sameInstance fails when remote agent name was added again with another
+// instance (it restarted) since a list was prepared against inst: the
+// addresses it names belong to the dead process.
+func (a *Agent) sameInstance(name string, inst uint64, r *remote) error {
+	if r.md.Instance == inst {
+		return nil
+	}
+	return fmt.Errorf("prepared for instance %#x of agent %q, which restarted (now %#x): prepare the lists again from its new metadata: %w: %w",
+		inst, name, r.md.Instance, segengine.ErrSegmentStale, transport.ErrPeerLost)
 }
 
 // finishLocked ends a post (under a.mu).

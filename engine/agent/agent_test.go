@@ -655,6 +655,74 @@ func TestCrossProcess(t *testing.T) {
 	if err := d.SendNotif(ctx, name, []byte("x")); !errors.Is(err, agent.ErrAgentUnreachable) {
 		t.Fatalf("notification to a killed agent: %v", err)
 	}
+	// The prefill restarts (same name, new instance): adding its new
+	// metadata replaces the dead one, and reads work again.
+	h2 := startHelper(t)
+	if again, err := d.AddRemoteAgent(ctx, h2.md); err != nil || again != name {
+		t.Fatalf("add the restarted prefill: %q %v", again, err)
+	}
+	var rd2 []agent.Desc
+	for _, base := range h2.bases {
+		for blk := 0; blk < numBlocks; blk++ {
+			rd2 = append(rd2, agent.Desc{Addr: base + uint64(blk*blockLen), Len: blockLen})
+		}
+	}
+	// A request and a list prepared against the dead instance name its
+	// memory, not the new one's: refused.
+	if _, err := d.Post(y, nil); !errors.Is(err, transport.ErrPeerLost) || !strings.Contains(err.Error(), "restarted") {
+		t.Fatalf("post of a request prepared for the dead instance: %v", err)
+	}
+	if _, err := d.MakeXfer(agent.OpRead, l, []int{0}, r, []int{0}, nil); !errors.Is(err, transport.ErrPeerLost) {
+		t.Fatalf("a list prepared for the dead instance: %v", err)
+	}
+	r2, err := d.PrepDlist(ctx, name, transport.MemoryHost, rd2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, _ := d.MakeXfer(agent.OpRead, l, descIDs([]int{6}), r2, descIDs([]int{7}), []byte("req-11:1"))
+	if _, err := d.Post(z, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := waitState(t, d, z); st != agent.XferDone {
+		t.Fatalf("read from the restarted prefill: %v %v", st, err)
+	}
+	if !h2.lines.Scan() || h2.lines.Text() != "NOTIF decode req-11:1" {
+		t.Fatalf("restarted prefill printed %q", h2.lines.Text())
+	}
+}
+
+// TestNotificationNotDelivered: when the remote agent refuses a
+// notification (its queue is full: its caller does not read them), the
+// transfer whose data landed ends ERR saying so, so the two sides do not
+// disagree about it.
+func TestNotificationNotDelivered(t *testing.T) {
+	ctx := context.Background()
+	p, err := agent.New(ctx, agent.Config{Name: "p", Transport: openTransport(t, "tcp"), MaxNotifs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	d := newAgent(t, "d", openTransport(t, "tcp"))
+	pkv, dkv := newKV(t, p, pattern), newKV(t, d, nil)
+	if _, err := d.AddRemoteAgent(ctx, p.Metadata()); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := d.PrepDlist(ctx, "", transport.MemoryHost, dkv.descs())
+	r, _ := d.PrepDlist(ctx, "p", transport.MemoryHost, pkv.descs())
+	for i, want := range []agent.XferState{agent.XferDone, agent.XferErr} {
+		x, _ := d.MakeXfer(agent.OpRead, l, []int{i}, r, []int{i}, []byte(fmt.Sprintf("req-%d:1", i)))
+		d.Post(x, nil)
+		st, why := waitState(t, d, x)
+		if st != want {
+			t.Fatalf("read %d: %v %v, want %v", i, st, why, want)
+		}
+		if st == agent.XferErr && (!errors.Is(why, agent.ErrRefused) || !strings.Contains(why.Error(), "the data landed but the notification was not delivered")) {
+			t.Fatalf("read %d: reason %v", i, why)
+		}
+	}
+	if n := p.GetNotifs(); len(n["d"]) != 1 || string(n["d"][0]) != "req-0:1" {
+		t.Fatalf("prefill notifications %q", n)
+	}
 }
 
 // TestAdjacentRegionsNotMerged: descriptors adjacent in memory but in two

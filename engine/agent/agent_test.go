@@ -152,7 +152,7 @@ func waitNotif(t testing.TB, a *agent.Agent, from string) [][]byte {
 // with a notification, sees DONE, and the prefill gets the notification
 // (its blocks may be freed only then: the decode's data is already there).
 func TestNixlConnectorOrder(t *testing.T) {
-	for _, tn := range []string{"tcp", "shm"} {
+	for _, tn := range []string{"tcp", "shm", "cma"} {
 		t.Run(tn, func(t *testing.T) {
 			ctx := context.Background()
 			p := newAgent(t, "prefill", openTransport(t, tn))
@@ -375,7 +375,7 @@ func TestErrors(t *testing.T) {
 // peer's WRITEs into its memory fail and land nothing, and its
 // notifications are refused.
 func TestRemovedAgentRefused(t *testing.T) {
-	for _, tn := range []string{"tcp", "shm"} {
+	for _, tn := range []string{"tcp", "shm", "cma"} {
 		t.Run(tn, func(t *testing.T) {
 			ctx := context.Background()
 			a := newAgent(t, "a", openTransport(t, tn))
@@ -730,7 +730,7 @@ func TestNotificationNotDelivered(t *testing.T) {
 // tensors the caching allocator placed back to back) are not merged into a
 // request spanning both: the transfer is DONE.
 func TestAdjacentRegionsNotMerged(t *testing.T) {
-	for _, tn := range []string{"tcp", "shm"} {
+	for _, tn := range []string{"tcp", "shm", "cma"} {
 		t.Run(tn, func(t *testing.T) {
 			ctx := context.Background()
 			p := newAgent(t, "p", openTransport(t, tn))

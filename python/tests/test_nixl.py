@@ -36,9 +36,10 @@ from nixl._bindings import (  # noqa: E402
 class Prefill:
     """tests/nixl_peer.py: send() a command, recv() its answer."""
 
-    def __init__(self):
+    def __init__(self, transport="tcp"):
+        env = dict(os.environ, KVXFER_TRANSPORT=transport)
         self.p = subprocess.Popen([sys.executable, os.path.join(HERE, "nixl_peer.py")], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True, env=env)
         self.q: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.ready = self.recv()
@@ -79,9 +80,17 @@ class Prefill:
                 self.p.wait()
 
 
+@pytest.fixture(params=["tcp", "cma"])
+def transport(request, monkeypatch):
+    """Both workers' transport: tcp, and cma (same host, the caller's own
+    numpy/torch memory; shm would need kvxfer's memfd memory)."""
+    monkeypatch.setenv("KVXFER_TRANSPORT", request.param)
+    return request.param
+
+
 @pytest.fixture
-def prefill():
-    p = Prefill()
+def prefill(transport):
+    p = Prefill(transport)
     yield p
     p.close()
 
@@ -133,7 +142,7 @@ class Decode:
 
 
 @pytest.fixture
-def decode():
+def decode(transport):
     d = Decode()
     yield d
     d.close()

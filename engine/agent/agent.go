@@ -204,6 +204,7 @@ type dlist struct {
 // remote is an added remote agent.
 type remote struct {
 	md    Metadata
+	conn  *peerConn // its control channel (notifications)
 	seg   *segengine.RemoteSegment
 	dead  error // the segment was closed to stop a batch; re-add the agent
 	xfers map[*xfer]struct{}
@@ -493,7 +494,7 @@ func (a *Agent) AddRemoteAgent(ctx context.Context, metadata []byte) (string, er
 		_ = seg.Close()
 		return md.Name, nil
 	}
-	a.remotes[md.Name] = &remote{md: md, seg: seg, xfers: map[*xfer]struct{}{}}
+	a.remotes[md.Name] = &remote{md: md, conn: &peerConn{zctx: a.zctx, addr: md.Control}, seg: seg, xfers: map[*xfer]struct{}{}}
 	return md.Name, nil
 }
 
@@ -569,6 +570,7 @@ func (a *Agent) dropRemote(name string, reason error) error {
 			errs = append(errs, err)
 		}
 	}
+	r.conn.close()
 	if err := r.seg.Close(); err != nil {
 		errs = append(errs, err)
 	}
@@ -709,15 +711,15 @@ func (a *Agent) SendNotif(ctx context.Context, name string, msg []byte) error {
 	if r == nil {
 		return fmt.Errorf("agent %q: send notification to %q: %w (add it with its metadata first)", a.cfg.Name, name, ErrUnknownAgent)
 	}
-	return a.notify(ctx, r.md, msg)
+	return a.notify(ctx, r, msg)
 }
 
-func (a *Agent) notify(ctx context.Context, md Metadata, msg []byte) error {
+func (a *Agent) notify(ctx context.Context, r *remote, msg []byte) error {
 	cctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
 	defer cancel()
-	_, err := call(cctx, a.zctx, md.Control, &request{Type: msgNotif, From: a.cfg.Name, Instance: a.instance, To: md.Name, Msg: msg})
+	_, err := r.conn.call(cctx, &request{Type: msgNotif, From: a.cfg.Name, Instance: a.instance, To: r.md.Name, Msg: msg})
 	if err != nil {
-		return fmt.Errorf("agent %q: notify %q: %w", a.cfg.Name, md.Name, err)
+		return fmt.Errorf("agent %q: notify %q: %w", a.cfg.Name, r.md.Name, err)
 	}
 	return nil
 }
@@ -912,7 +914,7 @@ func (a *Agent) Post(h XferHandle, notif []byte) (XferState, error) {
 	x.start, x.end, x.post = time.Now(), time.Time{}, 0
 	x.done = make(chan struct{})
 	r.xfers[x] = struct{}{}
-	seg, md := r.seg, r.md
+	seg := r.seg
 	a.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
@@ -934,7 +936,7 @@ func (a *Agent) Post(h XferHandle, notif []byte) (XferState, error) {
 	}
 	x.batch = id
 	a.mu.Unlock()
-	go a.run(x, r, gen, seg, md, id)
+	go a.run(x, r, gen, seg, id)
 	return XferProc, nil
 }
 
@@ -959,7 +961,8 @@ func (a *Agent) finishLocked(x *xfer, r *remote, st XferState, err error) {
 }
 
 // run waits for a posted batch, then notifies.
-func (a *Agent) run(x *xfer, r *remote, gen uint64, seg *segengine.RemoteSegment, md Metadata, id transport.BatchID) {
+func (a *Agent) run(x *xfer, r *remote, gen uint64, seg *segengine.RemoteSegment, id transport.BatchID) {
+	md := r.md
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.TransferTimeout)
 	defer cancel()
 	st, werr := seg.Wait(ctx, id)
@@ -1003,7 +1006,7 @@ func (a *Agent) run(x *xfer, r *remote, gen uint64, seg *segengine.RemoteSegment
 	x.notifying = true
 	msg := x.notif
 	a.mu.Unlock()
-	err := a.notify(ctx, md, msg)
+	err := a.notify(ctx, r, msg)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
@@ -1173,6 +1176,11 @@ func (a *Agent) Close() error {
 	for _, x := range xs {
 		_ = a.stop(x, nil)
 	}
+	a.mu.Lock()
+	for _, r := range a.remotes {
+		r.conn.close() // before the zmq context terminates
+	}
+	a.mu.Unlock()
 	a.ctl.close()
 	err := a.te.Close()
 	_ = a.zctx.Term()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/kvargs"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/workload"
@@ -81,6 +82,7 @@ type rankOpts struct {
 	httpPort         int                         // prefill: PrefillHTTPPort
 	onDevice         bool                        // KV buffers on cuda:0 (a fake or real CUDA library must be loaded)
 	cfgMod           func(*engine.ManagerConfig) // last word on the manager's configuration
+	noFD             bool                        // buffers registered without their memfd, as a caller's own memory (shm cannot share them)
 }
 
 func newRank(t *testing.T, o rankOpts) *rank {
@@ -119,7 +121,15 @@ func newRank(t *testing.T, o rankOpts) *rank {
 		}
 		trs = append(trs, tr)
 	}
-	cfg := engine.ManagerConfig{Role: o.role, KV: pool.Args(), Transports: trs, BootstrapAddr: o.addr,
+	args := pool.Args()
+	if o.noFD {
+		for _, list := range [][]kvargs.Buffer{args.KVBuffers, args.AuxBuffers, args.StateBuffers} {
+			for i := range list {
+				list[i].FD = -1
+			}
+		}
+	}
+	cfg := engine.ManagerConfig{Role: o.role, KV: args, Transports: trs, BootstrapAddr: o.addr,
 		Checksum: o.checksum, WaitingTimeout: o.waiting, PeerTimeout: o.peerTmo, BootstrapTimeout: o.bootTmo,
 		BootstrapHeartbeatInterval: o.bootHB, DirectoryCheckInterval: o.dirCheck, ControlHost: o.host, AdvertiseHost: o.advertise,
 		FenceTimeout: o.fenceTmo, KVCacheDtype: o.kvDtype, ControlFault: o.controlFault, VerifyKV: o.verifyKV, RingSlots: o.ringSlots,

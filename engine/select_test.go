@@ -81,6 +81,39 @@ func TestTransportSelectionAndFallback(t *testing.T) {
 	}
 }
 
+// TestCallerMemorySelectsCMA: buffers that are the caller's own memory (no
+// memfd) on both sides of one host, with shm, cma and tcp offered (what
+// auto opens): shm cannot register them, so the room runs on cma; where
+// the kernel refuses cross-memory attach (cma's OpenSegment fails with
+// ErrUnavailable, as on EPERM) it falls back to tcp.
+func TestCallerMemorySelectsCMA(t *testing.T) {
+	if err := transport.ProbeTransport("cma"); err != nil {
+		t.Skipf("cma transport unavailable: %v", err)
+	}
+	all := []string{"cma", "shm", "tcp"}
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, transports: all, noFD: true})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: all, noFD: true})
+	for _, r := range []*rank{p, d} {
+		if got := r.m.TransportNames(); !reflect.DeepEqual(got, []string{"cma", "tcp"}) {
+			t.Fatalf("registered with %v, want [cma tcp] (shm cannot share memory without an fd)", got)
+		}
+	}
+	if got := sendOne(t, addr, p, d, 1); !reflect.DeepEqual(got, []string{"cma"}) {
+		t.Fatalf("chose %v, want [cma]", got)
+	}
+
+	addr2 := startBootstrap(t)
+	p2 := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr2, transports: all, noFD: true,
+		wrap: func(tr transport.Transport) transport.Transport {
+			return faulty.Wrap(tr, faulty.FailInstall(), faulty.FailWith(transport.ErrUnavailable))
+		}})
+	d2 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, transports: all, noFD: true})
+	if got := sendOne(t, addr2, p2, d2, 2); !reflect.DeepEqual(got, []string{"tcp"}) {
+		t.Fatalf("chose %v, want the tcp fallback", got)
+	}
+}
+
 // handshakeTransport makes a transport look like one that needs a second
 // handshake step (CapHandshake, as RDMA's QP exchange): the segment returns a
 // reply blob and the receiver's Accept must see it.

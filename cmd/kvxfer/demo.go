@@ -114,7 +114,7 @@ prefaulted: a progress bar on a terminal, a line every 5 s otherwise.`,
 	fs.IntVar(&f.pageSize, "page-size", workload.DefaultPageSize, "KV page size in tokens (>= 1)")
 	fs.IntVar(&f.poolMB, "pool-mb", 2048, "KV pool per rank in MiB (caps the prompt length)")
 	fs.IntVar(&f.concurrency, "concurrency", 2, "requests in flight at once")
-	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, or a comma list")
+	fs.StringVar(&f.transport, "transport", "auto", "data transport(s) every rank opens: auto (all usable; the prefill picks the highest priority both sides have), tcp, shm, cma, or a comma list")
 	fs.BoolVar(&f.prefault, "prefault", true, "ranks make their host buffers resident when they register them, so the first request runs at the speed of the rest (--prefault=false shows the cold first request)")
 	fs.BoolVar(&f.checksum, "checksum", false, "CRC32C over the transferred bytes, checked by the decode before Success (every byte is verified against the pattern anyway)")
 	fs.StringVar(&f.jsonOut, "json", "", "write the summary and per-request results as JSON to this file")

@@ -82,7 +82,7 @@ doctor then stops at the handshake and says so.`,
 	}
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON instead of a table")
 	cmd.Flags().StringVar(&live.bootstrap, "bootstrap", "", "walk the evidence chain against the live prefill instance whose bootstrap directory is at this host:port")
-	cmd.Flags().StringVar(&live.transport, "transport", "auto", "with --bootstrap: transports this host offers the ranks: auto (every usable one) or a comma list (tcp, shm, rdma)")
+	cmd.Flags().StringVar(&live.transport, "transport", "auto", "with --bootstrap: transports this host offers the ranks: auto (every usable one) or a comma list (tcp, shm, cma, rdma)")
 	cmd.Flags().StringVar(&live.host, "doctor-host", "", "with --bootstrap: address of this host the ranks can reach (probe results and data come back to it); default: this host's address on the route to the first rank")
 	cmd.Flags().IntVar(&live.probeBytes, "probe-bytes", 64<<10, "with --bootstrap: bytes each probe writes per rank and transport (at most 16 MiB)")
 	cmd.Flags().BoolVar(&live.controlAuth, "control-auth", envOr("KVXFER_CONTROL_AUTH", "") == "1", "with --bootstrap: tag the probe's control frames with the deployment's token, for ranks started with --control-auth (env KVXFER_CONTROL_AUTH=1)")

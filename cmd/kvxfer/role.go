@@ -125,7 +125,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.StringVar(&f.device, "device", "", "where the KV pool lives: host memory (empty, the default) or cuda:N (device memory on CUDA device N; needs the NVIDIA driver, and only transports that can move device memory are used)")
 	fs.BoolVar(&f.prefault, "prefault", true, "make the host KV and aux buffers resident and warm when they are allocated and registered (populate, then one kernel and one user write per page), so the first room pays no first-touch faults and runs at the speed of the later ones; costs about one memory pass at start; --prefault=false skips it (faster start, slow first room)")
 	fs.Uint64Var(&f.fragmentSeed, "fragment-seed", 0, "hand out KV pages in the random order of a warm server's free list, seeded by this (pages of a request are then scattered and each is its own write); 0 = lowest first, as a fresh pool")
-	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, rdma)")
+	fs.StringVar(&f.transport, "transport", "auto", "data transports to open: auto (every usable one) or a comma list (tcp, shm, cma, rdma)")
 	if role == engine.RolePrefill {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp)
 	} else {

@@ -69,8 +69,9 @@ const CMAName = "cma"
 // whose buffers shm cannot register (no memfd) uses cma.
 const CMAPriority = 150
 
-// yamaPath holds Yama's ptrace restriction level (absent without Yama).
-const yamaPath = "/proc/sys/kernel/yama/ptrace_scope"
+// yamaPath holds Yama's ptrace restriction level (absent without Yama); a
+// variable so a test can give another level.
+var yamaPath = "/proc/sys/kernel/yama/ptrace_scope"
 
 // ptraceScope returns Yama's ptrace_scope (0..3), or -1 without Yama.
 func ptraceScope() int {
@@ -113,9 +114,9 @@ func ProbeCMA() error {
 	}
 	switch s := ptraceScope(); {
 	case s >= 3:
-		return fmt.Errorf("cma: %s is 3 (no process may attach to another), so cross-memory attach is impossible; use shm with kvxfer-allocated memory, or tcp: %w", yamaPath, transport.ErrUnavailable)
+		return fmt.Errorf("cma: Yama ptrace_scope is 3 (%s: no process may attach to another), so cross-memory attach is impossible; use shm with kvxfer-allocated memory, or tcp: %w", yamaPath, transport.ErrUnavailable)
 	case s == 2 && os.Geteuid() != 0:
-		return fmt.Errorf("cma: %s is 2 (only CAP_SYS_PTRACE may attach) and this process is not root; set it to 1 (kvxfer grants its peers itself) or use shm with kvxfer-allocated memory, or tcp: %w", yamaPath, transport.ErrUnavailable)
+		return fmt.Errorf("cma: Yama ptrace_scope is 2 (%s: only CAP_SYS_PTRACE may attach) and this process is not root; set it to 1 (kvxfer grants its peers itself) or use shm with kvxfer-allocated memory, or tcp: %w", yamaPath, transport.ErrUnavailable)
 	}
 	buf := new([2]uint64) // heap: does not move during the call
 	buf[0] = 0x6b76786665720001
@@ -137,7 +138,9 @@ func NewCMA(opts transport.Options) (transport.Transport, error) {
 	return newTransport(opts, true)
 }
 
-var grantOnce sync.Once
+// grantOnce makes grantPtrace act once per process (a pointer so a test
+// can start over).
+var grantOnce = new(sync.Once)
 
 // grantPtrace declares, once per process and only at ptrace_scope 1, that
 // any process may attach (the kernel's same-user and dumpable checks still

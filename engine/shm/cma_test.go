@@ -265,3 +265,53 @@ func FuzzDecodeCMAKey(f *testing.F) {
 		}
 	})
 }
+
+// TestCMAPtraceScope: the probe refuses the Yama levels at which no
+// process may attach (3, or 2 without root) and accepts the others; at
+// level 1 the transport declares PR_SET_PTRACER_ANY once per process and
+// logs a refused prctl (on a kernel without Yama it is refused: EINVAL).
+func TestCMAPtraceScope(t *testing.T) {
+	old := yamaPath
+	defer func() { yamaPath = old; grantOnce = new(sync.Once) }()
+	dir := t.TempDir()
+	root := os.Geteuid() == 0
+	tests := []struct {
+		scope string
+		ok    bool
+	}{
+		{"0", true}, {"1", true}, {"2", root}, {"3", false}, {"", true} /* no Yama */, {"junk", true},
+	}
+	for _, tc := range tests {
+		yamaPath = dir + "/absent"
+		if tc.scope != "" {
+			yamaPath = dir + "/scope-" + tc.scope
+			if err := os.WriteFile(yamaPath, []byte(tc.scope+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := ProbeCMA()
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, transport.ErrUnavailable)) {
+			t.Errorf("ptrace_scope %q: probe %v, want ok=%v (refusals wrap ErrUnavailable)", tc.scope, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "ptrace_scope") {
+			t.Errorf("ptrace_scope %q: the refusal does not name the setting: %v", tc.scope, err)
+		}
+	}
+
+	yamaPath = dir + "/scope-1"
+	grantOnce = new(sync.Once)
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	grantPtrace(log)
+	grantPtrace(log) // once per process
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	if n := strings.Count(out, "PR_SET_PTRACER"); n != 1 {
+		t.Fatalf("grantPtrace logged %d lines naming PR_SET_PTRACER, want 1 (granted or refused):\n%s", n, out)
+	}
+	if ptraceScope() != 1 {
+		t.Fatalf("ptraceScope = %d from %s", ptraceScope(), yamaPath)
+	}
+}

@@ -1,5 +1,8 @@
 // Package shm is kvxfer's same-host shared-memory transport, registered with
-// the engine as "shm" (priority 200: preferred over tcp, below rdma).
+// the engine as "shm" (priority 200: preferred over tcp, below rdma). It also
+// registers "cma" (priority 150, cma.go): the same control memfd, fencing
+// and batches, with cross-memory attach (process_vm_writev/readv) as the
+// data path, for host memory that has no memfd (a caller's own buffers).
 //
 // # How memory is shared
 //

@@ -16,7 +16,7 @@ var ErrUnknownTransport = errors.New("unknown transport")
 // of a --transport flag or a C ABI transport string.
 //
 //   - "auto" or "": every registered transport whose probe passes, highest
-//     priority first (rdma > shm > tcp). A transport that fails to open is
+//     priority first (rdma > shm > cma > tcp). A transport that fails to open is
 //     skipped (its reason is kept for the error); it fails only when none
 //     opens, with an error wrapping ErrUnavailable that gives each one's reason.
 //   - "a,b,...": exactly those transports, in priority order; a name that is

@@ -124,7 +124,7 @@ var (
 
 // RegisterTransport makes a transport available by name (the database/sql
 // driver pattern: transports call it from init). Higher priority wins in
-// automatic selection (rdma 300 > shm 200 > tcp 100). It panics on a
+// automatic selection (rdma 300 > shm 200 > cma 150 > tcp 100). It panics on a
 // duplicate name, as database/sql does.
 func RegisterTransport(name string, priority int, probe Probe, f Factory) {
 	driversMu.Lock()

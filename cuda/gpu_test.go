@@ -169,3 +169,36 @@ func TestGPUProofKernel(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUPointerDevice: the driver's cuPointerGetAttribute tells device
+// memory (its ordinal) from mapped pinned host memory and plain host memory
+// on a real GPU, as kvx_register_memory's location detection relies on.
+func TestGPUPointerDevice(t *testing.T) {
+	requireGPU(t)
+	d, err := cuda.Malloc(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cuda.Free(0, d)
+	pinned, err := cuda.AllocMapped(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	plain := make([]byte, 4096)
+	for _, tc := range []struct {
+		name   string
+		p      uintptr
+		device bool
+	}{
+		{"device", uintptr(d), true},
+		{"inside device", uintptr(d) + 12345, true},
+		{"mapped pinned host", pinned.Host(), false},
+		{"go heap", uintptr(unsafe.Pointer(&plain[0])), false},
+	} {
+		dev, ok, err := cuda.PointerDevice(tc.p)
+		if err != nil || ok != tc.device || (ok && dev != 0) {
+			t.Errorf("PointerDevice(%s) = %d, %v, %v; want device memory %v on device 0", tc.name, dev, ok, err, tc.device)
+		}
+	}
+}

@@ -292,7 +292,7 @@ func (s *segment) checkAttach() error {
 			s.t.log.Warn("cma: the kernel refuses cross-memory attach to same-host peers (EPERM); their transfers fall back to tcp",
 				"receiver_pid", s.peer.PID, "ptrace", scopeWords(), "hint", "same user for both processes; at Yama ptrace_scope 1 kvxfer grants its peers itself; a seccomp filter must allow process_vm_readv/writev")
 		})
-		return fmt.Errorf("cma: receiver pid %d: process_vm_readv: %v: the kernel refuses cross-memory attach (%s; another user, or a seccomp filter); the KV manager uses tcp instead: %w", s.peer.PID, err, scopeWords(), transport.ErrUnavailable)
+		return fmt.Errorf("cma: receiver pid %d: process_vm_readv: %v: the kernel refuses cross-memory attach (%s; another user, or a seccomp filter); KV managers fall back to tcp, a segment engine (Mooncake API) on cma cannot: open it with tcp: %w", s.peer.PID, err, scopeWords(), transport.ErrUnavailable)
 	}
 	if err != nil || n != 8 {
 		return fmt.Errorf("cma: receiver pid %d: process_vm_readv of its control memory: %d bytes, %v: %w", s.peer.PID, n, err, transport.ErrUnavailable)

@@ -77,7 +77,9 @@ func TestKVConfigAuthToken(t *testing.T) {
 
 // TestControlSettings: kvx_kv_config.control_auth / max_peers win over the
 // environment (KVXFER_CONTROL_AUTH, KVXFER_MAX_PEERS), which fills in what
-// the caller left 0; bad values are refused naming the field or variable.
+// the caller left 0; with neither, control authentication is on exactly
+// when the rank has a bootstrap token (issue 22 case 4); bad values are
+// refused naming the field or variable.
 func TestControlSettings(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -88,6 +90,10 @@ func TestControlSettings(t *testing.T) {
 		err       string
 	}{
 		{name: "defaults"},
+		{name: "token: on by default", env: map[string]string{"KVXFER_BOOTSTRAP_AUTH_TOKEN": "t"}, wantAuth: true},
+		{name: "SGLang token: on by default", env: map[string]string{"SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN": "t"}, wantAuth: true},
+		{name: "token, env off", env: map[string]string{"KVXFER_BOOTSTRAP_AUTH_TOKEN": "t", "KVXFER_CONTROL_AUTH": "0"}},
+		{name: "token, field off", auth: controlAuthOff, env: map[string]string{"KVXFER_BOOTSTRAP_AUTH_TOKEN": "t"}},
 		{name: "env on", env: map[string]string{"KVXFER_CONTROL_AUTH": "1", "KVXFER_MAX_PEERS": "16"}, wantAuth: true, wantMax: 16},
 		{name: "env off", env: map[string]string{"KVXFER_CONTROL_AUTH": "0"}},
 		{name: "field on", auth: controlAuthOn, max: 8, wantAuth: true, wantMax: 8},

@@ -76,7 +76,9 @@ const (
 // controlSettings resolves a KV manager's control-frame authentication and
 // peer bound from kvx_kv_config (control_auth, max_peers), falling back to
 // the environment for what the caller left 0: KVXFER_CONTROL_AUTH ("1" on,
-// "0"/"" off) and KVXFER_MAX_PEERS (a positive decimal; unset: the engine's
+// "0" off; unset or "": on exactly when the rank has a bootstrap token,
+// kvx_kv_config.bootstrap_auth_token or its environment, issue 22 case 4)
+// and KVXFER_MAX_PEERS (a positive decimal; unset: the engine's
 // default, engine.DefaultMaxPeers). Errors name the field or variable and
 // the values it takes.
 func controlSettings(c kvConfig, getenv func(string) string) (auth bool, maxPeers int, err error) {
@@ -88,7 +90,9 @@ func controlSettings(c kvConfig, getenv func(string) string) (auth bool, maxPeer
 		switch v := getenv("KVXFER_CONTROL_AUTH"); v {
 		case "1":
 			auth = true
-		case "", "0":
+		case "":
+			auth = cmp.Or(c.authToken, getenv("KVXFER_BOOTSTRAP_AUTH_TOKEN"), getenv("SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN")) != ""
+		case "0":
 		default:
 			return false, 0, fmt.Errorf("env KVXFER_CONTROL_AUTH=%q: want 1 (authenticate control frames) or 0", v)
 		}

@@ -141,7 +141,13 @@ type ManagerConfig struct {
 	// engine/internal/control): nobody without the deployment's token can
 	// inject control frames. Every rank
 	// of the deployment (prefill and decode) needs it and the same token;
-	// NewManager refuses it without a token.
+	// NewManager refuses it without a token. The edges turn it on whenever
+	// a token is given unless told otherwise (kvxfer --control-auth auto,
+	// kvx_kv_config.control_auth KVX_CONTROL_AUTH_ENV with
+	// KVXFER_CONTROL_AUTH unset); a prefill with it answers an
+	// unauthenticated REGISTER with a refusal naming the token. Without it a
+	// registration no room used yet is taken back by its decode's next
+	// REGISTER whatever that one's epoch (trust.go).
 	AuthenticateControl bool
 	// MaxPeers bounds the control peers this rank keeps a socket and state
 	// for (DefaultMaxPeers): beyond it the least recently used peer with no
@@ -1376,6 +1382,9 @@ func (m *Manager) dispatch(parts [][]byte) {
 			reason = "unauthenticated"
 			if msg, derr := control.DecodeControl(parts[:len(parts)-control.EnvelopeFrames]); derr == nil {
 				m.unauth.Note(control.SenderEndpoint(msg), err, now)
+				if reg, ok := msg.(*control.RegisterMsg); ok && m.cfg.Role == RolePrefill {
+					m.refuseUnauthenticated(reg, err) // trust.go
+				}
 			}
 		}
 		m.drop(reason, err)

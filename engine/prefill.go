@@ -75,6 +75,9 @@ type decodePeer struct {
 	mu        sync.Mutex // guards seg, offer, closed and broken
 	closed    bool
 	readyOnce sync.Once
+	// used is set once a TRANSFER of this registration was accepted: the
+	// decode that registered it is the one using it (trust.go).
+	used atomic.Bool
 	// broken says why the data path can no longer be trusted (a batch was
 	// abandoned in flight, or the transport lost the receiver): the segment
 	// is closed, later TRANSFERs of this registration are refused, and the
@@ -95,6 +98,9 @@ func (p *decodePeer) breakPath(why string) {
 		go p.close()
 	}
 }
+
+// proven reports whether a TRANSFER of this registration was accepted.
+func (p *decodePeer) proven() bool { return p.used.Load() }
 
 // brokenReason returns why the data path is broken ("" when it is not).
 func (p *decodePeer) brokenReason() string {
@@ -273,6 +279,7 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 			return
 		}
 	}
+	p.used.Store(true)
 	if s != nil {
 		s.addDst(v, p)
 		return

@@ -18,7 +18,10 @@ import (
 //
 //   - prefill: a decode's registration (dpeers) belongs to the instance that
 //     sent the REGISTER. A REGISTER naming the same endpoint replaces it only
-//     when it comes from that instance with a newer epoch, or when the
+//     when it comes from that instance with a newer epoch (without
+//     AuthenticateControl: with any epoch while no TRANSFER used the current
+//     registration, so a forged REGISTER claiming the decode's identity is
+//     undone by the decode's next registration), or when the
 //     registered instance is no longer alive (silent for PeerTimeout, or
 //     disconnected, or its control connection was reset and nothing came
 //     from it since, ctlreset.go); anything else is dropped, so a stray or forged REGISTER
@@ -156,7 +159,11 @@ func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Enve
 			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
 		}
 		return ""
-	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch:
+	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch && (m.ctlKey != nil || old.proven()):
+		// Without control authentication a registration no room has used
+		// yet may be a forgery claiming the decode's identity with a huge
+		// epoch: the decode's own next REGISTER, whatever its epoch, takes
+		// it back (issue 22 case 4).
 		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch)
 	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint) && !m.resetUnheardLocked(v.Endpoint):
 		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout)
@@ -229,4 +236,32 @@ func (m *Manager) evictIdlePushLocked() *pushSock {
 	delete(m.push, victim)
 	m.log.Debug("closed the least recently used idle control socket", "peer", victim, "max_peers", m.cfg.MaxPeers)
 	return ps
+}
+
+// unauthAnswerEvery bounds how often a prefill answers one endpoint's
+// unauthenticated REGISTERs.
+const unauthAnswerEvery = time.Second
+
+// refuseUnauthenticated (prefill, AuthenticateControl on) answers a REGISTER
+// dropped as unauthenticated with a REGISTER_ACK refusal that says why (at
+// most once per unauthAnswerEvery per endpoint): a decode without a token
+// (which checks no tags) then fails its room at once naming the token and
+// the switch, instead of waiting for an answer until its bootstrap timeout.
+// A decode with another token drops the answer too, and reports the
+// unauthenticated frames from this prefill when its registration times out.
+func (m *Manager) refuseUnauthenticated(v *control.RegisterMsg, why error) {
+	m.mu.Lock()
+	key := "auth " + v.Endpoint
+	if time.Since(m.versionTold[key]) < unauthAnswerEvery {
+		m.mu.Unlock()
+		return
+	}
+	if len(m.versionTold) >= m.cfg.MaxPeers {
+		clear(m.versionTold)
+	}
+	m.versionTold[key] = time.Now()
+	m.mu.Unlock()
+	ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: v.Epoch,
+		Err: fmt.Sprintf("prefill %s authenticates control frames (its bootstrap token is set, so control authentication is on) and dropped this decode's REGISTER: %v; give every prefill and decode rank the deployment's token (--bootstrap-auth-token, KVXFER_BOOTSTRAP_AUTH_TOKEN, kvx_kv_config.bootstrap_auth_token), or turn control authentication off on every rank (--control-auth=false, KVXFER_CONTROL_AUTH=0, KVX_CONTROL_AUTH_OFF)", m.endpoint, why)}
+	go func() { _ = m.send(v.Endpoint, ack.Encode(), false) }()
 }

@@ -732,7 +732,9 @@ typedef struct kvx_kv_config {
                                        (0.0.0.0, ::) the default-route interface's address */
     /* --- end of KVX_KV_CONFIG_SIZE_V3 (up to the directory token, advertise host) --- */
     uint32_t control_auth;          /* control-frame authentication (KVX_CONTROL_AUTH_*):
-                                       0 = env KVXFER_CONTROL_AUTH ("1" = on), else off;
+                                       0 = env KVXFER_CONTROL_AUTH ("1" = on, "0" = off;
+                                       unset = on when the rank has a bootstrap token:
+                                       bootstrap_auth_token or its environment);
                                        1 = on: every control frame this rank sends carries
                                        an HMAC-SHA256 tag keyed by bootstrap_auth_token
                                        (required: KVX_ERR_INVALID_ARGUMENT without one),
@@ -775,7 +777,7 @@ typedef struct kvx_kv_config {
 } kvx_kv_config;
 
 /* kvx_kv_config.control_auth values. */
-#define KVX_CONTROL_AUTH_ENV 0 /* env KVXFER_CONTROL_AUTH=1 turns it on */
+#define KVX_CONTROL_AUTH_ENV 0 /* env KVXFER_CONTROL_AUTH (1 on, 0 off); unset: on with a token */
 #define KVX_CONTROL_AUTH_ON 1
 #define KVX_CONTROL_AUTH_OFF 2
 

@@ -35,7 +35,19 @@ func TestBootstrapAuthToken(t *testing.T) {
 
 	pre := startProc(t, "prefill", append(noToken, "SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN="+token), roleArgs("prefill", addr, "127.0.0.1")...)
 	pre.ready()
-	dec := startProc(t, "decode", noToken, roleArgs("decode", addr, "127.0.0.1")...)
+	// The prefill has a token, so it authenticates control frames by
+	// default (issue 22 case 4): a decode without the token is refused at
+	// once, naming the token and the switch.
+	plain := startProc(t, "decode without token", noToken, roleArgs("decode", addr, "127.0.0.1")...)
+	plain.ready()
+	start = time.Now()
+	plain.send(requestLine{Room: 76, Tokens: 16})
+	if r := plain.result(time.Minute); r.OK || !strings.Contains(r.Error, "authenticates control frames") || !strings.Contains(r.Error, "--control-auth=false") {
+		t.Fatalf("decode without the token: %+v, want a refusal naming the token and --control-auth=false", r)
+	} else {
+		t.Logf("decode without the token refused %s after its request: %s", time.Since(start).Round(time.Millisecond), r.Error)
+	}
+	dec := startProc(t, "decode", append(noToken, "KVXFER_BOOTSTRAP_AUTH_TOKEN="+token), roleArgs("decode", addr, "127.0.0.1")...)
 	dec.ready()
 	q := requestLine{Room: 77, Tokens: 100}
 	dec.send(q)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -85,7 +86,8 @@ doctor then stops at the handshake and says so.`,
 	cmd.Flags().StringVar(&live.transport, "transport", "auto", "with --bootstrap: transports this host offers the ranks: auto (every usable one) or a comma list (tcp, shm, cma, rdma)")
 	cmd.Flags().StringVar(&live.host, "doctor-host", "", "with --bootstrap: address of this host the ranks can reach (probe results and data come back to it); default: this host's address on the route to the first rank")
 	cmd.Flags().IntVar(&live.probeBytes, "probe-bytes", 64<<10, "with --bootstrap: bytes each probe writes per rank and transport (at most 16 MiB)")
-	cmd.Flags().BoolVar(&live.controlAuth, "control-auth", envOr("KVXFER_CONTROL_AUTH", "") == "1", "with --bootstrap: tag the probe's control frames with the deployment's token, for ranks started with --control-auth (env KVXFER_CONTROL_AUTH=1)")
+	cmd.Flags().StringVar(&live.controlAuth, "control-auth", controlAuthDefault(os.Getenv), "with --bootstrap: tag the probe's control frames with the deployment's token and check the ranks' answers, as ranks with control authentication need: auto (the default, as the ranks' --control-auth) when a token is given, true, or false (env KVXFER_CONTROL_AUTH=1 or 0)")
+	cmd.Flags().Lookup("control-auth").NoOptDefVal = "true"
 	cmd.Flags().StringVar(&live.authToken, "bootstrap-auth-token", "", "with --control-auth: the deployment's token (default: env KVXFER_BOOTSTRAP_AUTH_TOKEN, then SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN; prefer the env: flags show in ps)")
 	cmd.Flags().DurationVar(&live.timeout, "timeout", 10*time.Second, "with --bootstrap: bound of each directory query and control connection; a rank's probe gets 10 s more")
 	rootCmd.AddCommand(cmd)

@@ -80,9 +80,9 @@ type liveDoctorFlags struct {
 	host       string
 	probeBytes int
 	timeout    time.Duration
-	// controlAuth tags the probe's control frames with the bootstrap auth
-	// token (for ranks started with --control-auth).
-	controlAuth bool
+	// controlAuth is --control-auth (auto, true, false): whether the
+	// probe's control frames are tagged with the bootstrap auth token.
+	controlAuth string
 	authToken   string
 }
 
@@ -375,8 +375,13 @@ func (d *doctorWalk) newProber(s *chainStep) (p *engine.Prober, closeProber func
 		host = localAddrToward(d.targets[0].addr())
 	}
 	pc := engine.ProberConfig{Transports: ts, Length: d.f.probeBytes, ControlHost: host, Timeout: d.f.timeout + 2*10*time.Second}
-	if d.f.controlAuth {
-		if pc.AuthToken = bootstrapToken(d.f.authToken, os.Getenv); pc.AuthToken == "" {
+	if !validControlAuth(d.f.controlAuth) {
+		closeAll(ts)
+		s.fail(fmt.Sprintf("--control-auth %q is not auto, true or false", d.f.controlAuth), "give --control-auth=true, false or auto")
+		return nil, nil, false
+	}
+	if tok := bootstrapToken(d.f.authToken, os.Getenv); controlAuthOn(d.f.controlAuth, tok) {
+		if pc.AuthToken = tok; pc.AuthToken == "" {
 			closeAll(ts)
 			s.fail("--control-auth needs the deployment's token", "give --bootstrap-auth-token or set KVXFER_BOOTSTRAP_AUTH_TOKEN")
 			return nil, nil, false

@@ -62,7 +62,7 @@ type roleFlags struct {
 	prefault         bool
 	device           string
 	authToken        string
-	controlAuth      bool
+	controlAuth      string
 	maxPeers         int
 	dirCheck         time.Duration
 	advertiseHost    string
@@ -132,7 +132,8 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 		fs.StringVar(&f.authToken, "bootstrap-auth-token", "", tokenFlagHelp+
 			"; a decode sends it on the same routes, which SGLang's protocol has it call none of today, so one environment can configure every rank")
 	}
-	fs.BoolVar(&f.controlAuth, "control-auth", envOr("KVXFER_CONTROL_AUTH", "") == "1", "tag every control frame with an HMAC keyed by the --bootstrap-auth-token and drop frames without a valid tag, so nobody without the token can inject control frames; every prefill and decode rank of the deployment needs it and the same token (env KVXFER_CONTROL_AUTH=1)")
+	fs.StringVar(&f.controlAuth, "control-auth", controlAuthDefault(os.Getenv), "tag every control frame with an HMAC keyed by the --bootstrap-auth-token and drop frames without a valid tag, so nobody without the token can inject control frames; every prefill and decode rank of the deployment needs it and the same token. auto (the default): on exactly when a bootstrap token is set; --control-auth alone is true, --control-auth=false turns it off (env KVXFER_CONTROL_AUTH=1 or 0)")
+	fs.Lookup("control-auth").NoOptDefVal = "true"
 	fs.IntVar(&f.maxPeers, "max-peers", envMaxPeers(), "control peers this rank keeps a socket and state for; beyond it the least recently used idle one is closed, and with none idle a new peer is refused naming the limit (env KVXFER_MAX_PEERS)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
@@ -204,6 +205,8 @@ func validateRoleFlags(f *roleFlags) error {
 		return fmt.Errorf("--hold %s: must be >= 0", f.hold)
 	case f.drainTimeout <= 0:
 		return fmt.Errorf("--drain-timeout %s: must be > 0 (how long the rooms in flight at SIGTERM get to finish)", f.drainTimeout)
+	case !validControlAuth(f.controlAuth):
+		return fmt.Errorf("--control-auth %q: want auto (on when a bootstrap token is set), true or false (env KVXFER_CONTROL_AUTH: 1 or 0)", f.controlAuth)
 	case f.dirCheck < 0:
 		return fmt.Errorf("--directory-check-interval %s: must be >= 0 (0 disables the check)", f.dirCheck)
 	case f.auxRows < 1 || f.auxRows > 1<<20:
@@ -539,7 +542,7 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 	r.token = bootstrapToken(f.authToken, os.Getenv)
 	cfg := engine.ManagerConfig{Role: r.role, KV: r.pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
-		AuthenticateControl: f.controlAuth, MaxPeers: f.maxPeers,
+		AuthenticateControl: controlAuthOn(f.controlAuth, r.token), MaxPeers: f.maxPeers,
 		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, ProgressInterval: progressInterval(f.progressInterval), FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
@@ -829,4 +832,39 @@ func progressInterval(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// controlAuthDefault is --control-auth's default: env KVXFER_CONTROL_AUTH
+// "1" (true) or "0" (false), else auto.
+func controlAuthDefault(getenv func(string) string) string {
+	switch getenv("KVXFER_CONTROL_AUTH") {
+	case "1":
+		return "true"
+	case "0":
+		return "false"
+	}
+	return "auto"
+}
+
+// validControlAuth reports whether v is a --control-auth value ("" is
+// auto).
+func validControlAuth(v string) bool {
+	switch v {
+	case "", "auto", "true", "false", "1", "0":
+		return true
+	}
+	return false
+}
+
+// controlAuthOn resolves --control-auth: auto authenticates control frames
+// exactly when the rank has a bootstrap token (issue 22 case 4: a token
+// set, control frames are authenticated unless turned off).
+func controlAuthOn(v, token string) bool {
+	switch v {
+	case "true", "1":
+		return true
+	case "false", "0":
+		return false
+	}
+	return token != ""
 }

@@ -4,12 +4,16 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -39,7 +43,7 @@ import (
 
 // chaosFaults are the fault kinds a faulted room draws from (the delay
 // fault is not drawn: every room of the last prefill process has it).
-var chaosFaults = []string{"kill", "stall", "drop", "slow", "tokens", "abort"}
+var chaosFaults = []string{"kill", "stall", "drop", "slow", "tokens", "abort", "ctlreset", "datareset", "bootstrap"}
 
 type chaosFlags struct {
 	rooms       int
@@ -84,6 +88,12 @@ drawn from --faults, injected once the decode sent TRANSFER:
   tokens  the prefill is given another token count than the decode (same
           page count when there is one): both sides must fail the room
   abort   the decode aborts the room while the prefill writes
+  ctlreset  ss -K of the control connections between the decode and the
+          room's prefill process (both directions; needs root)
+  datareset ss -K of the decode's established tcp data connections (tcp
+          only; needs root)
+  bootstrap the room's bootstrap server stopped and started again on its
+          port 0.2-1 s later
   (delay: the rooms of the write-delayed prefill process)
 
 A kill or stall hits every room in flight on that process, not only the one
@@ -92,9 +102,12 @@ successful room's bytes itself (at Success, and again just before the pages
 go back to the pool) and compares the decode's outcome with the prefill
 process's result line. It prints, per transport: rooms, faults injected,
 outcome disagreements (one side ok, the other failed), silent corruptions (ok
-with bytes that are not the room's), and the longest time from a fault to
-Failed on each side (for a stalled prefill, from its SIGCONT). Exit status 1
-when a disagreement or a corruption was seen.`,
+with bytes that are not the room's), lost result lines (a prefill process
+alive at the end that never answered a room), the longest time from a fault
+to Failed on each side (for a stalled prefill, from its SIGCONT), and per
+fault kind the time to heal: from the fault to the next room that succeeded
+on that prefill process. Exit status 1
+when a disagreement, a corruption or a lost line was seen.`,
 		Example: `  kvxfer chaos --rooms 1000                      # tcp and shm, 1,000 rooms each (several minutes)
   kvxfer chaos --rooms 200 --transports shm --faults kill,stall --seed 7`,
 		Args: cobra.NoArgs,
@@ -111,8 +124,8 @@ when a disagreement or a corruption was seen.`,
 				return err
 			}
 			for _, r := range reps {
-				if r.Disagreements > 0 || r.Corruptions > 0 {
-					return fmt.Errorf("chaos over %s: %d outcome disagreements, %d silent corruptions (want 0 and 0)", r.Transport, r.Disagreements, r.Corruptions)
+				if r.Disagreements > 0 || r.Corruptions > 0 || r.LostLines > 0 {
+					return fmt.Errorf("chaos over %s: %d outcome disagreements, %d silent corruptions, %d lost result lines (want 0, 0 and 0)", r.Transport, r.Disagreements, r.Corruptions, r.LostLines)
 				}
 			}
 			return nil
@@ -170,10 +183,25 @@ type chaosReport struct {
 	// MaxDecodeFaultToFailedMS and MaxPrefillFaultToFailedMS are, per side,
 	// the longest time from an injected fault to that side's Failed for the
 	// room that drew it (for a stalled prefill: from its SIGCONT), ms.
-	MaxDecodeFaultToFailedMS  float64  `json:"max_fault_to_failed_decode_ms"`
-	MaxPrefillFaultToFailedMS float64  `json:"max_fault_to_failed_prefill_ms"`
-	WallSeconds               float64  `json:"wall_seconds"`
-	Examples                  []string `json:"examples,omitempty"` // first disagreements / corruptions
+	MaxDecodeFaultToFailedMS  float64 `json:"max_fault_to_failed_decode_ms"`
+	MaxPrefillFaultToFailedMS float64 `json:"max_fault_to_failed_prefill_ms"`
+	// LostLines counts rooms whose prefill process stayed up (it was not
+	// killed while the room ran) yet wrote no result line for it.
+	LostLines int `json:"lost_lines"`
+	// Heal is, per fault kind, the time from each fault to the next room
+	// that succeeded on the same prefill process (ms): how many, median,
+	// max, and how many never healed before the soak ended.
+	Heal        map[string]chaosHeal `json:"heal_ms,omitempty"`
+	WallSeconds float64              `json:"wall_seconds"`
+	Examples    []string             `json:"examples,omitempty"` // first disagreements / corruptions
+}
+
+// chaosHeal is one fault kind's time to heal (chaosReport.Heal).
+type chaosHeal struct {
+	N        int     `json:"n"`
+	MedianMS float64 `json:"median_ms"`
+	MaxMS    float64 `json:"max_ms"`
+	Unhealed int     `json:"unhealed"`
 }
 
 // chaosPrefill is one prefill process slot: its bootstrap server address and
@@ -186,6 +214,11 @@ type chaosPrefill struct {
 	mu    sync.Mutex // held while a kill or stall is injected (and the restart after a kill)
 	cur   atomic.Pointer[child]
 	delay bool
+	// ctlPort is the current child's control port (its ready line);
+	// restartBootstrap stops its bootstrap server and starts it again on
+	// the same port (the bootstrap fault).
+	ctlPort          atomic.Pointer[string]
+	restartBootstrap func(down time.Duration) error
 }
 
 func (p *chaosPrefill) start() error {
@@ -194,7 +227,11 @@ func (p *chaosPrefill) start() error {
 		return err
 	}
 	select {
-	case <-c.ready:
+	case rl := <-c.ready:
+		if u, err := url.Parse(rl.Endpoint); err == nil {
+			port := u.Port()
+			p.ctlPort.Store(&port)
+		}
 	case <-c.exit():
 		return fmt.Errorf("prefill %d exited before it was ready: %v", p.idx, c.proc.Err())
 	case <-time.After(2 * time.Minute):
@@ -305,8 +342,12 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 	}
 	fmt.Fprintf(w, "chaos over %s (seed %d): %d rooms in %.0f s; faults injected: %d (%s)\n", r.Transport, r.Seed, r.Rooms, r.WallSeconds, total, countList(r.Faults))
 	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
-	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d\n", r.Disagreements, r.Corruptions)
+	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d; lost result lines: %d\n", r.Disagreements, r.Corruptions, r.LostLines)
 	fmt.Fprintf(w, "  max fault→Failed: decode %.0f ms, prefill %.0f ms (a stalled prefill: from its SIGCONT)\n", r.MaxDecodeFaultToFailedMS, r.MaxPrefillFaultToFailedMS)
+	for _, k := range slices.Sorted(maps.Keys(r.Heal)) {
+		h := r.Heal[k]
+		fmt.Fprintf(w, "  heal after %s (fault → next ok room on that prefill): %d faults, median %.0f ms, max %.0f ms, %d not healed before the end\n", k, h.N, h.MedianMS, h.MaxMS, h.Unhealed)
+	}
 	if verbose {
 		for _, k := range slices.Sorted(maps.Keys(r.FailureExamples)) {
 			fmt.Fprintf(w, "  first %s failure: %s\n", k, r.FailureExamples[k])
@@ -343,6 +384,7 @@ type chaosRoom struct {
 	pre       *replyLine // nil: unknown
 	preAt     time.Time
 	corrupt   string
+	lost      bool // its prefill process, alive, never wrote its result line
 }
 
 // chaosEnv is one transport's soak: the prefill processes and the decode.
@@ -358,12 +400,72 @@ type chaosEnv struct {
 
 	faultMu sync.Mutex
 	counts  map[string]int
+	// okAt are, per prefill process, when its rooms succeeded (decode
+	// side); injected are the faults with their process and time (heal).
+	okAt     map[int][]time.Time
+	injected []chaosFaultAt
+	// dataPorts are this process's data listening ports (datareset).
+	dataPorts []string
+}
+
+// chaosFaultAt is one injected fault, for the time to heal.
+type chaosFaultAt struct {
+	kind    string
+	prefill int
+	at      time.Time
 }
 
 func (e *chaosEnv) countFault(k string) {
 	e.faultMu.Lock()
 	e.counts[k]++
 	e.faultMu.Unlock()
+}
+
+// noteFault records fault kind k on prefill process p at (the time to heal
+// counts from it).
+func (e *chaosEnv) noteFault(k string, p int, at time.Time) {
+	e.faultMu.Lock()
+	e.injected = append(e.injected, chaosFaultAt{k, p, at})
+	e.faultMu.Unlock()
+}
+
+// noteOK records a room that succeeded on prefill process p at.
+func (e *chaosEnv) noteOK(p int, at time.Time) {
+	e.faultMu.Lock()
+	e.okAt[p] = append(e.okAt[p], at)
+	e.faultMu.Unlock()
+}
+
+// heal computes chaosReport.Heal.
+func (e *chaosEnv) heal() map[string]chaosHeal {
+	e.faultMu.Lock()
+	defer e.faultMu.Unlock()
+	byKind := map[string][]float64{}
+	unhealed := map[string]int{}
+	for _, ts := range e.okAt {
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	}
+	for _, f := range e.injected {
+		ts := e.okAt[f.prefill]
+		i, _ := slices.BinarySearchFunc(ts, f.at, func(a, b time.Time) int { return a.Compare(b) })
+		if i == len(ts) {
+			unhealed[f.kind]++
+			byKind[f.kind] = append(byKind[f.kind], -1)
+			continue
+		}
+		byKind[f.kind] = append(byKind[f.kind], float64(ts[i].Sub(f.at).Microseconds())/1000)
+	}
+	out := map[string]chaosHeal{}
+	for k, ds := range byKind {
+		ds = slices.DeleteFunc(ds, func(d float64) bool { return d < 0 })
+		h := chaosHeal{N: len(ds) + unhealed[k], Unhealed: unhealed[k]}
+		if len(ds) > 0 {
+			slices.Sort(ds)
+			h.MedianMS, h.MaxMS = ds[len(ds)/2], ds[len(ds)-1]
+		}
+		out[k] = h
+	}
+	return out
 }
 
 // planRoom draws room i's size, fault and fault timings from its own
@@ -404,7 +506,13 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	if err != nil {
 		return rep, err
 	}
-	env := &chaosEnv{f: f, drop: faulty.DropControl(), faults: faults, counts: map[string]int{}}
+	if transportName != "tcp" { // no data connection to reset
+		faults = slices.DeleteFunc(slices.Clone(faults), func(k string) bool { return k == "datareset" })
+		if len(faults) == 0 {
+			faults = []string{"ctlreset"}
+		}
+	}
+	env := &chaosEnv{f: f, drop: faulty.DropControl(), faults: faults, counts: map[string]int{}, okAt: map[int][]time.Time{}}
 	model, err := workload.LookupModel(f.model)
 	if err != nil {
 		return rep, err
@@ -445,18 +553,16 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	maxPages := (f.maxTokens + 1 + 15) / 16 // the tokens fault may ask for one more token
 	// A prefill process may hold every room in flight at once.
 	preMB := max(64, int(uint64(f.concurrency*maxPages)*pageBytes*5/4>>20)+1)
+	var bootPorts []string
 	for i := 0; i < f.prefills; i++ {
-		srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
-		sctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Start(sctx) }()
-		servers = append(servers, func() { cancel(); <-done })
-		select {
-		case <-srv.Ready():
-		case err := <-done:
+		bs := &chaosBootstrap{}
+		if err := bs.start(0); err != nil {
 			return rep, fmt.Errorf("bootstrap server %d: %w", i, err)
 		}
-		p := &chaosPrefill{idx: i, addr: srv.Addr(), exe: exe, delay: i == f.prefills-1}
+		servers = append(servers, bs.stop)
+		_, port, _ := net.SplitHostPort(bs.addr)
+		bootPorts = append(bootPorts, port)
+		p := &chaosPrefill{idx: i, addr: bs.addr, exe: exe, delay: i == f.prefills-1, restartBootstrap: bs.restart}
 		p.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transportName,
 			"--bootstrap", p.addr, "--host", "127.0.0.1", "--bootstrap-timeout", (3 * f.waiting).String(), "--waiting-timeout", f.waiting.String(),
 			"--peer-timeout", f.peer.String(), "--chunk-pages", "4", "--aux-rows", strconv.Itoa(4 * f.concurrency)}
@@ -501,6 +607,9 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		return rep, err
 	}
 	defer env.m.Close()
+	if slices.Contains(faults, "datareset") {
+		env.dataPorts = ownDataPorts(strconv.Itoa(env.m.ControlPort()), bootPorts)
+	}
 
 	records := make([]*chaosRoom, f.rooms)
 	var next, doneN atomic.Int64
@@ -547,6 +656,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 			rep.add(r)
 		}
 	}
+	rep.Heal = env.heal()
 	rep.WallSeconds = time.Since(start).Seconds()
 	return rep, nil
 }
@@ -583,6 +693,9 @@ func (rep *chaosReport) add(r *chaosRoom) {
 			rep.Examples = append(rep.Examples, s)
 		}
 	}
+	if r.lost {
+		rep.LostLines++
+	}
 	if r.pre != nil && r.pre.OK != r.decodeOK {
 		rep.Disagreements++
 		example(fmt.Sprintf("room %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
@@ -611,7 +724,7 @@ func (rep *chaosReport) add(r *chaosRoom) {
 // needs a process no other kill or stall is working on: it returns with
 // that process's mu held (released by inject).
 func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefill, *child, error) {
-	exclusive := rec.fault == "kill" || rec.fault == "stall"
+	exclusive := chaosExclusive(rec.fault)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		p := e.pres[rec.rng.IntN(len(e.pres))]
@@ -644,7 +757,7 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
 		return
 	}
-	exclusive := rec.fault == "kill" || rec.fault == "stall"
+	exclusive := chaosExclusive(rec.fault)
 	injected := false
 	defer func() {
 		if exclusive && !injected {
@@ -695,6 +808,9 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	case "delay", "slow", "tokens":
 		e.countFault(rec.fault)
 		rec.faultAt = time.Now()
+		if rec.fault != "delay" {
+			e.noteFault(rec.fault, p.idx, rec.faultAt)
+		}
 	default: // once TRANSFER went out (the producer may be writing)
 		wctx, cancel := context.WithTimeout(ctx, 3*e.f.waiting)
 		r.Wait(wctx, engine.KVTransferring)
@@ -708,6 +824,9 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	cancel()
 	rec.decodeAt = time.Now()
 	rec.decodeOK = st == engine.KVSuccess
+	if rec.decodeOK {
+		e.noteOK(p.idx, rec.decodeAt)
+	}
 	if !rec.decodeOK {
 		if err := r.Failure(); err != nil {
 			rec.decodeErr, rec.reason = err.Error(), engine.FailureReason(err)
@@ -748,6 +867,7 @@ func (e *chaosEnv) prefillResult(rec *chaosRoom, ch <-chan replyLine) {
 	case <-time.After(3*e.f.waiting + e.f.peer + time.Minute):
 		// No answer in time (a hung process): unknown, and said so.
 		rec.decodeErr += " (the prefill process never answered)"
+		rec.lost = true
 	}
 }
 
@@ -768,14 +888,49 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		}
 		rec.faultAt = time.Now()
 		e.countFault("drop")
+		e.noteFault("drop", p.idx, rec.faultAt)
 	case "abort":
 		rec.faultAt = time.Now()
 		r.Abort()
 		e.countFault("abort")
+		e.noteFault("abort", p.idx, rec.faultAt)
+	case "ctlreset":
+		rec.faultAt = time.Now()
+		ports := []string{strconv.Itoa(e.m.ControlPort())}
+		if cp := p.ctlPort.Load(); cp != nil {
+			ports = append(ports, *cp)
+		}
+		if n, err := ssKill(ports); err != nil || n == 0 {
+			e.countFault("ctlreset (nothing to reset)")
+			slog.Error("chaos: ctlreset", "err", err, "reset", n)
+		} else {
+			e.countFault("ctlreset")
+			e.noteFault("ctlreset", p.idx, rec.faultAt)
+		}
+	case "datareset":
+		rec.faultAt = time.Now()
+		if n, err := ssKill(e.dataPorts); err != nil || n == 0 {
+			e.countFault("datareset (none reset)")
+		} else {
+			e.countFault("datareset")
+			e.noteFault("datareset", p.idx, rec.faultAt)
+		}
+	case "bootstrap":
+		rec.faultAt = time.Now()
+		err := p.restartBootstrap(time.Duration(200+rec.rng.IntN(800)) * time.Millisecond)
+		p.mu.Unlock()
+		if err != nil {
+			slog.Error("chaos: bootstrap restart failed", "prefill", p.idx, "err", err)
+			e.countFault("bootstrap (restart failed)")
+			return
+		}
+		e.countFault("bootstrap")
+		e.noteFault("bootstrap", p.idx, rec.faultAt)
 	case "kill":
 		rec.faultAt = time.Now()
 		_ = c.proc.Signal(syscall.SIGKILL)
 		e.countFault("kill")
+		e.noteFault("kill", p.idx, rec.faultAt)
 		go func() {
 			defer p.mu.Unlock()
 			<-c.exit()
@@ -793,9 +948,113 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		rec.faultAt = time.Now()
 		_ = c.proc.Signal(syscall.SIGSTOP)
 		e.countFault(kind)
+		e.noteFault(kind, p.idx, rec.faultAt)
 		time.Sleep(d)
 		_ = c.proc.Signal(syscall.SIGCONT)
 		rec.resumeAt = time.Now()
 		p.mu.Unlock()
 	}
+}
+
+// chaosExclusive reports whether fault k needs its prefill process slot to
+// itself (no other kill, stall or bootstrap restart on it meanwhile).
+func chaosExclusive(k string) bool { return k == "kill" || k == "stall" || k == "bootstrap" }
+
+// chaosBootstrap is a prefill process's bootstrap server, in this process,
+// which the bootstrap fault stops and starts again on its port.
+type chaosBootstrap struct {
+	mu     sync.Mutex
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start starts the server on port (0: a free one).
+func (b *chaosBootstrap) start(port int) error {
+	srv := server.New(server.Options{Host: "127.0.0.1", Port: port})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Start(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-done:
+		cancel()
+		return err
+	}
+	b.addr, b.cancel, b.done = srv.Addr(), cancel, done
+	return nil
+}
+
+// stop stops the server (idempotent).
+func (b *chaosBootstrap) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cancel != nil {
+		b.cancel()
+		<-b.done
+		b.cancel = nil
+	}
+}
+
+// restart stops the server, waits down, and starts it again on its port
+// (retrying for 5 s while the port is not free yet).
+func (b *chaosBootstrap) restart(down time.Duration) error {
+	b.stop()
+	time.Sleep(down)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, p, _ := net.SplitHostPort(b.addr)
+	port, _ := strconv.Atoi(p)
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if err = b.start(port); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// ssKill resets (ss -K) every established TCP connection to or from the
+// given local ports and returns how many sockets it reset.
+func ssKill(ports []string) (int, error) {
+	if len(ports) == 0 {
+		return 0, errors.New("no port to reset")
+	}
+	var filter []string
+	for _, p := range ports {
+		filter = append(filter, "sport = :"+p, "dport = :"+p)
+	}
+	out, err := exec.Command("ss", "-HK", "state", "established", "( "+strings.Join(filter, " or ")+" )").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("ss -K (needs root and CONFIG_INET_DIAG_DESTROY): %v: %s", err, out)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) != "" && !strings.Contains(line, "RTNETLINK") {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ownDataPorts lists this process's TCP listening ports other than its
+// control port and its bootstrap servers' (the decode's data listener).
+func ownDataPorts(control string, bootstrap []string) []string {
+	out, err := exec.Command("ss", "-Hltnp").Output()
+	if err != nil {
+		return nil
+	}
+	pid := "pid=" + strconv.Itoa(os.Getpid()) + ","
+	var ports []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if !strings.Contains(line, pid) || len(f) < 4 {
+			continue
+		}
+		port := f[3][strings.LastIndex(f[3], ":")+1:]
+		if port != control && !slices.Contains(bootstrap, port) && !slices.Contains(ports, port) {
+			ports = append(ports, port)
+		}
+	}
+	return ports
 }

@@ -160,3 +160,31 @@ func TestChaosFlagsAndPlans(t *testing.T) {
 		}
 	}
 }
+
+// TestChaosHeal: the time to heal of a fault is from it to the next room
+// that succeeded on the same prefill process; a fault with none after it
+// is counted as not healed.
+func TestChaosHeal(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	e := &chaosEnv{okAt: map[int][]time.Time{0: {at(500), at(100), at(900)}, 1: {at(50)}}}
+	e.noteFault("kill", 0, at(150))  // healed at 500: 350 ms
+	e.noteFault("kill", 0, at(600))  // healed at 900: 300 ms
+	e.noteFault("kill", 1, at(60))   // nothing after: not healed
+	e.noteFault("stall", 0, at(950)) // nothing after
+	e.noteFault("drop", 1, at(10))   // healed at 50 on its own process
+	got := e.heal()
+	want := map[string]chaosHeal{
+		"kill":  {N: 3, MedianMS: 350, MaxMS: 350, Unhealed: 1},
+		"stall": {N: 1, Unhealed: 1},
+		"drop":  {N: 1, MedianMS: 40, MaxMS: 40},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("heal %+v, want %+v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %+v, want %+v", k, got[k], w)
+		}
+	}
+}

@@ -64,6 +64,8 @@ func LimitOf(typ string) FrameLimit {
 		return l(9+6*maxTransports, 0)
 	case MsgSubscribe:
 		return l(6, 0)
+	case MsgVersion:
+		return l(5, 0)
 	}
 	return l(4, 0)
 }

@@ -1501,8 +1501,8 @@ func (m *Manager) monitorLoop() {
 		for _, pt := range expirePending(m.pre.pending, now, m.cfg.BootstrapTimeout, func(p pendingTransfer) time.Time { return p.at }) {
 			expired = append(expired, pt.msg)
 		}
-		for room, at := range m.pre.aborted {
-			if now.Sub(at) > m.cfg.BootstrapTimeout {
+		for room, a := range m.pre.aborted {
+			if now.Sub(a.at) > m.cfg.BootstrapTimeout {
 				delete(m.pre.aborted, room)
 			}
 		}

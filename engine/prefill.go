@@ -30,7 +30,7 @@ type prefillSide struct {
 	senders map[uint64]*Sender
 	pending map[uint64]map[string]pendingTransfer // TRANSFERs before NewSender
 	subs    map[uint64]map[string]pendingSub      // SUBSCRIBEs before NewSender (allocpolicy.go)
-	aborted map[uint64]time.Time                  // ABORTs before NewSender
+	aborted map[uint64]earlyAbort                 // ABORTs before NewSender
 	recent  map[uint64]ackMemo                    // how closed senders ended (late ABORTs, TRANSFERs)
 	// recentOrder: rooms of recent in the order first closed (expiry).
 	recentOrder []uint64
@@ -52,13 +52,34 @@ func newPrefillSide(dir *bootstrap.Client) prefillSide {
 		senders:  map[uint64]*Sender{},
 		pending:  map[uint64]map[string]pendingTransfer{},
 		subs:     map[uint64]map[string]pendingSub{},
-		aborted:  map[uint64]time.Time{},
+		aborted:  map[uint64]earlyAbort{},
 		recent:   map[uint64]ackMemo{},
 		dpeers:   map[string]*decodePeer{},
 		dir:      dir,
 		checkNow: make(chan struct{}, 1),
 	}
 }
+
+// earlyAbort is a decode's ABORT of a room this prefill rank did not hold
+// yet: when, from which decode, and why. It concludes that attempt of the
+// room on the decode; NewSender reads it (see earlyAbortGrace).
+type earlyAbort struct {
+	at     time.Time
+	from   string
+	reason string
+	// final: no retry can come from that decode (it speaks another
+	// protocol version): the sender fails at once.
+	final bool
+}
+
+// earlyAbortGrace is how long a sender created after an early ABORT of its
+// room waits for a TRANSFER before it fails with the decode's reason. Every
+// TRANSFER of the aborted attempt came before its ABORT (one connection,
+// in order), so a TRANSFER after it belongs to a retry of the room (a
+// router retrying a failed request keeps its bootstrap_room), which is
+// served; with none the sender is the aborted attempt's and fails. It is
+// capped by the bootstrap timeout.
+const earlyAbortGrace = 2 * time.Second
 
 // decodePeer is a decode rank that sent REGISTER to this prefill rank.
 type decodePeer struct {
@@ -372,7 +393,7 @@ func (m *Manager) handleAbort(v *control.AbortMsg) {
 	var memo ackMemo
 	haveMemo := false
 	if m.cfg.Role == RolePrefill && s == nil {
-		m.pre.aborted[v.Room] = time.Now()
+		m.pre.aborted[v.Room] = earlyAbort{at: time.Now(), from: v.Endpoint, reason: v.Reason}
 		delete(m.pre.pending, v.Room)
 		delete(m.pre.subs, v.Room)
 		memo, haveMemo = m.pre.recent[v.Room]

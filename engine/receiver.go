@@ -81,6 +81,7 @@ type Receiver struct {
 	fenceOnce   sync.Once
 	closeOnce   sync.Once
 	closedCh    chan struct{}
+	runDone     chan struct{} // closed when run returns
 	remaining   int
 	requiredDst int
 	closed      bool
@@ -114,7 +115,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1,
-		fenceCh: make(chan struct{}), closedCh: make(chan struct{}), readyCh: make(chan struct{})}
+		fenceCh: make(chan struct{}), closedCh: make(chan struct{}), readyCh: make(chan struct{}), runDone: make(chan struct{})}
 	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
 	if m.closed {
@@ -122,16 +123,38 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 		cancel()
 		return nil, ErrManagerClosed
 	}
-	if _, dup := m.dec.receivers[room]; dup {
+	if old, dup := m.dec.receivers[room]; dup {
 		m.mu.Unlock()
 		cancel()
-		return nil, fmt.Errorf("%w: room %d (receiver)", ErrRoomActive, room)
+		return nil, fmt.Errorf("%w: room %d (receiver): %s", ErrRoomActive, room, old.busyReason())
 	}
 	m.dec.receivers[room] = r
 	r.tr.start()
 	m.mu.Unlock()
 	go r.run()
 	return r, nil
+}
+
+// busyReason says why a NewReceiver for r's room is refused and when the
+// room becomes usable (ErrRoomActive).
+func (r *Receiver) busyReason() string {
+	p, err := r.st.get()
+	switch {
+	case p == KVFailed:
+		fenced := false
+		select {
+		case <-r.fenceCh:
+			fenced = true
+		default:
+		}
+		if fenced {
+			return fmt.Sprintf("its previous attempt failed (%v) and is concluded; the room is usable once that receiver is closed (Receiver.Close, kvx_kv_close)", err)
+		}
+		return fmt.Sprintf("its previous attempt failed (%v); its pages stay held until every producer it sent TRANSFER to acknowledged the abort or was fenced (at most the fence timeout, %s), then the room is usable once that receiver is closed", err, r.m.cfg.FenceTimeout)
+	case p == KVSuccess:
+		return "its previous attempt succeeded; the room is usable once that receiver is closed"
+	}
+	return fmt.Sprintf("an attempt is in progress (%s); wait for its outcome (a retry of the same bootstrap_room is served once it is closed)", p)
 }
 
 // Room returns the receiver's bootstrap_room.
@@ -281,6 +304,7 @@ func (r *Receiver) extrasBytesLocked() uint64 {
 }
 
 func (r *Receiver) run() {
+	defer close(r.runDone)
 	if err := r.resolve(); err != nil {
 		if r.failLocal(err) {
 			// Producers already looked up learn the room's outcome now
@@ -506,26 +530,39 @@ func (r *Receiver) abortUnresolved(cause error) {
 // as it is.
 func (r *Receiver) Refuse(cause error) {
 	r.mu.Lock()
-	resolved := r.resolved
+	told := map[string]bool{}
+	for _, t := range r.targets {
+		told[t.endpoint] = true
+	}
 	r.mu.Unlock()
-	if !r.failLocal(cause) || resolved {
-		return // resolved producers were told by failLocal
+	if !r.failLocal(cause) {
+		return
 	}
 	r.m.wg.Add(1)
 	go func() {
 		defer r.m.wg.Done()
+		// The resolution stops at the failure (its context is canceled);
+		// what it found by then is told below, the rest looked up.
+		select {
+		case <-r.runDone:
+		case <-r.m.done:
+			return
+		}
 		r.mu.Lock()
 		eps := append([]string(nil), r.resolvedEPs...)
-		told := len(r.targets) > 0
+		for _, t := range r.targets {
+			eps = append(eps, t.endpoint)
+		}
 		r.mu.Unlock()
-		if told {
+		if len(eps) == 0 {
+			r.abortUnresolved(cause)
 			return
 		}
 		for _, ep := range eps {
-			r.m.sendVerdict(ep, r.room, false, cause.Error(), 0)
-		}
-		if len(eps) == 0 {
-			r.abortUnresolved(cause)
+			if !told[ep] {
+				told[ep] = true
+				r.m.sendVerdict(ep, r.room, false, cause.Error(), 0)
+			}
 		}
 	}()
 }

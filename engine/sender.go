@@ -260,7 +260,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		cancel()
 		return nil, fmt.Errorf("%w: room %d (sender)", ErrRoomActive, room)
 	}
-	_, aborted := m.pre.aborted[room]
+	early, aborted := m.pre.aborted[room]
 	delete(m.pre.aborted, room)
 	m.pre.senders[room] = s
 	s.tr.start()
@@ -279,9 +279,21 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	}
 	m.mu.Unlock()
 	go s.worker()
-	if aborted {
-		s.failLocal(fmt.Errorf("%w by decode before the prefill created room %d", ErrAborted, room))
+	if aborted && early.final {
+		s.failLocal(fmt.Errorf("%w by decode %s before the prefill created room %d: %s", ErrAborted, early.from, room, early.reason))
 		return s, nil
+	}
+	if aborted {
+		// TRANSFERs pending now arrived after the ABORT (handleAbort dropped
+		// the earlier ones): a retry of the room, served. Without one the
+		// sender waits earlyAbortGrace for a retry's TRANSFER, then fails
+		// as the aborted attempt.
+		if len(ps) == 0 {
+			m.wg.Add(1)
+			go s.failUnlessRetried(early, min(earlyAbortGrace, m.cfg.BootstrapTimeout))
+		} else {
+			s.tr.event(s.tr.step(), early.from, "an earlier attempt of this room was aborted by that decode before this prefill created it; a TRANSFER after the abort is a retry: served")
+		}
 	}
 	for _, v := range subs {
 		s.addSubscriber(v)
@@ -290,6 +302,27 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		s.addDst(p.msg, p.peer)
 	}
 	return s, nil
+}
+
+// failUnlessRetried fails the sender with the early ABORT's reason unless a
+// decode sent it TRANSFER within grace (a retry of the room).
+func (s *Sender) failUnlessRetried(a earlyAbort, grace time.Duration) {
+	defer s.m.wg.Done()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.ctx.Done():
+		return
+	}
+	s.mu.Lock()
+	retried := len(s.dsts) > 0
+	s.mu.Unlock()
+	if retried {
+		return
+	}
+	s.failLocal(fmt.Errorf("%w by decode %s %s before this prefill created room %d (%s), and no decode sent TRANSFER for it within %s: this attempt fails; the room is usable again now (a retry with the same bootstrap_room is served)",
+		ErrAborted, a.from, time.Since(a.at).Round(time.Millisecond), s.room, a.reason, grace))
 }
 
 // Room returns the sender's bootstrap_room.

@@ -85,7 +85,7 @@ func (m *Manager) handleForeign(parts [][]byte, v int) {
 	var s *Sender
 	if m.cfg.Role == RolePrefill && f.HasRoom {
 		if s = m.pre.senders[f.Room]; s == nil {
-			m.pre.aborted[f.Room] = time.Now()
+			m.pre.aborted[f.Room] = earlyAbort{at: time.Now(), from: f.Endpoint, reason: skew.Error(), final: true}
 			delete(m.pre.pending, f.Room)
 		}
 	}

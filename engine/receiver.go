@@ -81,7 +81,9 @@ type Receiver struct {
 	fenceOnce   sync.Once
 	closeOnce   sync.Once
 	closedCh    chan struct{}
-	runDone     chan struct{} // closed when run returns
+	runDone     chan struct{}               // closed when run returns
+	gate        func(context.Context) error // SetVerdictGate (nil: none)
+	gated       bool                        // succeed ran (the gate runs once)
 	remaining   int
 	requiredDst int
 	closed      bool
@@ -427,6 +429,48 @@ func (r *Receiver) acquireSlots() error {
 // room to Success (unless a producer's Failed STATUS came first, or it
 // already failed), then sends the verdict to every producer.
 func (r *Receiver) succeed() {
+	r.mu.Lock()
+	gate, gated := r.gate, r.gated
+	r.gated = true
+	r.mu.Unlock()
+	if gate == nil {
+		r.succeedChecked()
+		return
+	}
+	if gated {
+		return // the gate runs once
+	}
+	r.tr.event(StepVerify, "", "every producer's record verified; waiting for the verdict gate (the held prefix's own rooms)")
+	r.m.wg.Add(1)
+	go func() {
+		defer r.m.wg.Done()
+		if err := gate(r.ctx); err != nil {
+			r.failLocal(fmt.Errorf("engine: room %d: %w", r.room, err))
+			return
+		}
+		r.succeedChecked()
+	}()
+}
+
+// SetVerdictGate sets a check that must pass before the decode reports
+// Success, to its caller and to its producers (their verdict): it runs
+// once, after every producer's record was verified and before
+// ManagerConfig.VerifyKV, in its own goroutine, with a context canceled when
+// the room fails or is closed; an error fails the room on both sides (ABORT
+// naming it). The gate must bound its own wait (the producers keep waiting
+// for the verdict meanwhile, up to their waiting timeout). A decode that
+// reuses pages another room is still receiving (a held prefix) gates on
+// that room's outcome, so both sides of this room report the same. Call it
+// before SendMetadata.
+func (r *Receiver) SetVerdictGate(gate func(ctx context.Context) error) {
+	r.mu.Lock()
+	r.gate = gate
+	r.mu.Unlock()
+}
+
+// succeedChecked runs ManagerConfig.VerifyKV, records the latency and
+// moves the room to Success (see succeed).
+func (r *Receiver) succeedChecked() {
 	if vf := r.m.cfg.VerifyKV; vf != nil {
 		r.mu.Lock()
 		kv := ReceivedKV{Room: r.room, Pages: r.pages, PrefixTokens: r.prefix, AuxIndex: r.auxIndex}

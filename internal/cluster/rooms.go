@@ -359,6 +359,28 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 		defer c.Verifier.times.Delete(room)
 		defer c.Verifier.calls.Delete(room)
 	}
+	// The held prefix's blocks are another room's pages, possibly still in
+	// flight: this room's verdict waits for their rooms (and checks their
+	// pattern), so a lost prefix fails this room on both sides instead of
+	// after the prefill was told Success.
+	if lease != nil && lease.PrefixTokens > 0 {
+		r.SetVerdictGate(func(ctx context.Context) error {
+			wctx, cancel := context.WithTimeout(ctx, c.WaitingTimeout)
+			defer cancel()
+			sg, err := lease.WaitPrefix(wctx)
+			if err != nil {
+				return fmt.Errorf("held prefix: %w", err)
+			}
+			if c.Verifier != nil {
+				for _, b := range sg {
+					if err := workload.VerifyPattern(pool, b.Room, b.Pages, b.FirstPage); err != nil {
+						return fmt.Errorf("held prefix block: %w", err)
+					}
+				}
+			}
+			return nil
+		})
+	}
 	if err := r.SendMetadata(pages[held:], int(aux[0]), nil, prefix); err != nil {
 		return fail(err)
 	}
@@ -369,41 +391,27 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 	if at, ok := c.Verifier.accepted(room); ok {
 		out.SuccessUnixNS = at.UnixNano() // before the pattern check
 	}
-	if st != engine.KVSuccess {
-		if err := r.Failure(); err != nil {
-			return fail(err)
-		}
-		return fail(Unfinished(ctx, room, "receiver", st, ""))
-	}
 	mt := r.TransferMetric()
+	if st != engine.KVSuccess {
+		err := r.Failure()
+		if err == nil {
+			err = Unfinished(ctx, room, "receiver", st, "")
+		}
+		res, rel := fail(err)
+		// What landed before the failure (the room's pages are not usable).
+		res.Bytes, res.AuxBytes, res.PrefixTokens = mt.Bytes, mt.AuxBytes, mt.PrefixTokens
+		return res, rel
+	}
 	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes
 	if !mt.TransferStart.IsZero() { // the transfer proper: the bootstrap wait apart
 		out.TransferUS = time.Unix(0, out.SuccessUnixNS).Sub(mt.TransferStart).Microseconds()
 		out.BootstrapWaitUS = mt.BootstrapWait.Microseconds()
 	}
-	// The held prefix is usable once the requests that receive it are done
-	// (it may have been counted while in flight).
-	var segs []workload.PrefixSegment
-	if lease != nil {
-		wctx, cancel := context.WithTimeout(ctx, c.WaitingTimeout)
-		segs, err = lease.WaitPrefix(wctx)
-		cancel()
-		if err != nil {
-			return fail(err)
-		}
-	}
 	if c.Verifier != nil {
 		// This room's pages and aux row were checked inside the engine,
-		// before the verdict (so a failure fails the prefill too); the
-		// held prefix blocks carry their own requests' pattern at the same
-		// token positions and are checked here.
-		t := time.Now()
-		for _, sg := range segs {
-			if err := workload.VerifyPattern(pool, sg.Room, sg.Pages, sg.FirstPage); err != nil {
-				return fail(fmt.Errorf("held prefix block: %w", err))
-			}
-		}
-		out.VerifyUS = c.Verifier.took(room) + time.Since(t).Microseconds()
+		// and the held prefix blocks by the verdict gate, both before the
+		// verdict (so a failure fails the prefill too).
+		out.VerifyUS = c.Verifier.took(room)
 	}
 	if c.Hold > 0 {
 		select {

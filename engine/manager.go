@@ -409,6 +409,8 @@ type Manager struct {
 	// sequence; taken under the push socket's lock, so the frames to one
 	// peer leave in increasing order).
 	ctlSeq atomic.Uint64
+	// onceSem bounds the one-off sockets of sendOnce.
+	onceSem chan struct{}
 	// replay accepts each authenticated frame's sequence number once per
 	// sender (engine/internal/control, replay.go).
 	replay control.ReplayGuard
@@ -578,7 +580,7 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.TimelineRooms == 0 {
 		cfg.TimelineRooms = DefaultTimelineRooms
 	}
-	m := &Manager{
+	m := &Manager{onceSem: make(chan struct{}, maxSendOnce),
 		cfg: cfg, geo: geo, rankName: rankName, timelines: newTimelineStore(cfg.TimelineRooms),
 		log:         cfg.Logger.With("role", cfg.Role.String(), "rank", rankName, "tp", geo.TPRank, "pp", geo.PPRank),
 		push:        map[string]*pushSock{},
@@ -1099,6 +1101,52 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		return fmt.Errorf("engine: send to %s: %w (peer gone?)", endpoint, err)
 	}
 	return nil
+}
+
+// maxSendOnce bounds the one-off control sockets (sendOnce) open at a time.
+const maxSendOnce = 8
+
+// sendOnce sends one control message to endpoint over a socket of its own,
+// outside m.push and its MaxPeers cap, and closes it (the message is
+// delivered within the socket's linger, a second, or dropped): the answer
+// to a peer this rank refuses for the cap. At most maxSendOnce run at a
+// time; beyond that the message is dropped (logged), so a flood of
+// REGISTERs cannot make the rank open sockets without bound.
+func (m *Manager) sendOnce(endpoint string, frames [][]byte) {
+	select {
+	case m.onceSem <- struct{}{}:
+		defer func() { <-m.onceSem }()
+	default:
+		m.log.Debug("one-off control message dropped: too many in flight", "peer", endpoint)
+		return
+	}
+	m.mu.Lock()
+	if m.closed || m.zctx == nil {
+		m.mu.Unlock()
+		return
+	}
+	s, err := m.zctx.NewSocket(zmq.PUSH)
+	m.mu.Unlock()
+	if err != nil {
+		m.log.Warn("one-off control socket", "peer", endpoint, "err", err)
+		return
+	}
+	defer s.Close()
+	_ = s.SetLinger(time.Second)
+	_ = s.SetSndtimeo(controlSendTimeout)
+	_ = s.SetIpv6(true)
+	if err := s.Connect(endpoint); err != nil {
+		m.log.Warn("one-off control socket", "peer", endpoint, "err", err)
+		return
+	}
+	frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
+	parts := make([]any, len(frames))
+	for i, f := range frames {
+		parts[i] = f
+	}
+	if _, err := s.SendMessage(parts...); err != nil {
+		m.log.Warn("one-off control message not sent", "peer", endpoint, "err", err)
+	}
 }
 
 // watch attaches a ZMQ socket monitor (disconnect events) to s.

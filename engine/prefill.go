@@ -170,6 +170,16 @@ func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
 	old := m.pre.dpeers[v.Endpoint]
 	if why := m.registerRefusalLocked(v, env, old); why != "" {
 		m.mu.Unlock()
+		if old == nil {
+			// At the peer cap: the decode is told at once (it would
+			// otherwise report this prefill silent after its timeout).
+			// The answer goes over a socket of its own, beyond the cap,
+			// closed right after (sendOnce bounds how many at a time).
+			m.log.Warn("refused decode rank: peer cap", "decode", v.Endpoint, "max_peers", m.cfg.MaxPeers)
+			ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Err: why, Geometry: *m.geo, Epoch: v.Epoch}
+			go m.sendOnce(v.Endpoint, ack.Encode())
+			return
+		}
 		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, control.SenderID(env), v.Epoch, why))
 		return
 	}

@@ -156,7 +156,7 @@ func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Enve
 	switch {
 	case old == nil:
 		if len(m.pre.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
-			return fmt.Sprintf("%v: %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS)", ErrTooManyPeers, len(m.pre.dpeers), m.cfg.MaxPeers)
+			return fmt.Sprintf("%v: prefill %s has %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: raise --max-peers, kvx_kv_config.max_peers or KVXFER_MAX_PEERS on the prefill, or spread the decodes over more prefill ranks)", ErrTooManyPeers, m.endpoint, len(m.pre.dpeers), m.cfg.MaxPeers)
 		}
 		return ""
 	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch && (m.ctlKey != nil || old.proven()):

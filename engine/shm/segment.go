@@ -160,7 +160,7 @@ func (t *shmTransport) OpenSegment(ctx context.Context, info transport.SegmentIn
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
 		s.pidfd = fd
 	} else if !errors.Is(err, unix.ENOSYS) {
-		return nil, fmt.Errorf("%s: receiver pid %d: pidfd_open: %v (process gone, or in another pid namespace): %w", t.Name(), pid, err, transport.ErrUnavailable)
+		return nil, fmt.Errorf("%s: receiver pid %d: pidfd_open: %v (%s): %w", t.Name(), pid, err, openHint(err, "process gone, or in another pid namespace"), transport.ErrUnavailable)
 	}
 	// The pidfd now pins the process the pid names; check it is the receiver.
 	if st, err := procStartTime(pid); err != nil || st != ep.StartTime {
@@ -297,6 +297,22 @@ func (s *segment) AddRegions(regions []transport.RegionDesc) error {
 	return nil
 }
 
+// openHint explains a failed open of a peer's descriptor: running out of
+// descriptors (EMFILE: this process's RLIMIT_NOFILE; ENFILE: the system's)
+// says so with the limit and what to raise, since the peer is fine then;
+// other errors get otherwise (what the failure usually means).
+func openHint(err error, otherwise string) string {
+	switch {
+	case errors.Is(err, unix.EMFILE):
+		var rl unix.Rlimit
+		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+		return fmt.Sprintf("EMFILE: this process has no file descriptor left, its RLIMIT_NOFILE soft limit is %d (hard %d); raise it (ulimit -n, LimitNOFILE= in a systemd unit, --ulimit nofile= for a container): the receiver is not at fault", rl.Cur, rl.Max)
+	case errors.Is(err, unix.ENFILE):
+		return "ENFILE: the system has no file descriptor left (fs.file-max); the receiver is not at fault"
+	}
+	return otherwise
+}
+
 // mapPeerFD opens /proc/PID/fd/FD, checks it is the advertised file, and maps
 // exactly length bytes from offset. With keepFD the region keeps the
 // descriptor for pwrite into the pages its mapping has not written yet.
@@ -304,7 +320,7 @@ func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remo
 	path := "/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd)
 	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w (receiver gone, other user, or other pid namespace)", path, err)
+		return nil, fmt.Errorf("open %s: %w (%s)", path, err, openHint(err, "receiver gone, other user, or other pid namespace"))
 	}
 	kept := false
 	defer func() {
@@ -330,7 +346,11 @@ func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remo
 	}
 	m, err := unix.Mmap(f, int64(start), int(span), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %s (%d bytes at %d): %w", path, span, start, err)
+		hint := ""
+		if errors.Is(err, unix.ENOMEM) {
+			hint = " (out of address space or of mappings: vm.max_map_count)"
+		}
+		return nil, fmt.Errorf("mmap %s (%d bytes at %d): %w%s", path, span, start, err, hint)
 	}
 	// Map the receiver's pages now (they are resident on its side when it
 	// prefaulted them), so the first batch does not fault once per 4 KiB

@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -231,6 +232,48 @@ func kvx_batch_submit_read(batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.u
 	const op = "kvx_batch_submit_read"
 	defer guard(op, &rc)
 	return finish(batchSubmit(op, batch, reqs, n, transport.OpRead))
+}
+
+//export kvx_batch_submit_soa
+func kvx_batch_submit_soa(batch C.kvx_batch_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_submit_soa"
+	defer guard(op, &rc)
+	return finish(batchSubmitSoA(op, batch, n, localAddrs, remoteOffsets, lengths, remoteRegion, transport.OpWrite))
+}
+
+//export kvx_batch_submit_read_soa
+func kvx_batch_submit_read_soa(batch C.kvx_batch_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t) (rc C.int) {
+	const op = "kvx_batch_submit_read_soa"
+	defer guard(op, &rc)
+	return finish(batchSubmitSoA(op, batch, n, localAddrs, remoteOffsets, lengths, remoteRegion, transport.OpRead))
+}
+
+// batchSubmitSoA checks the arguments of kvx_batch_submit_soa / _read_soa
+// (fn) and submits the n entries of the three arrays (read in place, not
+// kept) as one transfer batch of dir.
+func batchSubmitSoA(fn string, batch C.kvx_batch_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t, dir transport.Op) error {
+	b, ok := batches.get(uint64(batch))
+	switch {
+	case !ok:
+		return badHandle(fn, "batch", uint64(batch))
+	case n == 0:
+		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
+	case n > maxBatchCapacity:
+		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
+	case localAddrs == nil:
+		return nullArg(fn, "local_addrs")
+	case remoteOffsets == nil:
+		return nullArg(fn, "remote_offsets")
+	case lengths == nil:
+		return nullArg(fn, "lengths")
+	}
+	e := segengine.Entries{
+		Local:  unsafe.Slice((*uint64)(unsafe.Pointer(localAddrs)), int(n)),
+		Remote: unsafe.Slice((*uint64)(unsafe.Pointer(remoteOffsets)), int(n)),
+		Length: unsafe.Slice((*uint64)(unsafe.Pointer(lengths)), int(n)),
+		Region: transport.RegionID(remoteRegion),
+	}
+	return b.submitEntries(fn, uint64(batch), dir, e)
 }
 
 // batchSubmit checks the arguments of kvx_batch_submit / _read (fn) and

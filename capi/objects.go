@@ -558,13 +558,43 @@ func (b *batchObj) submit(fn string, batchH uint64, op transport.Op, reqs []tran
 	if err != nil {
 		return failWrap(stOK, err, "%s: submit %d %s requests (%d bytes)", fn, len(reqs), op, tb.Bytes())
 	}
-	wctx, wcancel := context.WithCancel(context.Background())
-	p := &batchPart{first: b.n, count: uint32(len(reqs)), id: id, cancel: wcancel, done: make(chan struct{})}
-	for _, r := range reqs {
-		p.bytes = append(p.bytes, r.Bytes())
+	bytes := make([]uint64, len(reqs))
+	for i, r := range reqs {
+		bytes[i] = r.Bytes()
 	}
+	b.track(batchH, id, bytes)
+	return nil
+}
+
+// submitEntries submits struct-of-arrays entries (kvx_batch_submit_soa,
+// kvx_batch_submit_read_soa) as one engine transfer batch of op.
+func (b *batchObj) submitEntries(fn string, batchH uint64, op transport.Op, e segengine.Entries) error {
+	ctx, cancel := context.WithTimeout(context.Background(), b.seg.eng.timeout)
+	defer cancel()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return fail(stBadHandle, "%s: batch %d was freed", fn, batchH)
+	}
+	if uint64(b.n)+uint64(len(e.Local)) > uint64(b.capacity) {
+		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", fn, len(e.Local), b.capacity, b.n)
+	}
+	id, err := b.seg.seg.SubmitEntries(ctx, op, e)
+	if err != nil {
+		return failWrap(stOK, err, "%s: submit %d %s requests", fn, len(e.Local), op)
+	}
+	b.track(batchH, id, append([]uint64(nil), e.Length...))
+	return nil
+}
+
+// track records a submitted engine batch as the batch's next part (its
+// requests get the next len(bytes) indices; bytes[i] is request i's
+// payload) and posts its outcome when it is terminal. Called with b.mu held.
+func (b *batchObj) track(batchH uint64, id transport.BatchID, bytes []uint64) {
+	wctx, wcancel := context.WithCancel(context.Background())
+	p := &batchPart{first: b.n, count: uint32(len(bytes)), id: id, bytes: bytes, cancel: wcancel, done: make(chan struct{})}
 	b.parts = append(b.parts, p)
-	b.n += uint32(len(reqs))
+	b.n += uint32(len(bytes))
 	eng := b.seg.eng
 	go func() {
 		st, err := b.seg.seg.Wait(wctx, id)
@@ -580,7 +610,6 @@ func (b *batchObj) submit(fn string, batchH uint64, op transport.Op, reqs []tran
 		close(p.done)
 		eng.notify.post(eventBatch(batchH, p))
 	}()
-	return nil
 }
 
 // free is the number of request indices not yet submitted.

@@ -112,6 +112,10 @@ func codeOf(err error) status {
 		return stTimeout
 	case errors.Is(err, segengine.ErrSegmentUnreachable):
 		return stPeerLost
+	case errors.Is(err, segengine.ErrBadEntry):
+		return stInvalidArgument
+	case errors.Is(err, segengine.ErrLocalNotRegistered):
+		return stNotRegistered
 	case errors.Is(err, transport.ErrOutOfBounds):
 		return stOutOfBounds
 	case errors.Is(err, transport.ErrUnknownRegion):

@@ -542,6 +542,37 @@ KVX_API int kvx_batch_submit_read(kvx_batch_t batch, const kvx_write_request *re
                                   uint32_t n);
 #endif
 
+/* Submit n WRITE requests given as three arrays (struct of arrays), the
+ * shape Mooncake's batch_transfer_sync_write callers hold (buffers,
+ * peer_buffer_addresses, lengths): request i moves lengths[i] bytes from
+ * local_addrs[i] to remote_offsets[i] of region remote_region, or, with
+ * remote_region == KVX_REGION_PEER_ADDRESS, to the peer process's address
+ * remote_offsets[i]. One block per request (no strides). Otherwise as
+ * kvx_batch_submit: the next n request indices, validation first (a zero
+ * length: KVX_ERR_INVALID_ARGUMENT; local memory not registered:
+ * KVX_ERR_NOT_REGISTERED; a peer range outside the peer's regions:
+ * KVX_ERR_OUT_OF_BOUNDS; each naming the request's index; nothing is sent
+ * on error), one transfer batch. The arrays are read during the call only.
+ * Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_submit_soa(kvx_batch_t batch, uint32_t n,
+                                 const uint64_t *local_addrs,
+                                 const uint64_t *remote_offsets,
+                                 const uint64_t *lengths,
+                                 uint32_t remote_region);
+#endif
+
+/* READ requests as three arrays: kvx_batch_submit_soa's rules, in the
+ * direction of kvx_batch_submit_read (lengths[i] bytes from the peer's
+ * remote_offsets[i] into local_addrs[i]). Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_batch_submit_read_soa(kvx_batch_t batch, uint32_t n,
+                                      const uint64_t *local_addrs,
+                                      const uint64_t *remote_offsets,
+                                      const uint64_t *lengths,
+                                      uint32_t remote_region);
+#endif
+
 /* Non-blocking: the status of request `index` (KVX_TRANSFER_EMPTY for an
  * index not submitted yet; an index at or past the batch's capacity is
  * KVX_ERR_INVALID_ARGUMENT). Thread-safe. */

@@ -339,6 +339,8 @@ _PROTOTYPES = {
     "kvx_batch_alloc": (c_int, [c_uint64, c_uint32, u64p]),
     "kvx_batch_submit": (c_int, [c_uint64, POINTER(WriteRequest), c_uint32]),
     "kvx_batch_submit_read": (c_int, [c_uint64, POINTER(WriteRequest), c_uint32]),
+    "kvx_batch_submit_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
+    "kvx_batch_submit_read_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
     "kvx_batch_status": (c_int, [c_uint64, c_uint32, POINTER(TransferStatus)]),
     "kvx_batch_wait": (c_int, [c_uint64, c_uint32]),
     "kvx_batch_cancel": (c_int, [c_uint64]),

@@ -7,12 +7,19 @@ exposing a contiguous buffer:
 bytearray, memoryview, array.array, mmap, bytes (read-only: a source only) and
 numpy arrays (numpy is never imported here; arrays are recognised by their
 ``ctypes.data``/``nbytes`` attributes).
+
+Batch calls take each of their per-entry arguments (addresses, lengths) as
+one array handed to C in place (u64_array): a numpy integer array, any
+buffer of 64-bit integers, or a list converted in C; no Python code runs
+per entry.
 """
 
 from __future__ import annotations
 
+import array
 import ctypes
 import operator
+import sys
 import threading
 
 from . import _lib
@@ -63,6 +70,110 @@ def address_of(obj, what: str = "buffer", writable: bool = False) -> tuple[int, 
         )
     view = (ctypes.c_char * n).from_buffer(mv) if n else None
     return (ctypes.addressof(view) if view is not None else 0), n, (view, mv)
+
+
+class U64Array:
+    """A C uint64_t array made from a batch argument without a per-entry
+    Python loop: ``ptr`` (its first element's address, 0 when empty), ``n``
+    (elements) and ``keep`` (hold while the pointer is used)."""
+
+    __slots__ = ("ptr", "n", "keep", "_sum")
+
+    def __init__(self, ptr: int, n: int, keep, total=None):
+        self.ptr = ptr
+        self.n = n
+        self.keep = keep
+        self._sum = total
+
+    def sum(self) -> int:
+        """The elements' sum (computed once, in C where possible)."""
+        if self._sum is None:
+            np = _numpy()
+            if np is not None and self.n:
+                a = np.ctypeslib.as_array((ctypes.c_uint64 * self.n).from_address(self.ptr))
+                self._sum = int(a.sum(dtype=np.float64))  # a timeout's bytes: no overflow
+            else:
+                self._sum = sum((ctypes.c_uint64 * self.n).from_address(self.ptr)) if self.n else 0
+        return self._sum
+
+
+def _numpy():
+    """numpy when the program already imported it (kvxfer never imports it
+    for a caller that does not use it)."""
+    return sys.modules.get("numpy")
+
+
+def u64_array(v, what: str, addresses: bool = False) -> U64Array:
+    """v as a C array of uint64_t, without a Python loop over its elements:
+
+    * a numpy integer array (1-D; any integer dtype): np.ascontiguousarray(v,
+      dtype=np.uint64), the data pointer passed as is (no copy when v already
+      is contiguous uint64); a signed array with a negative element is
+      refused (ValueError naming the first such index);
+    * any other object with the buffer protocol holding 64-bit integers
+      (format Q, L, q or l, or raw bytes whose length is a multiple of 8,
+      e.g. array.array('Q')), read in place as unsigned 64-bit values;
+    * a list or tuple of ints (or numpy integer scalars, or any __index__
+      object), converted in C (array.array('Q')). When addresses is true an
+      element may also be a buffer object (kvxfer's extension of Mooncake's
+      addresses): such a sequence is converted element by element.
+
+    Raises TypeError naming `what` (and the index of a bad element) for
+    anything else, ValueError for a negative or over-64-bit element."""
+    if isinstance(v, (list, tuple)):
+        keeps: list = []
+        try:
+            a = array.array("Q", v)
+        except (TypeError, OverflowError):
+            a = array.array("Q", (_element(x, what, i, addresses, keeps) for i, x in enumerate(v)))
+        return U64Array(a.buffer_info()[0] if len(a) else 0, len(a), (a, keeps))
+    if hasattr(v, "__array_interface__") and hasattr(v, "dtype"):
+        np = _numpy()
+    else:
+        np = None
+    if np is not None:
+        if getattr(v, "ndim", 1) != 1:
+            raise TypeError(f"{what}: a {v.ndim}-D array; pass a 1-D array (a.ravel())")
+        if v.dtype.kind not in "iu":
+            raise TypeError(f"{what}: a numpy array of {v.dtype}; want an integer dtype (np.uint64)")
+        if v.dtype.kind == "i" and v.size and (v < 0).any():
+            i = int(np.argmax(v < 0))
+            raise ValueError(f"{what}[{i}]: {int(v[i])} is negative (want 0..2**64-1; a negative value is usually an error code)")
+        a = np.ascontiguousarray(v, dtype=np.uint64)
+        return U64Array(int(a.ctypes.data) if a.size else 0, int(a.size), a)
+    try:
+        mv = memoryview(v)
+    except TypeError:
+        raise TypeError(f"{what}: {type(v).__name__} is not a list, a numpy array or a buffer of 64-bit integers") from None
+    if not mv.c_contiguous:
+        raise TypeError(f"{what}: the buffer is not contiguous")
+    if mv.format in ("Q", "L", "q", "l", "<Q", "<q", "=Q", "=q") and mv.itemsize == 8:
+        pass
+    elif mv.itemsize == 1 and mv.format in ("B", "b", "c") and mv.nbytes % 8 == 0:
+        pass
+    else:
+        raise TypeError(f"{what}: a buffer of format {mv.format!r} ({mv.nbytes} bytes); want 64-bit integers (format 'Q')")
+    n = mv.nbytes // 8
+    if n == 0:
+        return U64Array(0, 0, mv)
+    if mv.readonly:
+        addr, _, keep = address_of(bytes(mv) if not isinstance(v, bytes) else v, what)
+        return U64Array(addr, n, (keep, v))
+    view = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return U64Array(ctypes.addressof(view), n, (view, mv))
+
+
+def _element(x, what: str, i: int, addresses: bool, keeps: list) -> int:
+    """One element of a batch list: an address or length (or, for
+    addresses, a buffer object's address, its keep-alive added to keeps),
+    with its index in errors."""
+    name = f"{what}[{i}]"
+    if addresses:
+        addr, _, keep = address_of(x, name)
+        if keep is not None:
+            keeps.append(keep)
+        return addr
+    return check_address(as_int(x, name), name)
 
 
 def check_address(v: int, what: str = "address") -> int:

@@ -61,7 +61,7 @@ import time
 
 from . import _lib
 from ._lib import Closable, KvxError
-from ._memory import HostBuffer, address_of, as_int, check_address
+from ._memory import HostBuffer, address_of, as_int, check_address, u64_array
 
 log = logging.getLogger("kvxfer")
 
@@ -224,13 +224,12 @@ def _location(location) -> bytes:
 class _Async:
     """One asynchronous batch: a kvx batch of writes or of reads."""
 
-    __slots__ = ("handle", "start_ns", "timeout_ns", "count", "timed_out", "target")
+    __slots__ = ("handle", "start_ns", "timeout_ns", "timed_out", "target")
 
-    def __init__(self, handle, timeout_ns, count, target):
+    def __init__(self, handle, timeout_ns, target):
         self.handle = handle
         self.start_ns = time.monotonic_ns()
         self.timeout_ns = timeout_ns
-        self.count = count
         self.timed_out = False
         self.target = target
 
@@ -315,42 +314,33 @@ class TransferEngine(Closable):
                 return
         _lib.try_call("kvx_segment_close", handle)
 
-    def _requests(self, op, buffers, peer_addresses, lengths):
-        n = len(buffers)
-        if n != len(peer_addresses) or n != len(lengths):
+    def _arrays(self, op, buffers, peer_addresses, lengths):
+        """The three per-entry arguments as C uint64_t arrays (u64_array: a
+        numpy array or any buffer of 64-bit integers is passed in place, a
+        list is converted in C): (buffers, peer addresses, lengths, n)."""
+        bufs = u64_array(buffers, f"{op}: buffers", addresses=True)
+        peers = u64_array(peer_addresses, f"{op}: peer_buffer_addresses")
+        lens = u64_array(lengths, f"{op}: lengths")
+        n = bufs.n
+        if n != peers.n or n != lens.n:
             raise ValueError(
-                f"{op}: buffers ({n}), peer_buffer_addresses ({len(peer_addresses)}) and lengths ({len(lengths)}) "
+                f"{op}: buffers ({n}), peer_buffer_addresses ({peers.n}) and lengths ({lens.n}) "
                 "have different sizes"
             )
         if n == 0:
             raise ValueError(f"{op}: no requests (empty lists)")
-        reqs = (_lib.WriteRequest * n)()
-        total = 0
-        keep = []
-        for i in range(n):
-            addr, _, k = address_of(buffers[i], f"{op}: buffers[{i}]")
-            if k is not None:
-                keep.append(k)
-            length = as_int(lengths[i], f"{op}: lengths[{i}]")
-            if length <= 0 or length >= 1 << 64:
-                raise ValueError(f"{op}: lengths[{i}] is {length}; want 1..2**64-1 bytes")
-            r = reqs[i]
-            r.local_addr = addr
-            r.remote_offset = check_address(as_int(peer_addresses[i], f"{op}: peer_buffer_addresses[{i}]"), f"{op}: peer_buffer_addresses[{i}]")
-            r.length = length
-            r.remote_region = _lib.REGION_PEER_ADDRESS
-            r.count = 1
-            total += length
-        return reqs, n, total, keep
+        return bufs, peers, lens, n
 
     def _lost(self, rc: int) -> bool:
         return rc in (_lib.ERR_PEER_LOST, _lib.ERR_CLOSED, _lib.ERR_BAD_HANDLE)
 
     def _submit(self, op, target, buffers, peer_addresses, lengths, read=False) -> tuple[int, int, int]:
-        """Submit WRITEs (READs with read=True) as one kvx batch: (batch,
-        total bytes, 0) or (0, 0, code)."""
+        """Submit WRITEs (READs with read=True) as one kvx batch
+        (kvx_batch_submit_soa: the arrays go to C as they are; the library
+        checks every entry and names the index of a bad one): (batch, total
+        bytes, 0) or (0, 0, code)."""
         try:
-            reqs, n, total, _keep = self._requests(op, buffers, peer_addresses, lengths)
+            bufs, peers, lens, n = self._arrays(op, buffers, peer_addresses, lengths)
         except (ValueError, TypeError) as e:
             return 0, 0, self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
         seg, code = self._segment(target, op)
@@ -360,20 +350,25 @@ class TransferEngine(Closable):
         b = ctypes.c_uint64(0)
         rc, msg = _lib.try_call("kvx_batch_alloc", seg, n, ctypes.byref(b))
         if rc == _lib.OK:
-            rc, msg = _lib.try_call("kvx_batch_submit_read" if read else "kvx_batch_submit", b.value, reqs, n)
+            rc, msg = _lib.try_call("kvx_batch_submit_read_soa" if read else "kvx_batch_submit_soa", b.value, n,
+                                    bufs.ptr, peers.ptr, lens.ptr, _lib.REGION_PEER_ADDRESS)
             if rc != _lib.OK:
                 _lib.try_call("kvx_batch_free", b.value)
         if rc != _lib.OK:
             if self._lost(rc):
                 self._drop_segment(target, seg)
             return 0, 0, self._fail(rc, f"{op} {'from' if read else 'to'} {target}: {msg}")
-        return b.value, total, 0
+        return b.value, lens.sum(), 0
 
-    def _finish(self, op, target, batch, timeout_ms) -> int:
-        """Wait for a submitted batch, free it; 0 or a negative code."""
+    def _finish(self, op, target, batch, timeout_ms, read=False) -> int:
+        """Wait for a submitted batch, free it; 0 or a negative code. A read
+        that timed out is cancelled and waited for (up to 10 s more), so no
+        byte lands in local memory after the call returns."""
         rc, msg = _lib.try_call("kvx_batch_wait", batch, timeout_ms)
         if rc == _lib.ERR_TIMEOUT:
             _lib.try_call("kvx_batch_cancel", batch)
+            if read:
+                _lib.try_call("kvx_batch_wait", batch, 10_000)
             self._free_or_park(batch)
             return self._fail(rc, f"{op} to {target}: not done after {timeout_ms} ms (MC_TRANSFER_TIMEOUT "
                               f"{self.transfer_timeout_ns // 1_000_000_000} s + 1 s/GiB); cancelled: {msg}")
@@ -739,19 +734,10 @@ class TransferEngine(Closable):
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
         """Several READs (see transfer_sync_read); 0 or negative."""
         op = "batch_transfer_sync_read"
-        try:
-            reqs, n, total, _keep = self._requests(op, buffers, peer_buffer_addresses, lengths)
-        except (ValueError, TypeError) as e:
-            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
-        seg, code = self._segment(target_hostname, op)
+        batch, total, code = self._submit(op, target_hostname, buffers, peer_buffer_addresses, lengths, read=True)
         if code:
             return code
-        rc, msg = _lib.try_call("kvx_segment_read", seg, reqs, n, self._timeout_ms(total))
-        if rc != _lib.OK:
-            if self._lost(rc):
-                self._drop_segment(target_hostname, seg)
-            return self._fail(rc, f"{op} from {target_hostname}: {msg}")
-        return 0
+        return self._finish(op, target_hostname, batch, self._timeout_ms(total), read=True)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint="") -> int:
         """transfer_sync_read or _write by opcode (TransferOpcode). A notify
@@ -808,7 +794,7 @@ class TransferEngine(Closable):
             self._submit_failed(code)
             return 0
         with self._lock:
-            self._async[batch] = _Async(batch, self.transfer_timeout_ns + total, len(buffers), target)
+            self._async[batch] = _Async(batch, self.transfer_timeout_ns + total, target)
         return batch
 
     def transfer_check_status(self, batch_id) -> int:

@@ -1,0 +1,126 @@
+package segengine_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine/segengine"
+	"github.com/kvxfer/kvxfer/engine/transport"
+)
+
+// submitEntries submits entries of op and waits for the batch.
+func submitEntries(t *testing.T, seg *segengine.RemoteSegment, op transport.Op, e segengine.Entries) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	id, err := seg.SubmitEntries(ctx, op, e)
+	if err != nil {
+		return err
+	}
+	defer seg.Release(id)
+	st, err := seg.Wait(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st.State != transport.BatchCompleted {
+		return st.Err
+	}
+	return nil
+}
+
+// TestSubmitEntries: struct-of-arrays entries by peer address and by region
+// move the bytes of each entry, writes and reads, on tcp and shm.
+func TestSubmitEntries(t *testing.T) {
+	for _, tn := range []string{"tcp", "shm"} {
+		t.Run(tn, func(t *testing.T) {
+			recv := newTE(t, tn)
+			send := newTE(t, tn)
+			dst, dd := regBuf(t, recv, "dst", 1<<20)
+			src, _ := regBuf(t, send, "src", 1<<20)
+			back, _ := regBuf(t, send, "back", 1<<20)
+			fill(src.Bytes(), 5)
+			seg, err := send.OpenSegment(context.Background(), recv.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			const n, blk = 300, 700
+			var e segengine.Entries
+			for i := 0; i < n; i++ {
+				j := (i * 37) % n // scattered sources
+				e.Local = append(e.Local, uint64(src.Addr())+uint64(j*blk*2))
+				e.Remote = append(e.Remote, uint64(dst.Addr())+uint64(i*blk))
+				e.Length = append(e.Length, blk)
+			}
+			e.Region = segengine.PeerAddressRegion
+			if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < n; i++ {
+				j := (i * 37) % n
+				if !bytes.Equal(dst.Bytes()[i*blk:(i+1)*blk], src.Bytes()[j*blk*2:j*blk*2+blk]) {
+					t.Fatalf("entry %d: bytes differ", i)
+				}
+			}
+			// Read them back by region offset.
+			r := segengine.Entries{Region: dd.ID}
+			for i := 0; i < n; i++ {
+				r.Local = append(r.Local, uint64(back.Addr())+uint64(i*blk))
+				r.Remote = append(r.Remote, uint64(i*blk))
+				r.Length = append(r.Length, blk)
+			}
+			if err := submitEntries(t, seg, transport.OpRead, r); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back.Bytes()[:n*blk], dst.Bytes()[:n*blk]) {
+				t.Fatal("read back: bytes differ")
+			}
+		})
+	}
+}
+
+// TestSubmitEntriesRefused: bad entries fail naming the entry's index and
+// the error's class, and nothing is written.
+func TestSubmitEntriesRefused(t *testing.T) {
+	recv := newTE(t, "tcp")
+	send := newTE(t, "tcp")
+	dst, dd := regBuf(t, recv, "dst", 1<<16)
+	src, _ := regBuf(t, send, "src", 1<<16)
+	fill(src.Bytes(), 9)
+	seg, err := send.OpenSegment(context.Background(), recv.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	s, d := uint64(src.Addr()), uint64(dst.Addr())
+	peer := segengine.PeerAddressRegion
+	for _, tc := range []struct {
+		name string
+		e    segengine.Entries
+		want error
+		text string
+	}{
+		{"zero length", segengine.Entries{Local: []uint64{s, s}, Remote: []uint64{d, d + 64}, Length: []uint64{64, 0}, Region: peer}, segengine.ErrBadEntry, "write 1: length is 0"},
+		{"lengths differ", segengine.Entries{Local: []uint64{s, s}, Remote: []uint64{d}, Length: []uint64{64, 64}, Region: peer}, segengine.ErrBadEntry, "2 local addresses, 1 remote"},
+		{"local unregistered", segengine.Entries{Local: []uint64{s, 0x1000}, Remote: []uint64{d, d + 64}, Length: []uint64{64, 64}, Region: peer}, segengine.ErrLocalNotRegistered, "write 1: local range"},
+		{"local past its region", segengine.Entries{Local: []uint64{s + 1<<16 - 8}, Remote: []uint64{d}, Length: []uint64{64}, Region: peer}, segengine.ErrLocalNotRegistered, "write 0"},
+		{"peer address outside", segengine.Entries{Local: []uint64{s, s}, Remote: []uint64{d, d + 1<<16 - 8}, Length: []uint64{64, 64}, Region: peer}, transport.ErrOutOfBounds, "write 1"},
+		{"wraps", segengine.Entries{Local: []uint64{s}, Remote: []uint64{^uint64(0) - 3}, Length: []uint64{64}, Region: peer}, transport.ErrOutOfBounds, "wraps"},
+		{"region offset past end", segengine.Entries{Local: []uint64{s, s}, Remote: []uint64{0, 1<<16 - 8}, Length: []uint64{64, 64}, Region: dd.ID}, transport.ErrOutOfBounds, "write 1 of 64 bytes at offset"},
+		{"unknown region", segengine.Entries{Local: []uint64{s}, Remote: []uint64{0}, Length: []uint64{64}, Region: dd.ID + 77}, transport.ErrUnknownRegion, "not registered on the peer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := submitEntries(t, seg, transport.OpWrite, tc.e)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("err = %v, want %v containing %q", err, tc.want, tc.text)
+			}
+			if !bytes.Equal(dst.Bytes()[:256], make([]byte, 256)) {
+				t.Fatal("a refused batch wrote bytes")
+			}
+		})
+	}
+}

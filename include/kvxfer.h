@@ -553,7 +553,13 @@ KVX_API int kvx_batch_submit_read(kvx_batch_t batch, const kvx_write_request *re
  * KVX_ERR_NOT_REGISTERED; a peer range outside the peer's regions:
  * KVX_ERR_OUT_OF_BOUNDS; each naming the request's index; nothing is sent
  * on error), one transfer batch. The arrays are read during the call only.
- * Thread-safe. */
+ * As for every batch submit, the engine coalesces the requests before the
+ * transport sees them: runs adjacent on both sides become one request, and
+ * (tcp, shm) runs of equal length and equal strides one strided request,
+ * the shape of per-token-slot head slices; the request indices, statuses
+ * and bytes stay the caller's. The counts are the metrics
+ * kvxfer_segment_requests_total and kvxfer_segment_descriptors_total
+ * (kvx_metrics_text). Thread-safe. */
 #ifndef KVX_TYPES_ONLY
 KVX_API int kvx_batch_submit_soa(kvx_batch_t batch, uint32_t n,
                                  const uint64_t *local_addrs,

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
@@ -56,6 +57,10 @@ type TransferEngineConfig struct {
 	Devices []string
 	// Logger receives the engine's logs (slog.Default when nil).
 	Logger *slog.Logger
+	// Metrics is where the engine registers its Prometheus metrics
+	// (MetricRequests, MetricDescriptors); engines sharing a Registerer
+	// share the collectors. nil: counted (CoalesceStats), not exported.
+	Metrics prometheus.Registerer
 }
 
 // regionEntry is one registered local region.
@@ -87,6 +92,7 @@ type TransferEngine struct {
 	shared  []byte // the transport's endpoint when it is not per peer
 	timeout time.Duration
 	connSeq atomic.Uint64
+	met     *teMetrics
 
 	mu      sync.Mutex
 	closed  bool
@@ -135,6 +141,9 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		pubKick: make(chan struct{}, 1), pubDone: make(chan struct{}), stop: make(chan struct{}),
 	}
 	te.epoch = newEpoch()
+	if te.met, err = newTEMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("engine: transfer engine: register metrics: %w", err)
+	}
 	if !te.caps.Has(transport.CapHandshake) {
 		ectx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
 		te.shared, err = te.tr.Endpoint(ectx, "")

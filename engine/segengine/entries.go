@@ -32,8 +32,7 @@ var ErrBadEntry = errors.New("bad batch entry")
 // Region is PeerAddressRegion, an address in the peer process. The three
 // slices have the same length; they are read during the call only (they
 // may be views of a caller's C or numpy memory). Every entry is one block:
-// no strides (the engine forms strided requests itself, see
-// transport.Coalescer).
+// no strides (the engine forms strided requests itself: transport.Coalescer).
 type Entries struct {
 	Local, Remote, Length []uint64
 	Region                transport.RegionID
@@ -204,19 +203,24 @@ func (s *RemoteSegment) checkRegion(ctx context.Context, op transport.Op, e Entr
 	return nil
 }
 
-// SubmitEntries checks and translates the entries (ResolveEntries) and
-// submits them as one transfer batch of op. Poll, Wait, Cancel and Release
-// apply to the returned ID. Errors: those of ResolveEntries, a read on a
-// transport without transport.CapRead, and Submit's.
+// SubmitEntries checks and translates the entries (ResolveEntries),
+// coalesces them as they are translated (see Submit) and submits them as
+// one transfer batch of op. Poll, Wait, Cancel and Release apply to the
+// returned ID. Errors: those of ResolveEntries, a read on a transport
+// without transport.CapRead, and Submit's.
 func (s *RemoteSegment) SubmitEntries(ctx context.Context, op transport.Op, e Entries) (transport.BatchID, error) {
 	if op == transport.OpRead {
 		if err := s.readable(); err != nil {
 			return 0, err
 		}
 	}
-	reqs := make([]transport.WriteRequest, 0, len(e.Local))
-	if err := s.ResolveEntries(ctx, op, e, func(r transport.WriteRequest, _ uint64) { reqs = append(reqs, r) }); err != nil {
+	c := transport.NewCoalescer(s.te.caps.Has(transport.CapStrided), len(e.Local))
+	if err := s.ResolveEntries(ctx, op, e, c.Add); err != nil {
 		return 0, err
 	}
-	return s.Submit(ctx, &transport.TransferBatch{Op: op, Requests: reqs})
+	b := &transport.TransferBatch{Op: op, Requests: c.Requests()}
+	if err := s.checkRegions(ctx, b); err != nil {
+		return 0, err
+	}
+	return s.submit(ctx, b, c.In())
 }

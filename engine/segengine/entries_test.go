@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
@@ -123,4 +125,133 @@ func TestSubmitEntriesRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSubmitCoalesces: SGLang's per-token-slot batch with prefill TP 1 and
+// decode TP 2 (a 256-byte head slice of each 512-byte prefill token into
+// a 256-byte decode token; pages of 16 tokens scattered on both sides)
+// reaches the transport as one strided descriptor per page, and a batch of
+// adjacent pages as one request; the bytes are those of the entries, and
+// the engine's counts (CoalesceStats, the metrics) say so. Region-addressed
+// Submit coalesces too.
+func TestSubmitCoalesces(t *testing.T) {
+	for _, tn := range []string{"tcp", "shm"} {
+		t.Run(tn, func(t *testing.T) {
+			recv := newTE(t, tn)
+			send := newTE(t, tn)
+			const pages, ptok, srcTok, slice = 8, 16, 512, 256
+			dst, dd := regBuf(t, recv, "dst", pages*ptok*slice)
+			src, _ := regBuf(t, send, "src", pages*ptok*srcTok)
+			fill(src.Bytes(), 1)
+			seg, err := send.OpenSegment(context.Background(), recv.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			srcPage := []int{5, 2, 7, 0, 3, 6, 1, 4}
+			dstPage := []int{1, 6, 0, 4, 7, 2, 5, 3}
+			e := segengine.Entries{Region: segengine.PeerAddressRegion}
+			for p := 0; p < pages; p++ {
+				for k := 0; k < ptok; k++ {
+					e.Local = append(e.Local, uint64(src.Addr())+uint64((srcPage[p]*ptok+k)*srcTok+srcTok-slice)) // the second half of the heads
+					e.Remote = append(e.Remote, uint64(dst.Addr())+uint64((dstPage[p]*ptok+k)*slice))
+					e.Length = append(e.Length, slice)
+				}
+			}
+			before := send.CoalesceStats()
+			if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
+				t.Fatal(err)
+			}
+			for p := 0; p < pages; p++ {
+				for k := 0; k < ptok; k++ {
+					s0 := (srcPage[p]*ptok+k)*srcTok + srcTok - slice
+					d0 := (dstPage[p]*ptok + k) * slice
+					if !bytes.Equal(dst.Bytes()[d0:d0+slice], src.Bytes()[s0:s0+slice]) {
+						t.Fatalf("page %d token %d: bytes differ", p, k)
+					}
+				}
+			}
+			got := send.CoalesceStats()
+			if in, out := got.Requests-before.Requests, got.Descriptors-before.Descriptors; in != pages*ptok || out != pages {
+				t.Fatalf("%d requests became %d descriptors; want %d and %d (one strided descriptor per page)", in, out, pages*ptok, pages)
+			}
+			// Adjacent whole pages by region: one request.
+			clear(dst.Bytes())
+			var reqs []transport.WriteRequest
+			for p := 0; p < pages; p++ {
+				reqs = append(reqs, transport.WriteRequest{Local: src.Addr() + uintptr(p*ptok*slice), Remote: dd.ID, RemoteOffset: uint64(p * ptok * slice), Length: ptok * slice})
+			}
+			before = got
+			ctx := context.Background()
+			id, err := seg.Submit(ctx, &transport.TransferBatch{Requests: reqs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
+				t.Fatalf("region write: %v %v", st.State, st.Err)
+			}
+			seg.Release(id)
+			if !bytes.Equal(dst.Bytes(), src.Bytes()[:pages*ptok*slice]) {
+				t.Fatal("adjacent pages: bytes differ")
+			}
+			got = send.CoalesceStats()
+			if in, out := got.Requests-before.Requests, got.Descriptors-before.Descriptors; in != pages || out != 1 {
+				t.Fatalf("%d adjacent requests became %d descriptors; want %d and 1", in, out, pages)
+			}
+		})
+	}
+}
+
+// TestCoalesceMetrics: the counts are exported on the configured
+// Registerer, shared by two engines.
+func TestCoalesceMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	withReg := func(c *segengine.TransferEngineConfig) { c.Metrics = reg }
+	recv := newTE(t, "tcp", withReg)
+	send := newTE(t, "tcp", withReg)
+	dst, _ := regBuf(t, recv, "dst", 1<<16)
+	src, _ := regBuf(t, send, "src", 1<<16)
+	seg, err := send.OpenSegment(context.Background(), recv.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	e := segengine.Entries{Region: segengine.PeerAddressRegion}
+	for i := uint64(0); i < 10; i++ {
+		e.Local = append(e.Local, uint64(src.Addr())+i*64)
+		e.Remote = append(e.Remote, uint64(dst.Addr())+i*64)
+		e.Length = append(e.Length, 64)
+	}
+	if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, reg, segengine.MetricRequests); got != 10 {
+		t.Fatalf("%s = %v, want 10", segengine.MetricRequests, got)
+	}
+	if got := counter(t, reg, segengine.MetricDescriptors); got != 1 {
+		t.Fatalf("%s = %v, want 1", segengine.MetricDescriptors, got)
+	}
+}
+
+// counter gathers the value of the one series of the named counter on reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			if len(f.Metric) != 1 {
+				t.Fatalf("%s: %d series, want 1", name, len(f.Metric))
+			}
+			m := f.Metric[0]
+			if lv := m.GetLabel(); len(lv) != 2 || lv[0].GetValue() != "write" || lv[1].GetValue() != "tcp" {
+				t.Fatalf("%s labels %v, want op=write transport=tcp", name, lv)
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s not registered", name)
+	return 0
 }

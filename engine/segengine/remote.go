@@ -434,9 +434,12 @@ func (s *RemoteSegment) checkRegions(ctx context.Context, b *transport.TransferB
 }
 
 // Submit checks every request against the peer's regions (refreshing once
-// for an unknown region ID), then submits the batch (a write, or a read:
-// transport.TransferBatch.Op) on the transport segment. A stale segment
-// fails at once with its reason (ErrSegmentStale).
+// for an unknown region ID), coalesces the requests (transport.Coalescer:
+// runs adjacent on both sides merged, with a CapStrided transport
+// equal-stride runs sent as one strided request; the counts go to
+// MetricRequests and MetricDescriptors), then submits the batch (a write,
+// or a read: transport.TransferBatch.Op) on the transport segment. A stale
+// segment fails at once with its reason (ErrSegmentStale).
 func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {
 	if err := s.usable(); err != nil {
 		return 0, err
@@ -444,6 +447,39 @@ func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) 
 	if err := s.checkRegions(ctx, b); err != nil {
 		return 0, err
 	}
+	return s.submit(ctx, s.coalesce(b), len(b.Requests))
+}
+
+// coalesce returns b with its requests coalesced, or b itself when it has
+// one request, a request of length 0 or one whose local range is outside
+// the engine's registered memory (the transport then refuses it naming the
+// caller's index).
+func (s *RemoteSegment) coalesce(b *transport.TransferBatch) *transport.TransferBatch {
+	if len(b.Requests) < 2 {
+		return b
+	}
+	lt := s.te.localTable()
+	c := transport.NewCoalescer(s.te.caps.Has(transport.CapStrided), len(b.Requests))
+	for _, r := range b.Requests {
+		n, ok := span(r.Length, r.Count, r.LocalStride)
+		if !ok || r.Length == 0 {
+			return b
+		}
+		end, ok := lt.find(uint64(r.Local), n)
+		if !ok {
+			return b
+		}
+		c.Add(r, end)
+	}
+	if c.Out() == len(b.Requests) {
+		return b
+	}
+	return &transport.TransferBatch{Op: b.Op, Requests: c.Requests()}
+}
+
+// submit hands a checked (and coalesced) batch to the transport segment;
+// in is the number of requests the caller submitted.
+func (s *RemoteSegment) submit(ctx context.Context, b *transport.TransferBatch, in int) (transport.BatchID, error) {
 	id, err := s.seg.Submit(ctx, b)
 	if err != nil {
 		if st := s.Err(); st != nil {
@@ -451,6 +487,7 @@ func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) 
 		}
 		return 0, err
 	}
+	s.te.met.submitted(s.te.tr.Name(), b.Op, in, len(b.Requests))
 	return id, nil
 }
 

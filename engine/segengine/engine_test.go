@@ -26,7 +26,7 @@ import (
 )
 
 // newTE starts a TransferEngine on the named transport (loopback).
-func newTE(t *testing.T, transportName string, mod ...func(*segengine.TransferEngineConfig)) *segengine.TransferEngine {
+func newTE(t testing.TB, transportName string, mod ...func(*segengine.TransferEngineConfig)) *segengine.TransferEngine {
 	t.Helper()
 	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
 	if err != nil {
@@ -45,7 +45,7 @@ func newTE(t *testing.T, transportName string, mod ...func(*segengine.TransferEn
 }
 
 // regBuf allocates and registers n bytes with te.
-func regBuf(t *testing.T, te *segengine.TransferEngine, name string, n int64) (*transport.HostBuffer, transport.RegionDesc) {
+func regBuf(t testing.TB, te *segengine.TransferEngine, name string, n int64) (*transport.HostBuffer, transport.RegionDesc) {
 	t.Helper()
 	b, err := transport.AllocHost(name, n)
 	if err != nil {

@@ -22,7 +22,7 @@ places when it is missing). Do not fork a process after the library is loaded
 """
 
 from .agent import Agent
-from ._lib import KvxError, LibraryNotFoundError, last_error, library_path, version
+from ._lib import KvxError, LibraryNotFoundError, last_error, library_path, metrics_text, version
 from ._memory import HostBuffer, address_of
 from .engine import TransferEngine, TransferNotify, TransferOpcode
 from .metadata_server import MetadataServer
@@ -38,6 +38,7 @@ __all__ = [
     "LibraryNotFoundError",
     "address_of",
     "last_error",
+    "metrics_text",
     "library_path",
     "version",
 ]

@@ -339,6 +339,7 @@ _PROTOTYPES = {
     "kvx_batch_alloc": (c_int, [c_uint64, c_uint32, u64p]),
     "kvx_batch_submit": (c_int, [c_uint64, POINTER(WriteRequest), c_uint32]),
     "kvx_batch_submit_read": (c_int, [c_uint64, POINTER(WriteRequest), c_uint32]),
+    "kvx_metrics_text": (c_int, [c_char_p, c_size_t, POINTER(c_size_t)]),
     "kvx_batch_submit_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
     "kvx_batch_submit_read_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
     "kvx_batch_status": (c_int, [c_uint64, c_uint32, POINTER(TransferStatus)]),
@@ -567,6 +568,32 @@ def get_string(op: str, handle: int) -> str:
     if rc != OK:
         raise KvxError(rc, op, last_error())
     return buf.value.decode()
+
+
+def metrics_text() -> str:
+    """The library's Prometheus metrics in the text format
+    (kvx_metrics_text): the KV managers' kvxfer_* series and the segment
+    engines' kvxfer_segment_requests_total / kvxfer_segment_descriptors_total
+    (requests as submitted, descriptors after coalescing)."""
+    needed = c_size_t(0)
+    rc = lib().kvx_metrics_text(None, 0, ctypes.byref(needed))
+    for _ in range(4):  # the text may grow between the calls
+        buf = ctypes.create_string_buffer(needed.value + 4096)
+        rc = lib().kvx_metrics_text(buf, len(buf), ctypes.byref(needed))
+        if rc != ERR_BUFFER_TOO_SMALL:
+            break
+    if rc != OK:
+        raise KvxError(rc, "kvx_metrics_text", last_error())
+    return buf.value.decode()
+
+
+def counter(text: str, name: str) -> float:
+    """The sum over every series of counter `name` in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def encode(s):

@@ -123,3 +123,30 @@ def test_buffer_objects_as_addresses_still_work(peers, local):
     assert local.batch_transfer_sync_write(name, [src], [regions["b"]], [len(src)]) == 0, local.last_error
     assert peer_bytes(target, regions["b"], len(src)) == bytes(src)
     assert kvxfer.address_of(src)[1] == len(src)
+
+
+def test_coalescing_counts_in_metrics(peers, local):
+    """SGLang's per-token-slot shape (a half-token head slice per entry,
+    pages of 16 tokens scattered) reaches the transport as one strided
+    descriptor per page; the library's metrics count both."""
+    target = peers("mooncake", "--protocol", "tcp")
+    name, regions = target.ready["name"], target.ready["regions"]
+    pages, ptok, slice_ = 8, 16, 256
+    src = np.random.default_rng(3).integers(0, 256, pages * ptok * 2 * slice_, dtype=np.uint8)
+    assert local.register_memory(src.ctypes.data, src.nbytes) == 0
+    sp, dp = np.array([3, 0, 6, 1, 7, 2, 5, 4]), np.array([5, 2, 7, 0, 3, 6, 1, 4])
+    tok = np.arange(pages * ptok)
+    s_tok, d_tok = sp[tok // ptok] * ptok + tok % ptok, dp[tok // ptok] * ptok + tok % ptok
+    bufs = (src.ctypes.data + slice_ + s_tok * 2 * slice_).astype(np.uint64)
+    dsts = (regions["a"] + d_tok * slice_).astype(np.uint64)
+    lens = np.full(len(bufs), slice_, dtype=np.uint64)
+    before = kvxfer.metrics_text()
+    assert local.batch_transfer_sync_write(name, bufs, dsts, lens) == 0, local.last_error
+    after = kvxfer.metrics_text()
+    grew = {m: _lib.counter(after, m) - _lib.counter(before, m) for m in ("kvxfer_segment_requests_total", "kvxfer_segment_descriptors_total")}
+    assert grew == {"kvxfer_segment_requests_total": pages * ptok, "kvxfer_segment_descriptors_total": pages}, grew
+    got = np.frombuffer(peer_bytes(target, regions["a"], pages * ptok * slice_), dtype=np.uint8)
+    for t in range(pages * ptok):
+        s0 = int(bufs[t]) - src.ctypes.data
+        d0 = int(dsts[t]) - regions["a"]
+        assert (got[d0:d0 + slice_] == src[s0:s0 + slice_]).all(), t

@@ -905,6 +905,10 @@ func (st *stream) write(burst []*frame) error {
 			case kindRead:
 				continue
 			}
+			if f.hdr.Count > 1 && f.stride == f.hdr.Length { // blocks back to back here: one range
+				st.iov = append(st.iov, f.local.buf[f.off:f.off+f.bytes])
+				continue
+			}
 			for i := uint64(0); i < uint64(f.hdr.Count); i++ {
 				o := f.off + i*f.stride
 				st.iov = append(st.iov, f.local.buf[o:o+f.hdr.Length])

@@ -719,9 +719,15 @@ func (rx *receiver) frame(h header) (ack, error) {
 		// strided frame in one call), with the next frame's header slot
 		// appended so a small frame and the next header share a syscall.
 		iov := rx.iov[:0]
-		for i := uint64(0); i < uint64(h.Count); i++ {
-			off := h.Offset + i*h.Stride
-			iov = append(iov, r.buf[off:off+h.Length])
+		if h.Count > 1 && h.Stride == h.Length {
+			// Blocks back to back (a strided request contiguous on this
+			// side, e.g. head slices into whole decode tokens): one range.
+			iov = append(iov, r.buf[h.Offset:h.Offset+h.payload()])
+		} else {
+			for i := uint64(0); i < uint64(h.Count); i++ {
+				off := h.Offset + i*h.Stride
+				iov = append(iov, r.buf[off:off+h.Length])
+			}
 		}
 		iov = append(iov, rx.hdr[:])
 		n, err := rx.fill(iov, int(h.payload()))

@@ -540,7 +540,8 @@ func splitRead(r transport.WriteRequest) []readFrame {
 // Submit validates every request (remote region known and in bounds, local
 // range inside a registered region; errors wrap transport.ErrUnknownRegion or
 // transport.ErrOutOfBounds and nothing is sent), packs small requests (one
-// block of at most 256 KiB, host to host) into scatter frames of at most
+// block of at most 256 KiB, or a strided write of at most 256 KiB whose
+// blocks are back to back on the receiver, host to host) into scatter frames of at most
 // 1024 requests and 256 KiB..1 MiB (the batch's small bytes over the
 // streams), splits contiguous requests over 4 MiB into 4 MiB frames, and
 // queues the frames on the least-loaded streams. A read batch
@@ -569,7 +570,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	}
 	locals := make([]*region, len(tb.Requests))
 	small := make([]bool, len(tb.Requests))
-	nframes, nsmall := 0, 0
+	nframes, nsmall, nsrcs := 0, 0, 0
 	var smallBytes uint64
 	remote := *s.remote.Load()
 	for i, r := range tb.Requests {
@@ -578,11 +579,17 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 			return 0, err
 		}
 		locals[i] = lr
+		hostToHost := lr.buf != nil && remote[r.Remote].Kind == transport.MemoryHost
 		switch {
-		case r.Blocks() == 1 && r.Length <= scatterEntryMax && lr.buf != nil && remote[r.Remote].Kind == transport.MemoryHost:
+		case r.Blocks() == 1 && r.Length <= scatterEntryMax && hostToHost,
+			// A small strided write whose blocks are back to back on the
+			// receiver (head slices into whole decode tokens) is one
+			// scatter entry: one remote range, its blocks' sources in order.
+			!read && r.Blocks() > 1 && r.RemoteStride == r.Length && r.Bytes() <= scatterEntryMax && hostToHost:
 			small[i] = true
 			nsmall++
-			smallBytes += r.Length
+			nsrcs += int(r.Blocks())
+			smallBytes += r.Bytes()
 		case r.Blocks() > 1 && read:
 			nframes += readFrames(r)
 		case r.Blocks() > 1:
@@ -598,7 +605,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	}
 	pk := packer{limit: scatterLimit(smallBytes, s.t.streams)}
 	for i := range small {
-		if small[i] && pk.add(tb.Requests[i].Length) {
+		if small[i] && pk.add(tb.Requests[i].Bytes()) {
 			nframes++
 		}
 	}
@@ -606,7 +613,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	frames := make([]*frame, 0, nframes)
 	b := &batch{done: make(chan struct{})}
 	var (
-		srcs  = make([][]byte, 0, nsmall)
+		srcs  = make([][]byte, 0, nsrcs) // cur.srcs extend in place: never reallocated
 		table = make([]byte, nsmall*entrySize)
 		cur   *frame
 	)
@@ -615,9 +622,10 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		lr := locals[i]
 		off := uint64(r.Local - lr.mem.Addr)
 		if small[i] {
-			if pk.add(r.Length) {
+			n := r.Bytes()
+			if pk.add(n) {
 				if cur != nil {
-					cur.table = table[:len(cur.srcs)*entrySize]
+					cur.table = table[:int(cur.hdr.Count)*entrySize]
 					table = table[len(cur.table):]
 				}
 				store = append(store, frame{b: b, hdr: header{Kind: scatterKind}})
@@ -625,12 +633,15 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 				frames = append(frames, cur)
 				cur.srcs = srcs[len(srcs):]
 			}
-			putEntry(table[len(cur.srcs)*entrySize:], entry{Region: uint32(r.Remote), Length: uint32(r.Length), Offset: r.RemoteOffset})
-			srcs = append(srcs, lr.buf[off:off+r.Length])
-			cur.srcs = cur.srcs[:len(cur.srcs)+1]
+			putEntry(table[int(cur.hdr.Count)*entrySize:], entry{Region: uint32(r.Remote), Length: uint32(n), Offset: r.RemoteOffset})
+			for k := uint64(0); k < r.Blocks(); k++ {
+				o := off + k*r.LocalStride
+				srcs = append(srcs, lr.buf[o:o+r.Length])
+			}
+			cur.srcs = cur.srcs[:len(cur.srcs)+int(r.Blocks())]
 			cur.hdr.Count++
-			cur.hdr.Length += r.Length
-			cur.bytes += r.Length
+			cur.hdr.Length += n
+			cur.bytes += n
 			continue
 		}
 		if r.Blocks() > 1 && read {
@@ -655,7 +666,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		}
 	}
 	if cur != nil {
-		cur.table = table[:len(cur.srcs)*entrySize]
+		cur.table = table[:int(cur.hdr.Count)*entrySize]
 	}
 	b.total = tb.Bytes()
 	b.frames = len(frames)

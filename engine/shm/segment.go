@@ -480,7 +480,13 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if atomic.LoadUint64(&s.slot[sFenced]) != 0 {
 		return 0, fmt.Errorf("%s: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.t.Name(), s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
 	}
-	pieces := make([]piece, 0, len(tb.Requests))
+	// One piece per block and 1 MiB chunk: size the slice once (a batch of
+	// strided head slices has hundreds of thousands of blocks).
+	np := 0
+	for _, r := range tb.Requests {
+		np += int(min(r.Blocks(), 1<<32) * max((r.Length+chunkBytes-1)/chunkBytes, 1))
+	}
+	pieces := make([]piece, 0, min(np, 1<<24))
 	var units []unit
 	var total uint64
 	for i, r := range tb.Requests {

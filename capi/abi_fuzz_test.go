@@ -204,3 +204,69 @@ func TestPageListsCheckedBeforeRead(t *testing.T) {
 		t.Errorf("kvx_kv_receiver_init of %d pages into a %d-page pool: rc %d, want KVX_ERR_INVALID_ARGUMENT", pool+1, pool, rc)
 	}
 }
+
+// FuzzBatchSubmitSoAArgs is FuzzBatchSubmitArgs for kvx_batch_submit_soa:
+// the three arrays hold exactly the free capacity and end at guard pages;
+// an n over the capacity is KVX_ERR_INVALID_ARGUMENT, an n over what is
+// free KVX_ERR_BUSY, both without reading them; the rest is sent. Entry
+// bad (a length 0 at a fuzzed index) is KVX_ERR_INVALID_ARGUMENT with
+// nothing sent.
+func FuzzBatchSubmitSoAArgs(f *testing.F) {
+	f.Add(uint32(4), uint32(0), uint32(4), uint32(99))
+	f.Add(uint32(4), uint32(0), uint32(5), uint32(99))
+	f.Add(uint32(8), uint32(6), uint32(3), uint32(1))
+	f.Add(uint32(3), uint32(1), uint32(0), uint32(0))
+	f.Add(uint32(64), uint32(0), uint32(0xFFFFFFFF), uint32(7))
+	env := newBatchABI(f)
+	arrays := func(t *testing.T, k int, bad uint32) (*cUint64, *cUint64, *cUint64) {
+		mk := func() []uint64 {
+			b := guardedBytes(t, 8*k)
+			return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), k)
+		}
+		l, r, n := mk(), mk(), mk()
+		for i := 0; i < k; i++ {
+			l[i], r[i], n[i] = uint64(uintptr(unsafe.Pointer(&env.src[0])))+uint64(i*64), uint64(i*64), 64
+			if uint32(i) == bad {
+				n[i] = 0
+			}
+		}
+		p := func(s []uint64) *cUint64 { return (*cUint64)(unsafe.Pointer(unsafe.SliceData(s))) }
+		return p(l), p(r), p(n)
+	}
+	f.Fuzz(func(t *testing.T, capacity, pre, n, bad uint32) {
+		capacity = 1 + capacity%64
+		pre %= capacity + 1
+		var b cBatch
+		if rc := kvx_batch_alloc(cSegment(env.seg), cUint32(capacity), &b); rc != 0 {
+			t.Fatalf("kvx_batch_alloc(%d) = %d", capacity, rc)
+		}
+		defer func() {
+			if rc := kvx_batch_wait(b, 30000); rc != 0 {
+				t.Errorf("kvx_batch_wait = %d", rc)
+			}
+			if rc := kvx_batch_free(b); rc != 0 {
+				t.Errorf("kvx_batch_free = %d", rc)
+			}
+		}()
+		if pre > 0 {
+			l, r, k := arrays(t, int(pre), ^uint32(0))
+			if rc := kvx_batch_submit_soa(b, cUint32(pre), l, r, k, cUint32(env.region)); rc != 0 {
+				t.Fatalf("first submit of %d into capacity %d = %d", pre, capacity, rc)
+			}
+		}
+		free := capacity - pre
+		l, r, k := arrays(t, int(free), bad)
+		want := int32(stOK)
+		switch {
+		case n == 0 || n > capacity:
+			want = int32(stInvalidArgument)
+		case n > free:
+			want = int32(stBusy)
+		case bad < n:
+			want = int32(stInvalidArgument)
+		}
+		if rc := kvx_batch_submit_soa(b, cUint32(n), l, r, k, cUint32(env.region)); int32(rc) != want {
+			t.Fatalf("capacity %d, %d submitted, n %d, zero length at %d: rc %d, want %d", capacity, pre, n, bad, rc, want)
+		}
+	})
+}

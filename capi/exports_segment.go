@@ -258,8 +258,8 @@ func batchSubmitSoA(fn string, batch C.kvx_batch_t, n C.uint32_t, localAddrs, re
 		return badHandle(fn, "batch", uint64(batch))
 	case n == 0:
 		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
-	case n > maxBatchCapacity:
-		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
+	case uint32(n) > b.capacity:
+		return fail(stInvalidArgument, "%s: n %d is over the batch capacity of %d requests (kvx_batch_alloc's capacity); nothing was read", fn, n, b.capacity)
 	case localAddrs == nil:
 		return nullArg(fn, "local_addrs")
 	case remoteOffsets == nil:

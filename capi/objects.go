@@ -577,7 +577,9 @@ func (b *batchObj) submitEntries(fn string, batchH uint64, op transport.Op, e se
 		return fail(stBadHandle, "%s: batch %d was freed", fn, batchH)
 	}
 	if uint64(b.n)+uint64(len(e.Local)) > uint64(b.capacity) {
-		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch)", fn, len(e.Local), b.capacity, b.n)
+		// Checked before the arrays are read: n past what is free says
+		// nothing about their length.
+		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d already submitted (allocate a larger batch); nothing was read", fn, len(e.Local), b.capacity, b.n)
 	}
 	id, err := b.seg.seg.SubmitEntries(ctx, op, e)
 	if err != nil {

@@ -295,7 +295,33 @@ func batchSubmit(fn string, batch C.kvx_batch_t, reqs *C.kvx_write_request, n C.
 	if free := b.free(); uint32(n) > free {
 		return fail(stBusy, "%s: %d requests do not fit: batch capacity %d, %d free (allocate a larger batch); nothing was read", fn, n, b.capacity, free)
 	}
-	return b.submit(fn, uint64(batch), dir, requests(unsafe.Slice(reqs, int(n))))
+	in := unsafe.Slice(reqs, int(n))
+	if e, ok := asEntries(in); ok {
+		// One block each, one remote region: the struct-of-arrays path
+		// (cached region lookups, coalesced while translated).
+		return b.submitEntries(fn, uint64(batch), dir, e)
+	}
+	return b.submit(fn, uint64(batch), dir, requests(in))
+}
+
+// asEntries returns the requests as struct-of-arrays entries when every one
+// is a single block (count 0 or 1) addressed to the same remote region (or
+// all by peer address); false otherwise.
+func asEntries(in []C.kvx_write_request) (segengine.Entries, bool) {
+	if len(in) < 2 {
+		return segengine.Entries{}, false
+	}
+	region := in[0].remote_region
+	for i := range in {
+		if in[i].count > 1 || in[i].remote_region != region {
+			return segengine.Entries{}, false
+		}
+	}
+	e := segengine.Entries{Local: make([]uint64, len(in)), Remote: make([]uint64, len(in)), Length: make([]uint64, len(in)), Region: transport.RegionID(region)}
+	for i := range in {
+		e.Local[i], e.Remote[i], e.Length[i] = uint64(in[i].local_addr), uint64(in[i].remote_offset), uint64(in[i].length)
+	}
+	return e, true
 }
 
 //export kvx_batch_status

@@ -11,6 +11,13 @@
 // epoch) or leaves the directory makes its open segments fail with
 // ErrSegmentStale.
 //
+// Every batch is coalesced before the transport sees it
+// (transport.Coalescer): requests adjacent on both sides merge, and on a
+// CapStrided transport equal-stride runs become one strided request
+// (MetricRequests, MetricDescriptors count both). Entries and
+// SubmitEntries take a batch as three arrays (struct of arrays), the shape
+// Mooncake's callers hold, and coalesce it while translating it.
+//
 // It is what the C ABI's kvx_engine_* / kvx_segment_* functions and the
 // Python TransferEngine (Mooncake's API) drive. It is independent of the KV
 // room manager (package engine): the two share only the transport SPI

@@ -25,7 +25,7 @@ var (
 	smallMLA = workload.ModelConfig{Name: "tiny-mla", NumLayers: 3, NumKVHeads: 1, HeadDim: 36, DtypeBytes: 2, MLA: true, KVLoraRank: 32, QKRopeHeadDim: 4}
 )
 
-func startBootstrap(t *testing.T) string {
+func startBootstrap(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := server.New(server.Options{Host: "127.0.0.1", Port: 0})
@@ -85,7 +85,7 @@ type rankOpts struct {
 	noFD             bool                        // buffers registered without their memfd, as a caller's own memory (shm cannot share them)
 }
 
-func newRank(t *testing.T, o rankOpts) *rank {
+func newRank(t testing.TB, o rankOpts) *rank {
 	t.Helper()
 	if o.pages == 0 {
 		o.pages = 64

@@ -422,10 +422,13 @@ func (s *segment) lose(err error) {
 
 func (s *segment) HandshakeReply() []byte { return nil }
 
-// piece is one contiguous copy. A write into a receiver region names the
-// region (rr) and dst's byte offset in it (off), so put can tell whether
-// dst is warm; a read (dst local, src the receiver's mapping) or a test
-// leaves rr nil.
+// piece is one contiguous copy, or n > 1 blocks of blk bytes at strides
+// dstStride and srcStride (a strided request's blocks, up to one unit: one
+// piece, not one per block, so a head-sliced room of 1 KiB token rows does
+// not allocate and scan a piece per row; shm only). dst and src then span
+// every block. A write into a receiver region names the region (rr) and
+// dst's byte offset in it (off), so put can tell whether dst is warm; a
+// read (dst local, src the receiver's mapping) or a test leaves rr nil.
 //
 // A cma piece names local memory (local) and the receiver's address
 // (raddr) instead; the batch's op gives the direction.
@@ -434,6 +437,9 @@ type piece struct {
 	src []byte
 	rr  *remoteRegion
 	off uint64
+	// n, blk, dstStride, srcStride: the blocks of a strided piece (n <= 1:
+	// dst and src are one copy).
+	n, blk, dstStride, srcStride uint64
 
 	local []byte
 	raddr uintptr
@@ -511,6 +517,30 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
 			return 0, fmt.Errorf("%s: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", s.t.Name(), i, r.Local, n, r.Length, r.LocalStride, transport.ErrOutOfBounds)
+		}
+		if ub := s.t.unitBytes; !s.t.cma && n > 1 && r.Length < ub {
+			// Blocks smaller than a unit: as many per piece as the unit holds.
+			for j := uint64(0); j < n; {
+				k := len(units) - 1
+				if k < 0 || units[k].region != r.Remote || units[k].bytes+r.Length > ub {
+					units = append(units, unit{start: len(pieces), end: len(pieces), region: r.Remote})
+					k++
+				}
+				cnt := min(n-j, (ub-units[k].bytes)/r.Length)
+				src := uintptr(uint64(r.Local) + j*r.LocalStride)
+				off := r.RemoteOffset + j*r.RemoteStride
+				rspan, lspan := (cnt-1)*r.RemoteStride+r.Length, (cnt-1)*r.LocalStride+r.Length
+				if read {
+					pieces = append(pieces, piece{dst: hostBytes(src, lspan), src: rr.data[off : off+rspan], n: cnt, blk: r.Length, dstStride: r.LocalStride, srcStride: r.RemoteStride})
+				} else {
+					pieces = append(pieces, piece{dst: rr.data[off : off+rspan], src: hostBytes(src, lspan), rr: rr, off: off, n: cnt, blk: r.Length, dstStride: r.RemoteStride, srcStride: r.LocalStride})
+				}
+				units[k].end++
+				units[k].bytes += cnt * r.Length
+				j += cnt
+			}
+			total += n * r.Length
+			continue
 		}
 		for j := uint64(0); j < n; j++ {
 			src := uintptr(uint64(r.Local) + j*r.LocalStride)

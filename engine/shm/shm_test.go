@@ -166,6 +166,11 @@ func TestWriteVariants(t *testing.T) {
 		{"strided", func(p *pair) transport.WriteRequest {
 			return transport.WriteRequest{Local: p.src.Addr() + 64, Remote: p.dDesc.ID, RemoteOffset: 128, Length: 512, Count: 100, LocalStride: 1024, RemoteStride: 4096}
 		}, transport.DefaultOptions()},
+		// Token rows of a head-sliced room: blocks grouped into pieces of
+		// up to 1 MiB, over several units, copied in parallel.
+		{"strided-many-units", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr() + 8, Remote: p.dDesc.ID, RemoteOffset: 1000, Length: 1000, Count: 3500, LocalStride: 1000, RemoteStride: 2048}
+		}, transport.Options{Streams: 3, SHM: transport.SHMOptions{ParallelMinBytes: 1}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -110,24 +110,44 @@ func (s *segment) warmRegions(regs []*remoteRegion) {
 
 // put writes the piece by the state of its pages (see "First contact"):
 // a copy where all are warm, else pwrite for a large piece, else a copy
-// that warms them.
+// that warms them. A strided piece is its blocks, each put so (plain
+// copies when every page the piece spans is warm).
 func (p piece) put() {
-	r := p.rr
-	if r == nil || r.warm == nil || len(p.dst) == 0 {
-		copy(p.dst, p.src)
+	if p.n <= 1 {
+		putBlock(p.rr, p.dst, p.src, p.off)
+		return
+	}
+	rr := p.rr
+	if r := p.rr; r != nil && r.warm != nil && len(p.dst) > 0 {
+		pg := uint64(os.Getpagesize())
+		if allSet(r.warm, (r.lead+p.off)/pg, (r.lead+p.off+uint64(len(p.dst))-1)/pg) {
+			rr = nil // all warm: plain copies
+		}
+	}
+	for j := uint64(0); j < p.n; j++ {
+		d, s := j*p.dstStride, j*p.srcStride
+		putBlock(rr, p.dst[d:d+p.blk], p.src[s:s+p.blk], p.off+d)
+	}
+}
+
+// putBlock writes src to dst, which is at byte off of region r (nil: a
+// plain copy), by the state of its pages.
+func putBlock(r *remoteRegion, dst, src []byte, off uint64) {
+	if r == nil || r.warm == nil || len(dst) == 0 {
+		copy(dst, src)
 		return
 	}
 	pg := uint64(os.Getpagesize())
-	first := (r.lead + p.off) / pg
-	last := (r.lead + p.off + uint64(len(p.dst)) - 1) / pg
+	first := (r.lead + off) / pg
+	last := (r.lead + off + uint64(len(dst)) - 1) / pg
 	if allSet(r.warm, first, last) {
-		copy(p.dst, p.src)
+		copy(dst, src)
 		return
 	}
-	if len(p.dst) >= pwriteMin && r.pwrite(p.src, p.off) {
+	if len(dst) >= pwriteMin && r.pwrite(src, off) {
 		return
 	}
-	copy(p.dst, p.src)
+	copy(dst, src)
 	setBits(r.warm, first, last)
 }
 

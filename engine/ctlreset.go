@@ -45,7 +45,7 @@ const resetReconnectWait = 2 * time.Second
 func (m *Manager) connectionDropped(ep string, ps *pushSock) bool {
 	lost := func(why string) bool {
 		m.met.peerLost(m.cfg.Role, "disconnected")
-		m.peerLost(ep, false, fmt.Errorf("%w: %s peer %s disconnected (process exited or was killed%s)", transport.ErrPeerLost, m.otherRole(), ep, why))
+		m.peerLost(ep, false, fmt.Errorf("%w: %s disconnected (process exited or was killed%s)", transport.ErrPeerLost, m.peerName(ep), why))
 		return true
 	}
 	if why := dialProbe(ep); why != "" {

@@ -86,6 +86,7 @@ func (s *pollState) fail(err error, onlyBeforeSuccess bool) bool {
 		return false
 	}
 	s.state = KVFailed
+	err = onePrefix(err)
 	s.err = err
 	s.notifyLocked()
 	s.mu.Unlock()

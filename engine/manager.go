@@ -1311,13 +1311,13 @@ func (m *Manager) lostError(ep string) error {
 	}
 	switch {
 	case unreachable && !connected:
-		return fmt.Errorf("%w: %s peer %s could not be reached: no connection to its control socket succeeded in %s%s; check that address (host, port, IPv6 brackets) and that the process listens there and is reachable from this host",
-			transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+		return fmt.Errorf("%w: %s could not be reached: no connection to its control socket succeeded in %s%s; check that address (host, port, IPv6 brackets) and that the process listens there and is reachable from this host",
+			transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout, why)
 	case unreachable:
-		return fmt.Errorf("%w: %s peer %s was reached before, but every reconnection for more than %s failed%s (the process exited or was killed, or its host is down)",
-			transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout, why)
+		return fmt.Errorf("%w: %s was reached before, but every reconnection for more than %s failed%s (the process exited or was killed, or its host is down)",
+			transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout, why)
 	}
-	return fmt.Errorf("%w: %s peer %s silent for more than %s (hung, or the network is down)", transport.ErrPeerLost, m.otherRole(), ep, m.cfg.PeerTimeout)
+	return fmt.Errorf("%w: %s silent for more than %s (hung, or the network is down)", transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout)
 }
 
 // dropPush closes the cached PUSH socket of a lost peer.

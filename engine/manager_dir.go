@@ -127,16 +127,15 @@ func (m *Manager) startPeerWatch(ctx context.Context, ep string, w *peerWatch) {
 		}
 	}
 	epoch := d.Epoch
-	role := m.otherRole()
 	stop := dir.Watch(name, rev, func(ev transport.SegmentEvent) {
 		var err error
 		hung := false // a restarted peer is gone; a vanished one may only hang
 		switch {
 		case ev.Deleted:
-			err = fmt.Errorf("%w: %s %s: its segment vanished from %s (lease expired: the process crashed, hangs or is partitioned)", transport.ErrPeerLost, role, ep, dir)
+			err = fmt.Errorf("%w: %s: its segment vanished from %s (lease expired: the process crashed, hangs or is partitioned)", transport.ErrPeerLost, m.peerName(ep), dir)
 			hung = true
 		case ev.Desc.Epoch != epoch:
-			err = fmt.Errorf("%w: %s %s restarted (epoch %d → %d in %s)", transport.ErrPeerLost, role, ep, epoch, ev.Desc.Epoch, dir)
+			err = fmt.Errorf("%w: %s restarted (epoch %d → %d in %s)", transport.ErrPeerLost, m.peerName(ep), epoch, ev.Desc.Epoch, dir)
 		default:
 			return
 		}

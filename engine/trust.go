@@ -133,8 +133,8 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 	if registering {
 		what = "the directory's"
 	}
-	err := fmt.Errorf("%w: prefill %s answers as instance %s, but %s instance there is %s: the address now belongs to another process (the rank restarted or was replaced, or the directory entry is stale); its rooms fail now and the next room resolves the rank again",
-		transport.ErrPeerLost, ep, got, what, want)
+	err := fmt.Errorf("%w: %s answers as instance %s, but %s instance there is %s: the address now belongs to another process (the rank restarted or was replaced, or the directory entry is stale); its rooms fail now and the next room resolves the rank again",
+		transport.ErrPeerLost, m.peerName(ep), got, what, want)
 	m.log.Warn("prefill rank replaced at its address", "peer", peerLabel(ep), "expected_instance", want.String(), "instance", got.String())
 	m.met.peerLost(m.cfg.Role, "replaced")
 	go m.peerLost(ep, false, err)

@@ -278,7 +278,7 @@ func (t *shmTransport) RegisterMemory(m transport.Memory) (transport.RegionDesc,
 		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): address and length must be non-zero", t.Name(), m.Addr, m.Length)
 	}
 	if m.FD < 0 {
-		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with transport.AllocHost: %w", t.Name(), m.Addr, m.Length, m.FD, transport.ErrUnsupportedMemory)
+		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): it has no backing file descriptor (Memory.FD = %d), so another process cannot map it; allocate it with kvx_alloc_host (C), kvxfer.HostBuffer (Python) or transport.AllocHost (Go): %w", t.Name(), m.Addr, m.Length, m.FD, transport.ErrUnsupportedMemory)
 	}
 	if m.Addr+uintptr(m.Length) < m.Addr {
 		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x (%d bytes): range wraps the address space", t.Name(), m.Addr, m.Length)

@@ -91,7 +91,7 @@ func Start(addr string, g prometheus.Gatherer, rooms RoomSource, log *slog.Logge
 			tl, ok = rooms.RoomTimeline(room)
 		}
 		if !ok {
-			writeErr(w, http.StatusNotFound, fmt.Sprintf("room %d is not on this rank: it never ran here, or it finished before the last rooms this rank keeps (ManagerConfig.TimelineRooms)", room))
+			writeErr(w, http.StatusNotFound, fmt.Sprintf("room %d is not on this rank: it never ran here, or it finished before the last rooms this rank keeps (kvxfer prefill/decode --timeline-rooms; %d in the C ABI and Python)", room, engine.DefaultTimelineRooms))
 			return
 		}
 		if r.URL.Query().Get("format") == "text" {

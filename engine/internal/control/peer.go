@@ -17,6 +17,9 @@ func NewPeerID(instance string, epoch uint64) PeerID { return PeerID{instance, e
 // SenderID is the identity env claims for the sender of its frame.
 func SenderID(env Envelope) PeerID { return PeerID{env.Instance, env.Epoch} }
 
+// Instance is the rank's instance id ("" when unknown).
+func (p PeerID) Instance() string { return p.instance }
+
 // Known reports whether p names a rank (its instance id is set).
 func (p PeerID) Known() bool { return p.instance != "" }
 

@@ -1,0 +1,52 @@
+package engine_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// TestPeerLossNamesTheRank (issue 26 item 10): a decode whose prefill tp1
+// dies mid-room fails with an error naming that rank by role, coordinates
+// and instance id besides its address, with at most one "engine: " prefix.
+func TestPeerLossNamesTheRank(t *testing.T) {
+	addr := startBootstrap(t)
+	newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 2, tpRank: 0, pp: 1, addr: addr})
+	pre1 := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 2, tpRank: 1, pp: 1, addr: addr})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	r, err := dec.m.NewReceiver(addr, 77)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	pg, err := dec.pool.Alloc(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.pool.Free(pg)
+	if err := r.Init(pg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
+		t.Fatalf("receiver: %s %v", st, r.Failure())
+	}
+	inst := pre1.m.InstanceID()
+	ep := strings.TrimPrefix(pre1.m.Endpoint(), "tcp://")
+	pre1.m.Close()
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("receiver: %s, want Failed", st)
+	}
+	msg := r.Failure().Error()
+	t.Logf("failure: %s", msg)
+	if want := "prefill tp1/pp0 (instance " + inst + ") at " + ep; !strings.Contains(msg, want) {
+		t.Errorf("failure %q does not name %q", msg, want)
+	}
+	if n := strings.Count(msg, "engine:"); n > 1 {
+		t.Errorf("failure %q has %d \"engine:\" prefixes, want at most one", msg, n)
+	}
+}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,45 @@ func TestPeerLossNamesTheRank(t *testing.T) {
 	}
 	if n := strings.Count(msg, "engine:"); n > 1 {
 		t.Errorf("failure %q has %d \"engine:\" prefixes, want at most one", msg, n)
+	}
+}
+
+// TestCleanExitNoWarning (issue 26): a prefill rank that closes after its
+// rooms succeeded leaves the decode with INFO lines only (the peer gone,
+// its data path fenced), no WARN: nothing failed.
+func TestCleanExitNoWarning(t *testing.T) {
+	addr := startBootstrap(t)
+	logs := make(logLines, 4096)
+	quietLog := func(c *engine.ManagerConfig) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})}
+	dec := []*rank{newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, cfgMod: quietLog})}
+	for _, r := range transferOne(t, addr, pre, dec, 31, 4) {
+		if r.Poll() != engine.KVSuccess {
+			t.Fatalf("room: %s %v", r.Poll(), r.Failure())
+		}
+		r.Close()
+	}
+	pre[0].m.Close()
+	var seen []map[string]any
+	deadline := time.After(time.Minute)
+	for fenced := false; !fenced; {
+		select {
+		case rec := <-logs:
+			seen = append(seen, rec)
+			fenced = rec["msg"] == "data path fenced"
+		case <-deadline:
+			t.Fatalf("the decode never fenced the data path of the closed prefill: %v", seen)
+		}
+	}
+	dec[0].m.Close()
+	for len(logs) > 0 {
+		seen = append(seen, <-logs)
+	}
+	for _, rec := range seen {
+		if rec["level"] != "INFO" && rec["level"] != "DEBUG" {
+			t.Errorf("after a clean exit: %v", rec)
+		}
 	}
 }

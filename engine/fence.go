@@ -164,6 +164,13 @@ func (m *Manager) handleAbortAck(v *control.AbortAckMsg) {
 // unless a fence of it is already running or done, fails the rooms still
 // using it, and drops the registration so the next room registers again.
 func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
+	m.fenceEpoch(peer, epoch, why, false)
+}
+
+// fenceEpoch is fenceEpochAsync; routine (a peer that left with no room on
+// this data path, e.g. a rank that exited cleanly) logs the fence at INFO
+// instead of WARN when no active room uses the epoch.
+func (m *Manager) fenceEpoch(peer string, epoch uint64, why string, routine bool) {
 	if epoch == 0 {
 		return
 	}
@@ -184,12 +191,20 @@ func (m *Manager) fenceEpochAsync(peer string, epoch uint64, why string) {
 	}
 	m.wg.Add(1) // under m.mu with closed false: never concurrent with teardown's Wait
 	m.mu.Unlock()
-	m.log.Warn("fencing the data path of a prefill rank", "peer", peerLabel(peer), "epoch", epoch, "why", why)
-	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", transport.ErrPeerLost, peer, epoch, why)
+	var using []*Receiver
 	for _, r := range rs {
 		if r.usesEpoch(peer, epoch) {
-			r.failLocal(cause)
+			using = append(using, r)
 		}
+	}
+	if routine && len(using) == 0 {
+		m.log.Info("fencing the data path of a prefill rank that left (no room uses it)", "peer", peerLabel(peer), "epoch", epoch, "why", why)
+	} else {
+		m.log.Warn("fencing the data path of a prefill rank", "peer", peerLabel(peer), "epoch", epoch, "rooms", len(using), "why", why)
+	}
+	cause := fmt.Errorf("%w: data path to prefill %s (epoch %d) fenced: %s", transport.ErrPeerLost, peer, epoch, why)
+	for _, r := range using {
+		r.failLocal(cause)
 	}
 	go func() {
 		defer m.wg.Done()

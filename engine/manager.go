@@ -684,7 +684,10 @@ func (m *Manager) setupMemory() error {
 		return fmt.Errorf("engine: no transport can register this rank's buffers: %w", refused)
 	}
 	for _, r := range refused {
-		m.log.Warn("transport left out: it cannot register every buffer", "reason", r)
+		// Documented: the transports that cannot move this rank's memory
+		// (shm, tcp for device memory without staging) are not used; at
+		// least one is.
+		m.log.Info("transport left out: it cannot register every buffer; the others carry the rooms", "reason", r, "transports", len(m.regs))
 	}
 	return nil
 }
@@ -1675,7 +1678,7 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 		}
 	}
 	if lostEpoch != 0 {
-		m.fenceEpochAsync(ep, lostEpoch, err.Error())
+		m.fenceEpoch(ep, lostEpoch, err.Error(), affected == 0)
 	}
 	if affected > 0 {
 		m.log.Warn("peer lost", "peer", ep, "failed_rooms", affected, "err", err)

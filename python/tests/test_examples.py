@@ -1,0 +1,87 @@
+"""The two Python examples of python/README.md, both sides of each, run as
+two processes exactly as the README shows them (issue 26): the README's
+blocks are the files in python/examples/, and each pair transfers and checks
+its bytes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from conftest import DEADLINE
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)
+EXAMPLES = os.path.join(PYDIR, "examples")
+PAIRS = [("mooncake_target.py", "mooncake_initiator.py"), ("sglang_prefill.py", "sglang_decode.py")]
+
+
+def _env():
+    e = dict(os.environ)
+    e["PYTHONPATH"] = PYDIR + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def _start(script, *args):
+    return subprocess.Popen([sys.executable, script, *args], cwd=EXAMPLES, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(p, name):
+    try:
+        out, _ = p.communicate(timeout=2 * DEADLINE)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"{name} did not finish within {2 * DEADLINE} s:\n{out}") from None
+    assert p.returncode == 0, f"{name} exited {p.returncode}:\n{out}"
+    return out
+
+
+def _line(p, want):
+    """The first line of p's output that contains want (log lines before it
+    are skipped); fails at its end of output."""
+    seen = []
+    for line in p.stdout:
+        if want in line:
+            return line
+        seen.append(line)
+    raise AssertionError(f"no line with {want!r} (exit {p.wait()}):\n{''.join(seen)}")
+
+
+def test_readme_shows_the_examples():
+    readme = open(os.path.join(PYDIR, "README.md")).read()
+    for pair in PAIRS:
+        for name in pair:
+            text = open(os.path.join(EXAMPLES, name)).read()
+            assert "```python\n" + text + "```\n" in readme, f"python/README.md does not show {name} as it is"
+
+
+def test_mooncake_pair():
+    target = _start("mooncake_target.py")
+    try:
+        cmd = _line(target, "python3 mooncake_initiator.py ").split()  # "python3 mooncake_initiator.py PORT ADDR"
+        assert cmd[:2] == ["python3", "mooncake_initiator.py"] and len(cmd) == 4, cmd
+        out = _finish(_start(*cmd[1:]), "mooncake_initiator.py")
+        assert "initiator: wrote 1048576 bytes" in out, out
+        out = _finish(target, "mooncake_target.py")
+        assert "target: 1048576 bytes received and checked" in out, out
+    finally:
+        target.kill()
+
+
+def test_sglang_pair():
+    with socket.socket() as s:  # a free port for the bootstrap directory
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    prefill = _start("sglang_prefill.py", port)
+    try:
+        _line(prefill, "prefill: room 42 waiting for its decode")
+        out = _finish(_start("sglang_decode.py", port), "sglang_decode.py")
+        assert "decode: room 42 received into pages [10, 11, 12, 13] and checked" in out, out
+        out = _finish(prefill, "sglang_prefill.py")
+        assert "prefill: room 42 sent; the decode verified it" in out, out
+    finally:
+        prefill.kill()

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // TestPeerLossNamesTheRank (issue 26 item 10): a decode whose prefill tp1
@@ -90,4 +92,38 @@ func TestCleanExitNoWarning(t *testing.T) {
 			t.Errorf("after a clean exit: %v", rec)
 		}
 	}
+}
+
+// TestAuthWithoutTokenNamesCallerTerms: the refusal names the setting in
+// the terms of every caller (CLI flag, environment, C field, Python
+// argument), not only the Go field.
+func TestAuthWithoutTokenNamesCallerTerms(t *testing.T) {
+	pool, err := workload.NewKVBuffers(mustLayout(t), workload.BufferOptions{Name: "auth", Device: -1, Aux: workload.DefaultAux, AuxRows: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tr, err := transport.OpenTransport("tcp", transport.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	_, err = engine.NewManager(context.Background(), engine.ManagerConfig{Role: engine.RoleDecode, KV: pool.Args(), Transports: []transport.Transport{tr}, AuthenticateControl: true})
+	if err == nil {
+		t.Fatal("a manager authenticating control frames without a token started")
+	}
+	for _, w := range []string{"--control-auth", "kvx_kv_config.control_auth", "control_auth=True", "--bootstrap-auth-token", "kvx_kv_config.bootstrap_auth_token", "server_args.bootstrap_auth_token"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not name %s", err, w)
+		}
+	}
+}
+
+func mustLayout(t *testing.T) *workload.Layout {
+	t.Helper()
+	l, err := workload.NewLayout(smallGQA, workload.LayoutOptions{PageSize: 4, TPSize: 1, PPSize: 1, NumPages: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }

@@ -481,7 +481,8 @@ type Manager struct {
 // the failing step.
 func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	if cfg.AuthenticateControl && cfg.BootstrapAuthToken == "" {
-		return nil, errors.New("engine: manager: AuthenticateControl needs BootstrapAuthToken, the deployment's shared token (--bootstrap-auth-token or KVXFER_BOOTSTRAP_AUTH_TOKEN)")
+		return nil, errors.New("engine: manager: control-frame authentication (--control-auth, KVXFER_CONTROL_AUTH=1, kvx_kv_config.control_auth, Python control_auth=True; Go ManagerConfig.AuthenticateControl) needs the deployment's shared token " +
+			"(--bootstrap-auth-token, KVXFER_BOOTSTRAP_AUTH_TOKEN or SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN, kvx_kv_config.bootstrap_auth_token, Python server_args.bootstrap_auth_token; Go ManagerConfig.BootstrapAuthToken)")
 	}
 	cfg.KV = cloneArgs(cfg.KV)
 	geo, err := cfg.KV.Geometry()

@@ -148,7 +148,7 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 	defer cancel()
 	te, err := segengine.NewTransferEngine(ctx, segengine.TransferEngineConfig{
 		Transport: tr, LocalHostname: bindLocal, SegmentName: cfg.segmentName, Directory: meta,
-		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: advertise, Metrics: libRegistry(),
+		RPCTimeout: cfg.rpcTimeout, Devices: opts.Devices, AdvertiseHost: advertise, OnSubmit: countSubmit,
 	})
 	if err != nil { // NewTransferEngine closed the transport
 		closeRest()

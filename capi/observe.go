@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/debugsrv"
 )
 
@@ -21,9 +22,30 @@ import (
 // kvx_metrics_serve serves it.
 var libRegistry = sync.OnceValue(func() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		segmentRequests, segmentDescriptors)
 	return reg
 })
+
+// The segment engines' (kvx_engine_*, the agent's) request and descriptor
+// counts, by transport and op (write, read): segmentRequests counts the
+// requests callers submitted (a strided request once), segmentDescriptors
+// what they became after coalescing (adjacent runs merged, equal-stride
+// runs as one strided request), as handed to the transport. Their ratio is
+// the coalescing factor. Fed by countSubmit, every engine's
+// segengine.SubmitObserver.
+var (
+	segmentRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvxfer_segment_requests_total",
+		Help: "Requests callers submitted on open segments (a strided request counts once), by transport and op."}, []string{"transport", "op"})
+	segmentDescriptors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvxfer_segment_descriptors_total",
+		Help: "Descriptors handed to the transport for those requests after coalescing (adjacent runs merged, equal-stride runs as one strided request), by transport and op."}, []string{"transport", "op"})
+)
+
+// countSubmit is the segment engines' segengine.SubmitObserver.
+func countSubmit(tr string, op transport.Op, requests, descriptors int) {
+	segmentRequests.WithLabelValues(tr, op.String()).Add(float64(requests))
+	segmentDescriptors.WithLabelValues(tr, op.String()).Add(float64(descriptors))
+}
 
 // metricsText renders the registry in the Prometheus text format.
 func metricsText() ([]byte, error) {

@@ -14,7 +14,7 @@
 // Every batch is coalesced before the transport sees it
 // (transport.Coalescer): requests adjacent on both sides merge, and on a
 // CapStrided transport equal-stride runs become one strided request
-// (MetricRequests, MetricDescriptors count both). Entries and
+// (a SubmitObserver and CoalesceStats count both). Entries and
 // SubmitEntries take a batch as three arrays (struct of arrays), the shape
 // Mooncake's callers hold, and coalesce it while translating it.
 //

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/hostaddr"
@@ -57,10 +56,10 @@ type TransferEngineConfig struct {
 	Devices []string
 	// Logger receives the engine's logs (slog.Default when nil).
 	Logger *slog.Logger
-	// Metrics is where the engine registers its Prometheus metrics
-	// (MetricRequests, MetricDescriptors); engines sharing a Registerer
-	// share the collectors. nil: counted (CoalesceStats), not exported.
-	Metrics prometheus.Registerer
+	// OnSubmit, when set, is told of every accepted batch's request and
+	// descriptor counts (a SubmitObserver: how the C library exports
+	// them as Prometheus counters). nil: counted (CoalesceStats) only.
+	OnSubmit SubmitObserver
 }
 
 // regionEntry is one registered local region.
@@ -141,9 +140,7 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		pubKick: make(chan struct{}, 1), pubDone: make(chan struct{}), stop: make(chan struct{}),
 	}
 	te.epoch = newEpoch()
-	if te.met, err = newTEMetrics(cfg.Metrics); err != nil {
-		return nil, fmt.Errorf("engine: transfer engine: register metrics: %w", err)
-	}
+	te.met = &teMetrics{observe: cfg.OnSubmit}
 	if !te.caps.Has(transport.CapHandshake) {
 		ectx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
 		te.shared, err = te.tr.Endpoint(ectx, "")

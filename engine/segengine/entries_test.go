@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/engine/segengine"
 	"github.com/kvxfer/kvxfer/engine/transport"
@@ -202,13 +202,19 @@ func TestSubmitCoalesces(t *testing.T) {
 	}
 }
 
-// TestCoalesceMetrics: the counts are exported on the configured
-// Registerer, shared by two engines.
+// TestCoalesceMetrics: every accepted batch's request and descriptor
+// counts reach the configured SubmitObserver (the C library's Prometheus
+// counters) and CoalesceStats.
 func TestCoalesceMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	withReg := func(c *segengine.TransferEngineConfig) { c.Metrics = reg }
-	recv := newTE(t, "tcp", withReg)
-	send := newTE(t, "tcp", withReg)
+	var mu sync.Mutex
+	var got []string
+	observe := func(tr string, op transport.Op, requests, descriptors int) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprintf("%s %s %d->%d", tr, op, requests, descriptors))
+	}
+	recv := newTE(t, "tcp")
+	send := newTE(t, "tcp", func(c *segengine.TransferEngineConfig) { c.OnSubmit = observe })
 	dst, _ := regBuf(t, recv, "dst", 1<<16)
 	src, _ := regBuf(t, send, "src", 1<<16)
 	seg, err := send.OpenSegment(context.Background(), recv.Name())
@@ -225,35 +231,14 @@ func TestCoalesceMetrics(t *testing.T) {
 	if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
 		t.Fatal(err)
 	}
-	if got := counter(t, reg, segengine.MetricRequests); got != 10 {
-		t.Fatalf("%s = %v, want 10", segengine.MetricRequests, got)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || got[0] != "tcp write 10->1" {
+		t.Fatalf("observer saw %q, want one batch \"tcp write 10->1\"", got)
 	}
-	if got := counter(t, reg, segengine.MetricDescriptors); got != 1 {
-		t.Fatalf("%s = %v, want 1", segengine.MetricDescriptors, got)
+	if st := send.CoalesceStats(); st.Requests != 10 || st.Descriptors != 1 {
+		t.Fatalf("CoalesceStats %+v, want 10 requests as 1 descriptor", st)
 	}
-}
-
-// counter gathers the value of the one series of the named counter on reg.
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() == name {
-			if len(f.Metric) != 1 {
-				t.Fatalf("%s: %d series, want 1", name, len(f.Metric))
-			}
-			m := f.Metric[0]
-			if lv := m.GetLabel(); len(lv) != 2 || lv[0].GetValue() != "write" || lv[1].GetValue() != "tcp" {
-				t.Fatalf("%s labels %v, want op=write transport=tcp", name, lv)
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("%s not registered", name)
-	return 0
 }
 
 // BenchmarkResolveEntries: the per-entry cost of checking, translating and

@@ -1,33 +1,24 @@
 package segengine
 
 import (
-	"errors"
 	"sync/atomic"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
-// Segment engine metrics (Prometheus, registered on
-// TransferEngineConfig.Metrics; engines of one process registered on the
-// same Registerer share the collectors and their counts add up). Labels:
-// transport (a transport name) and op (write, read).
-const (
-	// MetricRequests counts the requests callers submitted on open
-	// segments (a caller's strided request counts once), by transport and
-	// op.
-	MetricRequests = "kvxfer_segment_requests_total"
-	// MetricDescriptors counts the descriptors those requests became after
-	// coalescing (transport.Coalescer: adjacent runs merged, equal-stride
-	// runs sent as one strided request), as handed to the transport, by
-	// transport and op. MetricRequests / MetricDescriptors is the
-	// coalescing factor.
-	MetricDescriptors = "kvxfer_segment_descriptors_total"
-)
+// SubmitObserver is told of every batch a segment of the engine accepted:
+// the transport's name, the op, the requests the caller submitted (a
+// strided request counts once) and the descriptors they became after
+// coalescing (transport.Coalescer: adjacent runs merged, equal-stride runs
+// sent as one strided request), as handed to the transport. It is called
+// on the submitting goroutine and must not block. The C library exports
+// the counts as kvxfer_segment_requests_total and
+// kvxfer_segment_descriptors_total; the segment engine itself links no
+// metrics stack (internal/layers).
+type SubmitObserver func(transportName string, op transport.Op, requests, descriptors int)
 
 // CoalesceStats are an engine's request and descriptor counts since it
-// started (what MetricRequests and MetricDescriptors count for it).
+// started (what its SubmitObserver was told, summed).
 type CoalesceStats struct {
 	// Requests: submitted by callers in accepted batches.
 	Requests uint64
@@ -38,43 +29,7 @@ type CoalesceStats struct {
 // teMetrics holds an engine's counters.
 type teMetrics struct {
 	requests, descriptors atomic.Uint64
-	reqVec, descVec       *prometheus.CounterVec
-}
-
-func newTEMetrics(reg prometheus.Registerer) (*teMetrics, error) {
-	m := &teMetrics{
-		reqVec: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricRequests,
-			Help: "Requests callers submitted on open segments (a strided request counts once), by transport and op."}, []string{"transport", "op"}),
-		descVec: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricDescriptors,
-			Help: "Descriptors handed to the transport for those requests after coalescing (adjacent runs merged, equal-stride runs as one strided request), by transport and op."}, []string{"transport", "op"}),
-	}
-	if reg == nil {
-		return m, nil
-	}
-	var err error
-	if m.reqVec, err = share(reg, m.reqVec); err != nil {
-		return nil, err
-	}
-	if m.descVec, err = share(reg, m.descVec); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-// share registers c on reg, or returns the collector of the same
-// description reg already holds.
-func share[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if ex, ok := are.ExistingCollector.(C); ok {
-				return ex, nil
-			}
-		}
-		var zero C
-		return zero, err
-	}
-	return c, nil
+	observe               SubmitObserver
 }
 
 // submitted counts one accepted batch: in requests as submitted, out
@@ -82,8 +37,9 @@ func share[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 func (m *teMetrics) submitted(tr string, op transport.Op, in, out int) {
 	m.requests.Add(uint64(in))
 	m.descriptors.Add(uint64(out))
-	m.reqVec.WithLabelValues(tr, op.String()).Add(float64(in))
-	m.descVec.WithLabelValues(tr, op.String()).Add(float64(out))
+	if m.observe != nil {
+		m.observe(tr, op, in, out)
+	}
 }
 
 // CoalesceStats returns the engine's request and descriptor counts.

@@ -437,7 +437,7 @@ func (s *RemoteSegment) checkRegions(ctx context.Context, b *transport.TransferB
 // for an unknown region ID), coalesces the requests (transport.Coalescer:
 // runs adjacent on both sides merged, with a CapStrided transport
 // equal-stride runs sent as one strided request; the counts go to
-// MetricRequests and MetricDescriptors), then submits the batch (a write,
+// the engine's SubmitObserver and CoalesceStats), then submits the batch (a write,
 // or a read: transport.TransferBatch.Op) on the transport segment. A stale
 // segment fails at once with its reason (ErrSegmentStale).
 func (s *RemoteSegment) Submit(ctx context.Context, b *transport.TransferBatch) (transport.BatchID, error) {

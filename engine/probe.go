@@ -140,7 +140,18 @@ func (m *Manager) handleProbe(v *control.ProbeMsg) {
 	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
-		defer m.probing.Store(false)
+		// The rank takes the next probe once this one's result is decided:
+		// released before the result goes out, so a doctor that probes
+		// again as soon as it reads it is not refused ("another probe is
+		// running"), and only once (a later probe's flag is not cleared).
+		released := false
+		release := func() {
+			if !released {
+				released = true
+				m.probing.Store(false)
+			}
+		}
+		defer release()
 		pc, err := m.openProbeReply(v.Endpoint)
 		if err != nil {
 			m.log.Warn("probe not answered: no control socket to the prober", "prober", peerLabel(v.Endpoint), "probe", v.ID, "err", err)
@@ -161,6 +172,7 @@ func (m *Manager) handleProbe(v *control.ProbeMsg) {
 		}
 		m.met.probes.WithLabelValues(result).Inc()
 		m.log.Info("probe answered", "prober", peerLabel(v.Endpoint), "probe", v.ID, "result", result)
+		release()
 		if err := pc.send(res.Encode()); err != nil {
 			m.log.Warn("probe result not sent", "prober", peerLabel(v.Endpoint), "err", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -370,10 +371,27 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id control.Pe
 func (m *Manager) handleRegisterAck(v *control.RegisterAckMsg, env control.Envelope) {
 	m.mu.Lock()
 	p := m.dec.ppeers[v.Endpoint]
-	if p != nil && p.ack != nil && p.epoch == v.Epoch && (!p.id.Known() || p.id.Is(control.SenderID(env))) {
+	sameID := p != nil && (!p.id.Known() || p.id.Is(control.SenderID(env)))
+	if p != nil && p.ack != nil && p.epoch == v.Epoch && sameID {
 		p.id = control.SenderID(env) // the answering process is the peer (the directory may have named none, or no epoch)
 	}
 	m.mu.Unlock()
+	if p != nil && p.epoch == v.Epoch && sameID && strings.HasPrefix(v.Err, EvictedPrefix) {
+		select {
+		case <-p.done:
+			// The prefill dropped this (idle) registration at its peer
+			// cap: the next room registers again.
+			m.mu.Lock()
+			if m.dec.ppeers[v.Endpoint] == p {
+				delete(m.dec.ppeers, v.Endpoint)
+			}
+			m.mu.Unlock()
+			m.log.Info("prefill evicted this decode's idle registration", "prefill", v.Endpoint, "epoch", v.Epoch)
+			m.goTracked(func() { _ = m.fenceTransports(v.Endpoint, v.Epoch) })
+			return
+		default:
+		}
+	}
 	if p == nil || p.ack == nil || p.epoch != v.Epoch {
 		m.log.Debug("REGISTER_ACK without a registration in progress for its epoch", "from", v.Endpoint, "epoch", v.Epoch)
 		return

@@ -1080,6 +1080,11 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 		}
 	}
 	m.mu.Unlock()
+	return m.sendVia(ps, endpoint, frames, dontwait)
+}
+
+// sendVia seals frames and sends them on ps, the socket to endpoint.
+func (m *Manager) sendVia(ps *pushSock, endpoint string, frames [][]byte, dontwait bool) error {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.sock == nil {

@@ -9,41 +9,58 @@ import (
 	"github.com/kvxfer/kvxfer/engine"
 )
 
-// TestPeerCapRefusalIsTold: a prefill at its peer cap (MaxPeers 2, two live
-// decodes registered) refuses a third decode's REGISTER and tells it, naming
-// the cap and the flag, instead of dropping it (before: the decode waited
-// and reported the prefill silent).
-func TestPeerCapRefusalIsTold(t *testing.T) {
+// TestPeerCapEvictsIdleDecodes: at its peer cap (MaxPeers 2) a prefill
+// evicts the least recently used decode with no room to admit a new one, and
+// tells it, so the evicted decode's next room registers again and succeeds
+// (before: live idle decodes were never evicted and the new one was
+// refused). A decode with a room in flight is never evicted: then the new
+// one is refused, naming the cap.
+func TestPeerCapEvictsIdleDecodes(t *testing.T) {
 	addr := startBootstrap(t)
 	pre := []*rank{newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, maxPeers: 2})}
 	var decs []*rank
-	for i := range 3 {
+	for range 3 {
 		decs = append(decs, newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1}))
-		if i < 2 {
-			if r := transferOne(t, addr, pre, decs[i:i+1], uint64(20+i), 2); r[0].Poll() != engine.KVSuccess {
-				t.Fatalf("decode %d: %s %v", i, r[0].Poll(), r[0].Failure())
-			}
+	}
+	room := uint64(40)
+	serve := func(i int) {
+		t.Helper()
+		room++
+		if r := transferOne(t, addr, pre, decs[i:i+1], room, 2); r[0].Poll() != engine.KVSuccess {
+			t.Fatalf("decode %d, room %d: %s %v", i, room, r[0].Poll(), r[0].Failure())
 		}
 	}
-	r, err := decs[2].m.NewReceiver(addr, 30)
-	if err != nil {
-		t.Fatal(err)
+	for _, i := range []int{0, 1, 2, 0, 1, 2, 2, 0} {
+		serve(i)
 	}
-	defer r.Close()
-	pages, _ := decs[2].pool.Alloc(2)
-	if err := r.Init(pages); err != nil {
-		t.Fatal(err)
+
+	// Both registered decodes busy (a receiver each, its TRANSFER waiting
+	// for a sender): the third is refused, naming the cap.
+	busy := func(d *rank, room uint64) *engine.Receiver {
+		t.Helper()
+		r, err := d.m.NewReceiver(addr, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		pages, _ := d.pool.Alloc(2)
+		if err := r.Init(pages); err != nil {
+			t.Fatal(err)
+		}
+		return r
 	}
+	a, b := busy(decs[0], 60), busy(decs[2], 61) // decs[2] and decs[0] are the registered ones
+	deadline := time.Now().Add(30 * time.Second)
+	for a.Poll() < engine.KVTransferring || b.Poll() < engine.KVTransferring {
+		if time.Now().After(deadline) {
+			t.Fatalf("busy rooms: %s %v, %s %v", a.Poll(), a.Failure(), b.Poll(), b.Failure())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c := busy(decs[1], 62)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
-		t.Fatalf("third decode at the cap: %s, want Failed", st)
-	}
-	msg := r.Failure().Error()
-	// The refusal crosses the wire as text; a room's error carries the
-	// "engine:" prefix once, at its start.
-	cause := strings.TrimPrefix(engine.ErrTooManyPeers.Error(), "engine: ")
-	if !strings.Contains(msg, cause) || !strings.Contains(msg, "--max-peers") || strings.Contains(msg, "silent") {
-		t.Fatalf("third decode's failure %q: want the prefill's peer-cap refusal naming --max-peers", msg)
+	if st := c.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(c.Failure().Error(), "--max-peers") {
+		t.Fatalf("a third decode while both registered ones have rooms: %s %v, want the peer-cap refusal", st, c.Failure())
 	}
 }

@@ -99,6 +99,12 @@ type decodePeer struct {
 	// used is set once a TRANSFER of this registration was accepted: the
 	// decode that registered it is the one using it (trust.go).
 	used atomic.Bool
+	// rooms counts the senders this decode is a destination of, until
+	// they end; lastUse (Unix ns) is its registration or last TRANSFER.
+	// A decode with no room is idle: at the peer cap the least recently
+	// used idle one is evicted (evictIdleDecodeLocked).
+	rooms   atomic.Int32
+	lastUse atomic.Int64
 	// broken says why the data path can no longer be trusted (a batch was
 	// abandoned in flight, or the transport lost the receiver): the segment
 	// is closed, later TRANSFERs of this registration are refused, and the
@@ -184,6 +190,7 @@ func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
 		return
 	}
 	m.pre.dpeers[v.Endpoint] = p
+	p.lastUse.Store(time.Now().UnixNano())
 	m.lastSeen[v.Endpoint] = time.Now()
 	m.mu.Unlock()
 	m.watchPeer(v.Endpoint)
@@ -296,6 +303,7 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 		reject("prefill got TRANSFER before REGISTER from "+v.Endpoint+" (this prefill lost the registration; the decode registers again)", false)
 		return
 	}
+	p.lastUse.Store(time.Now().UnixNano())
 	if v.Epoch != p.reg.Epoch {
 		reject(fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode's registration here is epoch %d (stale; the decode registers again)", v.Epoch, p.reg.Epoch), false)
 		return

@@ -526,6 +526,12 @@ func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 	}
 	s.dsts[v.Endpoint] = d
 	s.tr.note(StepConnect, v.Endpoint, "TRANSFER received")
+	if p != nil {
+		// The decode has a room here until this sender ends: not idle
+		// (evictIdleDecodeLocked).
+		p.rooms.Add(1)
+		go func() { <-s.finished; p.rooms.Add(-1) }()
+	}
 
 	if s.required == 0 || v.RequiredDstInfoNum > s.required {
 		s.required = v.RequiredDstInfoNum

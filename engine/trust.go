@@ -171,21 +171,76 @@ func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Enve
 	return ""
 }
 
-// evictIdleDecodeLocked drops the registration of one decode that is not
-// heard from within the peer timeout (a decode with a room in flight pings,
-// so it is kept), and reports whether it found one; m.mu held.
+// evictIdleDecodeLocked drops the registration of one idle decode to make
+// room for a new one, and reports whether it found one; m.mu held. A decode
+// not heard from within the peer timeout goes first; else the least
+// recently used live decode with no room on this rank (no sender has it as
+// a destination, no TRANSFER or SUBSCRIBE of it waits for a sender). A live
+// one is told first (REGISTER_ACK of its registration epoch, with
+// EvictedPrefix in the refusal), so it registers again for its next room
+// instead of sending TRANSFER to a registration that is gone.
 func (m *Manager) evictIdleDecodeLocked() bool {
 	for ep, p := range m.pre.dpeers {
 		if m.peerLiveLocked(ep) {
 			continue
 		}
-		delete(m.pre.dpeers, ep)
-		delete(m.lastSeen, ep)
-		go p.close()
-		go m.dropPush(ep)
+		m.evictDecodeLocked(ep, p, false)
 		return true
 	}
-	return false
+	waiting := map[string]bool{}
+	for _, byEP := range m.pre.pending {
+		for ep := range byEP {
+			waiting[ep] = true
+		}
+	}
+	for _, byEP := range m.pre.subs {
+		for ep := range byEP {
+			waiting[ep] = true
+		}
+	}
+	var victim string
+	var oldest int64
+	for ep, p := range m.pre.dpeers {
+		if p.rooms.Load() > 0 || waiting[ep] {
+			continue
+		}
+		if u := p.lastUse.Load(); victim == "" || u < oldest {
+			victim, oldest = ep, u
+		}
+	}
+	if victim == "" {
+		return false
+	}
+	m.evictDecodeLocked(victim, m.pre.dpeers[victim], true)
+	return true
+}
+
+// EvictedPrefix starts the refusal of the REGISTER_ACK with which a
+// prefill at its peer cap tells an idle decode it dropped its registration.
+const EvictedPrefix = "registration evicted"
+
+// evictDecodeLocked drops decode ep's registration; tell sends it the
+// eviction notice first; m.mu held.
+func (m *Manager) evictDecodeLocked(ep string, p *decodePeer, tell bool) {
+	delete(m.pre.dpeers, ep)
+	delete(m.lastSeen, ep)
+	// This socket, taken out now: a new registration of the decode opens
+	// its own, which the close below must not hit.
+	ps := m.push[ep]
+	delete(m.push, ep)
+	m.log.Info("evicted the least recently used idle decode registration (peer cap)", "decode", ep, "max_peers", m.cfg.MaxPeers)
+	go p.close()
+	if ps == nil {
+		return
+	}
+	go func() {
+		if tell {
+			ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: p.reg.Epoch,
+				Err: fmt.Sprintf("%s: prefill %s is at its peer cap (MaxPeers %d) and dropped this idle decode's registration for a new one; the next room registers again", EvictedPrefix, m.endpoint, m.cfg.MaxPeers)}
+			_ = m.sendVia(ps, ep, ack.Encode(), false)
+		}
+		ps.close()
+	}()
 }
 
 // sweepDeadPushLocked removes from m.push the sockets to endpoints that are

@@ -52,7 +52,14 @@ type remoteRegion struct {
 	warm    []atomic.Uint64
 	fdMu    sync.RWMutex
 	fd      int
+	sfd     *sharedFD // fd's owner (nil: fd is this region's own)
 	fileOff uint64
+}
+
+// fdKey names a receiver memfd by its file's device and inode (the
+// receiver may name it by several descriptors).
+type fdKey struct {
+	dev, ino uint64
 }
 
 type segment struct {
@@ -62,7 +69,8 @@ type segment struct {
 	ctl      []byte
 	ctlWord  []uint64
 	regions  map[transport.RegionID]*remoteRegion
-	wake     [2]int // pipe that stops the watcher
+	fds      map[fdKey]*sharedFD // receiver memfds open here, by descriptor (mapRegion)
+	wake     [2]int              // pipe that stops the watcher
 	watchEnd chan struct{}
 
 	peerLost atomic.Bool
@@ -251,7 +259,21 @@ func (s *segment) mapRegion(d transport.RegionDesc) (*remoteRegion, error) {
 		return &remoteRegion{fd: -1}, nil
 	}
 	length := min(d.Length, trueLen)
-	r, err := mapPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino, k.Offset, length, true)
+	// Regions of one receiver memfd share one descriptor (sharedFD).
+	key := fdKey{dev: k.Dev, ino: k.Ino}
+	sf := s.fds[key]
+	if sf == nil || !sf.acquire() {
+		var err error
+		if sf, err = openPeerFD(int(s.peer.PID), int(k.FD), k.Dev, k.Ino); err != nil {
+			return nil, fmt.Errorf("shm: map receiver region %d (%d bytes): %v: %w", d.ID, d.Length, err, transport.ErrUnavailable)
+		}
+		if s.fds == nil {
+			s.fds = map[fdKey]*sharedFD{}
+		}
+		s.fds[key] = sf
+	}
+	defer sf.release() // the lookup's reference; the region holds its own
+	r, err := mapShared(sf, k.Offset, length, true)
 	if err != nil {
 		return nil, fmt.Errorf("%s: map receiver region %d (%d bytes): %v: %w", s.t.Name(), d.ID, d.Length, err, transport.ErrUnavailable)
 	}
@@ -317,23 +339,75 @@ func openHint(err error, otherwise string) string {
 // exactly length bytes from offset. With keepFD the region keeps the
 // descriptor for pwrite into the pages its mapping has not written yet.
 func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remoteRegion, error) {
+	sf, err := openPeerFD(pid, fd, dev, ino)
+	if err != nil {
+		return nil, err
+	}
+	defer sf.release() // the region holds its own reference when it keeps the descriptor
+	return mapShared(sf, offset, length, keepFD)
+}
+
+// sharedFD is one receiver memfd opened from /proc/PID/fd, shared by every
+// region of a segment that lies in it (a receiver's KV buffers are often
+// regions of one kvx_alloc_host memfd): one descriptor per memfd instead of
+// one per region (10,000 regions used to run the process out of
+// descriptors). Each region keeping it for pwrite holds a reference; the
+// last release closes it.
+type sharedFD struct {
+	path string
+	mu   sync.Mutex
+	fd   int // -1 once closed
+	refs int
+}
+
+// openPeerFD opens /proc/PID/fd/FD and checks it is the advertised file;
+// the caller holds one reference.
+func openPeerFD(pid, fd int, dev, ino uint64) (*sharedFD, error) {
 	path := "/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(fd)
 	f, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w (%s)", path, err, openHint(err, "receiver gone, other user, or other pid namespace"))
 	}
-	kept := false
-	defer func() {
-		if !kept {
-			unix.Close(f)
-		}
-	}()
 	var st unix.Stat_t
 	if err := unix.Fstat(f, &st); err != nil {
+		unix.Close(f)
 		return nil, fmt.Errorf("fstat %s: %w", path, err)
 	}
 	if uint64(st.Dev) != dev || st.Ino != ino {
+		unix.Close(f)
 		return nil, fmt.Errorf("%s is inode %d:%d, the receiver advertised %d:%d (descriptor reused or wrong peer)", path, st.Dev, st.Ino, dev, ino)
+	}
+	return &sharedFD{path: path, fd: f, refs: 1}, nil
+}
+
+// acquire takes a reference; false when the descriptor is already closed.
+func (sf *sharedFD) acquire() bool {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	if sf.fd < 0 {
+		return false
+	}
+	sf.refs++
+	return true
+}
+
+// release drops a reference, closing the descriptor with the last one.
+func (sf *sharedFD) release() {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	if sf.refs--; sf.refs == 0 && sf.fd >= 0 {
+		unix.Close(sf.fd)
+		sf.fd = -1
+	}
+}
+
+// mapShared maps exactly length bytes from offset of sf's file; with keepFD
+// the region takes a reference to sf for pwrite (released by closeFD).
+func mapShared(sf *sharedFD, offset, length uint64, keepFD bool) (*remoteRegion, error) {
+	path, f := sf.path, sf.fd
+	var st unix.Stat_t
+	if err := unix.Fstat(f, &st); err != nil {
+		return nil, fmt.Errorf("fstat %s: %w", path, err)
 	}
 	if offset+length < offset || st.Size < 0 || offset+length > uint64(st.Size) {
 		return nil, fmt.Errorf("%s is %d bytes, too small for offset %d + length %d", path, st.Size, offset, length)
@@ -358,10 +432,10 @@ func mapPeerFD(pid, fd int, dev, ino, offset, length uint64, keepFD bool) (*remo
 	// On a VM this is not enough (warm.go): the warmer and put finish it.
 	_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
 	r := &remoteRegion{mapping: m, data: m[offset-start : offset-start+length : offset-start+length], size: length, fd: -1, fileOff: offset, lead: offset - start}
-	if keepFD {
+	if keepFD && sf.acquire() {
 		words := ((span+pg-1)/pg + 63) / 64 // one bit per page of the mapping
 		r.warm = make([]atomic.Uint64, words)
-		r.fd, kept = f, true
+		r.fd, r.sfd = f, sf
 	}
 	return r, nil
 }

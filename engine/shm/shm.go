@@ -130,7 +130,35 @@ type localRegion struct {
 	desc transport.RegionDesc
 	addr uintptr
 	len  uint64
-	fd   int // our duplicate of the backing memfd
+	fd   int // our duplicate of the backing memfd, shared (memfds)
+	file fileID
+}
+
+// fileID names a memfd by device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// memfdRef is this transport's one duplicate of a memfd that backs
+// registered regions, shared by all of them (a caller registering 10,000
+// regions of one buffer spends one descriptor, not 10,000); closed with the
+// last region.
+type memfdRef struct {
+	fd   int
+	refs int
+}
+
+// unrefLocked drops region r's reference to its memfd; t.mu held.
+func (t *shmTransport) unrefLocked(r *localRegion) {
+	ref := t.memfds[r.file]
+	if ref == nil {
+		if r.fd >= 0 {
+			unix.Close(r.fd)
+		}
+		return
+	}
+	if ref.refs--; ref.refs == 0 {
+		unix.Close(ref.fd)
+		delete(t.memfds, r.file)
+	}
 }
 
 type shmTransport struct {
@@ -154,6 +182,7 @@ type shmTransport struct {
 	closed   bool
 	nextID   transport.RegionID
 	regions  map[transport.RegionID]*localRegion
+	memfds   map[fileID]*memfdRef // the memfds backing regions, one descriptor each
 	segments map[*segment]struct{}
 	admitted map[uint64]int // epoch → admission entry (fence.go)
 
@@ -290,25 +319,34 @@ func (t *shmTransport) RegisterMemory(m transport.Memory) (transport.RegionDesc,
 	if st.Size < 0 || m.FDOffset+m.Length > uint64(st.Size) || m.FDOffset+m.Length < m.FDOffset {
 		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: fd %d is %d bytes, too small for offset %d + length %d: %w", t.Name(), m.Addr, m.FD, st.Size, m.FDOffset, m.Length, transport.ErrOutOfBounds)
 	}
-	dup, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 3)
-	if err != nil {
-		return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: dup fd %d: %w", t.Name(), m.Addr, m.FD, err)
-	}
+	file := fileID{dev: uint64(st.Dev), ino: st.Ino}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		unix.Close(dup)
 		return transport.RegionDesc{}, fmt.Errorf("%s: register memory: transport %w", t.Name(), transport.ErrClosed)
 	}
 	if int(t.nextID) >= MaxRegions {
-		unix.Close(dup)
 		return transport.RegionDesc{}, fmt.Errorf("%s: register memory: this transport has handed out all %d region IDs; open a new transport", t.Name(), MaxRegions-1)
 	}
+	ref := t.memfds[file]
+	if ref == nil {
+		dup, err := unix.FcntlInt(uintptr(m.FD), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			return transport.RegionDesc{}, fmt.Errorf("%s: register memory at %#x: dup fd %d: %w (%s)", t.Name(), m.Addr, m.FD, err, openHint(err, "the caller's descriptor"))
+		}
+		ref = &memfdRef{fd: dup}
+		if t.memfds == nil {
+			t.memfds = map[fileID]*memfdRef{}
+		}
+		t.memfds[file] = ref
+	}
+	ref.refs++
+	dup := ref.fd
 	id := t.nextID
 	t.nextID++
 	key := regionKey{FD: uint32(dup), Offset: m.FDOffset, Dev: uint64(st.Dev), Ino: st.Ino}
 	desc := transport.RegionDesc{ID: id, Addr: uint64(m.Addr), Length: m.Length, Kind: transport.MemoryHost, Key: key.encode()}
-	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup}
+	t.regions[id] = &localRegion{desc: desc, addr: m.Addr, len: m.Length, fd: dup, file: file}
 	t.snapshotLocked()
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)+1], m.FDOffset)
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], m.Length) // release: the slot is complete
@@ -337,9 +375,7 @@ func (t *shmTransport) DeregisterMemory(id transport.RegionID) error {
 	atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
 	delete(t.regions, id)
 	t.snapshotLocked()
-	if r.fd >= 0 {
-		unix.Close(r.fd)
-	}
+	t.unrefLocked(r)
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), deregisterWait)
 	defer cancel()
@@ -408,9 +444,7 @@ func (t *shmTransport) Close() error {
 	atomic.StoreUint64(&t.ctlWord[ctlState], stateClosed)
 	for id, r := range t.regions {
 		atomic.StoreUint64(&t.ctlWord[ctlSlots+2*int(id)], 0)
-		if r.fd >= 0 {
-			unix.Close(r.fd)
-		}
+		t.unrefLocked(r)
 	}
 	t.regions = map[transport.RegionID]*localRegion{}
 	t.snapshotLocked()

@@ -202,7 +202,11 @@ func (r *remoteRegion) pwrite(b []byte, off uint64) bool {
 func (r *remoteRegion) closeFD() {
 	r.fdMu.Lock()
 	if r.fd >= 0 {
-		unix.Close(r.fd)
+		if r.sfd != nil {
+			r.sfd.release() // shared with the other regions of its memfd
+		} else {
+			unix.Close(r.fd)
+		}
 		r.fd = -1
 	}
 	r.fdMu.Unlock()

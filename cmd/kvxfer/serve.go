@@ -84,6 +84,13 @@ type rank struct {
 	inflight     int
 	// drainNS is when the drain began (Unix ns; 0 while serving) and
 	// drainSig the signal that began it.
+	// attempts holds, per bootstrap_room, the attempt of the room this
+	// rank is serving or releasing: a later line for the same room (a
+	// router's retry keeps its bootstrap_room) starts once that attempt's
+	// result is written and its release returned (a failed room's pages
+	// fenced), instead of failing at once as "already active".
+	attemptsMu             sync.Mutex
+	attempts               map[uint64]chan struct{}
 	drainNS                atomic.Int64
 	drainSig               atomic.Value // string
 	total, failed, refused atomic.Int64
@@ -150,12 +157,45 @@ func (r *rank) handle(in inputLine, out *lineWriter, sess *sync.WaitGroup) {
 		if sess != nil {
 			defer sess.Done()
 		}
+		if in.hasRoom && in.err == nil {
+			defer r.awaitAttempt(in.q.Room)()
+		}
 		rep, release := r.serveLine(in, lease)
 		out.write(rep)
 		// The result goes out first; a failed room's pages come back only
 		// once its producers are fenced (and before the rank exits).
 		release()
 	}()
+}
+
+// awaitAttempt waits until no earlier attempt of room is served or
+// released on this rank (or the rooms are cancelled), claims the room, and
+// returns the function that ends this attempt's claim.
+func (r *rank) awaitAttempt(room uint64) (done func()) {
+	for {
+		r.attemptsMu.Lock()
+		if r.attempts == nil {
+			r.attempts = map[uint64]chan struct{}{}
+		}
+		prev := r.attempts[room]
+		if prev == nil {
+			mine := make(chan struct{})
+			r.attempts[room] = mine
+			r.attemptsMu.Unlock()
+			return func() {
+				r.attemptsMu.Lock()
+				delete(r.attempts, room)
+				r.attemptsMu.Unlock()
+				close(mine)
+			}
+		}
+		r.attemptsMu.Unlock()
+		select {
+		case <-prev:
+		case <-r.roomCtx.Done():
+			return func() {} // the attempt runs and fails with the cancellation
+		}
+	}
 }
 
 // roomStarted adds d to the rooms in flight.

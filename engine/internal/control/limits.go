@@ -1,6 +1,9 @@
 package control
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+)
 
 // Frame size limits. A rank reads control frames from anyone who can reach
 // its control port, so what it receives is bounded twice: every socket
@@ -74,9 +77,16 @@ func LimitOf(typ string) FrameLimit {
 // frame i, in order. The zero value is ready; it learns the type
 // from frame 2.
 type FrameCheck struct {
-	typ string
-	lim FrameLimit
+	typ     string
+	lim     FrameLimit
+	foreign bool // frame 1 names another protocol version
 }
+
+// foreignLimit bounds a message of another protocol version, whose types
+// may carry other fields: only the largest frame any type can need here,
+// and a generous frame count (the version-skew answer reads a few fields,
+// DecodeForeign).
+var foreignLimit = FrameLimit{Frames: 128, FrameBytes: MaxFrameBytes}
 
 // Check returns nil while frame i fits, else an error wrapping
 // ErrFrameTooLarge that names the type, the frame and both sizes.
@@ -86,12 +96,18 @@ func (c *FrameCheck) Check(i int, frame []byte) error {
 		if len(frame) > 64 {
 			return fmt.Errorf("%w: frame %d (magic or version) is %d bytes", ErrFrameTooLarge, i, len(frame))
 		}
+		if i == 1 {
+			c.foreign = string(frame) != strconv.Itoa(ControlVersion)
+		}
 		return nil
 	case i == 2:
 		if len(frame) > 64 {
 			return fmt.Errorf("%w: frame 2 (message type) is %d bytes", ErrFrameTooLarge, len(frame))
 		}
 		c.typ, c.lim = string(frame), LimitOf(string(frame))
+		if c.foreign {
+			c.lim = foreignLimit
+		}
 		return nil
 	case i >= c.lim.Frames:
 		return fmt.Errorf("%w: a %s message has at most %d frames, this one more", ErrFrameTooLarge, Trunc([]byte(c.typ)), c.lim.Frames)

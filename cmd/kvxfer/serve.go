@@ -68,6 +68,8 @@ type rank struct {
 	// token, when set, is the bearer token the HTTP endpoint requires.
 	token        string
 	drainTimeout time.Duration
+	// bodies is what the HTTP endpoint is reading (--serve http).
+	bodies bodySet
 
 	// roomCtx is what rooms run under: cancelled (with the reason) by a
 	// second stop signal or when the drain timeout passes.
@@ -742,10 +744,60 @@ func (r *rank) serveHTTP(ln net.Listener, sigs <-chan os.Signal) error {
 	r.beginDrain(s.String() + " signal")
 	// The endpoint answers 503 while the rooms in flight finish; then it
 	// shuts down (Shutdown waits for the handlers still writing results).
-	r.drain(sigs, true, func() { _ = srv.Shutdown(context.Background()) }, func() { _ = srv.Close() })
+	// When the rooms are cancelled, the bodies still being read are
+	// interrupted (as a socket's reads are), not the responses: each
+	// cancelled room still writes its result line; Close is only the
+	// backstop for a client that stops reading its response.
+	r.drain(sigs, true, func() { _ = srv.Shutdown(context.Background()) }, func() {
+		r.bodies.interrupt()
+		time.AfterFunc(httpAbortGrace, func() { _ = srv.Close() })
+	})
 	<-serveErr
 	r.summary("http " + r.ready.Serve)
 	return nil
+}
+
+// httpAbortGrace is how long the HTTP endpoint waits, once the rooms were
+// cancelled, for the result lines to reach their clients before it closes
+// the connections that are left.
+const httpAbortGrace = 10 * time.Second
+
+// bodySet is the request bodies POST /v1/requests is reading, so that a
+// drain that cancels the rooms can interrupt their reads (a client that
+// keeps its body open) while their responses carry the result lines.
+type bodySet struct {
+	mu      sync.Mutex
+	stopped bool
+	rcs     map[*http.ResponseController]struct{}
+}
+
+// add tracks rc's body until the returned func is called; a body added
+// after interrupt is interrupted at once.
+func (b *bodySet) add(rc *http.ResponseController) (remove func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rcs == nil {
+		b.rcs = map[*http.ResponseController]struct{}{}
+	}
+	b.rcs[rc] = struct{}{}
+	if b.stopped {
+		_ = rc.SetReadDeadline(time.Now())
+	}
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.rcs, rc)
+	}
+}
+
+// interrupt ends every tracked body's read now (and of any added later).
+func (b *bodySet) interrupt() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	for rc := range b.rcs {
+		_ = rc.SetReadDeadline(time.Now())
+	}
 }
 
 // requireToken answers 401 to a request without the rank's bearer token
@@ -777,6 +829,7 @@ func (r *rank) postRequests(c echo.Context) error {
 	resp.WriteHeader(http.StatusOK)
 	resp.Flush()
 	out := &lineWriter{w: resp, flush: resp.Flush}
+	defer r.bodies.add(http.NewResponseController(resp.Writer))()
 	var sess sync.WaitGroup
 	err := readRequests(c.Request().Body, r.role, func(in inputLine) { r.handle(in, out, &sess) })
 	sess.Wait()

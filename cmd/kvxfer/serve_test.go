@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -383,6 +384,73 @@ func TestRoleServeHTTP(t *testing.T) {
 	}
 	if _, err := http.Get(base + "/v1/ready"); err == nil {
 		t.Fatalf("%s still answers after the rank exited", base)
+	}
+}
+
+// TestRoleServeHTTPDrainTimeoutAnswers: over HTTP, a room cancelled by
+// --drain-timeout still gets its result line naming why, both for a body
+// the client finished and for one it keeps open (its read is interrupted,
+// not its response cut), and the rank exits 0.
+func TestRoleServeHTTPDrainTimeoutAnswers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	for _, open := range []bool{false, true} {
+		t.Run(fmt.Sprintf("body open %v", open), func(t *testing.T) {
+			// No bootstrap server: the room waits until it is cancelled.
+			d, ready := serveRank(t, "decode", "decode", "127.0.0.1:1", "http://127.0.0.1:0", "--drain-timeout", "300ms")
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			type answer struct {
+				lines []replyLine
+				err   error
+			}
+			got := make(chan answer, 1)
+			go func() {
+				resp, err := http.Post(ready.Serve+"/v1/requests", "application/x-ndjson", pr)
+				if err != nil {
+					got <- answer{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				var a answer
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					var r replyLine
+					if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+						a.err = fmt.Errorf("line %q: %v", sc.Text(), err)
+						break
+					}
+					a.lines = append(a.lines, r)
+				}
+				if a.err == nil {
+					a.err = sc.Err()
+				}
+				got <- a
+			}()
+			if _, err := io.WriteString(pw, `{"room":7,"tokens":16}`+"\n"); err != nil {
+				t.Fatal(err)
+			}
+			if !open {
+				pw.Close()
+			}
+			time.Sleep(300 * time.Millisecond) // read before the signal: served
+			if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			var a answer
+			select {
+			case a = <-got:
+			case <-time.After(time.Minute):
+				t.Fatalf("no response a minute after SIGTERM\n%s", d.stderr.String())
+			}
+			if a.err != nil || len(a.lines) != 1 || a.lines[0].OK || !strings.Contains(a.lines[0].Error, "--drain-timeout 300ms") {
+				t.Fatalf("response %+v (err %v): want one result line cancelled naming --drain-timeout 300ms\n%s", a.lines, a.err, d.stderr.String())
+			}
+			if err := d.wait(time.Minute); err != nil {
+				t.Fatalf("decode exit %v, want 0\n%s", err, d.stderr.String())
+			}
+		})
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,19 @@ func (p *proc) wait(limit time.Duration) error {
 		p.t.Fatalf("%s still running after %s\n%s", p.name, limit, p.stderr.String())
 	}
 	return nil
+}
+
+// waitStderr waits until p's stderr contains want (a log line saying the
+// process reached a state), failing the test after limit.
+func (p *proc) waitStderr(want string, limit time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(limit)
+	for !strings.Contains(p.stderr.String(), want) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: stderr lacks %q after %s\n%s", p.name, want, limit, p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // kill9 sends SIGKILL and waits for the exit.

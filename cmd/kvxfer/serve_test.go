@@ -287,8 +287,8 @@ func TestRoleServeUnixSocket(t *testing.T) {
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
-	dc.send(requestLine{Room: 43, Tokens: 16}) // after the signal: refused
+	d.waitStderr("draining: no new requests", time.Minute) // the rank saw the signal
+	dc.send(requestLine{Room: 43, Tokens: 16})             // after the signal: refused
 	got := map[uint64]replyLine{}
 	for range 2 {
 		r, ok := dc.next(time.Minute)

@@ -5,6 +5,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/engine/transport"
@@ -81,5 +82,29 @@ func TestDetectLocationWithoutCUDA(t *testing.T) {
 	kind, _, err := detectLocation(0x1000)
 	if err != nil || kind != transport.MemoryHost {
 		t.Fatalf("detectLocation = %s, %v; want host", kind, err)
+	}
+}
+
+// TestRegisterShmPlainMemorySaysWhatToDo: a C caller's own host memory
+// (malloc) on an shm engine is refused as unsupported, and the message
+// names the C remedies (kvx_alloc_host, transport "cma"), not a Go API.
+func TestRegisterShmPlainMemorySaysWhatToDo(t *testing.T) {
+	e, err := newEngine(engineConfig{role: 1, transport: "shm"})
+	if err != nil {
+		t.Skipf("shm engine: %v", err)
+	}
+	defer e.close()
+	buf := make([]byte, 1<<16) // memory with no file descriptor behind it
+	_, err = e.register(uintptr(unsafe.Pointer(&buf[0])), uint64(len(buf)), "cpu")
+	if err == nil {
+		t.Fatal("shm registered memory without a file descriptor")
+	}
+	if code := codeOf(err); code != stUnsupportedMem {
+		t.Errorf("status %d, want KVX_ERR_UNSUPPORTED_MEMORY (%d): %v", code, stUnsupportedMem, err)
+	}
+	for _, want := range []string{"kvx_alloc_host", `"cma"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
 	}
 }

@@ -354,6 +354,10 @@ func (e *engineObj) register(addr uintptr, n uint64, loc string) (transport.Regi
 		if errors.Is(err, segengine.ErrRegionOverlap) {
 			code = stInvalidArgument
 		}
+		if kind == transport.MemoryHost && errors.Is(err, transport.ErrUnsupportedMemory) {
+			// The transport's own remedy names Go APIs; say the C ones.
+			return 0, failWrap(code, err, "kvx_register_memory: %s range [%#x, +%d bytes) on transport %s (allocate the memory with kvx_alloc_host, or create the engine with transport \"cma\" or \"auto\", which register any host memory on this host)", loc, addr, n, e.tr.Name())
+		}
 		return 0, failWrap(code, err, "kvx_register_memory: %s range [%#x, +%d bytes) on transport %s", loc, addr, n, e.tr.Name())
 	}
 	return desc.ID, nil

@@ -251,7 +251,9 @@ typedef enum kvx_role {
 typedef struct kvx_engine_config {
     uint32_t struct_size;       /* sizeof(kvx_engine_config) */
     int32_t role;               /* kvx_role */
-    const char *transport;      /* "auto" (NULL), "tcp", "shm", "rdma" */
+    const char *transport;      /* "auto" (NULL), "tcp", "shm" (kvx_alloc_host
+                                   memory only), "cma" (any host memory on
+                                   this host), "rdma" */
     const char *listen_host;    /* data-plane bind host (an IP or a host name of
                                    this machine); NULL = 127.0.0.1 */
     const char *bootstrap_addr; /* "host:port" of the bootstrap server, or NULL */
@@ -296,7 +298,7 @@ typedef struct kvx_engine_config {
 #define KVX_ENGINE_CONFIG_SIZE_V1 40
 
 /* Create an engine: opens the transports cfg->transport names, as the CLI's
- * --transport does: "tcp", "shm", "rdma", a comma list, or "auto" (NULL) =
+ * --transport does: "tcp", "shm", "cma", "rdma", a comma list, or "auto" (NULL) =
  * every transport that can run here. Segments (kvx_register_memory,
  * transfers) use the highest-priority one (for "auto", cma before shm: it
  * registers a caller's own memory as well as kvx_alloc_host's), which

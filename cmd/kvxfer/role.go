@@ -219,6 +219,13 @@ func validateRoleFlags(f *roleFlags) error {
 	if _, err := parseServe(f.serve); err != nil {
 		return err
 	}
+	if f.bootstrap != "" {
+		// At start, not at the first request: a decode would otherwise run
+		// and fail every room that uses its --bootstrap.
+		if _, err := bootstrap.NewClient(f.bootstrap); err != nil {
+			return fmt.Errorf("--bootstrap: %w", err)
+		}
+	}
 	if f.advertiseHost != "" {
 		if _, err := bootstrap.ValidateHost(f.advertiseHost); err != nil {
 			return fmt.Errorf("--advertise-host (or KVXFER_ADVERTISE_HOST) %q: %v", f.advertiseHost, err)

@@ -101,6 +101,10 @@ func TestValidateRoleFlags(t *testing.T) {
 		{"serve tcp", func(f *roleFlags) { f.serve = "tcp://127.0.0.1:9" }, "want unix:PATH"},
 		{"http port", func(f *roleFlags) { f.httpPort = 30000 }, ""},
 		{"http port out of range", func(f *roleFlags) { f.httpPort = 65536 }, "--prefill-http-port 65536"},
+		{"bootstrap", func(f *roleFlags) { f.bootstrap = "127.0.0.1:8998" }, ""},
+		{"bootstrap ipv6", func(f *roleFlags) { f.bootstrap = "[::1]:8998" }, ""},
+		{"bootstrap unbracketed", func(f *roleFlags) { f.bootstrap = "::1:8998" }, "--bootstrap: bootstrap: address \"::1:8998\": an IPv6 address must be bracketed"},
+		{"bootstrap no port", func(f *roleFlags) { f.bootstrap = "nonsense" }, "--bootstrap: bootstrap: address \"nonsense\" has no port"},
 	}
 	for _, c := range cases {
 		f := good()

@@ -300,6 +300,10 @@ func rssShmem(pid int) int64 {
 	return 0
 }
 
+// demoInterrupted is the error of a request a stop signal kept from
+// starting.
+const demoInterrupted = "interrupted"
+
 // runRequests drives the requests through the ranks, --concurrency at a
 // time (the warm-up ones first, then the timed ones on a warm system), and
 // returns their results and the timed requests' wall time.
@@ -326,7 +330,7 @@ func (c *demoCluster) runRequests(ctx context.Context, f *demoFlags, p *demoPlan
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
-			results[i] = demoResult{Room: p.rooms[i], Error: "interrupted"}
+			results[i] = demoResult{Room: p.rooms[i], Tokens: min(rq.InputLength, p.capTokens), Capped: rq.InputLength > p.capTokens, Error: demoInterrupted}
 			continue
 		}
 		wg.Go(func() {

@@ -63,6 +63,23 @@ func (c *demoCluster) report(ctx context.Context, f *demoFlags, p *demoPlan, res
 			return fmt.Errorf("write --json %s: %w", f.jsonOut, err)
 		}
 	}
+	return demoExitError(sum, results)
+}
+
+// demoExitError is the demo's outcome: nil when every request was verified;
+// requests a stop signal kept from running are named as such, apart from
+// those that failed transfer or verification.
+func demoExitError(sum demoSummary, results []demoResult) error {
+	interrupted := 0
+	for _, r := range results {
+		if r.Error == demoInterrupted {
+			interrupted++
+		}
+	}
+	if interrupted > 0 {
+		return fmt.Errorf("interrupted by a stop signal: %d of %d requests were not run; %d failed transfer or verification",
+			interrupted, len(results), max(0, sum.Failures+sum.WarmupFailures-interrupted))
+	}
 	if sum.Failures > 0 {
 		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
 	}
@@ -319,7 +336,7 @@ func failedTimelines(ctx context.Context, children []*child, results []demoResul
 	out := map[string][]engine.RoomTimeline{}
 	n := 0
 	for _, r := range results {
-		if r.OK || r.Error == "interrupted" || n >= 10 {
+		if r.OK || r.Error == demoInterrupted || n >= 10 {
 			continue
 		}
 		n++

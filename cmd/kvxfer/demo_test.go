@@ -481,3 +481,26 @@ func runDemoJSON(t *testing.T, f *demoFlags, out any) {
 		t.Fatal(err)
 	}
 }
+
+// TestDemoExitError: requests a stop signal kept from running are reported
+// as interrupted, not as transfer or verification failures.
+func TestDemoExitError(t *testing.T) {
+	ok, bad, intr := demoResult{OK: true}, demoResult{Error: "peer lost"}, demoResult{Error: demoInterrupted}
+	for _, c := range []struct {
+		name    string
+		sum     demoSummary
+		results []demoResult
+		want    string
+	}{
+		{"all verified", demoSummary{Requests: 2}, []demoResult{ok, ok}, ""},
+		{"failed", demoSummary{Requests: 2, Failures: 1}, []demoResult{ok, bad}, "1 of 2 requests failed transfer or verification"},
+		{"warm-up failed", demoSummary{Requests: 1, Warmup: 1, WarmupFailures: 1}, []demoResult{bad, ok}, "1 of 1 warm-up requests failed"},
+		{"interrupted", demoSummary{Requests: 3, Failures: 2}, []demoResult{ok, intr, intr}, "interrupted by a stop signal: 2 of 3 requests were not run; 0 failed"},
+		{"interrupted and failed", demoSummary{Requests: 3, Failures: 2}, []demoResult{bad, intr, ok}, "1 of 3 requests were not run; 1 failed"},
+	} {
+		err := demoExitError(c.sum, c.results)
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+}

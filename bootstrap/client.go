@@ -235,6 +235,12 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			// Connected (or dialling) but no HTTP answer: often another
+			// kind of port given as the bootstrap address.
+			return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (no answer within %s: is this the prefill's bootstrap server's HTTP port, default %d, and not a rank's control or metrics port?)", method, c.addr, path, err, c.requestTimeout, DefaultPort)
+		}
 		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (is the prefill's bootstrap server running at this address?)", method, c.addr, path, err)
 	}
 	defer resp.Body.Close()

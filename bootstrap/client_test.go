@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -78,5 +79,50 @@ func TestRouteMissingErrors(t *testing.T) {
 		}
 		cancel()
 		hs.Close()
+	}
+}
+
+// TestClientSilentAddressSaysWhatToCheck: a port that accepts connections
+// and never answers HTTP (a rank's ZeroMQ control port given as the
+// bootstrap address) fails after the request timeout saying that nothing
+// answered and which port it should be, not "is the server running".
+func TestClientSilentAddressSaysWhatToCheck(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held <- c // kept open, never answered
+		}
+	}()
+	defer func() {
+		for {
+			select {
+			case c := <-held:
+				c.Close()
+			default:
+				return
+			}
+		}
+	}()
+	c, err := NewClient(ln.Addr().String(), WithRequestTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.ServerInfo(context.Background())
+	if err == nil {
+		t.Fatal("ServerInfo from a silent port succeeded")
+	}
+	for _, want := range []string{ln.Addr().String(), "no answer within 200ms", "bootstrap server's HTTP port"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
 	}
 }

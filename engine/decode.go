@@ -240,7 +240,10 @@ func (m *Manager) lookup(ctx context.Context, key string, fetch func(ctx context
 		if last, ok := m.dec.lookupErrs.Load(key); ok {
 			return nil, fmt.Errorf("%w: %s: %w; last error: %v", ErrTimeout, key, context.Cause(ctx), last)
 		}
-		return nil, fmt.Errorf("%w: %s: %w", ErrTimeout, key, context.Cause(ctx))
+		// No attempt ended: the address accepted the connection (or the
+		// dial hangs) and never answered HTTP.
+		return nil, fmt.Errorf("%w: %s: %w: no answer to its first request yet: check that the address is the prefill's bootstrap server's HTTP port (--disaggregation-bootstrap-port, default %d), not a rank's control or metrics port, and that the server is not stopped",
+			ErrTimeout, key, context.Cause(ctx), bootstrap.DefaultPort)
 	}
 }
 

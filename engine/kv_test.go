@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/engine/kvargs"
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -447,6 +448,31 @@ func TestResolveUnknownBootstrapFails(t *testing.T) {
 	// The cause, not only the deadline: nothing listens on port 1.
 	if !strings.Contains(r.Failure().Error(), "connection refused") {
 		t.Fatalf("failure does not say why the directory was unreachable: %v", r.Failure())
+	}
+}
+
+// TestResolveSilentBootstrapSaysWhatToCheck: an address that accepts
+// connections but never answers HTTP (a rank's ZeroMQ control port given
+// as the bootstrap address) fails at the bootstrap timeout saying that
+// nothing answered and what the address should be, not a bare deadline.
+func TestResolveSilentBootstrapSaysWhatToCheck(t *testing.T) {
+	ln := testenv.SilentListener(t)
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, bootTmo: 500 * time.Millisecond})
+	r, err := d.m.NewReceiver(ln.Addr().String(), 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if st := r.Wait(ctx, engine.KVWaitingForInput); st != engine.KVFailed {
+		t.Fatalf("receiver with a silent bootstrap address: %s", st)
+	}
+	msg := r.Failure().Error()
+	for _, want := range []string{ln.Addr().String(), "no answer", "bootstrap server's HTTP port"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("failure %q lacks %q", msg, want)
+		}
 	}
 }
 

@@ -38,3 +38,19 @@ func SetBeforeVerdict(m *Manager, f func()) { m.beforeVerdict.Store(&f) }
 // instead of this build's (tests only: a peer of another release, whose
 // frames keep this build's layout, as versions 5 and 6 do).
 func SetControlVersion(m *Manager, v int) { m.ctlVersion.Store(int64(v)) }
+
+// RegisteredWith reports whether the decode manager holds a registration
+// with the prefill at endpoint (tests only).
+func RegisteredWith(m *Manager, endpoint string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.dec.ppeers[endpoint] != nil
+}
+
+// RegisteredDecodes returns how many decode registrations the prefill
+// manager holds (tests only).
+func RegisteredDecodes(m *Manager) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.pre.dpeers)
+}

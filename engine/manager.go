@@ -1461,6 +1461,9 @@ func (m *Manager) dispatch(parts [][]byte) {
 	if !m.checkSender(msg, env) {
 		return
 	}
+	if m.cfg.Role == RolePrefill {
+		defer m.noticeSilentDrop(msg)
+	}
 	switch v := msg.(type) {
 	case *control.PingMsg:
 		m.touch(v.Endpoint)
@@ -1620,6 +1623,9 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	}
 	dp := m.pre.dpeers[ep]
 	delete(m.pre.dpeers, ep)
+	if hung && dp != nil {
+		m.rememberSilentDropLocked(ep, dp.reg.Epoch)
+	}
 	var lostEpoch uint64
 	if pp := m.dec.ppeers[ep]; pp != nil {
 		lostEpoch = pp.epoch

@@ -35,6 +35,10 @@ type prefillSide struct {
 	// recentOrder: rooms of recent in the order first closed (expiry).
 	recentOrder []uint64
 	dpeers      map[string]*decodePeer // registered decode ranks
+	// silentDropped: decodes whose registration was dropped because they
+	// were silent for PeerTimeout (endpoint -> registration epoch); told
+	// when heard from again (silentdrop.go).
+	silentDropped map[string]uint64
 
 	dir       *bootstrap.Client // the directory this rank registers with
 	reregs    atomic.Int64      // re-registrations (reregister.go)
@@ -49,14 +53,16 @@ type prefillSide struct {
 
 func newPrefillSide(dir *bootstrap.Client) prefillSide {
 	return prefillSide{
-		senders:  map[uint64]*Sender{},
-		pending:  map[uint64]map[string]pendingTransfer{},
-		subs:     map[uint64]map[string]pendingSub{},
-		aborted:  map[uint64]earlyAbort{},
-		recent:   map[uint64]ackMemo{},
-		dpeers:   map[string]*decodePeer{},
-		dir:      dir,
-		checkNow: make(chan struct{}, 1),
+		senders: map[uint64]*Sender{},
+		pending: map[uint64]map[string]pendingTransfer{},
+		subs:    map[uint64]map[string]pendingSub{},
+		aborted: map[uint64]earlyAbort{},
+		recent:  map[uint64]ackMemo{},
+		dpeers:  map[string]*decodePeer{},
+		dir:     dir,
+
+		silentDropped: map[string]uint64{},
+		checkNow:      make(chan struct{}, 1),
 	}
 }
 

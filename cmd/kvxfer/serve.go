@@ -96,6 +96,9 @@ type rank struct {
 	drainNS                atomic.Int64
 	drainSig               atomic.Value // string
 	total, failed, refused atomic.Int64
+	// refusedBodies counts POST /v1/requests answered 503 while draining
+	// (their lines are not read, so they are not in refused).
+	refusedBodies atomic.Int64
 }
 
 // draining reports whether the drain began before t, and the signal.
@@ -301,7 +304,8 @@ func (r *rank) drain(sigs <-chan os.Signal, signalled bool, quiesce, abort func(
 
 // summary logs what the rank served, once it stops.
 func (r *rank) summary(how string) {
-	slog.Info("rank stopped", "how", how, "requests", r.total.Load(), "failed", r.failed.Load(), "refused_while_draining", r.refused.Load())
+	slog.Info("rank stopped", "how", how, "requests", r.total.Load(), "failed", r.failed.Load(), "refused_while_draining", r.refused.Load(),
+		"http_bodies_refused_while_draining", r.refusedBodies.Load())
 }
 
 // errStopped ends a gatedReader's reads once a drain stopped it.
@@ -819,6 +823,7 @@ func (r *rank) requireToken(next echo.HandlerFunc) echo.HandlerFunc {
 // result line in the streamed response.
 func (r *rank) postRequests(c echo.Context) error {
 	if draining, sig := r.drainedBefore(time.Now()); draining {
+		r.refusedBodies.Add(1)
 		return c.JSON(http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf(drainRefusal, sig)})
 	}
 	resp := c.Response()

@@ -26,11 +26,12 @@ func TestOpenTransports(t *testing.T) {
 			usable = append(usable, n)
 		}
 	}
-	tests := []struct {
+	type tcase struct {
 		spec    string
 		want    []string // nil: don't compare (auto)
 		wantErr error
-	}{
+	}
+	tests := []tcase{
 		{spec: "tcp", want: []string{"tcp"}},
 		{spec: " tcp ", want: []string{"tcp"}},
 		{spec: "tcp,tcp", want: []string{"tcp"}},
@@ -39,11 +40,6 @@ func TestOpenTransports(t *testing.T) {
 		{spec: "tcp,,shm", wantErr: nil /* any error */},
 		{spec: "auto"},
 		{spec: ""},
-	}
-	type tcase = struct {
-		spec    string
-		want    []string
-		wantErr error
 	}
 	if shmOK {
 		tests = append(tests, tcase{spec: "tcp,shm", want: []string{"shm", "tcp"}})

@@ -324,7 +324,7 @@ func New(ctx context.Context, cfg Config) (a *Agent, err error) {
 		_ = a.zctx.Term()
 		return nil, fmt.Errorf("agent %q: %w", cfg.Name, err)
 	}
-	a.ctlAddr = net.JoinHostPort(host, strconv.Itoa(a.ctl.port))
+	a.ctlAddr = net.JoinHostPort(host, strconv.Itoa(a.ctl.Port))
 	a.log.Debug("agent ready", "segment", te.Name(), "control", a.ctlAddr, "transport", tr.Name(), "fencing", a.fencer != nil)
 	return a, nil
 }
@@ -1181,7 +1181,7 @@ func (a *Agent) Close() error {
 		r.conn.close() // before the zmq context terminates
 	}
 	a.mu.Unlock()
-	a.ctl.close()
+	a.ctl.Close()
 	err := a.te.Close()
 	_ = a.zctx.Term()
 	return err

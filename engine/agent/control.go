@@ -10,11 +10,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/engine/internal/control"
+	"github.com/kvxfer/kvxfer/engine/internal/zrpc"
 )
 
 // Control channel frames (ZeroMQ multipart; a DEALER sends one request, the
@@ -174,111 +174,47 @@ type handler func(req *request) ([][]byte, error)
 
 // listener is the agent's control ROUTER socket and its serving goroutine.
 type listener struct {
-	sock    *zmq.Socket
-	port    int
-	handle  handler
-	log     *slog.Logger
-	done    chan struct{}
-	stopped chan struct{}
+	*zrpc.Listener
+	handle handler
+	log    *slog.Logger
 }
 
 func listen(zctx *zmq.Context, host string, port int, h handler, log *slog.Logger) (*listener, error) {
-	s, err := zctx.NewSocket(zmq.ROUTER)
+	l := &listener{handle: h, log: log}
+	zl, err := zrpc.Listen(zctx, host, port, l.serve, zrpc.ListenConfig{
+		ErrPrefix:  "agent: control channel",
+		LogPrefix:  "agent control",
+		MaxMessage: maxCtlMessage,
+		BindHint: func(error) string {
+			return "port in use, or the host is not an address of this machine; 0 picks a free port"
+		},
+		Log: log,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("agent: control channel: zmq ROUTER socket: %w", err)
+		return nil, err
 	}
-	_ = s.SetLinger(0)
-	_ = s.SetRcvtimeo(100 * time.Millisecond)
-	_ = s.SetSndtimeo(time.Second)
-	_ = s.SetMaxmsgsize(maxCtlMessage)
-	p := "*"
-	if port > 0 {
-		p = strconv.Itoa(port)
-	}
-	bh := host
-	if ip := net.ParseIP(bh); ip != nil && ip.To4() == nil {
-		_ = s.SetIpv6(true)
-		bh = "[" + bh + "]"
-	}
-	if err := s.Bind("tcp://" + bh + ":" + p); err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("agent: control channel: bind %s:%s: %w (port in use, or the host is not an address of this machine; 0 picks a free port)", host, p, err)
-	}
-	ep, err := s.GetLastEndpoint()
-	if err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("agent: control channel: endpoint: %w", err)
-	}
-	_, ps, err := net.SplitHostPort(ep[len("tcp://"):])
-	if err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("agent: control channel: endpoint %q: %w", ep, err)
-	}
-	l := &listener{sock: s, handle: h, log: log, done: make(chan struct{}), stopped: make(chan struct{})}
-	l.port, _ = strconv.Atoi(ps)
-	go l.loop()
+	l.Listener = zl
 	return l, nil
 }
 
-func (l *listener) loop() {
-	defer close(l.stopped)
-	for {
-		select {
-		case <-l.done:
-			return
-		default:
-		}
-		parts, err := l.sock.RecvMessageBytes(0)
-		if err != nil {
-			if zmq.AsErrno(err) == zmq.ETERM {
-				return
+// serve answers one request's frames (nil: no reply).
+func (l *listener) serve(frames [][]byte) [][]byte {
+	req, err := decodeRequest(frames)
+	if err != nil {
+		l.log.Debug("agent control: dropped a malformed request", "err", err)
+		if len(frames) >= 4 && string(frames[0]) == ctlMagic {
+			if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
+				return (&reply{ID: rid, Payload: [][]byte{[]byte(err.Error())}}).encode()
 			}
-			continue // EAGAIN (receive timeout), EINTR
 		}
-		if len(parts) < 2 {
-			continue
-		}
-		id, frames := parts[0], parts[1:]
-		req, err := decodeRequest(frames)
-		if err != nil {
-			l.log.Debug("agent control: dropped a malformed request", "err", err)
-			if len(frames) >= 4 && string(frames[0]) == ctlMagic {
-				if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
-					l.send(id, &reply{ID: rid, Payload: [][]byte{[]byte(err.Error())}})
-				}
-			}
-			continue
-		}
-		payload, herr := l.handle(req)
-		rep := &reply{ID: req.ID, OK: herr == nil, Payload: payload}
-		if herr != nil {
-			rep.Payload = [][]byte{[]byte(herr.Error())}
-		}
-		l.send(id, rep)
+		return nil
 	}
-}
-
-func (l *listener) send(id []byte, rep *reply) {
-	frames := rep.encode()
-	parts := make([]any, 0, len(frames)+1)
-	parts = append(parts, id)
-	for _, f := range frames {
-		parts = append(parts, f)
+	payload, herr := l.handle(req)
+	rep := &reply{ID: req.ID, OK: herr == nil, Payload: payload}
+	if herr != nil {
+		rep.Payload = [][]byte{[]byte(herr.Error())}
 	}
-	if _, err := l.sock.SendMessage(parts...); err != nil {
-		l.log.Debug("agent control: reply not sent (requester gone?)", "err", err)
-	}
-}
-
-// close stops the loop and closes the socket. Idempotent.
-func (l *listener) close() {
-	select {
-	case <-l.done:
-	default:
-		close(l.done)
-	}
-	<-l.stopped
-	_ = l.sock.Close()
+	return rep.encode()
 }
 
 // Errors of the control channel.
@@ -346,15 +282,9 @@ func dial(zctx *zmq.Context, addr, what string) (*zmq.Socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: control address %q is not host:port", addr)
 	}
-	s, err := zctx.NewSocket(zmq.DEALER)
+	s, err := zrpc.NewDealer(zctx, host, maxCtlMessage)
 	if err != nil {
 		return nil, fmt.Errorf("agent: control %s to %s: zmq DEALER socket: %w", what, addr, err)
-	}
-	_ = s.SetLinger(0)
-	_ = s.SetMaxmsgsize(maxCtlMessage)
-	_ = s.SetSndtimeo(time.Second)
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		_ = s.SetIpv6(true)
 	}
 	if err := s.Connect("tcp://" + net.JoinHostPort(host, port)); err != nil {
 		_ = s.Close()
@@ -378,22 +308,13 @@ func call(ctx context.Context, zctx *zmq.Context, addr string, req *request) ([]
 // wrap ErrAgentUnreachable (no answer; with ctx's error) or ErrRefused.
 func exchange(ctx context.Context, s *zmq.Socket, addr string, req *request) ([][]byte, error) {
 	req.ID = ctlSeq.Add(1)
-	frames := req.encode()
-	parts := make([]any, len(frames))
-	for i, f := range frames {
-		parts[i] = f
-	}
-	if _, err := s.SendMessage(parts...); err != nil {
+	if err := zrpc.Send(s, req.encode()); err != nil {
 		return nil, fmt.Errorf("agent: control %s to %s: send: %w: %v", req.Type, addr, ErrAgentUnreachable, err)
 	}
 	poller := zmq.NewPoller()
 	poller.Add(s, zmq.POLLIN)
 	for {
-		wait := 50 * time.Millisecond
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
-			wait = max(time.Until(dl), time.Millisecond)
-		}
-		polled, err := poller.Poll(wait)
+		polled, err := poller.Poll(zrpc.PollWait(ctx))
 		if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			return nil, fmt.Errorf("agent: control %s to %s: poll: %w", req.Type, addr, err)
 		}
@@ -410,7 +331,7 @@ func exchange(ctx context.Context, s *zmq.Socket, addr string, req *request) ([]
 				if !rep.OK {
 					why := ""
 					if len(rep.Payload) > 0 {
-						why = trunc4k(rep.Payload[0])
+						why = zrpc.Trunc4k(rep.Payload[0])
 					}
 					return nil, fmt.Errorf("agent: control %s to %s: %w: %s", req.Type, addr, ErrRefused, why)
 				}
@@ -421,11 +342,4 @@ func exchange(ctx context.Context, s *zmq.Socket, addr string, req *request) ([]
 			return nil, fmt.Errorf("agent: control %s to %s: %w: no answer before the deadline (agent process gone, host down, or not a kvxfer agent's control port): %w", req.Type, addr, ErrAgentUnreachable, err)
 		}
 	}
-}
-
-func trunc4k(b []byte) string {
-	if len(b) > 4096 {
-		return string(b[:4096]) + "…"
-	}
-	return string(b)
 }

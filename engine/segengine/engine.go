@@ -170,7 +170,7 @@ func NewTransferEngine(ctx context.Context, cfg TransferEngineConfig) (te *Trans
 		err = cfg.Directory.Publish(pctx, d)
 		cancel()
 		if err != nil {
-			te.rpc.close()
+			te.rpc.Close()
 			_ = te.zctx.Term()
 			return nil, fmt.Errorf("engine: transfer engine %q: publish segment descriptor: %w", te.name, err)
 		}
@@ -226,12 +226,12 @@ func (te *TransferEngine) Epoch() uint64 { return te.epoch }
 
 // RPCPort returns the port of the segment RPC listener (Mooncake's
 // get_rpc_port).
-func (te *TransferEngine) RPCPort() int { return te.rpc.port }
+func (te *TransferEngine) RPCPort() int { return te.rpc.Port }
 
 // RPCAddr returns "host:rpc_port", the address peers dial (the default
 // segment name).
 func (te *TransferEngine) RPCAddr() string {
-	return net.JoinHostPort(te.rpcHost, strconv.Itoa(te.rpc.port))
+	return net.JoinHostPort(te.rpcHost, strconv.Itoa(te.rpc.Port))
 }
 
 // Transport returns the engine's transport.
@@ -468,7 +468,7 @@ func (te *TransferEngine) Close() error {
 		}
 		cancel()
 	}
-	te.rpc.close()
+	te.rpc.Close()
 	err := te.tr.Close()
 	_ = te.zctx.Term()
 	return err

@@ -14,6 +14,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvxfer/kvxfer/engine/internal/control"
+	"github.com/kvxfer/kvxfer/engine/internal/zrpc"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -197,122 +198,57 @@ type segmentHandler func(ctx context.Context, req *segmentRequest) ([]byte, erro
 
 // rpcListener is a running segment RPC listener.
 type rpcListener struct {
-	sock    *zmq.Socket
-	port    int
+	*zrpc.Listener
 	handle  segmentHandler
 	timeout time.Duration
 	log     *slog.Logger
-	done    chan struct{}
-	stopped chan struct{}
 	served  atomic.Uint64
 }
 
 // listenRPC binds a ROUTER socket on bindHost:port (0 = a free port).
 func listenRPC(zctx *zmq.Context, bindHost string, port int, handle segmentHandler, timeout time.Duration, log *slog.Logger) (*rpcListener, error) {
-	s, err := zctx.NewSocket(zmq.ROUTER)
+	l := &rpcListener{handle: handle, timeout: timeout, log: log}
+	zl, err := zrpc.Listen(zctx, bindHost, port, l.serve, zrpc.ListenConfig{
+		ErrPrefix:  "engine: segment RPC",
+		LogPrefix:  "segment RPC",
+		MaxMessage: maxRPCMessage,
+		BindHint: func(err error) string {
+			if zmq.AsErrno(err) == zmq.EADDRINUSE {
+				return "another process uses the port; pick another rpc port or 0 for a free one"
+			}
+			return "is the host an address of this machine?"
+		},
+		Log: log,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("engine: segment RPC: zmq ROUTER socket: %w", err)
+		return nil, err
 	}
-	_ = s.SetLinger(0)
-	_ = s.SetRcvtimeo(100 * time.Millisecond)
-	_ = s.SetSndtimeo(time.Second)
-	_ = s.SetMaxmsgsize(maxRPCMessage)
-	p := "*"
-	if port > 0 {
-		p = strconv.Itoa(port)
-	}
-	h := bindHost
-	if ip := net.ParseIP(h); ip != nil && ip.To4() == nil {
-		_ = s.SetIpv6(true)
-		h = "[" + h + "]"
-	}
-	if err := s.Bind("tcp://" + h + ":" + p); err != nil {
-		_ = s.Close()
-		hint := "is the host an address of this machine?"
-		if zmq.AsErrno(err) == zmq.EADDRINUSE {
-			hint = "another process uses the port; pick another rpc port or 0 for a free one"
-		}
-		return nil, fmt.Errorf("engine: segment RPC: bind %s:%s: %w (%s)", bindHost, p, err, hint)
-	}
-	ep, err := s.GetLastEndpoint()
-	if err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("engine: segment RPC: endpoint: %w", err)
-	}
-	_, ps, err := net.SplitHostPort(ep[len("tcp://"):])
-	if err != nil {
-		_ = s.Close()
-		return nil, fmt.Errorf("engine: segment RPC: endpoint %q: %w", ep, err)
-	}
-	l := &rpcListener{sock: s, handle: handle, timeout: timeout, log: log, done: make(chan struct{}), stopped: make(chan struct{})}
-	l.port, _ = strconv.Atoi(ps)
-	go l.loop()
+	l.Listener = zl
 	return l, nil
 }
 
-func (l *rpcListener) loop() {
-	defer close(l.stopped)
-	for {
-		select {
-		case <-l.done:
-			return
-		default:
-		}
-		parts, err := l.sock.RecvMessageBytes(0)
-		if err != nil {
-			if zmq.AsErrno(err) == zmq.ETERM {
-				return
+// serve answers one request's frames (nil: no reply).
+func (l *rpcListener) serve(frames [][]byte) [][]byte {
+	req, err := decodeSegmentRequest(frames)
+	if err != nil {
+		l.log.Debug("segment RPC: dropped a malformed request", "err", err)
+		// Answer when the id is readable, so a confused peer learns why.
+		if len(frames) >= 4 && string(frames[0]) == segmentRPCMagic {
+			if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
+				return (&segmentReply{ID: rid, Payload: []byte(err.Error())}).Encode()
 			}
-			continue // EAGAIN (receive timeout), EINTR
 		}
-		if len(parts) < 2 {
-			continue
-		}
-		id, frames := parts[0], parts[1:]
-		req, err := decodeSegmentRequest(frames)
-		if err != nil {
-			l.log.Debug("segment RPC: dropped a malformed request", "err", err)
-			// Answer when the id is readable, so a confused peer learns why.
-			if len(frames) >= 4 && string(frames[0]) == segmentRPCMagic {
-				if rid, perr := strconv.ParseUint(string(frames[3]), 10, 64); perr == nil {
-					l.reply(id, &segmentReply{ID: rid, Payload: []byte(err.Error())})
-				}
-			}
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-		payload, herr := l.handle(ctx, req)
-		cancel()
-		rep := &segmentReply{ID: req.ID, OK: herr == nil, Payload: payload}
-		if herr != nil {
-			rep.Payload = []byte(herr.Error())
-		}
-		l.served.Add(1)
-		l.reply(id, rep)
+		return nil
 	}
-}
-
-func (l *rpcListener) reply(id []byte, rep *segmentReply) {
-	frames := rep.Encode()
-	parts := make([]any, 0, len(frames)+1)
-	parts = append(parts, id)
-	for _, f := range frames {
-		parts = append(parts, f)
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	payload, herr := l.handle(ctx, req)
+	cancel()
+	rep := &segmentReply{ID: req.ID, OK: herr == nil, Payload: payload}
+	if herr != nil {
+		rep.Payload = []byte(herr.Error())
 	}
-	if _, err := l.sock.SendMessage(parts...); err != nil {
-		l.log.Debug("segment RPC: reply not sent (requester gone?)", "err", err)
-	}
-}
-
-// close stops the loop and closes the socket. Idempotent.
-func (l *rpcListener) close() {
-	select {
-	case <-l.done:
-	default:
-		close(l.done)
-	}
-	<-l.stopped
-	_ = l.sock.Close()
+	l.served.Add(1)
+	return rep.Encode()
 }
 
 // Errors of the segment RPC client. The wrapping errors name the address.
@@ -348,17 +284,11 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 	if err != nil || port == "" {
 		return nil, fmt.Errorf("engine: segment RPC address %q is not host:port (segment names are \"host:rpc_port\" in P2P mode)", addr)
 	}
-	s, err := c.zctx.NewSocket(zmq.DEALER)
+	s, err := zrpc.NewDealer(c.zctx, host, maxRPCMessage)
 	if err != nil {
 		return nil, fmt.Errorf("engine: segment RPC to %s: zmq DEALER socket: %w", addr, err)
 	}
 	defer s.Close()
-	_ = s.SetLinger(0)
-	_ = s.SetMaxmsgsize(maxRPCMessage)
-	_ = s.SetSndtimeo(time.Second)
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
-		_ = s.SetIpv6(true)
-	}
 	monAddr := fmt.Sprintf("inproc://kvxseg-%p-%d", c, rpcSeq.Add(1))
 	var mon *zmq.Socket
 	if err := s.Monitor(monAddr, zmq.EVENT_CONNECTED|zmq.EVENT_CONNECT_RETRIED); err == nil {
@@ -390,12 +320,7 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 		return nil, fmt.Errorf("engine: segment RPC: connect to %s: %w: %v", addr, ErrSegmentUnreachable, err)
 	}
 	req.ID = rpcSeq.Add(1)
-	frames := req.Encode()
-	parts := make([]any, len(frames))
-	for i, f := range frames {
-		parts[i] = f
-	}
-	if _, err := s.SendMessage(parts...); err != nil {
+	if err := zrpc.Send(s, req.Encode()); err != nil {
 		return nil, fmt.Errorf("engine: segment RPC %s to %s: send: %w: %v", req.Type, addr, ErrSegmentUnreachable, err)
 	}
 	poller := zmq.NewPoller()
@@ -405,11 +330,7 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 	}
 	connected := false
 	for {
-		wait := 50 * time.Millisecond
-		if dl, _ := ctx.Deadline(); time.Until(dl) < wait {
-			wait = max(time.Until(dl), time.Millisecond)
-		}
-		polled, err := poller.Poll(wait)
+		polled, err := poller.Poll(zrpc.PollWait(ctx))
 		if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
 			return nil, fmt.Errorf("engine: segment RPC %s to %s: poll: %w", req.Type, addr, err)
 		}
@@ -441,7 +362,7 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 				continue // a late answer to an earlier request on this socket cannot happen; ignore
 			}
 			if !rep.OK {
-				return nil, fmt.Errorf("engine: segment RPC %s to %s: %w: %s", req.Type, addr, ErrSegmentRefused, trunc4k(rep.Payload))
+				return nil, fmt.Errorf("engine: segment RPC %s to %s: %w: %s", req.Type, addr, ErrSegmentRefused, zrpc.Trunc4k(rep.Payload))
 			}
 			return rep.Payload, nil
 		}
@@ -453,11 +374,4 @@ func (c *rpcClient) call(ctx context.Context, addr string, req *segmentRequest) 
 			return nil, fmt.Errorf("engine: segment RPC %s to %s: %w: %s before the deadline (peer hung, host down, or not a kvxfer engine RPC port): %w", req.Type, addr, ErrSegmentUnreachable, what, err)
 		}
 	}
-}
-
-func trunc4k(b []byte) string {
-	if len(b) > 4096 {
-		return string(b[:4096]) + "…"
-	}
-	return string(b)
 }

@@ -279,6 +279,21 @@ func TestLayerRules(t *testing.T) {
 		}
 	}
 
+	// The request/reply plumbing is ZeroMQ and the standard library only
+	// (an allowlist): no frames, no codec, no engine package.
+	plumbing := mod + "/engine/internal/zrpc"
+	if p := pkgs[plumbing]; p == nil {
+		t.Errorf("%s not found (renamed or moved? update the rule)", short(plumbing))
+	} else {
+		for _, dep := range p.Deps {
+			first, _, _ := strings.Cut(dep, "/")
+			if !strings.Contains(first, ".") || dep == "github.com/pebbe/zmq4" {
+				continue
+			}
+			t.Errorf("%s depends on %s (%s): the ZeroMQ request/reply plumbing imports only zmq4 and the standard library", short(plumbing), short(dep), chain(pkgs, plumbing, dep))
+		}
+	}
+
 	// The control codec stays internal to engine/: only engine and the
 	// packages under it may import it (Go enforces that for any path under
 	// engine/internal; this keeps it there).

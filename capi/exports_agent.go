@@ -170,22 +170,40 @@ func agentDescs(op string, p *C.kvx_agent_desc, n C.uint32_t) ([]agent.Desc, err
 	return out, nil
 }
 
+// agentDescArgs checks the arguments kvx_agent_register and
+// kvx_agent_prep_dlist share, in this order: the agent handle, out (outNil:
+// the caller's out is NULL), mem_kind, then descs and n. Errors name op and
+// the argument.
+func agentDescArgs(op string, ag C.kvx_agent_t, outNil bool, kind C.uint32_t, descs *C.kvx_agent_desc, n C.uint32_t) (*agentObj, transport.MemoryKind, []agent.Desc, error) {
+	o, err := getAgent(op, ag)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	if outNil {
+		return nil, 0, nil, nullArg(op, "out")
+	}
+	k, err := memKind(op, kind)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	ds, err := agentDescs(op, descs, n)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	return o, k, ds, nil
+}
+
+// notifTooLong is the error for a notification of length bytes, over
+// agent.MaxNotifBytes.
+func notifTooLong(op string, length C.size_t) error {
+	return fail(stInvalidArgument, "%s: notification of %d bytes, longer than %d", op, length, agent.MaxNotifBytes)
+}
+
 //export kvx_agent_register
 func kvx_agent_register(ag C.kvx_agent_t, kind C.uint32_t, descs *C.kvx_agent_desc, n C.uint32_t, out *C.kvx_agent_reg_t) (rc C.int) {
 	const op = "kvx_agent_register"
 	defer guard(op, &rc)
-	o, err := getAgent(op, ag)
-	if err != nil {
-		return finish(err)
-	}
-	if out == nil {
-		return finish(nullArg(op, "out"))
-	}
-	k, err := memKind(op, kind)
-	if err != nil {
-		return finish(err)
-	}
-	ds, err := agentDescs(op, descs, n)
+	o, k, ds, err := agentDescArgs(op, ag, out == nil, kind, descs, n)
 	if err != nil {
 		return finish(err)
 	}
@@ -271,18 +289,7 @@ func kvx_agent_remove_remote(ag C.kvx_agent_t, name *C.char) (rc C.int) {
 func kvx_agent_prep_dlist(ag C.kvx_agent_t, remote *C.char, kind C.uint32_t, descs *C.kvx_agent_desc, n C.uint32_t, out *C.kvx_dlist_t) (rc C.int) {
 	const op = "kvx_agent_prep_dlist"
 	defer guard(op, &rc)
-	o, err := getAgent(op, ag)
-	if err != nil {
-		return finish(err)
-	}
-	if out == nil {
-		return finish(nullArg(op, "out"))
-	}
-	k, err := memKind(op, kind)
-	if err != nil {
-		return finish(err)
-	}
-	ds, err := agentDescs(op, descs, n)
+	o, k, ds, err := agentDescArgs(op, ag, out == nil, kind, descs, n)
 	if err != nil {
 		return finish(err)
 	}
@@ -355,7 +362,7 @@ func kvx_agent_make_xfer(ag C.kvx_agent_t, opc C.uint32_t, local C.kvx_dlist_t, 
 	case ri == nil:
 		return finish(nullArg(op, "remote_idx"))
 	case notif != nil && length > agent.MaxNotifBytes:
-		return finish(fail(stInvalidArgument, "%s: notification of %d bytes, longer than %d", op, length, agent.MaxNotifBytes))
+		return finish(notifTooLong(op, length))
 	}
 	h, err := o.a.MakeXfer(xop, agent.DlistHandle(local), indices(li, n), agent.DlistHandle(remote), indices(ri, n), optBytes(notif, length))
 	if err != nil {
@@ -374,7 +381,7 @@ func kvx_agent_post(ag C.kvx_agent_t, x C.kvx_xfer_t, notif unsafe.Pointer, leng
 		return finish(err)
 	}
 	if notif != nil && length > agent.MaxNotifBytes {
-		return finish(fail(stInvalidArgument, "%s: notification of %d bytes, longer than %d", op, length, agent.MaxNotifBytes))
+		return finish(notifTooLong(op, length))
 	}
 	var msg []byte
 	if notif != nil {
@@ -505,7 +512,7 @@ func kvx_agent_send_notif(ag C.kvx_agent_t, remote *C.char, msg unsafe.Pointer, 
 	case msg == nil && length > 0:
 		return finish(nullArg(op, "msg"))
 	case length > agent.MaxNotifBytes:
-		return finish(fail(stInvalidArgument, "%s: notification of %d bytes, longer than %d", op, length, agent.MaxNotifBytes))
+		return finish(notifTooLong(op, length))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()

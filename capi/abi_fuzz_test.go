@@ -61,6 +61,37 @@ func newBatchABI(tb testing.TB) *batchABI {
 	return &batchABI{seg: h, src: src, region: uint32(id)}
 }
 
+// batch allocates a batch of capacity requests on env's segment; done
+// waits for what was submitted to it and frees it, failing t when either
+// does.
+func (env *batchABI) batch(t *testing.T, capacity uint32) (b cBatch, done func()) {
+	t.Helper()
+	if rc := kvx_batch_alloc(cSegment(env.seg), cUint32(capacity), &b); rc != 0 {
+		t.Fatalf("kvx_batch_alloc(%d) = %d", capacity, rc)
+	}
+	return b, func() {
+		if rc := kvx_batch_wait(b, 30000); rc != 0 {
+			t.Errorf("kvx_batch_wait = %d", rc)
+		}
+		if rc := kvx_batch_free(b); rc != 0 {
+			t.Errorf("kvx_batch_free = %d", rc)
+		}
+	}
+}
+
+// submitWant is the status a submit of n requests into a batch of capacity
+// with free of them unused returns: KVX_ERR_INVALID_ARGUMENT for n 0 or
+// over the capacity, KVX_ERR_BUSY for n over what is free, else OK.
+func submitWant(capacity, free, n uint32) int32 {
+	switch {
+	case n == 0 || n > capacity:
+		return int32(stInvalidArgument)
+	case n > free:
+		return int32(stBusy)
+	}
+	return int32(stOK)
+}
+
 // guardedBytes returns n bytes that end where a PROT_NONE page begins: a
 // read past them faults the process, so a test handing such an array to an
 // export with a count past its end fails loudly if the export reads it.
@@ -111,18 +142,8 @@ func FuzzBatchSubmitArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, capacity, pre, n uint32) {
 		capacity = 1 + capacity%64
 		pre %= capacity + 1
-		var b cBatch
-		if rc := kvx_batch_alloc(cSegment(env.seg), cUint32(capacity), &b); rc != 0 {
-			t.Fatalf("kvx_batch_alloc(%d) = %d", capacity, rc)
-		}
-		defer func() {
-			if rc := kvx_batch_wait(b, 30000); rc != 0 {
-				t.Errorf("kvx_batch_wait = %d", rc)
-			}
-			if rc := kvx_batch_free(b); rc != 0 {
-				t.Errorf("kvx_batch_free = %d", rc)
-			}
-		}()
+		b, done := env.batch(t, capacity)
+		defer done()
 		fill := func(rs []cWriteRequest) {
 			for i := range rs {
 				rs[i] = cWriteRequest{local_addr: cUint64(uintptr(unsafe.Pointer(&env.src[0])) + uintptr(i*64)),
@@ -139,13 +160,7 @@ func FuzzBatchSubmitArgs(f *testing.F) {
 		free := capacity - pre
 		p, arr := guarded(t, int(free))
 		fill(arr)
-		want := int32(stOK)
-		switch {
-		case n == 0 || n > capacity:
-			want = int32(stInvalidArgument)
-		case n > free:
-			want = int32(stBusy)
-		}
+		want := submitWant(capacity, free, n)
 		if rc := kvx_batch_submit(b, p, cUint32(n)); int32(rc) != want {
 			t.Fatalf("capacity %d, %d submitted, n %d: rc %d, want %d", capacity, pre, n, rc, want)
 		}
@@ -236,18 +251,8 @@ func FuzzBatchSubmitSoAArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, capacity, pre, n, bad uint32) {
 		capacity = 1 + capacity%64
 		pre %= capacity + 1
-		var b cBatch
-		if rc := kvx_batch_alloc(cSegment(env.seg), cUint32(capacity), &b); rc != 0 {
-			t.Fatalf("kvx_batch_alloc(%d) = %d", capacity, rc)
-		}
-		defer func() {
-			if rc := kvx_batch_wait(b, 30000); rc != 0 {
-				t.Errorf("kvx_batch_wait = %d", rc)
-			}
-			if rc := kvx_batch_free(b); rc != 0 {
-				t.Errorf("kvx_batch_free = %d", rc)
-			}
-		}()
+		b, done := env.batch(t, capacity)
+		defer done()
 		if pre > 0 {
 			l, r, k := arrays(t, int(pre), ^uint32(0))
 			if rc := kvx_batch_submit_soa(b, cUint32(pre), l, r, k, cUint32(env.region)); rc != 0 {
@@ -256,13 +261,8 @@ func FuzzBatchSubmitSoAArgs(f *testing.F) {
 		}
 		free := capacity - pre
 		l, r, k := arrays(t, int(free), bad)
-		want := int32(stOK)
-		switch {
-		case n == 0 || n > capacity:
-			want = int32(stInvalidArgument)
-		case n > free:
-			want = int32(stBusy)
-		case bad < n:
+		want := submitWant(capacity, free, n)
+		if want == int32(stOK) && bad < n {
 			want = int32(stInvalidArgument)
 		}
 		if rc := kvx_batch_submit_soa(b, cUint32(n), l, r, k, cUint32(env.region)); int32(rc) != want {

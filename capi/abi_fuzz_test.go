@@ -138,6 +138,7 @@ func FuzzBatchSubmitArgs(f *testing.F) {
 	f.Add(uint32(8), uint32(8), uint32(1))
 	f.Add(uint32(3), uint32(1), uint32(0))
 	f.Add(uint32(64), uint32(0), uint32(0xFFFFFFFF))
+	f.Add(uint32(3), uint32(3), uint32(2)) // capacity 4, 3 submitted, n 2 > the 1 free: KVX_ERR_BUSY
 	env := newBatchABI(f)
 	f.Fuzz(func(t *testing.T, capacity, pre, n uint32) {
 		capacity = 1 + capacity%64
@@ -232,6 +233,7 @@ func FuzzBatchSubmitSoAArgs(f *testing.F) {
 	f.Add(uint32(8), uint32(6), uint32(3), uint32(1))
 	f.Add(uint32(3), uint32(1), uint32(0), uint32(0))
 	f.Add(uint32(64), uint32(0), uint32(0xFFFFFFFF), uint32(7))
+	f.Add(uint32(3), uint32(3), uint32(2), uint32(5)) // capacity 4, 3 submitted, n 2 > the 1 free: KVX_ERR_BUSY
 	env := newBatchABI(f)
 	arrays := func(t *testing.T, k int, bad uint32) (*cUint64, *cUint64, *cUint64) {
 		mk := func() []uint64 {

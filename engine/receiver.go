@@ -57,6 +57,14 @@ type Receiver struct {
 
 	dpRank int // prefill DP rank given by the caller (-1: resolve)
 
+	// sendMu orders each producer's TRANSFER before the room's ABORT to it:
+	// run holds it from marking a target sent until its TRANSFER is handed to
+	// the control socket, and failLocal's ABORT sends take it first. A
+	// prefill that does not hold the room yet serves a TRANSFER arriving
+	// after an ABORT as a retry of the room (earlyAbortGrace), so an ABORT
+	// that overtook its TRANSFER let the failed attempt write into pages
+	// handed back at its clean ABORT_ACK.
+	sendMu      sync.Mutex
 	mu          sync.Mutex
 	pages       []int32
 	auxIndex    int
@@ -355,10 +363,13 @@ func (r *Receiver) run() {
 	r.st.advance(KVTransferring)
 	for _, t := range ts {
 		// Mark the producer as told before telling it: a failure from now
-		// on waits for it to be fenced.
+		// on waits for it to be fenced, and its ABORT waits for this
+		// TRANSFER to be handed to the socket (sendMu).
+		r.sendMu.Lock()
 		r.mu.Lock()
 		if p, _ := r.st.get(); p == KVFailed {
 			r.mu.Unlock()
+			r.sendMu.Unlock()
 			return
 		}
 		t.sent = true
@@ -368,7 +379,9 @@ func (r *Receiver) run() {
 		if t.extras {
 			msg.AuxIndex, msg.StateIndices = aux, state
 		}
-		if err := r.m.send(t.endpoint, msg.Encode(), false); err != nil {
+		err := r.m.send(t.endpoint, msg.Encode(), false)
+		r.sendMu.Unlock()
+		if err != nil {
 			r.failLocal(fmt.Errorf("engine: room %d: TRANSFER to prefill %s: %w", r.room, t.endpoint, err))
 			return
 		}
@@ -1049,7 +1062,12 @@ func (r *Receiver) failLocal(err error) bool {
 			// handled before a send returns, and the timeline must not show
 			// the answer before the question.
 			r.tr.event(r.tr.step(), t.endpoint, "ABORT sent")
-			if !r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch) {
+			// After a TRANSFER run is sending to it (sendMu): on one
+			// connection the producer then sees the ABORT last.
+			r.sendMu.Lock()
+			sent := r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch)
+			r.sendMu.Unlock()
+			if !sent {
 				r.tr.event(r.tr.step(), t.endpoint, "ABORT could not be sent (control socket refused it); the fence timeout decides")
 			}
 		}()

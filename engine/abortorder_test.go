@@ -21,16 +21,26 @@ import (
 // soak's silent corruption (bench/RESULTS.md). Before the fix the ABORT went
 // first, the prefill's sender reached WaitingForInput and overwrote the
 // next room's bytes.
+//
+// Each way a decode fails a room is tried: the caller's Abort (failLocal's
+// ABORT), and the bootstrap heartbeat giving up on the prefill instance
+// (which also sends its own ABORT to every producer).
 func TestAbortDuringTransferSendNotServed(t *testing.T) {
+	for _, how := range []string{"abort", "bootstrap lost"} {
+		t.Run(how, func(t *testing.T) { abortDuringTransferSend(t, how) })
+	}
+}
+
+func abortDuringTransferSend(t *testing.T, how string) {
 	const room = 31
-	addr := startBootstrap(t)
+	addr, stopBootstrap := stoppableBootstrap(t, 0)
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, bootTmo: 10 * time.Second})
 	var (
 		recv      atomic.Pointer[engine.Receiver]
 		armed     atomic.Bool
 		abortSeen = make(chan struct{}, 16)
 	)
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: func(peer, msgType string) bool {
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, bootHB: 100 * time.Millisecond, controlFault: func(peer, msgType string) bool {
 		switch msgType {
 		case engine.MsgAbort:
 			select {
@@ -41,11 +51,17 @@ func TestAbortDuringTransferSendNotServed(t *testing.T) {
 			if r := recv.Load(); r != nil && armed.CompareAndSwap(true, false) {
 				// The room fails while its TRANSFER is on its way out:
 				// give the ABORT every chance to overtake it.
-				r.Abort()
+				wait := time.Second
+				if how == "abort" {
+					r.Abort()
+				} else {
+					stopBootstrap() // the heartbeat gives up after its failures
+					wait = 10 * time.Second
+				}
 				select {
 				case <-abortSeen:
 					time.Sleep(200 * time.Millisecond) // let it reach the socket
-				case <-time.After(time.Second):
+				case <-time.After(wait):
 				}
 			}
 		}
@@ -70,7 +86,7 @@ func TestAbortDuringTransferSendNotServed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
-		t.Fatalf("decode room: %s (%v), want Failed (aborted)", st, r.Failure())
+		t.Fatalf("decode room: %s (%v), want Failed (%s)", st, r.Failure(), how)
 	}
 	select {
 	case <-r.Fenced():

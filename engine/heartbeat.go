@@ -156,7 +156,11 @@ func (m *Manager) bootstrapLost(inst *instanceInfo, fails int, last error) {
 			ts := r.targets
 			r.mu.Unlock()
 			for _, t := range ts {
+				// After a TRANSFER being sent to it (Receiver.sendMu), as
+				// failLocal's own ABORTs.
+				r.sendMu.Lock()
 				_ = m.send(t.endpoint, (&control.AbortMsg{Room: r.room, Endpoint: m.endpoint, Reason: "decode lost the bootstrap server " + inst.addr}).Encode(), true)
+				r.sendMu.Unlock()
 			}
 		}
 	}

@@ -1296,26 +1296,16 @@ func (m *Manager) pushState(endpoint string) (unreachable, connected bool, dialE
 // dialProbe dials a "tcp://host:port" endpoint once and returns why it
 // failed ("" when it connected).
 func dialProbe(ep string) string {
-	why, _ := dialProbeGone(ep)
-	return why
-}
-
-// dialProbeGone is dialProbe that also says whether the failure means the
-// process is gone: refused, no route, a timeout. A reset does not: a
-// listening peer accepted the probe and the connection was then reset
-// (as an `ss -K` of the peer's connections does to the probe's own).
-func dialProbeGone(ep string) (why string, gone bool) {
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(ep, "tcp://"), time.Second)
 	if err != nil {
-		gone = !errors.Is(err, syscall.ECONNRESET)
 		var op *net.OpError
 		if errors.As(err, &op) && op.Err != nil {
-			return op.Err.Error(), gone
+			return op.Err.Error()
 		}
-		return err.Error(), gone
+		return err.Error()
 	}
 	_ = c.Close()
-	return "", false
+	return ""
 }
 
 // lostError words a peer that PeerTimeout declared lost: one never reached

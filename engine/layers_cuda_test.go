@@ -3,9 +3,6 @@ package engine_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -131,22 +128,7 @@ const lwCUDAChild = "KVXFER_TEST_LAYERWISE_CUDA_CHILD"
 // the environment naming the CUDA libraries), so the test runs itself again
 // with the fake's environment.
 func TestLayerwiseCUDAEventFake(t *testing.T) {
-	if os.Getenv(lwCUDAChild) == "" {
-		fake := testenv.BuildFakeCUDA(t, nil, nil)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestLayerwiseCUDAEventFake$", "-test.count=1", "-test.v")
-		cmd.Env = append(append(os.Environ(), fake.Env()...), lwCUDAChild+"=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestLayerwiseCUDAEventFake") {
-			t.Fatalf("the test with the fake CUDA libraries: %v\n%s", err, out)
-		}
-		return
-	}
-	cuda.Close()
-	if err := cuda.Load(); err != nil {
-		t.Fatalf("load the fake CUDA libraries named by the environment: %v", err)
-	}
-	t.Cleanup(func() { cuda.Close() })
-	checkLayerwiseCUDA(t)
+	testenv.InFakeCUDAProcess(t, lwCUDAChild, "TestLayerwiseCUDAEventFake", checkLayerwiseCUDA)
 }
 
 // TestLayerwiseCUDAEventGPU is the same on a real GPU (scripts/gpu-check.sh

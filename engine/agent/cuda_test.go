@@ -3,9 +3,6 @@ package agent_test
 import (
 	"bytes"
 	"context"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -22,22 +19,7 @@ const vramChild = "KVXFER_TEST_AGENT_VRAM_CHILD"
 // CUDA library: both agents register CUDA memory, the decode READs device
 // blocks of the prefill into its own device memory over tcp.
 func TestVRAMFake(t *testing.T) {
-	if os.Getenv(vramChild) == "" {
-		fake := testenv.BuildFakeCUDA(t, nil, nil)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestVRAMFake$", "-test.count=1", "-test.v")
-		cmd.Env = append(append(os.Environ(), fake.Env()...), vramChild+"=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestVRAMFake") {
-			t.Fatalf("the test with the fake CUDA libraries: %v\n%s", err, out)
-		}
-		return
-	}
-	cuda.Close()
-	if err := cuda.Load(); err != nil {
-		t.Fatalf("load the fake CUDA libraries named by the environment: %v", err)
-	}
-	t.Cleanup(func() { cuda.Close() })
-	checkVRAM(t)
+	testenv.InFakeCUDAProcess(t, vramChild, "TestVRAMFake", checkVRAM)
 }
 
 // TestVRAMGPU is the same on a real GPU (KVXFER_REQUIRE_GPU=1 makes a

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -142,6 +143,33 @@ func (f FakeCUDA) Load(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { cuda.Close() })
+}
+
+// InFakeCUDAProcess runs check with the fake CUDA libraries loaded from a
+// process started with their environment (FakeCUDA.Env), for code that
+// picks its CUDA path when the process starts (the tcp transport's device
+// copier). Called from test testName, it runs the test binary again with
+// only that test and childVar=1 set and fails when the child does not
+// pass; in the child it loads the libraries the environment names and
+// runs check. It skips when gcc is not installed (BuildFakeCUDA).
+func InFakeCUDAProcess(t *testing.T, childVar, testName string, check func(t *testing.T)) {
+	t.Helper()
+	if os.Getenv(childVar) == "" {
+		fake := BuildFakeCUDA(t, nil, nil)
+		cmd := exec.Command(os.Args[0], "-test.run=^"+testName+"$", "-test.count=1", "-test.v")
+		cmd.Env = append(append(os.Environ(), fake.Env()...), childVar+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: "+testName) {
+			t.Fatalf("the test with the fake CUDA libraries: %v\n%s", err, out)
+		}
+		return
+	}
+	cuda.Close()
+	if err := cuda.Load(); err != nil {
+		t.Fatalf("load the fake CUDA libraries named by the environment: %v", err)
+	}
+	t.Cleanup(func() { cuda.Close() })
+	check(t)
 }
 
 // RequireGPU loads the real CUDA libraries for tb (unloaded when it ends):

@@ -323,6 +323,12 @@ type requestLine struct {
 	// either the pages are sent whole after they are filled.
 	Layerwise      bool  `json:"layerwise,omitempty"`
 	LayerComputeUS int64 `json:"layer_compute_us,omitempty"`
+	// PatternRoom (prefill) is the room whose test pattern the prefill
+	// fills the request's pages with (--fill) instead of Room's: kvxfer
+	// chaos gives the two attempts of a room it retries with the same
+	// bootstrap_room different bytes, so a stale write of the first attempt
+	// in the retry's pages shows.
+	PatternRoom *uint64 `json:"pattern_room,omitempty"`
 }
 
 // readyEvent is the Event of the one line a rank prints when it serves
@@ -665,6 +671,7 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		HashIDs   []int64         `json:"hash_ids"`
 		Layerwise *bool           `json:"layerwise"`
 		LayerUS   *int64          `json:"layer_compute_us"`
+		Pattern   json.RawMessage `json:"pattern_room"`
 	}
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -728,6 +735,16 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 		if raw.LayerUS != nil {
 			q.LayerComputeUS = *raw.LayerUS
 		}
+	}
+	if raw.Pattern != nil {
+		if role != engine.RolePrefill {
+			return q, true, fmt.Errorf(`"pattern_room" is a prefill request field (whose test pattern the prefill sends)`)
+		}
+		pr, err := strconv.ParseUint(string(raw.Pattern), 10, 64)
+		if err != nil || pr > maxRoom {
+			return q, true, fmt.Errorf(`"pattern_room" %s: want an integer 0 … 2^63-1`, raw.Pattern)
+		}
+		q.PatternRoom = &pr
 	}
 	return q, true, nil
 }

@@ -53,6 +53,10 @@ func TestParseRequest(t *testing.T) {
 		{`{"room":1,"tokens":64,"layerwise":true}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 64}, true, "prefill request fields"},
 		{`{"room":1,"tokens":64,"layer_compute_us":-1}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64}, true, `"layer_compute_us" -1`},
 		{`{"room":1,"tokens":64,"layerwise":1}`, engine.RolePrefill, requestLine{}, false, `"layerwise" is a JSON number`},
+		{`{"room":1,"tokens":64,"pattern_room":77}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64, PatternRoom: new(uint64(77))}, true, ""},
+		{`{"room":1,"tokens":64,"pattern_room":77}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 64}, true, "prefill request field"},
+		{`{"room":1,"tokens":64,"pattern_room":-1}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64}, true, `"pattern_room" -1`},
+		{`{"room":1,"tokens":64,"pattern_room":9223372036854775808}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 64}, true, `"pattern_room" 9223372036854775808`},
 	}
 	for _, c := range cases {
 		q, hasRoom, err := parseRequest(c.line, c.role)
@@ -191,7 +195,8 @@ func FuzzParseRequest(f *testing.F) {
 				continue
 			}
 			if q.Tokens < 1 || q.Room > maxRoom || (role == engine.RolePrefill && q.Bootstrap != "") ||
-				(role == engine.RoleDecode && (q.Layerwise || q.LayerComputeUS != 0)) || q.LayerComputeUS < 0 {
+				(role == engine.RoleDecode && (q.Layerwise || q.LayerComputeUS != 0 || q.PatternRoom != nil)) || q.LayerComputeUS < 0 ||
+				(q.PatternRoom != nil && *q.PatternRoom > maxRoom) {
 				t.Fatalf("%q accepted as %+v", line, q)
 			}
 		}

@@ -232,6 +232,7 @@ func (r *rank) serveLine(in inputLine, lease *workload.Lease) (rep replyLine, re
 	case r.role == engine.RolePrefill:
 		rc := r.rc
 		rc.Layerwise, rc.LayerTime = in.q.Layerwise, time.Duration(in.q.LayerComputeUS)*time.Microsecond
+		rc.PatternRoom = in.q.PatternRoom
 		rep.Result = cluster.PrefillRoom(r.roomCtx, r.m, r.pool, r.rows, rc, in.q.Room, in.q.Tokens)
 	default:
 		rep.Result, release = cluster.DecodeRoom(r.roomCtx, r.m, r.pool, r.rows, lease, r.rc, in.q.Room, in.q.Tokens, in.q.Bootstrap)

@@ -94,6 +94,12 @@ type RoomConfig struct {
 	// Fill (prefill) writes the test pattern (workload.FillPattern) into the
 	// source pages and aux row before sending.
 	Fill bool
+	// PatternRoom (prefill), when set, is the room whose test pattern Fill
+	// writes instead of the room's own: a harness that retries a room
+	// with the same bootstrap_room (kvxfer chaos) gives each attempt bytes
+	// of its own, so a write of one attempt found in the other's pages is
+	// told apart.
+	PatternRoom *uint64
 	// Verifier (decode), when set, is the engine's VerifyKV hook
 	// (ManagerConfig.VerifyKV = Verifier.VerifyKV); DecodeRoom reports its
 	// time and checks a held prefix's blocks.
@@ -182,10 +188,14 @@ func PrefillRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffer
 	modeled := c.LayerTime > 0 || c.Layerwise
 	if c.Fill {
 		t := time.Now()
-		if err := workload.FillPattern(pool, room, src, 0); err != nil {
+		pattern := room
+		if c.PatternRoom != nil {
+			pattern = *c.PatternRoom
+		}
+		if err := workload.FillPattern(pool, pattern, src, 0); err != nil {
 			return fail(err)
 		}
-		if err := workload.FillAux(pool, room, int(aux[0])); err != nil {
+		if err := workload.FillAux(pool, pattern, int(aux[0])); err != nil {
 			return fail(err)
 		}
 		r.FillUS = time.Since(t).Microseconds()

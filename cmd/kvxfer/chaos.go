@@ -43,7 +43,12 @@ import (
 
 // chaosFaults are the fault kinds a faulted room draws from (the delay
 // fault is not drawn: every room of the last prefill process has it).
-var chaosFaults = []string{"kill", "stall", "drop", "slow", "tokens", "abort", "ctlreset", "datareset", "bootstrap"}
+var chaosFaults = []string{"kill", "stall", "drop", "slow", "tokens", "abort", "ctlreset", "datareset", "bootstrap", "restart", "exit", "retry"}
+
+// retrySalt turns a room into the test pattern of its first attempt under
+// the retry fault (room ^ retrySalt is still a 63-bit room): the two
+// attempts of one bootstrap_room carry different bytes.
+const retrySalt = 1 << 62
 
 type chaosFlags struct {
 	rooms       int
@@ -71,7 +76,7 @@ func init() {
 	var f chaosFlags
 	cmd := &cobra.Command{
 		Use:   "chaos",
-		Short: "fencing soak: rooms under random kill/stall/drop/slow/tokens/abort/delay faults; counts outcome disagreements and silent corruptions (both must be 0)",
+		Short: "fencing soak: rooms under random prefill kill/stall, control drops, resets, bootstrap and decode restarts, same-room retries and more; counts outcome disagreements and silent corruptions (both must be 0)",
 		Long: `Run the fencing soak. For each transport (--transports), --rooms rooms go
 from --prefills prefill processes (kvxfer prefill children, each with its own
 bootstrap server; the last one lands every write --write-delay late) to a decode
@@ -94,6 +99,22 @@ drawn from --faults, injected once the decode sent TRANSFER:
           only; needs root)
   bootstrap the room's bootstrap server stopped and started again on its
           port 0.2-1 s later
+  restart the decode restarts while the room is in flight: its manager is
+          closed (every room in flight on it fails) and a new incarnation
+          starts, half the time on the same control port and transport
+          (same address), else on new ones; later rooms go to it. The KV
+          pool is the same memory, so a write of the old incarnation's
+          attempts that landed after its close would show in the new one's
+          rooms.
+  exit    the decode closes (and restarts, as above) right after the room's
+          Success, while its verdict may still be on the way: the prefill
+          must report the room ok
+  retry   the decode aborts the room's first attempt while the prefill
+          writes, then, once both sides concluded it, the same
+          bootstrap_room is sent again to the same prefill process into the
+          same pages (as a router retrying a request); the first attempt
+          carries another room's test pattern, so its bytes in the retry's
+          pages show
   (delay: the rooms of the write-delayed prefill process)
 
 A kill or stall hits every room in flight on that process, not only the one
@@ -106,7 +127,8 @@ with bytes that are not the room's), lost result lines (a prefill process
 alive at the end that never answered a room), the longest time from a fault
 to Failed on each side (for a stalled prefill, from its SIGCONT), and per
 fault kind the time to heal: from the fault to the next room that succeeded
-on that prefill process. Exit status 1
+on that prefill process, and how many retries with the same room
+succeeded. Exit status 1
 when a disagreement, a corruption or a lost line was seen.`,
 		Example: `  kvxfer chaos --rooms 1000                      # tcp and shm, 1,000 rooms each (several minutes)
   kvxfer chaos --rooms 200 --transports shm --faults kill,stall --seed 7`,
@@ -188,6 +210,16 @@ type chaosReport struct {
 	// LostLines counts rooms whose prefill process stayed up (it was not
 	// killed while the room ran) yet wrote no result line for it.
 	LostLines int `json:"lost_lines"`
+	// Retries counts the rooms of the retry fault (a first attempt aborted
+	// mid-write, then the same bootstrap_room again on the same prefill
+	// process and pages) and RetryOK those whose retry succeeded on the
+	// decode. Both attempts are checked like any room: their disagreements,
+	// corruptions and lost lines count in the totals above.
+	// RetryFirstFailed of them had a first attempt that failed on the
+	// decode (the abort came before its Success).
+	Retries          int `json:"retries"`
+	RetryOK          int `json:"retry_ok"`
+	RetryFirstFailed int `json:"retry_first_failed"`
 	// Heal is, per fault kind, the time from each fault to the next room
 	// that succeeded on the same prefill process (ms): how many, median,
 	// max, and how many never healed before the soak ended.
@@ -344,6 +376,9 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
 	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d; lost result lines: %d\n", r.Disagreements, r.Corruptions, r.LostLines)
 	fmt.Fprintf(w, "  max fault→Failed: decode %.0f ms, prefill %.0f ms (a stalled prefill: from its SIGCONT)\n", r.MaxDecodeFaultToFailedMS, r.MaxPrefillFaultToFailedMS)
+	if r.Retries > 0 {
+		fmt.Fprintf(w, "  retries with the same room: %d (first attempt failed on the decode: %d), %d retries succeeded on the decode\n", r.Retries, r.RetryFirstFailed, r.RetryOK)
+	}
 	for _, k := range slices.Sorted(maps.Keys(r.Heal)) {
 		h := r.Heal[k]
 		fmt.Fprintf(w, "  heal after %s (fault → next ok room on that prefill): %d faults, median %.0f ms, max %.0f ms, %d not healed before the end\n", k, h.N, h.MedianMS, h.MaxMS, h.Unhealed)
@@ -370,6 +405,7 @@ func countList(m map[string]int) string {
 // chaosRoom is one room's plan and record.
 type chaosRoom struct {
 	room      uint64
+	pattern   uint64 // whose test pattern its bytes must be (room, or room ^ retrySalt: a first attempt)
 	tokens    int
 	preTokens int // the prefill's token count (differs for the tokens fault)
 	rng       *rand.Rand
@@ -385,13 +421,35 @@ type chaosRoom struct {
 	preAt     time.Time
 	corrupt   string
 	lost      bool // its prefill process, alive, never wrote its result line
+	// first is the first attempt of a room retried with the same
+	// bootstrap_room (the retry fault); the record itself is the retry.
+	first *chaosRoom
 }
 
 // chaosEnv is one transport's soak: the prefill processes and the decode.
 type chaosEnv struct {
-	f      *chaosFlags
-	pres   []*chaosPrefill
-	m      *engine.Manager
+	f    *chaosFlags
+	pres []*chaosPrefill
+	// The decode rank: its manager and transport, replaced by a decode
+	// restart (restartDecode) under mgrMu; rooms take the current manager
+	// (decode) before they open a receiver, so a room started during a
+	// restart goes to the new incarnation.
+	mgrMu sync.RWMutex
+	m     *engine.Manager
+	tr    transport.Transport
+	// dataPorts are this process's data listening ports (datareset).
+	dataPorts []string
+	// restartMu: one decode restart at a time; newDecode starts a decode
+	// manager on tr and control port (0: a free one), openTransport a
+	// transport for a restart on a new address.
+	restartMu     sync.Mutex
+	newDecode     func(tr transport.Transport, port int) (*engine.Manager, error)
+	openTransport func() (transport.Transport, error)
+	bootPorts     []string
+	// fatal is a decode restart that could not start the new incarnation:
+	// the soak stops with it.
+	fatal atomic.Pointer[error]
+
 	pool   *workload.KVBuffers
 	rows   *workload.PageAllocator
 	drop   *faulty.ControlDropper
@@ -404,8 +462,81 @@ type chaosEnv struct {
 	// side); injected are the faults with their process and time (heal).
 	okAt     map[int][]time.Time
 	injected []chaosFaultAt
-	// dataPorts are this process's data listening ports (datareset).
-	dataPorts []string
+}
+
+// decode returns the decode rank's current manager (it waits while a
+// restart is replacing it).
+func (e *chaosEnv) decode() *engine.Manager {
+	e.mgrMu.RLock()
+	defer e.mgrMu.RUnlock()
+	return e.m
+}
+
+// ports returns the current decode's data listening ports (datareset).
+func (e *chaosEnv) ports() []string {
+	e.mgrMu.RLock()
+	defer e.mgrMu.RUnlock()
+	return e.dataPorts
+}
+
+// restartDecode restarts the decode rank for fault kind ("restart",
+// "exit"): it closes the manager (every room in flight on it fails; the
+// verdicts it decided before go out first, Manager.Close) and starts a new
+// incarnation (a new instance id) on the same pool, either on the same
+// control port and transport or, drawn from rng, on a new port and a new
+// transport (the old one closed once the old manager is). It returns the
+// fault as counted, "KIND (same address)" or "KIND (new address)", and
+// injected false with the reason when it did not restart (another restart
+// in progress). A new incarnation that cannot start stops the soak
+// (e.fatal).
+func (e *chaosEnv) restartDecode(kind string, rng *rand.Rand) (counted string, injected bool) {
+	if !e.restartMu.TryLock() {
+		return kind + " (skipped: another decode restart in progress)", false
+	}
+	defer e.restartMu.Unlock()
+	same := rng.IntN(2) == 0
+	e.mgrMu.Lock()
+	defer e.mgrMu.Unlock()
+	old, oldTr := e.m, e.tr
+	port := old.ControlPort()
+	_ = old.Close()
+	tr := oldTr
+	counted = kind + " (same address)"
+	if !same {
+		counted, port = kind+" (new address)", 0
+		t, err := e.openTransport()
+		if err != nil {
+			err = fmt.Errorf("decode restart: open the new incarnation's transport: %w", err)
+			e.fatal.Store(&err)
+			return counted, true
+		}
+		tr = t
+	}
+	var m *engine.Manager
+	var err error
+	// The old incarnation's control port is free once its manager closed;
+	// a bind that still fails (another process took it) is retried a while.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if m, err = e.newDecode(tr, port); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("decode restart (%s): start the new incarnation: %w", counted, err)
+		e.fatal.Store(&err)
+		if tr != oldTr {
+			_ = tr.Close()
+		}
+		return counted, true
+	}
+	if tr != oldTr {
+		_ = oldTr.Close()
+	}
+	e.m, e.tr = m, tr
+	if e.dataPorts != nil {
+		e.dataPorts = ownDataPorts(strconv.Itoa(m.ControlPort()), e.bootPorts)
+	}
+	return counted, true
 }
 
 // chaosFaultAt is one injected fault, for the time to heal.
@@ -474,6 +605,7 @@ func (e *chaosEnv) planRoom(seed uint64, i int) *chaosRoom {
 	rng := rand.New(rand.NewPCG(seed, uint64(i)))
 	f := e.f
 	rec := &chaosRoom{room: (seed<<20 ^ uint64(i)*0x9E3779B97F4A7C15) & (1<<63 - 1), rng: rng}
+	rec.pattern = rec.room
 	rec.tokens = f.minTokens + rng.IntN(f.maxTokens-f.minTokens+1)
 	rec.preTokens = rec.tokens
 	if rng.Float64() < f.faultRate {
@@ -513,6 +645,9 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		}
 	}
 	env := &chaosEnv{f: f, drop: faulty.DropControl(), faults: faults, counts: map[string]int{}, okAt: map[int][]time.Time{}}
+	env.openTransport = func() (transport.Transport, error) {
+		return transport.OpenTransport(transportName, transport.DefaultOptions())
+	}
 	model, err := workload.LookupModel(f.model)
 	if err != nil {
 		return rep, err
@@ -576,11 +711,15 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	}
 
 	// The decode rank, in this process.
-	tr, err := transport.OpenTransport(transportName, transport.DefaultOptions())
-	if err != nil {
+	env.bootPorts = bootPorts
+	if env.tr, err = env.openTransport(); err != nil {
 		return rep, err
 	}
-	defer tr.Close()
+	defer func() { // the current incarnation's (a restart replaces it)
+		env.mgrMu.Lock()
+		defer env.mgrMu.Unlock()
+		_ = env.tr.Close()
+	}()
 	npages := int((uint64(f.poolMB) << 20) / pageBytes)
 	if npages < maxPages {
 		return rep, fmt.Errorf("--pool-mb %d holds %d pages of %d bytes; the largest room needs %d (raise --pool-mb or lower --max-tokens)", f.poolMB, npages, pageBytes, maxPages)
@@ -594,19 +733,26 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	}
 	defer env.pool.Close()
 	env.rows = workload.NewPageAllocator(2 * f.concurrency)
-	env.m, err = engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []transport.Transport{tr},
-		BootstrapTimeout: 3 * f.waiting, WaitingTimeout: f.waiting, PeerTimeout: f.peer, FenceTimeout: f.fence,
-		ControlFault: env.drop.Filter, Logger: slog.Default().With("rank", "chaos decode"),
-		VerifyKV: func(kv engine.ReceivedKV) error { // the slow-decode fault: the decode takes its time
-			if d, ok := env.slow.Load(kv.Room); ok {
-				time.Sleep(d.(time.Duration))
-			}
-			return nil
-		}})
-	if err != nil {
+	env.newDecode = func(tr transport.Transport, port int) (*engine.Manager, error) {
+		return engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []transport.Transport{tr},
+			ControlPort:      port,
+			BootstrapTimeout: 3 * f.waiting, WaitingTimeout: f.waiting, PeerTimeout: f.peer, FenceTimeout: f.fence,
+			ControlFault: env.drop.Filter, Logger: slog.Default().With("rank", "chaos decode"),
+			VerifyKV: func(kv engine.ReceivedKV) error { // the slow-decode fault: the decode takes its time
+				if d, ok := env.slow.Load(kv.Room); ok {
+					time.Sleep(d.(time.Duration))
+				}
+				return nil
+			}})
+	}
+	if env.m, err = env.newDecode(env.tr, 0); err != nil {
 		return rep, err
 	}
-	defer env.m.Close()
+	defer func() {
+		env.mgrMu.Lock()
+		defer env.mgrMu.Unlock()
+		_ = env.m.Close()
+	}()
 	if slices.Contains(faults, "datareset") {
 		env.dataPorts = ownDataPorts(strconv.Itoa(env.m.ControlPort()), bootPorts)
 	}
@@ -635,7 +781,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 			defer wg.Done()
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= f.rooms || ctx.Err() != nil {
+				if i >= f.rooms || ctx.Err() != nil || env.fatal.Load() != nil {
 					return
 				}
 				rec := env.planRoom(seed, i)
@@ -649,6 +795,9 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	close(stopProgress)
 	if err := ctx.Err(); err != nil {
 		return rep, err
+	}
+	if err := env.fatal.Load(); err != nil {
+		return rep, *err
 	}
 	rep.Faults = env.counts
 	for _, r := range records {
@@ -688,6 +837,22 @@ func (rep *chaosReport) add(r *chaosRoom) {
 	default:
 		rep.PrefillFailed++
 	}
+	rep.check(r, "")
+	if r.first != nil {
+		rep.Retries++
+		if r.decodeOK {
+			rep.RetryOK++
+		}
+		if !r.first.decodeOK {
+			rep.RetryFirstFailed++
+		}
+		rep.check(r.first, "first attempt of ")
+	}
+}
+
+// check counts one attempt's disagreement, corruption, lost line and fault
+// → Failed times (what names names the attempt in examples).
+func (rep *chaosReport) check(r *chaosRoom, what string) {
 	example := func(s string) {
 		if len(rep.Examples) < 5 {
 			rep.Examples = append(rep.Examples, s)
@@ -698,11 +863,11 @@ func (rep *chaosReport) add(r *chaosRoom) {
 	}
 	if r.pre != nil && r.pre.OK != r.decodeOK {
 		rep.Disagreements++
-		example(fmt.Sprintf("room %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", what, r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
 	}
 	if r.corrupt != "" {
 		rep.Corruptions++
-		example(fmt.Sprintf("room %d (fault %q, prefill %d): %s", r.room, r.fault, r.prefill, r.corrupt))
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): %s", what, r.room, r.fault, r.prefill, r.corrupt))
 	}
 	if r.fault == "" || r.faultAt.IsZero() {
 		return
@@ -750,7 +915,9 @@ func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefi
 }
 
 // runRoom runs one room, injects its fault, and records both sides'
-// outcomes and the harness's byte checks.
+// outcomes and the harness's byte checks. A room of the retry fault runs
+// twice with the same bootstrap_room, pages and aux row: a first attempt
+// (rec.first) the decode aborts, then the retry (rec).
 func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	p, c, err := e.pickPrefill(ctx, rec)
 	if err != nil {
@@ -772,50 +939,114 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 		e.slow.Store(rec.room, time.Duration(300+rec.rng.IntN(1200))*time.Millisecond)
 		defer e.slow.Delete(rec.room)
 	}
-	preCh := c.submit(requestLine{Room: rec.room, Tokens: rec.preTokens})
-	defer e.prefillResult(rec, preCh)
+	att := rec
+	if rec.fault == "retry" {
+		att = &chaosRoom{room: rec.room, pattern: rec.room ^ retrySalt, tokens: rec.tokens, preTokens: rec.preTokens, rng: rec.rng, prefill: p.idx, fault: rec.fault}
+		rec.first = att
+	}
+	preCh := c.submit(chaosLine(att))
+	// The last attempt's prefill result is waited for after its pages went
+	// back to the pool (deferred first, run last).
+	defer func() { e.prefillResult(att, preCh) }()
 
 	// The decode side.
+	fail := func(err error) { // no pages: neither attempt ran on the decode
+		for _, a := range []*chaosRoom{att, rec} {
+			a.decodeErr, a.reason, a.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		}
+	}
 	pages, err := cluster.AllocWait(ctx, e.pool.PageAllocator, "pages", (rec.tokens+15)/16, 10*time.Minute)
 	if err != nil {
-		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		fail(err)
 		return
 	}
 	defer e.pool.Free(pages)
 	aux, err := cluster.AllocWait(ctx, e.rows, "aux rows", 1, 10*time.Minute)
 	if err != nil {
-		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		fail(err)
 		return
 	}
 	defer e.rows.Free(aux)
-	r, err := e.m.NewReceiver(p.addr, rec.room)
-	if err != nil {
-		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+	if att != rec {
+		// The first attempt, aborted by the decode once TRANSFER went out;
+		// the retry goes out once both sides concluded it (its result line
+		// came, the decode's receiver closed: its producer fenced), to the
+		// same prefill process (restarted, if it was killed meanwhile).
+		injected = e.receive(ctx, att, p, c, pages, aux, true) || injected
+		e.prefillResult(att, preCh)
+		att = rec
+		if cur := e.waitLive(ctx, p); cur != nil {
+			c = cur
+		}
+		preCh = c.submit(chaosLine(rec))
+		injected = e.receive(ctx, rec, p, c, pages, aux, false) || injected
 		return
 	}
-	// Close runs before the pages go back to the pool (defers run last in,
-	// first out): for a failed room it returns once its producers are fenced.
+	injected = e.receive(ctx, rec, p, c, pages, aux, true)
+}
+
+// chaosLine is the prefill's request line for an attempt (pattern_room for
+// a first attempt, whose bytes are another room's pattern).
+func chaosLine(rec *chaosRoom) requestLine {
+	q := requestLine{Room: rec.room, Tokens: rec.preTokens}
+	if rec.pattern != rec.room {
+		q.PatternRoom = new(rec.pattern)
+	}
+	return q
+}
+
+// waitLive waits up to a minute for prefill process slot p to have a
+// running process (a killed one is being restarted).
+func (e *chaosEnv) waitLive(ctx context.Context, p *chaosPrefill) *child {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+		if c := p.live(); c != nil {
+			return c
+		}
+	}
+	return nil
+}
+
+// receive runs one attempt of rec on the decode into pages and aux (the
+// prefill process c has its request line): it opens the receiver, injects
+// the fault when inject (it reports whether inject ran: a kill, stall or
+// bootstrap fault released p.mu), waits for the outcome, checks a
+// successful attempt's bytes against rec.pattern and closes the receiver
+// (for a failed attempt: once its producers are fenced).
+func (e *chaosEnv) receive(ctx context.Context, rec *chaosRoom, p *chaosPrefill, c *child, pages, aux []int32, inject bool) (injected bool) {
+	r, err := e.decode().NewReceiver(p.addr, rec.room)
+	if err != nil {
+		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
+		return false
+	}
+	// Close runs before the pages go back to the pool or to a retry: for a
+	// failed room it returns once its producers are fenced.
 	defer r.Close()
 	if err = r.SetTokens(rec.tokens); err == nil {
 		err = r.SendMetadata(pages, int(aux[0]), nil, 0)
 	}
 	if err != nil {
 		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
-		return
+		return false
 	}
-	switch rec.fault {
-	case "":
+	fault := rec.fault
+	if !inject {
+		fault = ""
+	}
+	switch fault {
+	case "", "exit":
 	case "delay", "slow", "tokens":
-		e.countFault(rec.fault)
+		e.countFault(fault)
 		rec.faultAt = time.Now()
-		if rec.fault != "delay" {
-			e.noteFault(rec.fault, p.idx, rec.faultAt)
+		if fault != "delay" {
+			e.noteFault(fault, p.idx, rec.faultAt)
 		}
 	default: // once TRANSFER went out (the producer may be writing)
 		wctx, cancel := context.WithTimeout(ctx, 3*e.f.waiting)
 		r.Wait(wctx, engine.KVTransferring)
 		cancel()
-		time.Sleep(time.Duration(rec.rng.IntN(20)) * time.Millisecond)
+		if fault != "retry" { // a retry's first attempt is aborted at once: it should fail
+			time.Sleep(time.Duration(rec.rng.IntN(20)) * time.Millisecond)
+		}
 		injected = true
 		e.inject(rec, p, c, r)
 	}
@@ -824,7 +1055,21 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	cancel()
 	rec.decodeAt = time.Now()
 	rec.decodeOK = st == engine.KVSuccess
-	if rec.decodeOK {
+	if fault == "exit" {
+		// The decode goes away right after its Success, its verdict
+		// possibly still on the way: the prefill must report ok.
+		if !rec.decodeOK {
+			e.countFault("exit (not injected: the room failed)")
+		} else {
+			e.noteOK(p.idx, rec.decodeAt)
+			rec.faultAt = time.Now()
+			kind, ok := e.restartDecode("exit", rec.rng)
+			e.countFault(kind)
+			if ok {
+				e.noteFault(kind, p.idx, rec.faultAt)
+			}
+		}
+	} else if rec.decodeOK {
 		e.noteOK(p.idx, rec.decodeAt)
 	}
 	if !rec.decodeOK {
@@ -833,17 +1078,18 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 		} else {
 			rec.decodeErr = "receiver still " + st.String()
 		}
-		return
+		return injected
 	}
 	// The harness's own byte check, at Success and again after the consumer
 	// held the pages a while (a late write shows then).
-	if err := chaosCheck(e.pool, rec.room, pages, int(aux[0])); err != nil {
+	if err := chaosCheck(e.pool, rec.pattern, pages, int(aux[0])); err != nil {
 		rec.corrupt = "at Success: " + err.Error()
 	}
 	time.Sleep(time.Duration(rec.rng.IntN(200)) * time.Millisecond)
-	if err := chaosCheck(e.pool, rec.room, pages, int(aux[0])); err != nil && rec.corrupt == "" {
+	if err := chaosCheck(e.pool, rec.pattern, pages, int(aux[0])); err != nil && rec.corrupt == "" {
 		rec.corrupt = "before reuse: " + err.Error()
 	}
+	return injected
 }
 
 func chaosCheck(pool *workload.KVBuffers, room uint64, pages []int32, aux int) error {
@@ -889,14 +1135,21 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		rec.faultAt = time.Now()
 		e.countFault("drop")
 		e.noteFault("drop", p.idx, rec.faultAt)
-	case "abort":
+	case "abort", "retry": // retry: its first attempt
 		rec.faultAt = time.Now()
 		r.Abort()
-		e.countFault("abort")
-		e.noteFault("abort", p.idx, rec.faultAt)
+		e.countFault(rec.fault)
+		e.noteFault(rec.fault, p.idx, rec.faultAt)
+	case "restart":
+		rec.faultAt = time.Now()
+		kind, ok := e.restartDecode("restart", rec.rng)
+		e.countFault(kind)
+		if ok {
+			e.noteFault(kind, p.idx, rec.faultAt)
+		}
 	case "ctlreset":
 		rec.faultAt = time.Now()
-		ports := []string{strconv.Itoa(e.m.ControlPort())}
+		ports := []string{strconv.Itoa(e.decode().ControlPort())}
 		if cp := p.ctlPort.Load(); cp != nil {
 			ports = append(ports, *cp)
 		}
@@ -909,7 +1162,7 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		}
 	case "datareset":
 		rec.faultAt = time.Now()
-		if n, err := ssKill(e.dataPorts); err != nil || n == 0 {
+		if n, err := ssKill(e.ports()); err != nil || n == 0 {
 			e.countFault("datareset (none reset)")
 		} else {
 			e.countFault("datareset")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/cluster"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -185,6 +186,102 @@ func TestChaosHeal(t *testing.T) {
 	for k, w := range want {
 		if got[k] != w {
 			t.Errorf("%s: %+v, want %+v", k, got[k], w)
+		}
+	}
+}
+
+// TestChaosDecodeRestartExitRetry runs the soak briefly with only the
+// decode-side faults, each forced often: the decode restarts with rooms in
+// flight (same or new address), closes right after a room's Success, and
+// retries aborted rooms with the same bootstrap_room into the same pages
+// (the first attempt carrying another room's bytes). Every kind must have
+// been injected, both sides must agree on every attempt, no accepted room
+// may hold bytes not its own (a stale write of an old incarnation or of a
+// first attempt), and retries must succeed.
+func TestChaosDecodeRestartExitRetry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	model := filepath.Join(t.TempDir(), "tiny.json")
+	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := chaosFlags{rooms: 30, transports: "tcp,shm", faults: "restart,exit,retry", concurrency: 4, prefills: 2, faultRate: 0.6,
+		seed: 11, minTokens: 16, maxTokens: 256, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
+		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
+	if transport.ProbeTransport("shm") != nil {
+		f.transports = "tcp"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	reps, err := runChaos(ctx, &f, &out)
+	t.Logf("%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reps {
+		injected := func(kind string) int {
+			n := 0
+			for k, c := range r.Faults {
+				if k == kind || k == kind+" (same address)" || k == kind+" (new address)" {
+					n += c
+				}
+			}
+			return n
+		}
+		for _, k := range []string{"restart", "exit", "retry"} {
+			if injected(k) == 0 {
+				t.Errorf("%s: no %s fault was injected (%v)", r.Transport, k, r.Faults)
+			}
+		}
+		switch {
+		case r.Rooms != f.rooms:
+			t.Errorf("%s: %d rooms recorded, want %d", r.Transport, r.Rooms, f.rooms)
+		case r.Disagreements != 0 || r.Corruptions != 0 || r.LostLines != 0:
+			t.Errorf("%s: %d outcome disagreements, %d silent corruptions, %d lost lines (want 0, 0, 0): %v", r.Transport, r.Disagreements, r.Corruptions, r.LostLines, r.Examples)
+		case r.Retries == 0 || r.RetryFirstFailed == 0:
+			t.Errorf("%s: %d retries, %d with a failed first attempt: the retry fault retried no failed room", r.Transport, r.Retries, r.RetryFirstFailed)
+		case r.RetryOK == 0:
+			t.Errorf("%s: none of %d retries with the same room succeeded (%v)", r.Transport, r.Retries, r.FailureExamples)
+		case r.DecodeOK == 0:
+			t.Errorf("%s: no room succeeded (%v)", r.Transport, r.FailureExamples)
+		}
+	}
+}
+
+// TestChaosReportChecksEveryAttempt: the report flags a prefill that
+// reported a room failed after the decode's Success and exit (the case the
+// exit fault exists for), and judges a retried room's first attempt like
+// any room: its disagreement, corruption and lost line count.
+func TestChaosReportChecksEveryAttempt(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	exit := &chaosRoom{room: 1, fault: "exit", decodeOK: true, faultAt: t0, decodeAt: t0,
+		pre: &replyLine{Result: cluster.Result{Error: "peer lost: decode gone"}}, preAt: t0.Add(time.Second)}
+	var rep chaosReport
+	rep.add(exit)
+	if rep.Disagreements != 1 || len(rep.Examples) != 1 || !strings.Contains(rep.Examples[0], `fault "exit"`) {
+		t.Fatalf("decode ok then exit, prefill failed: %d disagreements %v, want 1 naming the exit fault", rep.Disagreements, rep.Examples)
+	}
+	for _, tc := range []struct {
+		name  string
+		first chaosRoom
+		want  func(chaosReport) bool
+	}{
+		{"disagreement", chaosRoom{decodeOK: false, pre: &replyLine{Result: cluster.Result{OK: true}}}, func(r chaosReport) bool { return r.Disagreements == 1 }},
+		{"corruption", chaosRoom{decodeOK: true, corrupt: "at Success: layer 0 differs", pre: &replyLine{Result: cluster.Result{OK: true}}}, func(r chaosReport) bool { return r.Corruptions == 1 }},
+		{"lost line", chaosRoom{lost: true}, func(r chaosReport) bool { return r.LostLines == 1 }},
+	} {
+		first := tc.first
+		first.room, first.fault = 2, "retry"
+		retry := &chaosRoom{room: 2, fault: "retry", decodeOK: true, pre: &replyLine{Result: cluster.Result{OK: true}}, first: &first}
+		var r chaosReport
+		r.add(retry)
+		if !tc.want(r) || r.Rooms != 1 || r.Retries != 1 || r.RetryOK != 1 || len(r.Examples) > 0 && !strings.Contains(r.Examples[0], "first attempt of room 2") {
+			t.Errorf("%s in a first attempt: %+v", tc.name, r)
 		}
 	}
 }

@@ -18,9 +18,11 @@ import (
 
 // Metadata record layout (one ring slot; little-endian; 64 bytes, one cache
 // line; C header: struct kvx_meta_record). The producer writes bytes 0–55 with
-// (or after) the KV pages, waits until that transfer batch has completed, and
-// only then writes the commit word in a second batch, so a reader that sees a
-// valid commit word sees the whole record.
+// (or after) the KV pages and the commit word only once every byte of that
+// batch landed: as the batch's ordered last write where the transport
+// orders it (transport.CapOrderedLast: shm, tcp), else in a second batch
+// after the first completed. A reader that sees a valid commit word sees
+// the whole record and the producer's pages.
 //
 //	| offset | size | field        | meaning                                                   |
 //	|-------:|-----:|--------------|-----------------------------------------------------------|

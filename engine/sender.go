@@ -1002,7 +1002,13 @@ func (s *Sender) worker() {
 
 // transferChunk writes one chunk to one destination: KV runs (plus, for the
 // last chunk, the aux row, the state slots and the record body) in one
-// batch, then, once that batch completed, the commit word.
+// batch, and the commit word after every byte of that batch landed: in the
+// same batch as its ordered last write where the transport orders it
+// (transport.CapOrderedLast: shm, tcp), else in a second batch once the
+// first completed. Either way the decode, which reads the record only after
+// this producer's STATUS Success (sent once the commit's batch completed),
+// and a GPU polling the commit word never see a commit before the record
+// and the pages.
 func (s *Sender) transferChunk(d *senderDst, c chunk) error {
 	p := d.peer
 	select {
@@ -1083,6 +1089,10 @@ func (s *Sender) transferChunk(d *senderDst, c chunk) error {
 		rec.EncodeCommit(buf)
 		b.Requests = append(b.Requests, transport.WriteRequest{Local: s.m.pre.staging.Addr() + uintptr(i*RecordSize), Remote: p.offer.Ring.ID,
 			RemoteOffset: uint64(d.msg.Slot) * RecordSize, Length: RecordCommitOffset})
+		if p.local.caps.Has(transport.CapOrderedLast) {
+			b.Requests = append(b.Requests, commitWrite(s.m.pre.staging.Addr(), i, p.offer.Ring.ID, d.msg.Slot))
+			b.LastAfterAll, stage = true, -1 // no batch of its own
+		}
 	}
 	if err := s.run(p, b); err != nil {
 		return err
@@ -1092,14 +1102,20 @@ func (s *Sender) transferChunk(d *senderDst, c chunk) error {
 	s.writes.Add(int64(len(reqs)))
 	s.extraWrites.Add(int64(len(b.Requests) - len(reqs)))
 	if stage >= 0 {
-		cb := &transport.TransferBatch{Requests: []transport.WriteRequest{{Local: s.m.pre.staging.Addr() + uintptr(stage*RecordSize+RecordCommitOffset), Remote: p.offer.Ring.ID,
-			RemoteOffset: uint64(d.msg.Slot)*RecordSize + RecordCommitOffset, Length: 8}}}
+		cb := &transport.TransferBatch{Requests: []transport.WriteRequest{commitWrite(s.m.pre.staging.Addr(), stage, p.offer.Ring.ID, d.msg.Slot)}}
 		if err := s.run(p, cb); err != nil {
 			return err
 		}
 		s.extraWrites.Add(1)
 	}
 	return nil
+}
+
+// commitWrite is the write of a record's commit word: from staging record
+// stage (staging memory at base) to the decode's ring slot in region ring.
+func commitWrite(base uintptr, stage int, ring transport.RegionID, slot int) transport.WriteRequest {
+	return transport.WriteRequest{Local: base + uintptr(stage*RecordSize+RecordCommitOffset), Remote: ring,
+		RemoteOffset: uint64(slot)*RecordSize + RecordCommitOffset, Length: 8}
 }
 
 // extras plans the last chunk's aux-row and state writes to d: row

@@ -259,7 +259,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	if err := transport.CheckOp("rdma", s.t.Capabilities(), b.Op); err != nil {
+	if err := transport.CheckBatch("rdma", s.t.Capabilities(), b); err != nil {
 		return 0, err
 	}
 	t := s.t

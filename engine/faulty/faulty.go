@@ -432,7 +432,7 @@ func (s *segment) Submit(ctx context.Context, b *transport.TransferBatch) (trans
 		return s.add(fb), nil
 	case gate != nil || t.cfg.delayWrites > 0:
 		fb.held, fb.forwarded = true, make(chan struct{})
-		reqs := &transport.TransferBatch{Op: b.Op, Requests: append([]transport.WriteRequest(nil), b.Requests...)}
+		reqs := &transport.TransferBatch{Op: b.Op, Requests: append([]transport.WriteRequest(nil), b.Requests...), LastAfterAll: b.LastAfterAll}
 		id := s.add(fb)
 		go s.forwardLater(fb, reqs, gate)
 		return id, nil

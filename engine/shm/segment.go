@@ -2,6 +2,7 @@ package shm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -543,7 +544,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if tb == nil {
 		return 0, fmt.Errorf("%s: submit: nil batch", s.t.Name())
 	}
-	if err := transport.CheckOp(s.t.Name(), s.t.Capabilities(), tb.Op); err != nil {
+	if err := transport.CheckBatch(s.t.Name(), s.t.Capabilities(), tb); err != nil {
 		return 0, err
 	}
 	read := tb.Op == transport.OpRead
@@ -569,6 +570,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	pieces := make([]piece, 0, min(np, 1<<24))
 	var units []unit
 	var total uint64
+	var tail *tailPiece // LastAfterAll: the last request, copied after every unit
 	for i, r := range tb.Requests {
 		rr, ok := s.regions[r.Remote]
 		var live uint64
@@ -591,6 +593,16 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		lEnd, ok2 := spanEnd(uint64(r.Local), r.LocalStride, r.Length, n)
 		if !ok2 || !s.t.localRange(r.Local, lEnd-uint64(r.Local)) {
 			return 0, fmt.Errorf("%s: request %d: local range %#x + %d×%d bytes (stride %d) is not inside a region registered with this transport: %w", s.t.Name(), i, r.Local, n, r.Length, r.LocalStride, transport.ErrOutOfBounds)
+		}
+		if tb.LastAfterAll && i == len(tb.Requests)-1 { // 8 bytes (CheckBatch)
+			tail = &tailPiece{region: r.Remote}
+			if s.t.cma {
+				tail.p = piece{local: hostBytes(r.Local, r.Length), raddr: rr.base + uintptr(r.RemoteOffset)}
+			} else {
+				tail.p = piece{dst: rr.data[r.RemoteOffset : r.RemoteOffset+r.Length], src: hostBytes(r.Local, r.Length), rr: rr, off: r.RemoteOffset}
+			}
+			total += r.Length
+			continue
 		}
 		if ub := s.t.unitBytes; !s.t.cma && n > 1 && r.Length < ub {
 			// Blocks smaller than a unit: as many per piece as the unit holds.
@@ -644,10 +656,10 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(units) < 2 {
 		// Small batch: copy on the caller's goroutine (outside the lock).
 		s.mu.Unlock()
-		s.copyAll(b, pieces, units, 1)
+		s.copyAll(b, pieces, units, 1, tail)
 		s.mu.Lock() // for the deferred unlock
 	} else {
-		go s.copyAll(b, pieces, units, min(s.t.copyThreads, len(units)))
+		go s.copyAll(b, pieces, units, min(s.t.copyThreads, len(units)), tail)
 	}
 	return id, nil
 }
@@ -670,11 +682,38 @@ func hostBytes(addr uintptr, n uint64) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
+// tailPiece is a LastAfterAll batch's last request (an 8-byte commit word
+// into region), copied by copyAll once every unit was copied.
+type tailPiece struct {
+	p      piece
+	region transport.RegionID
+}
+
+// putTail writes the tail: one atomic 8-byte store into the receiver's
+// mapping when it is aligned there (a release store: every copy of the
+// batch, joined before it, is visible to a reader that loads the word and
+// sees it; on amd64 a locked exchange), else a plain copy after them
+// (aligned remote offsets of page-aligned mappings always are aligned).
+func putTail(p piece) {
+	if len(p.dst) == 8 && uintptr(unsafe.Pointer(&p.dst[0]))%8 == 0 {
+		atomic.StoreUint64((*uint64)(unsafe.Pointer(&p.dst[0])), binary.NativeEndian.Uint64(p.src))
+		if r := p.rr; r != nil && r.warm != nil {
+			pg := uint64(os.Getpagesize())
+			setBits(r.warm, (r.lead+p.off)/pg, (r.lead+p.off)/pg)
+		}
+		return
+	}
+	p.put()
+}
+
 // copyAll copies the units with workers goroutines and finishes the batch:
 // it is the only place a batch turns terminal, after its last copy ended,
 // so a terminal batch never writes again (into the receiver's memory, or
-// for a read into local memory). It owns one count of s.running.
-func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
+// for a read into local memory). A LastAfterAll batch's tail is copied
+// after every unit, by this goroutine, once the workers ended and nothing
+// stopped the batch (a stopped batch never writes its commit word). It
+// owns one count of s.running.
+func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, tail *tailPiece) {
 	defer s.running.Done()
 	if s.t.cma && !s.alive() {
 		// process_vm_writev names the receiver by pid: never write
@@ -747,6 +786,15 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 		work()
 		wg.Wait()
 	}
+	if tail != nil && next.Load() >= int64(len(units)) && !stopped() && !b.canceled.Load() && !s.peerLost.Load() && !s.closing.Load() {
+		// Every unit was copied (next ran past the last one and nothing
+		// stopped a worker): the commit word goes last.
+		if err := s.copyTail(tail); err != nil {
+			stopErr = err
+		} else {
+			b.done.Add(uint64(len(tail.p.dst) + len(tail.p.local)))
+		}
+	}
 	switch {
 	case s.closing.Load():
 		b.finish(transport.BatchFailed, fmt.Errorf("%s: segment closed with the batch pending (%d of %d bytes copied): %w", s.t.Name(), b.done.Load(), b.total, transport.ErrClosed))
@@ -762,6 +810,23 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int) {
 		}
 		b.finish(transport.BatchCompleted, nil)
 	}
+}
+
+// copyTail copies a LastAfterAll batch's tail inside its own fence unit:
+// a fence or a deregistered ring stops it as it stops any copy.
+func (s *segment) copyTail(t *tailPiece) error {
+	ph, err := s.enter(t.region)
+	if err != nil {
+		return err
+	}
+	defer s.leave(ph)
+	if s.t.cma {
+		sc := iovPool.Get().(*iovScratch)
+		defer iovPool.Put(sc)
+		return s.vmCopy([]piece{t.p}, false, sc)
+	}
+	putTail(t.p)
+	return nil
 }
 
 // Poll returns the batch's state without blocking.

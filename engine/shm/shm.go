@@ -19,7 +19,10 @@
 // one-sided READ (transport.OpRead, CapRead) a memcpy from the mapping into
 // the sender's registered memory, with the same bounds, fence units and
 // peer-loss checks; large batches are split into chunks copied by several
-// goroutines.
+// goroutines. A batch with TransferBatch.LastAfterAll (CapOrderedLast)
+// copies its last write, an 8-byte commit word, after every other copy of
+// the batch ended, with one atomic store (a release store), inside its own
+// fence unit, and not at all when the batch was stopped first.
 //
 // /proc/PID/fd/N was chosen over pidfd_getfd (needs ptrace attach rights, which
 // Yama's ptrace_scope=1 denies between sibling processes) and over an
@@ -291,7 +294,7 @@ func (t *shmTransport) Name() string {
 // Capabilities: host memory, zero copy (one copy, by the CPU or the
 // kernel), strided requests, READ; not cross-host.
 func (t *shmTransport) Capabilities() transport.Caps {
-	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided | transport.CapRead
+	return transport.CapHostMemory | transport.CapZeroCopy | transport.CapStrided | transport.CapRead | transport.CapOrderedLast
 }
 
 // RegisterMemory registers memfd-backed host memory. It duplicates m.FD so the

@@ -31,6 +31,11 @@ type batch struct {
 	skipped   bool
 	canceled  bool
 	state     transport.BatchState
+	// tail is a LastAfterAll batch's last write (counted in frames),
+	// held back until every other frame was acknowledged, then sent on
+	// seg (nil once sent or dropped).
+	tail *frame
+	seg  *segment
 }
 
 // Status returns the batch's status, Err only once terminal (transport.TableBatch).
@@ -57,7 +62,10 @@ func (b *batch) Terminal() bool {
 	}
 }
 
-// finish accounts for one frame: landed bytes, its error, or skipped.
+// finish accounts for one frame: landed bytes, its error, or skipped. When
+// the frames left are only a LastAfterAll batch's tail, every other frame
+// was acknowledged (its bytes landed): the tail is sent now, or, when the
+// batch failed or was canceled, dropped (it never lands).
 func (b *batch) finish(bytes uint64, err error, skipped bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -70,6 +78,20 @@ func (b *batch) finish(bytes uint64, err error, skipped bool) {
 		b.skipped = true
 	}
 	b.frames--
+	if t := b.tail; t != nil && b.frames == 1 {
+		b.tail = nil
+		if b.err == nil && !b.skipped && !b.stop.Load() {
+			// Sent outside b.mu: a dead stream finishes it at once.
+			b.mu.Unlock()
+			b.seg.sendTail(t)
+			b.mu.Lock()
+			return
+		}
+		if b.err == nil {
+			b.skipped = true // canceled before its last write
+		}
+		b.frames--
+	}
 	if b.frames > 0 {
 		return
 	}
@@ -557,7 +579,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if tb == nil {
 		return 0, errors.New("tcp: submit: nil batch")
 	}
-	if err := transport.CheckOp(Name, s.t.Capabilities(), tb.Op); err != nil {
+	if err := transport.CheckBatch(Name, s.t.Capabilities(), tb); err != nil {
 		return 0, err
 	}
 	// Validate everything first (nothing is sent on error), then build all
@@ -568,12 +590,26 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	if read {
 		kind, scatterKind = kindRead, kindReadScatter
 	}
-	locals := make([]*region, len(tb.Requests))
-	small := make([]bool, len(tb.Requests))
+	// A LastAfterAll batch's last write (8 bytes, CheckBatch) is a plain
+	// write frame held back until the others are acknowledged (finish).
+	reqs := tb.Requests
+	var tailReq *transport.WriteRequest
+	var tailLocal *region
+	if tb.LastAfterAll && len(reqs) > 1 {
+		tailReq = &reqs[len(reqs)-1]
+		reqs = reqs[:len(reqs)-1]
+		lr, err := s.checkRequest(len(reqs), tb.Op, *tailReq)
+		if err != nil {
+			return 0, err
+		}
+		tailLocal = lr
+	}
+	locals := make([]*region, len(reqs))
+	small := make([]bool, len(reqs))
 	nframes, nsmall, nsrcs := 0, 0, 0
 	var smallBytes uint64
 	remote := *s.remote.Load()
-	for i, r := range tb.Requests {
+	for i, r := range reqs {
 		lr, err := s.checkRequest(i, tb.Op, r)
 		if err != nil {
 			return 0, err
@@ -605,20 +641,20 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	}
 	pk := packer{limit: scatterLimit(smallBytes, s.t.streams)}
 	for i := range small {
-		if small[i] && pk.add(tb.Requests[i].Bytes()) {
+		if small[i] && pk.add(reqs[i].Bytes()) {
 			nframes++
 		}
 	}
 	store := make([]frame, 0, nframes)
 	frames := make([]*frame, 0, nframes)
-	b := &batch{done: make(chan struct{})}
+	b := &batch{done: make(chan struct{}), seg: s}
 	var (
 		srcs  = make([][]byte, 0, nsrcs) // cur.srcs extend in place: never reallocated
 		table = make([]byte, nsmall*entrySize)
 		cur   *frame
 	)
 	pk.reset()
-	for i, r := range tb.Requests {
+	for i, r := range reqs {
 		lr := locals[i]
 		off := uint64(r.Local - lr.mem.Addr)
 		if small[i] {
@@ -670,6 +706,19 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	}
 	b.total = tb.Bytes()
 	b.frames = len(frames)
+	if tailReq != nil {
+		r := *tailReq
+		b.tail = &frame{b: b, local: tailLocal, off: uint64(r.Local - tailLocal.mem.Addr), bytes: r.Length,
+			hdr: header{Kind: kindWrite, Region: uint32(r.Remote), Count: 1, Offset: r.RemoteOffset, Length: r.Length}}
+		if len(frames) == 0 { // nothing to wait for: it goes now
+			frames = append(frames, b.tail)
+			b.tail = nil
+		}
+		b.frames = len(frames)
+		if b.tail != nil {
+			b.frames++ // sent by finish
+		}
+	}
 
 	redialErr := s.redial(ctx)
 	s.mu.Lock()
@@ -722,6 +771,31 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 		}
 	}
 	return b.id, nil
+}
+
+// sendTail queues a LastAfterAll batch's held-back last frame on the live
+// stream with the least queued (a dead stream fails it at once; a closed
+// segment fails it with ErrClosed).
+func (s *segment) sendTail(f *frame) {
+	s.mu.Lock()
+	streams, closed := s.streams, s.closed
+	s.mu.Unlock()
+	if closed || len(streams) == 0 {
+		f.b.finish(0, fmt.Errorf("tcp: submit to %s: segment %w before the batch's last write", s.addr, transport.ErrClosed), false)
+		return
+	}
+	best := -1
+	for j, st := range streams {
+		st.mu.Lock()
+		dead := st.dead
+		st.mu.Unlock()
+		if !dead && (best < 0 || st.queued.Load() < streams[best].queued.Load()) {
+			best = j
+		}
+	}
+	best = max(best, 0)
+	streams[best].queued.Add(f.bytes)
+	streams[best].enqueue([]*frame{f})
 }
 
 // Poll returns the batch's status without blocking (ErrUnknownBatch after

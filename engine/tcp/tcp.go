@@ -28,6 +28,14 @@
 // header with one readv and writes acks in bursts (at the latest before it
 // would wait for input, or every 64 acks or 4 MiB acknowledged).
 //
+// Ordered last write (transport.CapOrderedLast): a batch with
+// TransferBatch.LastAfterAll holds its last write (an 8-byte commit word)
+// back until every other frame of the batch was acknowledged (the receiver
+// acknowledges a frame once its bytes landed, and the frames are spread
+// over several connections, so only the acknowledgements order them), then
+// sends it on the least loaded stream; a batch that failed or was canceled
+// by then never sends it.
+//
 // Reads (transport.OpRead): a read batch travels as read frames on the same
 // streams; the receiver checks each like a write and answers with its ack
 // followed by the bytes, one vectored write straight from the registered
@@ -334,7 +342,7 @@ func (t *Transport) Name() string { return Name }
 // natively (one header per request), one-sided READ (read.go). CapDeviceMemory is set only when a CUDA
 // copier is installed.
 func (t *Transport) Capabilities() transport.Caps {
-	c := transport.CapHostMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapStrided | transport.CapRead
+	c := transport.CapHostMemory | transport.CapCrossHost | transport.CapZeroCopy | transport.CapStrided | transport.CapRead | transport.CapOrderedLast
 	if _, none := deviceCopier.(noDevice); !none {
 		c |= transport.CapDeviceMemory
 	}

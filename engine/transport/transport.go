@@ -126,9 +126,20 @@ const (
 // epoch it fenced or never admitted), and the same ErrPeerLost when the
 // remote node goes away: local memory named by a read that did not
 // complete holds unspecified bytes.
+//
+// LastAfterAll (a write batch, on a transport with CapOrderedLast) orders
+// the batch's last request after all the others: it is written only once
+// every other request of the batch has landed in the receiver's memory,
+// and a reader that sees its bytes sees every byte of the batch (a
+// metadata record's commit word in the batch of the record and its pages,
+// so the commit needs no batch of its own). The last request must be one
+// block of 8 bytes at an 8-byte aligned remote offset; the batch completes
+// once it landed too. A transport without CapOrderedLast refuses such a
+// batch (CheckBatch).
 type TransferBatch struct {
-	Op       Op
-	Requests []WriteRequest
+	Op           Op
+	Requests     []WriteRequest
+	LastAfterAll bool
 }
 
 // Bytes returns the total payload of the batch in bytes.
@@ -191,6 +202,14 @@ const (
 	// the remote transport (tcp), its NIC (rdma READ work requests) or a
 	// mapping of its memory (shm).
 	CapRead
+	// CapOrderedLast: Submit honours TransferBatch.LastAfterAll: the
+	// batch's last request (an 8-byte commit word) is written only after
+	// every other request of the batch landed (shm: the sender's copies
+	// end, then one atomic store, a release on every architecture Go
+	// supports; tcp: the last frame is sent once every other frame of the
+	// batch was acknowledged, each acknowledgement coming after its bytes
+	// landed).
+	CapOrderedLast
 )
 
 // Has reports whether all flags in want are set.
@@ -342,6 +361,32 @@ var (
 	// treat it as a lost peer.
 	ErrFenced = errors.New("data path fenced by the receiver")
 )
+
+// CheckBatch returns nil when a transport with capabilities caps executes
+// b as given (CheckOp for its direction; LastAfterAll needs
+// CapOrderedLast, a write batch and a last request of one 8-byte block at
+// an 8-byte aligned remote offset), else the error its Submit returns
+// (prefixed with owner).
+func CheckBatch(owner string, caps Caps, b *TransferBatch) error {
+	if err := CheckOp(owner, caps, b.Op); err != nil {
+		return err
+	}
+	if !b.LastAfterAll {
+		return nil
+	}
+	switch {
+	case !caps.Has(CapOrderedLast):
+		return fmt.Errorf("%s: submit: LastAfterAll: this transport cannot order a batch's last write after the others (no CapOrderedLast); submit the last write in a batch of its own once the others completed", owner)
+	case b.Op != OpWrite:
+		return fmt.Errorf("%s: submit: LastAfterAll is for write batches, not %s", owner, b.Op)
+	case len(b.Requests) == 0:
+		return fmt.Errorf("%s: submit: LastAfterAll on an empty batch", owner)
+	}
+	if r := b.Requests[len(b.Requests)-1]; r.Blocks() != 1 || r.Length != 8 || r.RemoteOffset%8 != 0 {
+		return fmt.Errorf("%s: submit: LastAfterAll: the last request is %d×%d bytes at remote offset %d; it must be one block of 8 bytes at an 8-byte aligned offset (a commit word)", owner, r.Blocks(), r.Length, r.RemoteOffset)
+	}
+	return nil
+}
 
 // CheckOp returns nil when a transport with capabilities caps executes
 // batches of op, else the error its Submit returns (prefixed with owner, the

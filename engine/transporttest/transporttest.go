@@ -35,6 +35,11 @@
 //     fenced epoch, the peer closing or killed mid-read, a large read); one
 //     without CapRead refuses a read batch with an error wrapping
 //     transport.ErrReadUnsupported;
+//   - ordered last write (ordered.go): a transport with
+//     transport.CapOrderedLast writes a LastAfterAll batch's last request
+//     (an 8-byte commit word) only after every other byte of the batch
+//     landed, never for a batch that ended canceled, and refuses a last
+//     request of another shape; one without it refuses LastAfterAll;
 //   - when the receiver closes (or is killed), pending and later batches fail
 //     with an error wrapping transport.ErrPeerLost (Submit may return it
 //     instead) within PeerLostWithin, never hang;
@@ -154,6 +159,7 @@ func Run(t *testing.T, newPair func(t *testing.T) (sender, receiver transport.Tr
 		{"PeerKilled", s.peerKilled},
 		{"FencedEpoch", s.fencedEpoch},
 		{"LargeTransfer", s.large},
+		{"OrderedLast", s.orderedLast},
 	}
 	cases = append(cases, s.readCases()...)
 	for _, c := range cases {

@@ -272,12 +272,33 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		peer *decodePeer
 	}
 	var ps []pp
+	var stale []staleTransfer
 	for ep, pt := range pend {
-		if p := m.pre.dpeers[ep]; p != nil {
+		// A waiting TRANSFER is served only over the registration it
+		// came on (handleTransfer checked its epoch then). One that was
+		// replaced since (the decode fenced that data path or lost the
+		// peer, and registered again) carries a concluded attempt:
+		// served over the new registration, its bytes would bypass the
+		// old epoch's fence and land in pages handed out since.
+		switch p := m.pre.dpeers[ep]; {
+		case p == nil:
+			stale = append(stale, staleTransfer{pt.msg, "the decode's registration here was dropped after this TRANSFER arrived (the decode registers again)"})
+		case p.reg.Epoch != pt.msg.Epoch:
+			stale = append(stale, staleTransfer{pt.msg, fmt.Sprintf("TRANSFER names data-path epoch %d, but the decode registered again since (epoch %d): that attempt was concluded by the decode", pt.msg.Epoch, p.reg.Epoch)})
+		default:
 			ps = append(ps, pp{pt.msg, p})
 		}
 	}
 	m.mu.Unlock()
+	for _, st := range stale {
+		// Dropped, not answered: the decode concluded that attempt when
+		// it gave up the registration, and a STATUS Failed for the room
+		// could reach a retry of it there. This sender ends as any sender
+		// no decode sends TRANSFER to (bootstrap timeout, or
+		// earlyAbortGrace after an early ABORT).
+		m.log.Warn("dropped a TRANSFER that waited for this room: its registration was replaced", "room", room, "step", string(StepConnect), "peer", peerLabel(st.msg.Endpoint), "epoch", st.msg.Epoch, "reason", st.why)
+		s.tr.event(StepConnect, st.msg.Endpoint, "TRANSFER dropped: "+st.why)
+	}
 	go s.worker()
 	if aborted && early.final {
 		s.failLocal(fmt.Errorf("%w by decode %s before the prefill created room %d: %s", ErrAborted, early.from, room, early.reason))
@@ -302,6 +323,12 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		s.addDst(p.msg, p.peer)
 	}
 	return s, nil
+}
+
+// staleTransfer is a waiting TRANSFER NewSender refuses, and why.
+type staleTransfer struct {
+	msg *control.TransferMsg
+	why string
 }
 
 // failUnlessRetried fails the sender with the early ABORT's reason unless a

@@ -48,7 +48,10 @@ func (m *Manager) connectionDropped(ep string, ps *pushSock) bool {
 		m.peerLost(ep, false, fmt.Errorf("%w: %s disconnected (process exited or was killed%s)", transport.ErrPeerLost, m.peerName(ep), why))
 		return true
 	}
-	if why := dialProbe(ep); why != "" {
+	// A reset of the probe's own dial is no sign the process is gone: it
+	// leaves the peer the reconnect wait below (a chaos soak's ss -K reset
+	// a probe, and a live decode's room was failed on the prefill alone).
+	if why, gone := dialProbeGone(ep); gone {
 		return lost(": " + why)
 	}
 	ps.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -1296,16 +1297,41 @@ func (m *Manager) pushState(endpoint string) (unreachable, connected bool, dialE
 // dialProbe dials a "tcp://host:port" endpoint once and returns why it
 // failed ("" when it connected).
 func dialProbe(ep string) string {
+	why, _ := dialProbeGone(ep)
+	return why
+}
+
+// dialProbeGone is dialProbe that also says whether the failure means the
+// process is gone (probeGone).
+func dialProbeGone(ep string) (why string, gone bool) {
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(ep, "tcp://"), time.Second)
 	if err != nil {
+		gone = probeGone(err)
 		var op *net.OpError
 		if errors.As(err, &op) && op.Err != nil {
-			return op.Err.Error()
+			return op.Err.Error(), gone
 		}
-		return err.Error()
+		return err.Error(), gone
 	}
 	_ = c.Close()
-	return ""
+	return "", false
+}
+
+// probeGone reports whether a failed dial of a peer's control endpoint
+// means the process is gone: refused (nothing listens), no route to the
+// host or network, or a timeout. Anything else, a reset above all, is no
+// sign of it: a listening peer accepted the probe and the connection was
+// then reset or aborted (as an `ss -K` of the peer's connections does to
+// the probe's own), so the peer gets the reconnect wait.
+func probeGone(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return true
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, syscall.ETIMEDOUT), errors.As(err, &ne) && ne.Timeout():
+		return true
+	}
+	return false
 }
 
 // lostError words a peer that PeerTimeout declared lost: one never reached

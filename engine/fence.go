@@ -83,7 +83,29 @@ type ackMemo struct {
 	detail  string
 	failure string
 	dsts    []string
-	at      time.Time
+	// served is, per decode in dsts, the attempt whose TRANSFER the sender
+	// served: a TRANSFER of that decode naming another attempt is a retry
+	// of the room (handleTransfer), not a late one of the failed attempt.
+	served map[string]attemptID
+	at     time.Time
+}
+
+// attemptID names one attempt of a room on a decode: the metadata ring
+// slot and generation its TRANSFER names (a new receiver claims a new
+// generation, control.TransferMsg).
+type attemptID struct {
+	slot int
+	gen  uint64
+}
+
+// retriedBy reports whether TRANSFER v is a new attempt of the memo's room
+// by a decode whose earlier attempt the failed sender served (its TRANSFER
+// names another ring slot or generation) on a clean data path. A TRANSFER
+// of a decode the sender never heard from may be the failed attempt's own,
+// late: it is answered from the memo, as is any after an unclean end.
+func (a ackMemo) retriedBy(v *control.TransferMsg) bool {
+	id, ok := a.served[v.Endpoint]
+	return a.clean && ok && id != (attemptID{v.Slot, v.Generation})
 }
 
 // maxRecent bounds the closed-sender memos a prefill keeps.

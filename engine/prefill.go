@@ -330,7 +330,14 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 		return
 	}
 	m.mu.Lock()
-	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil {
+	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil && memo.retriedBy(v) {
+		// A decode whose earlier attempt of this room the failed sender
+		// served sends TRANSFER for another attempt: a retry with the same
+		// bootstrap_room (after that attempt was concluded on both sides),
+		// whose TRANSFER came before the retry's sender. It waits for that
+		// sender like any early TRANSFER; the failure is forgotten.
+		delete(m.pre.recent, v.Room)
+	} else if ok && m.pre.senders[v.Room] == nil {
 		m.mu.Unlock()
 		// The room failed here before this TRANSFER arrived (or this
 		// decode's STATUS was lost): nothing is written for it, so the
@@ -440,6 +447,18 @@ func (m *Manager) handleAbort(v *control.AbortMsg) {
 	}
 	s.fail(err)
 	s.tr.event(s.tr.step(), v.Endpoint, "ABORT received")
+	s.mu.Lock()
+	told := s.failTold[v.Endpoint]
+	s.mu.Unlock()
+	if told {
+		// notifyFailed sends this destination its STATUS Failed and then
+		// its one ABORT_ACK, in that order. A second ACK here could reach
+		// the decode first, or after it closed the room, and be taken by
+		// the next attempt of the same bootstrap_room for its own (a retry
+		// failed, its producer counted fenced while it writes); the STATUS
+		// after that ACK would be answered with a stale ABORT.
+		return
+	}
 	go func() {
 		<-s.finished
 		ack.Clean, ack.Detail = s.cleanState()

@@ -707,10 +707,14 @@ func (s *Sender) Close() {
 	clean, detail := s.cleanState()
 	s.mu.Lock()
 	dsts := slices.Collect(maps.Keys(s.dsts))
+	served := map[string]attemptID{}
+	for ep, d := range s.dsts {
+		served[ep] = attemptID{d.msg.Slot, d.msg.Generation}
+	}
 	s.mu.Unlock()
 	s.m.mu.Lock()
 	if err := s.Failure(); err != nil {
-		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, at: time.Now()})
+		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, served: served, at: time.Now()})
 	}
 	if s.m.pre.senders[s.room] == s {
 		delete(s.m.pre.senders, s.room)
@@ -760,8 +764,12 @@ func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	<-s.finished
 	clean, detail := s.cleanState()
 	for _, d := range ds {
-		if !d.msg.Dummy {
-			s.m.sendAbortAck(d.msg.Endpoint, &control.AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail})
+		if !d.msg.Dummy && s.m.sendAbortAck(d.msg.Endpoint, &control.AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail}) {
+			ev := "ABORT_ACK sent: clean"
+			if !clean {
+				ev = "ABORT_ACK sent: unclean (" + detail + ")"
+			}
+			s.tr.event(s.tr.step(), d.msg.Endpoint, ev)
 		}
 	}
 }

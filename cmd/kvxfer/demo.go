@@ -155,7 +155,11 @@ type demoResult struct {
 	BootstrapWaitMS float64 `json:"bootstrap_wait_ms,omitempty"`
 	OK              bool    `json:"ok"`
 	Error           string  `json:"error,omitempty"`
-	Transport       string  `json:"transport,omitempty"`
+	// Interrupted marks a request a stop signal (Ctrl-C, SIGTERM) kept
+	// from running or cut short (a rank refused or cancelled it while
+	// draining): not counted as failed.
+	Interrupted bool   `json:"interrupted,omitempty"`
+	Transport   string `json:"transport,omitempty"`
 	// PrefixTokens is the prompt tokens the decode already held (not sent);
 	// SkippedBytes the KV bytes that saved (all decode ranks).
 	PrefixTokens int    `json:"prefix_tokens,omitempty"`
@@ -192,31 +196,35 @@ type demoResult struct {
 }
 
 type demoSummary struct {
-	Model          string   `json:"model"`
-	PrefillTP      int      `json:"prefill_tp"`
-	PrefillPP      int      `json:"prefill_pp"`
-	DecodeTP       int      `json:"decode_tp"`
-	PageSize       int      `json:"page_size"`
-	Transports     []string `json:"transports_offered"`
-	Used           []string `json:"transports_used"`
-	Checksum       bool     `json:"checksum"`
-	CRC32CPath     string   `json:"crc32c_path"`
-	Workload       string   `json:"workload"`
-	Requests       int      `json:"requests"`
-	Verified       int      `json:"verified"`
-	Failures       int      `json:"failures"`
-	CappedRequests int      `json:"capped_requests"`
-	MaxTokens      int      `json:"max_tokens"`
-	Tokens         int64    `json:"tokens"`
-	Pages          int64    `json:"pages"`
-	Bytes          uint64   `json:"bytes"`
-	Fragment       bool     `json:"fragment"`
+	Model      string   `json:"model"`
+	PrefillTP  int      `json:"prefill_tp"`
+	PrefillPP  int      `json:"prefill_pp"`
+	DecodeTP   int      `json:"decode_tp"`
+	PageSize   int      `json:"page_size"`
+	Transports []string `json:"transports_offered"`
+	Used       []string `json:"transports_used"`
+	Checksum   bool     `json:"checksum"`
+	CRC32CPath string   `json:"crc32c_path"`
+	Workload   string   `json:"workload"`
+	Requests   int      `json:"requests"`
+	Verified   int      `json:"verified"`
+	Failures   int      `json:"failures"`
+	// Interrupted is the timed requests a stop signal kept from running or
+	// cut short (demoResult.Interrupted), counted apart from Failures.
+	Interrupted    int    `json:"interrupted"`
+	CappedRequests int    `json:"capped_requests"`
+	MaxTokens      int    `json:"max_tokens"`
+	Tokens         int64  `json:"tokens"`
+	Pages          int64  `json:"pages"`
+	Bytes          uint64 `json:"bytes"`
+	Fragment       bool   `json:"fragment"`
 	// Warmup is the untimed requests run first; WarmupFailures how many of
 	// them failed (the demo then fails).
-	Warmup         int     `json:"warmup"`
-	WarmupFailures int     `json:"warmup_failures"`
-	WallSeconds    float64 `json:"wall_seconds"`
-	GoodputGBps    float64 `json:"goodput_gbps"`
+	Warmup            int     `json:"warmup"`
+	WarmupFailures    int     `json:"warmup_failures"`
+	WarmupInterrupted int     `json:"warmup_interrupted"`
+	WallSeconds       float64 `json:"wall_seconds"`
+	GoodputGBps       float64 `json:"goodput_gbps"`
 	// AggregateGBps is Bytes over TransferSeconds, the length of the union
 	// of the verified requests' transfer intervals (1e9 B/s).
 	AggregateGBps   float64 `json:"aggregate_transfer_gbps"`

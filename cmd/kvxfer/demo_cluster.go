@@ -304,6 +304,13 @@ func rssShmem(pid int) int64 {
 // starting.
 const demoInterrupted = "interrupted"
 
+// stoppedByDrain reports whether a rank's error says a stop signal ended
+// the room: a line refused while draining (drainRefusal), or a room
+// cancelled by a second signal or the drain timeout (rank.drain).
+func stoppedByDrain(err string) bool {
+	return strings.Contains(err, "the rank is draining") || strings.Contains(err, "stop signal")
+}
+
 // runRequests drives the requests through the ranks, --concurrency at a
 // time (the warm-up ones first, then the timed ones on a warm system), and
 // returns their results and the timed requests' wall time.
@@ -330,12 +337,17 @@ func (c *demoCluster) runRequests(ctx context.Context, f *demoFlags, p *demoPlan
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
-			results[i] = demoResult{Room: p.rooms[i], Tokens: min(rq.InputLength, p.capTokens), Capped: rq.InputLength > p.capTokens, Error: demoInterrupted}
+			results[i] = demoResult{Room: p.rooms[i], Tokens: min(rq.InputLength, p.capTokens), Capped: rq.InputLength > p.capTokens, Error: demoInterrupted, Interrupted: true}
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			results[i] = c.runOne(p, p.rooms[i], rq, &decodeOrder)
+			r := c.runOne(p, p.rooms[i], rq, &decodeOrder)
+			// The ranks got the stop signal too (Ctrl-C reaches the whole
+			// process group): a room they refused or cancelled while
+			// draining was interrupted, not failed.
+			r.Interrupted = !r.OK && ctx.Err() != nil && stoppedByDrain(r.Error)
+			results[i] = r
 			if bar != nil {
 				_ = bar.Add(1)
 			}

@@ -70,15 +70,9 @@ func (c *demoCluster) report(ctx context.Context, f *demoFlags, p *demoPlan, res
 // requests a stop signal kept from running are named as such, apart from
 // those that failed transfer or verification.
 func demoExitError(sum demoSummary, results []demoResult) error {
-	interrupted := 0
-	for _, r := range results {
-		if r.Error == demoInterrupted {
-			interrupted++
-		}
-	}
-	if interrupted > 0 {
-		return fmt.Errorf("interrupted by a stop signal: %d of %d requests were not run; %d failed transfer or verification",
-			interrupted, len(results), max(0, sum.Failures+sum.WarmupFailures-interrupted))
+	if n := sum.Interrupted + sum.WarmupInterrupted; n > 0 {
+		return fmt.Errorf("interrupted by a stop signal: %d of %d requests were not run or were cut short; %d failed transfer or verification",
+			n, len(results), sum.Failures+sum.WarmupFailures)
 	}
 	if sum.Failures > 0 {
 		return fmt.Errorf("%d of %d requests failed transfer or verification", sum.Failures, sum.Requests)
@@ -127,6 +121,15 @@ func onOff(b bool) string {
 	return "off"
 }
 
+// interruptedNote is ", N interrupted (stop signal: not run or cut short)"
+// when a stop signal interrupted n requests, else "".
+func interruptedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d interrupted (stop signal: not run or cut short)", n)
+}
+
 func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "model\t%s (prefill tp %d × pp %d → decode tp %d, page %d tokens)\n", s.Model, s.PrefillTP, s.PrefillPP, s.DecodeTP, s.PageSize)
@@ -141,9 +144,9 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 		fmt.Fprintf(tw, "prefill ranks\t%s wrote the KV; %s: dummy (nothing to send: MLA keeps one latent KV per token, which one rank writes for a decode with fewer TP ranks)\n",
 			strings.Join(s.WriterRanks, ", "), strings.Join(s.DummyRanks, ", "))
 	}
-	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed)\n", s.Requests, s.Verified, s.Failures)
+	fmt.Fprintf(tw, "requests\t%d (%d verified, %d failed%s)\n", s.Requests, s.Verified, s.Failures, interruptedNote(s.Interrupted))
 	if s.Warmup > 0 {
-		fmt.Fprintf(tw, "warm-up\t%d requests first, verified, not counted below (%d failed)\n", s.Warmup, s.WarmupFailures)
+		fmt.Fprintf(tw, "warm-up\t%d requests first, verified, not counted below (%d failed%s)\n", s.Warmup, s.WarmupFailures, interruptedNote(s.WarmupInterrupted))
 	}
 	fmt.Fprintf(tw, "tokens\t%d\n", s.Tokens)
 	fmt.Fprintf(tw, "pages\t%d (decode side)\n", s.Pages)
@@ -165,10 +168,13 @@ func printSummary(w io.Writer, s demoSummary, rs []demoResult) {
 			s.FirstMS, s.FirstMS/s.LaterP50MS, s.LaterP50MS, onOff(s.Prefault))
 	}
 	fmt.Fprintf(tw, "failures\t%d\n", s.Failures)
+	if n := s.Interrupted + s.WarmupInterrupted; n > 0 {
+		fmt.Fprintf(tw, "interrupted\t%d (a stop signal kept them from running or cut them short; not failures)\n", n)
+	}
 	_ = tw.Flush()
 	n := 0
 	for _, r := range rs {
-		if !r.OK && n < 10 {
+		if !r.OK && !r.Interrupted && n < 10 {
 			what := "room"
 			if r.Warmup {
 				what = "warm-up room"
@@ -336,7 +342,7 @@ func failedTimelines(ctx context.Context, children []*child, results []demoResul
 	out := map[string][]engine.RoomTimeline{}
 	n := 0
 	for _, r := range results {
-		if r.OK || r.Error == demoInterrupted || n >= 10 {
+		if r.OK || r.Interrupted || n >= 10 {
 			continue
 		}
 		n++
@@ -373,7 +379,10 @@ func printTimelines(w io.Writer, tls map[string][]engine.RoomTimeline) {
 func (s *demoSummary) tally(results []demoResult, nWarm int, wall time.Duration, prefault bool) {
 	for i := range results[:nWarm] {
 		results[i].Warmup = true
-		if !results[i].OK {
+		switch {
+		case results[i].Interrupted:
+			s.WarmupInterrupted++
+		case !results[i].OK:
 			s.WarmupFailures++
 		}
 	}
@@ -388,6 +397,10 @@ func (s *demoSummary) tally(results []demoResult, nWarm int, wall time.Duration,
 		}
 		if r.Transport != "" && !slices.Contains(s.Used, r.Transport) {
 			s.Used = append(s.Used, r.Transport)
+		}
+		if r.Interrupted {
+			s.Interrupted++
+			continue
 		}
 		if !r.OK {
 			s.Failures++

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -485,7 +486,7 @@ func runDemoJSON(t *testing.T, f *demoFlags, out any) {
 // TestDemoExitError: requests a stop signal kept from running are reported
 // as interrupted, not as transfer or verification failures.
 func TestDemoExitError(t *testing.T) {
-	ok, bad, intr := demoResult{OK: true}, demoResult{Error: "peer lost"}, demoResult{Error: demoInterrupted}
+	ok, bad, intr := demoResult{OK: true}, demoResult{Error: "peer lost"}, demoResult{Error: demoInterrupted, Interrupted: true}
 	for _, c := range []struct {
 		name    string
 		sum     demoSummary
@@ -495,12 +496,61 @@ func TestDemoExitError(t *testing.T) {
 		{"all verified", demoSummary{Requests: 2}, []demoResult{ok, ok}, ""},
 		{"failed", demoSummary{Requests: 2, Failures: 1}, []demoResult{ok, bad}, "1 of 2 requests failed transfer or verification"},
 		{"warm-up failed", demoSummary{Requests: 1, Warmup: 1, WarmupFailures: 1}, []demoResult{bad, ok}, "1 of 1 warm-up requests failed"},
-		{"interrupted", demoSummary{Requests: 3, Failures: 2}, []demoResult{ok, intr, intr}, "interrupted by a stop signal: 2 of 3 requests were not run; 0 failed"},
-		{"interrupted and failed", demoSummary{Requests: 3, Failures: 2}, []demoResult{bad, intr, ok}, "1 of 3 requests were not run; 1 failed"},
+		{"interrupted", demoSummary{Requests: 3, Interrupted: 2}, []demoResult{ok, intr, intr}, "interrupted by a stop signal: 2 of 3 requests were not run or were cut short; 0 failed"},
+		{"interrupted and failed", demoSummary{Requests: 3, Failures: 1, Interrupted: 1}, []demoResult{bad, intr, ok}, "1 of 3 requests were not run or were cut short; 1 failed"},
+		{"warm-up interrupted", demoSummary{Requests: 1, Warmup: 1, WarmupInterrupted: 1, Interrupted: 1}, []demoResult{intr, intr}, "2 of 2 requests were not run or were cut short; 0 failed"},
 	} {
 		err := demoExitError(c.sum, c.results)
 		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
+	}
+}
+
+// TestDemoCountsInterruptedApart: requests a stop signal kept from running,
+// and rooms the ranks refused or cancelled while draining after the same
+// signal, are counted as interrupted in the summary, its JSON and the
+// printed line, not as failed (before: "3 failed" for a Ctrl-C).
+func TestDemoCountsInterruptedApart(t *testing.T) {
+	for _, c := range []struct {
+		err  string
+		stop bool
+	}{
+		{"decode tp0 pp0: " + fmt.Sprintf(drainRefusal, "interrupt signal"), true},
+		{"prefill tp0 pp0: engine: room 7: context canceled: a second stop signal (terminated) during the drain", true},
+		{"prefill tp0 pp0: --drain-timeout 30s after the stop signal passed", true},
+		{"decode tp0 pp0: engine: room 7: peer lost: prefill gone", false},
+		{"decode tp0 pp0: workload: KV verification failed for room 7", false},
+	} {
+		if got := stoppedByDrain(c.err); got != c.stop {
+			t.Errorf("stoppedByDrain(%q) = %v, want %v", c.err, got, c.stop)
+		}
+	}
+	results := []demoResult{
+		{OK: true, Tokens: 16, Pages: 1, Bytes: 100, TransferMS: 1}, // warm-up
+		{Error: demoInterrupted, Interrupted: true},                 // warm-up, not run
+		{OK: true, Tokens: 16, Pages: 1, Bytes: 100, TransferMS: 1},
+		{Error: "decode tp0 pp0: peer lost"},
+		{Error: "decode tp0 pp0: " + fmt.Sprintf(drainRefusal, "interrupt signal"), Interrupted: true},
+		{Error: demoInterrupted, Interrupted: true},
+	}
+	s := demoSummary{Requests: len(results), Warmup: 2}
+	s.tally(results, 2, time.Second, false)
+	if s.Requests != 4 || s.Verified != 1 || s.Failures != 1 || s.Interrupted != 2 || s.WarmupFailures != 0 || s.WarmupInterrupted != 1 {
+		t.Fatalf("tally: requests %d, verified %d, failed %d, interrupted %d; warm-up failed %d, interrupted %d; want 4, 1, 1, 2; 0, 1",
+			s.Requests, s.Verified, s.Failures, s.Interrupted, s.WarmupFailures, s.WarmupInterrupted)
+	}
+	var out strings.Builder
+	printSummary(&out, s, results)
+	if !strings.Contains(out.String(), "4 (1 verified, 1 failed, 2 interrupted") || !strings.Contains(out.String(), "(0 failed, 1 interrupted") ||
+		!regexp.MustCompile(`(?m)^interrupted +3 \(`).MatchString(out.String()) || strings.Count(out.String(), "FAILED") != 1 {
+		t.Errorf("summary does not count the interrupted requests apart:\n%s", out.String())
+	}
+	b, _ := json.Marshal(s)
+	if !strings.Contains(string(b), `"interrupted":2`) || !strings.Contains(string(b), `"failures":1`) || !strings.Contains(string(b), `"warmup_interrupted":1`) {
+		t.Errorf("JSON summary %s: want interrupted 2, failures 1, warmup_interrupted 1", b)
+	}
+	if err := demoExitError(s, results); err == nil || !strings.Contains(err.Error(), "3 of 6 requests were not run or were cut short; 1 failed") {
+		t.Errorf("exit error %v", err)
 	}
 }

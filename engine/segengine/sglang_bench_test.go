@@ -14,17 +14,25 @@ import (
 // decode TP 2 for a 4K-token request (64 buffers x 4096 tokens, a 1 KiB
 // head slice of each 2 KiB prefill token, pages of 64 tokens scattered on
 // both sides: 262,144 entries, 256 MiB) against the same bytes in
-// page-sized entries, over tcp on loopback, by SubmitEntries. The
-// per-token case coalesces to one strided descriptor per page (the
-// bench's cost is then the kernel's: one iovec per 1 KiB source block).
+// page-sized entries, over tcp on loopback and over shm, by
+// SubmitEntries. The per-token case coalesces to one strided descriptor
+// per page (on tcp the bench's cost is then the kernel's: one iovec per
+// 1 KiB source block; on shm one copy per block).
+//
+//	go test -run '^$' -bench SGLang -benchtime 6x -count 3 ./engine/segengine
 func BenchmarkSGLang(b *testing.B) {
-	b.Run("tokens", func(b *testing.B) { benchSGLang(b, false) })
-	b.Run("pages", func(b *testing.B) { benchSGLang(b, true) })
+	for _, tr := range []string{"tcp", "shm"} {
+		if err := transport.ProbeTransport(tr); err != nil {
+			continue
+		}
+		b.Run(tr+"/tokens", func(b *testing.B) { benchSGLang(b, tr, false) })
+		b.Run(tr+"/pages", func(b *testing.B) { benchSGLang(b, tr, true) })
+	}
 }
 
-func benchSGLang(b *testing.B, pages bool) {
-	recv := newTE(b, "tcp")
-	send := newTE(b, "tcp")
+func benchSGLang(b *testing.B, tr string, pages bool) {
+	recv := newTE(b, tr)
+	send := newTE(b, tr)
 	const bufs, toks, page, slice = 64, 4096, 64, 1024
 	dst, _ := regBuf(b, recv, "dst", bufs*toks*slice)
 	src, _ := regBuf(b, send, "src", bufs*toks*2*slice)

@@ -84,7 +84,11 @@ type earlyAbort struct {
 // in order), so a TRANSFER after it belongs to a retry of the room (a
 // router retrying a failed request keeps its bootstrap_room), which is
 // served; with none the sender is the aborted attempt's and fails. It is
-// capped by the bootstrap timeout.
+// capped by the bootstrap timeout. A decode that lost the peer sends its
+// ABORTs on a new control socket, so they can overtake a TRANSFER still
+// on the old one; that attempt's data path is fenced and its registration
+// dropped then, and a waiting TRANSFER is served only over the
+// registration it came on (NewSender), so such a TRANSFER lands nothing.
 const earlyAbortGrace = 2 * time.Second
 
 // decodePeer is a decode rank that sent REGISTER to this prefill rank.

@@ -364,7 +364,7 @@ func (s *segment) vmCopy(ps []piece, read bool, sc *iovScratch) error {
 				err = unix.EFAULT
 			}
 			if err != nil {
-				return vmError(pid, read, err)
+				return s.vmError(read, err)
 			}
 			want -= got
 			// Skip the bytes moved; local and remote iovecs pair up with
@@ -387,15 +387,17 @@ func (s *segment) vmCopy(ps []piece, read bool, sc *iovScratch) error {
 }
 
 // vmError turns a process_vm_writev/readv failure into the transport's
-// error.
-func vmError(pid int, read bool, err error) error {
+// error. ESRCH ("no such process", which reads like a local fault) means
+// the peer process exited: the error names it and what to do.
+func (s *segment) vmError(read bool, err error) error {
+	pid := int(s.peer.PID)
 	call := "process_vm_writev"
 	if read {
 		call = "process_vm_readv"
 	}
 	switch {
 	case errors.Is(err, unix.ESRCH):
-		return fmt.Errorf("cma: receiver pid %d exited during the batch (%s: %v): %w", pid, call, err, transport.ErrPeerLost)
+		return s.lostPeer(read, fmt.Sprintf("exited during the batch (%s: %v: no process has that pid any more)", call, err))
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("cma: receiver pid %d: %s: %v: the kernel refused cross-memory attach during the batch: %w", pid, call, err, transport.ErrPeerLost)
 	case errors.Is(err, unix.EFAULT):

@@ -485,6 +485,19 @@ func (s *segment) watch() {
 // lose marks the peer lost: every pending batch stops at its next copy
 // unit and fails (copyAll finishes it, so a terminal batch never copies any
 // more), wrapping transport.ErrPeerLost.
+// lostPeer is the error of a batch whose peer process is gone (what: how
+// and when), wrapping transport.ErrPeerLost. It names the peer for the
+// operation, since a READ's "receiver" is the process this one copies
+// from, not this one, and says what to do.
+func (s *segment) lostPeer(read bool, what string) error {
+	if read {
+		return fmt.Errorf("%s: the peer process (pid %d) whose memory this READ copies from %s; this process is fine, the peer's registered memory went with it: open the segment again once the peer runs again (a restarted peer publishes a new endpoint): %w",
+			s.t.Name(), s.peer.PID, what, transport.ErrPeerLost)
+	}
+	return fmt.Errorf("%s: the receiver process (pid %d) this WRITE copies into %s: open the segment again once the receiver runs again (a restarted receiver publishes a new endpoint): %w",
+		s.t.Name(), s.peer.PID, what, transport.ErrPeerLost)
+}
+
 func (s *segment) lose(err error) {
 	s.peerLost.Store(true)
 	s.mu.Lock()
@@ -556,7 +569,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	// Cheap check here (no syscall); the pidfd is polled when the batch
 	// completes and by the watcher.
 	if s.peerLost.Load() || atomic.LoadUint64(&s.ctlWord[ctlState]) != stateOpen {
-		return 0, fmt.Errorf("%s: submit: receiver pid %d exited or closed its transport: %w", s.t.Name(), s.peer.PID, transport.ErrPeerLost)
+		return 0, fmt.Errorf("submit: %w", s.lostPeer(read, "exited or closed its transport"))
 	}
 	if atomic.LoadUint64(&s.slot[sFenced]) != 0 {
 		return 0, fmt.Errorf("%s: submit: receiver pid %d fenced this segment (epoch %d): %w: %w", s.t.Name(), s.peer.PID, s.epoch, transport.ErrFenced, transport.ErrPeerLost)
@@ -803,7 +816,7 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, t
 	case b.canceled.Load() && !s.peerLost.Load():
 		b.finish(transport.BatchCanceled, fmt.Errorf("%s: batch stopped after %d of %d bytes: %w", s.t.Name(), b.done.Load(), b.total, transport.ErrCanceled))
 	case (b.total >= liveCheckMin && !s.alive()) || s.peerLost.Load():
-		b.finish(transport.BatchFailed, fmt.Errorf("%s: receiver pid %d exited or closed its transport during the batch (%d of %d bytes copied): %w", s.t.Name(), s.peer.PID, b.done.Load(), b.total, transport.ErrPeerLost))
+		b.finish(transport.BatchFailed, s.lostPeer(b.read, fmt.Sprintf("exited or closed its transport during the batch (%d of %d bytes copied)", b.done.Load(), b.total)))
 	default:
 		if !b.read {
 			atomic.AddUint64(&s.ctlWord[ctlCommitted], b.total) // release: publish to the receiver

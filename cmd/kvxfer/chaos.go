@@ -109,6 +109,9 @@ drawn from --faults, injected once the decode sent TRANSFER:
   exit    the decode closes (and restarts, as above) right after the room's
           Success, while its verdict may still be on the way: the prefill
           must report the room ok
+          (a restart or exit waits while a message the drop fault dropped
+          in the last 1.5 s may still be asked for again: a verdict lost
+          and then its decode gone is a disagreement no protocol prevents)
   retry   the decode aborts the room's first attempt while the prefill
           writes, then, once both sides concluded it, the same
           bootstrap_room is sent again to the same prefill process into the
@@ -449,6 +452,11 @@ type chaosEnv struct {
 	// fatal is a decode restart that could not start the new incarnation:
 	// the soak stops with it.
 	fatal atomic.Pointer[error]
+	// quiet keeps drop faults out while a decode restart waits for the
+	// control messages dropped last to be asked for again (restartDecode);
+	// lastDrop is when the drop fault last dropped a message (Unix ns).
+	quiet    sync.RWMutex
+	lastDrop atomic.Int64
 
 	pool   *workload.KVBuffers
 	rows   *workload.PageAllocator
@@ -479,6 +487,11 @@ func (e *chaosEnv) ports() []string {
 	return e.dataPorts
 }
 
+// chaosVerdictSettle is how long after a dropped control message a decode
+// restart waits: the prefill's verdict re-ask interval (engine verdictAsk,
+// 1 s) and a margin.
+const chaosVerdictSettle = 1500 * time.Millisecond
+
 // restartDecode restarts the decode rank for fault kind ("restart",
 // "exit"): it closes the manager (every room in flight on it fails; the
 // verdicts it decided before go out first, Manager.Close) and starts a new
@@ -494,6 +507,20 @@ func (e *chaosEnv) restartDecode(kind string, rng *rand.Rand) (counted string, i
 		return kind + " (skipped: another decode restart in progress)", false
 	}
 	defer e.restartMu.Unlock()
+	// A verdict the drop fault ate is asked for again by its prefill
+	// (every second) and answered from the decode's memory of the room;
+	// a restart before that would lose it for good, a disagreement no
+	// protocol can prevent (README: a verdict over a path that is down)
+	// and not what this fault tests. So no drop starts now, and the
+	// restart waits until the last dropped message is that old (at most
+	// 10 s, for a DropNext no message came to satisfy).
+	e.quiet.Lock()
+	defer e.quiet.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if e.drop.Pending("") == 0 && time.Since(time.Unix(0, e.lastDrop.Load())) > chaosVerdictSettle {
+			break
+		}
+	}
 	same := rng.IntN(2) == 0
 	e.mgrMu.Lock()
 	defer e.mgrMu.Unlock()
@@ -737,7 +764,14 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		return engine.NewManager(ctx, engine.ManagerConfig{Role: engine.RoleDecode, KV: env.pool.Args(), Transports: []transport.Transport{tr},
 			ControlPort:      port,
 			BootstrapTimeout: 3 * f.waiting, WaitingTimeout: f.waiting, PeerTimeout: f.peer, FenceTimeout: f.fence,
-			ControlFault: env.drop.Filter, Logger: slog.Default().With("rank", "chaos decode"),
+			ControlFault: func(peer, msgType string) bool {
+				if env.drop.Filter(peer, msgType) {
+					env.lastDrop.Store(time.Now().UnixNano())
+					return true
+				}
+				return false
+			},
+			Logger: slog.Default().With("rank", "chaos decode"),
 			VerifyKV: func(kv engine.ReceivedKV) error { // the slow-decode fault: the decode takes its time
 				if d, ok := env.slow.Load(kv.Room); ok {
 					time.Sleep(d.(time.Duration))
@@ -1126,7 +1160,13 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		// A connection down for a while, or one verdict lost. Verdict drops
 		// do not pile up: one still pending would otherwise eat the verdicts
 		// (and their repeats) of unrelated rooms, a decode unreachable for
-		// seconds rather than one lost message.
+		// seconds rather than one lost message. None while a decode restart
+		// waits for dropped verdicts to be asked again.
+		if !e.quiet.TryRLock() {
+			e.countFault("drop (skipped: decode restart pending)")
+			return
+		}
+		defer e.quiet.RUnlock()
 		if rec.rng.IntN(2) == 0 || e.drop.Pending(engine.MsgStatus) > 0 {
 			e.drop.DropFor(time.Duration(50+rec.rng.IntN(450)) * time.Millisecond)
 		} else {

@@ -1394,8 +1394,10 @@ KVX_API int kvx_agent_get_notifs(kvx_agent_t agent, void *buf, size_t cap,
 /* ------------------------------------------------------------------------ */
 /* Metadata record (one ring slot), as written by the producer into the     */
 /* decode's metadata ring. Little-endian, 64 bytes, one cache line. The      */
-/* producer writes bytes 0-55, waits for that batch to complete, then writes */
-/* commit (= KVX_RECORD_COMMIT_MAGIC ^ generation) last. The decode accepts  */
+/* producer writes bytes 0-55 and commit (= KVX_RECORD_COMMIT_MAGIC ^       */
+/* generation) last, once every byte of that batch landed: as the batch's    */
+/* ordered last write on shm and tcp, in a batch of its own on rdma. A       */
+/* reader that sees commit sees the record and the pages. The decode accepts */
 /* a record only when commit matches the slot's generation AND room, epoch,  */
 /* producer, page/byte counts, layer_count (all the producer's layers) and   */
 /* (when both sides declared it) token_count are the ones it expects, so a   */

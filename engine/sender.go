@@ -988,15 +988,22 @@ func (s *Sender) worker() {
 		}
 		s.mu.Unlock()
 		errs := make([]error, len(ds))
-		var wg sync.WaitGroup
-		for i, d := range ds {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = s.transferChunk(d, c)
-			}()
+		if len(ds) == 1 {
+			// One destination (the usual case): written by this goroutine,
+			// no hand-off and wake-up per chunk (a layer-wise room has one
+			// chunk per layer; the last one's is on the handover).
+			errs[0] = s.transferChunk(ds[0], c)
+		} else {
+			var wg sync.WaitGroup
+			for i, d := range ds {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = s.transferChunk(d, c)
+				}()
+			}
+			wg.Wait()
 		}
-		wg.Wait()
 		if err := errors.Join(errs...); err != nil {
 			s.fail(err)
 			return

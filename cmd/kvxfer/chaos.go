@@ -202,6 +202,12 @@ type chaosReport struct {
 	PrefillUnknown  int               `json:"prefill_unknown"`
 	// Disagreements: rooms one side reported ok and the other failed.
 	Disagreements int `json:"outcome_disagreements"`
+	// DisagreementsAtClose counts those of Disagreements where the decode
+	// reported Success and its manager was closed (a restart or exit
+	// fault) within chaosCloseWindow after, and the prefill failed the
+	// room: a Success verdict lost across the decode's close (issue 22
+	// case 1, open).
+	DisagreementsAtClose int `json:"outcome_disagreements_at_decode_close"`
 	// Corruptions: rooms the decode reported ok whose bytes (checked by the
 	// harness at Success and again before reuse) were not the producer's.
 	Corruptions int `json:"silent_corruptions"`
@@ -378,6 +384,9 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 	fmt.Fprintf(w, "chaos over %s (seed %d): %d rooms in %.0f s; faults injected: %d (%s)\n", r.Transport, r.Seed, r.Rooms, r.WallSeconds, total, countList(r.Faults))
 	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
 	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d; lost result lines: %d\n", r.Disagreements, r.Corruptions, r.LostLines)
+	if r.DisagreementsAtClose > 0 {
+		fmt.Fprintf(w, "  of the disagreements, %d: decode Success, its manager closed within %s after (restart/exit), prefill failed (a verdict lost across the close)\n", r.DisagreementsAtClose, chaosCloseWindow)
+	}
 	fmt.Fprintf(w, "  max fault→Failed: decode %.0f ms, prefill %.0f ms (a stalled prefill: from its SIGCONT)\n", r.MaxDecodeFaultToFailedMS, r.MaxPrefillFaultToFailedMS)
 	if r.Retries > 0 {
 		fmt.Fprintf(w, "  retries with the same room: %d (first attempt failed on the decode: %d), %d retries succeeded on the decode\n", r.Retries, r.RetryFirstFailed, r.RetryOK)
@@ -424,6 +433,9 @@ type chaosRoom struct {
 	preAt     time.Time
 	corrupt   string
 	lost      bool // its prefill process, alive, never wrote its result line
+	// closedAfterOK: the decode succeeded and its manager was closed
+	// within chaosCloseWindow after (DisagreementsAtClose).
+	closedAfterOK bool
 	// first is the first attempt of a room retried with the same
 	// bootstrap_room (the retry fault); the record itself is the retry.
 	first *chaosRoom
@@ -457,6 +469,8 @@ type chaosEnv struct {
 	// lastDrop is when the drop fault last dropped a message (Unix ns).
 	quiet    sync.RWMutex
 	lastDrop atomic.Int64
+	// closes are when each decode restart closed the old manager.
+	closes []time.Time
 
 	pool   *workload.KVBuffers
 	rows   *workload.PageAllocator
@@ -485,6 +499,30 @@ func (e *chaosEnv) ports() []string {
 	e.mgrMu.RLock()
 	defer e.mgrMu.RUnlock()
 	return e.dataPorts
+}
+
+// chaosCloseWindow: a room whose decode closed this soon after its
+// Success counts, when the prefill then failed it, in
+// chaosReport.DisagreementsAtClose.
+const chaosCloseWindow = 2 * time.Second
+
+// markClosedAfterOK sets closedAfterOK on the successful attempts whose
+// decode manager closed within chaosCloseWindow after their Success.
+func (e *chaosEnv) markClosedAfterOK(records []*chaosRoom) {
+	e.faultMu.Lock()
+	defer e.faultMu.Unlock()
+	for _, r := range records {
+		for a := r; a != nil; a = a.first {
+			if !a.decodeOK {
+				continue
+			}
+			for _, c := range e.closes {
+				if d := c.Sub(a.decodeAt); d >= 0 && d <= chaosCloseWindow {
+					a.closedAfterOK = true
+				}
+			}
+		}
+	}
 }
 
 // chaosVerdictSettle is how long after a dropped control message a decode
@@ -526,6 +564,9 @@ func (e *chaosEnv) restartDecode(kind string, rng *rand.Rand) (counted string, i
 	defer e.mgrMu.Unlock()
 	old, oldTr := e.m, e.tr
 	port := old.ControlPort()
+	e.faultMu.Lock()
+	e.closes = append(e.closes, time.Now())
+	e.faultMu.Unlock()
 	_ = old.Close()
 	tr := oldTr
 	counted = kind + " (same address)"
@@ -834,6 +875,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		return rep, *err
 	}
 	rep.Faults = env.counts
+	env.markClosedAfterOK(slices.DeleteFunc(slices.Clone(records), func(r *chaosRoom) bool { return r == nil }))
 	for _, r := range records {
 		if r != nil {
 			rep.add(r)
@@ -897,6 +939,9 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 	}
 	if r.pre != nil && r.pre.OK != r.decodeOK {
 		rep.Disagreements++
+		if r.decodeOK && r.closedAfterOK {
+			rep.DisagreementsAtClose++
+		}
 		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", what, r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
 	}
 	if r.corrupt != "" {

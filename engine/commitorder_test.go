@@ -86,13 +86,15 @@ func testCommitWordAfterPages(t *testing.T, tr string, pl lwPlan) {
 			}
 			for slot := 0; slot < len(ring)/engine.RecordSize; slot++ {
 				rec := ring[slot*engine.RecordSize : (slot+1)*engine.RecordSize]
-				commit := atomic.LoadUint64((*uint64)(unsafe.Pointer(&rec[engine.RecordCommitOffset])))
+				word := (*uint64)(unsafe.Pointer(&rec[engine.RecordCommitOffset]))
+				commit := atomic.LoadUint64(word)
 				gen := binary.LittleEndian.Uint64(rec[8:])
-				if commit == 0 || commit != engine.RecordCommitMagic^gen || seen[[2]uint64{uint64(slot), gen}] {
+				room := binary.LittleEndian.Uint64(rec[0:])
+				if commit == 0 || commit != engine.RecordCommitMagic^gen || seen[[2]uint64{uint64(slot), gen}] ||
+					atomic.LoadUint64(word) != commit { // released and taken again while read
 					continue
 				}
 				seen[[2]uint64{uint64(slot), gen}] = true
-				room := binary.LittleEndian.Uint64(rec[0:])
 				v, ok := rooms.Load(room)
 				var err error
 				switch {
@@ -121,12 +123,17 @@ func testCommitWordAfterPages(t *testing.T, tr string, pl lwPlan) {
 	const n = 6
 	for i := 0; i < n; i++ {
 		room := uint64(3000 + i)
-		pages := 16 + 4*i // the prefill's source pages are freed at the end (sendLayerwise)
+		// Fresh pages for every room on both sides, all freed at the end:
+		// a page of a room the watcher checks is written by that room only
+		// (a freed page taken by the next room would be rewritten under a
+		// late check of the room before).
+		pages := 16 + 4*i
 		lr := &lwRoom{room: room, tokens: pages * 4, aux: int(room % 16)}
 		all, err := d.pool.Alloc(pages)
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { d.pool.Free(all) })
 		rooms.Store(room, all)
 		r, err := d.m.NewReceiver(addr, room)
 		if err != nil {
@@ -146,7 +153,6 @@ func testCommitWordAfterPages(t *testing.T, tr string, pl lwPlan) {
 		}
 		s.Close()
 		r.Close()
-		d.pool.Free(all)
 	}
 	halt()
 	select {

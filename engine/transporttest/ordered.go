@@ -64,8 +64,9 @@ func (s *suite) orderedLast(t *testing.T) {
 		}
 		src := e.src.Bytes()[:pages*mib]
 		seen := make(chan bool, 1)
-		stop := make(chan struct{})
+		stop, exited := make(chan struct{}), make(chan struct{})
 		go func() {
+			defer close(exited)
 			for {
 				select {
 				case <-stop:
@@ -80,9 +81,12 @@ func (s *suite) orderedLast(t *testing.T) {
 				runtime.Gosched()
 			}
 		}()
-		b := batch()
-		e.run(e.seg, b)
-		close(stop)
+		func() {
+			// Stopped on every way out (a failed run too): the memory it
+			// reads is unmapped by the cleanups.
+			defer func() { close(stop); <-exited }()
+			e.run(e.seg, batch())
+		}()
 		if !<-seen {
 			t.Fatalf("round %d: the last write landed before every page of its batch had (a reader of the commit word would see a partial batch)", round)
 		}

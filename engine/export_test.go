@@ -34,6 +34,10 @@ func FailMonitorReaders(m *Manager) { m.failMonitorReader.Store(true) }
 // (tests only: a verdict goroutine descheduled while the caller closes).
 func SetBeforeVerdict(m *Manager, f func()) { m.beforeVerdict.Store(&f) }
 
+// SetAfterStatusSuccess installs a hook a prefill's sender runs right after
+// handing a destination its STATUS Success (tests only).
+func SetAfterStatusSuccess(m *Manager, f func()) { m.afterStatusSuccess.Store(&f) }
+
 // SetControlVersion makes the manager speak control protocol version v
 // instead of this build's (tests only: a peer of another release, whose
 // frames keep this build's layout, as versions 5 and 6 do).

@@ -467,6 +467,10 @@ type Manager struct {
 	// goroutine's delay.
 	verdictFlight flight
 	beforeVerdict atomic.Pointer[func()]
+	// afterStatusSuccess, when set (tests only), runs on a prefill right
+	// after a sender handed a destination its STATUS Success, as that
+	// goroutine descheduled there.
+	afterStatusSuccess atomic.Pointer[func()]
 	// ctlVersion, when not 0 (tests only), is the control protocol version
 	// this rank speaks instead of control.ControlVersion; versionTold is
 	// when each endpoint of another version was last answered (skew.go).

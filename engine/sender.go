@@ -1015,6 +1015,17 @@ func (s *Sender) worker() {
 				what = fmt.Sprintf("every page of every layer (%d chunks, layer by layer), the aux row and the metadata record landed", c.chunks)
 			}
 			s.tr.mark(StepTransfer, "", what)
+			// From here the sender awaits the verdicts, before any STATUS
+			// Success goes out: its decode may decide at once and close
+			// (its process exits), and a loss of that decode seen before
+			// this flag failed the room at once ("peer lost") instead of
+			// waiting for the verdict on its way (Manager.peerLost,
+			// verdicts.go; issue 22 case 1, found by kvxfer chaos's exit
+			// fault).
+			now := time.Now()
+			s.mu.Lock()
+			s.written, s.awaitSince, s.lastAsk = true, now, now
+			s.mu.Unlock()
 			for _, d := range ds {
 				s.mu.Lock()
 				already := s.statusTo[d.msg.Endpoint]
@@ -1028,13 +1039,14 @@ func (s *Sender) worker() {
 					return
 				}
 				s.tr.note(StepVerify, d.msg.Endpoint, "STATUS Success sent")
+				if h := s.m.afterStatusSuccess.Load(); h != nil {
+					(*h)()
+				}
 			}
-			now := time.Now()
 			s.mu.Lock()
 			if !s.started.IsZero() {
 				s.latency = time.Since(s.started)
 			}
-			s.written, s.awaitSince, s.lastAsk = true, now, now
 			s.mu.Unlock()
 			s.maybeSucceed()
 			return

@@ -1,0 +1,84 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// TestDecodeClosesBeforeSenderMarkedWritten: issue 22 case 1 on another
+// path (kvxfer chaos's exit fault found it: the decode reported Success and
+// closed at once, the prefill reported "peer lost"). The prefill's STATUS
+// Success reaches the decode, which decides and closes its manager at once,
+// while the sender goroutine that sent that STATUS is descheduled before it
+// records that it now awaits the verdict. The prefill sees the decode's
+// control connection drop meanwhile (its control loop, busy, reads the
+// verdict later); it must wait for the verdict on its way, not fail the
+// room at once as one still writing. Before: "peer lost".
+func TestDecodeClosesBeforeSenderMarkedWritten(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	// The prefill's control loop reads the verdict late (busy), so that
+	// it notices the decode's drop first.
+	engine.SetBeforeDispatch(pre.m, func(typ string) {
+		if typ == engine.MsgStatus {
+			time.Sleep(300 * time.Millisecond)
+		}
+	})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	const room = 1200
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dst, err := dec.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dec.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	src, err := pre.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.pool.Free(src)
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The decode closes the moment its room is Success; the sender stays
+	// descheduled after its STATUS Success until then and a while after
+	// (the prefill notices the drop within milliseconds).
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+			t.Errorf("receiver %s %v", st, r.Failure())
+		}
+		dec.m.Close()
+	}()
+	engine.SetAfterStatusSuccess(pre.m, func() {
+		<-closed
+		time.Sleep(time.Second)
+	})
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	<-closed
+	if ps := s.Wait(ctx, engine.KVSuccess); ps != engine.KVSuccess {
+		t.Fatalf("decode Success then closed; prefill %s: %v", ps, s.Failure())
+	}
+}

@@ -488,5 +488,5 @@ func (m *Manager) handleStatus(v *control.StatusMsg) {
 		return
 	}
 	m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
-	go m.sendVerdict(v.Endpoint, v.Room, false, fmt.Sprintf("decode %s has no room %d (closed long ago, or never created here)", m.endpoint, v.Room), v.Epoch)
+	go m.sendVerdict(v.Endpoint, v.Room, false, fmt.Sprintf("decode %s %s %d (closed long ago, or never created here)", m.endpoint, noRoomReason, v.Room), v.Epoch)
 }

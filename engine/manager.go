@@ -995,7 +995,7 @@ func (m *Manager) teardown(flush bool) {
 	for ep, ps := range m.push {
 		ps.mu.Lock()
 		if ps.sock != nil {
-			if flush && ps.connected && !ps.unreachable {
+			if flush && !ps.unreachable {
 				_ = ps.sock.SetLinger(verdictFlush)
 			}
 			_ = ps.sock.Close()

@@ -421,6 +421,14 @@ type pendingTransfer struct {
 // (yet) is remembered so that a later NewSender fails at once, and is
 // acknowledged at once. On a decode (older peers): the producer aborted.
 func (m *Manager) handleAbort(v *control.AbortMsg) {
+	if m.deferNoRoomAbort(v) {
+		return
+	}
+	m.handleAbortNow(v)
+}
+
+// handleAbortNow is handleAbort without the wait of deferNoRoomAbort.
+func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 	err := fmt.Errorf("%w by %s %s: %s", ErrAborted, m.otherRole(), v.Endpoint, v.Reason)
 	m.mu.Lock()
 	s := m.pre.senders[v.Room]

@@ -2,10 +2,12 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 	"github.com/kvxfer/kvxfer/workload"
 )
 
@@ -54,6 +56,12 @@ func closeAfterSuccess(t *testing.T, addr string, pre *rank, room uint64, slowSe
 	if slowSend {
 		engine.SetBeforeVerdict(dec.m, func() { time.Sleep(20 * time.Millisecond) })
 	}
+	closeAfterSuccessOn(t, addr, pre, dec, room)
+}
+
+// closeAfterSuccessOn is closeAfterSuccess with the decode given.
+func closeAfterSuccessOn(t *testing.T, addr string, pre, dec *rank, room uint64) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dst, err := dec.pool.Alloc(4)
@@ -92,5 +100,29 @@ func closeAfterSuccess(t *testing.T, addr string, pre *rank, room uint64, slowSe
 	dec.m.Close() // at once, as a decode process that exits
 	if ps := s.Wait(ctx, engine.KVSuccess); ps != engine.KVSuccess {
 		t.Fatalf("room %d: decode Success, prefill %s: %v", room, ps, s.Failure())
+	}
+}
+
+// Issue 22 case 1, the restart on the same address: the prefill's re-ask
+// for a verdict reaches the decode's new incarnation, which answers that it
+// has no such room, before the old incarnation's Success verdict (sent by
+// its graceful close) arrives on its own connection. The prefill must wait
+// for that verdict (verdictGrace) instead of failing the room on the "no
+// room" answer. The race is made certain: the decode sends the "no room"
+// ABORT itself right before its real verdict.
+func TestNoRoomAnswerBeforeVerdictOfClosingDecode(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	for i := range uint64(5) {
+		room := 1100 + i
+		dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+		engine.SetBeforeVerdict(dec.m, func() {
+			noRoom := (&control.AbortMsg{Room: room, Endpoint: dec.m.Endpoint(),
+				Reason: fmt.Sprintf("decode %s has no room %d (closed long ago, or never created here)", dec.m.Endpoint(), room)}).Encode()
+			if err := engine.SendControl(dec.m, pre.m.Endpoint(), noRoom); err != nil {
+				t.Errorf("room %d: sending the no-room ABORT: %v", room, err)
+			}
+		})
+		closeAfterSuccessOn(t, addr, pre, dec, room)
 	}
 }

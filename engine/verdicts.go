@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 // Verdicts that outlive their room's decision (issue 22 case 1). A decode
@@ -21,17 +24,69 @@ import (
 //     verdict travels on the decode's own connection, which may be read
 //     after the drop is noticed. It fails the room only once its receive
 //     loop emptied its inbox verdictGrace after the drop and no verdict came
-//     (Manager.peerLostAfterVerdictWait); a verdict already received from
-//     that decode is never undone by its loss.
+//     (Manager.peerLost); a verdict already received from that decode is
+//     never undone by its loss. The grace is longer than the decode's close
+//     needs to hand the verdict over: its control sockets linger up to
+//     verdictFlush after its PULL socket closed (which is what the prefill
+//     sees as the drop), and a loaded host delays both ends.
+//   - A decode restarted on the same address answers the prefill's re-ask
+//     for the verdict with "has no room" (the new incarnation never held
+//     it) while the old incarnation's verdict may still be on its way on
+//     the old connection. A prefill that wrote the room and waits for that
+//     verdict takes such an answer only after the same grace, once its
+//     inbox was read, and only if the verdict did not come meanwhile
+//     (Manager.deferNoRoomAbort).
+//
+// A decode that is killed (SIGKILL, a crash) or whose close runs past
+// verdictFlush cannot deliver what it decided: its prefill then fails the
+// room naming the lost decode, after the grace (the documented limit).
 
 // verdictFlush bounds how long Close waits for decided verdicts to be
 // handed to their sockets, and how long those sockets linger to send them.
 const verdictFlush = time.Second
 
-// verdictGrace is how long after a decode's control connection dropped a
-// prefill still takes the verdict that decode sent before it went (it comes
-// on another TCP connection, which may be read later).
-const verdictGrace = 250 * time.Millisecond
+// verdictGrace is how long after a decode's control connection dropped (or
+// after a "no room" answer for a room it wrote) a prefill still takes the
+// verdict that decode sent before it went (it comes on another TCP
+// connection, which may be read later): the decode's linger, verdictFlush,
+// and as much again for a loaded host. A room of a killed decode fails that
+// much later; nothing else waits for it.
+const verdictGrace = 2 * verdictFlush
+
+// noRoomReason is the part of a decode's ABORT reason that says it does not
+// hold the room asked about (decode.go handleStatus; the text is the same
+// since protocol 4, so older decodes' answers are recognised too).
+const noRoomReason = "has no room"
+
+// deferNoRoomAbort (prefill): v is a decode's "no room" answer for a room
+// this prefill wrote and whose verdict it awaits from that decode. The
+// answer may come from a new incarnation on the same address while the old
+// one's verdict is still on its way (see above), so it is handled only once
+// the inbox was read verdictGrace later, and dropped if the Success verdict
+// came meanwhile. It reports whether it took v over.
+func (m *Manager) deferNoRoomAbort(v *control.AbortMsg) bool {
+	if m.cfg.Role != RolePrefill || !strings.Contains(v.Reason, noRoomReason) {
+		return false
+	}
+	m.mu.Lock()
+	s := m.pre.senders[v.Room]
+	m.mu.Unlock()
+	if s == nil || !s.hasDst(v.Endpoint) || !s.awaitingVerdict() || s.verdictFrom(v.Endpoint) {
+		return false
+	}
+	at := time.Now()
+	m.goTracked(func() {
+		if !m.afterInboxDrained(at.Add(verdictGrace)) {
+			return // closing: the sender fails with ErrManagerClosed
+		}
+		if s.verdictFrom(v.Endpoint) {
+			m.log.Debug("a \"no room\" answer overtaken by the verdict of the decode's previous incarnation", "room", v.Room, "peer", peerLabel(v.Endpoint))
+			return
+		}
+		m.handleAbortNow(v)
+	})
+	return true
+}
 
 // flight counts operations in progress; wait returns when none is left.
 // Unlike sync.WaitGroup, add may be called at any time, also while a wait

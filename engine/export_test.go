@@ -58,3 +58,7 @@ func RegisteredDecodes(m *Manager) int {
 	defer m.mu.Unlock()
 	return len(m.pre.dpeers)
 }
+
+// RegistrationEpoch returns the epoch of the decode manager's registration
+// with the prefill at endpoint (0 when there is none; tests only).
+func RegistrationEpoch(m *Manager, endpoint string) uint64 { return m.currentEpoch(endpoint) }

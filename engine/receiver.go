@@ -801,6 +801,10 @@ func (r *Receiver) epochFenced(ep string, epoch uint64) {
 	}
 }
 
+// onStatus handles a producer's STATUS for this room. Success, Failed and
+// WaitingForInput count only when they name this room's registration epoch
+// with the producer (or epoch 0); a Failed of another epoch is put on the
+// room's timeline and dropped.
 func (r *Receiver) onStatus(v *control.StatusMsg) {
 	r.mu.Lock()
 	var t *recvTarget
@@ -808,6 +812,16 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 		if c.endpoint == v.Endpoint {
 			t = c
 		}
+	}
+	if t != nil && KVPoll(v.State) == KVFailed && v.Epoch != 0 && v.Epoch != t.epoch {
+		// A rejection of an earlier attempt (an earlier registration with
+		// this producer, e.g. before a same-room retry re-registered):
+		// like a stale Success it says nothing about this attempt.
+		epoch := t.epoch
+		r.mu.Unlock()
+		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale STATUS Failed ignored: it names registration epoch %d, this room's registration with prefill rank %d is epoch %d (%s)", v.Epoch, v.Producer, epoch, v.Reason))
+		r.tr.log(v.Endpoint).Warn("STATUS Failed of an earlier registration ignored", "status_epoch", v.Epoch, "epoch", epoch, "reason", v.Reason)
+		return
 	}
 	p, ferr := r.st.get()
 	if t != nil && KVPoll(v.State) == KVSuccess && !t.rank.Dummy && (v.Epoch == t.epoch || v.Epoch == 0) {

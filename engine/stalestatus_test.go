@@ -1,0 +1,96 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// TestStaleFailedStatusIgnored (issue 22, same-room retry): a STATUS Failed
+// from the room's prefill rank naming another registration epoch than the
+// room's (a rejection of an earlier attempt, arriving late) is put on the
+// room's timeline and dropped, and the room then succeeds on both sides;
+// before, any Failed failed the room whatever its epoch. A STATUS Failed of
+// the current registration still fails the room at once on both sides (the
+// decode aborts the prefill's sender long before its bootstrap timeout).
+func TestStaleFailedStatusIgnored(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, p, d, 1) // the decode registers with the prefill
+	cur := engine.RegistrationEpoch(d.m, p.m.Endpoint())
+	if cur <= 1 {
+		t.Fatalf("registration epoch %d after a room, want > 1", cur)
+	}
+	// start creates room's receiver and sender and waits until the prefill
+	// holds the decode's TRANSFER (the receiver knows its producer).
+	start := func(ctx context.Context, room uint64) (*engine.Receiver, *engine.Sender, []int32) {
+		dp, _ := d.pool.Alloc(3)
+		t.Cleanup(func() { d.pool.Free(dp) })
+		r, err := d.m.NewReceiver(addr, room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.Close)
+		if err := r.Init(dp); err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.m.NewSender(room)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+			t.Fatalf("room %d sender %s %v", room, st, s.Failure())
+		}
+		return r, s, dp
+	}
+	failed := func(room, epoch uint64, reason string) [][]byte {
+		return (&control.StatusMsg{Room: room, State: int(engine.KVFailed), Producer: 0, Endpoint: p.m.Endpoint(), Reason: reason, Epoch: epoch}).Encode()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const room = 7
+	r, s, dp := start(ctx, room)
+	if err := engine.SendControl(p.m, d.m.Endpoint(), failed(room, cur-1, "rejection of an earlier attempt")); err != nil {
+		t.Fatal(err)
+	}
+	waitTimeline(t, d.m, room, "stale STATUS Failed ignored")
+	if st := r.Poll(); st == engine.KVFailed {
+		t.Fatalf("room %d failed by a STATUS Failed of epoch %d (registration epoch %d): %v", room, cur-1, cur, r.Failure())
+	}
+	sp, _ := p.pool.Alloc(3)
+	defer p.pool.Free(sp)
+	_ = workload.FillPattern(p.pool, room, sp, 0)
+	if err := s.Send(sp, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("decode of room %d: %s %v, want Success (the stale Failed dropped)", room, st, r.Failure())
+	}
+	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("prefill of room %d: %s %v, want Success", room, st, s.Failure())
+	}
+
+	const room2 = 8
+	r2, s2, _ := start(ctx, room2)
+	if err := engine.SendControl(p.m, d.m.Endpoint(), failed(room2, cur, "rejected for this attempt")); err != nil {
+		t.Fatal(err)
+	}
+	if st := r2.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(r2.Failure().Error(), "rejected for this attempt") {
+		t.Fatalf("decode of room %d: %s %v, want Failed naming the current attempt's rejection", room2, st, r2.Failure())
+	}
+	if st := s2.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(s2.Failure(), engine.ErrAborted) {
+		t.Fatalf("prefill of room %d: %s %v, want Failed (aborted by the decode) well before its bootstrap timeout", room2, st, s2.Failure())
+	}
+}

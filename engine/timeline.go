@@ -53,7 +53,7 @@ func Steps(role Role) []Step {
 const DefaultTimelineRooms = 1024
 
 // maxRoomEvents bounds one room's event list; later events are counted in
-// RoomTimeline.Dropped.
+// RoomTimeline.Dropped (batch events past it: see batchTailEvents).
 const maxRoomEvents = 128
 
 // RoomEvent is one timestamped event of a room on one rank.
@@ -95,7 +95,9 @@ type RoomTimeline struct {
 	// Reason is the failure class (FailureReason) and Error the failure.
 	Reason string `json:"reason,omitempty"`
 	Error  string `json:"error,omitempty"`
-	// Events in order; Dropped counts events beyond the per-room limit.
+	// Events in order; Dropped counts events beyond the per-room limit
+	// (batch events between a room's first and last ones are marked by
+	// one "N batch events not kept" event where they were).
 	Events  []RoomEvent `json:"events"`
 	Dropped int         `json:"dropped,omitempty"`
 }
@@ -150,9 +152,17 @@ type roomTrace struct {
 	created time.Time
 	steps   []Step
 
-	mu          sync.Mutex
-	events      []RoomEvent
-	dropped     int
+	mu      sync.Mutex
+	events  []RoomEvent
+	dropped int
+	// seqs[i] is events[i]'s place among every event kept; tail holds
+	// the last batchTailEvents batch events once the head budget is
+	// used (a ring from tailNext), tailDropped those it overwrote.
+	seqs        []uint64
+	seq         uint64
+	tail        []seqEvent
+	tailNext    int
+	tailDropped int
 	done        map[Step]bool
 	peers       map[Step]map[string]bool
 	expect      int // producers or destinations a per-peer step waits for (0: unknown)
@@ -173,7 +183,7 @@ func (m *Manager) newRoomTrace(room uint64, st *pollState) *roomTrace {
 	now := time.Now()
 	t := &roomTrace{m: m, room: room, created: now, steps: Steps(m.cfg.Role), done: map[Step]bool{}, peers: map[Step]map[string]bool{},
 		state: KVBootstrapping, lastMark: now, logOnFinish: true}
-	t.events = append(t.events, RoomEvent{At: now, Step: StepRegister, Done: true})
+	t.appendLocked(RoomEvent{At: now, Step: StepRegister, Done: true})
 	t.done[StepRegister] = true
 	st.hook = t.onState
 	return t
@@ -204,6 +214,8 @@ func (t *roomTrace) appendLocked(e RoomEvent) {
 		return
 	}
 	t.events = append(t.events, e)
+	t.seqs = append(t.seqs, t.seq)
+	t.seq++
 }
 
 // mark records that step completed for the room (idempotent); detail and
@@ -258,18 +270,69 @@ func (t *roomTrace) peer(step Step, peer, detail string) {
 // per-batch events (noteBatch) fill it.
 const batchEventsReserve = 48
 
-// noteBatch records a transfer batch event (posted, ended) unless the
-// timeline is within batchEventsReserve of its limit: a room of many
-// batches (layer by layer, small chunks) keeps its first batches and every
-// chain event; the batches left out are counted in Dropped.
+// batchTailEvents is how many of a room's last batch events its timeline
+// keeps once its first ones filled the list up to batchEventsReserve: a
+// layer-by-layer room of more batches than fit keeps its first and its
+// last batches (the ones before the handover) and says how many between
+// them were left out.
+const batchTailEvents = 32
+
+// seqEvent is a kept batch event of the tail ring with its place in the
+// room's event order.
+type seqEvent struct {
+	seq uint64
+	ev  RoomEvent
+}
+
+// noteBatch records a transfer batch event (posted, ended). Until the
+// timeline is within batchEventsReserve of its limit the event joins the
+// list; after that it goes to a ring of the last batchTailEvents batch
+// events, the oldest of which it may push out (counted in Dropped and
+// shown as one "batch events not kept" event where they were).
 func (t *roomTrace) noteBatch(peer, detail string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(t.events) >= maxRoomEvents-batchEventsReserve {
-		t.dropped++
+	e := RoomEvent{At: time.Now(), Step: StepTransfer, Peer: peerLabel(peer), Detail: detail}
+	if len(t.events) < maxRoomEvents-batchEventsReserve {
+		t.appendLocked(e)
 		return
 	}
-	t.appendLocked(RoomEvent{At: time.Now(), Step: StepTransfer, Peer: peerLabel(peer), Detail: detail})
+	se := seqEvent{seq: t.seq, ev: e}
+	t.seq++
+	if len(t.tail) < batchTailEvents {
+		t.tail = append(t.tail, se)
+		return
+	}
+	t.tail[t.tailNext] = se
+	t.tailNext = (t.tailNext + 1) % batchTailEvents
+	t.tailDropped++
+}
+
+// eventsLocked merges the list and the tail ring in the order the events
+// happened, with one marker event where tail batch events were pushed out.
+func (t *roomTrace) eventsLocked() []RoomEvent {
+	if len(t.tail) == 0 {
+		return slices.Clone(t.events)
+	}
+	tail := make([]seqEvent, 0, len(t.tail))
+	tail = append(tail, t.tail[t.tailNext:]...)
+	tail = append(tail, t.tail[:t.tailNext]...)
+	out := make([]RoomEvent, 0, len(t.events)+len(tail)+1)
+	i, j := 0, 0
+	for i < len(t.events) || j < len(tail) {
+		if j < len(tail) && (i == len(t.events) || tail[j].seq < t.seqs[i]) {
+			if j == 0 && t.tailDropped > 0 {
+				out = append(out, RoomEvent{At: tail[0].ev.At, Step: StepTransfer,
+					Detail: fmt.Sprintf("%d batch events not kept", t.tailDropped)})
+			}
+			out = append(out, tail[j].ev)
+			j++
+			continue
+		}
+		out = append(out, t.events[i])
+		i++
+	}
+	return out
 }
 
 // peersDone returns the peers (control endpoints) that completed step.
@@ -405,7 +468,7 @@ func (t *roomTrace) snapshot() RoomTimeline {
 
 func (t *roomTrace) snapshotLocked() RoomTimeline {
 	tl := RoomTimeline{Room: t.room, Role: t.m.cfg.Role.String(), Rank: t.m.rankName, Endpoint: t.m.endpoint, Created: t.created,
-		Finished: t.finished, State: t.state.String(), Events: slices.Clone(t.events), Dropped: t.dropped}
+		Finished: t.finished, State: t.state.String(), Events: t.eventsLocked(), Dropped: t.dropped + t.tailDropped}
 	switch t.state {
 	case KVFailed:
 		tl.Step, tl.Reason, tl.Error = t.failStep, t.reason, errText(t.err)

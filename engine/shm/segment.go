@@ -793,8 +793,12 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, t
 			// with page faults on the peer's mapping), starving the
 			// process's control loop, heartbeats and timers until
 			// peers declare it hung. One yield per MiB costs well
-			// under 1 %.
-			runtime.Gosched()
+			// under 1 %. After the last unit the loop ends anyway: no
+			// yield (for a small batch copied on a cgo caller's locked
+			// goroutine a yield is a P handoff between two threads).
+			if next.Load() < int64(len(units)) {
+				runtime.Gosched()
+			}
 		}
 	}
 	if workers <= 1 {

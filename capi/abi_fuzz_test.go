@@ -18,6 +18,7 @@ import (
 type batchABI struct {
 	seg    uint64
 	src    []byte // registered with the initiator
+	dst    []byte // the target's region
 	region uint32 // target's region id
 }
 
@@ -58,7 +59,7 @@ func newBatchABI(tb testing.TB) *batchABI {
 			s.close()
 		}
 	})
-	return &batchABI{seg: h, src: src, region: uint32(id)}
+	return &batchABI{seg: h, src: src, dst: dst, region: uint32(id)}
 }
 
 // batch allocates a batch of capacity requests on env's segment; done

@@ -5,6 +5,7 @@ package main
 /*
 #define KVX_TYPES_ONLY 1
 #include "capi.h"
+const char *kvx_last_error(void); // lasterror.c (the prototypes are left out here)
 */
 import "C"
 
@@ -25,3 +26,6 @@ type (
 	cHostBuf      = C.kvx_hostbuf_t
 	cTransferStat = C.kvx_transfer_status
 )
+
+// lastErrorText is kvx_last_error() of the calling thread, for the tests.
+func lastErrorText() string { return C.GoString(C.kvx_last_error()) }

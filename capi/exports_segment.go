@@ -387,3 +387,103 @@ func kvx_batch_free(batch C.kvx_batch_t) (rc C.int) {
 	b.release()
 	return finish(nil)
 }
+
+//export kvx_segment_write_soa
+func kvx_segment_write_soa(seg C.kvx_segment_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_write_soa"
+	defer guard(op, &rc)
+	return finish(segmentSyncSoA(op, seg, n, localAddrs, remoteOffsets, lengths, remoteRegion, timeoutMS, transport.OpWrite))
+}
+
+//export kvx_segment_read_soa
+func kvx_segment_read_soa(seg C.kvx_segment_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t, timeoutMS C.uint32_t) (rc C.int) {
+	const op = "kvx_segment_read_soa"
+	defer guard(op, &rc)
+	return finish(segmentSyncSoA(op, seg, n, localAddrs, remoteOffsets, lengths, remoteRegion, timeoutMS, transport.OpRead))
+}
+
+// segmentSyncSoA is kvx_segment_write_soa / _read_soa (fn): the n entries
+// of the three arrays (read in place, not kept) as one engine batch of
+// dir, waited for on the calling goroutine and released. It is the batch
+// path (kvx_batch_alloc, kvx_batch_submit_soa, kvx_batch_wait,
+// kvx_batch_free) in one call: one entry into Go instead of four, no batch
+// handle, no tracking goroutine and no notification per call. On timeout
+// the batch is canceled and the call returns KVX_ERR_TIMEOUT; a read is
+// first waited for (up to cancelWait) so no byte lands after it returns
+// (the message says so when it did not stop in that time).
+func segmentSyncSoA(fn string, seg C.kvx_segment_t, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion, timeoutMS C.uint32_t, dir transport.Op) error {
+	s, ok := segments.get(uint64(seg))
+	switch {
+	case !ok:
+		return badHandle(fn, "segment", uint64(seg))
+	case n == 0:
+		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
+	case n > maxBatchCapacity:
+		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
+	case localAddrs == nil:
+		return nullArg(fn, "local_addrs")
+	case remoteOffsets == nil:
+		return nullArg(fn, "remote_offsets")
+	case lengths == nil:
+		return nullArg(fn, "lengths")
+	}
+	e := segengine.Entries{
+		Local:  unsafe.Slice((*uint64)(unsafe.Pointer(localAddrs)), int(n)),
+		Remote: unsafe.Slice((*uint64)(unsafe.Pointer(remoteOffsets)), int(n)),
+		Length: unsafe.Slice((*uint64)(unsafe.Pointer(lengths)), int(n)),
+		Region: transport.RegionID(remoteRegion),
+	}
+	timeout := s.eng.timeout
+	if timeoutMS > 0 {
+		timeout = time.Duration(timeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	id, err := s.seg.SubmitEntries(ctx, dir, e)
+	if err != nil {
+		return failWrap(stOK, err, "%s: submit %d %s requests", fn, n, dir)
+	}
+	st, err := s.seg.Wait(ctx, id)
+	if err != nil && !st.State.Terminal() {
+		if s2, err2 := s.seg.Poll(id); err2 == nil && s2.State.Terminal() {
+			st = s2
+		} else {
+			_ = s.seg.Cancel(id) // best effort; what follows checks whether it stopped
+			if dir == transport.OpRead {
+				// No byte may land in local memory after the call: wait
+				// for the canceled read to stop.
+				wctx, wcancel := context.WithTimeout(context.Background(), cancelWait)
+				st, err = s.seg.Wait(wctx, id)
+				wcancel()
+				if err == nil || st.State.Terminal() {
+					s.seg.Release(id)
+					return fail(stTimeout, "%s: %d %s requests not done after %v; canceled", fn, n, dir, timeout)
+				}
+			}
+			// A write (as kvx_batch_cancel: it may still land) or a read
+			// that did not stop: released once terminal, which the
+			// transport's own peer-loss deadline bounds.
+			go func() {
+				_, _ = s.seg.Wait(context.Background(), id)
+				s.seg.Release(id)
+			}()
+			if dir == transport.OpRead {
+				return fail(stTimeout, "%s: %d %s requests not done after %v and still running %v after being canceled; the memory may still be written until the peer is declared lost", fn, n, dir, timeout, cancelWait)
+			}
+			return fail(stTimeout, "%s: %d %s requests not done after %v; canceled", fn, n, dir, timeout)
+		}
+	}
+	s.seg.Release(id)
+	if st.State != transport.BatchCompleted {
+		code := codeOf(st.Err)
+		if st.State == transport.BatchCanceled {
+			code = stCanceled
+		}
+		return failWrap(code, st.Err, "%s: %d %s requests %s", fn, n, dir, st.State)
+	}
+	return nil
+}
+
+// cancelWait bounds how long a timed-out kvx_segment_read_soa waits for
+// its canceled batch to stop.
+const cancelWait = 10 * time.Second

@@ -581,6 +581,38 @@ KVX_API int kvx_batch_submit_read_soa(kvx_batch_t batch, uint32_t n,
                                       uint32_t remote_region);
 #endif
 
+/* Synchronous WRITE of three arrays (Mooncake's batch_transfer_sync_write
+ * in one call): kvx_batch_submit_soa's entries and rules, sent as one batch
+ * to `segment` and waited for; returns once every byte landed (KVX_OK) or
+ * with the error of the batch (kvx_batch_wait's codes). It is
+ * kvx_batch_alloc + kvx_batch_submit_soa + kvx_batch_wait + kvx_batch_free
+ * in one call into the library (no batch handle, no KVX_EVENT_BATCH
+ * notification): the cheaper path for many small synchronous calls from
+ * many threads. Bounded by timeout_ms (0 = rpc_timeout_ms): KVX_ERR_TIMEOUT
+ * then, with the batch canceled (as kvx_batch_cancel: bytes already in
+ * flight may still land).
+ * n at most 1,048,576. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_write_soa(kvx_segment_t segment, uint32_t n,
+                                  const uint64_t *local_addrs,
+                                  const uint64_t *remote_offsets,
+                                  const uint64_t *lengths,
+                                  uint32_t remote_region, uint32_t timeout_ms);
+#endif
+
+/* Synchronous READ of three arrays: kvx_segment_write_soa in the direction
+ * of kvx_batch_submit_read_soa (lengths[i] bytes from the peer's
+ * remote_offsets[i] into local_addrs[i]). On KVX_ERR_TIMEOUT the read
+ * was canceled and waited for (up to 10 s more; last_error says when it
+ * had not stopped by then), so no byte lands after it returns. Thread-safe. */
+#ifndef KVX_TYPES_ONLY
+KVX_API int kvx_segment_read_soa(kvx_segment_t segment, uint32_t n,
+                                 const uint64_t *local_addrs,
+                                 const uint64_t *remote_offsets,
+                                 const uint64_t *lengths,
+                                 uint32_t remote_region, uint32_t timeout_ms);
+#endif
+
 /* Non-blocking: the status of request `index` (KVX_TRANSFER_EMPTY for an
  * index not submitted yet; an index at or past the batch's capacity is
  * KVX_ERR_INVALID_ARGUMENT). Thread-safe. */

@@ -341,6 +341,8 @@ _PROTOTYPES = {
     "kvx_batch_submit_read": (c_int, [c_uint64, POINTER(WriteRequest), c_uint32]),
     "kvx_metrics_text": (c_int, [c_char_p, c_size_t, POINTER(c_size_t)]),
     "kvx_batch_submit_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
+    "kvx_segment_write_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32, c_uint32]),
+    "kvx_segment_read_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32, c_uint32]),
     "kvx_batch_submit_read_soa": (c_int, [c_uint64, c_uint32, c_void_p, c_void_p, c_void_p, c_uint32]),
     "kvx_batch_status": (c_int, [c_uint64, c_uint32, POINTER(TransferStatus)]),
     "kvx_batch_wait": (c_int, [c_uint64, c_uint32]),

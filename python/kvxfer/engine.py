@@ -360,27 +360,30 @@ class TransferEngine(Closable):
             return 0, 0, self._fail(rc, f"{op} {'from' if read else 'to'} {target}: {msg}")
         return b.value, lens.sum(), 0
 
-    def _finish(self, op, target, batch, timeout_ms, read=False) -> int:
-        """Wait for a submitted batch, free it; 0 or a negative code. A read
-        that timed out is cancelled and waited for (up to 10 s more), so no
-        byte lands in local memory after the call returns."""
-        rc, msg = _lib.try_call("kvx_batch_wait", batch, timeout_ms)
+    def _sync(self, op, target, buffers, peer_addresses, lengths, read=False) -> int:
+        """WRITEs (READs with read=True) sent and waited for in one C call
+        (kvx_segment_write_soa / _read_soa: no batch handle, one entry into
+        the library instead of four); 0 or a negative code. A timed-out
+        transfer was cancelled and has stopped when this returns."""
+        try:
+            bufs, peers, lens, n = self._arrays(op, buffers, peer_addresses, lengths)
+        except (ValueError, TypeError) as e:
+            return self._fail(_lib.ERR_INVALID_ARGUMENT, str(e))
+        seg, code = self._segment(target, op)
+        if code:
+            return code
+        self._reap()
+        timeout_ms = self._timeout_ms(lens.sum())
+        rc, msg = _lib.try_call("kvx_segment_read_soa" if read else "kvx_segment_write_soa", seg, n,
+                                bufs.ptr, peers.ptr, lens.ptr, _lib.REGION_PEER_ADDRESS, timeout_ms)
+        if rc == _lib.OK:
+            return 0
+        if self._lost(rc):
+            self._drop_segment(target, seg)
         if rc == _lib.ERR_TIMEOUT:
-            _lib.try_call("kvx_batch_cancel", batch)
-            if read:
-                _lib.try_call("kvx_batch_wait", batch, 10_000)
-            self._free_or_park(batch)
-            return self._fail(rc, f"{op} to {target}: not done after {timeout_ms} ms (MC_TRANSFER_TIMEOUT "
+            return self._fail(rc, f"{op} {'from' if read else 'to'} {target}: not done after {timeout_ms} ms (MC_TRANSFER_TIMEOUT "
                               f"{self.transfer_timeout_ns // 1_000_000_000} s + 1 s/GiB); cancelled: {msg}")
-        self._free_or_park(batch)
-        if rc != _lib.OK:
-            if self._lost(rc):
-                with self._lock:
-                    seg = self._segments.get(target)
-                if seg:
-                    self._drop_segment(target, seg)
-            return self._fail(rc, f"{op} to {target}: {msg}")
-        return 0
+        return self._fail(rc, f"{op} {'from' if read else 'to'} {target}: {msg}")
 
     def _free_or_park(self, batch: int) -> None:
         rc, _ = _lib.try_call("kvx_batch_free", batch)
@@ -717,11 +720,7 @@ class TransferEngine(Closable):
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
         """One transfer batch of WRITEs; blocks until all are done (0) or one
         failed / the timeout passed (negative)."""
-        op = "batch_transfer_sync_write"
-        batch, total, code = self._submit(op, target_hostname, buffers, peer_buffer_addresses, lengths)
-        if code:
-            return code
-        return self._finish(op, target_hostname, batch, self._timeout_ms(total))
+        return self._sync("batch_transfer_sync_write", target_hostname, buffers, peer_buffer_addresses, lengths)
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint="") -> int:
         """READ `length` bytes at the peer's peer_buffer_address (inside
@@ -733,11 +732,7 @@ class TransferEngine(Closable):
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint="") -> int:
         """Several READs (see transfer_sync_read); 0 or negative."""
-        op = "batch_transfer_sync_read"
-        batch, total, code = self._submit(op, target_hostname, buffers, peer_buffer_addresses, lengths, read=True)
-        if code:
-            return code
-        return self._finish(op, target_hostname, batch, self._timeout_ms(total), read=True)
+        return self._sync("batch_transfer_sync_read", target_hostname, buffers, peer_buffer_addresses, lengths, read=True)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint="") -> int:
         """transfer_sync_read or _write by opcode (TransferOpcode). A notify

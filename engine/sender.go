@@ -1022,9 +1022,15 @@ func (s *Sender) worker() {
 			// waiting for the verdict on its way (Manager.peerLost,
 			// verdicts.go; issue 22 case 1, found by kvxfer chaos's exit
 			// fault).
+			// The latency is set with the flag: a verdict arriving while
+			// the STATUS messages below are sent moves the room to Success
+			// (maybeSucceed), and its TransferMetric must not read 0.
 			now := time.Now()
 			s.mu.Lock()
 			s.written, s.awaitSince, s.lastAsk = true, now, now
+			if !s.started.IsZero() {
+				s.latency = now.Sub(s.started)
+			}
 			s.mu.Unlock()
 			for _, d := range ds {
 				s.mu.Lock()
@@ -1043,11 +1049,6 @@ func (s *Sender) worker() {
 					(*h)()
 				}
 			}
-			s.mu.Lock()
-			if !s.started.IsZero() {
-				s.latency = time.Since(s.started)
-			}
-			s.mu.Unlock()
 			s.maybeSucceed()
 			return
 		}

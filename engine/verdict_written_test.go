@@ -82,3 +82,70 @@ func TestDecodeClosesBeforeSenderMarkedWritten(t *testing.T) {
 		t.Fatalf("decode Success then closed; prefill %s: %v", ps, s.Failure())
 	}
 }
+
+// TestSuccessBeforeStatusLoopEndsHasLatency: a verdict that reaches the
+// prefill while its sender is still sending STATUS Success moves the room to
+// Success from the verdict path; the sender's TransferMetric must carry the
+// transfer's latency then, not 0 (before: Latency was set only after the
+// STATUS loop, so TestAuxRowAndPrefixReuse read "Latency:0s" under load).
+func TestSuccessBeforeStatusLoopEndsHasLatency(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	const room = 1201
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dst, err := dec.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dec.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	src, err := pre.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.pool.Free(src)
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Right after its STATUS Success the sender waits until the decode's
+	// verdict made the room Success on the verdict path, and reads the
+	// metric there.
+	seen := make(chan engine.TransferMetric, 1)
+	engine.SetAfterStatusSuccess(pre.m, func() {
+		if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+			t.Errorf("receiver %s %v", st, r.Failure())
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for s.Poll() != engine.KVSuccess && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if s.Poll() != engine.KVSuccess {
+			t.Errorf("the verdict did not make the sender Success while its STATUS loop waited: %s", s.Poll())
+		}
+		seen <- s.TransferMetric()
+	})
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if ps := s.Wait(ctx, engine.KVSuccess); ps != engine.KVSuccess {
+		t.Fatalf("prefill %s: %v", ps, s.Failure())
+	}
+	if mt := <-seen; mt.Latency <= 0 {
+		t.Fatalf("sender Success with TransferMetric.Latency %v, want the transfer's latency (> 0)", mt.Latency)
+	}
+}

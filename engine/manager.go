@@ -918,7 +918,13 @@ func (m *Manager) TransportNames() []string {
 
 // Close fails every active Sender/Receiver with ErrManagerClosed, stops the
 // loops, closes the sockets and deregisters memory. A prefill deregisters its
-// rank from the bootstrap server (best effort). Idempotent.
+// rank from the bootstrap server (best effort). A decode first delivers the
+// verdicts of the rooms it decided: Close waits up to verdictFlush (1 s) for
+// them to be handed to their control sockets, and those sockets linger up to
+// verdictFlush more to send them, so Close takes at most about 2 s longer
+// when verdicts are pending (ZeroMQ has handed them to TCP then; the
+// protocol has no acknowledgement of a Success verdict, and a prefill that
+// sees the decode go waits verdictGrace for it, verdicts.go). Idempotent.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {

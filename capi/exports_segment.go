@@ -260,20 +260,34 @@ func batchSubmitSoA(fn string, batch C.kvx_batch_t, n C.uint32_t, localAddrs, re
 		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
 	case uint32(n) > b.capacity:
 		return fail(stInvalidArgument, "%s: n %d is over the batch capacity of %d requests (kvx_batch_alloc's capacity); nothing was read", fn, n, b.capacity)
-	case localAddrs == nil:
-		return nullArg(fn, "local_addrs")
-	case remoteOffsets == nil:
-		return nullArg(fn, "remote_offsets")
-	case lengths == nil:
-		return nullArg(fn, "lengths")
 	}
-	e := segengine.Entries{
+	e, err := soaEntries(fn, n, localAddrs, remoteOffsets, lengths, remoteRegion)
+	if err != nil {
+		return err
+	}
+	return b.submitEntries(fn, uint64(batch), dir, e)
+}
+
+// soaEntries views the caller's three struct-of-arrays columns of n
+// requests (local addresses, remote offsets, lengths in bytes; C memory the
+// caller keeps for the call) as segengine.Entries into remoteRegion, after
+// checking that none is NULL (stInvalidArgument naming the column). n is
+// checked by the caller against its batch's capacity first.
+func soaEntries(fn string, n C.uint32_t, localAddrs, remoteOffsets, lengths *C.uint64_t, remoteRegion C.uint32_t) (segengine.Entries, error) {
+	switch {
+	case localAddrs == nil:
+		return segengine.Entries{}, nullArg(fn, "local_addrs")
+	case remoteOffsets == nil:
+		return segengine.Entries{}, nullArg(fn, "remote_offsets")
+	case lengths == nil:
+		return segengine.Entries{}, nullArg(fn, "lengths")
+	}
+	return segengine.Entries{
 		Local:  unsafe.Slice((*uint64)(unsafe.Pointer(localAddrs)), int(n)),
 		Remote: unsafe.Slice((*uint64)(unsafe.Pointer(remoteOffsets)), int(n)),
 		Length: unsafe.Slice((*uint64)(unsafe.Pointer(lengths)), int(n)),
 		Region: transport.RegionID(remoteRegion),
-	}
-	return b.submitEntries(fn, uint64(batch), dir, e)
+	}, nil
 }
 
 // batchSubmit checks the arguments of kvx_batch_submit / _read (fn) and
@@ -420,18 +434,10 @@ func segmentSyncSoA(fn string, seg C.kvx_segment_t, n C.uint32_t, localAddrs, re
 		return fail(stInvalidArgument, "%s: n is 0 requests", fn)
 	case n > maxBatchCapacity:
 		return fail(stInvalidArgument, "%s: n %d is over the limit of %d requests", fn, n, maxBatchCapacity)
-	case localAddrs == nil:
-		return nullArg(fn, "local_addrs")
-	case remoteOffsets == nil:
-		return nullArg(fn, "remote_offsets")
-	case lengths == nil:
-		return nullArg(fn, "lengths")
 	}
-	e := segengine.Entries{
-		Local:  unsafe.Slice((*uint64)(unsafe.Pointer(localAddrs)), int(n)),
-		Remote: unsafe.Slice((*uint64)(unsafe.Pointer(remoteOffsets)), int(n)),
-		Length: unsafe.Slice((*uint64)(unsafe.Pointer(lengths)), int(n)),
-		Region: transport.RegionID(remoteRegion),
+	e, err := soaEntries(fn, n, localAddrs, remoteOffsets, lengths, remoteRegion)
+	if err != nil {
+		return err
 	}
 	timeout := s.eng.timeout
 	if timeoutMS > 0 {

@@ -32,33 +32,7 @@ func TestDecodeClosesBeforeSenderMarkedWritten(t *testing.T) {
 	const room = 1200
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dst, err := dec.pool.Alloc(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := dec.m.NewReceiver(addr, room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Init(dst); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pre.m.NewSender(room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
-		t.Fatalf("sender %s %v", st, s.Failure())
-	}
-	src, err := pre.pool.Alloc(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pre.pool.Free(src)
-	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
-		t.Fatal(err)
-	}
+	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
 	// The decode closes the moment its room is Success; the sender stays
 	// descheduled after its STATUS Success until then and a while after
 	// (the prefill notices the drop within milliseconds).
@@ -95,33 +69,7 @@ func TestSuccessBeforeStatusLoopEndsHasLatency(t *testing.T) {
 	const room = 1201
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dst, err := dec.pool.Alloc(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := dec.m.NewReceiver(addr, room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Init(dst); err != nil {
-		t.Fatal(err)
-	}
-	s, err := pre.m.NewSender(room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
-		t.Fatalf("sender %s %v", st, s.Failure())
-	}
-	src, err := pre.pool.Alloc(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pre.pool.Free(src)
-	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
-		t.Fatal(err)
-	}
+	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
 	// Right after its STATUS Success the sender waits until the decode's
 	// verdict made the room Success on the verdict path, and reads the
 	// metric there.
@@ -148,4 +96,41 @@ func TestSuccessBeforeStatusLoopEndsHasLatency(t *testing.T) {
 	if mt := <-seen; mt.Latency <= 0 {
 		t.Fatalf("sender Success with TransferMetric.Latency %v, want the transfer's latency (> 0)", mt.Latency)
 	}
+}
+
+// bootstrappedRoom sets up room between prefill pre and decode dec (4 pages
+// each side, the decode's receiver initialised, the prefill's sender in
+// WaitingForInput, the source pages filled with the room's test pattern):
+// the step both verdict tests start from. The sender is closed and the
+// source pages freed when the test ends.
+func bootstrappedRoom(ctx context.Context, t *testing.T, pre, dec *rank, addr string, room uint64) (*engine.Receiver, *engine.Sender, []int32) {
+	t.Helper()
+	dst, err := dec.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := dec.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	src, err := pre.pool.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pre.pool.Free(src) })
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	return r, s, src
 }

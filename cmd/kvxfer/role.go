@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -381,28 +382,65 @@ func runRole(role engine.Role, f *roleFlags) error {
 		return err
 	}
 	defer closeRank()
-	spec, _ := parseServe(f.serve) // validated by validateRoleFlags
-	switch {
-	case spec.unix != "":
-		ln, err := listenUnix(spec.unix)
-		if err != nil {
-			return err
-		}
-		r.ready.Serve = "unix:" + spec.unix
+	switch ln := r.serveLn.(type) {
+	case *net.UnixListener:
+		r.ready.Serve = "unix:" + ln.Addr().String()
 		return r.serveUnix(ln, sigs)
-	case spec.http != "":
-		ln, err := net.Listen("tcp", spec.http)
-		if err != nil {
-			return fmt.Errorf("--serve http://%s: %w (is the port in use? port 0 picks a free one)", spec.http, err)
-		}
+	case net.Listener:
 		r.ready.Serve = "http://" + ln.Addr().String()
 		return r.serveHTTP(ln, sigs)
 	}
 	return r.serveStdin(sigs)
 }
 
-// startRank validates the flags, allocates the rank's KV pool, opens its
-// transports and starts its manager (and metrics, tracing, metadata); the
+// listenServe binds --serve's listener (nil for stdin): a *net.UnixListener
+// for unix:PATH, a TCP listener for http://HOST:PORT.
+func listenServe(serve string) (net.Listener, error) {
+	spec, err := parseServe(serve)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case spec.unix != "":
+		return listenUnix(spec.unix)
+	case spec.http != "":
+		ln, err := net.Listen("tcp", spec.http)
+		if err != nil {
+			return nil, fmt.Errorf("--serve http://%s: %w (is the port in use? port 0 picks a free one)", spec.http, err)
+		}
+		return ln, nil
+	}
+	return nil, nil
+}
+
+// lateRooms is the debug server's room source while the manager is not
+// started yet (no timelines), then the manager: the server binds
+// --metrics-addr before the rank registers with the bootstrap directory.
+type lateRooms struct {
+	m atomic.Pointer[engine.Manager]
+}
+
+// RoomTimeline is the manager's, or none before it started.
+func (l *lateRooms) RoomTimeline(room uint64) (engine.RoomTimeline, bool) {
+	if m := l.m.Load(); m != nil {
+		return m.RoomTimeline(room)
+	}
+	return engine.RoomTimeline{}, false
+}
+
+// RoomTimelines is the manager's, or none before it started.
+func (l *lateRooms) RoomTimelines(failedOnly bool, limit int) []engine.RoomTimeline {
+	if m := l.m.Load(); m != nil {
+		return m.RoomTimelines(failedOnly, limit)
+	}
+	return nil
+}
+
+// startRank validates the flags, binds the rank's listeners (--serve,
+// --metrics-addr), allocates the rank's KV pool, opens its transports and
+// starts its manager (and tracing, metadata), which registers the rank with
+// the bootstrap directory: whatever can fail at start fails before that, so a
+// rank that cannot start never replaces a live rank's directory entry. The
 // returned close undoes it all, in reverse order.
 func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ func(), err error) {
 	var closers []func()
@@ -420,6 +458,22 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	if err != nil {
 		return nil, nil, err
 	}
+	serveLn, err := listenServe(f.serve)
+	if err != nil {
+		return nil, nil, err
+	}
+	if serveLn != nil {
+		closers = append(closers, func() { _ = serveLn.Close() })
+	}
+	obs, err := setupObservability(ctx, role, &f.obs)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, obs.close)
+	rooms := &lateRooms{}
+	if err := obs.serve(f.obs.metricsAddr, rooms); err != nil {
+		return nil, nil, err
+	}
 	// The rank's KV memory, laid out as a serving engine lays it out: one
 	// buffer per layer for K and for V (or per layer for MLA), plus SGLang's
 	// aux (metadata) buffers; the KV manager only registers them.
@@ -431,7 +485,7 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	if f.fragmentSeed != 0 {
 		pool.Fragment(f.fragmentSeed)
 	}
-	r := &rank{role: role, pool: pool, layout: layout, rows: workload.NewPageAllocator(f.auxRows), drainTimeout: f.drainTimeout}
+	r := &rank{role: role, serveLn: serveLn, pool: pool, layout: layout, rows: workload.NewPageAllocator(f.auxRows), drainTimeout: f.drainTimeout}
 	r.inflightZero = sync.NewCond(&r.inflightMu)
 	r.roomCtx, r.cancelRooms = context.WithCancelCause(context.Background())
 	closers = append(closers, func() { r.cancelRooms(errors.New("rank closed")) })
@@ -446,11 +500,6 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	}
 	closers = append(closers, func() { closeAll(ts) })
 	cfg := r.managerConfig(f, ts, dev, onDevice)
-	obs, err := setupObservability(ctx, role, &f.obs)
-	if err != nil {
-		return nil, nil, err
-	}
-	closers = append(closers, obs.close)
 	cfg.Metrics, cfg.TracerProvider, cfg.TimelineRooms, cfg.NoProbe = obs.reg, obs.tracer, timelineRooms(f.obs.timelineRooms), f.noProbe
 	if cfg.DirectoryCheckInterval == 0 {
 		cfg.DirectoryCheckInterval = -1 // the flag's 0 disables; the engine's 0 means its default
@@ -480,9 +529,7 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	}
 	closers = append(closers, func() { _ = m.Close() })
 	r.m = m
-	if err := obs.serve(f.obs.metricsAddr, m); err != nil {
-		return nil, nil, err
-	}
+	rooms.m.Store(m)
 	r.ready = readyLine{Event: readyEvent, Role: role.String(), TPRank: layout.TPRank, PPRank: layout.PPRank, Endpoint: m.Endpoint(), Transports: m.TransportNames(), Instance: m.InstanceID(),
 		Metrics: obs.addr()}
 	if ring := m.Ring(); ring != nil {

@@ -55,13 +55,16 @@ const drainRefusal = "not started: the rank is draining (it got %s and finishes 
 // settings, the rooms in flight, and the drain state shared by every
 // request source.
 type rank struct {
-	role   engine.Role
-	m      *engine.Manager
-	pool   *workload.KVBuffers
-	rows   *workload.PageAllocator
-	cache  *workload.PrefixCache
-	rc     cluster.RoomConfig
-	layout *workload.Layout
+	role engine.Role
+	// serveLn is --serve's listener, bound before the rank registered
+	// (nil: requests come on stdin).
+	serveLn net.Listener
+	m       *engine.Manager
+	pool    *workload.KVBuffers
+	rows    *workload.PageAllocator
+	cache   *workload.PrefixCache
+	rc      cluster.RoomConfig
+	layout  *workload.Layout
 	// ready is the rank's ready line (stdout, each socket connection,
 	// GET /v1/ready).
 	ready readyLine

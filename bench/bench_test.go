@@ -341,3 +341,27 @@ func TestCaseBudget(t *testing.T) {
 		t.Errorf("explicit CaseTimeout: budget %s, want 5s", got)
 	}
 }
+
+// TestHostBytes: the largest case's two regions, or the two KV pools of
+// --kv-model when larger.
+func TestHostBytes(t *testing.T) {
+	c := DefaultConfig()
+	c.KVModel = ""
+	c.Transports, c.BlockSizes, c.Depths, c.Streams = []string{"tcp", "shm"}, []uint64{4 << 10, 64 << 30}, []int{1, 16}, []int{0}
+	c.MaxRegionBytes = 100 << 30
+	if got, want := c.HostBytes(), uint64(2*(100<<30/(64<<30))*(64<<30)); got != want {
+		t.Fatalf("HostBytes = %d, want %d (two regions of one 64G block)", got, want)
+	}
+	c.BlockSizes, c.MaxRegionBytes = []uint64{4 << 10}, 1<<20
+	if got := c.HostBytes(); got != 2*(64<<10) {
+		t.Fatalf("HostBytes = %d, want %d (two regions of 16 4K blocks)", got, 2*(64<<10))
+	}
+	c.KVModel, c.KVTokens = DefaultKVModel, 4096
+	l, err := kvLayout(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.HostBytes(); got != 2*l.PoolBytes() {
+		t.Fatalf("HostBytes with --kv-model = %d, want the two pools %d", got, 2*l.PoolBytes())
+	}
+}

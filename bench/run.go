@@ -151,6 +151,25 @@ func (c *Config) Cases() []Case {
 	return out
 }
 
+// HostBytes is the most host memory the run holds at once, bytes: the
+// sender's and the receiver's region of its largest case (2 ×
+// RegionBytes; the memcpy baseline copies between the two), or, with a KV
+// model, the prefill's and the decode's KV pools (2 × the layout's pool),
+// whichever is larger. The peer tools (Peers) allocate their own and are
+// not counted.
+func (c *Config) HostBytes() uint64 {
+	var most uint64
+	for _, k := range c.Cases() {
+		most = max(most, 2*RegionBytes(k, c.MaxRegionBytes))
+	}
+	if c.KVModel != "" {
+		if l, err := kvLayout(*c); err == nil {
+			most = max(most, 2*l.PoolBytes())
+		}
+	}
+	return most
+}
+
 // RegionBytes is the working set of a case: Depth blocks, capped at max
 // (rounded down to whole blocks, at least one block).
 func RegionBytes(c Case, max uint64) uint64 {

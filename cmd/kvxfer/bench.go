@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/bench"
+	"github.com/kvxfer/kvxfer/internal/hostmem"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -80,6 +81,10 @@ second.`,
 				return fmt.Errorf("--case-timeout %s: must be >= 0 (0 = each case's own budget)", cfg.CaseTimeout)
 			}
 			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if err := hostmem.Check(fmt.Sprintf("--sizes %s --max-region %s: the largest case (a sender and a receiver region, or the two KV pools of --kv-model)", sizes, maxRegion),
+				cfg.HostBytes(), "lower --max-region, the largest --sizes or --depths, or --kv-tokens"); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kvxfer/kvxfer/bootstrap/server"
+	"github.com/kvxfer/kvxfer/internal/hostmem"
 	"github.com/kvxfer/kvxfer/metadata"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -45,6 +46,12 @@ func (c *demoCluster) close() {
 // publication with --metadata) and the ranks, and waits until every rank
 // is ready.
 func startDemoCluster(ctx context.Context, f *demoFlags, p *demoPlan) (c *demoCluster, err error) {
+	if f.device == "" {
+		what, need := demoHostBytes(f, p)
+		if err := hostmem.Check(what, need, "use a smaller --pool-mb (or --prefix-cache-mb), or fewer ranks"); err != nil {
+			return nil, err
+		}
+	}
 	c = &demoCluster{}
 	defer func() {
 		if err != nil {
@@ -83,6 +90,20 @@ func startDemoCluster(ctx context.Context, f *demoFlags, p *demoPlan) (c *demoCl
 	fmt.Fprintf(os.Stderr, "kvxfer demo: bootstrap %s; %d prefill rank(s) (tp %d × pp %d), %d decode rank(s); model %s; %d requests; transports %v\n",
 		c.addr, len(c.prefills), f.prefillTP, f.prefillPP, len(c.decodes), p.model.Name, len(p.reqs), c.transports)
 	return c, nil
+}
+
+// demoHostBytes is the host memory the demo's ranks' KV pools take at most
+// (bytes) and what they are in words: --pool-mb for each prefill and decode
+// rank, plus each decode rank's prefix cache (--prefix-cache-mb).
+func demoHostBytes(f *demoFlags, p *demoPlan) (string, uint64) {
+	ranks := f.prefillTP*f.prefillPP + f.decodeTP
+	need := uint64(ranks) * uint64(f.poolMB) << 20
+	what := fmt.Sprintf("--pool-mb %d for each of the demo's %d ranks (--prefill-tp %d × --prefill-pp %d + --decode-tp %d)", f.poolMB, ranks, f.prefillTP, f.prefillPP, f.decodeTP)
+	if p.prefixBlocks > 0 {
+		need += uint64(f.decodeTP) * uint64(f.prefixMB) << 20
+		what += fmt.Sprintf(" and --prefix-cache-mb %d for each decode rank", f.prefixMB)
+	}
+	return what + ": their KV pools in host memory", need
 }
 
 // startRanks starts the prefill ranks (TP × PP processes) and the decode

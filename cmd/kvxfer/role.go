@@ -28,6 +28,7 @@ import (
 	_ "github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
 	"github.com/kvxfer/kvxfer/internal/cluster"
+	"github.com/kvxfer/kvxfer/internal/hostmem"
 	"github.com/kvxfer/kvxfer/internal/sglangenv"
 	"github.com/kvxfer/kvxfer/workload"
 )
@@ -563,8 +564,22 @@ func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, 
 		if err := cuda.Available(); err != nil {
 			return nil, 0, false, fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pool in host memory)", f.device, err)
 		}
+	} else if err := hostmem.Check(poolWhat(f), layout.PoolBytes(), "use a smaller --pool-mb"); err != nil {
+		// Before anything is allocated: a pool larger than the host would
+		// otherwise run it short of memory, silently, while it is touched.
+		return nil, 0, false, err
 	}
 	return layout, dev, onDevice, nil
+}
+
+// poolWhat names the rank's host KV pool and the flags that size it, for
+// hostmem.Check.
+func poolWhat(f *roleFlags) string {
+	w := fmt.Sprintf("--pool-mb %d", f.poolMB)
+	if f.prefixBlocks > 0 {
+		w += fmt.Sprintf(" with --prefix-cache-blocks %d", f.prefixBlocks)
+	}
+	return w + ": the rank's KV pool in host memory"
 }
 
 // rankTransports opens the rank's data transports (--transport; with

@@ -725,7 +725,7 @@ func putTail(p piece) {
 		}
 		return
 	}
-	p.put()
+	p.put(false)
 }
 
 // copyAll copies the units with workers goroutines and finishes the batch:
@@ -742,6 +742,11 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, t
 		// through a pid whose process has exited (see the cma notes).
 		s.lose(fmt.Errorf("cma: receiver pid %d exited: %w", s.peer.PID, transport.ErrPeerLost))
 	}
+	// A large write batch copies with non-temporal stores (streamMin);
+	// each put that used them ends with SFENCE, before the worker counts
+	// the unit done, so the tail and the committed counter below are
+	// stored after every page is globally visible.
+	stream := !b.read && s.t.streamMin > 0 && b.total >= s.t.streamMin
 	var next atomic.Int64
 	var stopMu sync.Mutex
 	var stopErr error // a fence or a deregistered region stopped the batch
@@ -771,7 +776,7 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, t
 				err = s.vmCopy(pieces[u.start:u.end], b.read, sc)
 			} else {
 				for _, p := range pieces[u.start:u.end] {
-					p.put()
+					p.put(stream)
 				}
 			}
 			s.leave(ph)

@@ -79,6 +79,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,6 +174,7 @@ type shmTransport struct {
 
 	copyThreads int
 	parallelMin uint64
+	streamMin   uint64 // write batches from this many bytes copy with non-temporal stores (0: never)
 	unitBytes   uint64 // copy unit (fence check, parallel split): chunkBytes, or cmaUnitBytes
 
 	self    endpoint
@@ -232,6 +234,7 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 		copyThreads: opts.Streams,
 		parallelMin: 4 << 20,
 		unitBytes:   chunkBytes,
+		streamMin:   defaultStreamMin,
 		nextID:      1,
 		regions:     map[transport.RegionID]*localRegion{},
 		segments:    map[*segment]struct{}{},
@@ -251,6 +254,9 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 	}
 	if n := opts.SHM.ParallelMinBytes; n != 0 {
 		t.parallelMin = n
+	}
+	if t.streamMin, err = streamMinFromEnv(os.Getenv(streamMinEnv)); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	fd, err := unix.MemfdCreate("kvxfer:shm-ctl", unix.MFD_CLOEXEC)
 	if err != nil {
@@ -495,3 +501,44 @@ func CommittedBytes(t transport.Transport) (n uint64, ok bool) {
 // DefaultCopyThreads is the number of goroutines that copy one large batch
 // when transport.Options.Streams is 0: min(4, GOMAXPROCS).
 func DefaultCopyThreads() int { return min(4, runtime.GOMAXPROCS(0)) }
+
+// Non-temporal copies.
+//
+// A write batch of at least streamMin bytes is copied with
+// blkcopy.Blocks: AVX loads with the source prefetched ahead and
+// non-temporal stores, one call per strided piece instead of one memmove
+// per block (SGLang's per-token head slices: 262,144 1 KiB blocks per 4K-
+// token request). The stores skip the read for ownership of the
+// receiver's lines and leave this process's caches to its own data; what
+// is copied is the receiver's, read by it later if at all. Each call ends
+// with SFENCE, and the worker finishes its unit after it, so the commit
+// word (a LastAfterAll tail) and the committed counter are stored after
+// every page of the batch is globally visible. Smaller batches, reads,
+// cma and CPUs without AVX copy with copy() as before: a small batch
+// (a commit word, a few KiB of metadata) is read soon by a receiver on
+// the same host and is better left in the shared cache.
+
+// defaultStreamMin is the write batch size from which shm copies with
+// non-temporal stores: 1 MiB, the size from which runtime.memmove itself
+// switches to them for one call, and the L2 size of the development VM's
+// cores (measured: bench/RESULTS.md, issue 27).
+const defaultStreamMin = 1 << 20
+
+// streamMinEnv names the environment variable that sets streamMin: a
+// byte count, or "off" (also 0) for copy() everywhere.
+const streamMinEnv = "KVXFER_SHM_STREAM_MIN"
+
+// streamMinFromEnv parses streamMinEnv's value v ("" gives the default).
+func streamMinFromEnv(v string) (uint64, error) {
+	switch v {
+	case "":
+		return defaultStreamMin, nil
+	case "off":
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: want a byte count (e.g. 1048576) or \"off\": %v", streamMinEnv, v, err)
+	}
+	return n, nil
+}

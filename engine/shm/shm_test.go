@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,36 +172,90 @@ func TestWriteVariants(t *testing.T) {
 		{"strided-many-units", func(p *pair) transport.WriteRequest {
 			return transport.WriteRequest{Local: p.src.Addr() + 8, Remote: p.dDesc.ID, RemoteOffset: 1000, Length: 1000, Count: 3500, LocalStride: 1000, RemoteStride: 2048}
 		}, transport.Options{Streams: 3, SHM: transport.SHMOptions{ParallelMinBytes: 1}}},
+		// SGLang's per-token head slices (1 KiB of each 2 KiB source
+		// token into back-to-back 1 KiB rows): from 1 MiB a batch is
+		// copied with non-temporal stores (streamMin).
+		{"head-slices", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr() + 1024, Remote: p.dDesc.ID, RemoteOffset: 4096, Length: 1024, Count: 3000, LocalStride: 2048, RemoteStride: 1024}
+		}, transport.DefaultOptions()},
+		{"contiguous-odd", func(p *pair) transport.WriteRequest {
+			return transport.WriteRequest{Local: p.src.Addr() + 3, Remote: p.dDesc.ID, RemoteOffset: 5, Length: 3<<20 + 77}
+		}, transport.Options{Streams: 2, SHM: transport.SHMOptions{ParallelMinBytes: 1}}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := newPair(t, size, c.opts)
-			r := c.req(p)
-			id, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
-			if err != nil {
-				t.Fatal(err)
+		// Each case with the default, without non-temporal stores, and
+		// with them for every batch however small.
+		for _, env := range []string{"", "off", "1"} {
+			t.Run(c.name+"/stream="+env, func(t *testing.T) {
+				t.Setenv(streamMinEnv, env)
+				testWriteVariant(t, size, c.opts, c.req)
+			})
+		}
+	}
+}
+
+// testWriteVariant submits req's one request on a fresh pair and checks
+// the receiver's whole region and counters against copy()'s image.
+func testWriteVariant(t *testing.T, size int, opts transport.Options, req func(p *pair) transport.WriteRequest) {
+	p := newPair(t, int64(size), opts)
+	r := req(p)
+	id, err := p.seg.Submit(context.Background(), &transport.TransferBatch{Requests: []transport.WriteRequest{r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := waitOK(t, p.seg, id)
+	if st.State != transport.BatchCompleted || st.BytesDone != r.Bytes() {
+		t.Fatalf("status %+v, want completed with %d bytes", st, r.Bytes())
+	}
+	src, dst := p.src.Bytes(), p.dst.Bytes()
+	want := make([]byte, size)
+	lo := uint64(r.Local - p.src.Addr())
+	for i := uint64(0); i < r.Blocks(); i++ {
+		copy(want[r.RemoteOffset+i*r.RemoteStride:][:r.Length], src[lo+i*r.LocalStride:][:r.Length])
+	}
+	if !bytes.Equal(dst, want) {
+		t.Fatal("receiver memory differs from the expected image")
+	}
+	if n, ok := CommittedBytes(p.rcv); !ok || n != r.Bytes() {
+		t.Fatalf("CommittedBytes = %d, %v; want %d", n, ok, r.Bytes())
+	}
+	p.seg.Release(id)
+	if _, err := p.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
+		t.Fatalf("poll after release: %v, want ErrUnknownBatch", err)
+	}
+}
+
+// TestStreamMinFromEnv: KVXFER_SHM_STREAM_MIN's values; a bad one names
+// the variable, the value and what it takes.
+func TestStreamMinFromEnv(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		want uint64
+		err  string
+	}{
+		{"", defaultStreamMin, ""},
+		{"off", 0, ""},
+		{"0", 0, ""},
+		{"1", 1, ""},
+		{"4194304", 4 << 20, ""},
+		{"4M", 0, `KVXFER_SHM_STREAM_MIN="4M": want a byte count`},
+		{"-1", 0, "want a byte count"},
+		{"on", 0, `or "off"`},
+	} {
+		got, err := streamMinFromEnv(c.v)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("streamMinFromEnv(%q) = %d, %v; want an error containing %q", c.v, got, err, c.err)
 			}
-			st := waitOK(t, p.seg, id)
-			if st.State != transport.BatchCompleted || st.BytesDone != r.Bytes() {
-				t.Fatalf("status %+v, want completed with %d bytes", st, r.Bytes())
-			}
-			src, dst := p.src.Bytes(), p.dst.Bytes()
-			want := make([]byte, size)
-			lo := uint64(r.Local - p.src.Addr())
-			for i := uint64(0); i < r.Blocks(); i++ {
-				copy(want[r.RemoteOffset+i*r.RemoteStride:][:r.Length], src[lo+i*r.LocalStride:][:r.Length])
-			}
-			if !bytes.Equal(dst, want) {
-				t.Fatal("receiver memory differs from the expected image")
-			}
-			if n, ok := CommittedBytes(p.rcv); !ok || n != r.Bytes() {
-				t.Fatalf("CommittedBytes = %d, %v; want %d", n, ok, r.Bytes())
-			}
-			p.seg.Release(id)
-			if _, err := p.seg.Poll(id); !errors.Is(err, transport.ErrUnknownBatch) {
-				t.Fatalf("poll after release: %v, want ErrUnknownBatch", err)
-			}
-		})
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("streamMinFromEnv(%q) = %d, %v; want %d", c.v, got, err, c.want)
+		}
+	}
+	t.Setenv(streamMinEnv, "lots")
+	if _, err := New(transport.DefaultOptions()); err == nil || !strings.Contains(err.Error(), streamMinEnv) {
+		t.Fatalf("New with %s=lots: %v, want an error naming the variable", streamMinEnv, err)
 	}
 }
 

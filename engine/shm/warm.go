@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvxfer/kvxfer/engine/shm/internal/blkcopy"
 )
 
 // First contact with a receiver's memory.
@@ -110,11 +112,13 @@ func (s *segment) warmRegions(regs []*remoteRegion) {
 
 // put writes the piece by the state of its pages (see "First contact"):
 // a copy where all are warm, else pwrite for a large piece, else a copy
-// that warms them. A strided piece is its blocks, each put so (plain
-// copies when every page the piece spans is warm).
-func (p piece) put() {
+// that warms them. A strided piece is its blocks, each put so (one
+// blkcopy.Blocks call for all of them when every page the piece spans is
+// warm and stream is set). stream: the copies use blkcopy's non-temporal
+// stores (see streamMin) instead of copy().
+func (p piece) put(stream bool) {
 	if p.n <= 1 {
-		putBlock(p.rr, p.dst, p.src, p.off)
+		putBlock(p.rr, p.dst, p.src, p.off, stream)
 		return
 	}
 	rr := p.rr
@@ -124,31 +128,45 @@ func (p piece) put() {
 			rr = nil // all warm: plain copies
 		}
 	}
+	if stream && (rr == nil || rr.warm == nil) {
+		blkcopy.Blocks(p.dst, p.src, p.n, p.blk, p.dstStride, p.srcStride)
+		return
+	}
 	for j := uint64(0); j < p.n; j++ {
 		d, s := j*p.dstStride, j*p.srcStride
-		putBlock(rr, p.dst[d:d+p.blk], p.src[s:s+p.blk], p.off+d)
+		putBlock(rr, p.dst[d:d+p.blk], p.src[s:s+p.blk], p.off+d, stream)
 	}
 }
 
 // putBlock writes src to dst, which is at byte off of region r (nil: a
-// plain copy), by the state of its pages.
-func putBlock(r *remoteRegion, dst, src []byte, off uint64) {
+// plain copy), by the state of its pages; stream as for put.
+func putBlock(r *remoteRegion, dst, src []byte, off uint64, stream bool) {
 	if r == nil || r.warm == nil || len(dst) == 0 {
-		copy(dst, src)
+		copyBytes(dst, src, stream)
 		return
 	}
 	pg := uint64(os.Getpagesize())
 	first := (r.lead + off) / pg
 	last := (r.lead + off + uint64(len(dst)) - 1) / pg
 	if allSet(r.warm, first, last) {
-		copy(dst, src)
+		copyBytes(dst, src, stream)
 		return
 	}
 	if len(dst) >= pwriteMin && r.pwrite(src, off) {
 		return
 	}
-	copy(dst, src)
+	copyBytes(dst, src, stream)
 	setBits(r.warm, first, last)
+}
+
+// copyBytes is copy(dst, src), with blkcopy's non-temporal stores when
+// stream is set.
+func copyBytes(dst, src []byte, stream bool) {
+	if stream {
+		blkcopy.Copy(dst, src)
+		return
+	}
+	copy(dst, src)
 }
 
 // allSet reports whether bits first..last (inclusive) of bm are all set.

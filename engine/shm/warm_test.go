@@ -80,7 +80,7 @@ func TestColdPieceWrites(t *testing.T) {
 	pages := func(at, n uint64) (uint64, uint64) { return (r.lead + at) / pg, (r.lead + at + n - 1) / pg }
 	put := func(at uint64, b []byte, wantWarm bool) {
 		t.Helper()
-		piece{dst: r.data[at : at+uint64(len(b))], src: b, rr: r, off: at}.put()
+		piece{dst: r.data[at : at+uint64(len(b))], src: b, rr: r, off: at}.put(false)
 		if got := buf.Bytes()[off+at : off+at+uint64(len(b))]; !bytes.Equal(got, b) {
 			t.Fatalf("bytes at %d differ from the piece written there", at)
 		}
@@ -143,7 +143,7 @@ func TestTinyRegionPut(t *testing.T) {
 		t.Fatalf("%d bitmap words for a one-page mapping, want 1", len(r.warm))
 	}
 	src := bytes.Repeat([]byte{7}, 64)
-	piece{dst: r.data[10:74], src: src, rr: r, off: 10}.put()
+	piece{dst: r.data[10:74], src: src, rr: r, off: 10}.put(false)
 	if !bytes.Equal(buf.Bytes()[60:124], src) || !allSet(r.warm, 0, 0) {
 		t.Fatal("piece into a sub-page region did not land or did not warm its page")
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine/internal/control"
@@ -98,4 +99,66 @@ func (m *Manager) pingLoop() {
 			_ = m.send(ep, ping, true)
 		}
 	}
+}
+
+// Pauses of this process. A process that ran nothing for a while (SIGSTOP,
+// a VM pause, swapping, a host starved of CPU) is taken for dead by its
+// peers: they drop its registration and stop pinging it. Once it runs
+// again, the silence it then sees is their doing but its own fault, so it
+// must not blame them. pauseWatch does nothing but tick every
+// HeartbeatInterval and compare the clock (monotonic) with the last tick:
+// a tick much later than due means the process did not run.
+
+// selfPause is the last stretch in which this process ran nothing (zero:
+// none seen).
+type selfPause struct{ from, to time.Time }
+
+// pauseWatch records this process's pauses (notePause) until the manager
+// closes.
+func (m *Manager) pauseWatch() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		m.notePause(last, now)
+		last = now
+	}
+}
+
+// notePause records a tick at now whose previous one was at prev as a
+// pause of this process when it came more than PeerTimeout/2 (below that no
+// peer can have taken this rank for dead) and 4 ticks late, and logs it.
+func (m *Manager) notePause(prev, now time.Time) {
+	late := now.Sub(prev) - m.cfg.HeartbeatInterval
+	if prev.IsZero() || late <= m.cfg.PeerTimeout/2 || late <= 4*m.cfg.HeartbeatInterval {
+		return
+	}
+	m.pauseMu.Lock()
+	m.pause = selfPause{from: prev.Add(m.cfg.HeartbeatInterval), to: now}
+	m.pauseMu.Unlock()
+	if m.log != nil {
+		m.log.Warn("this process ran nothing for longer than half the peer timeout (stopped with SIGSTOP, a paused VM, swapping or a host starved of CPU): its peers may have taken it for dead and dropped its rooms meanwhile",
+			"paused", late.Round(time.Millisecond), "from", prev.Add(m.cfg.HeartbeatInterval).Format(time.RFC3339Nano), "peer_timeout", m.cfg.PeerTimeout)
+	}
+}
+
+// pauseNote is what a peer-loss error declared at now adds when this
+// process was itself paused (notePause) shortly before, so the silence is
+// most likely the peer's answer to that pause: "" when not.
+func (m *Manager) pauseNote(now time.Time) string {
+	m.pauseMu.Lock()
+	p := m.pause
+	m.pauseMu.Unlock()
+	if p.to.IsZero() || now.Sub(p.to) > 3*m.cfg.PeerTimeout || now.Before(p.to) {
+		return ""
+	}
+	return fmt.Sprintf("; but this %s rank %s itself ran nothing for %s just before (until %s: stopped with SIGSTOP, a paused VM, swapping or a host starved of CPU), so the peer most likely took it for dead and dropped it: look at what paused this process, not at the peer, and retry the room",
+		m.cfg.Role, m.rankName, p.to.Sub(p.from).Round(100*time.Millisecond), p.to.Format("15:04:05.000"))
 }

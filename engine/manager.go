@@ -455,6 +455,9 @@ type Manager struct {
 	// receive or a dispatch (Unix nanoseconds).
 	drainedAt, progressAt atomic.Int64
 	stallLogged           bool // monitorLoop only
+	// pause is this process's last pause that pauseWatch saw (liveness.go).
+	pauseMu sync.Mutex
+	pause   selfPause
 	// beforeDispatch, when set (tests only), runs before each received
 	// message is dispatched, with its type.
 	beforeDispatch atomic.Pointer[func(msgType string)]
@@ -627,10 +630,11 @@ func NewManager(ctx context.Context, cfg ManagerConfig) (*Manager, error) {
 	now := time.Now().UnixNano()
 	m.drainedAt.Store(now)
 	m.progressAt.Store(now)
-	m.wg.Add(3)
+	m.wg.Add(4)
 	go m.recvLoop()
 	go m.monitorLoop()
 	go m.pingLoop()
+	go m.pauseWatch()
 	if cfg.Role == RolePrefill {
 		if err := m.registerBootstrap(ctx); err != nil {
 			return nil, err
@@ -1361,6 +1365,9 @@ func (m *Manager) lostError(ep string) error {
 	case unreachable:
 		return fmt.Errorf("%w: %s was reached before, but every reconnection for more than %s failed%s (the process exited or was killed, or its host is down)",
 			transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout, why)
+	}
+	if note := m.pauseNote(time.Now()); note != "" {
+		return fmt.Errorf("%w: %s silent for more than %s%s", transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout, note)
 	}
 	return fmt.Errorf("%w: %s silent for more than %s (hung, or the network is down)", transport.ErrPeerLost, m.peerName(ep), m.cfg.PeerTimeout)
 }

@@ -58,9 +58,16 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "0", "-1", "K", "1.5M", "4X", "99999999999G"} {
-		if _, err := ParseSize(in); err == nil {
-			t.Errorf("ParseSize(%q) succeeded", in)
+	good2 := map[string]uint64{"1T": 1 << 40, "1TiB": 1 << 40, "1024G": 1 << 40}
+	for in, want := range good2 {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for in, wantErr := range map[string]string{"": "positive whole byte count", "0": "positive", "-1": "positive", "K": "positive", "1.5M": "K, M, G or T suffix",
+		"4X": "K, M, G or T suffix", "99999999999G": "the largest size is 1T (1024G", "2T": "the largest size is 1T", "1025G": "the largest size is 1T", "1099511627777": "1099511627776 bytes"} {
+		if _, err := ParseSize(in); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("ParseSize(%q): error %v, want one containing %q", in, err, wantErr)
 		}
 	}
 	if got, err := ParseSizes("4K,,1M"); err != nil || len(got) != 2 {

@@ -6,9 +6,13 @@ import (
 	"strings"
 )
 
-// ParseSize parses a byte count: a plain integer or one with a binary suffix
-// K, M, G (KiB, MiB, GiB; "KB"/"MB"/"GB" and "k"/"m"/"g" mean the same).
-// Errors name the text and the accepted forms.
+// MaxSize is the largest size ParseSize accepts: 1 TiB.
+const MaxSize = 1 << 40
+
+// ParseSize parses a byte count up to 1 TiB: a plain integer or one with a
+// binary suffix K, M, G, T (KiB, MiB, GiB, TiB; "KB"/"MB"/"GB"/"TB" and
+// lower case mean the same). Errors name the text, the limit and the
+// accepted forms.
 func ParseSize(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	u := strings.ToUpper(t)
@@ -21,10 +25,15 @@ func ParseSize(s string) (uint64, error) {
 		mult, u = 1<<20, strings.TrimSuffix(u, "M")
 	case strings.HasSuffix(u, "G"):
 		mult, u = 1<<30, strings.TrimSuffix(u, "G")
+	case strings.HasSuffix(u, "T"):
+		mult, u = 1<<40, strings.TrimSuffix(u, "T")
 	}
 	n, err := strconv.ParseUint(u, 10, 64)
-	if err != nil || n == 0 || n > (1<<40)/mult {
-		return 0, fmt.Errorf("size %q: want a positive byte count up to 1T, e.g. 4096, 4K, 1M, 64MiB", s)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("size %q: want a positive whole byte count with an optional K, M, G or T suffix (binary units), e.g. 4096, 4K, 1M, 64MiB", s)
+	}
+	if n > MaxSize/mult {
+		return 0, fmt.Errorf("size %q: the largest size is 1T (1024G, %d bytes)", s, uint64(MaxSize))
 	}
 	return n * mult, nil
 }

@@ -47,11 +47,8 @@ second.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			cfg.Transports = nil
-			for _, t := range strings.Split(transports, ",") {
-				if t = strings.TrimSpace(t); t != "" {
-					cfg.Transports = append(cfg.Transports, t)
-				}
+			if cfg.Transports, err = checkTransportNames("--transports", transports); err != nil {
+				return err
 			}
 			if cfg.BlockSizes, err = bench.ParseSizes(sizes); err != nil {
 				return fmt.Errorf("--sizes: %w", err)

@@ -319,8 +319,12 @@ func validateChaosFlags(f *chaosFlags) error {
 	if _, err := parseChaosFaults(f.faults); err != nil {
 		return err
 	}
-	for _, t := range strings.Split(f.transports, ",") {
-		if err := transport.ProbeTransport(strings.TrimSpace(t)); err != nil {
+	names, err := checkTransportNames("--transports", f.transports)
+	if err != nil {
+		return err
+	}
+	for _, t := range names {
+		if err := transport.ProbeTransport(t); err != nil {
 			return fmt.Errorf("--transports %q: %s: %w", f.transports, t, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,7 +163,32 @@ func openTransports(spec, host, advertise string) ([]transport.Transport, error)
 	opts := transport.DefaultOptions()
 	opts.ListenHost = strings.Trim(host, "[]")
 	opts.AdvertiseHost = advertise
-	return transport.OpenTransports(spec, opts)
+	ts, err := transport.OpenTransports(spec, opts)
+	if err != nil {
+		return nil, fmt.Errorf("--transport: %w", err)
+	}
+	return ts, nil
+}
+
+// checkTransportNames refuses a name in list (a comma-separated flag value)
+// that is no transport of this binary, naming the flag and the valid
+// names; an empty list is refused too. It returns the names.
+func checkTransportNames(flag, list string) ([]string, error) {
+	var names []string
+	for _, t := range strings.Split(list, ",") {
+		t = strings.TrimSpace(t)
+		if t == "" {
+			continue
+		}
+		if !slices.Contains(transport.Transports(), t) {
+			return nil, fmt.Errorf("%s %q: %q is not a transport; want a comma-separated list of %s", flag, list, t, strings.Join(transport.Transports(), ", "))
+		}
+		names = append(names, t)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%s %q: names no transport; want a comma-separated list of %s", flag, list, strings.Join(transport.Transports(), ", "))
+	}
+	return names, nil
 }
 
 func closeAll(ts []transport.Transport) {

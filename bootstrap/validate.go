@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"net/url"
@@ -62,23 +63,38 @@ func jsonObject(body []byte, what string) (map[string]json.RawMessage, error) {
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 // parseInt decodes a JSON integer (no fraction, no exponent, no quotes) into
-// an int64.
-func parseInt(field string, raw json.RawMessage) (int64, error) {
+// an int64; want describes the accepted values for the error ("an integer
+// in [1, 65535]"). SGLang sends Python ints, so "1e3" or "6001.0" is
+// refused as not a whole JSON integer (named so), not taken as 1000.
+func parseInt(field string, raw json.RawMessage, want string) (int64, error) {
 	s := string(bytes.TrimSpace(raw))
 	if s == "" || s == "null" {
-		return 0, fieldErr(field, "is null; want an integer")
+		return 0, fieldErr(field, "is null; want %s", want)
 	}
 	if s[0] == '"' {
-		return 0, fieldErr(field, "is a string (%s); want a JSON integer", truncate(s))
+		return 0, fieldErr(field, "is a string (%s); want %s, as a JSON number without quotes", truncate(s), want)
 	}
 	if s[0] != '-' && (s[0] < '0' || s[0] > '9') {
-		return 0, fieldErr(field, "is %s; want an integer", truncate(s))
+		return 0, fieldErr(field, "is %s; want %s", truncate(s), want)
 	}
 	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fieldErr(field, "%s is not an integer in int64 range", truncate(s))
+	switch {
+	case err == nil:
+		return v, nil
+	case strings.ContainsAny(s, ".eE"):
+		return 0, fieldErr(field, "%s is not written as a whole JSON integer (no fraction or exponent); want %s", truncate(s), want)
+	case errors.Is(err, strconv.ErrRange):
+		return 0, fieldErr(field, "%s is out of range; want %s", truncate(s), want)
 	}
-	return v, nil
+	return 0, fieldErr(field, "%s is not a JSON integer; want %s", truncate(s), want)
+}
+
+// intRange words [lo, hi] for parseInt's want, naming a TCP port as one.
+func intRange(field string, lo, hi int64) string {
+	if strings.HasSuffix(field, "_port") && lo == 1 && hi == 65535 {
+		return "an integer port 1–65535"
+	}
+	return fmt.Sprintf("an integer in [%d, %d]", lo, hi)
 }
 
 func truncate(s string) string {
@@ -93,12 +109,12 @@ func reqInt(m map[string]json.RawMessage, field string, lo, hi int64) (int, erro
 	if !ok {
 		return 0, fieldErr(field, "missing (required integer)")
 	}
-	v, err := parseInt(field, raw)
+	v, err := parseInt(field, raw, intRange(field, lo, hi))
 	if err != nil {
 		return 0, err
 	}
 	if v < lo || v > hi {
-		return 0, fieldErr(field, "%d out of range [%d, %d]", v, lo, hi)
+		return 0, fieldErr(field, "%d is out of range; want %s", v, intRange(field, lo, hi))
 	}
 	return int(v), nil
 }
@@ -253,7 +269,7 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		r.InstanceID = *id
 	}
 	if raw, ok := m["epoch"]; ok && !isNull(raw) {
-		v, err := parseInt("epoch", raw)
+		v, err := parseInt("epoch", raw, "an integer in [0, 2^63-1]")
 		if err != nil {
 			return r, err
 		}
@@ -279,7 +295,7 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		}
 	}
 	if raw, ok := m["heartbeat_ms"]; ok && !isNull(raw) {
-		v, err := parseInt("heartbeat_ms", raw)
+		v, err := parseInt("heartbeat_ms", raw, fmt.Sprintf("an integer in [1, %d] (ms)", MaxHeartbeatMS))
 		if err != nil {
 			return r, err
 		}
@@ -292,7 +308,7 @@ func ParseRegisterRequest(body []byte) (RegisterRequest, error) {
 		r.HeartbeatMS = int(v)
 	}
 	if raw, ok := m["prefill_http_port"]; ok && !isNull(raw) {
-		v, err := parseInt("prefill_http_port", raw)
+		v, err := parseInt("prefill_http_port", raw, intRange("prefill_http_port", 1, 65535))
 		if err != nil {
 			return r, err
 		}
@@ -487,7 +503,7 @@ func numericLabel(l string) bool {
 
 // parseRoom decodes one bootstrap_room: a JSON integer in [0, 2^63−1].
 func parseRoom(field string, raw json.RawMessage) (uint64, error) {
-	v, err := parseInt(field, raw)
+	v, err := parseInt(field, raw, "a bootstrap_room, an integer in [0, 2^63-1]")
 	if err != nil {
 		return 0, err
 	}

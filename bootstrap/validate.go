@@ -633,19 +633,30 @@ func ParseRankQueryString(raw string) (Coord, bool, error) {
 	})
 }
 
+// RankQueryParams are GET/DELETE /route's four query parameters, in order.
+var RankQueryParams = [4]string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"}
+
 // ParseRankQuery decodes GET/DELETE /route's four query parameters
 // (prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank). It
-// returns all == true for the topology form (all four −1). A missing or empty
-// parameter gives SGLang's text "Missing inputs for bootstrap server."; a
-// non-integer or a negative value outside the all-−1 form names the parameter.
+// returns all == true for the topology form (all four −1). Missing or empty
+// parameters give a *FieldError with Missing set whose Field lists them all
+// (the server answers SGLang's text "Missing inputs for bootstrap server."
+// followed by their names); a non-integer or a negative value outside the
+// all-−1 form names the parameter.
 func ParseRankQuery(get func(string) string) (c Coord, all bool, err error) {
-	names := [4]string{"prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank"}
+	names := RankQueryParams
+	var missing []string
+	for _, n := range names {
+		if get(n) == "" {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return c, false, &FieldError{Field: strings.Join(missing, ", "), Msg: "missing", Missing: true}
+	}
 	var v [4]int
 	for i, n := range names {
 		s := get(n)
-		if s == "" {
-			return c, false, &FieldError{Field: n, Msg: "missing", Missing: true}
-		}
 		x, err := strconv.Atoi(s)
 		if err != nil || x < -1 || x >= MaxRanks {
 			return c, false, fieldErr(n, "%q is not an integer in [-1, %d)", truncate(s), MaxRanks)

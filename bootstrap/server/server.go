@@ -477,7 +477,10 @@ func (s *Server) handleGetRoute(c echo.Context) error {
 		s.m.lookBad.Inc()
 		var fe *bootstrap.FieldError
 		if errors.As(err, &fe) && fe.Missing {
-			return text(c, http.StatusBadRequest, "Missing inputs for bootstrap server.")
+			// SGLang's text first (clients may match it), then what is
+			// missing.
+			return text(c, http.StatusBadRequest, fmt.Sprintf("Missing inputs for bootstrap server. Missing: %s (GET /route takes all of %s; all four -1 asks for the topology).",
+				fe.Field, strings.Join(bootstrap.RankQueryParams[:], ", ")))
 		}
 		return badRequest(c, err)
 	}

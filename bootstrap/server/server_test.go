@@ -413,9 +413,10 @@ func TestRouteQueryErrors(t *testing.T) {
 		code         int
 		body         string
 	}{
-		{"GET", "/route", 400, "Missing inputs for bootstrap server."},
-		{"GET", "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1", 400, "Missing inputs for bootstrap server."},
-		{"GET", "/route?prefill_dp_rank=&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", 400, "Missing inputs for bootstrap server."},
+		// SGLang's text, then the missing parameters by name.
+		{"GET", "/route", 400, "Missing inputs for bootstrap server. Missing: prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank (GET /route takes all of"},
+		{"GET", "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1", 400, "Missing inputs for bootstrap server. Missing: target_pp_rank ("},
+		{"GET", "/route?prefill_dp_rank=&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", 400, "Missing inputs for bootstrap server. Missing: prefill_dp_rank ("},
 		{"GET", "/route?prefill_dp_rank=x&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1", 400, "prefill_dp_rank"},
 		{"GET", "/route?prefill_dp_rank=0&prefill_cp_rank=-1&target_tp_rank=0&target_pp_rank=0", 400, "prefill_cp_rank"},
 		{"GET", "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=-7&target_pp_rank=0", 400, "target_tp_rank"},

@@ -11,6 +11,7 @@ package workload
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -36,8 +37,9 @@ const maxLineBytes = 16 << 20
 
 // ReadMooncake parses a Mooncake JSONL trace, reading at most limit requests
 // (all when limit ≤ 0). Blank lines are skipped. Errors name the line and the
-// bad field: invalid JSON, a missing or negative input_length, a negative
-// output_length or timestamp.
+// bad field: invalid JSON, a field of the wrong type (and the type it
+// wants), a missing or negative input_length, a negative output_length or
+// timestamp.
 func ReadMooncake(r io.Reader, limit int) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxLineBytes)
@@ -56,7 +58,7 @@ func ReadMooncake(r io.Reader, limit int) ([]Request, error) {
 			HashIDs      []int64  `json:"hash_ids"`
 		}
 		if err := json.Unmarshal([]byte(text), &raw); err != nil {
-			return nil, fmt.Errorf("workload: trace line %d: not a JSON object: %v", line, err)
+			return nil, fmt.Errorf("workload: trace line %d: %s", line, traceJSONError(err))
 		}
 		switch {
 		case raw.InputLength == nil:
@@ -87,6 +89,34 @@ func ReadMooncake(r io.Reader, limit int) ([]Request, error) {
 		return nil, fmt.Errorf("workload: trace has no requests")
 	}
 	return out, nil
+}
+
+// traceFieldTypes is what each Mooncake trace field holds, for errors.
+var traceFieldTypes = map[string]string{
+	"timestamp":     "a number (ms since the trace start)",
+	"input_length":  "an integer (prompt tokens)",
+	"output_length": "an integer (generated tokens)",
+	"hash_ids":      "an array of integers (prefix-cache block ids)",
+}
+
+// traceJSONError words a trace line's decoding error: a field of the wrong
+// type names the field, the JSON type found and the type expected; a line
+// that is not an object or not JSON says so.
+func traceJSONError(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if i := strings.IndexAny(field, ".["); i >= 0 {
+			field = field[:i]
+		}
+		if want, ok := traceFieldTypes[field]; ok {
+			return fmt.Sprintf("%q is a JSON %s; want %s", te.Field, te.Value, want)
+		}
+		if te.Field == "" {
+			return fmt.Sprintf("a JSON %s, not an object; want one JSON object per line with \"input_length\" (and \"timestamp\", \"output_length\", \"hash_ids\")", te.Value)
+		}
+	}
+	return fmt.Sprintf("not valid JSON (%v); want one JSON object per line with \"input_length\"", err)
 }
 
 // LoadMooncake reads a Mooncake JSONL trace file (see ReadMooncake).

@@ -24,7 +24,13 @@ func TestReadMooncake(t *testing.T) {
 		{"missing input", "{\"input_length\": 5}\n{\"output_length\": 5}\n", 0, 0, "line 2: no \"input_length\""},
 		{"zero input", "{\"input_length\": 0}\n", 0, 0, "must be > 0"},
 		{"negative output", "{\"input_length\": 3, \"output_length\": -1}\n", 0, 0, "output_length"},
-		{"string length", "{\"input_length\": \"3\"}\n", 0, 0, "line 1"},
+		{"string length", "{\"input_length\": 5}\n{\"input_length\": \"3\"}\n", 0, 0, `line 2: "input_length" is a JSON string; want an integer (prompt tokens)`},
+		{"float length", "{\"input_length\": 3.5}\n", 0, 0, `line 1: "input_length" is a JSON number 3.5; want an integer (prompt tokens)`},
+		{"string timestamp", "{\"input_length\": 3, \"timestamp\": \"now\"}\n", 0, 0, `line 1: "timestamp" is a JSON string; want a number (ms since the trace start)`},
+		{"hash_ids object", "{\"input_length\": 3, \"hash_ids\": {}}\n", 0, 0, `line 1: "hash_ids" is a JSON object; want an array of integers`},
+		{"hash_ids element", "{\"input_length\": 3, \"hash_ids\": [1, \"x\"]}\n", 0, 0, `want an array of integers (prefix-cache block ids)`},
+		{"array line", "[1, 2]\n", 0, 0, `line 1: a JSON array, not an object; want one JSON object per line`},
+		{"not json", "{\"input_length\": 5\n", 0, 0, `line 1: not valid JSON (`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -181,7 +181,8 @@ type StatusError struct {
 
 // Error formats the op, address, code, the server's message and the hint.
 func (e *StatusError) Error() string {
-	msg := fmt.Sprintf("bootstrap: %s %s: HTTP %d: %s", e.Op, e.Addr, e.Code, e.Body)
+	method, path, _ := strings.Cut(e.Op, " ")
+	msg := fmt.Sprintf("bootstrap: %s http://%s%s: HTTP %d: %s", method, e.Addr, path, e.Code, e.Body)
 	if e.Hint != "" {
 		msg += " (" + e.Hint + ")"
 	}
@@ -239,14 +240,14 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 			// Connected (or dialling) but no HTTP answer: often another
 			// kind of port given as the bootstrap address.
-			return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (no answer within %s: is this the prefill's bootstrap server's HTTP port, default %d, and not a rank's control or metrics port?)", method, c.addr, path, err, c.requestTimeout, DefaultPort)
+			return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (no answer within %s: is this the prefill's bootstrap server's HTTP port, default %d, and not a rank's control or metrics port?)", method, c.base, path, err, c.requestTimeout, DefaultPort)
 		}
-		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (is the prefill's bootstrap server running at this address?)", method, c.addr, path, err)
+		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (is the prefill's bootstrap server running at this address?)", method, c.base, path, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: read body: %w", method, c.addr, path, err)
+		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: read body: %w", method, c.base, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		msg := strings.TrimSpace(string(data))
@@ -254,6 +255,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 			msg = msg[:512] + "…"
 		}
 		se := &StatusError{Op: method + " " + path, Addr: c.addr, Code: resp.StatusCode, Body: msg}
+		if resp.StatusCode == http.StatusServiceUnavailable && path == "/route" && method == http.MethodGet {
+			se.Hint = "the directory does not hold every prefill rank of the topology yet: a prefill rank has not started, or has stopped; a decode's lookup retries until its bootstrap timeout"
+		}
 		if resp.StatusCode == http.StatusUnauthorized {
 			if auth && c.token != "" {
 				se.Hint = "the directory refused this rank's bearer token: give every rank the token the bootstrap server was started with, through " + TokenEnvHint

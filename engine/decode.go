@@ -157,7 +157,7 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 	if inst != nil {
 		return inst, nil
 	}
-	v, err := m.lookup(ctx, "topology "+addr, func(fctx context.Context, note func(int, error)) (any, error) {
+	v, err := m.lookup(ctx, "topology http://"+addr, func(fctx context.Context, note func(int, error)) (any, error) {
 		m.mu.Lock()
 		cur := m.dec.bcache[addr]
 		m.mu.Unlock()
@@ -169,7 +169,7 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 			return nil, err
 		}
 		var info *bootstrap.PrefillServerInfo
-		err = retryNoted(fctx, "fetch prefill parallel info from "+addr, func(ctx context.Context) error {
+		err = retryNoted(fctx, "fetch prefill parallel info from http://"+addr, func(ctx context.Context) error {
 			var err error
 			info, err = c.ServerInfo(ctx)
 			return err
@@ -257,7 +257,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 	if ok {
 		return ep, nil
 	}
-	v, err := i.m.lookup(ctx, "rank "+c.String()+" at "+i.addr, func(fctx context.Context, note func(int, error)) (any, error) {
+	v, err := i.m.lookup(ctx, "rank "+c.String()+" at http://"+i.addr, func(fctx context.Context, note func(int, error)) (any, error) {
 		i.mu.Lock()
 		ep, ok := i.ranks[c]
 		i.mu.Unlock()
@@ -265,7 +265,7 @@ func (i *instanceInfo) rank(ctx context.Context, c bootstrap.Coord) (string, err
 			return ep, nil
 		}
 		var ri *bootstrap.PrefillRankInfo
-		err := retryNoted(fctx, "fetch bootstrap info for "+c.String()+" from "+i.addr, func(ctx context.Context) error {
+		err := retryNoted(fctx, "fetch bootstrap info for "+c.String()+" from http://"+i.addr, func(ctx context.Context) error {
 			var err error
 			ri, err = i.client.RankInfo(ctx, c.DP, c.CP, c.TP, c.PP)
 			return err

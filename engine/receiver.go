@@ -631,7 +631,7 @@ func (r *Receiver) resolve() error {
 	defer cancel()
 	inst, err := m.instance(ctx, r.addr)
 	if err != nil {
-		return fmt.Errorf("engine: room %d: could not fetch prefill parallel info from %s: %w", r.room, r.addr, err)
+		return fmt.Errorf("engine: room %d: could not fetch prefill parallel info from http://%s: %w", r.room, r.addr, err)
 	}
 	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
 	if r.dpRank >= 0 {

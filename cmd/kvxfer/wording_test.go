@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runCLI runs `kvxfer args...` (this test binary as the CLI) to its end and
@@ -46,5 +47,36 @@ func TestUnknownTransportNamesTheFlag(t *testing.T) {
 		if code != 1 || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "tcp") || strings.Contains(stderr, "import its package") {
 			t.Errorf("%v: exit %d, stderr %q; want exit 1 with %q and the valid transports, no Go import advice", c.args, code, stderr, c.want)
 		}
+	}
+}
+
+// TestDecodeLookupAfterPrefillStopped: a decode whose prefill rank stopped
+// (it left the directory) retries its lookup until the bootstrap timeout,
+// as SGLang does (503 "not fully registered" is not final: a prefill may
+// register again), and its log and room error print the directory as a
+// clickable http:// URL and say that a prefill rank has not started or
+// has stopped.
+func TestDecodeLookupAfterPrefillStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const host = "127.0.0.1"
+	_, b := startBootstrapProc(t, host, 0)
+	p := startProc(t, "prefill", nil, roleArgs("prefill", b, host)...)
+	d := startProc(t, "decode", nil, roleArgs("decode", b, host, "--bootstrap-timeout", "2s")...)
+	p.ready()
+	d.ready()
+	if err := p.exit(time.Minute); err != nil {
+		t.Fatalf("prefill exit: %v\n%s", err, p.stderr.String())
+	}
+	d.send(requestLine{Room: 2, Tokens: 16})
+	dr := d.result(time.Minute)
+	for _, want := range []string{"parallel info from http://" + b + ":", "GET http://" + b + "/route: HTTP 503", "a prefill rank has not started, or has stopped"} {
+		if dr.OK || !strings.Contains(dr.Error, want) {
+			t.Fatalf("decode's room after its prefill stopped: %+v\nwant an error containing %q\n%s", dr.Result, want, d.stderr.String())
+		}
+	}
+	if want := `lookup="topology http://` + b + `"`; !strings.Contains(d.stderr.String(), want) {
+		t.Fatalf("decode's retry log lacks %s:\n%s", want, d.stderr.String())
 	}
 }

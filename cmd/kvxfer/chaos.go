@@ -245,6 +245,24 @@ type chaosHeal struct {
 	Unhealed int     `json:"unhealed"`
 }
 
+// String words the times to heal: median and max of the faults that healed,
+// and "never healed (n)" for those that did not before the soak ended (no
+// median for them: there is no time to take one of).
+func (h chaosHeal) String() string {
+	healed := h.N - h.Unhealed
+	n := fmt.Sprintf("%d fault", h.N)
+	if h.N != 1 {
+		n += "s"
+	}
+	switch {
+	case h.Unhealed == 0:
+		return fmt.Sprintf("%s, median %.0f ms, max %.0f ms", n, h.MedianMS, h.MaxMS)
+	case healed == 0:
+		return fmt.Sprintf("%s, never healed (%d) before the end", n, h.Unhealed)
+	}
+	return fmt.Sprintf("%s: %d healed, median %.0f ms, max %.0f ms; never healed (%d) before the end", n, healed, h.MedianMS, h.MaxMS, h.Unhealed)
+}
+
 // chaosPrefill is one prefill process slot: its bootstrap server address and
 // the current child (replaced after a kill).
 type chaosPrefill struct {
@@ -397,7 +415,7 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.Heal)) {
 		h := r.Heal[k]
-		fmt.Fprintf(w, "  heal after %s (fault → next ok room on that prefill): %d faults, median %.0f ms, max %.0f ms, %d not healed before the end\n", k, h.N, h.MedianMS, h.MaxMS, h.Unhealed)
+		fmt.Fprintf(w, "  heal after %s (fault → next ok room on that prefill): %s\n", k, h)
 	}
 	if verbose {
 		for _, k := range slices.Sorted(maps.Keys(r.FailureExamples)) {

@@ -80,3 +80,25 @@ func TestDecodeLookupAfterPrefillStopped(t *testing.T) {
 		t.Fatalf("decode's retry log lacks %s:\n%s", want, d.stderr.String())
 	}
 }
+
+// TestChaosHealWording: a fault kind none of whose faults healed reads
+// "never healed (n)", not "median 0 ms"; a mix names both parts.
+func TestChaosHealWording(t *testing.T) {
+	for _, c := range []struct {
+		h    chaosHeal
+		want string
+	}{
+		{chaosHeal{N: 4, MedianMS: 198, MaxMS: 310}, "4 faults, median 198 ms, max 310 ms"},
+		{chaosHeal{N: 2, Unhealed: 2}, "2 faults, never healed (2) before the end"},
+		{chaosHeal{N: 5, MedianMS: 3300, MaxMS: 4100, Unhealed: 2}, "5 faults: 3 healed, median 3300 ms, max 4100 ms; never healed (2) before the end"},
+	} {
+		if got := c.h.String(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.h, got, c.want)
+		}
+	}
+	var out bytes.Buffer
+	printChaos(&out, chaosReport{Heal: map[string]chaosHeal{"kill": {N: 1, Unhealed: 1}}}, false)
+	if s := out.String(); !strings.Contains(s, "heal after kill (fault → next ok room on that prefill): 1 fault, never healed (1)") || strings.Contains(s, "median 0 ms") {
+		t.Fatalf("chaos report:\n%s\nwant the kill line to say never healed, with no median", s)
+	}
+}

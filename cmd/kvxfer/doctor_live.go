@@ -328,16 +328,30 @@ type probeOutcome struct {
 // handshake: per rank and transport, PROBE answered and the data path
 // opened; the probe also writes and checks the bytes the next two steps
 // report.
+//
+// The step's time is the doctor's whole probe: opening this host's
+// transports and the prober, then each rank's probe round trip (the rank
+// allocates and registers a probe buffer per transport, opens the segment,
+// writes, and answers). A row's time is only the rank's handshake for one
+// transport (opening the segment to the ack), so the two can differ by
+// orders of magnitude; the detail names the parts.
 func (d *doctorWalk) handshake(s *chainStep) {
+	t0 := time.Now()
 	p, closeProber, ok := d.newProber(s)
 	if !ok {
 		return
 	}
 	defer closeProber()
+	opened := time.Since(t0)
 	var o probeOutcome
+	var trips time.Duration
 	for _, t := range d.targets {
+		t1 := time.Now()
 		d.reports = append(d.reports, d.probeRank(p, t, s, &o))
+		trips += time.Since(t1)
 	}
+	phases := fmt.Sprintf(" (the step's time: %.1f ms opening this host's transports %s and the prober, %.1f ms of probe round trips to %d ranks; a row is the rank's own handshake over one transport, segment open to ack)",
+		ms(opened), strings.Join(d.rep.Transports, ","), ms(trips), len(d.targets))
 	switch {
 	case len(o.fails) > 0:
 		var fix []string
@@ -350,12 +364,12 @@ func (d *doctorWalk) handshake(s *chainStep) {
 		if o.refusedHS {
 			fix = append(fix, "a failed handshake names its cause on the rank: read the error above and the rank's log (memlock, a missing device, a peer lost)")
 		}
-		s.fail(strings.Join(o.fails, "; "), strings.Join(fix, "; "))
+		s.fail(strings.Join(o.fails, "; ")+phases, strings.Join(fix, "; "))
 	case len(o.refused) > 0:
 		s.stop(fmt.Sprintf("%s refuse probes (started with --no-probe): the doctor stops at the handshake; the control channel answers, but the data path is not proven", strings.Join(o.refused, ", ")),
 			"restart those ranks without --no-probe to let the doctor prove their data path (a probe writes a small pattern into the doctor's scratch region, never serving KV)")
 	default:
-		s.pass(fmt.Sprintf("%d ranks answered the probe; data paths opened", len(d.targets)))
+		s.pass(fmt.Sprintf("%d ranks answered the probe; data paths opened", len(d.targets)) + phases)
 	}
 }
 

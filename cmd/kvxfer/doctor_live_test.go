@@ -110,6 +110,11 @@ func TestDoctorLiveDeployment(t *testing.T) {
 				t.Errorf("%s: %d items, want one per rank over tcp: %+v", name, len(s.Items), s.Items)
 			}
 		}
+		// The handshake step's time (the whole probe) says what it is made
+		// of, apart from the rows' rank-side handshakes (issue 22).
+		if d := stepOf(t, rep, "handshake").Detail; !strings.Contains(d, "opening this host's transports tcp and the prober") || !strings.Contains(d, "of probe round trips to 2 ranks") {
+			t.Errorf("handshake detail %q: want the step's time split into opening the transports and the probe round trips", d)
+		}
 		// The default 64 KiB probe is a latency, not a bandwidth (issue 26).
 		for _, it := range stepOf(t, rep, "transfer").Items {
 			if !strings.Contains(it.Detail, "latency") || strings.Contains(it.Detail, "GB/s") {

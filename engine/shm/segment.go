@@ -675,15 +675,39 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	b := &batch{doneCh: make(chan struct{}), total: total, read: read}
 	id := s.batches.Add(b)
 	s.running.Add(1)
-	if total < s.t.parallelMin || s.t.copyThreads <= 1 || len(units) < 2 {
+	if workers, yield := s.t.copyPlan(total, len(units)); workers == 0 {
 		// Small batch: copy on the caller's goroutine (outside the lock).
 		s.mu.Unlock()
-		s.copyAll(b, pieces, units, 1, tail)
+		s.copyAll(b, pieces, units, 1, tail, yield)
 		s.mu.Lock() // for the deferred unlock
 	} else {
-		go s.copyAll(b, pieces, units, min(s.t.copyThreads, len(units)), tail)
+		go s.copyAll(b, pieces, units, workers, tail, yield)
 	}
 	return id, nil
+}
+
+// inlineYieldMin is the batch size from which a batch copied on the
+// caller's goroutine yields the processor between its units (copyAll).
+// Below it the copy ends within about a millisecond (8 MiB at 8 GB/s),
+// well inside the scheduler's own 10 ms preemption period, and a yield
+// costs more than it gives: a batch submitted from C (capi, Python) runs
+// on a goroutine locked to the caller's thread, so each yield that finds
+// the other Ps busy hands this thread's P over and sleeps the thread
+// (stoplockedm/startlockedm). Measured on vLLM's sender pool shape, ten
+// Python threads × 4 MiB per sync call (bench/RESULTS.md, issue 27).
+const inlineYieldMin = 8 << 20
+
+// copyPlan decides how Submit copies a batch of total bytes in units
+// copy units: workers 0 on the caller's goroutine before Submit returns,
+// else on that many goroutines of their own; yield: between units, as
+// copyAll's comment explains (always for goroutines of their own, which
+// hold Ps a control loop may need; for the caller's only from
+// inlineYieldMin).
+func (t *shmTransport) copyPlan(total uint64, units int) (workers int, yield bool) {
+	if total < t.parallelMin || t.copyThreads <= 1 || units < 2 {
+		return 0, total >= inlineYieldMin
+	}
+	return min(t.copyThreads, units), true
 }
 
 // spanEnd returns base + (n-1)*stride + length, and false on overflow.
@@ -734,8 +758,9 @@ func putTail(p piece) {
 // for a read into local memory). A LastAfterAll batch's tail is copied
 // after every unit, by this goroutine, once the workers ended and nothing
 // stopped the batch (a stopped batch never writes its commit word). It
-// owns one count of s.running.
-func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, tail *tailPiece) {
+// owns one count of s.running. yield: the workers yield between units
+// (copyPlan).
+func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, tail *tailPiece, yield bool) {
 	defer s.running.Done()
 	if s.t.cma && !s.alive() {
 		// process_vm_writev names the receiver by pid: never write
@@ -800,8 +825,10 @@ func (s *segment) copyAll(b *batch, pieces []piece, units []unit, workers int, t
 			// peers declare it hung. One yield per MiB costs well
 			// under 1 %. After the last unit the loop ends anyway: no
 			// yield (for a small batch copied on a cgo caller's locked
-			// goroutine a yield is a P handoff between two threads).
-			if next.Load() < int64(len(units)) {
+			// goroutine a yield is a P handoff between two threads), nor
+			// between the units of a batch under inlineYieldMin copied
+			// on the caller's goroutine (copyPlan).
+			if yield && next.Load() < int64(len(units)) {
 				runtime.Gosched()
 			}
 		}

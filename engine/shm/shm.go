@@ -232,7 +232,7 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 		cma:         cma,
 		log:         opts.Log(),
 		copyThreads: opts.Streams,
-		parallelMin: 4 << 20,
+		parallelMin: defaultParallelMin,
 		unitBytes:   chunkBytes,
 		streamMin:   defaultStreamMin,
 		nextID:      1,
@@ -517,6 +517,15 @@ func DefaultCopyThreads() int { return min(4, runtime.GOMAXPROCS(0)) }
 // cma and CPUs without AVX copy with copy() as before: a small batch
 // (a commit word, a few KiB of metadata) is read soon by a receiver on
 // the same host and is better left in the shared cache.
+
+// defaultParallelMin is the batch size from which shm splits a batch's
+// copy across copyThreads goroutines (transport.SHMOptions.ParallelMinBytes
+// 0): 8 MiB. Smaller batches copy on the caller's goroutine; at 4 MiB,
+// vLLM's ten sender threads × 16 × 256 KiB per call reached 1.05–1.18× of
+// one thread × 160 blocks copied that way, against 0.72–0.93× with each
+// 4 MiB batch split over two copy goroutines of its own (bench/RESULTS.md,
+// issue 27). It was 4 MiB.
+const defaultParallelMin = 8 << 20
 
 // defaultStreamMin is the write batch size from which shm copies with
 // non-temporal stores: 1 MiB, the size from which runtime.memmove itself

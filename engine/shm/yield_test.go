@@ -71,3 +71,39 @@ func TestLargeCopyYields(t *testing.T) {
 		t.Fatalf("the observer goroutine saw the copy half done at only %d of %d piece boundaries: the copy does not yield the processor between pieces", distinct, pieces)
 	}
 }
+
+// TestCopyPlan: which batches Submit copies on the caller's goroutine, on
+// how many goroutines of their own the others, and which copies yield
+// between units. A 4 MiB batch (vLLM's sender pool: 16 × 256 KiB per call)
+// is copied by its caller without yielding; a batch from parallelMin is
+// split, and its workers yield; an inline copy of inlineYieldMin or more
+// (one copy thread, or a raised parallelMin) yields as before.
+func TestCopyPlan(t *testing.T) {
+	def := &shmTransport{copyThreads: 2, parallelMin: defaultParallelMin}
+	one := &shmTransport{copyThreads: 1, parallelMin: defaultParallelMin}
+	big := &shmTransport{copyThreads: 4, parallelMin: 64 << 20}
+	for _, c := range []struct {
+		name    string
+		t       *shmTransport
+		total   uint64
+		units   int
+		workers int
+		yield   bool
+	}{
+		{"64 KiB", def, 64 << 10, 1, 0, false},
+		{"4 MiB sync call", def, 4 << 20, 4, 0, false},
+		{"just under parallelMin", def, defaultParallelMin - 1, 8, 0, false},
+		{"parallelMin", def, defaultParallelMin, 8, 2, true},
+		{"1 GiB", def, 1 << 30, 1024, 2, true},
+		{"large, one unit", def, 1 << 30, 1, 0, true},
+		{"one copy thread, 4 MiB", one, 4 << 20, 4, 0, false},
+		{"one copy thread, 32 MiB", one, 32 << 20, 32, 0, true},
+		{"raised parallelMin, 16 MiB", big, 16 << 20, 16, 0, true},
+		{"threads capped by units", big, 64 << 20, 3, 3, true},
+	} {
+		w, y := c.t.copyPlan(c.total, c.units)
+		if w != c.workers || y != c.yield {
+			t.Errorf("%s: copyPlan(%d bytes, %d units) = %d workers, yield %v; want %d, %v", c.name, c.total, c.units, w, y, c.workers, c.yield)
+		}
+	}
+}

@@ -67,7 +67,7 @@ type SHMOptions struct {
 	// 1..256 (0: Options.Streams, else min(4, GOMAXPROCS)).
 	CopyThreads int
 	// ParallelMinBytes is the batch size in bytes from which copies are
-	// split across goroutines (0: 4 MiB).
+	// split across goroutines (0: 8 MiB for shm, 1 MiB for cma).
 	ParallelMinBytes uint64
 }
 

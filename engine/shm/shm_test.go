@@ -515,7 +515,7 @@ func TestParseBootID(t *testing.T) {
 }
 
 func BenchmarkWrite(b *testing.B) {
-	for _, size := range []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
+	for _, size := range []int64{4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20} {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
 			snd, _ := New(transport.DefaultOptions())
 			rcv, _ := New(transport.DefaultOptions())

@@ -38,6 +38,11 @@ func SetBeforeVerdict(m *Manager, f func()) { m.beforeVerdict.Store(&f) }
 // handing a destination its STATUS Success (tests only).
 func SetAfterStatusSuccess(m *Manager, f func()) { m.afterStatusSuccess.Store(&f) }
 
+// SetAfterVerdictFlush installs a hook Manager.Close runs right after it
+// waited for the decided verdicts (tests only: a Close descheduled there
+// while a room is decided).
+func SetAfterVerdictFlush(m *Manager, f func()) { m.afterVerdictFlush.Store(&f) }
+
 // SetControlVersion makes the manager speak control protocol version v
 // instead of this build's (tests only: a peer of another release, whose
 // frames keep this build's layout, as versions 5 and 6 do).

@@ -474,6 +474,9 @@ type Manager struct {
 	// after a sender handed a destination its STATUS Success, as that
 	// goroutine descheduled there.
 	afterStatusSuccess atomic.Pointer[func()]
+	// afterVerdictFlush, when set (tests only), runs in Close right after
+	// it waited for the decided verdicts, as a Close descheduled there.
+	afterVerdictFlush atomic.Pointer[func()]
 	// ctlVersion, when not 0 (tests only), is the control protocol version
 	// this rank speaks instead of control.ControlVersion; versionTold is
 	// when each endpoint of another version was last answered (skew.go).
@@ -923,7 +926,8 @@ func (m *Manager) TransportNames() []string {
 // Close fails every active Sender/Receiver with ErrManagerClosed, stops the
 // loops, closes the sockets and deregisters memory. A prefill deregisters its
 // rank from the bootstrap server (best effort). A decode first delivers the
-// verdicts of the rooms it decided: Close waits up to verdictFlush (1 s) for
+// verdicts of the rooms it decided before Close was called (a room whose
+// records are verified once Close runs fails with ErrManagerClosed): Close waits up to verdictFlush (1 s) for
 // them to be handed to their control sockets, and those sockets linger up to
 // verdictFlush more to send them, so Close takes at most about 2 s longer
 // when verdicts are pending (ZeroMQ has handed them to TCP then; the
@@ -936,9 +940,14 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.mu.Unlock()
-	// The verdicts of rooms decided before Close go out first (verdicts.go).
+	// The verdicts of rooms decided before Close go out first; no room is
+	// decided Success from here on (verdicts.go).
+	m.verdictFlight.shutdown()
 	if !m.verdictFlight.wait(verdictFlush) {
 		m.log.Warn("closing with room verdicts not yet sent: their producers decide by their own timeouts", "waited", verdictFlush)
+	}
+	if h := m.afterVerdictFlush.Load(); h != nil {
+		(*h)()
 	}
 	m.mu.Lock()
 	if m.closed {

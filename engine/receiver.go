@@ -505,8 +505,15 @@ func (r *Receiver) succeedChecked() {
 	}
 	ts := append([]*recvTarget(nil), r.targets...)
 	// Counted before the decision is visible: a caller that sees Success
-	// and closes the manager at once still sends these (verdicts.go).
-	r.m.verdictFlight.add(len(ts))
+	// and closes the manager at once still sends these (verdicts.go). Once
+	// Close began it waits for no new verdict: the room fails as closed,
+	// on both sides, instead of a Success its producers might never hear
+	// of (issue 22 case 1).
+	if !r.m.verdictFlight.admit(len(ts)) {
+		r.mu.Unlock()
+		r.failLocal(fmt.Errorf("%w: room %d: every record was verified while the manager was closing, too late to deliver a Success verdict; the room fails as every room in flight at the close does", ErrManagerClosed, r.room))
+		return
+	}
 	if !r.st.advance(KVSuccess) {
 		r.mu.Unlock()
 		r.m.verdictFlight.done(len(ts))

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +125,63 @@ func TestNoRoomAnswerBeforeVerdictOfClosingDecode(t *testing.T) {
 			}
 		})
 		closeAfterSuccessOn(t, addr, pre, dec, room)
+	}
+}
+
+// Issue 22 case 1, a room decided while its decode closes (kvxfer chaos: a
+// room in flight when another room's exit or a restart closed the decode):
+// the prefill's STATUS Success is dispatched after Manager.Close waited for
+// the verdicts decided before it, and the verdict's goroutine runs once the
+// manager counts as closed. Both sides must report the same outcome. Before:
+// the decode reported Success, its verdict's send found the manager closed,
+// and the prefill failed the room ("peer lost") once the grace was over.
+func TestRoomDecidedWhileDecodeCloses(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	const room = 1300
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+	// The STATUS Success waits in the decode's control loop until Close
+	// has waited for the verdicts decided before it; Close then waits
+	// there until the room is decided; the verdict's goroutine is
+	// descheduled past the rest of Close.
+	held, flushed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	engine.SetBeforeDispatch(dec.m, func(typ string) {
+		if typ != engine.MsgStatus {
+			return
+		}
+		once.Do(func() { close(held) })
+		select {
+		case <-flushed:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	engine.SetAfterVerdictFlush(dec.m, func() {
+		close(flushed)
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if p := r.Poll(); p == engine.KVSuccess || p == engine.KVFailed {
+				return
+			}
+		}
+	})
+	engine.SetBeforeVerdict(dec.m, func() { time.Sleep(100 * time.Millisecond) })
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal("the prefill's STATUS never reached the decode")
+	}
+	dec.m.Close()
+	ds := r.Poll()
+	if ds != engine.KVSuccess && ds != engine.KVFailed {
+		t.Fatalf("decode still %s after its manager closed", ds)
+	}
+	if ps := s.Wait(ctx, engine.KVSuccess); ps != ds {
+		t.Fatalf("decode %s (%v), prefill %s (%v): the two sides disagree", ds, r.Failure(), ps, s.Failure())
 	}
 }

@@ -14,8 +14,11 @@ import (
 // manager (its process exits) before those sends ran, and a PUSH socket
 // closed with LINGER 0 drops what it still queues. So:
 //
-//   - Manager.Close first waits, at most verdictFlush, for the verdict sends
-//     already decided (verdictFlight), and closes the control sockets of
+//   - Manager.Close first stops new Success decisions (a room whose last
+//     record is verified once Close began fails as closed, as every room
+//     still in flight does: its verdict could not be waited for), then
+//     waits, at most verdictFlush, for the verdict sends already decided
+//     (verdictFlight), and closes the control sockets of
 //     live peers with a linger of verdictFlush, so the frames they queue go
 //     out before the context terminates (Close returns within about
 //     2 x verdictFlush even when a peer stopped reading).
@@ -90,24 +93,50 @@ func (m *Manager) deferNoRoomAbort(v *control.AbortMsg) bool {
 
 // flight counts operations in progress; wait returns when none is left.
 // Unlike sync.WaitGroup, add may be called at any time, also while a wait
-// runs.
+// runs. After shut, admit refuses new operations, so a wait that starts
+// after shut cannot miss one that is admitted later.
 type flight struct {
 	mu   sync.Mutex
 	n    int
 	idle chan struct{}
+	shut bool
+}
+
+// admit records n more operations in progress unless shut was called, and
+// reports whether it did.
+func (f *flight) admit(n int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.shut {
+		return false
+	}
+	f.addLocked(n)
+	return true
+}
+
+// shutdown makes admit refuse from now on.
+func (f *flight) shutdown() {
+	f.mu.Lock()
+	f.shut = true
+	f.mu.Unlock()
 }
 
 // add records n more operations in progress.
 func (f *flight) add(n int) {
+	f.mu.Lock()
+	f.addLocked(n)
+	f.mu.Unlock()
+}
+
+// addLocked is add with f.mu held.
+func (f *flight) addLocked(n int) {
 	if n <= 0 {
 		return
 	}
-	f.mu.Lock()
 	if f.n == 0 {
 		f.idle = make(chan struct{})
 	}
 	f.n += n
-	f.mu.Unlock()
 }
 
 // done records that n operations ended.

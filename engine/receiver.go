@@ -810,8 +810,8 @@ func (r *Receiver) epochFenced(ep string, epoch uint64) {
 
 // onStatus handles a producer's STATUS for this room. Success, Failed and
 // WaitingForInput count only when they name this room's registration epoch
-// with the producer (or epoch 0); a Failed of another epoch is put on the
-// room's timeline and dropped.
+// with the producer (or epoch 0); a Success or Failed of another epoch is
+// put on the room's timeline and dropped.
 func (r *Receiver) onStatus(v *control.StatusMsg) {
 	r.mu.Lock()
 	var t *recvTarget
@@ -820,10 +820,22 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 			t = c
 		}
 	}
+	if t != nil && KVPoll(v.State) == KVSuccess && v.Epoch != 0 && v.Epoch != t.epoch {
+		// A Success of another attempt (an earlier registration with this
+		// producer, answered late, or one the decode has since replaced):
+		// its record, if any, is not this attempt's, and neither checking
+		// it (which failed the room) nor answering it with this room's
+		// verdict is right. The room waits for its own producer's STATUS.
+		epoch := t.epoch
+		r.mu.Unlock()
+		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale STATUS Success ignored: it names registration epoch %d, this room's registration with prefill rank %d is epoch %d", v.Epoch, v.Producer, epoch))
+		r.tr.log(v.Endpoint).Debug("STATUS Success of another registration ignored", "status_epoch", v.Epoch, "epoch", epoch)
+		return
+	}
 	if t != nil && KVPoll(v.State) == KVFailed && v.Epoch != 0 && v.Epoch != t.epoch {
 		// A rejection of an earlier attempt (an earlier registration with
 		// this producer, e.g. before a same-room retry re-registered):
-		// like a stale Success it says nothing about this attempt.
+		// like a stale Success (above) it says nothing about this attempt.
 		epoch := t.epoch
 		r.mu.Unlock()
 		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale STATUS Failed ignored: it names registration epoch %d, this room's registration with prefill rank %d is epoch %d (%s)", v.Epoch, v.Producer, epoch, v.Reason))

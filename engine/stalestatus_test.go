@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -28,28 +29,8 @@ func TestStaleFailedStatusIgnored(t *testing.T) {
 	if cur <= 1 {
 		t.Fatalf("registration epoch %d after a room, want > 1", cur)
 	}
-	// start creates room's receiver and sender and waits until the prefill
-	// holds the decode's TRANSFER (the receiver knows its producer).
 	start := func(ctx context.Context, room uint64) (*engine.Receiver, *engine.Sender, []int32) {
-		dp, _ := d.pool.Alloc(3)
-		t.Cleanup(func() { d.pool.Free(dp) })
-		r, err := d.m.NewReceiver(addr, room)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(r.Close)
-		if err := r.Init(dp); err != nil {
-			t.Fatal(err)
-		}
-		s, err := p.m.NewSender(room)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(s.Close)
-		if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
-			t.Fatalf("room %d sender %s %v", room, st, s.Failure())
-		}
-		return r, s, dp
+		return startHeldRoom(ctx, t, addr, p, d, room)
 	}
 	failed := func(room, epoch uint64, reason string) [][]byte {
 		return (&control.StatusMsg{Room: room, State: int(engine.KVFailed), Producer: 0, Endpoint: p.m.Endpoint(), Reason: reason, Epoch: epoch}).Encode()
@@ -92,5 +73,79 @@ func TestStaleFailedStatusIgnored(t *testing.T) {
 	}
 	if st := s2.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(s2.Failure(), engine.ErrAborted) {
 		t.Fatalf("prefill of room %d: %s %v, want Failed (aborted by the decode) well before its bootstrap timeout", room2, st, s2.Failure())
+	}
+}
+
+// startHeldRoom creates room's receiver on d (3 pages) and sender on p and
+// waits until the prefill holds the decode's TRANSFER (the receiver knows
+// its producer). Both are closed and the pages freed when the test ends.
+func startHeldRoom(ctx context.Context, t *testing.T, addr string, p, d *rank, room uint64) (*engine.Receiver, *engine.Sender, []int32) {
+	t.Helper()
+	dp, _ := d.pool.Alloc(3)
+	t.Cleanup(func() { d.pool.Free(dp) })
+	r, err := d.m.NewReceiver(addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	if err := r.Init(dp); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("room %d sender %s %v", room, st, s.Failure())
+	}
+	return r, s, dp
+}
+
+// TestStaleSuccessStatusIgnored (issue 22, the stop-30 decision): a STATUS
+// Success from the room's prefill rank naming another registration epoch
+// than the room's (a late answer for an earlier attempt, or a producer that
+// wrote through a registration the decode has replaced) says nothing about
+// this attempt: it is put on the room's timeline and dropped, as a stale
+// Failed is, and the room then succeeds on both sides with the real
+// transfer. Before, the decode checked the record at once and failed the
+// room (slot not committed, or a stale writer's record).
+func TestStaleSuccessStatusIgnored(t *testing.T) {
+	addr := startBootstrap(t)
+	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, p, d, 1) // the decode registers with the prefill
+	cur := engine.RegistrationEpoch(d.m, p.m.Endpoint())
+	if cur <= 1 {
+		t.Fatalf("registration epoch %d after a room, want > 1", cur)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const room = 9
+	r, s, dp := startHeldRoom(ctx, t, addr, p, d, room)
+	for _, epoch := range []uint64{cur - 1, cur + 1} {
+		stale := (&control.StatusMsg{Room: room, State: int(engine.KVSuccess), Producer: 0, Endpoint: p.m.Endpoint(), Epoch: epoch}).Encode()
+		if err := engine.SendControl(p.m, d.m.Endpoint(), stale); err != nil {
+			t.Fatal(err)
+		}
+		waitTimeline(t, d.m, room, fmt.Sprintf("stale STATUS Success ignored: it names registration epoch %d", epoch))
+		if st := r.Poll(); st == engine.KVFailed || st == engine.KVSuccess {
+			t.Fatalf("room %d decided (%s) by a STATUS Success of epoch %d (registration epoch %d): %v", room, st, epoch, cur, r.Failure())
+		}
+	}
+	sp, _ := p.pool.Alloc(3)
+	defer p.pool.Free(sp)
+	_ = workload.FillPattern(p.pool, room, sp, 0)
+	if err := s.Send(sp, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("decode of room %d: %s %v, want Success (the stale Success dropped)", room, st, r.Failure())
+	}
+	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("prefill of room %d: %s %v, want Success", room, st, s.Failure())
 	}
 }

@@ -456,8 +456,10 @@ type chaosRoom struct {
 	corrupt   string
 	lost      bool // its prefill process, alive, never wrote its result line
 	// closedAfterOK: the decode succeeded and its manager was closed
-	// within chaosCloseWindow after (DisagreementsAtClose).
+	// within chaosCloseWindow after (DisagreementsAtClose), closeAfter
+	// after its Success.
 	closedAfterOK bool
+	closeAfter    time.Duration
 	// first is the first attempt of a room retried with the same
 	// bootstrap_room (the retry fault); the record itself is the retry.
 	first *chaosRoom
@@ -539,8 +541,8 @@ func (e *chaosEnv) markClosedAfterOK(records []*chaosRoom) {
 				continue
 			}
 			for _, c := range e.closes {
-				if d := c.Sub(a.decodeAt); d >= 0 && d <= chaosCloseWindow {
-					a.closedAfterOK = true
+				if d := c.Sub(a.decodeAt); d >= 0 && d <= chaosCloseWindow && !a.closedAfterOK {
+					a.closedAfterOK, a.closeAfter = true, d
 				}
 			}
 		}
@@ -964,7 +966,18 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 		if r.decodeOK && r.closedAfterOK {
 			rep.DisagreementsAtClose++
 		}
-		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s", what, r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error))
+		when := ""
+		if r.decodeOK {
+			// How late the prefill failed tells a verdict lost (about the
+			// prefill's verdict grace, 2 s, after the close) from a room
+			// failed at once.
+			when = fmt.Sprintf(" (prefill's line %d ms after the decode's Success", r.preAt.Sub(r.decodeAt).Milliseconds())
+			if r.closedAfterOK {
+				when += fmt.Sprintf("; decode closed %d ms after it", r.closeAfter.Milliseconds())
+			}
+			when += ")"
+		}
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s%s", what, r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error, when))
 	}
 	if r.corrupt != "" {
 		rep.Corruptions++

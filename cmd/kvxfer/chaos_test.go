@@ -291,6 +291,11 @@ func TestChaosReportChecksEveryAttempt(t *testing.T) {
 	if rep.Disagreements != 1 || rep.DisagreementsAtClose != 1 {
 		t.Fatalf("decode ok, closed 100 ms later, prefill failed: %d disagreements, %d at a close; want 1 and 1", rep.Disagreements, rep.DisagreementsAtClose)
 	}
+	// The example says how late the prefill failed and when the decode
+	// closed (a verdict lost shows as about the prefill's 2 s grace).
+	if want := "prefill's line 1000 ms after the decode's Success; decode closed 100 ms after it"; len(rep.Examples) != 1 || !strings.Contains(rep.Examples[0], want) {
+		t.Fatalf("example %q, want it to say %q", rep.Examples, want)
+	}
 	for _, tc := range []struct {
 		name  string
 		first chaosRoom

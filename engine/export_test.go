@@ -1,5 +1,11 @@
 package engine
 
+import (
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine/internal/control"
+)
+
 // SetBeforeDispatch installs a hook the manager's receive loop runs before
 // dispatching each control message (tests only: to block the control loop).
 func SetBeforeDispatch(m *Manager, f func(msgType string)) { m.beforeDispatch.Store(&f) }
@@ -67,3 +73,10 @@ func RegisteredDecodes(m *Manager) int {
 // RegistrationEpoch returns the epoch of the decode manager's registration
 // with the prefill at endpoint (0 when there is none; tests only).
 func RegistrationEpoch(m *Manager, endpoint string) uint64 { return m.currentEpoch(endpoint) }
+
+// DispatchFrom seals frames as from seals its control messages (its
+// instance id and epoch) and dispatches them on to as a received message
+// (tests only: a frame of a closed incarnation that reaches its peer late).
+func DispatchFrom(to, from *Manager, frames [][]byte) {
+	to.dispatch(control.SealControl(frames, from.instanceID, from.epoch, from.ctlSeq.Add(1), time.Now(), from.ctlKey))
+}

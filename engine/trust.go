@@ -27,7 +27,10 @@ import (
 //     from it since, ctlreset.go); anything else is dropped, so a stray or forged REGISTER
 //     cannot take a live decode's state (the forged "tcpx" REGISTER of the
 //     issue). Other frames claiming a registered decode's endpoint from
-//     another instance are dropped.
+//     another instance are dropped, except a verdict (STATUS, ABORT) on a
+//     room from the instance whose registration that room's TRANSFER came
+//     over: a decode restarted on the same address registers anew while
+//     its old incarnation's verdicts may still wait in the inbox.
 //   - decode: a registration with a prefill rank (ppeers) expects the
 //     instance the bootstrap directory named for that rank. A REGISTER_ACK,
 //     or any later frame, from another instance at that address means the
@@ -126,6 +129,14 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 		if _, ok := msg.(*control.RegisterMsg); ok {
 			return true // handleRegister decides
 		}
+		if room, ok := verdictRoom(msg); ok && m.servedTo(room, ep, got) {
+			// A verdict of the incarnation the room was served to, read
+			// after its successor at the same address registered (a
+			// restart: ZeroMQ reads its connections in turn, not in
+			// arrival order; verdicts.go).
+			m.log.Debug("verdict of a decode's previous incarnation taken", "room", room, "peer", peerLabel(ep), "instance", got.String(), "registered", want.String())
+			return true
+		}
 		m.drop("sender", fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
 		return false
 	}
@@ -139,6 +150,32 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 	m.met.peerLost(m.cfg.Role, "replaced")
 	go m.peerLost(ep, false, err)
 	return false
+}
+
+// verdictRoom returns the room of a decode's verdict (STATUS, ABORT).
+func verdictRoom(msg any) (uint64, bool) {
+	switch v := msg.(type) {
+	case *control.StatusMsg:
+		return v.Room, true
+	case *control.AbortMsg:
+		return v.Room, true
+	}
+	return 0, false
+}
+
+// servedTo (prefill) reports whether room's sender holds a TRANSFER from
+// decode ep that came over the registration of instance id.
+func (m *Manager) servedTo(room uint64, ep string, id control.PeerID) bool {
+	m.mu.Lock()
+	s := m.pre.senders[room]
+	m.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dsts[ep]
+	return d != nil && d.peer != nil && d.peer.id.Known() && d.peer.id.Is(id)
 }
 
 // peerLiveLocked reports whether the peer at ep was heard from within

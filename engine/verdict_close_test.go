@@ -185,3 +185,48 @@ func TestRoomDecidedWhileDecodeCloses(t *testing.T) {
 		t.Fatalf("decode %s (%v), prefill %s (%v): the two sides disagree", ds, r.Failure(), ps, s.Failure())
 	}
 }
+
+// Issue 22 case 1, a restart on the same address under load: the decode's
+// old incarnation decides the room, sends its Success verdict and closes;
+// its new incarnation on the same control port registers with the prefill,
+// and the prefill's control loop, behind, dispatches that REGISTER before
+// the old incarnation's verdict (ZeroMQ reads its connections in turn, not
+// in arrival order). The verdict comes from the instance the room was
+// served to and must count. Before: it was dropped as a frame of an
+// instance that no longer holds the address, and the room failed "peer
+// lost" after the grace, while the decode had reported Success.
+func TestVerdictOfReplacedIncarnationCounts(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	// The old incarnation's verdict is held back here and handed to the
+	// prefill late, below.
+	d1 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1,
+		controlFault: func(_, typ string) bool { return typ == engine.MsgStatus }})
+	const room = 1400
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, s, src := bootstrappedRoom(ctx, t, pre, d1, addr, room)
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("receiver %s %v", st, r.Failure())
+	}
+	verdict := (&control.StatusMsg{Room: room, State: int(engine.KVSuccess), Producer: 0, Endpoint: d1.m.Endpoint(),
+		Epoch: engine.RegistrationEpoch(d1.m, pre.m.Endpoint())}).Encode()
+	d1.m.Close()
+	// The new incarnation's first room: once the prefill dispatched its
+	// REGISTER (its TRANSFER comes next), the old verdict arrives.
+	var once sync.Once
+	engine.SetBeforeDispatch(pre.m, func(typ string) {
+		if typ == engine.MsgTransfer {
+			once.Do(func() { engine.DispatchFrom(pre.m, d1.m, verdict) })
+		}
+	})
+	d2 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1,
+		cfgMod: func(c *engine.ManagerConfig) { c.ControlPort = d1.m.ControlPort() }})
+	sendOne(t, addr, pre, d2, room+1)
+	if ps := s.Wait(ctx, engine.KVSuccess); ps != engine.KVSuccess {
+		t.Fatalf("decode Success then closed and replaced; prefill %s: %v", ps, s.Failure())
+	}
+}

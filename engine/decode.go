@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -42,17 +44,28 @@ type decodeSide struct {
 	// (key → error), for the caller that times out first (Manager.lookup).
 	lookupErrs sync.Map
 	hbWG       sync.WaitGroup // bootstrap heartbeats (heartbeat.go)
+	// attempts numbers the Receivers (control.TransferMsg.Attempt): the
+	// last number handed out, from a random start (a restarted decode at
+	// the same address does not reuse its predecessor's numbers).
+	attempts *atomic.Uint64
 }
 
 func newDecodeSide() decodeSide {
+	attempts := new(atomic.Uint64)
+	attempts.Store(uint64(rand.Uint32()) << 24)
 	return decodeSide{
 		receivers: map[uint64]*Receiver{},
 		verdicts:  map[uint64]verdict{},
 		fenceOps:  map[epochKey]chan struct{}{},
 		ppeers:    map[string]*prefillPeer{},
 		bcache:    map[string]*instanceInfo{},
+		attempts:  attempts,
 	}
 }
+
+// nextAttempt returns the attempt number of a new Receiver (>= 1, larger
+// than every earlier one of this manager).
+func (d *decodeSide) nextAttempt() uint64 { return d.attempts.Add(1) }
 
 // instanceInfo is the decode's cache of one bootstrap address: the prefill
 // topology and the control endpoints of the ranks looked up so far (SGLang's
@@ -484,9 +497,13 @@ func (m *Manager) handleStatus(v *control.StatusMsg) {
 		return
 	}
 	if known {
-		go m.sendVerdict(v.Endpoint, v.Room, vd.ok, vd.reason, v.Epoch)
+		if vd.ok {
+			go m.sendVerdict(v.Endpoint, v.Room, true, "", v.Epoch)
+		} else {
+			go m.sendAbort(v.Endpoint, v.Room, vd.reason, v.Epoch, vd.attempt)
+		}
 		return
 	}
 	m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
-	go m.sendVerdict(v.Endpoint, v.Room, false, fmt.Sprintf("decode %s %s %d (closed long ago, or never created here)", m.endpoint, noRoomReason, v.Room), v.Epoch)
+	go m.sendAbort(v.Endpoint, v.Room, fmt.Sprintf("decode %s %s %d (closed long ago, or never created here)", m.endpoint, noRoomReason, v.Room), v.Epoch, 0)
 }

@@ -80,3 +80,20 @@ func RegistrationEpoch(m *Manager, endpoint string) uint64 { return m.currentEpo
 func DispatchFrom(to, from *Manager, frames [][]byte) {
 	to.dispatch(control.SealControl(frames, from.instanceID, from.epoch, from.ctlSeq.Add(1), time.Now(), from.ctlKey))
 }
+
+// ReceiverAttempt returns the attempt number the receiver names in its
+// TRANSFER, ABORT and the ABORT_ACKs it takes (tests only).
+func ReceiverAttempt(r *Receiver) uint64 { return r.attempt }
+
+// PendingTransferAttempts returns, per decode endpoint, the attempt of the
+// TRANSFER of room the prefill manager holds for a sender not created yet
+// (tests only).
+func PendingTransferAttempts(m *Manager, room uint64) map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]uint64{}
+	for ep, pt := range m.pre.pending[room] {
+		out[ep] = pt.msg.Attempt
+	}
+	return out
+}

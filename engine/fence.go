@@ -65,11 +65,13 @@ func (m *Manager) verdictTTL() time.Duration {
 	return max(minVerdictTTL, 2*(m.cfg.WaitingTimeout+m.cfg.PeerTimeout))
 }
 
-// verdict is a decode's remembered outcome of a finished room.
+// verdict is a decode's remembered outcome of a finished room, and the
+// attempt (Receiver) it was decided for.
 type verdict struct {
-	ok     bool
-	reason string
-	at     time.Time
+	ok      bool
+	reason  string
+	attempt uint64
+	at      time.Time
 }
 
 // ackMemo is a prefill's memory of a closed, failed sender: whether its
@@ -84,28 +86,40 @@ type ackMemo struct {
 	failure string
 	dsts    []string
 	// served is, per decode in dsts, the attempt whose TRANSFER the sender
-	// served: a TRANSFER of that decode naming another attempt is a retry
+	// served: a TRANSFER of that decode naming a later attempt is a retry
 	// of the room (handleTransfer), not a late one of the failed attempt.
 	served map[string]attemptID
-	at     time.Time
+	// aborted: the attempts decodes aborted before the sender was created
+	// (earlyAbort.attempts); a TRANSFER of one of them is dropped.
+	aborted map[string]uint64
+	at      time.Time
 }
 
-// attemptID names one attempt of a room on a decode: the metadata ring
-// slot and generation its TRANSFER names (a new receiver claims a new
-// generation, control.TransferMsg).
+// attemptID names one attempt of a room on a decode: the registration
+// epoch its TRANSFER came over and the decode's attempt number
+// (control.TransferMsg.Attempt).
 type attemptID struct {
-	slot int
-	gen  uint64
+	epoch   uint64
+	attempt uint64
 }
 
 // retriedBy reports whether TRANSFER v is a new attempt of the memo's room
-// by a decode whose earlier attempt the failed sender served (its TRANSFER
-// names another ring slot or generation) on a clean data path. A TRANSFER
-// of a decode the sender never heard from may be the failed attempt's own,
-// late: it is answered from the memo, as is any after an unclean end.
+// by a decode whose earlier attempt the failed sender served, on a clean
+// data path: over the same registration (one decode manager, which numbers
+// its attempts in order) a later attempt; over another, any other attempt
+// (a TRANSFER of the served attempt carries the old epoch and was refused
+// before this). A TRANSFER of a decode the sender never heard from may be
+// the failed attempt's own, late: it is answered from the memo, as is any
+// after an unclean end.
 func (a ackMemo) retriedBy(v *control.TransferMsg) bool {
 	id, ok := a.served[v.Endpoint]
-	return a.clean && ok && id != (attemptID{v.Slot, v.Generation})
+	if !a.clean || !ok {
+		return false
+	}
+	if id.epoch == v.Epoch {
+		return v.Attempt > id.attempt
+	}
+	return v.Attempt != id.attempt
 }
 
 // maxRecent bounds the closed-sender memos a prefill keeps.
@@ -130,14 +144,14 @@ type epochKey struct {
 	epoch uint64
 }
 
-// rememberVerdict records a decode room's outcome for answering a producer
-// that asks again after the room was closed.
-func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
+// rememberVerdict records a decode room's outcome, decided for attempt,
+// for answering a producer that asks again after the room was closed.
+func (m *Manager) rememberVerdict(room uint64, ok bool, reason string, attempt uint64) {
 	m.mu.Lock()
 	if _, ok := m.dec.verdicts[room]; !ok {
 		m.dec.verdictOrder = append(m.dec.verdictOrder, room)
 	}
-	m.dec.verdicts[room] = verdict{ok: ok, reason: reason, at: time.Now()}
+	m.dec.verdicts[room] = verdict{ok: ok, reason: reason, attempt: attempt, at: time.Now()}
 	for len(m.dec.verdicts) > maxVerdicts && len(m.dec.verdictOrder) > 0 {
 		delete(m.dec.verdicts, m.dec.verdictOrder[0])
 		m.dec.verdictOrder = m.dec.verdictOrder[1:]
@@ -146,22 +160,30 @@ func (m *Manager) rememberVerdict(room uint64, ok bool, reason string) {
 }
 
 // sendVerdict tells a producer the decode's outcome of room: STATUS Success,
-// or ABORT with the reason. It reports whether the frame was handed to the
-// control socket.
+// or ABORT with the reason naming no attempt (sendAbort names one). It
+// reports whether the frame was handed to the control socket.
 func (m *Manager) sendVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) bool {
-	var frames [][]byte
-	if ok {
-		frames = (&control.StatusMsg{Room: room, State: int(KVSuccess), Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
-	} else {
-		frames = (&control.AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch}).Encode()
+	if !ok {
+		return m.sendAbort(ep, room, reason, epoch, 0)
 	}
+	frames := (&control.StatusMsg{Room: room, State: int(KVSuccess), Producer: m.geo.TPRank, Endpoint: m.endpoint, Epoch: epoch}).Encode()
 	if err := m.send(ep, frames, false); err != nil {
 		m.log.Debug("verdict not sent", "room", room, "peer", peerLabel(ep), "err", err)
 		return false
 	}
-	if !ok {
-		m.met.fence(RoleDecode, "abort_sent")
+	return true
+}
+
+// sendAbort tells a producer that attempt (a Receiver's, 0: none named) of
+// room failed here (ABORT with the reason). It reports whether the frame
+// was handed to the control socket.
+func (m *Manager) sendAbort(ep string, room uint64, reason string, epoch, attempt uint64) bool {
+	frames := (&control.AbortMsg{Room: room, Endpoint: m.endpoint, Reason: reason, Epoch: epoch, Attempt: attempt}).Encode()
+	if err := m.send(ep, frames, false); err != nil {
+		m.log.Debug("verdict not sent", "room", room, "peer", peerLabel(ep), "err", err)
+		return false
 	}
+	m.met.fence(RoleDecode, "abort_sent")
 	return true
 }
 

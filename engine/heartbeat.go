@@ -159,7 +159,7 @@ func (m *Manager) bootstrapLost(inst *instanceInfo, fails int, last error) {
 				// After a TRANSFER being sent to it (Receiver.sendMu), as
 				// failLocal's own ABORTs.
 				r.sendMu.Lock()
-				_ = m.send(t.endpoint, (&control.AbortMsg{Room: r.room, Endpoint: m.endpoint, Reason: "decode lost the bootstrap server " + inst.addr}).Encode(), true)
+				_ = m.send(t.endpoint, (&control.AbortMsg{Room: r.room, Endpoint: m.endpoint, Reason: "decode lost the bootstrap server " + inst.addr, Attempt: r.attempt}).Encode(), true)
 				r.sendMu.Unlock()
 			}
 		}

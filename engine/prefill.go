@@ -76,15 +76,40 @@ type earlyAbort struct {
 	// final: no retry can come from that decode (it speaks another
 	// protocol version): the sender fails at once.
 	final bool
+	// attempts: per decode endpoint, the attempt its ABORT named
+	// (control.AbortMsg.Attempt; 0: none named). A TRANSFER of one of
+	// them is the aborted attempt's own, late (a ZeroMQ reconnect does
+	// not keep a TRANSFER ahead of its ABORT): dropped, never served.
+	attempts map[string]uint64
+	// dropped: such TRANSFERs, for the sender's timeline.
+	dropped []droppedNote
+}
+
+// droppedNote is a timeline event for a sender not created yet.
+type droppedNote struct{ peer, detail string }
+
+// abortedAttempt reports whether TRANSFER v is of an attempt its decode
+// aborted early (attempts: earlyAbort.attempts or Sender.earlyAborted).
+func abortedAttempt(attempts map[string]uint64, v *control.TransferMsg) bool {
+	a, ok := attempts[v.Endpoint]
+	return ok && a != 0 && a == v.Attempt
+}
+
+// staleTransferReason says why TRANSFER v of an early-aborted attempt is
+// dropped.
+func staleTransferReason(v *control.TransferMsg) string {
+	return fmt.Sprintf("TRANSFER of attempt %d dropped: that decode aborted this attempt of room %d before (the TRANSFER came after its ABORT); a retry names another attempt", v.Attempt, v.Room)
 }
 
 // earlyAbortGrace is how long a sender created after an early ABORT of its
-// room waits for a TRANSFER before it fails with the decode's reason. Every
-// TRANSFER of the aborted attempt came before its ABORT (one connection,
-// in order), so a TRANSFER after it belongs to a retry of the room (a
-// router retrying a failed request keeps its bootstrap_room), which is
-// served; with none the sender is the aborted attempt's and fails. It is
-// capped by the bootstrap timeout. A decode that lost the peer sends its
+// room waits for a TRANSFER before it fails with the decode's reason. A
+// TRANSFER after the ABORT that names another attempt than the ABORT's
+// (control.TransferMsg.Attempt) belongs to a retry of the room (a router
+// retrying a failed request keeps its bootstrap_room), which is served; one
+// naming the aborted attempt is that attempt's own, late (the decode sends
+// its TRANSFER before its ABORT, but a ZeroMQ reconnect can deliver them in
+// either order), and is dropped. With no retry the sender is the aborted
+// attempt's and fails. It is capped by the bootstrap timeout. A decode that lost the peer sends its
 // ABORTs on a new control socket, so they can overtake a TRANSFER still
 // on the old one; that attempt's data path is fenced and its registration
 // dropped then, and a waiting TRANSFER is served only over the
@@ -299,7 +324,7 @@ func (m *Manager) rejectTransfer(v *control.TransferMsg, reason string, clean bo
 	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 	go func() {
 		_ = m.send(v.Endpoint, (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
-		m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason})
+		m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason, Attempt: v.Attempt})
 	}()
 }
 
@@ -334,6 +359,19 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 		return
 	}
 	m.mu.Lock()
+	if ea, ok := m.pre.aborted[v.Room]; ok && m.pre.senders[v.Room] == nil && abortedAttempt(ea.attempts, v) {
+		why := staleTransferReason(v)
+		ea.dropped = append(ea.dropped, droppedNote{v.Endpoint, why})
+		m.pre.aborted[v.Room] = ea
+		m.mu.Unlock()
+		m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt)
+		return
+	}
+	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil && abortedAttempt(memo.aborted, v) {
+		m.mu.Unlock()
+		m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt, "reason", staleTransferReason(v))
+		return
+	}
 	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil && memo.retriedBy(v) {
 		// A decode whose earlier attempt of this room the failed sender
 		// served sends TRANSFER for another attempt: a retry with the same
@@ -436,12 +474,21 @@ func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 	var memo ackMemo
 	haveMemo := false
 	if m.cfg.Role == RolePrefill && s == nil {
-		m.pre.aborted[v.Room] = earlyAbort{at: time.Now(), from: v.Endpoint, reason: v.Reason}
-		delete(m.pre.pending, v.Room)
+		m.recordEarlyAbortLocked(v)
 		delete(m.pre.subs, v.Room)
 		memo, haveMemo = m.pre.recent[v.Room]
 	}
 	m.mu.Unlock()
+	if s != nil {
+		if held := s.dstAttempt(v.Endpoint); v.Attempt != 0 && held != 0 && held != v.Attempt {
+			// An ABORT of another attempt of this bootstrap_room by that
+			// decode (one it concluded before the attempt this sender
+			// serves, delivered late): this attempt goes on.
+			s.tr.event(s.tr.step(), v.Endpoint, fmt.Sprintf("ABORT of attempt %d ignored: this sender serves that decode's attempt %d (%s)", v.Attempt, held, v.Reason))
+			m.log.Warn("dropped an ABORT of another attempt of the room", "room", v.Room, "peer", peerLabel(v.Endpoint), "abort_attempt", v.Attempt, "attempt", held)
+			return
+		}
+	}
 	m.met.fence(m.cfg.Role, "abort_received")
 	if r != nil {
 		r.failLocal(err)
@@ -449,7 +496,7 @@ func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 	if m.cfg.Role != RolePrefill {
 		return
 	}
-	ack := &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true}
+	ack := &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true, Attempt: v.Attempt}
 	if s == nil {
 		if haveMemo {
 			ack.Clean, ack.Detail = memo.clean, memo.detail
@@ -483,6 +530,29 @@ func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 			s.tr.event(s.tr.step(), v.Endpoint, detail)
 		}
 	}()
+}
+
+// recordEarlyAbortLocked (prefill, m.mu held) remembers a decode's ABORT
+// of a room this rank holds no sender for (earlyAbort) and drops what
+// waited for that room: the SUBSCRIBEs and the TRANSFERs, except one of
+// the same decode naming another attempt (a retry whose TRANSFER came
+// before this ABORT of an earlier attempt, which it concluded first).
+func (m *Manager) recordEarlyAbortLocked(v *control.AbortMsg) {
+	ea := m.pre.aborted[v.Room]
+	ea.at, ea.from, ea.reason, ea.final = time.Now(), v.Endpoint, v.Reason, false
+	if ea.attempts == nil {
+		ea.attempts = map[string]uint64{}
+	}
+	ea.attempts[v.Endpoint] = v.Attempt
+	m.pre.aborted[v.Room] = ea
+	for ep, pt := range m.pre.pending[v.Room] {
+		if ep != v.Endpoint || v.Attempt == 0 || pt.msg.Attempt == v.Attempt {
+			delete(m.pre.pending[v.Room], ep)
+		}
+	}
+	if len(m.pre.pending[v.Room]) == 0 {
+		delete(m.pre.pending, v.Room)
+	}
 }
 
 // sendAbortAck (prefill) sends ABORT_ACK to a decode (best effort: a decode

@@ -49,8 +49,13 @@ type Receiver struct {
 	m    *Manager
 	addr string
 	room uint64
-	st   *pollState
-	tr   *roomTrace // timeline, metrics, span (timeline.go)
+	// attempt names this receiver of the room to its producers
+	// (control.TransferMsg.Attempt; TRANSFER, ABORT and ABORT_ACK carry
+	// it), so a late frame of an earlier receiver of the same
+	// bootstrap_room is told from this one's.
+	attempt uint64
+	st      *pollState
+	tr      *roomTrace // timeline, metrics, span (timeline.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -124,7 +129,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 		return nil, errors.New("engine: NewReceiver: bootstrap address is empty (want host:port)")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Receiver{m: m, addr: bootstrapAddr, room: room, dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1,
+	r := &Receiver{m: m, addr: bootstrapAddr, room: room, attempt: m.dec.nextAttempt(), dpRank: max(prefillDPRank, -1), st: newPollState(), ctx: ctx, cancel: cancel, pagesSet: make(chan struct{}), auxIndex: -1,
 		fenceCh: make(chan struct{}), closedCh: make(chan struct{}), readyCh: make(chan struct{}), runDone: make(chan struct{})}
 	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
@@ -325,7 +330,7 @@ func (r *Receiver) run() {
 			eps := r.resolvedEPs
 			r.mu.Unlock()
 			for _, ep := range eps {
-				go r.m.sendVerdict(ep, r.room, false, err.Error(), 0)
+				go r.m.sendAbort(ep, r.room, err.Error(), 0, r.attempt)
 			}
 			if len(eps) == 0 {
 				r.abortUnresolved(err)
@@ -375,7 +380,7 @@ func (r *Receiver) run() {
 		t.sent = true
 		r.mu.Unlock()
 		msg := &control.TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
-			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix}
+			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix, Attempt: r.attempt}
 		if t.extras {
 			msg.AuxIndex, msg.StateIndices = aux, state
 		}
@@ -520,7 +525,7 @@ func (r *Receiver) succeedChecked() {
 		return
 	}
 	r.mu.Unlock()
-	r.m.rememberVerdict(r.room, true, "")
+	r.m.rememberVerdict(r.room, true, "", r.attempt)
 	for _, t := range ts {
 		r.m.goVerdict(t.endpoint, r.room, true, "", t.epoch)
 	}
@@ -580,7 +585,7 @@ func (r *Receiver) abortUnresolved(cause error) {
 			continue
 		}
 		r.tr.event(r.tr.step(), ep, "ABORT sent (refused before the producers were resolved)")
-		m.sendVerdict(ep, r.room, false, cause.Error(), 0)
+		m.sendAbort(ep, r.room, cause.Error(), 0, r.attempt)
 	}
 }
 
@@ -625,7 +630,7 @@ func (r *Receiver) Refuse(cause error) {
 		for _, ep := range eps {
 			if !told[ep] {
 				told[ep] = true
-				r.m.sendVerdict(ep, r.room, false, cause.Error(), 0)
+				r.m.sendAbort(ep, r.room, cause.Error(), 0, r.attempt)
 			}
 		}
 	}()
@@ -869,7 +874,7 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 		go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
 	case p == KVFailed:
 		if KVPoll(v.State) == KVSuccess { // it missed the ABORT
-			go r.m.sendVerdict(v.Endpoint, r.room, false, ferr.Error(), t.epoch)
+			go r.m.sendAbort(v.Endpoint, r.room, ferr.Error(), t.epoch, r.attempt)
 		}
 		r.updateFence()
 	case KVPoll(v.State) == KVFailed:
@@ -1094,7 +1099,7 @@ func (r *Receiver) failLocal(err error) bool {
 		return false
 	}
 	r.cancel()
-	r.m.rememberVerdict(r.room, false, err.Error())
+	r.m.rememberVerdict(r.room, false, err.Error(), r.attempt)
 	r.mu.Lock()
 	ts := append([]*recvTarget(nil), r.targets...)
 	r.mu.Unlock()
@@ -1109,7 +1114,7 @@ func (r *Receiver) failLocal(err error) bool {
 			// After a TRANSFER run is sending to it (sendMu): on one
 			// connection the producer then sees the ABORT last.
 			r.sendMu.Lock()
-			sent := r.m.sendVerdict(t.endpoint, r.room, false, err.Error(), t.epoch)
+			sent := r.m.sendAbort(t.endpoint, r.room, err.Error(), t.epoch, r.attempt)
 			r.sendMu.Unlock()
 			if !sent {
 				r.tr.event(r.tr.step(), t.endpoint, "ABORT could not be sent (control socket refused it); the fence timeout decides")
@@ -1138,6 +1143,15 @@ func (r *Receiver) onAbortAck(v *control.AbortAckMsg) {
 	}
 	if t == nil || (v.Epoch != 0 && v.Epoch != t.epoch) {
 		r.mu.Unlock()
+		return
+	}
+	if v.Attempt != 0 && v.Attempt != r.attempt {
+		// An acknowledgement of an earlier attempt of this bootstrap_room
+		// (its receiver was closed; the frame came late): it says nothing
+		// about what this attempt's producer still writes.
+		r.mu.Unlock()
+		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale ABORT_ACK ignored: it acknowledges attempt %d, this receiver is attempt %d", v.Attempt, r.attempt))
+		r.tr.log(v.Endpoint).Warn("ABORT_ACK of an earlier attempt of the room ignored", "ack_attempt", v.Attempt, "attempt", r.attempt)
 		return
 	}
 	if v.Clean {

@@ -184,26 +184,31 @@ type Sender struct {
 	tr      *roomTrace // timeline, metrics, span (timeline.go)
 	created time.Time
 
-	mu       sync.Mutex
-	dsts     map[string]*senderDst
-	required int
-	numPages int // from Init; -1 unknown
-	tokens   int // from SetTokens; 0 undeclared
-	auxIndex int // from Init; -1 none
-	state    []int32
-	queued   int // pages queued on every layer (Send, SendLayers)
-	layers   layerState
-	lastSeen bool
-	closed   bool
-	started  time.Time
-	latency  time.Duration
-	q        chunkQueue
-	ctx      context.Context
-	cancel   context.CancelFunc
-	finished chan struct{}
-	statusTo map[string]bool // STATUS Success sent
-	failTold map[string]bool // STATUS Failed (and ABORT_ACK) sent or queued
-	verdicts map[string]bool // decode endpoints whose Success verdict arrived
+	mu   sync.Mutex
+	dsts map[string]*senderDst
+	// earlyAborted: per decode endpoint, the attempt of this room it
+	// aborted before the sender was created (earlyAbort.attempts; 0 when
+	// the ABORT named none). A TRANSFER of that attempt arriving late is
+	// dropped, never served as a retry.
+	earlyAborted map[string]uint64
+	required     int
+	numPages     int // from Init; -1 unknown
+	tokens       int // from SetTokens; 0 undeclared
+	auxIndex     int // from Init; -1 none
+	state        []int32
+	queued       int // pages queued on every layer (Send, SendLayers)
+	layers       layerState
+	lastSeen     bool
+	closed       bool
+	started      time.Time
+	latency      time.Duration
+	q            chunkQueue
+	ctx          context.Context
+	cancel       context.CancelFunc
+	finished     chan struct{}
+	statusTo     map[string]bool // STATUS Success sent
+	failTold     map[string]bool // STATUS Failed (and ABORT_ACK) sent or queued
+	verdicts     map[string]bool // decode endpoints whose Success verdict arrived
 	// subs are the decodes that subscribed to the room's completion (the
 	// prefill_complete policy, allocpolicy.go), by endpoint: their
 	// registration epoch; completed/completedAt: MarkPrefillComplete.
@@ -262,6 +267,7 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 	}
 	early, aborted := m.pre.aborted[room]
 	delete(m.pre.aborted, room)
+	s.earlyAborted = early.attempts
 	m.pre.senders[room] = s
 	s.tr.start()
 	pend := m.pre.pending[room]
@@ -290,6 +296,9 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		}
 	}
 	m.mu.Unlock()
+	for _, note := range early.dropped {
+		s.tr.event(StepConnect, note.peer, note.detail)
+	}
 	for _, st := range stale {
 		// Dropped, not answered: the decode concluded that attempt when
 		// it gave up the registration, and a STATUS Failed for the room
@@ -305,8 +314,9 @@ func (m *Manager) NewSender(room uint64) (*Sender, error) {
 		return s, nil
 	}
 	if aborted {
-		// TRANSFERs pending now arrived after the ABORT (handleAbort dropped
-		// the earlier ones): a retry of the room, served. Without one the
+		// TRANSFERs pending now name another attempt than the ABORT's
+		// (handleAbort dropped the others, handleTransfer the aborted
+		// attempt's that came later): a retry of the room, served. Without one the
 		// sender waits earlyAbortGrace for a retry's TRANSFER, then fails
 		// as the aborted attempt.
 		if len(ps) == 0 {
@@ -538,6 +548,13 @@ func (s *Sender) tokenMismatchLocked() error {
 
 func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 	s.mu.Lock()
+	if abortedAttempt(s.earlyAborted, v) {
+		s.mu.Unlock()
+		why := staleTransferReason(v)
+		s.tr.event(StepConnect, v.Endpoint, why)
+		s.m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", s.room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt)
+		return
+	}
 	d := &senderDst{msg: v, peer: p}
 	if st, err := s.st.get(); st == KVFailed || s.closed {
 		// Too late: tell this decode at once.
@@ -709,12 +726,13 @@ func (s *Sender) Close() {
 	dsts := slices.Collect(maps.Keys(s.dsts))
 	served := map[string]attemptID{}
 	for ep, d := range s.dsts {
-		served[ep] = attemptID{d.msg.Slot, d.msg.Generation}
+		served[ep] = attemptID{d.msg.Epoch, d.msg.Attempt}
 	}
+	aborted := s.earlyAborted
 	s.mu.Unlock()
 	s.m.mu.Lock()
 	if err := s.Failure(); err != nil {
-		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, served: served, at: time.Now()})
+		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, served: served, aborted: aborted, at: time.Now()})
 	}
 	if s.m.pre.senders[s.room] == s {
 		delete(s.m.pre.senders, s.room)
@@ -764,7 +782,7 @@ func (s *Sender) notifyFailed(ds []*senderDst, err error) {
 	<-s.finished
 	clean, detail := s.cleanState()
 	for _, d := range ds {
-		if !d.msg.Dummy && s.m.sendAbortAck(d.msg.Endpoint, &control.AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail}) {
+		if !d.msg.Dummy && s.m.sendAbortAck(d.msg.Endpoint, &control.AbortAckMsg{Room: s.room, Endpoint: s.m.endpoint, Producer: s.m.producerRank(), Epoch: d.msg.Epoch, Clean: clean, Detail: detail, Attempt: d.msg.Attempt}) {
 			ev := "ABORT_ACK sent: clean"
 			if !clean {
 				ev = "ABORT_ACK sent: unclean (" + detail + ")"
@@ -791,6 +809,17 @@ func (s *Sender) markUnclean(p *decodePeer, why string) {
 	}
 	s.mu.Unlock()
 	p.breakPath(why)
+}
+
+// dstAttempt returns the attempt of destination ep's TRANSFER (0 when ep
+// is no destination).
+func (s *Sender) dstAttempt(ep string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.dsts[ep]; d != nil {
+		return d.msg.Attempt
+	}
+	return 0
 }
 
 // dstEpoch returns the epoch of destination ep (def when it is none).

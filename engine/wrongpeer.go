@@ -107,6 +107,6 @@ func (r *Receiver) tellCurrentProducers(ep string, cause error) {
 			continue
 		}
 		r.tr.event(r.tr.step(), cur, "ABORT sent to the producer the directory names now")
-		m.sendVerdict(cur, r.room, false, cause.Error(), 0)
+		m.sendAbort(cur, r.room, cause.Error(), 0, r.attempt)
 	}
 }

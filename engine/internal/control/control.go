@@ -24,7 +24,7 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "6"        (ControlVersion, ASCII decimal)
+//	frame 1: "7"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
 //	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go), "SUBSCRIBE"
@@ -54,8 +54,11 @@ const (
 	// metadata record's bytes 44–47 carry layer_count (engine/ring.go) and
 	// flag bit 1 marks a room sent layer by layer, so a decode of version 5
 	// (which refuses non-zero bytes 44–47) and a producer of version 6 never
-	// pair.
-	ControlVersion = 6
+	// pair. Version 7: TRANSFER, ABORT and ABORT_ACK end with the attempt
+	// frame (TransferMsg.Attempt), so a prefill tells a retry of a room from
+	// a late frame of an attempt that was concluded, whatever order a ZeroMQ
+	// reconnect delivers them in.
+	ControlVersion = 7
 )
 
 // Control message types (frame 2).
@@ -181,6 +184,7 @@ func (t TransportOffer) Regions() []transport.RegionDesc {
 //	13 state indices, packed int32 ("" = none)
 //	14 decode_prefix_len: prompt tokens the decode already holds (whole
 //	   pages); Pages are those of the tokens after them
+//	15 attempt: the decode's attempt of the room (>= 1; see Attempt)
 type TransferMsg struct {
 	Room               uint64
 	Endpoint           string
@@ -198,17 +202,27 @@ type TransferMsg struct {
 	StateIndices []int32
 	// PrefixTokens is SGLang's decode_prefix_len.
 	PrefixTokens int
+	// Attempt names this receiver of the room on the decode (>= 1): a
+	// decode manager numbers its receivers from a random start, one
+	// number per NewReceiver, so two attempts of one bootstrap_room on one
+	// decode (a router's retry) never share one, and a later attempt has
+	// the larger number. ABORT and ABORT_ACK carry it back, so a frame of
+	// a concluded attempt is never taken for a retry's (protocol 7).
+	Attempt uint64
 }
 
 // AbortMsg (either direction): 3 room, 4 sender endpoint, 5 reason, 6 epoch
 // (decode → prefill: the registration epoch the room used, 0 when unknown;
-// prefill → decode: 0). From a decode it means: the room failed here, stop
-// writing and answer ABORT_ACK after your last write.
+// prefill → decode: 0), 7 attempt (decode → prefill: the attempt that
+// failed, TransferMsg.Attempt; 0 when the sender names none). From a decode
+// it means: that attempt of the room failed here, stop writing and answer
+// ABORT_ACK after your last write.
 type AbortMsg struct {
 	Room     uint64
 	Endpoint string
 	Reason   string
 	Epoch    uint64
+	Attempt  uint64
 }
 
 // AbortAckMsg (prefill → decode): the producer will write nothing more for
@@ -217,7 +231,9 @@ type AbortMsg struct {
 // transfer batch of the room ended while the data path was healthy, so no
 // byte is still on its way; 0: a batch was abandoned or the data path broke,
 // and the decode must fence the epoch before reusing the room's pages),
-// 8 detail text.
+// 8 detail text, 9 attempt: the decode attempt acknowledged (the ABORT's or
+// the TRANSFER's Attempt; 0 when none is known), so a late acknowledgement
+// of an earlier attempt of the room does not fence the current one.
 type AbortAckMsg struct {
 	Room     uint64
 	Endpoint string
@@ -225,6 +241,7 @@ type AbortAckMsg struct {
 	Epoch    uint64
 	Clean    bool
 	Detail   string
+	Attempt  uint64
 }
 
 // StatusMsg: 3 room, 4 KVPoll state (ASCII decimal, StatusFailed … StatusSuccess), 5 rank, 6 sender
@@ -326,17 +343,17 @@ func (m *TransferMsg) Encode() [][]byte {
 		pages, slot, aux, state = []byte{}, []byte{}, []byte{}, []byte{}
 	}
 	return append(f, Dec(m.Room), []byte(m.Endpoint), pages, slot, Dec(m.Generation), deci(m.RequiredDstInfoNum), b01(m.Checksum),
-		Dec(m.Epoch), deci(m.Tokens), aux, state, deci(m.PrefixTokens))
+		Dec(m.Epoch), deci(m.Tokens), aux, state, deci(m.PrefixTokens), Dec(m.Attempt))
 }
 
 // Encode returns the message's frames.
 func (m *AbortMsg) Encode() [][]byte {
-	return append(header(MsgAbort), Dec(m.Room), []byte(m.Endpoint), []byte(m.Reason), Dec(m.Epoch))
+	return append(header(MsgAbort), Dec(m.Room), []byte(m.Endpoint), []byte(m.Reason), Dec(m.Epoch), Dec(m.Attempt))
 }
 
 // Encode returns the message's frames.
 func (m *AbortAckMsg) Encode() [][]byte {
-	return append(header(MsgAbortAck), Dec(m.Room), []byte(m.Endpoint), deci(m.Producer), Dec(m.Epoch), b01(m.Clean), []byte(m.Detail))
+	return append(header(MsgAbortAck), Dec(m.Room), []byte(m.Endpoint), deci(m.Producer), Dec(m.Epoch), b01(m.Clean), []byte(m.Detail), Dec(m.Attempt))
 }
 
 // Encode returns the message's frames.
@@ -506,10 +523,12 @@ func (r *FrameReader) endpoint(i int) string {
 // non-negative 63-bit integers).
 const MaxRoom = 1<<63 - 1
 
-// maxEpoch bounds a segment epoch on the wire; MaxTokens a token count.
+// maxEpoch bounds a segment epoch on the wire; MaxTokens a token count;
+// MaxAttempt a decode attempt (TransferMsg.Attempt).
 const (
-	maxEpoch  = 1<<63 - 1
-	MaxTokens = 1<<31 - 1
+	maxEpoch   = 1<<63 - 1
+	MaxTokens  = 1<<31 - 1
+	MaxAttempt = 1<<63 - 1
 )
 
 // geometry reads the 16 geometry frames starting at frame i and checks them:
@@ -642,9 +661,17 @@ func DecodeRegisterAck(parts [][]byte) (*RegisterAckMsg, error) {
 	return m, nil
 }
 
+// Frames of TRANSFER, ABORT and ABORT_ACK, header included (protocol 7:
+// each ends with the attempt frame; protocol 6 had one frame fewer).
+const (
+	transferFrames = 16
+	abortFrames    = 8
+	abortAckFrames = 10
+)
+
 // DecodeTransfer decodes a TRANSFER message. Errors wrap ErrBadFrame.
 func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
-	r, err := newReader(parts, MsgTransfer, 15, true)
+	r, err := newReader(parts, MsgTransfer, transferFrames, true)
 	if err != nil {
 		return nil, err
 	}
@@ -658,12 +685,16 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 		Tokens:             r.int(11, MaxTokens, "tokens"),
 		AuxIndex:           -1,
 		PrefixTokens:       r.int(14, MaxTokens, "decode_prefix_len"),
+		Attempt:            r.Uint(15, MaxAttempt, "attempt"),
 	}
 	if r.Err == nil && m.RequiredDstInfoNum == 0 {
 		r.Fail(8, "required_dst_info_num must be >= 1")
 	}
 	if r.Err == nil && m.Epoch == 0 {
 		r.Fail(10, "epoch must be >= 1")
+	}
+	if r.Err == nil && m.Attempt == 0 {
+		r.Fail(15, "attempt must be >= 1")
 	}
 	if len(parts[5]) == 0 && len(parts[6]) == 0 {
 		m.Dummy = true
@@ -705,11 +736,12 @@ func DecodeTransfer(parts [][]byte) (*TransferMsg, error) {
 
 // DecodeAbort decodes an ABORT message. Errors wrap ErrBadFrame.
 func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
-	r, err := newReader(parts, MsgAbort, 7, true)
+	r, err := newReader(parts, MsgAbort, abortFrames, true)
 	if err != nil {
 		return nil, err
 	}
-	m := &AbortMsg{Room: r.Uint(3, MaxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.Str(5, "reason"), Epoch: r.Uint(6, maxEpoch, "epoch")}
+	m := &AbortMsg{Room: r.Uint(3, MaxRoom, "room"), Endpoint: r.endpoint(4), Reason: r.Str(5, "reason"), Epoch: r.Uint(6, maxEpoch, "epoch"),
+		Attempt: r.Uint(7, MaxAttempt, "attempt")}
 	if r.Err != nil {
 		return nil, r.Err
 	}
@@ -718,12 +750,12 @@ func DecodeAbort(parts [][]byte) (*AbortMsg, error) {
 
 // DecodeAbortAck decodes an ABORT_ACK message. Errors wrap ErrBadFrame.
 func DecodeAbortAck(parts [][]byte) (*AbortAckMsg, error) {
-	r, err := newReader(parts, MsgAbortAck, 9, true)
+	r, err := newReader(parts, MsgAbortAck, abortAckFrames, true)
 	if err != nil {
 		return nil, err
 	}
 	m := &AbortAckMsg{Room: r.Uint(3, MaxRoom, "room"), Endpoint: r.endpoint(4), Producer: r.int(5, 1<<30, "producer rank"),
-		Epoch: r.Uint(6, maxEpoch, "epoch"), Clean: r.bool(7, "clean"), Detail: r.Str(8, "detail")}
+		Epoch: r.Uint(6, maxEpoch, "epoch"), Clean: r.bool(7, "clean"), Detail: r.Str(8, "detail"), Attempt: r.Uint(9, MaxAttempt, "attempt")}
 	if r.Err != nil {
 		return nil, r.Err
 	}

@@ -40,13 +40,13 @@ func TestControlRoundTrip(t *testing.T) {
 		sampleRegister(),
 		&RegisterAckMsg{Endpoint: "tcp://h:2", Geometry: sampleGeometry(), Epoch: 77},
 		&RegisterAckMsg{Endpoint: "tcp://h:2", Err: "aux buffer counts differ", Geometry: sampleGeometry(), Epoch: 1},
-		&TransferMsg{Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true, Epoch: 5, Tokens: 61, AuxIndex: -1},
-		&TransferMsg{Room: 3, Endpoint: "tcp://[::1]:9", Pages: []int32{8}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 5, StateIndices: []int32{2, 0}, PrefixTokens: 512},
-		&TransferMsg{Room: 4, Endpoint: "tcp://[::1]:9", Pages: []int32{}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 0, PrefixTokens: 64},
-		&TransferMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1, Epoch: 1<<63 - 1, AuxIndex: -1},
-		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout", Epoch: 9},
+		&TransferMsg{Attempt: 3, Room: 0, Endpoint: "tcp://[::1]:9", Pages: []int32{3, 4, 5, 100}, Slot: 7, Generation: 9, RequiredDstInfoNum: 2, Checksum: true, Epoch: 5, Tokens: 61, AuxIndex: -1},
+		&TransferMsg{Attempt: 3, Room: 3, Endpoint: "tcp://[::1]:9", Pages: []int32{8}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 5, StateIndices: []int32{2, 0}, PrefixTokens: 512},
+		&TransferMsg{Attempt: 3, Room: 4, Endpoint: "tcp://[::1]:9", Pages: []int32{}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: 0, PrefixTokens: 64},
+		&TransferMsg{Attempt: 3, Room: 1<<63 - 1, Endpoint: "tcp://h:1", Dummy: true, RequiredDstInfoNum: 1, Epoch: 1<<63 - 1, AuxIndex: -1},
+		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout", Epoch: 9, Attempt: 1<<63 - 1},
 		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: "timeout"},
-		&AbortAckMsg{Room: 42, Endpoint: "tcp://h:2", Producer: 3, Epoch: 9, Clean: true},
+		&AbortAckMsg{Room: 42, Endpoint: "tcp://h:2", Producer: 3, Epoch: 9, Clean: true, Attempt: 12},
 		&AbortAckMsg{Room: 0, Endpoint: "tcp://h:2", Epoch: 0, Detail: "batch abandoned"},
 		&StatusMsg{Room: 42, State: StatusSuccess, Producer: 3, Endpoint: "tcp://h:2", Epoch: 4},
 		&StatusMsg{Room: 43, State: StatusFailed, Producer: 0, Endpoint: "tcp://h:2", Reason: "batch failed"},
@@ -89,14 +89,28 @@ func TestControlRejects(t *testing.T) {
 		{"state", mod(4, "5"), "state"},
 		{"endpoint", mod(6, ""), "endpoint is empty"},
 		{"frames", good[:7], "want 9"},
-		{"odd pages", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:5], "want 15"},
-		{"transfer epoch 0", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1}).Encode(), "epoch must be >= 1"},
+		{"odd pages", (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:5], "want 16"},
+		{"transfer epoch 0", (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1}).Encode(), "epoch must be >= 1"},
 		{"register epoch 0", func() [][]byte { m := sampleRegister(); m.Epoch = 0; return m.Encode() }(), "epoch must be >= 1"},
 		{"tokens sign", func() [][]byte {
-			f := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
+			f := (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
 			f[11] = []byte("-3")
 			return f
 		}(), "tokens"},
+		{"transfer attempt 0", (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode(), "TRANSFER frame 15: attempt must be >= 1"},
+		{"transfer v6 layout", (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 1}).Encode()[:15], "TRANSFER has 15 frames, want 16"},
+		{"abort v6 layout", (&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 1}).Encode()[:7], "ABORT has 7 frames, want 8"},
+		{"ack v6 layout", (&AbortAckMsg{Room: 1, Endpoint: "e"}).Encode()[:9], "ABORT_ACK has 9 frames, want 10"},
+		{"abort attempt 2^63", func() [][]byte {
+			f := (&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 1}).Encode()
+			f[7] = []byte("9223372036854775808")
+			return f
+		}(), "ABORT frame 7: attempt"},
+		{"ack attempt text", func() [][]byte {
+			f := (&AbortAckMsg{Room: 1, Endpoint: "e"}).Encode()
+			f[9] = []byte("x")
+			return f
+		}(), "ABORT_ACK frame 9: attempt"},
 		{"ack clean", func() [][]byte {
 			f := (&AbortAckMsg{Room: 1, Endpoint: "e"}).Encode()
 			f[7] = []byte("2")
@@ -123,7 +137,7 @@ func TestControlRejects(t *testing.T) {
 	if _, err := DecodeControl(append(sub, []byte("x"))); err == nil {
 		t.Fatal("SUBSCRIBE with an extra frame accepted")
 	}
-	tr := (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1, -2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
+	tr := (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1, -2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1}).Encode()
 	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "negative") {
 		t.Fatalf("negative page accepted: %v", err)
 	}
@@ -131,7 +145,7 @@ func TestControlRejects(t *testing.T) {
 	if _, err := DecodeTransfer(tr); err == nil {
 		t.Fatal("3-byte page array accepted")
 	}
-	tr = (&TransferMsg{Room: 1, Endpoint: "e", Pages: []int32{1}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: -1, StateIndices: []int32{-1}}).Encode()
+	tr = (&TransferMsg{Attempt: 3, Room: 1, Endpoint: "e", Pages: []int32{1}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: -1, StateIndices: []int32{-1}}).Encode()
 	if _, err := DecodeTransfer(tr); err == nil || !strings.Contains(err.Error(), "state index -1 is negative") {
 		t.Fatalf("negative state index accepted: %v", err)
 	}
@@ -190,10 +204,10 @@ func FuzzDecodeControl(f *testing.F) {
 	for _, m := range []interface{ Encode() [][]byte }{
 		sampleRegister(),
 		&RegisterAckMsg{Endpoint: "tcp://h:2", Geometry: sampleGeometry(), Epoch: 2},
-		&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 3, Tokens: 7, AuxIndex: 3, StateIndices: []int32{1}, PrefixTokens: 16},
+		&TransferMsg{Attempt: 3, Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, Generation: 2, RequiredDstInfoNum: 1, Epoch: 3, Tokens: 7, AuxIndex: 3, StateIndices: []int32{1}, PrefixTokens: 16},
 		&StatusMsg{Room: 1, State: StatusSuccess, Endpoint: "tcp://h:1", Epoch: 2},
-		&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 4},
-		&AbortAckMsg{Room: 1, Endpoint: "e", Producer: 1, Epoch: 4, Clean: true, Detail: "d"},
+		&AbortMsg{Room: 1, Endpoint: "e", Reason: "r", Epoch: 4, Attempt: 6},
+		&AbortAckMsg{Room: 1, Endpoint: "e", Producer: 1, Epoch: 4, Clean: true, Detail: "d", Attempt: 6},
 		&HandshakeMsg{Endpoint: "e", Transport: "rdma", Reply: []byte{1}, Epoch: 1},
 		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
@@ -254,7 +268,7 @@ func FuzzDecodeRegisterAck(f *testing.F) {
 }
 
 func FuzzDecodeTransfer(f *testing.F) {
-	f.Add(bytes.Join((&TransferMsg{Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 2, Tokens: 8, AuxIndex: 2, StateIndices: []int32{4}, PrefixTokens: 32}).Encode()[3:], []byte{0}))
+	f.Add(bytes.Join((&TransferMsg{Attempt: 3, Room: 5, Endpoint: "tcp://h:1", Pages: []int32{1, 2}, Slot: 1, RequiredDstInfoNum: 1, Epoch: 2, Tokens: 8, AuxIndex: 2, StateIndices: []int32{4}, PrefixTokens: 32}).Encode()[3:], []byte{0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeTransfer(append(header(MsgTransfer), bytes.Split(data, []byte{0})...))
 		if err == nil {
@@ -268,7 +282,7 @@ func FuzzDecodeTransfer(f *testing.F) {
 					t.Fatalf("accepted negative state index %d", p)
 				}
 			}
-			if m.Room > MaxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 || m.PrefixTokens < 0 || m.AuxIndex < -1 {
+			if m.Room > MaxRoom || m.RequiredDstInfoNum < 1 || m.Epoch < 1 || m.Tokens < 0 || m.PrefixTokens < 0 || m.AuxIndex < -1 || m.Attempt < 1 || m.Attempt > MaxAttempt {
 				t.Fatalf("accepted %+v", m)
 			}
 		}
@@ -286,20 +300,24 @@ func FuzzDecodeStatus(f *testing.F) {
 }
 
 func FuzzDecodeAbortHandshakePing(f *testing.F) {
+	f.Add(uint8(0), []byte("1\x00e\x00reason\x005\x007"))
 	f.Add(uint8(0), []byte("1\x00e\x00reason\x005"))
 	f.Add(uint8(1), []byte("e\x00rdma\x00\x01\x02\x003"))
 	f.Add(uint8(2), []byte("e\x00rdma\x00\x003"))
 	f.Add(uint8(3), []byte("e"))
+	f.Add(uint8(4), []byte("1\x00e\x002\x009\x001\x00detail\x0011"))
 	f.Add(uint8(4), []byte("1\x00e\x002\x009\x001\x00detail"))
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		rest := bytes.Split(data, []byte{0})
 		switch which % 5 {
 		case 4:
-			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && m.Room > MaxRoom {
-				t.Fatalf("accepted room %d", m.Room)
+			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && (m.Room > MaxRoom || m.Attempt > MaxAttempt) {
+				t.Fatalf("accepted room %d attempt %d", m.Room, m.Attempt)
 			}
 		case 0:
-			_, _ = DecodeAbort(append(header(MsgAbort), rest...))
+			if m, err := DecodeAbort(append(header(MsgAbort), rest...)); err == nil && (m.Room > MaxRoom || m.Attempt > MaxAttempt) {
+				t.Fatalf("accepted room %d attempt %d", m.Room, m.Attempt)
+			}
 		case 1:
 			_, _ = DecodeHandshake(append(header(MsgHandshake), rest...))
 		case 2:
@@ -334,8 +352,16 @@ func TestDecodeForeign(t *testing.T) {
 		bad   bool
 	}{
 		{"register v5", as(5, sampleRegister().Encode()), ForeignFrame{Version: 5, Type: MsgRegister, Endpoint: sampleRegister().Endpoint}, false},
-		{"abort v7", as(7, (&AbortMsg{Room: 9, Endpoint: "tcp://h:1", Reason: "r", Epoch: 2}).Encode()),
-			ForeignFrame{Version: 7, Type: MsgAbort, Endpoint: "tcp://h:1", Room: 9, HasRoom: true, Reason: "r"}, false},
+		{"abort v8", as(8, (&AbortMsg{Room: 9, Endpoint: "tcp://h:1", Reason: "r", Epoch: 2, Attempt: 4}).Encode()),
+			ForeignFrame{Version: 8, Type: MsgAbort, Endpoint: "tcp://h:1", Room: 9, HasRoom: true, Reason: "r"}, false},
+		// A peer of protocol 6: TRANSFER, ABORT and ABORT_ACK without the
+		// attempt frame still name their sender and room.
+		{"transfer v6", as(6, (&TransferMsg{Attempt: 1, Room: 11, Endpoint: "tcp://h:5", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 2}).Encode()[:15]),
+			ForeignFrame{Version: 6, Type: MsgTransfer, Endpoint: "tcp://h:5", Room: 11, HasRoom: true}, false},
+		{"abort v6", as(6, (&AbortMsg{Room: 12, Endpoint: "tcp://h:5", Reason: "pool full", Epoch: 2}).Encode()[:7]),
+			ForeignFrame{Version: 6, Type: MsgAbort, Endpoint: "tcp://h:5", Room: 12, HasRoom: true, Reason: "pool full"}, false},
+		{"abort_ack v6", as(6, (&AbortAckMsg{Room: 13, Endpoint: "tcp://h:6", Clean: true}).Encode()[:9]),
+			ForeignFrame{Version: 6, Type: MsgAbortAck, Endpoint: "tcp://h:6", Room: 13, HasRoom: true}, false},
 		{"status v4", as(4, (&StatusMsg{Room: 3, State: StatusSuccess, Endpoint: "tcp://h:2", Epoch: 1}).Encode()),
 			ForeignFrame{Version: 4, Type: MsgStatus, Endpoint: "tcp://h:2", Room: 3, HasRoom: true}, false},
 		{"version v9", as(9, (&VersionMsg{Endpoint: "tcp://h:3", Reason: "why"}).Encode()),
@@ -366,12 +392,12 @@ func TestDecodeForeign(t *testing.T) {
 	}
 	key := ControlKey("t")
 	sealed := SealControl((&PingMsg{Endpoint: "tcp://h:1"}).Encode(), "i", 1, 1, time.Now(), key)
-	sealed[1] = []byte("7")
+	sealed[1] = []byte("8")
 	if ForeignTagValid(sealed, key) {
 		t.Fatal("a frame altered after sealing verified")
 	}
 	f := (&PingMsg{Endpoint: "tcp://h:1"}).Encode()
-	f[1] = []byte("7")
+	f[1] = []byte("8")
 	if !ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), key), key) || ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), nil), key) {
 		t.Fatal("ForeignTagValid: a tagged frame must verify, an untagged one must not")
 	}
@@ -380,7 +406,9 @@ func TestDecodeForeign(t *testing.T) {
 // FuzzDecodeForeign: frames of any version and content never panic, and an
 // accepted frame names a tcp:// endpoint or none.
 func FuzzDecodeForeign(f *testing.F) {
-	for _, m := range [][][]byte{sampleRegister().Encode(), (&AbortMsg{Room: 1, Endpoint: "tcp://h:1", Reason: "r", Epoch: 4}).Encode(),
+	for _, m := range [][][]byte{sampleRegister().Encode(), (&AbortMsg{Room: 1, Endpoint: "tcp://h:1", Reason: "r", Epoch: 4}).Encode()[:7],
+		(&TransferMsg{Attempt: 2, Room: 3, Endpoint: "tcp://h:1", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 4}).Encode()[:15],
+		(&AbortAckMsg{Room: 1, Endpoint: "tcp://h:2", Epoch: 4}).Encode()[:9], (&AbortMsg{Room: 1, Endpoint: "tcp://h:1", Reason: "r", Epoch: 4, Attempt: 5}).Encode(),
 		(&VersionMsg{Endpoint: "tcp://h:3", Reason: "x"}).Encode(), (&StatusMsg{Room: 1, State: StatusSuccess, Endpoint: "tcp://h:1", Epoch: 2}).Encode()} {
 		m[1] = []byte("5")
 		f.Add(bytes.Join(m, []byte{0}))

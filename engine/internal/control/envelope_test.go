@@ -19,7 +19,7 @@ func TestControlEnvelope(t *testing.T) {
 		t.Fatalf("ControlKey: %x %x", key, other)
 	}
 	now := time.Unix(1_800_000_000, 123_000_000)
-	body := (&TransferMsg{Room: 7, Endpoint: "tcp://10.0.0.1:5555", Pages: []int32{1, 2}, Slot: 3, Generation: 1, RequiredDstInfoNum: 1, Epoch: 9, AuxIndex: -1}).Encode()
+	body := (&TransferMsg{Attempt: 3, Room: 7, Endpoint: "tcp://10.0.0.1:5555", Pages: []int32{1, 2}, Slot: 3, Generation: 1, RequiredDstInfoNum: 1, Epoch: 9, AuxIndex: -1}).Encode()
 	open := func(parts [][]byte, key []byte, at time.Time) (Envelope, error) {
 		got, env, err := OpenControl(parts, key, at)
 		if err == nil && !reflect.DeepEqual(got, body) {
@@ -28,7 +28,7 @@ func TestControlEnvelope(t *testing.T) {
 		return env, err
 	}
 	sealed := SealControl(body, "inst-a", 42, 17, now, key)
-	if len(sealed) != len(body)+5 || len(body) != 15 {
+	if len(sealed) != len(body)+5 || len(body) != 16 {
 		t.Fatalf("sealed %d frames from %d", len(sealed), len(body))
 	}
 	env, err := open(sealed, key, now.Add(time.Second))
@@ -124,7 +124,7 @@ func FuzzOpenControl(f *testing.F) {
 // and without the tag (go test -bench ControlEnvelope ./engine).
 func BenchmarkControlEnvelope(b *testing.B) {
 	pages := make([]int32, 64)
-	body := (&TransferMsg{Room: 7, Endpoint: "tcp://10.0.0.1:5555", Pages: pages, Slot: 3, Generation: 1, RequiredDstInfoNum: 1, Epoch: 9, AuxIndex: -1}).Encode()
+	body := (&TransferMsg{Attempt: 3, Room: 7, Endpoint: "tcp://10.0.0.1:5555", Pages: pages, Slot: 3, Generation: 1, RequiredDstInfoNum: 1, Epoch: 9, AuxIndex: -1}).Encode()
 	for _, c := range []struct {
 		name string
 		key  []byte

@@ -52,10 +52,12 @@ func LimitOf(typ string) FrameLimit {
 	case MsgRegisterAck:
 		return l(6+geometryFrames, geometryListBytes)
 	case MsgTransfer:
-		return l(15, 4*maxPages)
+		return l(transferFrames, 4*maxPages)
 	case MsgAbort:
-		return l(7, 0)
-	case MsgAbortAck, MsgStatus:
+		return l(abortFrames, 0)
+	case MsgAbortAck:
+		return l(abortAckFrames, 0)
+	case MsgStatus:
 		return l(9, 0)
 	case MsgHandshake:
 		return l(7, MaxBlobBytes)

@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestFrameLimits(t *testing.T) {
 	for _, m := range []interface{ Encode() [][]byte }{
 		reg,
 		&RegisterAckMsg{Endpoint: "tcp://h:2", Err: long, Geometry: sampleGeometry(), Epoch: 77},
-		&TransferMsg{Room: 1, Endpoint: "tcp://h:1", Pages: big(maxPages), Slot: 1, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: -1, StateIndices: big(maxPages)},
+		&TransferMsg{Attempt: 3, Room: 1, Endpoint: "tcp://h:1", Pages: big(maxPages), Slot: 1, RequiredDstInfoNum: 1, Epoch: 1, AuxIndex: -1, StateIndices: big(maxPages)},
 		&AbortMsg{Room: 42, Endpoint: "tcp://h:1", Reason: long, Epoch: 9},
 		&AbortAckMsg{Room: 42, Endpoint: "tcp://h:2", Producer: 3, Epoch: 9, Detail: long},
 		&StatusMsg{Room: 43, State: StatusFailed, Endpoint: "tcp://h:2", Reason: long, Epoch: 1},
@@ -76,7 +77,7 @@ func TestFrameLimits(t *testing.T) {
 	if err := check([][]byte{bytes.Repeat([]byte("K"), 65)}); !errors.Is(err, ErrFrameTooLarge) {
 		t.Errorf("a 65-byte magic frame: %v", err)
 	}
-	if err := check([][]byte{[]byte(ControlMagic), []byte("6"), []byte("NOPE"), make([]byte, maxStringBytes+1)}); !errors.Is(err, ErrFrameTooLarge) {
+	if err := check([][]byte{[]byte(ControlMagic), []byte(strconv.Itoa(ControlVersion)), []byte("NOPE"), make([]byte, maxStringBytes+1)}); !errors.Is(err, ErrFrameTooLarge) {
 		t.Errorf("an unknown type with a large frame: %v", err)
 	}
 	// Another version's message is bounded by the socket's frame limit only

@@ -22,7 +22,7 @@ import (
 //	frame 0: "KVXFER"   frame 1: the sender's version (ASCII decimal)
 //	frame 2: "VERSION"  frame 3: sender endpoint   frame 4: reason text
 //
-// followed by the sender's envelope (five frames, as in versions 5 and 6;
+// followed by the sender's envelope (five frames, as in versions 5 to 7;
 // with control authentication its tag covers every frame before it,
 // ForeignTagValid). A VERSION frame is never answered.
 

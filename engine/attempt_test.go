@@ -1,0 +1,338 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
+	"github.com/kvxfer/kvxfer/workload"
+)
+
+// Issue 22 item 6, the attempt id of protocol 7: a retry of a room on the
+// same decode (same bootstrap_room) and a late frame of the attempt it
+// retries are told apart by the attempt each names, whatever order a
+// ZeroMQ reconnect with the registration kept delivers them in. Each test
+// delivers a late frame of attempt 1 (forged with the real peer's identity
+// and attempt number, as the reordered original would arrive) while
+// attempt 2 is pending at the prefill or held by its sender, then runs
+// attempt 2 to the end: both sides must report Success with attempt 2's
+// bytes. Before protocol 7 each of them failed attempt 2 (or, for the late
+// TRANSFER, served attempt 1 into the pages it had handed back).
+
+// attemptPair is a prefill and a decode registered with each other, the
+// decode able to lose its ABORTs and TRANSFERs on purpose.
+type attemptPair struct {
+	addr       string
+	p, d       *rank
+	dropAbort  atomic.Bool
+	dropTrans  atomic.Bool
+	registered uint64 // the decode's registration epoch with the prefill
+	// transfers counts the TRANSFERs the prefill dispatched; pingAfter
+	// is set when it dispatched a PING after pingWant of them.
+	transfers, pingWant atomic.Int64
+	pingAfter           atomic.Bool
+}
+
+func newAttemptPair(t *testing.T) *attemptPair {
+	ap := &attemptPair{addr: startBootstrap(t)}
+	ap.p = newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: ap.addr})
+	ap.d = newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: func(peer, msgType string) bool {
+		return (msgType == engine.MsgAbort && ap.dropAbort.Load()) || (msgType == engine.MsgTransfer && ap.dropTrans.Load())
+	}})
+	engine.SetBeforeDispatch(ap.p.m, func(msgType string) {
+		switch msgType {
+		case engine.MsgTransfer:
+			ap.transfers.Add(1)
+		case engine.MsgPing:
+			if w := ap.pingWant.Load(); w > 0 && ap.transfers.Load() >= w {
+				ap.pingAfter.Store(true)
+			}
+		}
+	})
+	sendOne(t, ap.addr, ap.p, ap.d, 1) // the decode registers with the prefill
+	ap.registered = engine.RegistrationEpoch(ap.d.m, ap.p.m.Endpoint())
+	return ap
+}
+
+// sendLate sends frames from the decode to the prefill, as the decode
+// itself (its identity, its socket), and returns once the prefill handled
+// them when they are a TRANSFER: the prefill dispatched a PING sent after
+// it (one receive loop, in order).
+func (ap *attemptPair) sendLate(t *testing.T, frames [][]byte) {
+	t.Helper()
+	isTransfer := string(frames[2]) == engine.MsgTransfer
+	if isTransfer {
+		ap.pingAfter.Store(false)
+		ap.pingWant.Store(ap.transfers.Load() + 1)
+	}
+	if err := engine.SendControl(ap.d.m, ap.p.m.Endpoint(), frames); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); isTransfer && !ap.pingAfter.Load(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the prefill did not handle the late TRANSFER within 20 s")
+		}
+		if err := engine.SendControl(ap.d.m, ap.p.m.Endpoint(), (&control.PingMsg{Endpoint: ap.d.m.Endpoint()}).Encode()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitPending waits until the prefill holds a TRANSFER of room naming
+// attempt, for a sender not created yet.
+func (ap *attemptPair) waitPending(t *testing.T, room, attempt uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()] == attempt {
+			return
+		}
+	}
+	t.Fatalf("room %d: the prefill holds no TRANSFER of attempt %d (holds %v)", room, attempt, engine.PendingTransferAttempts(ap.p.m, room))
+}
+
+// finish runs attempt 2 (receiver r into pages dp) to the end with sender
+// s (created now when nil) and checks both sides and the bytes.
+func (ap *attemptPair) finish(t *testing.T, ctx context.Context, room uint64, r *engine.Receiver, s *engine.Sender, dp []int32) {
+	t.Helper()
+	if s == nil {
+		var err error
+		if s, err = ap.p.m.NewSender(room); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+	}
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("room %d attempt 2: sender %s %v, want WaitingForInput", room, st, s.Failure())
+	}
+	sp, err := ap.p.pool.Alloc(len(dp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ap.p.pool.Free(sp)
+	_ = workload.FillPattern(ap.p.pool, room, sp, 0)
+	if err := s.Send(sp, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("room %d attempt 2: decode %s %v, want Success", room, st, r.Failure())
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("room %d attempt 2: prefill %s %v, want Success", room, st, s.Failure())
+	}
+	if err := workload.VerifyPattern(ap.d.pool, room, dp, 0); err != nil {
+		t.Fatalf("room %d attempt 2: %v", room, err)
+	}
+}
+
+// TestLateAbortOfEarlierAttemptIgnored: the decode refused attempt 1 of a
+// room before sending TRANSFER (its pages were never handed out, so the
+// receiver closed at once) and its ABORT is delivered only after attempt
+// 2's TRANSFER. The prefill must not apply it to attempt 2: neither drop
+// the pending TRANSFER (before: the retry's sender then failed after
+// earlyAbortGrace, the decode waited its timeout) nor fail the sender that
+// holds it; and its ABORT_ACK, naming attempt 1, must not fence or fail
+// attempt 2 on the decode (before: "stopped writing").
+func TestLateAbortOfEarlierAttemptIgnored(t *testing.T) {
+	for _, senderFirst := range []bool{false, true} {
+		name := "attempt 2 pending"
+		if senderFirst {
+			name = "sender holds attempt 2"
+		}
+		t.Run(name, func(t *testing.T) {
+			ap := newAttemptPair(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			const room = 41
+			ap.dropAbort.Store(true)
+			r1, err := ap.d.m.NewReceiver(ap.addr, room)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a1 := engine.ReceiverAttempt(r1)
+			r1.Refuse(errors.New("no KV pages free"))
+			r1.Close()
+			ap.dropAbort.Store(false)
+
+			var s *engine.Sender
+			if senderFirst {
+				if s, err = ap.p.m.NewSender(room); err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+			}
+			dp, _ := ap.d.pool.Alloc(3)
+			defer ap.d.pool.Free(dp)
+			r2, err := ap.d.m.NewReceiver(ap.addr, room)
+			if err != nil {
+				t.Fatalf("attempt 2: %v", err)
+			}
+			defer r2.Close()
+			a2 := engine.ReceiverAttempt(r2)
+			if a2 <= a1 {
+				t.Fatalf("attempt 2 is numbered %d, attempt 1 %d: want a larger number", a2, a1)
+			}
+			if err := r2.Init(dp); err != nil {
+				t.Fatal(err)
+			}
+			if senderFirst {
+				if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+					t.Fatalf("sender %s %v", st, s.Failure())
+				}
+			} else {
+				ap.waitPending(t, room, a2)
+			}
+			ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
+			if senderFirst {
+				waitTimeline(t, ap.p.m, room, "ABORT of attempt")
+			} else {
+				// The prefill acknowledges an early ABORT at once; the
+				// decode puts the acknowledgement of attempt 1 aside.
+				waitTimeline(t, ap.d.m, room, "stale ABORT_ACK ignored")
+				if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != a2 {
+					t.Fatalf("after attempt 1's ABORT the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, a2)
+				}
+			}
+			ap.finish(t, ctx, room, r2, s, dp)
+		})
+	}
+}
+
+// TestLateTransferOfAbortedAttemptDropped: attempt 1's TRANSFER reaches
+// the prefill only after its ABORT (the prefill held no sender: it
+// acknowledged the ABORT at once, so the decode handed attempt 1's pages
+// back) and after attempt 2's TRANSFER. It must be dropped, not served as
+// the retry: no byte may land in attempt 1's pages, and attempt 2 succeeds
+// (before: it replaced attempt 2's TRANSFER and the sender wrote attempt
+// 1's pages).
+func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
+	for _, senderFirst := range []bool{false, true} {
+		name := "attempt 2 pending"
+		if senderFirst {
+			name = "sender holds attempt 2"
+		}
+		t.Run(name, func(t *testing.T) {
+			ap := newAttemptPair(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			const room, sentinel = 42, 1<<40 + 42
+			dp1, _ := ap.d.pool.Alloc(3)
+			defer ap.d.pool.Free(dp1)
+			_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+
+			ap.dropTrans.Store(true) // attempt 1's TRANSFER is held back
+			r1, err := ap.d.m.NewReceiver(ap.addr, room)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a1 := engine.ReceiverAttempt(r1)
+			if err := r1.Init(dp1); err != nil {
+				t.Fatal(err)
+			}
+			if st := r1.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
+				t.Fatalf("attempt 1: %s %v", st, r1.Failure())
+			}
+			waitTimeline(t, ap.d.m, room, "TRANSFER sent")
+			ap.dropTrans.Store(false)
+			r1.Abort()
+			select {
+			case <-r1.Fenced(): // the prefill's clean ABORT_ACK: attempt 1's pages are the caller's again
+			case <-ctx.Done():
+				t.Fatal("attempt 1 never fenced")
+			}
+			r1.Close()
+
+			var s *engine.Sender
+			if senderFirst {
+				if s, err = ap.p.m.NewSender(room); err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+			}
+			dp2, _ := ap.d.pool.Alloc(3)
+			defer ap.d.pool.Free(dp2)
+			r2, err := ap.d.m.NewReceiver(ap.addr, room)
+			if err != nil {
+				t.Fatalf("attempt 2: %v", err)
+			}
+			defer r2.Close()
+			if err := r2.Init(dp2); err != nil {
+				t.Fatal(err)
+			}
+			if senderFirst {
+				if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+					t.Fatalf("sender %s %v", st, s.Failure())
+				}
+			} else {
+				ap.waitPending(t, room, engine.ReceiverAttempt(r2))
+			}
+			ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+				Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+			if !senderFirst {
+				if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != engine.ReceiverAttempt(r2) {
+					t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, engine.ReceiverAttempt(r2))
+				}
+			}
+			ap.finish(t, ctx, room, r2, s, dp2)
+			if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+				t.Fatalf("attempt 1's pages, handed back at its ABORT_ACK, were written: %v", err)
+			}
+			waitTimeline(t, ap.p.m, room, "TRANSFER of attempt")
+		})
+	}
+}
+
+// TestStaleAbortAckIgnored: an ABORT_ACK naming attempt 1 of a room reaches
+// the decode while attempt 2 is transferring. It must neither fence
+// attempt 2's producer nor fail the room (before: the decode took it for
+// its own, failed the room "stopped writing" and handed its pages back
+// while the producer was about to write them).
+func TestStaleAbortAckIgnored(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const room = 43
+	ap.dropAbort.Store(true) // attempt 1 concluded on the decode alone: its ACK can only be a stray
+	r1, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := engine.ReceiverAttempt(r1)
+	r1.Refuse(errors.New("no KV pages free"))
+	r1.Close()
+	ap.dropAbort.Store(false)
+	s, err := ap.p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dp, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp)
+	r2, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r2.Init(dp); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	for _, epoch := range []uint64{0, ap.registered} {
+		ack := (&control.AbortAckMsg{Room: room, Endpoint: ap.p.m.Endpoint(), Producer: 0, Epoch: epoch, Clean: true, Detail: "attempt 1 acknowledged", Attempt: a1}).Encode()
+		if err := engine.SendControl(ap.p.m, ap.d.m.Endpoint(), ack); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitTimeline(t, ap.d.m, room, "stale ABORT_ACK ignored", "stale ABORT_ACK ignored")
+	select {
+	case <-r2.Fenced():
+		t.Fatalf("attempt 2 counted fenced by attempt 1's ABORT_ACK (state %s %v)", r2.Poll(), r2.Failure())
+	default:
+	}
+	ap.finish(t, ctx, room, r2, s, dp)
+}

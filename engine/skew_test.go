@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 // Issue 22 case 8: a prefill and a decode of different control protocol
-// versions (one rank made to speak another version; frames of versions 5
-// to 7 share this layout) both fail the room at once, each naming both
+// versions (one rank made to speak another version, in this build's frame
+// layout: the fields a rank reads from another version's frames, DecodeForeign,
+// keep their place in every version) both fail the room at once, each naming both
 // versions, instead of the decode waiting its peer timeout ("silent …
 // hung") and the prefill its bootstrap timeout (both 60 s here, beyond the
 // test's 20 s wait).
@@ -72,5 +74,38 @@ func TestVersionSkewFailsBothSidesAtOnce(t *testing.T) {
 				t.Logf("%s: %v", side.name, e)
 			}
 		})
+	}
+}
+
+// TestProtocol6TransferNamesBothVersions: a decode of protocol 6 sends
+// TRANSFER in that version's layout (15 frames, no attempt frame). The
+// prefill of protocol 7 fails the room at once naming both versions,
+// rather than dropping the frame as malformed and waiting its bootstrap
+// timeout.
+func TestProtocol6TransferNamesBothVersions(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, bootTmo: 60 * time.Second})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, pre, dec, 1) // registered with each other
+	const room = 78
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v6 := (&control.TransferMsg{Room: room, Endpoint: dec.m.Endpoint(), Pages: []int32{1}, RequiredDstInfoNum: 1, AuxIndex: -1,
+		Epoch: engine.RegistrationEpoch(dec.m, pre.m.Endpoint()), Attempt: 1}).Encode()[:15]
+	v6[1] = []byte("6")
+	if err := engine.SendControl(dec.m, pre.m.Endpoint(), v6); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("prefill: state %s after 20 s, want Failed at once", st)
+	}
+	msg := s.Failure().Error()
+	if !errors.Is(s.Failure(), engine.ErrVersionSkew) || !strings.Contains(msg, "version 6") || !strings.Contains(msg, fmt.Sprintf("version %d", engine.ControlVersion)) {
+		t.Fatalf("prefill: %v: want a version mismatch naming versions 6 and %d", s.Failure(), engine.ControlVersion)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/kvxfer/kvxfer/engine"
 )
 
 // zmtpPush opens a raw TCP connection to a ZeroMQ endpoint "tcp://h:p" and
@@ -122,7 +124,7 @@ func TestCLIOversizeControlFrame(t *testing.T) {
 	if err := push.Connect(ready.Endpoint); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := push.SendMessage("KVXFER", "6", "STATUS", "1", "4", "0", "tcp://127.0.0.1:1", strings.Repeat("x", 1<<20), "1"); err != nil {
+	if _, err := push.SendMessage("KVXFER", strconv.Itoa(engine.ControlVersion), "STATUS", "1", "4", "0", "tcp://127.0.0.1:1", strings.Repeat("x", 1<<20), "1"); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)

@@ -24,11 +24,10 @@ import (
 // TRANSFER, served attempt 1 into the pages it had handed back).
 
 // attemptPair is a prefill and a decode registered with each other, the
-// decode able to lose its ABORTs and TRANSFERs on purpose.
+// decode able to lose its TRANSFERs on purpose.
 type attemptPair struct {
 	addr       string
 	p, d       *rank
-	dropAbort  atomic.Bool
 	dropTrans  atomic.Bool
 	registered uint64 // the decode's registration epoch with the prefill
 	// transfers counts the TRANSFERs the prefill dispatched; pingAfter
@@ -41,7 +40,7 @@ func newAttemptPair(t *testing.T) *attemptPair {
 	ap := &attemptPair{addr: startBootstrap(t)}
 	ap.p = newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: ap.addr})
 	ap.d = newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, controlFault: func(peer, msgType string) bool {
-		return (msgType == engine.MsgAbort && ap.dropAbort.Load()) || (msgType == engine.MsgTransfer && ap.dropTrans.Load())
+		return msgType == engine.MsgTransfer && ap.dropTrans.Load()
 	}})
 	engine.SetBeforeDispatch(ap.p.m, func(msgType string) {
 		switch msgType {
@@ -81,6 +80,25 @@ func (ap *attemptPair) sendLate(t *testing.T, frames [][]byte) {
 		}
 	}
 }
+
+// concludedAttempt returns the attempt number of a receiver of room the
+// decode created and closed without any frame of it reaching the prefill
+// (its bootstrap address refuses connections, so it never found a
+// producer): attempt 1, whose late ABORT or ABORT_ACK the tests deliver.
+func (ap *attemptPair) concludedAttempt(t *testing.T, room uint64) uint64 {
+	t.Helper()
+	r1, err := ap.d.m.NewReceiver(unreachableBootstrap, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := engine.ReceiverAttempt(r1)
+	r1.Refuse(errors.New("no KV pages free"))
+	r1.Close()
+	return a1
+}
+
+// unreachableBootstrap is a bootstrap address nothing listens on.
+const unreachableBootstrap = "127.0.0.1:1"
 
 // waitPending waits until the prefill holds a TRANSFER of room naming
 // attempt, for a sender not created yet.
@@ -147,17 +165,10 @@ func TestLateAbortOfEarlierAttemptIgnored(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			const room = 41
-			ap.dropAbort.Store(true)
-			r1, err := ap.d.m.NewReceiver(ap.addr, room)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a1 := engine.ReceiverAttempt(r1)
-			r1.Refuse(errors.New("no KV pages free"))
-			r1.Close()
-			ap.dropAbort.Store(false)
+			a1 := ap.concludedAttempt(t, room)
 
 			var s *engine.Sender
+			var err error
 			if senderFirst {
 				if s, err = ap.p.m.NewSender(room); err != nil {
 					t.Fatal(err)
@@ -295,15 +306,7 @@ func TestStaleAbortAckIgnored(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const room = 43
-	ap.dropAbort.Store(true) // attempt 1 concluded on the decode alone: its ACK can only be a stray
-	r1, err := ap.d.m.NewReceiver(ap.addr, room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a1 := engine.ReceiverAttempt(r1)
-	r1.Refuse(errors.New("no KV pages free"))
-	r1.Close()
-	ap.dropAbort.Store(false)
+	a1 := ap.concludedAttempt(t, room)
 	s, err := ap.p.m.NewSender(room)
 	if err != nil {
 		t.Fatal(err)

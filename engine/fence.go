@@ -193,11 +193,20 @@ func (m *Manager) handleAbortAck(v *control.AbortAckMsg) {
 	m.mu.Lock()
 	r := m.dec.receivers[v.Room]
 	m.mu.Unlock()
-	if r == nil {
+	stale := r != nil && v.Attempt != 0 && v.Attempt != r.attempt
+	if stale {
+		// An acknowledgement of an earlier attempt of this bootstrap_room
+		// (its receiver was closed; the frame came late): it says nothing
+		// about what this attempt's producer still writes.
+		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale ABORT_ACK ignored: it acknowledges attempt %d, this receiver is attempt %d", v.Attempt, r.attempt))
+		r.tr.log(v.Endpoint).Warn("ABORT_ACK of an earlier attempt of the room ignored", "ack_attempt", v.Attempt, "attempt", r.attempt, "clean", v.Clean)
+	}
+	if r == nil || stale {
 		if !v.Clean && v.Epoch != 0 {
-			// A room already handed back: its producer fenced itself
-			// uncleanly; fence the data path anyway so nothing late lands.
-			m.fenceEpochAsync(v.Endpoint, v.Epoch, fmt.Sprintf("prefill %s reported an unclean abort of room %d after the room was closed: %s", v.Endpoint, v.Room, v.Detail))
+			// A room (attempt) already handed back: its producer fenced
+			// itself uncleanly; fence the data path anyway so nothing late
+			// lands.
+			m.fenceEpochAsync(v.Endpoint, v.Epoch, fmt.Sprintf("prefill %s reported an unclean abort of room %d (attempt %d) after that attempt was closed: %s", v.Endpoint, v.Room, v.Attempt, v.Detail))
 		}
 		return
 	}

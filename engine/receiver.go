@@ -1130,9 +1130,10 @@ func (r *Receiver) failLocal(err error) bool {
 	return true
 }
 
-// onAbortAck: a producer will write nothing more for the room. A clean
-// acknowledgement fences it; an unclean one (a batch abandoned, the data path
-// broken) fences its data path.
+// onAbortAck: a producer will write nothing more for this attempt of the
+// room (handleAbortAck took an acknowledgement of another attempt as of a
+// closed room). A clean acknowledgement fences it; an unclean one (a batch
+// abandoned, the data path broken) fences its data path.
 func (r *Receiver) onAbortAck(v *control.AbortAckMsg) {
 	r.mu.Lock()
 	var t *recvTarget
@@ -1143,15 +1144,6 @@ func (r *Receiver) onAbortAck(v *control.AbortAckMsg) {
 	}
 	if t == nil || (v.Epoch != 0 && v.Epoch != t.epoch) {
 		r.mu.Unlock()
-		return
-	}
-	if v.Attempt != 0 && v.Attempt != r.attempt {
-		// An acknowledgement of an earlier attempt of this bootstrap_room
-		// (its receiver was closed; the frame came late): it says nothing
-		// about what this attempt's producer still writes.
-		r.mu.Unlock()
-		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("stale ABORT_ACK ignored: it acknowledges attempt %d, this receiver is attempt %d", v.Attempt, r.attempt))
-		r.tr.log(v.Endpoint).Warn("ABORT_ACK of an earlier attempt of the room ignored", "ack_attempt", v.Attempt, "attempt", r.attempt)
 		return
 	}
 	if v.Clean {

@@ -136,7 +136,7 @@ func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 			return nil, err
 		}
 		_ = s.bufs.Prefault() // first-touch faults are not the transport's cost
-		if s.tr, err = transport.OpenTransport(res.Transport, transport.DefaultOptions()); err != nil {
+		if s.tr, err = transport.OpenTransport(res.Transport, cfg.transportOptions()); err != nil {
 			s.bufs.Close()
 			return nil, err
 		}
@@ -312,7 +312,7 @@ func runKVPull(ctx context.Context, cfg Config, res *KVResult) error {
 			return nil, err
 		}
 		_ = s.bufs.Prefault()
-		tr, err := transport.OpenTransport(res.Transport, transport.DefaultOptions())
+		tr, err := transport.OpenTransport(res.Transport, cfg.transportOptions())
 		if err != nil {
 			s.bufs.Close()
 			return nil, err

@@ -57,6 +57,19 @@ type Config struct {
 	// KV-room case per transport (RunKV): requests of KVTokens tokens.
 	KVModel  string `json:"kv_model,omitempty"`
 	KVTokens int    `json:"kv_tokens,omitempty"`
+	// SHMStreamMinBytes is transport.SHMOptions.StreamMinBytes of every
+	// transport the cases open (0: the default, 1 MiB;
+	// transport.SHMStreamOff: no non-temporal stores); `kvxfer bench` sets
+	// it from KVXFER_SHM_STREAM_MIN.
+	SHMStreamMinBytes uint64 `json:"shm_stream_min_bytes,omitempty"`
+}
+
+// transportOptions is transport.DefaultOptions with c's transport
+// settings (SHMStreamMinBytes).
+func (c Config) transportOptions() transport.Options {
+	opts := transport.DefaultOptions()
+	opts.SHM.StreamMinBytes = c.SHMStreamMinBytes
+	return opts
 }
 
 // DefaultConfig is the matrix `kvxfer bench` runs without flags: block sizes
@@ -229,7 +242,7 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 		}
 		return res
 	}
-	opts := transport.DefaultOptions()
+	opts := cfg.transportOptions()
 	opts.Streams = c.Streams
 	rcv, err := transport.OpenTransport(c.Transport, opts)
 	if err != nil {

@@ -14,7 +14,12 @@ package main
 */
 import "C"
 
-import "unsafe"
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/engine/transport"
+)
 
 // getenv returns the process environment's current value of name ("" when
 // unset), read with libc's getenv at call time.
@@ -43,4 +48,22 @@ func unsetenvC(name string) {
 	cn := C.CString(name)
 	defer C.free(unsafe.Pointer(cn))
 	C.unsetenv(cn)
+}
+
+// shmStreamMinEnv sets transport.SHMOptions.StreamMinBytes of every shm
+// transport the C ABI opens: a byte count, or "off" (also 0) for no
+// non-temporal stores; unset, the default (1 MiB).
+const shmStreamMinEnv = "KVXFER_SHM_STREAM_MIN"
+
+// transportOptions is transport.DefaultOptions with what the environment
+// sets for the transports (shmStreamMinEnv, read with getenv); the error
+// names the variable, its value and what it takes.
+func transportOptions(getenv func(string) string) (transport.Options, error) {
+	opts := transport.DefaultOptions()
+	n, err := transport.ParseSHMStreamMin(getenv(shmStreamMinEnv))
+	if err != nil {
+		return opts, fmt.Errorf("env %s=%w; unset it for the default (1 MiB)", shmStreamMinEnv, err)
+	}
+	opts.SHM.StreamMinBytes = n
+	return opts, nil
 }

@@ -49,7 +49,10 @@ func kvx_agent_create(cfg *C.kvx_agent_config, out *C.kvx_agent_t) (rc C.int) {
 	if err != nil {
 		return finish(failWrap(stInvalidArgument, err, "%s: local_hostname %q", op, local))
 	}
-	opts := transport.DefaultOptions()
+	opts, err := transportOptions(getenv)
+	if err != nil {
+		return finish(failWrap(stInvalidArgument, err, "%s", op))
+	}
 	if h := bindHostOf(bindLocal); h != "" {
 		opts.ListenHost = h
 	}

@@ -93,7 +93,13 @@ func newEngine(cfg engineConfig) (*engineObj, error) {
 		}
 		return nil, failWrap(stInvalidArgument, err, "%s: listen_host %q", op, cfg.listenHost)
 	}
-	opts := transport.DefaultOptions()
+	opts, err := transportOptions(getenv)
+	if err != nil {
+		if metaClose != nil {
+			_ = metaClose()
+		}
+		return nil, failWrap(stInvalidArgument, err, "%s", op)
+	}
 	if listenHost != "" {
 		opts.ListenHost = listenHost
 	}

@@ -69,6 +69,11 @@ second.`,
 				return fmt.Errorf("--max-region: %w", err)
 			}
 			cfg.Verify, cfg.Memcpy, cfg.Peers = !noVerify, !noMemcpy, peers
+			topts, err := envTransportOptions()
+			if err != nil {
+				return err
+			}
+			cfg.SHMStreamMinBytes = topts.SHM.StreamMinBytes
 			if plotPath != "" {
 				if e := strings.ToLower(plotPath); !strings.HasSuffix(e, ".png") && !strings.HasSuffix(e, ".svg") {
 					return fmt.Errorf("--plot %q: want a file name ending in .png or .svg", plotPath)

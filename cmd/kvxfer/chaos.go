@@ -738,7 +738,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	}
 	env := &chaosEnv{f: f, drop: faulty.DropControl(), faults: faults, counts: map[string]int{}, okAt: map[int][]time.Time{}}
 	env.openTransport = func() (transport.Transport, error) {
-		return transport.OpenTransport(transportName, transport.DefaultOptions())
+		return openEnvTransport(transportName)
 	}
 	model, err := workload.LookupModel(f.model)
 	if err != nil {

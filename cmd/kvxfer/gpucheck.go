@@ -259,12 +259,12 @@ func transferCheck(name string, kind transport.MemoryKind, size uint64, timeout 
 	if err := src.write(pattern); err != nil {
 		return 0, err
 	}
-	sender, err := transport.OpenTransport(name, transport.DefaultOptions())
+	sender, err := openEnvTransport(name)
 	if err != nil {
 		return 0, err
 	}
 	defer sender.Close()
-	receiver, err := transport.OpenTransport(name, transport.DefaultOptions())
+	receiver, err := openEnvTransport(name)
 	if err != nil {
 		return 0, err
 	}

@@ -158,9 +158,13 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 
 // openTransports opens the transports spec names (transport.OpenTransports:
 // "auto" = every registered one whose probe passes) listening on host and
-// advertising advertise.
+// advertising advertise, with the environment's options
+// (envTransportOptions).
 func openTransports(spec, host, advertise string) ([]transport.Transport, error) {
-	opts := transport.DefaultOptions()
+	opts, err := envTransportOptions()
+	if err != nil {
+		return nil, err
+	}
 	opts.ListenHost = strings.Trim(host, "[]")
 	opts.AdvertiseHost = advertise
 	ts, err := transport.OpenTransports(spec, opts)
@@ -168,6 +172,33 @@ func openTransports(spec, host, advertise string) ([]transport.Transport, error)
 		return nil, fmt.Errorf("--transport: %w", err)
 	}
 	return ts, nil
+}
+
+// shmStreamMinEnv sets transport.SHMOptions.StreamMinBytes of every shm
+// transport kvxfer opens: a byte count, or "off" (also 0) for no
+// non-temporal stores; unset, the default (1 MiB).
+const shmStreamMinEnv = "KVXFER_SHM_STREAM_MIN"
+
+// envTransportOptions is transport.DefaultOptions with what the
+// environment sets for the transports (shmStreamMinEnv); the error names
+// the variable, its value and what it takes.
+func envTransportOptions() (transport.Options, error) {
+	opts := transport.DefaultOptions()
+	n, err := transport.ParseSHMStreamMin(os.Getenv(shmStreamMinEnv))
+	if err != nil {
+		return opts, fmt.Errorf("env %s=%w; unset it for the default (1 MiB)", shmStreamMinEnv, err)
+	}
+	opts.SHM.StreamMinBytes = n
+	return opts, nil
+}
+
+// openEnvTransport opens transport name with envTransportOptions.
+func openEnvTransport(name string) (transport.Transport, error) {
+	opts, err := envTransportOptions()
+	if err != nil {
+		return nil, err
+	}
+	return transport.OpenTransport(name, opts)
 }
 
 // checkTransportNames refuses a name in list (a comma-separated flag value)

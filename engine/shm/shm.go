@@ -79,7 +79,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,7 +173,7 @@ type shmTransport struct {
 
 	copyThreads int
 	parallelMin uint64
-	streamMin   uint64 // write batches from this many bytes copy with non-temporal stores (0: never)
+	streamMin   uint64 // write batches from this many bytes copy with non-temporal stores (SHMOptions.StreamMinBytes)
 	unitBytes   uint64 // copy unit (fence check, parallel split): chunkBytes, or cmaUnitBytes
 
 	self    endpoint
@@ -208,8 +207,9 @@ var (
 
 // New creates an shm transport instance. Options used: Streams (copy
 // goroutines per large batch) and SHM (transport.SHMOptions: CopyThreads,
-// ParallelMinBytes). Errors: /proc unreadable, memfd_create or mmap
-// failures for the control memfd, CopyThreads outside 0..256.
+// ParallelMinBytes, StreamMinBytes). Errors: /proc unreadable,
+// memfd_create or mmap failures for the control memfd, CopyThreads outside
+// 0..256.
 func New(opts transport.Options) (transport.Transport, error) {
 	return newTransport(opts, false)
 }
@@ -255,8 +255,8 @@ func newTransport(opts transport.Options, cma bool) (*shmTransport, error) {
 	if n := opts.SHM.ParallelMinBytes; n != 0 {
 		t.parallelMin = n
 	}
-	if t.streamMin, err = streamMinFromEnv(os.Getenv(streamMinEnv)); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if n := opts.SHM.StreamMinBytes; n != 0 {
+		t.streamMin = n // transport.SHMStreamOff: no batch is that large
 	}
 	fd, err := unix.MemfdCreate("kvxfer:shm-ctl", unix.MFD_CLOEXEC)
 	if err != nil {
@@ -528,26 +528,8 @@ func DefaultCopyThreads() int { return min(4, runtime.GOMAXPROCS(0)) }
 const defaultParallelMin = 8 << 20
 
 // defaultStreamMin is the write batch size from which shm copies with
-// non-temporal stores: 1 MiB, the size from which runtime.memmove itself
-// switches to them for one call, and the L2 size of the development VM's
-// cores (measured: bench/RESULTS.md, issue 27).
+// non-temporal stores when transport.SHMOptions.StreamMinBytes is 0:
+// 1 MiB, the size from which runtime.memmove itself switches to them for
+// one call, and the L2 size of the development VM's cores (measured:
+// bench/RESULTS.md, issue 27).
 const defaultStreamMin = 1 << 20
-
-// streamMinEnv names the environment variable that sets streamMin: a
-// byte count, or "off" (also 0) for copy() everywhere.
-const streamMinEnv = "KVXFER_SHM_STREAM_MIN"
-
-// streamMinFromEnv parses streamMinEnv's value v ("" gives the default).
-func streamMinFromEnv(v string) (uint64, error) {
-	switch v {
-	case "":
-		return defaultStreamMin, nil
-	case "off":
-		return 0, nil
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s=%q: want a byte count (e.g. 1048576) or \"off\": %v", streamMinEnv, v, err)
-	}
-	return n, nil
-}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -184,11 +183,16 @@ func TestWriteVariants(t *testing.T) {
 	}
 	for _, c := range cases {
 		// Each case with the default, without non-temporal stores, and
-		// with them for every batch however small.
-		for _, env := range []string{"", "off", "1"} {
-			t.Run(c.name+"/stream="+env, func(t *testing.T) {
-				t.Setenv(streamMinEnv, env)
-				testWriteVariant(t, size, c.opts, c.req)
+		// with them for every batch however small
+		// (SHMOptions.StreamMinBytes).
+		for _, sm := range []struct {
+			name string
+			min  uint64
+		}{{"default", 0}, {"off", transport.SHMStreamOff}, {"1", 1}} {
+			t.Run(c.name+"/stream="+sm.name, func(t *testing.T) {
+				opts := c.opts
+				opts.SHM.StreamMinBytes = sm.min
+				testWriteVariant(t, size, opts, c.req)
 			})
 		}
 	}
@@ -225,38 +229,34 @@ func testWriteVariant(t *testing.T, size int, opts transport.Options, req func(p
 	}
 }
 
-// TestStreamMinFromEnv: KVXFER_SHM_STREAM_MIN's values; a bad one names
-// the variable, the value and what it takes.
-func TestStreamMinFromEnv(t *testing.T) {
+// TestStreamMinOption: SHMOptions.StreamMinBytes reaches the transport
+// (0 the default, SHMStreamOff never, any other value as given), and the
+// environment no longer does: KVXFER_SHM_STREAM_MIN is read by the edges
+// (kvxfer, the C ABI), never by the engine.
+func TestStreamMinOption(t *testing.T) {
 	for _, c := range []struct {
-		v    string
-		want uint64
-		err  string
-	}{
-		{"", defaultStreamMin, ""},
-		{"off", 0, ""},
-		{"0", 0, ""},
-		{"1", 1, ""},
-		{"4194304", 4 << 20, ""},
-		{"4M", 0, `KVXFER_SHM_STREAM_MIN="4M": want a byte count`},
-		{"-1", 0, "want a byte count"},
-		{"on", 0, `or "off"`},
-	} {
-		got, err := streamMinFromEnv(c.v)
-		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("streamMinFromEnv(%q) = %d, %v; want an error containing %q", c.v, got, err, c.err)
-			}
-			continue
+		opt, want uint64
+	}{{0, defaultStreamMin}, {transport.SHMStreamOff, transport.SHMStreamOff}, {1, 1}, {4 << 20, 4 << 20}} {
+		opts := transport.DefaultOptions()
+		opts.SHM.StreamMinBytes = c.opt
+		tr, err := New(opts)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if err != nil || got != c.want {
-			t.Errorf("streamMinFromEnv(%q) = %d, %v; want %d", c.v, got, err, c.want)
+		if got := tr.(*shmTransport).streamMin; got != c.want {
+			t.Errorf("StreamMinBytes %d: streamMin %d, want %d", c.opt, got, c.want)
 		}
+		tr.Close()
 	}
-	t.Setenv(streamMinEnv, "lots")
-	if _, err := New(transport.DefaultOptions()); err == nil || !strings.Contains(err.Error(), streamMinEnv) {
-		t.Fatalf("New with %s=lots: %v, want an error naming the variable", streamMinEnv, err)
+	t.Setenv("KVXFER_SHM_STREAM_MIN", "lots")
+	tr, err := New(transport.DefaultOptions())
+	if err != nil {
+		t.Fatalf("New with KVXFER_SHM_STREAM_MIN=lots: %v; the engine must not read the environment", err)
 	}
+	if got := tr.(*shmTransport).streamMin; got != defaultStreamMin {
+		t.Errorf("KVXFER_SHM_STREAM_MIN=lots changed streamMin to %d", got)
+	}
+	tr.Close()
 }
 
 func TestSubmitRefused(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,35 @@ type SHMOptions struct {
 	// ParallelMinBytes is the batch size in bytes from which copies are
 	// split across goroutines (0: 8 MiB for shm, 1 MiB for cma).
 	ParallelMinBytes uint64
+	// StreamMinBytes is the write batch size in bytes from which shm
+	// copies with non-temporal stores instead of copy() (0: the default,
+	// 1 MiB; SHMStreamOff: never; 1: every write batch). Reads and cma
+	// ignore it. The engine never reads the environment: `kvxfer` and the
+	// C ABI set it from KVXFER_SHM_STREAM_MIN (ParseSHMStreamMin).
+	StreamMinBytes uint64
+}
+
+// SHMStreamOff as SHMOptions.StreamMinBytes turns shm's non-temporal
+// stores off: no batch reaches 2^64-1 bytes, so every write batch is
+// copied with copy().
+const SHMStreamOff uint64 = 1<<64 - 1
+
+// ParseSHMStreamMin parses a KVXFER_SHM_STREAM_MIN value into
+// SHMOptions.StreamMinBytes: "" is 0 (the default, 1 MiB), "off" and "0"
+// are SHMStreamOff, any other decimal is a byte count. The error names
+// the value and what it takes; the caller adds where it came from.
+func ParseSHMStreamMin(v string) (uint64, error) {
+	switch v {
+	case "":
+		return 0, nil
+	case "off", "0":
+		return SHMStreamOff, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want a byte count (e.g. 1048576), or \"off\" (also 0) for no non-temporal stores", v)
+	}
+	return n, nil
 }
 
 // RDMAOptions are the rdma transport's settings (package rdma). Zero (nil

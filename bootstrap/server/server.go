@@ -48,6 +48,12 @@ type Options struct {
 	// Port is the listen port, 0–65535; 0 lets the kernel pick one
 	// (Server.Addr reports it). SGLang's default is DefaultPort.
 	Port int
+	// PortFlag names how the operator chooses Port (kvxfer bootstrap:
+	// "--port"), for the hint of a listen error (port in use, privileged
+	// port); empty: the hint says "another port", for embedders whose
+	// port comes from elsewhere (the C ABI's kvx_bootstrap_start, SGLang's
+	// --disaggregation-bootstrap-port).
+	PortFlag string
 	// EntryTTL is the room→dp-rank entry lifetime; 0 means DefaultEntryTTL.
 	EntryTTL time.Duration
 	// AuthToken, when non-empty, requires "Authorization: Bearer <token>" on
@@ -221,7 +227,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
 		host = host[1 : len(host)-1]
 	}
-	ln, err := listen(host, s.opts.Port)
+	ln, err := listen(host, s.opts.Port, s.opts.PortFlag)
 	if err != nil {
 		return err
 	}
@@ -302,8 +308,13 @@ const hostHint = "pass 127.0.0.1 (this machine only), 0.0.0.0 or :: (every inter
 // listen opens the TCP listener on host:port. Its errors say what went
 // wrong: a host that is neither an IP address nor a hostname, a host that
 // does not resolve or is not an address of this machine (with the hosts
-// that work), a port in use (another server?), or a privileged port.
-func listen(host string, port int) (net.Listener, error) {
+// that work), a port in use (another server?), or a privileged port; the
+// last two name portFlag, how the operator picks another ("": none).
+func listen(host string, port int, portFlag string) (net.Listener, error) {
+	pick := "pick another port"
+	if portFlag != "" {
+		pick = "pick another with " + portFlag
+	}
 	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	if host != "" {
 		if _, err := netip.ParseAddr(host); err != nil && !bootstrap.IsHostname(host) {
@@ -319,13 +330,13 @@ func listen(host string, port int) (net.Listener, error) {
 	var dnsErr *net.DNSError
 	switch {
 	case errors.Is(err, syscall.EADDRINUSE):
-		return nil, fmt.Errorf("bootstrap: listen on %s: %w (is another bootstrap server using this port? pick another with --port, or 0 for a free one)", addr, err)
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (is another bootstrap server using this port? %s, or 0 for a free one)", addr, err, pick)
 	case errors.Is(err, syscall.EADDRNOTAVAIL):
 		return nil, fmt.Errorf("bootstrap: listen on %s: %w (host %q is not an address of this machine; %s)", addr, err, host, hostHint)
 	case errors.As(err, &dnsErr):
 		return nil, fmt.Errorf("bootstrap: listen on %s: %w (host %q does not resolve to an address of this machine; %s)", addr, err, host, hostHint)
 	case errors.Is(err, syscall.EACCES):
-		return nil, fmt.Errorf("bootstrap: listen on %s: %w (ports below 1024 need privileges; pick one ≥ 1024 with --port)", addr, err)
+		return nil, fmt.Errorf("bootstrap: listen on %s: %w (ports below 1024 need privileges; %s ≥ 1024)", addr, err, pick)
 	}
 	return nil, fmt.Errorf("bootstrap: listen on %s: %w", addr, err)
 }

@@ -162,7 +162,7 @@ func runBootstrap(ctx context.Context, cmd *cobra.Command, f bootstrapFlags) err
 		return err
 	}
 	s := server.New(server.Options{
-		Host: f.host, Port: f.port, EntryTTL: f.entryTTL, AuthToken: f.authToken,
+		Host: f.host, Port: f.port, PortFlag: "--port", EntryTTL: f.entryTTL, AuthToken: f.authToken,
 		Compat: f.compat, DistInitAddr: f.distInitAddr, RequestLog: f.requestLog,
 	})
 	store, err := openMetadata(ctx, f.metadata, f.metadataTTL)

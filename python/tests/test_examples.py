@@ -85,3 +85,41 @@ def test_sglang_pair():
         assert "prefill: room 42 sent; the decode verified it" in out, out
     finally:
         prefill.kill()
+
+
+def _port_in_use():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_bad_arguments_one_line():
+    """A bad argument, or a bootstrap port another process holds, ends an
+    example with exit status != 0 and one line on stderr naming what was
+    wrong (and, for the port, the argument that sets it: the examples have
+    no --port), not a traceback."""
+    busy = _port_in_use()
+    with busy:
+        port = str(busy.getsockname()[1])
+        cases = [
+            (["mooncake_initiator.py"], ["required: RPC_PORT, BUFFER_ADDRESS", "usage: mooncake_initiator.py"]),
+            (["mooncake_initiator.py", "x", "1"], ["argument RPC_PORT: invalid int value: 'x'"]),
+            (["mooncake_target.py", "extra"], ["unrecognized arguments: extra"]),
+            (["sglang_decode.py", "abc"], ["argument BOOTSTRAP_PORT: invalid int value: 'abc'"]),
+            (["sglang_decode.py", "0"], ["BOOTSTRAP_PORT 0", "1-65535"]),
+            (["sglang_prefill.py", "70000"], ["BOOTSTRAP_PORT 70000", "1-65535"]),
+            (["sglang_prefill.py", port], [f"port {port}", "address already in use", "BOOTSTRAP_PORT argument"]),
+        ]
+        for argv, want in cases:
+            p = subprocess.run([sys.executable, *argv], cwd=EXAMPLES, env=_env(), capture_output=True, text=True,
+                               timeout=DEADLINE)
+            what = f"{' '.join(argv)}: exit {p.returncode}, stderr:\n{p.stderr}"
+            assert p.returncode != 0, what
+            assert "Traceback" not in p.stderr, what
+            lines = [line for line in p.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1, what
+            assert lines[0].startswith(argv[0] + ": "), what
+            for w in want:
+                assert w in lines[0], f"{what}\nwant {w!r}"
+            assert "--port" not in lines[0], what

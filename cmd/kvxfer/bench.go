@@ -41,7 +41,15 @@ the same point, measured right before it. The KV-room cases move a request
 prefill → decode through the KV managers (push, WRITE) and pull it with the
 decode's READs of the prefill's registered KV (segment engine, the
 NIXL/vLLM pattern), with the pull/push ratio. GB/s means 1e9 bytes per
-second.`,
+second.
+
+Exit status: 0 when every case ran and (unless --no-verify) verified; 1 when
+any case failed (could not run, e.g. a failed mmap or transport, or its bytes
+did not verify), even if others have figures: a script gets a non-zero status
+for any requested case it did not get, and the last line says how many of
+how many failed and the first one's reason (the table and JSON are still
+written). Transports skipped as unavailable here and peer-tool runs are not
+cases: they do not change the status (none of --transports usable is exit 1).`,
 		Example: `  kvxfer bench --transports tcp,shm --peers --json out.json --plot out.png
   kvxfer bench --transports shm --sizes 1M --depths 1,16 --streams 1,2,4 --reps 9`,
 		Args: cobra.NoArgs,
@@ -163,13 +171,8 @@ second.`,
 					return err
 				}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "bench: %d cases, %d peer runs in %.1fs\n", len(rep.Results), len(rep.Peers), rep.ElapsedSeconds)
-			for _, r := range rep.Results {
-				if r.VerifyErr != "" {
-					return fmt.Errorf("verification failed for %s: %s", r.Label(), r.VerifyErr)
-				}
-			}
-			return nil
+			fmt.Fprintf(cmd.ErrOrStderr(), "bench: %d cases, %d peer runs in %.1fs\n", len(rep.Results)+len(rep.KV), len(rep.Peers), rep.ElapsedSeconds)
+			return benchOutcome(rep)
 		},
 	}
 	f := cmd.Flags()
@@ -196,4 +199,38 @@ second.`,
 	f.DurationVar(&cfg.CaseTimeout, "case-timeout", 0, "abort a case that runs longer than this; 0 = its own budget: 60 s plus the bytes it must move (warm-up, the repetitions' minimum batches, fill/verify passes) at 0.05 GB/s, so a 1 GiB batch is not cut off")
 	f.DurationVar(&timeout, "timeout", 0, "abort the whole run after this long (0 = no limit beyond each case's --case-timeout)")
 	rootCmd.AddCommand(cmd)
+}
+
+// benchOutcome is bench's exit status as an error: nil when every case
+// (transport point, KV-room case) ran and, with verification on, verified;
+// otherwise it says how many of how many cases failed, all or some, and
+// the first failure's reason. Peer-tool runs and transports skipped as
+// unavailable are not counted: the table reports them.
+func benchOutcome(rep *bench.Report) error {
+	var failed []string
+	for _, r := range rep.Results {
+		switch {
+		case r.Err != "":
+			failed = append(failed, fmt.Sprintf("%s: %s", r.Label(), r.Err))
+		case r.VerifyErr != "":
+			failed = append(failed, fmt.Sprintf("%s: verification failed: %s", r.Label(), r.VerifyErr))
+		}
+	}
+	for _, k := range rep.KV {
+		if k.Err != "" {
+			mode := k.Mode
+			if mode == "" {
+				mode = "push"
+			}
+			failed = append(failed, fmt.Sprintf("%s kv %s %s: %s", k.Transport, mode, k.Model, k.Err))
+		}
+	}
+	total := len(rep.Results) + len(rep.KV)
+	switch {
+	case len(failed) == 0:
+		return nil
+	case len(failed) == total:
+		return fmt.Errorf("bench: all %d cases failed, no figures (first: %s); each case's reason is under the table", total, failed[0])
+	}
+	return fmt.Errorf("bench: %d of %d cases failed (first: %s); the table has the other cases' figures and each failure's reason", len(failed), total, failed[0])
 }

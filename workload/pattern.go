@@ -2,6 +2,7 @@ package workload
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"unsafe"
 )
@@ -16,6 +17,13 @@ import (
 // split fills, and a consumer with any other split verifies, the same bytes
 // independently of the physical page indices. A row whose length is not a
 // multiple of 8 ends with the low bytes of the next word.
+
+// ErrPatternMismatch is wrapped by VerifyPattern's, VerifyPatternLayers'
+// and VerifyAux's error when a byte differs from the test pattern (not when
+// the check itself could not read the buffers): the bytes that landed are
+// not the pattern, because the producer did not write it (a prefill not
+// filling its pages) or the transfer lost or misplaced them.
+var ErrPatternMismatch = errors.New("differs from the pattern")
 
 // patternSeed mixes the coordinates of a head row (SplitMix64 finaliser).
 func patternSeed(room uint64, layer, kv, token, head int) uint64 {
@@ -185,7 +193,7 @@ func VerifyPatternLayers(b *KVBuffers, room uint64, pages []int32, firstPage, fi
 	var err error
 	cerr := forRowsOf(b, pages, firstPage, firstLayer, lastLayer, false, func(row []byte, layer, kv, token, head int) bool {
 		if off := checkRow(row, patternSeed(room, layer, kv, token, head)); off >= 0 {
-			err = fmt.Errorf("workload: KV verification failed for room %d: layer %d %s, token %d (page %d), head %d, byte %d differs from the pattern", room, layer, kvName(b.layout, kv), token, pages[token/b.layout.PageSize-firstPage], head, off)
+			err = fmt.Errorf("workload: KV verification failed for room %d: layer %d %s, token %d (page %d), head %d, byte %d %w", room, layer, kvName(b.layout, kv), token, pages[token/b.layout.PageSize-firstPage], head, off, ErrPatternMismatch)
 			return false
 		}
 		return true
@@ -228,7 +236,7 @@ func VerifyAux(b *KVBuffers, room uint64, row int) error {
 	}
 	for i, a := range b.aux {
 		if off := checkRow(b.AuxRow(i, row), auxSeed(room, i)); off >= 0 {
-			return fmt.Errorf("workload: aux verification failed for room %d: buffer %s row %d, byte %d differs from the pattern", room, a.Name, row, off)
+			return fmt.Errorf("workload: aux verification failed for room %d: buffer %s row %d, byte %d %w", room, a.Name, row, off, ErrPatternMismatch)
 		}
 	}
 	return nil

@@ -420,6 +420,11 @@ type replyLine struct {
 	// Room is the request's bootstrap_room; absent on the ready line and on
 	// results for lines whose room could not be read.
 	Room *uint64 `json:"room,omitempty"`
+	// Verified (decode results only; absent on prefill lines and the
+	// ready line) is true when the room succeeded and every byte of it was
+	// checked against the prefill's test pattern (--verify), false when it
+	// was not checked (no --verify) or the room failed.
+	Verified *bool `json:"verified,omitempty"`
 	// Result is the room's outcome (ok, error, pages, bytes, timings); its
 	// Transports also carries the ready line's transports.
 	cluster.Result
@@ -686,11 +691,18 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 		cfg.FreePages = r.pool.FreePages
 		if f.verify {
 			r.rc.Verifier = cluster.NewVerifier(r.pool, f.pageSize)
+			r.rc.Verifier.Hint = verifyMismatchHint
 			cfg.VerifyKV = r.rc.Verifier.VerifyKV
 		}
 	}
 	return cfg
 }
+
+// verifyMismatchHint ends a decode's --verify error when bytes differ
+// from the pattern: the pattern is the prefill's --fill, so a prefill run
+// with --fill=false is the usual cause.
+const verifyMismatchHint = "decode --verify checks the test pattern the prefill's --fill writes: was the prefill run with --fill=false? " +
+	"Then run the decode without --verify; with --fill on, the bytes that landed really differ from what the prefill sent"
 
 // inputLine is one non-blank stdin line: its 1-based number and either the
 // parsed request or why it is not one (hasRoom: the room was read anyway).

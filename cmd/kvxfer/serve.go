@@ -145,6 +145,7 @@ func (r *rank) handle(in inputLine, out *lineWriter, sess *sync.WaitGroup) {
 			rep.Room = new(in.q.Room)
 		}
 		rep.Error = fmt.Sprintf(drainRefusal, sig)
+		rep.Verified = r.verified(false)
 		out.write(rep)
 		return
 	}
@@ -250,7 +251,18 @@ func (r *rank) serveLine(in inputLine, lease *workload.Lease) (rep replyLine, re
 		}
 		r.failed.Add(1)
 	}
+	rep.Verified = r.verified(rep.OK)
 	return rep, release
+}
+
+// verified is a result line's "verified" (replyLine.Verified): on a decode,
+// whether a room that succeeded (ok) had its bytes checked (--verify);
+// nil, no key, on a prefill.
+func (r *rank) verified(ok bool) *bool {
+	if r.role != engine.RoleDecode {
+		return nil
+	}
+	return new(ok && r.rc.Verifier != nil)
 }
 
 // drain returns once every room in flight wrote its result and the

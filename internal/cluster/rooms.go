@@ -384,7 +384,7 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 			if c.Verifier != nil {
 				for _, b := range sg {
 					if err := workload.VerifyPattern(pool, b.Room, b.Pages, b.FirstPage); err != nil {
-						return fmt.Errorf("held prefix block: %w", err)
+						return fmt.Errorf("held prefix block: %w", c.Verifier.hinted(err))
 					}
 				}
 			}
@@ -459,6 +459,11 @@ func openReceiver(m *engine.Manager, addr string, room uint64, tokens int) (*eng
 // check runs inside the engine, before the decode's verdict, so a room that
 // fails it fails on the prefill too.
 type Verifier struct {
+	// Hint, when set, is appended to an error whose bytes differ from the
+	// pattern (workload.ErrPatternMismatch): what the caller's setup makes
+	// the likely cause (kvxfer decode --verify: the prefill's --fill).
+	Hint string
+
 	pool     *workload.KVBuffers
 	pageSize int      // tokens per page
 	times    sync.Map // room → µs the check took
@@ -477,12 +482,20 @@ func (v *Verifier) VerifyKV(kv engine.ReceivedKV) error {
 	v.calls.Store(kv.Room, t)
 	defer func() { v.times.Store(kv.Room, time.Since(t).Microseconds()) }()
 	if err := workload.VerifyPattern(v.pool, kv.Room, kv.Pages, kv.PrefixTokens/v.pageSize); err != nil {
-		return err
+		return v.hinted(err)
 	}
 	if kv.AuxIndex >= 0 {
-		return workload.VerifyAux(v.pool, kv.Room, kv.AuxIndex)
+		return v.hinted(workload.VerifyAux(v.pool, kv.Room, kv.AuxIndex))
 	}
 	return nil
+}
+
+// hinted appends v.Hint to err when err is a pattern mismatch.
+func (v *Verifier) hinted(err error) error {
+	if err == nil || v.Hint == "" || !errors.Is(err, workload.ErrPatternMismatch) {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, v.Hint)
 }
 
 // accepted returns (and forgets) when the engine called VerifyKV for room:

@@ -59,7 +59,7 @@ func runMetaServer(ctx context.Context, f metaServerFlags, out io.Writer) error 
 	if f.maxValue <= 0 || f.maxKeys <= 0 || f.maxMemory <= 0 {
 		return fmt.Errorf("--max-value-bytes, --max-keys and --max-bytes must be positive (got %d, %d, %d)", f.maxValue, f.maxKeys, f.maxMemory)
 	}
-	s := httpmeta.New(httpmeta.Options{Host: f.host, Port: f.port, MaxValueBytes: f.maxValue, MaxKeys: f.maxKeys, MaxTotalBytes: f.maxMemory})
+	s := httpmeta.New(httpmeta.Options{Host: f.host, Port: f.port, PortFlag: "--port", MaxValueBytes: f.maxValue, MaxKeys: f.maxKeys, MaxTotalBytes: f.maxMemory})
 	done := make(chan error, 1)
 	go func() { done <- s.Start(ctx) }()
 	select {

@@ -121,6 +121,12 @@ type Options struct {
 	Host string
 	// Port is the listen port, 0–65535 (0: the kernel picks; Addr tells).
 	Port int
+	// PortFlag names how the operator chooses Port (kvxfer
+	// metadata-server: "--port"), for the hint of a port-in-use error;
+	// empty: the hint says "another port", for embedders whose port comes
+	// from elsewhere (the C ABI's kvx_metadata_server_start, Python's
+	// MetadataServer(port=...)).
+	PortFlag string
 	// MaxValueBytes bounds a PUT body (DefaultMaxValueBytes when 0).
 	MaxValueBytes int64
 	// MaxKeys bounds the keys stored (DefaultMaxKeys when 0).
@@ -319,7 +325,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.started = true
 	s.addrMu.Unlock()
-	ln, err := listen(s.opts.Host, s.opts.Port)
+	ln, err := listen(s.opts.Host, s.opts.Port, s.opts.PortFlag)
 	if err != nil {
 		return err
 	}
@@ -369,8 +375,13 @@ func (s *Server) Addr() string {
 // Ready is closed once the server listens.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
-// listen opens host:port; errors say what to change.
-func listen(host string, port int) (net.Listener, error) {
+// listen opens host:port; errors say what to change (a port in use: pick
+// another, with portFlag when it is not "").
+func listen(host string, port int, portFlag string) (net.Listener, error) {
+	pick := "pick another port"
+	if portFlag != "" {
+		pick = "pick another with " + portFlag
+	}
 	if port < 0 || port > 65535 {
 		return nil, fmt.Errorf("httpmeta: port %d out of range 0–65535", port)
 	}
@@ -385,7 +396,7 @@ func listen(host string, port int) (net.Listener, error) {
 	var dnsErr *net.DNSError
 	switch {
 	case errors.Is(err, syscall.EADDRINUSE):
-		return nil, fmt.Errorf("httpmeta: listen on %s: %w (another metadata server on this port? pick another with --port, or 0 for a free one)", addr, err)
+		return nil, fmt.Errorf("httpmeta: listen on %s: %w (another metadata server on this port? %s, or 0 for a free one)", addr, err, pick)
 	case errors.Is(err, syscall.EADDRNOTAVAIL), errors.As(err, &dnsErr):
 		return nil, fmt.Errorf("httpmeta: listen on %s: %w (host %q is not an address of this machine; use 127.0.0.1, 0.0.0.0, :: or one of `ip -brief addr`)", addr, err, host)
 	case errors.Is(err, syscall.EACCES):

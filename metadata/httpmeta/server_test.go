@@ -218,6 +218,10 @@ func TestServerOverHTTP(t *testing.T) {
 	}
 }
 
+// TestListenErrors: a port in use names Options.PortFlag (kvxfer
+// metadata-server's --port) in its hint, and no flag when it is empty (the
+// C ABI's and Python's MetadataServer callers have no --port); a foreign
+// host says so.
 func TestListenErrors(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -225,9 +229,13 @@ func TestListenErrors(t *testing.T) {
 	}
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
+	err = httpmeta.New(httpmeta.Options{Host: "127.0.0.1", Port: port, PortFlag: "--port"}).Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "pick another with --port, or 0 for a free one") {
+		t.Fatalf("port in use, PortFlag --port: %v", err)
+	}
 	err = httpmeta.New(httpmeta.Options{Host: "127.0.0.1", Port: port}).Start(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "--port") {
-		t.Fatalf("port in use: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "pick another port, or 0 for a free one") || strings.Contains(err.Error(), "--") {
+		t.Fatalf("port in use, no PortFlag: %v", err)
 	}
 	err = httpmeta.New(httpmeta.Options{Host: "192.0.2.1"}).Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "not an address of this machine") {

@@ -92,7 +92,7 @@ demo: build ## the main job: bootstrap + prefill + decode on loopback, verified
 bench-results: build ## rerun `kvxfer bench` (tcp, shm, peers; ~2 min) and regenerate its section of bench/RESULTS.md and bench/results/
 	@bash scripts/install-deps.sh bench
 	@mkdir -p bench/results
-	$(BIN)/kvxfer bench --transports tcp,shm --peers --quiet --json bench/results/bench.json --plot bench/results/bench.png --markdown bench/RESULTS.md > bench/results/table.txt && cat bench/results/table.txt
+	$(BIN)/kvxfer bench --transports tcp,shm --peers --quiet --json bench/results/bench.json --plot bench/results/bench.png --markdown bench/RESULTS.md > bench/results/table.txt; s=$$?; cat bench/results/table.txt; exit $$s
 
 capi: deps ## build the C ABI (build/libkvxfer.so.0) and the C++ consumer with CMake
 	cmake -S . -B build

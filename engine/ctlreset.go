@@ -34,7 +34,9 @@ import (
 // A REGISTER from another instance for an endpoint whose connection was
 // reset and that was not heard from since replaces the registration at once
 // (registerRefusalLocked): the old process may have been replaced at the
-// same port, which the dial cannot tell from a reset.
+// same port, which the dial cannot tell from a reset. One read while the
+// drop is still being judged is held and decided again once it is
+// (contested.go).
 
 // resetReconnectWait bounds how long a dropped control connection to a peer
 // that still listens may take to reconnect before the peer is lost.

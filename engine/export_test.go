@@ -74,6 +74,11 @@ func RegisteredDecodes(m *Manager) int {
 // with the prefill at endpoint (0 when there is none; tests only).
 func RegistrationEpoch(m *Manager, endpoint string) uint64 { return m.currentEpoch(endpoint) }
 
+// SetBeforeDropJudged installs a hook run before a dropped control
+// connection to a peer is judged (reset or lost), with the peer's endpoint
+// (tests only: to hold back a rank's notice of a peer's disconnect).
+func SetBeforeDropJudged(m *Manager, f func(ep string)) { m.beforeDropJudged.Store(&f) }
+
 // DispatchFrom seals frames as from seals its control messages (its
 // instance id and epoch) and dispatches them on to as a received message
 // (tests only: a frame of a closed incarnation that reaches its peer late).

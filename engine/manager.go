@@ -477,6 +477,10 @@ type Manager struct {
 	// afterVerdictFlush, when set (tests only), runs in Close right after
 	// it waited for the decided verdicts, as a Close descheduled there.
 	afterVerdictFlush atomic.Pointer[func()]
+	// beforeDropJudged, when set (tests only), runs before a dropped
+	// control connection to a peer is judged (connectionDropped), with the
+	// peer's endpoint, as a monitor goroutine descheduled there.
+	beforeDropJudged atomic.Pointer[func(ep string)]
 	// ctlVersion, when not 0 (tests only), is the control protocol version
 	// this rank speaks instead of control.ControlVersion; versionTold is
 	// when each endpoint of another version was last answered (skew.go).
@@ -1262,9 +1266,13 @@ func (m *Manager) monitorPeer(ep string, ps *pushSock, mon *zmq.Socket) {
 				ps.mu.Unlock()
 				go func() {
 					defer ps.dropCheck.Store(false)
+					if h := m.beforeDropJudged.Load(); h != nil {
+						(*h)(ep)
+					}
 					if m.connectionDropped(ep, ps) {
 						ps.lost.Store(true)
 					}
+					m.reviewHeldRegisters(ep) // a reset judged, or the peer lost (contested.go)
 				}()
 			}
 			lost = ps.lost.Load()
@@ -1623,6 +1631,7 @@ func (m *Manager) monitorLoop() {
 		swept := m.sweepDeadPushLocked(now)
 		m.mu.Unlock()
 		m.rejectExpiredSubs(expiredSubs)
+		m.reviewHeldRegisters("") // contested.go
 		for _, ps := range swept {
 			ps.close()
 		}
@@ -1749,6 +1758,9 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	} else {
 		m.log.Info("peer gone (no active rooms)", "peer", ep, "err", err)
 	}
+	// A REGISTER of another instance held for this endpoint is a new
+	// decode's now (contested.go), once the lost one's rooms are settled.
+	m.reviewHeldRegisters(ep)
 }
 
 func (m *Manager) otherRole() string {

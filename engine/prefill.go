@@ -35,6 +35,9 @@ type prefillSide struct {
 	// recentOrder: rooms of recent in the order first closed (expiry).
 	recentOrder []uint64
 	dpeers      map[string]*decodePeer // registered decode ranks
+	// held: per endpoint, the latest REGISTER from another instance than
+	// the one registered there, while that one may be gone (contested.go).
+	held map[string]*heldRegister
 	// silentDropped: decodes whose registration was dropped because they
 	// were silent for PeerTimeout (endpoint -> registration epoch); told
 	// when heard from again (silentdrop.go).
@@ -59,6 +62,7 @@ func newPrefillSide(dir *bootstrap.Client) prefillSide {
 		aborted: map[uint64]earlyAbort{},
 		recent:  map[uint64]ackMemo{},
 		dpeers:  map[string]*decodePeer{},
+		held:    map[string]*heldRegister{},
 		dir:     dir,
 
 		silentDropped: map[string]uint64{},
@@ -140,6 +144,8 @@ type decodePeer struct {
 	// used idle one is evicted (evictIdleDecodeLocked).
 	rooms   atomic.Int32
 	lastUse atomic.Int64
+	// regAt is when this registration was taken.
+	regAt time.Time
 	// broken says why the data path can no longer be trusted (a batch was
 	// abandoned in flight, or the transport lost the receiver): the segment
 	// is closed, later TRANSFERs of this registration are refused, and the
@@ -206,10 +212,43 @@ func (p *decodePeer) setSegment(seg transport.Segment, o control.TransportOffer,
 // sides) and opens a segment to it with the highest-priority transport both
 // sides have whose OpenSegment succeeds.
 func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
-	p := &decodePeer{reg: v, id: control.SenderID(env), ready: make(chan struct{})}
+	m.admitRegister(v, env, time.Time{})
+}
+
+// admitRegister is handleRegister of a REGISTER held since heldSince (zero:
+// just read): one from another instance than a registration of its
+// endpoint that is not judged gone is held, or refused once the
+// registered instance proved alive (contested.go).
+func (m *Manager) admitRegister(v *control.RegisterMsg, env control.Envelope, heldSince time.Time) {
+	now := time.Now()
+	p := &decodePeer{reg: v, id: control.SenderID(env), ready: make(chan struct{}), regAt: now}
 	m.mu.Lock()
 	old := m.pre.dpeers[v.Endpoint]
-	if why := m.registerRefusalLocked(v, env, old); why != "" {
+	why, contested := m.registerRefusalLocked(v, env, old)
+	if contested {
+		since := heldSince
+		if since.IsZero() {
+			since = now
+		}
+		h := &heldRegister{v: v, env: env, since: since}
+		if refusal := m.contestRefusalLocked(h, old, now); refusal != "" {
+			why = refusal
+		} else {
+			m.holdRegisterLocked(v, env, since)
+			m.mu.Unlock()
+			if heldSince.IsZero() {
+				m.log.Info("REGISTER from another instance at a registered decode's address held until the registered instance is judged gone or proves alive (a restart on the same port, or a stray REGISTER)",
+					"decode", v.Endpoint, "instance", control.SenderID(env).String(), "registered", old.id.String())
+			}
+			return
+		}
+		m.mu.Unlock()
+		m.drop("sender", fmt.Errorf("REGISTER from decode %s (instance %s, registration epoch %d) refused: %s", v.Endpoint, control.SenderID(env), v.Epoch, why))
+		ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Err: why, Geometry: *m.geo, Epoch: v.Epoch}
+		go func() { _ = m.send(v.Endpoint, ack.Encode(), false) }()
+		return
+	}
+	if why != "" {
 		m.mu.Unlock()
 		if old == nil {
 			// At the peer cap: the decode is told at once (it would
@@ -225,9 +264,15 @@ func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
 		return
 	}
 	m.pre.dpeers[v.Endpoint] = p
-	p.lastUse.Store(time.Now().UnixNano())
-	m.lastSeen[v.Endpoint] = time.Now()
+	if m.heldContenderLocked(v.Endpoint, p.id) {
+		delete(m.pre.held, v.Endpoint)
+	}
+	p.lastUse.Store(now.UnixNano())
+	m.lastSeen[v.Endpoint] = now
 	m.mu.Unlock()
+	if !heldSince.IsZero() {
+		m.log.Info("held REGISTER taken: the decode registered at its address is gone", "decode", v.Endpoint, "instance", p.id.String(), "held", now.Sub(heldSince).Round(time.Millisecond))
+	}
 	m.watchPeer(v.Endpoint)
 	if old != nil {
 		go old.close() // closing a segment may wait for its streams: never in the control loop

@@ -24,13 +24,19 @@ import (
 //     undone by the decode's next registration), or when the
 //     registered instance is no longer alive (silent for PeerTimeout, or
 //     disconnected, or its control connection was reset and nothing came
-//     from it since, ctlreset.go); anything else is dropped, so a stray or forged REGISTER
-//     cannot take a live decode's state (the forged "tcpx" REGISTER of the
-//     issue). Other frames claiming a registered decode's endpoint from
-//     another instance are dropped, except a verdict (STATUS, ABORT) on a
-//     room from the instance whose registration that room's TRANSFER came
-//     over: a decode restarted on the same address registers anew while
-//     its old incarnation's verdicts may still wait in the inbox.
+//     from it since, ctlreset.go, or it dropped and nothing came from it
+//     for a few heartbeats); a REGISTER from another instance while the
+//     registered one is not known gone is held and decided again until it
+//     is, or until the registered one proves alive, which refuses it with a
+//     REGISTER_ACK naming both (contested.go: a decode restarted on the same
+//     port registers before the prefill noticed its old incarnation's
+//     drop), so a stray or forged REGISTER cannot take a live decode's
+//     state (the forged "tcpx" REGISTER of the issue). Other frames
+//     claiming a registered decode's endpoint from another instance are
+//     dropped, except a verdict (STATUS, ABORT) on a room from the
+//     instance whose registration that room's TRANSFER came over: a decode
+//     restarted on the same address registers anew while its old
+//     incarnation's verdicts may still wait in the inbox.
 //   - decode: a registration with a prefill rank (ppeers) expects the
 //     instance the bootstrap directory named for that rank. A REGISTER_ACK,
 //     or any later frame, from another instance at that address means the
@@ -105,13 +111,15 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 	if ep == "" {
 		return true
 	}
+	got := control.SenderID(env)
 	m.mu.Lock()
 	var want control.PeerID
-	var registering bool
+	var registering, contender bool
 	if m.cfg.Role == RolePrefill {
 		if p := m.pre.dpeers[ep]; p != nil {
 			want = p.id
 		}
+		contender = m.heldContenderLocked(ep, got)
 	} else if p := m.dec.ppeers[ep]; p != nil {
 		want = p.id
 		select {
@@ -121,7 +129,6 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 		}
 	}
 	m.mu.Unlock()
-	got := control.SenderID(env)
 	if !want.Known() || want.Is(got) {
 		return true
 	}
@@ -136,6 +143,12 @@ func (m *Manager) checkSender(msg any, env control.Envelope) bool {
 			// arrival order; verdicts.go).
 			m.log.Debug("verdict of a decode's previous incarnation taken", "room", room, "peer", peerLabel(ep), "instance", got.String(), "registered", want.String())
 			return true
+		}
+		if contender {
+			// Its REGISTER is held (contested.go): it waits for the
+			// answer, and PINGs meanwhile.
+			m.log.Debug("frame of a decode whose REGISTER is held dropped", "type", fmt.Sprintf("%T", msg), "decode", peerLabel(ep), "instance", got.String())
+			return false
 		}
 		m.drop("sender", fmt.Errorf("%T claims decode %s, registered here by instance %s, but comes from instance %s (stray or forged)", msg, ep, want, got))
 		return false
@@ -188,24 +201,26 @@ func (m *Manager) peerLiveLocked(ep string) bool {
 
 // registerRefusalLocked says why a REGISTER must not replace the current
 // registration old of its endpoint ("" when it may), and refuses a new
-// decode when MaxPeers registrations are live; m.mu held.
-func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Envelope, old *decodePeer) string {
+// decode when MaxPeers registrations are live; contested reports a
+// REGISTER of another instance than old's while old is not judged gone,
+// which is held rather than refused (contested.go); m.mu held.
+func (m *Manager) registerRefusalLocked(v *control.RegisterMsg, env control.Envelope, old *decodePeer) (why string, contested bool) {
 	switch {
 	case old == nil:
 		if len(m.pre.dpeers) >= m.cfg.MaxPeers && !m.evictIdleDecodeLocked() {
-			return fmt.Sprintf("%v: prefill %s has %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: raise --max-peers, kvx_kv_config.max_peers or KVXFER_MAX_PEERS on the prefill, or spread the decodes over more prefill ranks)", ErrTooManyPeers, m.endpoint, len(m.pre.dpeers), m.cfg.MaxPeers)
+			return fmt.Sprintf("%v: prefill %s has %d decode ranks registered, all with rooms or heard from within the peer timeout (MaxPeers %d: raise --max-peers, kvx_kv_config.max_peers or KVXFER_MAX_PEERS on the prefill, or spread the decodes over more prefill ranks)", ErrTooManyPeers, m.endpoint, len(m.pre.dpeers), m.cfg.MaxPeers), false
 		}
-		return ""
+		return "", false
 	case old.id.Is(control.SenderID(env)) && v.Epoch <= old.reg.Epoch && (m.ctlKey != nil || old.proven()):
 		// Without control authentication a registration no room has used
 		// yet may be a forgery claiming the decode's identity with a huge
 		// epoch: the decode's own next REGISTER, whatever its epoch, takes
 		// it back (issue 22 case 4).
-		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch)
-	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint) && !m.resetUnheardLocked(v.Endpoint):
-		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout)
+		return fmt.Sprintf("epoch %d is not newer than the registration's epoch %d (a repeated or replayed REGISTER)", v.Epoch, old.reg.Epoch), false
+	case !old.id.Is(control.SenderID(env)) && m.peerLiveLocked(v.Endpoint) && !m.registeredGoneLocked(v.Endpoint, old):
+		return fmt.Sprintf("that endpoint is registered by instance %s, alive (heard from within the peer timeout %s); a REGISTER from another instance replaces it only once it is gone", old.id, m.cfg.PeerTimeout), true
 	}
-	return ""
+	return "", false
 }
 
 // evictIdleDecodeLocked drops the registration of one idle decode to make

@@ -108,7 +108,7 @@ func (m *Manager) contestRefusalLocked(h *heldRegister, old *decodePeer, now tim
 		from = d
 	}
 	if seen := m.lastSeen[ep]; seen.Sub(from) > quiet {
-		return fmt.Sprintf("decode endpoint %s is registered on prefill %s by instance %s, which is alive: it was heard from %s after this REGISTER from instance %s arrived (held %s). Two processes claim that address (a stray or forged REGISTER, or two decode ranks with the same control address): give each decode rank its own address (--control-port, --advertise-host), or stop the other process; a REGISTER from another instance replaces a registration only once its instance is gone",
+		return fmt.Sprintf("decode endpoint %s is registered on prefill %s by instance %s, which is alive: it was heard from %s after this REGISTER from instance %s arrived (held %s). Two processes claim that address (a stray or forged REGISTER, or two decode ranks with the same control address): give each decode rank its own control address (ManagerConfig.ControlPort and AdvertiseHost, kvx_kv_config.control_port, --advertise-host), or stop the other process; a REGISTER from another instance replaces a registration only once its instance is gone",
 			ep, m.endpoint, old.id, seen.Sub(h.since).Round(time.Millisecond), control.SenderID(h.env), now.Sub(h.since).Round(time.Millisecond))
 	}
 	if now.Sub(h.since) > m.cfg.BootstrapTimeout {

@@ -1,12 +1,14 @@
 package engine_test
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/engine/internal/control"
 )
 
 // A decode restarted on the same control port (a pod or systemd restart)
@@ -73,4 +75,71 @@ func TestRestartedDecodeRegistersBeforeDropNoticed(t *testing.T) {
 			sendOne(t, addr, pre, d2, 3)
 		})
 	}
+}
+
+// The other side of the rule: while the instance registered at an address
+// keeps talking (its PINGs, here sent for it after its manager closed), a
+// REGISTER from another instance at that address (a second process given the
+// same control address) is not taken: the registered one proves alive a few
+// heartbeats into the hold, and the REGISTER is refused with a REGISTER_ACK
+// that names both instances, so the newcomer's room fails at once saying
+// why. Before, it was dropped without an answer and the room failed only at
+// its bootstrap timeout, "did not answer REGISTER".
+func TestContestedRegisterRefusedWhileRegisteredTalks(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d1 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, pre, d1, 1)
+	ep, id, epoch := d1.m.Endpoint(), d1.m.InstanceID(), d1.m.Epoch()
+	// The prefill does not judge the drop of d1's connection: a dial
+	// could find nothing at the address yet and declare d1 lost, which is
+	// not the case under test (d1 talks on).
+	release := make(chan struct{})
+	var once sync.Once
+	done := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(done)
+	engine.SetBeforeDropJudged(pre.m, func(e string) {
+		if e == ep {
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+		}
+	})
+	in := newInjector(t, pre.m.Endpoint())
+	var seq uint64
+	ping := func() {
+		seq++
+		in.sendSealed(control.SealControl((&control.PingMsg{Endpoint: ep}).Encode(), id, epoch, seq, time.Now(), nil))
+	}
+	d1.m.Close()
+	ping()
+	d2 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, bootTmo: 20 * time.Second,
+		cfgMod: func(cfg *engine.ManagerConfig) { cfg.ControlPort = d1.m.ControlPort() }})
+	dst, err := d2.pool.Alloc(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.pool.Free(dst)
+	r, err := d2.m.NewReceiver(addr, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	for r.Poll() != engine.KVFailed && time.Since(t0) < 15*time.Second {
+		ping()
+		time.Sleep(100 * time.Millisecond)
+	}
+	took := time.Since(t0)
+	if r.Poll() != engine.KVFailed || !strings.Contains(r.Failure().Error(), "Two processes claim that address") || !strings.Contains(r.Failure().Error(), id) {
+		t.Fatalf("room 2 of a second process at a live decode's address after %s: %s %v; want Failed at once, refused naming both instances", took.Round(time.Millisecond), r.Poll(), r.Failure())
+	}
+	if took > 10*time.Second {
+		t.Fatalf("refused only after %s", took.Round(time.Millisecond))
+	}
+	t.Logf("refused after %s: %v", took.Round(time.Millisecond), r.Failure())
 }

@@ -37,8 +37,10 @@ import (
 //     while its REGISTER is held);
 //   - refused with a REGISTER_ACK that says why, once the registered
 //     instance was heard from more than contestQuiet after both the hold
-//     began and its last drop: it is alive and talking, and two processes
-//     claim the address. A live decode PINGs every HeartbeatInterval, so a
+//     began and its last drop, in a frame read after the inbox had been
+//     emptied since the hold began (not one its exited process queued
+//     before): it is alive and talking, and two processes claim the
+//     address. A live decode PINGs every HeartbeatInterval, so a
 //     forged REGISTER is refused within a few heartbeats, and the decode it
 //     claims keeps its pair;
 //   - refused, in any case, after the prefill's BootstrapTimeout.
@@ -51,9 +53,14 @@ import (
 // heldRegister is a REGISTER from another instance than the one registered
 // at its endpoint, held while that one may be gone (see above).
 type heldRegister struct {
-	v     *control.RegisterMsg
-	env   control.Envelope
-	since time.Time
+	v   *control.RegisterMsg
+	env control.Envelope
+	// since is when it was read; drained, once set, a moment after it at
+	// which the receive loop had emptied its inbox: a frame of the
+	// registered instance dispatched later was not already queued when
+	// the REGISTER was read (a loaded loop may read an exited process's
+	// last frames long after its successor's REGISTER).
+	since, drained time.Time
 }
 
 // contestQuiet is how long a registered decode whose control connection
@@ -99,15 +106,19 @@ func (m *Manager) droppedAtLocked(ep string) time.Time {
 }
 
 // contestRefusalLocked says why the held REGISTER of h is refused now ("" to
-// hold it on), with the registration old it contests; m.mu held.
+// hold it on), with the registration old it contests, and sets h.drained
+// once the inbox was emptied after h.since; m.mu held.
 func (m *Manager) contestRefusalLocked(h *heldRegister, old *decodePeer, now time.Time) string {
 	ep := h.v.Endpoint
 	quiet := m.contestQuiet()
+	if d := time.Unix(0, m.drainedAt.Load()); h.drained.IsZero() && d.After(h.since) {
+		h.drained = d
+	}
 	from := h.since
 	if d := m.droppedAtLocked(ep); d.After(from) {
 		from = d
 	}
-	if seen := m.lastSeen[ep]; seen.Sub(from) > quiet {
+	if seen := m.lastSeen[ep]; !h.drained.IsZero() && seen.After(h.drained) && seen.Sub(from) > quiet {
 		return fmt.Sprintf("decode endpoint %s is registered on prefill %s by instance %s, which is alive: it was heard from %s after this REGISTER from instance %s arrived (held %s). Two processes claim that address (a stray or forged REGISTER, or two decode ranks with the same control address): give each decode rank its own control address (ManagerConfig.ControlPort and AdvertiseHost, kvx_kv_config.control_port, --advertise-host), or stop the other process; a REGISTER from another instance replaces a registration only once its instance is gone",
 			ep, m.endpoint, old.id, seen.Sub(h.since).Round(time.Millisecond), control.SenderID(h.env), now.Sub(h.since).Round(time.Millisecond))
 	}
@@ -118,13 +129,14 @@ func (m *Manager) contestRefusalLocked(h *heldRegister, old *decodePeer, now tim
 	return ""
 }
 
-// holdRegisterLocked holds v (see above); a held REGISTER of the same
+// holdRegisterLocked holds h (see above); a held REGISTER of the same
 // instance with a newer epoch is kept instead; m.mu held.
-func (m *Manager) holdRegisterLocked(v *control.RegisterMsg, env control.Envelope, since time.Time) {
-	if h := m.pre.held[v.Endpoint]; h != nil && control.SenderID(h.env).Is(control.SenderID(env)) && h.v.Epoch > v.Epoch {
+func (m *Manager) holdRegisterLocked(h *heldRegister) {
+	ep := h.v.Endpoint
+	if o := m.pre.held[ep]; o != nil && control.SenderID(o.env).Is(control.SenderID(h.env)) && o.v.Epoch > h.v.Epoch {
 		return
 	}
-	m.pre.held[v.Endpoint] = &heldRegister{v: v, env: env, since: since}
+	m.pre.held[ep] = h
 }
 
 // heldContenderLocked reports whether id is the instance whose REGISTER for
@@ -155,6 +167,6 @@ func (m *Manager) reviewHeldRegisters(ep string) {
 		return
 	}
 	for _, h := range hs {
-		m.admitRegister(h.v, h.env, h.since)
+		m.admitRegister(h.v, h.env, h)
 	}
 }

@@ -1631,7 +1631,6 @@ func (m *Manager) monitorLoop() {
 		swept := m.sweepDeadPushLocked(now)
 		m.mu.Unlock()
 		m.rejectExpiredSubs(expiredSubs)
-		m.reviewHeldRegisters("") // contested.go
 		for _, ps := range swept {
 			ps.close()
 		}
@@ -1646,6 +1645,9 @@ func (m *Manager) monitorLoop() {
 			unreachable, _, _ := m.pushState(ep)
 			m.peerLost(ep, !unreachable, m.lostError(ep))
 		}
+		// After the losses above: a REGISTER held for a lost decode's
+		// endpoint taken before would be undone by its peerLost.
+		m.reviewHeldRegisters("") // contested.go
 		for _, s := range ss {
 			s.checkTimeout(now)
 			s.askVerdict(now)

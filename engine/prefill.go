@@ -212,31 +212,30 @@ func (p *decodePeer) setSegment(seg transport.Segment, o control.TransportOffer,
 // sides) and opens a segment to it with the highest-priority transport both
 // sides have whose OpenSegment succeeds.
 func (m *Manager) handleRegister(v *control.RegisterMsg, env control.Envelope) {
-	m.admitRegister(v, env, time.Time{})
+	m.admitRegister(v, env, nil)
 }
 
-// admitRegister is handleRegister of a REGISTER held since heldSince (zero:
-// just read): one from another instance than a registration of its
-// endpoint that is not judged gone is held, or refused once the
-// registered instance proved alive (contested.go).
-func (m *Manager) admitRegister(v *control.RegisterMsg, env control.Envelope, heldSince time.Time) {
+// admitRegister is handleRegister of a REGISTER, held as held (nil: just
+// read): one from another instance than a registration of its endpoint
+// that is not judged gone is held, or refused once the registered instance
+// proved alive (contested.go).
+func (m *Manager) admitRegister(v *control.RegisterMsg, env control.Envelope, held *heldRegister) {
 	now := time.Now()
 	p := &decodePeer{reg: v, id: control.SenderID(env), ready: make(chan struct{}), regAt: now}
 	m.mu.Lock()
 	old := m.pre.dpeers[v.Endpoint]
 	why, contested := m.registerRefusalLocked(v, env, old)
 	if contested {
-		since := heldSince
-		if since.IsZero() {
-			since = now
+		h := held
+		if h == nil {
+			h = &heldRegister{v: v, env: env, since: now}
 		}
-		h := &heldRegister{v: v, env: env, since: since}
 		if refusal := m.contestRefusalLocked(h, old, now); refusal != "" {
 			why = refusal
 		} else {
-			m.holdRegisterLocked(v, env, since)
+			m.holdRegisterLocked(h)
 			m.mu.Unlock()
-			if heldSince.IsZero() {
+			if held == nil {
 				m.log.Info("REGISTER from another instance at a registered decode's address held until the registered instance is judged gone or proves alive (a restart on the same port, or a stray REGISTER)",
 					"decode", v.Endpoint, "instance", control.SenderID(env).String(), "registered", old.id.String())
 			}
@@ -270,8 +269,8 @@ func (m *Manager) admitRegister(v *control.RegisterMsg, env control.Envelope, he
 	p.lastUse.Store(now.UnixNano())
 	m.lastSeen[v.Endpoint] = now
 	m.mu.Unlock()
-	if !heldSince.IsZero() {
-		m.log.Info("held REGISTER taken: the decode registered at its address is gone", "decode", v.Endpoint, "instance", p.id.String(), "held", now.Sub(heldSince).Round(time.Millisecond))
+	if held != nil {
+		m.log.Info("held REGISTER taken: the decode registered at its address is gone", "decode", v.Endpoint, "instance", p.id.String(), "held", now.Sub(held.since).Round(time.Millisecond))
 	}
 	m.watchPeer(v.Endpoint)
 	if old != nil {

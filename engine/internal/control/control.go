@@ -24,11 +24,12 @@ import (
 // PULL, like SGLang's control channel, spec §5.1). Every message starts with
 //
 //	frame 0: "KVXFER"   (ControlMagic)
-//	frame 1: "7"        (ControlVersion, ASCII decimal)
+//	frame 1: "8"        (ControlVersion, ASCII decimal)
 //	frame 2: message type ("REGISTER", "REGISTER_ACK", "TRANSFER", "ABORT",
 //	         "ABORT_ACK", "STATUS", "HANDSHAKE", "HANDSHAKE_ACK", "PING",
 //	         "PROBE", "PROBE_RESULT" (doctor probes, probe.go), "SUBSCRIBE"
-//	         (the prefill_complete allocation policy, subscribe.go))
+//	         (the prefill_complete allocation policy, subscribe.go),
+//	         "VERDICT_ACK" (verdictack.go))
 //
 // followed by the type's fields, one per frame, and on the wire by the
 // sender envelope (four frames: sender instance id and epoch, send time,
@@ -57,8 +58,10 @@ const (
 	// pair. Version 7: TRANSFER, ABORT and ABORT_ACK end with the attempt
 	// frame (TransferMsg.Attempt), so a prefill tells a retry of a room from
 	// a late frame of an attempt that was concluded, whatever order a ZeroMQ
-	// reconnect delivers them in.
-	ControlVersion = 7
+	// reconnect delivers them in. Version 8: VERDICT_ACK (verdictack.go),
+	// the producer's acknowledgement of a decode's Success verdict, which a
+	// closing decode waits for (and re-sends the verdict until it comes).
+	ControlVersion = 8
 )
 
 // Control message types (frame 2).
@@ -389,7 +392,7 @@ func controlType(parts [][]byte) (string, error) {
 		return "", fmt.Errorf("%w: protocol version %q not supported (this build speaks %d; upgrade the older side)", ErrBadFrame, Trunc(parts[1]), ControlVersion)
 	}
 	switch t := string(parts[2]); t {
-	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult, MsgSubscribe, MsgVersion:
+	case MsgRegister, MsgRegisterAck, MsgTransfer, MsgAbort, MsgAbortAck, MsgStatus, MsgHandshake, MsgHandshakeAck, MsgPing, MsgProbe, MsgProbeResult, MsgSubscribe, MsgVersion, MsgVerdictAck:
 		return t, nil
 	}
 	return "", fmt.Errorf("%w: unknown message type %q", ErrBadFrame, Trunc(parts[2]))
@@ -406,7 +409,7 @@ func Trunc(b []byte) string {
 
 // DecodeControl decodes any control message; it returns one of *RegisterMsg,
 // *RegisterAckMsg, *TransferMsg, *AbortMsg, *AbortAckMsg, *StatusMsg, *HandshakeMsg,
-// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg, *SubscribeMsg, *VersionMsg. Errors wrap ErrBadFrame.
+// *HandshakeAckMsg, *PingMsg, *ProbeMsg, *ProbeResultMsg, *SubscribeMsg, *VersionMsg, *VerdictAckMsg. Errors wrap ErrBadFrame.
 func DecodeControl(parts [][]byte) (any, error) {
 	t, err := controlType(parts)
 	if err != nil {
@@ -437,6 +440,8 @@ func DecodeControl(parts [][]byte) (any, error) {
 		return DecodeSubscribe(parts)
 	case MsgVersion:
 		return DecodeVersion(parts)
+	case MsgVerdictAck:
+		return DecodeVerdictAck(parts)
 	default:
 		return DecodePing(parts)
 	}

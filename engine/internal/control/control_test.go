@@ -55,6 +55,8 @@ func TestControlRoundTrip(t *testing.T) {
 		&PingMsg{Endpoint: "tcp://h:1"},
 		&SubscribeMsg{Room: 1<<63 - 1, Endpoint: "tcp://[::1]:9", Epoch: 12},
 		&StatusMsg{Room: 44, State: StatusWaitingForInput, Producer: 1, Endpoint: "tcp://h:2", Epoch: 12},
+		&VerdictAckMsg{Room: 1<<63 - 1, Endpoint: "tcp://h:2", Epoch: 7, Attempt: 1<<63 - 1, Accepted: true},
+		&VerdictAckMsg{Room: 45, Endpoint: "tcp://[::1]:9", Epoch: 1, Detail: "timed out waiting for the decode's verdict"},
 	}
 	for _, m := range msgs {
 		got, err := DecodeControl(m.Encode())
@@ -116,6 +118,17 @@ func TestControlRejects(t *testing.T) {
 			f[7] = []byte("2")
 			return f
 		}(), "clean"},
+		{"verdict ack short", (&VerdictAckMsg{Room: 1, Endpoint: "e", Epoch: 1}).Encode()[:8], "VERDICT_ACK has 8 frames, want 9"},
+		{"verdict ack accepted", func() [][]byte {
+			f := (&VerdictAckMsg{Room: 1, Endpoint: "e", Epoch: 1}).Encode()
+			f[7] = []byte("2")
+			return f
+		}(), "VERDICT_ACK frame 7: accepted"},
+		{"verdict ack room 2^63", func() [][]byte {
+			f := (&VerdictAckMsg{Room: 1, Endpoint: "e", Epoch: 1}).Encode()
+			f[3] = []byte("9223372036854775808")
+			return f
+		}(), "VERDICT_ACK frame 3: room"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -212,6 +225,7 @@ func FuzzDecodeControl(f *testing.F) {
 		&HandshakeAckMsg{Endpoint: "e", Transport: "rdma", Epoch: 1},
 		&PingMsg{Endpoint: "e"},
 		&SubscribeMsg{Room: 7, Endpoint: "tcp://h:1", Epoch: 3},
+		&VerdictAckMsg{Room: 7, Endpoint: "tcp://h:1", Epoch: 3, Attempt: 2, Accepted: true},
 		&ProbeMsg{Endpoint: "tcp://h:3", ID: 9, Length: 64, Transports: []ProbeOffer{{Name: "tcp", Endpoint: []byte("h:4"), Region: transport.RegionDesc{ID: 1, Addr: 4096, Length: 64}}}},
 		&ProbeResultMsg{Endpoint: "tcp://h:1", ID: 9, Rank: "prefill dp0/tp0/pp0", Transports: []string{"tcp", "shm"},
 			Results: []ProbeResult{{Transport: "tcp", Handshake: 3 * time.Microsecond, Transfer: 9 * time.Microsecond}, {Transport: "shm", Stage: "handshake", Err: "x", NotApplicable: true}}},
@@ -307,9 +321,15 @@ func FuzzDecodeAbortHandshakePing(f *testing.F) {
 	f.Add(uint8(3), []byte("e"))
 	f.Add(uint8(4), []byte("1\x00e\x002\x009\x001\x00detail\x0011"))
 	f.Add(uint8(4), []byte("1\x00e\x002\x009\x001\x00detail"))
+	f.Add(uint8(5), []byte("1\x00e\x002\x003\x001\x00"))
+	f.Add(uint8(5), []byte("1\x00e\x002\x003\x000\x00failed"))
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		rest := bytes.Split(data, []byte{0})
-		switch which % 5 {
+		switch which % 6 {
+		case 5:
+			if m, err := DecodeVerdictAck(append(header(MsgVerdictAck), rest...)); err == nil && (m.Room > MaxRoom || m.Attempt > MaxAttempt) {
+				t.Fatalf("accepted room %d attempt %d", m.Room, m.Attempt)
+			}
 		case 4:
 			if m, err := DecodeAbortAck(append(header(MsgAbortAck), rest...)); err == nil && (m.Room > MaxRoom || m.Attempt > MaxAttempt) {
 				t.Fatalf("accepted room %d attempt %d", m.Room, m.Attempt)
@@ -352,8 +372,11 @@ func TestDecodeForeign(t *testing.T) {
 		bad   bool
 	}{
 		{"register v5", as(5, sampleRegister().Encode()), ForeignFrame{Version: 5, Type: MsgRegister, Endpoint: sampleRegister().Endpoint}, false},
-		{"abort v8", as(8, (&AbortMsg{Room: 9, Endpoint: "tcp://h:1", Reason: "r", Epoch: 2, Attempt: 4}).Encode()),
-			ForeignFrame{Version: 8, Type: MsgAbort, Endpoint: "tcp://h:1", Room: 9, HasRoom: true, Reason: "r"}, false},
+		{"abort v9", as(9, (&AbortMsg{Room: 9, Endpoint: "tcp://h:1", Reason: "r", Epoch: 2, Attempt: 4}).Encode()),
+			ForeignFrame{Version: 9, Type: MsgAbort, Endpoint: "tcp://h:1", Room: 9, HasRoom: true, Reason: "r"}, false},
+		// A peer of protocol 7 (no VERDICT_ACK; the other frames as now).
+		{"transfer v7", as(7, (&TransferMsg{Attempt: 1, Room: 10, Endpoint: "tcp://h:4", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 2}).Encode()),
+			ForeignFrame{Version: 7, Type: MsgTransfer, Endpoint: "tcp://h:4", Room: 10, HasRoom: true}, false},
 		// A peer of protocol 6: TRANSFER, ABORT and ABORT_ACK without the
 		// attempt frame still name their sender and room.
 		{"transfer v6", as(6, (&TransferMsg{Attempt: 1, Room: 11, Endpoint: "tcp://h:5", Pages: []int32{1}, RequiredDstInfoNum: 1, Epoch: 2}).Encode()[:15]),
@@ -366,7 +389,7 @@ func TestDecodeForeign(t *testing.T) {
 			ForeignFrame{Version: 4, Type: MsgStatus, Endpoint: "tcp://h:2", Room: 3, HasRoom: true}, false},
 		{"version v9", as(9, (&VersionMsg{Endpoint: "tcp://h:3", Reason: "why"}).Encode()),
 			ForeignFrame{Version: 9, Type: MsgVersion, Endpoint: "tcp://h:3", Reason: "why"}, false},
-		{"unknown type", [][]byte{[]byte(ControlMagic), []byte("8"), []byte("NEWTHING"), []byte("x")}, ForeignFrame{Version: 8, Type: "NEWTHING"}, false},
+		{"unknown type", [][]byte{[]byte(ControlMagic), []byte("9"), []byte("NEWTHING"), []byte("x")}, ForeignFrame{Version: 9, Type: "NEWTHING"}, false},
 		{"short transfer", [][]byte{[]byte(ControlMagic), []byte("5"), []byte(MsgTransfer), []byte("1")}, ForeignFrame{}, true},
 		{"not an endpoint", [][]byte{[]byte(ControlMagic), []byte("5"), []byte(MsgPing), []byte("h:1")}, ForeignFrame{}, true},
 	} {
@@ -392,12 +415,12 @@ func TestDecodeForeign(t *testing.T) {
 	}
 	key := ControlKey("t")
 	sealed := SealControl((&PingMsg{Endpoint: "tcp://h:1"}).Encode(), "i", 1, 1, time.Now(), key)
-	sealed[1] = []byte("8")
+	sealed[1] = []byte("9")
 	if ForeignTagValid(sealed, key) {
 		t.Fatal("a frame altered after sealing verified")
 	}
 	f := (&PingMsg{Endpoint: "tcp://h:1"}).Encode()
-	f[1] = []byte("8")
+	f[1] = []byte("9")
 	if !ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), key), key) || ForeignTagValid(SealControl(f, "i", 1, 1, time.Now(), nil), key) {
 		t.Fatal("ForeignTagValid: a tagged frame must verify, an untagged one must not")
 	}

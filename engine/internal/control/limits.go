@@ -71,6 +71,8 @@ func LimitOf(typ string) FrameLimit {
 		return l(6, 0)
 	case MsgVersion:
 		return l(5, 0)
+	case MsgVerdictAck:
+		return l(verdictAckFrames, 0)
 	}
 	return l(4, 0)
 }

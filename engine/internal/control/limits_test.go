@@ -44,6 +44,7 @@ func TestFrameLimits(t *testing.T) {
 		&HandshakeAckMsg{Endpoint: "tcp://h:1", Transport: "rdma", Err: long, Epoch: 3},
 		&PingMsg{Endpoint: "tcp://h:1"},
 		&SubscribeMsg{Room: 1, Endpoint: "tcp://h:1", Epoch: 12},
+		&VerdictAckMsg{Room: 1, Endpoint: "tcp://h:1", Epoch: 12, Attempt: 3, Detail: long},
 		&VersionMsg{Endpoint: "tcp://h:1", Reason: long},
 	} {
 		frames := SealControl(m.Encode(), "inst", 1, 1, time.Now(), key)

@@ -68,6 +68,8 @@ func SenderEndpoint(msg any) string {
 		return v.Endpoint
 	case *VersionMsg:
 		return v.Endpoint
+	case *VerdictAckMsg:
+		return v.Endpoint
 	}
 	return ""
 }

@@ -48,6 +48,11 @@ type decodeSide struct {
 	// last number handed out, from a random start (a restarted decode at
 	// the same address does not reuse its predecessor's numbers).
 	attempts *atomic.Uint64
+	// unacked: the Success verdicts sent that their producer has not
+	// acknowledged yet (verdictack.go); unackedOrder: their keys in the
+	// order first sent (expiry; a key acknowledged meanwhile is skipped).
+	unacked      map[verdictKey]*unackedVerdict
+	unackedOrder []verdictKey
 }
 
 func newDecodeSide() decodeSide {
@@ -60,6 +65,7 @@ func newDecodeSide() decodeSide {
 		ppeers:    map[string]*prefillPeer{},
 		bcache:    map[string]*instanceInfo{},
 		attempts:  attempts,
+		unacked:   map[verdictKey]*unackedVerdict{},
 	}
 }
 
@@ -496,14 +502,18 @@ func (m *Manager) handleStatus(v *control.StatusMsg) {
 		r.onStatus(v)
 		return
 	}
+	// The answers go out from goroutines Close waits for (verdictFlight);
+	// a Success is re-sent by Close until acknowledged (verdictack.go).
 	if known {
 		if vd.ok {
-			go m.sendVerdict(v.Endpoint, v.Room, true, "", v.Epoch)
+			m.goReanswer(func() { m.sendSuccessVerdict(v.Endpoint, v.Room, v.Epoch, vd.attempt) })
 		} else {
-			go m.sendAbort(v.Endpoint, v.Room, vd.reason, v.Epoch, vd.attempt)
+			m.goReanswer(func() { m.sendAbort(v.Endpoint, v.Room, vd.reason, v.Epoch, vd.attempt) })
 		}
 		return
 	}
 	m.log.Debug("STATUS for an unknown or cleared room", "room", v.Room, "peer", peerLabel(v.Endpoint))
-	go m.sendAbort(v.Endpoint, v.Room, fmt.Sprintf("decode %s %s %d (closed long ago, or never created here)", m.endpoint, noRoomReason, v.Room), v.Epoch, 0)
+	m.goReanswer(func() {
+		m.sendAbort(v.Endpoint, v.Room, fmt.Sprintf("decode %s %s %d (closed long ago, or never created here)", m.endpoint, noRoomReason, v.Room), v.Epoch, 0)
+	})
 }

@@ -102,3 +102,11 @@ func PendingTransferAttempts(m *Manager, room uint64) map[string]uint64 {
 	}
 	return out
 }
+
+// UnackedVerdicts returns how many Success verdicts the decode manager sent
+// that no producer acknowledged yet (VERDICT_ACK; tests only).
+func UnackedVerdicts(m *Manager) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.dec.unacked)
+}

@@ -91,7 +91,8 @@ var (
 
 // Control message types (frame 2 of every control message: "REGISTER",
 // "REGISTER_ACK", "TRANSFER", "ABORT", "ABORT_ACK", "STATUS", "HANDSHAKE",
-// "HANDSHAKE_ACK", "PING", "PROBE", "PROBE_RESULT", "SUBSCRIBE"), as
+// "HANDSHAKE_ACK", "PING", "PROBE", "PROBE_RESULT", "SUBSCRIBE",
+// "VERDICT_ACK"), as
 // ManagerConfig.ControlFault sees them. The frames themselves are the
 // control codec's (engine/internal/control); these name them for callers of
 // the manager, such as engine/faulty.DropControl and the chaos soak.
@@ -108,6 +109,7 @@ const (
 	MsgProbe        = control.MsgProbe
 	MsgProbeResult  = control.MsgProbeResult
 	MsgSubscribe    = control.MsgSubscribe
+	MsgVerdictAck   = control.MsgVerdictAck
 )
 
 // ManagerConfig configures a KV manager (one per rank, like SGLang's
@@ -486,6 +488,12 @@ type Manager struct {
 	// when each endpoint of another version was last answered (skew.go).
 	ctlVersion  atomic.Int64
 	versionTold map[string]time.Time
+
+	// closing (under mu): Close began (no new Receiver; the unfinished
+	// ones are failed and their producers told while the sockets still
+	// work). closeOnce runs Close's work.
+	closing   bool
+	closeOnce sync.Once
 }
 
 // NewManager validates the KV arguments (errors wrap ErrBadKVArgs), binds the
@@ -929,41 +937,59 @@ func (m *Manager) TransportNames() []string {
 
 // Close fails every active Sender/Receiver with ErrManagerClosed, stops the
 // loops, closes the sockets and deregisters memory. A prefill deregisters its
-// rank from the bootstrap server (best effort). A decode first delivers the
-// verdicts of the rooms it decided before Close was called (a room whose
-// records are verified once Close runs fails with ErrManagerClosed): Close waits up to verdictFlush (1 s) for
-// them to be handed to their control sockets, and those sockets linger up to
-// verdictFlush more to send them, so Close takes at most about 2 s longer
-// when verdicts are pending (ZeroMQ has handed them to TCP then; the
-// protocol has no acknowledgement of a Success verdict, and a prefill that
-// sees the decode go waits verdictGrace for it, verdicts.go). Idempotent.
+// rank from the bootstrap server (best effort). A decode first settles its
+// rooms with their producers while its sockets still work: every unfinished
+// room fails (ErrManagerClosed, "decode closed") and its producers are sent
+// ABORT, so they fail it at once naming the close; the verdicts of the rooms
+// it decided before (and the re-answers of producers that asked again) are
+// handed to their control sockets, for at most verdictFlush (1 s); then the
+// Success verdicts no producer acknowledged yet (VERDICT_ACK) are re-sent
+// every 100 ms until acknowledged, for at most verdictAckWait (1 s; each one
+// left is logged at Error); the control sockets then linger up to
+// verdictFlush more. Close takes at most about 3 s longer when verdicts are
+// pending (verdicts.go, verdictack.go). Idempotent: a concurrent call
+// returns once the first one finished.
 func (m *Manager) Close() error {
+	m.closeOnce.Do(m.closeNow)
+	return nil
+}
+
+// closeNow is Close's work, run once.
+func (m *Manager) closeNow() {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return nil
+		return
+	}
+	m.closing = true
+	var rs []*Receiver
+	for _, r := range m.dec.receivers {
+		rs = append(rs, r)
 	}
 	m.mu.Unlock()
-	// The verdicts of rooms decided before Close go out first; no room is
-	// decided Success from here on (verdicts.go).
+	// No room is decided Success from here on (verdicts.go); the
+	// unfinished ones fail now, while their ABORTs can still be sent
+	// (counted in verdictFlight).
 	m.verdictFlight.shutdown()
+	for _, r := range rs {
+		r.failLocal(fmt.Errorf("%w: room %d: decode closed (its KV manager's Close) before the room finished", ErrManagerClosed, r.room))
+	}
+	// The verdicts of rooms decided before Close, and these ABORTs, go
+	// out first.
 	if !m.verdictFlight.wait(verdictFlush) {
 		m.log.Warn("closing with room verdicts not yet sent: their producers decide by their own timeouts", "waited", verdictFlush)
 	}
 	if h := m.afterVerdictFlush.Load(); h != nil {
 		(*h)()
 	}
+	m.awaitVerdictAcks(verdictAckWait)
 	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil
-	}
 	m.closed = true
 	var ss []*Sender
 	for _, s := range m.pre.senders {
 		ss = append(ss, s)
 	}
-	var rs []*Receiver
+	rs = rs[:0]
 	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
@@ -991,7 +1017,6 @@ func (m *Manager) Close() error {
 		}
 	}
 	m.teardown(true)
-	return nil
 }
 
 // teardown stops the loops and frees everything; flush (Close) lets the
@@ -1586,6 +1611,13 @@ func (m *Manager) dispatch(parts [][]byte) {
 		}
 		m.touch(v.Endpoint)
 		m.handleSubscribe(v)
+	case *control.VerdictAckMsg:
+		if m.cfg.Role != RoleDecode {
+			m.log.Warn("dropped VERDICT_ACK: this rank is a prefill", "from", v.Endpoint)
+			return
+		}
+		m.touch(v.Endpoint)
+		m.handleVerdictAck(v)
 	}
 }
 
@@ -1706,7 +1738,11 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 			delete(m.dec.bcache, addr)
 		}
 	}
+	unacked := m.forgetUnackedLocked(ep)
 	m.mu.Unlock()
+	if unacked > 0 {
+		m.log.Info("prefill rank gone before acknowledging Success verdicts: not waited for at close (it asks again if it comes back)", "peer", peerLabel(ep), "verdicts", unacked)
+	}
 	if dp != nil {
 		dp.close()
 	}

@@ -611,17 +611,38 @@ func (m *Manager) sendAbortAck(ep string, ack *control.AbortAckMsg) bool {
 }
 
 // handleVerdict (prefill): a decode's verdict on a room (STATUS from the
-// decode): Success completes the sender once every destination agreed.
+// decode): Success completes the sender once every destination agreed, and
+// is acknowledged (VERDICT_ACK, verdictack.go), each copy of it.
 func (m *Manager) handleVerdict(v *control.StatusMsg) {
 	m.mu.Lock()
 	s := m.pre.senders[v.Room]
+	memo, failed := m.pre.recent[v.Room]
 	m.mu.Unlock()
 	if s == nil {
+		if KVPoll(v.State) == KVSuccess {
+			// Closed here: acknowledged (the decode waits for that when it
+			// closes), saying whether the room had failed.
+			var failure string
+			var attempt uint64
+			if failed {
+				failure, attempt = memo.failure, memo.served[v.Endpoint].attempt
+			}
+			m.ackVerdict(v, attempt, failure)
+		}
 		return
 	}
 	switch KVPoll(v.State) {
 	case KVSuccess:
+		if !s.hasDst(v.Endpoint) {
+			s.onVerdict(v.Endpoint) // not a destination: ignored there
+			return
+		}
+		var failure string
+		if p, err := s.st.get(); p == KVFailed && err != nil && !s.verdictFrom(v.Endpoint) {
+			failure = err.Error()
+		}
 		s.onVerdict(v.Endpoint)
+		m.ackVerdict(v, s.dstAttempt(v.Endpoint), failure)
 	case KVFailed:
 		s.fail(fmt.Errorf("%w by decode %s: %s", ErrAborted, v.Endpoint, v.Reason))
 	}

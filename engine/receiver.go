@@ -133,7 +133,7 @@ func (m *Manager) NewReceiverDP(bootstrapAddr string, room uint64, prefillDPRank
 		fenceCh: make(chan struct{}), closedCh: make(chan struct{}), readyCh: make(chan struct{}), runDone: make(chan struct{})}
 	r.tr = m.newRoomTrace(room, r.st)
 	m.mu.Lock()
-	if m.closed {
+	if m.closed || m.closing {
 		m.mu.Unlock()
 		cancel()
 		return nil, ErrManagerClosed
@@ -527,7 +527,7 @@ func (r *Receiver) succeedChecked() {
 	r.mu.Unlock()
 	r.m.rememberVerdict(r.room, true, "", r.attempt)
 	for _, t := range ts {
-		r.m.goVerdict(t.endpoint, r.room, true, "", t.epoch)
+		r.m.goVerdict(t.endpoint, r.room, t.epoch, r.attempt)
 	}
 	r.updateFence()
 }
@@ -870,11 +870,14 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 	switch {
 	case p == KVSuccess:
 		// It missed the verdict (and may have given up waiting): the
-		// decode's Success stands.
-		go r.m.sendVerdict(v.Endpoint, r.room, true, "", t.epoch)
+		// decode's Success stands (sent again from a goroutine Close
+		// waits for, and re-sent by Close until acknowledged).
+		epoch := t.epoch
+		r.m.goReanswer(func() { r.m.sendSuccessVerdict(v.Endpoint, r.room, epoch, r.attempt) })
 	case p == KVFailed:
 		if KVPoll(v.State) == KVSuccess { // it missed the ABORT
-			go r.m.sendAbort(v.Endpoint, r.room, ferr.Error(), t.epoch, r.attempt)
+			epoch := t.epoch
+			r.m.goReanswer(func() { r.m.sendAbort(v.Endpoint, r.room, ferr.Error(), epoch, r.attempt) })
 		}
 		r.updateFence()
 	case KVPoll(v.State) == KVFailed:

@@ -16,12 +16,15 @@ import (
 //
 //   - Manager.Close first stops new Success decisions (a room whose last
 //     record is verified once Close began fails as closed, as every room
-//     still in flight does: its verdict could not be waited for), then
-//     waits, at most verdictFlush, for the verdict sends already decided
-//     (verdictFlight), and closes the control sockets of
-//     live peers with a linger of verdictFlush, so the frames they queue go
-//     out before the context terminates (Close returns within about
-//     2 x verdictFlush even when a peer stopped reading).
+//     still in flight does, at once, with an ABORT to its producers: its
+//     verdict could not be waited for), then waits, at most verdictFlush,
+//     for the verdict sends already decided, those ABORTs and the
+//     re-answers of producers that asked again (verdictFlight), then for
+//     the acknowledgements of the Success verdicts (verdictack.go, at most
+//     verdictAckWait), and closes the control sockets of live peers with a
+//     linger of verdictFlush, so the frames they queue go out before the
+//     context terminates (Close returns within about 3 x verdictFlush even
+//     when a peer stopped reading).
 //   - A prefill that wrote a room and waits only for the decode's verdict
 //     does not fail it the moment the decode's control connection drops: the
 //     verdict travels on the decode's own connection, which may be read
@@ -41,7 +44,7 @@ import (
 //     (Manager.deferNoRoomAbort).
 //
 // A decode that is killed (SIGKILL, a crash) or whose close runs past
-// verdictFlush cannot deliver what it decided: its prefill then fails the
+// its bounds cannot deliver what it decided: its prefill then fails the
 // room naming the lost decode, after the grace (the documented limit).
 
 // verdictFlush bounds how long Close waits for decided verdicts to be
@@ -176,15 +179,18 @@ func (f *flight) wait(limit time.Duration) bool {
 	}
 }
 
-// goVerdict sends a decided verdict from a goroutine of its own, counted in
-// verdictFlight (the caller added it before the decision became visible).
-func (m *Manager) goVerdict(ep string, room uint64, ok bool, reason string, epoch uint64) {
+// goVerdict sends a decided Success verdict (of attempt, for registration
+// epoch) from a goroutine of its own, counted in verdictFlight (the caller
+// added it before the decision became visible); it stays recorded as
+// unacknowledged until the producer's VERDICT_ACK (verdictack.go).
+func (m *Manager) goVerdict(ep string, room, epoch, attempt uint64) {
+	m.noteUnacked(ep, room, epoch, attempt)
 	go func() {
 		defer m.verdictFlight.done(1)
 		if h := m.beforeVerdict.Load(); h != nil {
 			(*h)()
 		}
-		m.sendVerdict(ep, room, ok, reason, epoch)
+		m.sendVerdict(ep, room, true, "", epoch)
 	}()
 }
 

@@ -1,0 +1,145 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/engine"
+)
+
+// Issue 22 case 1, the lost verdict (kvxfer chaos: a dropped STATUS or a
+// control reset, then the decode's restart or exit): the decode's Success
+// verdict never reaches the prefill, and the decode closes right after
+// Success, before the prefill's next ask for the verdict (every second).
+// The closing decode must re-send the verdict until the prefill
+// acknowledges it. Before: nothing confirmed delivery, the decode closed
+// at once, and the prefill failed the room "peer lost" after its grace
+// while the decode had reported Success.
+func TestLostVerdictDeliveredAtDecodeClose(t *testing.T) {
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	for i := range uint64(3) {
+		var statuses atomic.Int32
+		dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1,
+			controlFault: func(_, typ string) bool { return typ == engine.MsgStatus && statuses.Add(1) == 1 }})
+		closeAfterSuccessOn(t, addr, pre, dec, 1500+i)
+		if statuses.Load() < 2 {
+			t.Fatalf("room %d: the decode sent its verdict %d times, want the dropped one and a re-send", 1500+i, statuses.Load())
+		}
+		if n := engine.UnackedVerdicts(dec.m); n != 0 {
+			t.Fatalf("room %d: %d verdicts left unacknowledged after the close", 1500+i, n)
+		}
+	}
+}
+
+// The prefill acknowledges every copy of a verdict, duplicates included
+// (its first acknowledgement may be lost, as here), also once its sender
+// succeeded and was closed; the closing decode re-sends until one arrives.
+func TestVerdictAckLostIsResent(t *testing.T) {
+	addr := startBootstrap(t)
+	var acks atomic.Int32
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && acks.Add(1) == 1 }})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	const room = 1600
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	if st := r.Poll(); st != engine.KVSuccess {
+		t.Fatalf("receiver %s %v", st, r.Failure())
+	}
+	s.Close() // the prefill's caller is done with the room
+	if n := engine.UnackedVerdicts(dec.m); n != 1 {
+		t.Fatalf("%d unacknowledged verdicts before the close, want 1 (its acknowledgement was dropped)", n)
+	}
+	dec.m.Close()
+	if n := engine.UnackedVerdicts(dec.m); n != 0 {
+		t.Fatalf("%d verdicts left unacknowledged after the close: the prefill did not acknowledge the re-sent copy", n)
+	}
+	if n := acks.Load(); n < 2 {
+		t.Fatalf("the prefill sent %d VERDICT_ACKs, want the dropped one and one for the re-sent copy", n)
+	}
+}
+
+// README: a decode that closes sends ABORT for its unfinished rooms, so
+// their producers fail them at once naming the close, also a producer that
+// wrote everything and waits only for the verdict (which otherwise waits
+// out its verdict grace after the decode's connection dropped). Before:
+// Close marked the manager closed first, the ABORTs were refused ("KV
+// manager closed"), and the prefill failed the room "peer lost", after the
+// grace when it had written the room.
+func TestDecodeCloseAbortsUnfinishedRooms(t *testing.T) {
+	for _, written := range []bool{false, true} {
+		name := "bootstrapped"
+		if written {
+			name = "written, verdict pending"
+		}
+		t.Run(name, func(t *testing.T) {
+			addr := startBootstrap(t)
+			pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+			dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+			room := uint64(1700)
+			if written {
+				room++
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+			if written {
+				// The prefill's STATUS Success waits in the decode's control
+				// loop until the close has failed the room: the decode does
+				// not decide it first.
+				held, release := make(chan struct{}), make(chan struct{})
+				var once, rel sync.Once
+				engine.SetBeforeDispatch(dec.m, func(typ string) {
+					if typ != engine.MsgStatus {
+						return
+					}
+					once.Do(func() { close(held) })
+					select {
+					case <-release:
+					case <-time.After(10 * time.Second):
+					}
+				})
+				engine.SetAfterVerdictFlush(dec.m, func() { rel.Do(func() { close(release) }) })
+				if err := s.Send(src, true); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-held:
+				case <-ctx.Done():
+					t.Fatal("the prefill's STATUS never reached the decode")
+				}
+			}
+			start := time.Now()
+			dec.m.Close()
+			if st := r.Poll(); st != engine.KVFailed || !errors.Is(r.Failure(), engine.ErrManagerClosed) {
+				t.Fatalf("decode %s (%v), want Failed with ErrManagerClosed", st, r.Failure())
+			}
+			if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+				t.Fatalf("prefill %s", st)
+			}
+			took := time.Since(start)
+			err := s.Failure()
+			if !errors.Is(err, engine.ErrAborted) || !strings.Contains(err.Error(), "decode closed") {
+				t.Fatalf("prefill failed with %v, want the decode's ABORT naming its close", err)
+			}
+			// The verdict grace is 2 s after the drop; the ABORT comes
+			// before the close's socket linger.
+			if took > 2*time.Second {
+				t.Fatalf("prefill failed %v after the decode's close began, want it at once (the ABORT), not after the grace", took)
+			}
+		})
+	}
+}

@@ -616,18 +616,16 @@ func (m *Manager) sendAbortAck(ep string, ack *control.AbortAckMsg) bool {
 func (m *Manager) handleVerdict(v *control.StatusMsg) {
 	m.mu.Lock()
 	s := m.pre.senders[v.Room]
-	memo, failed := m.pre.recent[v.Room]
 	m.mu.Unlock()
 	if s == nil {
 		if KVPoll(v.State) == KVSuccess {
-			// Closed here: acknowledged (the decode waits for that when it
-			// closes), saying whether the room had failed.
-			var failure string
-			var attempt uint64
-			if failed {
-				failure, attempt = memo.failure, memo.served[v.Endpoint].attempt
-			}
-			m.ackVerdict(v, attempt, failure)
+			// Closed here (a copy of a verdict that came before, whose
+			// acknowledgement was lost): acknowledged, since the decode
+			// waits for that when it closes. Which attempt it was for is
+			// not known here (STATUS names none; a memo of a failed
+			// earlier attempt of the room says nothing about it), so it
+			// names none.
+			m.ackVerdict(v, 0, "")
 		}
 		return
 	}

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,5 +142,60 @@ func TestDecodeCloseAbortsUnfinishedRooms(t *testing.T) {
 				t.Fatalf("prefill failed %v after the decode's close began, want it at once (the ABORT), not after the grace", took)
 			}
 		})
+	}
+}
+
+// A copy of a Success verdict that reaches the prefill after it closed the
+// room's sender (its first acknowledgement was lost, the closing decode
+// re-sends) is acknowledged as accepted, also when the prefill keeps the
+// memo of a failed earlier attempt of the same bootstrap_room (a retry):
+// that memo says nothing about the attempt the verdict is for. Before:
+// the prefill answered from the memo that the room had failed, and both
+// sides logged a disagreement that did not exist (kvxfer chaos, retry
+// fault).
+func TestVerdictCopyAfterRetryAccepted(t *testing.T) {
+	addr := startBootstrap(t)
+	logs := make(logLines, 4096)
+	withLog := func(c *engine.ManagerConfig) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	}
+	var dropAcks atomic.Bool
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, cfgMod: withLog,
+		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && dropAcks.Load() }})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, cfgMod: withLog})
+	const room = 1800
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Attempt 1 fails (the decode's caller aborts it) and both sides
+	// close it: the prefill keeps its memo.
+	r1, s1, _ := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+	r1.Abort()
+	if st := s1.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("attempt 1: sender %s, want Failed", st)
+	}
+	s1.Close()
+	r1.Close()
+	// Attempt 2 succeeds; its acknowledgement is lost.
+	dropAcks.Store(true)
+	r2, s2, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+	if err := s2.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := s2.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("attempt 2: sender %s %v", st, s2.Failure())
+	}
+	if st := r2.Poll(); st != engine.KVSuccess {
+		t.Fatalf("attempt 2: receiver %s %v", st, r2.Failure())
+	}
+	s2.Close()
+	dropAcks.Store(false)
+	dec.m.Close() // re-sends attempt 2's verdict
+	if n := engine.UnackedVerdicts(dec.m); n != 0 {
+		t.Fatalf("%d verdicts left unacknowledged after the close", n)
+	}
+	for len(logs) > 0 {
+		if rec := <-logs; rec["level"] == "ERROR" {
+			t.Errorf("logged: %v", rec)
+		}
 	}
 }

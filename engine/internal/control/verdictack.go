@@ -12,10 +12,11 @@ package control
 //	VERDICT_ACK: 3 room, 4 prefill endpoint, 5 epoch (the verdict's: the
 //	decode's registration with this prefill rank), 6 attempt (the
 //	decode attempt whose TRANSFER the producer serves, TransferMsg.Attempt;
-//	0 when it holds none), 7 accepted (1: the verdict counts, the room is
-//	Success or only waits for the other decodes' verdicts there, or was
-//	closed after it; 0: the room had already failed there), 8 detail (the
-//	room's failure there when accepted is 0, else "")
+//	0 when it holds none: the room was closed there), 7 accepted (1: the
+//	verdict counts, the room is Success or only waits for the other
+//	decodes' verdicts there, or was closed there; 0: the room had already
+//	failed there), 8 detail (the room's failure there when accepted is 0,
+//	else "")
 const MsgVerdictAck = "VERDICT_ACK"
 
 // verdictAckFrames is VERDICT_ACK's frame count, header included.

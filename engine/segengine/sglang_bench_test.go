@@ -3,6 +3,10 @@ package segengine_test
 import (
 	"context"
 	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +24,10 @@ import (
 // 1 KiB source block; on shm one copy per block).
 //
 //	go test -run '^$' -bench SGLang -benchtime 6x -count 3 ./engine/segengine
+//
+// The tokens and pages sub-benchmarks run at different moments, so on a
+// loaded machine their ratio moves with the load; BenchmarkSGLangPairs
+// is the steady figure.
 func BenchmarkSGLang(b *testing.B) {
 	for _, tr := range []string{"tcp", "shm"} {
 		if err := transport.ProbeTransport(tr); err != nil {
@@ -30,9 +38,60 @@ func BenchmarkSGLang(b *testing.B) {
 	}
 }
 
-func benchSGLang(b *testing.B, tr string, pages bool) {
-	recv := newTE(b, tr)
-	send := newTE(b, tr)
+// BenchmarkSGLangPairs: BenchmarkSGLang's two batches on one segment,
+// alternating: each op is one pair (a per-token batch, then the same bytes
+// in page-sized entries), so both sides of a pair see the same load. It
+// reports the median of the per-pair ratios (tokens-GB/s / pages-GB/s,
+// "ratio"), their 25th and 75th percentiles ("ratio-p25", "ratio-p75"),
+// each side's median GB/s and the 1-minute load average at the start and
+// the end ("load-start", "load-end", from /proc/loadavg; 0 where it
+// cannot be read). ns/op is one pair.
+//
+//	go test -run '^$' -bench SGLangPairs/tcp -benchtime 20x ./engine/segengine
+func BenchmarkSGLangPairs(b *testing.B) {
+	for _, tr := range []string{"tcp", "shm"} {
+		if err := transport.ProbeTransport(tr); err != nil {
+			continue
+		}
+		b.Run(tr, func(b *testing.B) {
+			recv := newTE(b, tr)
+			send := newTE(b, tr)
+			seg, tokens, pages := sglangSetup(b, recv, send)
+			defer seg.Close()
+			const bytes = sglangBytes
+			load0 := loadAvg1()
+			// One untimed pair first (first touch of the fresh buffers).
+			sglangBatch(b, seg, tokens)
+			sglangBatch(b, seg, pages)
+			var ratios, tg, pg []float64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t := sglangBatch(b, seg, tokens)
+				p := sglangBatch(b, seg, pages)
+				tg = append(tg, bytes/t.Seconds()/1e9)
+				pg = append(pg, bytes/p.Seconds()/1e9)
+				ratios = append(ratios, p.Seconds()/t.Seconds())
+			}
+			b.StopTimer()
+			b.SetBytes(2 * bytes)
+			b.ReportMetric(quantile(ratios, 0.5), "ratio")
+			b.ReportMetric(quantile(ratios, 0.25), "ratio-p25")
+			b.ReportMetric(quantile(ratios, 0.75), "ratio-p75")
+			b.ReportMetric(quantile(tg, 0.5), "tokens-GB/s")
+			b.ReportMetric(quantile(pg, 0.5), "pages-GB/s")
+			b.ReportMetric(load0, "load-start")
+			b.ReportMetric(loadAvg1(), "load-end")
+		})
+	}
+}
+
+// sglangBytes is the bytes one SGLang batch moves (64 x 4096 x 1 KiB).
+const sglangBytes = 64 * 4096 * 1024
+
+// sglangSetup registers the shape's buffers (dst on recv, src on send),
+// opens send's segment to recv and builds both entry sets: per token slot
+// and page-sized (the same bytes, same random page tables).
+func sglangSetup(b *testing.B, recv, send *segengine.TransferEngine) (*segengine.RemoteSegment, segengine.Entries, segengine.Entries) {
 	const bufs, toks, page, slice = 64, 4096, 64, 1024
 	dst, _ := regBuf(b, recv, "dst", bufs*toks*slice)
 	src, _ := regBuf(b, send, "src", bufs*toks*2*slice)
@@ -40,43 +99,85 @@ func benchSGLang(b *testing.B, tr string, pages bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer seg.Close()
 	r := rand.New(rand.NewPCG(1, 2))
 	sp, dp := r.Perm(toks/page), r.Perm(toks/page)
-	e := segengine.Entries{Region: segengine.PeerAddressRegion}
+	tokens := segengine.Entries{Region: segengine.PeerAddressRegion}
+	pages := segengine.Entries{Region: segengine.PeerAddressRegion}
 	for bf := uint64(0); bf < bufs; bf++ {
-		if pages {
-			for p := 0; p < toks/page; p++ {
-				e.Local = append(e.Local, uint64(src.Addr())+bf*toks*2*slice+uint64(sp[p]*page*slice))
-				e.Remote = append(e.Remote, uint64(dst.Addr())+bf*toks*slice+uint64(dp[p]*page*slice))
-				e.Length = append(e.Length, page*slice)
-			}
-			continue
+		for p := 0; p < toks/page; p++ {
+			pages.Local = append(pages.Local, uint64(src.Addr())+bf*toks*2*slice+uint64(sp[p]*page*slice))
+			pages.Remote = append(pages.Remote, uint64(dst.Addr())+bf*toks*slice+uint64(dp[p]*page*slice))
+			pages.Length = append(pages.Length, page*slice)
 		}
 		for t := 0; t < toks; t++ {
 			st := uint64(sp[t/page]*page + t%page)
 			dt := uint64(dp[t/page]*page + t%page)
-			e.Local = append(e.Local, uint64(src.Addr())+bf*toks*2*slice+st*2*slice+slice)
-			e.Remote = append(e.Remote, uint64(dst.Addr())+bf*toks*slice+dt*slice)
-			e.Length = append(e.Length, slice)
+			tokens.Local = append(tokens.Local, uint64(src.Addr())+bf*toks*2*slice+st*2*slice+slice)
+			tokens.Remote = append(tokens.Remote, uint64(dst.Addr())+bf*toks*slice+dt*slice)
+			tokens.Length = append(tokens.Length, slice)
 		}
 	}
-	b.SetBytes(bufs * toks * slice)
+	return seg, tokens, pages
+}
+
+// sglangBatch submits e as one write batch, waits for it and returns the
+// time from submit to completion.
+func sglangBatch(b *testing.B, seg *segengine.RemoteSegment, e segengine.Entries) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	id, err := seg.SubmitEntries(ctx, transport.OpWrite, e)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
+		b.Fatal(st.Err)
+	}
+	d := time.Since(t0)
+	seg.Release(id)
+	return d
+}
+
+// quantile returns the q-quantile (0..1, nearest rank) of xs; 0 for none.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// loadAvg1 is the 1-minute load average from /proc/loadavg (0 where it
+// cannot be read: not Linux).
+func loadAvg1() float64 {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}
+
+func benchSGLang(b *testing.B, tr string, pages bool) {
+	recv := newTE(b, tr)
+	send := newTE(b, tr)
+	seg, tokens, paged := sglangSetup(b, recv, send)
+	defer seg.Close()
+	e := tokens
+	if pages {
+		e = paged
+	}
+	b.SetBytes(sglangBytes)
 	// One untimed batch first: the fresh buffers' first touch (page
 	// faults on both sides) is not what the shapes are compared on.
-	for i := -1; i < b.N; i++ {
-		if i == 0 {
-			b.ResetTimer()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		id, err := seg.SubmitEntries(ctx, transport.OpWrite, e)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
-			b.Fatal(st.Err)
-		}
-		seg.Release(id)
-		cancel()
+	sglangBatch(b, seg, e)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		sglangBatch(b, seg, e)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,9 +44,12 @@ func BenchmarkSGLang(b *testing.B) {
 // in page-sized entries), so both sides of a pair see the same load. It
 // reports the median of the per-pair ratios (tokens-GB/s / pages-GB/s,
 // "ratio"), their 25th and 75th percentiles ("ratio-p25", "ratio-p75"),
-// each side's median GB/s and the 1-minute load average at the start and
-// the end ("load-start", "load-end", from /proc/loadavg; 0 where it
-// cannot be read). ns/op is one pair.
+// each side's median GB/s, each side's median process CPU time per batch
+// (user + system, both engines: "tokens-cpu-ms", "pages-cpu-ms"; less
+// moved by the load than the GB/s, since what other processes take is not
+// in it) and the 1-minute load average at the start and the end
+// ("load-start", "load-end", from /proc/loadavg; 0 where it cannot be
+// read). ns/op is one pair.
 //
 //	go test -run '^$' -bench SGLangPairs/tcp -benchtime 20x ./engine/segengine
 func BenchmarkSGLangPairs(b *testing.B) {
@@ -63,11 +67,16 @@ func BenchmarkSGLangPairs(b *testing.B) {
 			// One untimed pair first (first touch of the fresh buffers).
 			sglangBatch(b, seg, tokens)
 			sglangBatch(b, seg, pages)
-			var ratios, tg, pg []float64
+			var ratios, tg, pg, tc, pc []float64
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				c0 := cpuTime()
 				t := sglangBatch(b, seg, tokens)
+				c1 := cpuTime()
 				p := sglangBatch(b, seg, pages)
+				c2 := cpuTime()
+				tc = append(tc, (c1-c0).Seconds()*1e3)
+				pc = append(pc, (c2-c1).Seconds()*1e3)
 				tg = append(tg, bytes/t.Seconds()/1e9)
 				pg = append(pg, bytes/p.Seconds()/1e9)
 				ratios = append(ratios, p.Seconds()/t.Seconds())
@@ -79,6 +88,8 @@ func BenchmarkSGLangPairs(b *testing.B) {
 			b.ReportMetric(quantile(ratios, 0.75), "ratio-p75")
 			b.ReportMetric(quantile(tg, 0.5), "tokens-GB/s")
 			b.ReportMetric(quantile(pg, 0.5), "pages-GB/s")
+			b.ReportMetric(quantile(tc, 0.5), "tokens-cpu-ms")
+			b.ReportMetric(quantile(pc, 0.5), "pages-cpu-ms")
 			b.ReportMetric(load0, "load-start")
 			b.ReportMetric(loadAvg1(), "load-end")
 		})
@@ -146,6 +157,16 @@ func quantile(xs []float64, q float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// cpuTime is the process's CPU time so far (user + system, all threads);
+// 0 where getrusage fails.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // loadAvg1 is the 1-minute load average from /proc/loadavg (0 where it

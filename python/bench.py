@@ -16,8 +16,13 @@ submit   SGLang's per-token-slot batch (below), 262,144 entries for a
          and the submit alone from prebuilt lists. The transfer is waited
          for outside the timing.
 sglang   the same batch's throughput (batch_transfer_sync_write) against the
-         same bytes in page-sized entries, alternating; the descriptor counts
-         before and after coalescing come from the library's metrics.
+         same bytes in page-sized entries, in alternating pairs of single
+         calls (per-token, page-sized, per-token, ...: --pairs per round, or
+         as many as fit in the round's time); the ratio is the median of the
+         per-pair ratios, printed with their quartiles and range, this
+         process's CPU time per call and the load average at the row's start
+         and end. The descriptor counts before and after coalescing come
+         from the library's metrics.
 threads  vLLM's sender pool: THREADS threads sharing one engine, each writing
          its share of DEPTH blocks of TSIZE bytes per call, against one thread
          writing DEPTH blocks per call (the same total depth), alternating.
@@ -299,6 +304,38 @@ def row_submit(args, e, tgt, src, view, shape):
     return res
 
 
+def sglang_pairs(w_tok, w_page, nbytes, n, seconds):
+    """Alternating pairs of calls, one per-token batch then one page-sized
+    batch, so both sides of a pair see the same moment's load: n pairs, or
+    (n == 0) as many as fit in `seconds`, at least 3. Each pair: both
+    sides' GB/s, this process's CPU time per call (time.process_time: the
+    initiator only, not the target process) and the ratio per-token /
+    page-sized."""
+    out, t_end = [], time.perf_counter() + seconds
+    while (len(out) < n) if n > 0 else (len(out) < 3 or time.perf_counter() < t_end):
+        c0, t0 = time.process_time(), time.perf_counter()
+        w_tok()
+        c1, t1 = time.process_time(), time.perf_counter()
+        w_page()
+        c2, t2 = time.process_time(), time.perf_counter()
+        out.append({"tokens_gbps": nbytes / (t1 - t0) / 1e9, "pages_gbps": nbytes / (t2 - t1) / 1e9,
+                    "ratio": (t2 - t1) / (t1 - t0), "tokens_cpu_ms": 1e3 * (c1 - c0), "pages_cpu_ms": 1e3 * (c2 - c1)})
+    return out
+
+
+def quartiles(xs):
+    """(25th percentile, median, 75th percentile) of xs (statistics'
+    inclusive method; a single value for all three when len(xs) < 2)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def fmt_load(la):
+    return " ".join(f"{x:.1f}" for x in la)
+
+
 def row_sglang(args, e, tgt, src, view, shape):
     tok = shape.token_arrays(src, tgt.addr)
     page = shape.page_arrays(src, tgt.addr)
@@ -308,24 +345,38 @@ def row_sglang(args, e, tgt, src, view, shape):
     res = {"entries_tokens": len(tok[0]), "entries_pages": len(page[0]), "bytes": shape.nbytes, "rounds": []}
     res["tokens_requests"], res["tokens_descriptors"] = descriptors(w_tok)
     res["pages_requests"], res["pages_descriptors"] = descriptors(w_page)
+    res["load_start"] = os.getloadavg()
+    pairs = []
     for r in range(args.rounds):
-        t = timed(w_tok, args.reps, args.rep_time, shape.nbytes)
-        p = timed(w_page, args.reps, args.rep_time, shape.nbytes)
-        res["rounds"].append({"tokens_gbps": t, "pages_gbps": p, "ratio": t / p})
-        print(f"  sglang round {r + 1}: per-token {t:.2f} GB/s, page-sized {p:.2f} GB/s, ratio {t / p:.2f}x (load {load()})", flush=True)
+        rnd = sglang_pairs(w_tok, w_page, shape.nbytes, args.pairs, 2 * args.reps * args.rep_time)
+        pairs += rnd
+        q = quartiles([x["ratio"] for x in rnd])
+        rd = {"pairs": len(rnd), "tokens_gbps": statistics.median(x["tokens_gbps"] for x in rnd),
+              "pages_gbps": statistics.median(x["pages_gbps"] for x in rnd), "ratio": q[1], "ratio_p25": q[0], "ratio_p75": q[2]}
+        res["rounds"].append(rd)
+        print(f"  sglang round {r + 1}: {len(rnd)} pairs, per-token {rd['tokens_gbps']:.2f} GB/s, page-sized {rd['pages_gbps']:.2f} GB/s, "
+              f"ratio {q[1]:.2f}x (pairs p25 {q[0]:.2f}, p75 {q[2]:.2f}; load {load()})", flush=True)
+    res["load_end"] = os.getloadavg()
+    q = quartiles([x["ratio"] for x in pairs])
+    res["pairs"] = pairs
+    res.update(ratio_p25=q[0], ratio_p75=q[2], ratio_min=min(x["ratio"] for x in pairs), ratio_max=max(x["ratio"] for x in pairs),
+               tokens_cpu_ms=statistics.median(x["tokens_cpu_ms"] for x in pairs),
+               pages_cpu_ms=statistics.median(x["pages_cpu_ms"] for x in pairs))
     ok = True
     for name, arrays in (("pages", page), ("tokens", tok)):
         tgt.ask(f"zero {shape.dst_bytes}")
         check(e.batch_transfer_sync_write(tgt.name, *arrays), e, f"verify {name}")
         want = hashlib.sha256(shape.expected(view, src, tgt.addr, arrays).tobytes()).hexdigest()
         ok = ok and tgt.ask(f"digest {shape.dst_bytes}") == want
-    res.update(verified=ok, tokens_gbps=statistics.median(x["tokens_gbps"] for x in res["rounds"]),
-               pages_gbps=statistics.median(x["pages_gbps"] for x in res["rounds"]),
-               ratio=statistics.median(x["ratio"] for x in res["rounds"]))
+    res.update(verified=ok, tokens_gbps=statistics.median(x["tokens_gbps"] for x in pairs),
+               pages_gbps=statistics.median(x["pages_gbps"] for x in pairs), ratio=q[1])
     print(f"sglang: {shape.layers} layers x K,V, {shape.tokens} tokens, pages of {shape.page}, {shape.slice} B per token slot "
           f"({fmt_size(shape.nbytes)} per call): per-token entries {res['tokens_requests']} -> {res['tokens_descriptors']} descriptors "
           f"{res['tokens_gbps']:.2f} GB/s; page-sized entries {res['pages_requests']} -> {res['pages_descriptors']} descriptors "
-          f"{res['pages_gbps']:.2f} GB/s; ratio {res['ratio']:.2f}x (median of per-round ratios)" + ("" if ok else "  VERIFY FAILED"), flush=True)
+          f"{res['pages_gbps']:.2f} GB/s; ratio {res['ratio']:.2f}x (median of {len(pairs)} per-pair ratios; p25 {q[0]:.2f}, p75 {q[2]:.2f}, "
+          f"range {res['ratio_min']:.2f}..{res['ratio_max']:.2f}); this process's CPU per call {res['tokens_cpu_ms']:.0f} vs "
+          f"{res['pages_cpu_ms']:.0f} ms; load {fmt_load(res['load_start'])} at the start, {fmt_load(res['load_end'])} at the end"
+          + ("" if ok else "  VERIFY FAILED"), flush=True)
     return res
 
 
@@ -415,6 +466,8 @@ def main():
     ap.add_argument("--page", type=int, default=64, help="sglang rows: tokens per page (default 64)")
     ap.add_argument("--slice", type=parse_size, default=1024, help="sglang rows: bytes per token slot and buffer on the decode (default 1K: "
                     "8 KV heads x 128 x fp16 at prefill TP 1, half of them per decode rank at TP 2)")
+    ap.add_argument("--pairs", type=int, default=0, help="sglang row: alternating (per-token, page-sized) call pairs per round (default 0: as many "
+                    "as fit in 2 x REPS x REP_TIME seconds, at least 3); the ratio is the median of all per-pair ratios")
     ap.add_argument("--threads", type=int, default=10, help="threads row: threads sharing the engine (default 10)")
     ap.add_argument("--thread-depth", type=int, default=160, help="threads row: blocks per call over all threads (default 160)")
     ap.add_argument("--thread-size", type=parse_size, default=256 << 10, help="threads row: bytes per block (default 256K)")
@@ -433,6 +486,8 @@ def main():
     for r in rows:
         if r not in ROWS:
             raise SystemExit(f"bench: unknown row {r!r}; want some of {','.join(ROWS)}")
+    if args.pairs < 0:
+        raise SystemExit(f"bench: --pairs must be >= 0 (0: as many as fit in the round's time), got {args.pairs}")
     shape = Shape(args)
     need_dst, need_src = 1, 1
     if "go" in rows:

@@ -346,7 +346,7 @@ func validateChaosFlags(f *chaosFlags) error {
 			return fmt.Errorf("--transports %q: %s: %w", f.transports, t, err)
 		}
 	}
-	return nil
+	return checkOutputFile("--json", f.jsonOut)
 }
 
 // parseChaosFaults parses --faults: a comma list of chaosFaults kinds.

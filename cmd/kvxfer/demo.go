@@ -530,6 +530,9 @@ func validateDemoFlags(f *demoFlags) error {
 			return fmt.Errorf("--device %s: CUDA is not usable on this host: %w (drop --device to keep the KV pools in host memory)", f.device, err)
 		}
 	}
+	if err := checkOutputFile("--json", f.jsonOut); err != nil {
+		return err
+	}
 	return checkTransportSpec(f.transport)
 }
 

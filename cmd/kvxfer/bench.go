@@ -87,6 +87,11 @@ cases: they do not change the status (none of --transports usable is exit 1).`,
 					return fmt.Errorf("--plot %q: want a file name ending in .png or .svg", plotPath)
 				}
 			}
+			for _, out := range []struct{ flag, path string }{{"--json", jsonPath}, {"--plot", plotPath}, {"--markdown", mdPath}} {
+				if err := checkOutputFile(out.flag, out.path); err != nil {
+					return err
+				}
+			}
 			if cfg.CaseTimeout < 0 {
 				return fmt.Errorf("--case-timeout %s: must be >= 0 (0 = each case's own budget)", cfg.CaseTimeout)
 			}

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// TestOutputFileCheckedBeforeTheRun: `kvxfer demo --json` and `kvxfer
-// chaos --json` naming a file that cannot be written (its directory is
+// TestOutputFileCheckedBeforeTheRun: `kvxfer demo --json`, `kvxfer
+// chaos --json` and `kvxfer bench --json/--plot` naming a file that cannot be written (its directory is
 // missing, or it is a directory) fail at once, before any rank or soak runs,
 // naming the flag, the path and what to do, instead of running to the end
 // and losing the report. A writable path is left as it was (no file created).
@@ -29,6 +29,10 @@ func TestOutputFileCheckedBeforeTheRun(t *testing.T) {
 			"--json " + dir + ": is a directory"},
 		{[]string{"chaos", "--rooms", "2", "--transports", "tcp", "--json", missing},
 			"--json " + missing + ": directory " + filepath.Dir(missing) + " does not exist"},
+		{[]string{"bench", "--transports", "tcp", "--sizes", "4K", "--depths", "1", "--reps", "1", "--kv-model", "", "--json", missing},
+			"--json " + missing + ": directory " + filepath.Dir(missing) + " does not exist"},
+		{[]string{"bench", "--transports", "tcp", "--sizes", "4K", "--depths", "1", "--reps", "1", "--kv-model", "", "--plot", filepath.Join(dir, "nodir", "p.png")},
+			"--plot " + filepath.Join(dir, "nodir", "p.png") + ": directory"},
 	} {
 		start := time.Now()
 		code, stderr := runCLI(t, append(c.args, "--log-level", "error")...)
@@ -37,7 +41,7 @@ func TestOutputFileCheckedBeforeTheRun(t *testing.T) {
 			t.Errorf("%v: exit %d after %s, stderr %q; want exit 1 with %q before the run", c.args, code, took, stderr, c.want)
 		}
 		// Nothing ran: no rank's or soak's output, no bootstrap server.
-		for _, ran := range []string{"[prefill", "[decode", "bootstrap server listening", "chaos over"} {
+		for _, ran := range []string{"[prefill", "[decode", "bootstrap server listening", "chaos over", "bench:"} {
 			if strings.Contains(stderr, ran) {
 				t.Errorf("%v: stderr shows the run started (%q) before the --json check:\n%s", c.args, ran, stderr)
 			}

@@ -237,6 +237,25 @@ type BufferOptions struct {
 	// (transport.WithPrefault), so the first transfer runs at the speed of the
 	// later ones; it costs about one memory pass at start.
 	Prefault bool
+	// Stop, when closed, makes NewKVBuffers stop before the next buffer it
+	// would allocate (a prefaulted pool of GiBs takes seconds), free what it
+	// allocated and return an error wrapping ErrAllocStopped; nil: never.
+	Stop <-chan struct{}
+}
+
+// ErrAllocStopped is wrapped by NewKVBuffers' error when BufferOptions.Stop
+// was closed before every buffer was allocated.
+var ErrAllocStopped = errors.New("allocation stopped")
+
+// stopped returns an ErrAllocStopped error once o.Stop is closed, naming the
+// buffers allocated of n.
+func (o BufferOptions) stopped(done, n int) error {
+	select {
+	case <-o.Stop:
+		return fmt.Errorf("workload: KV buffers %q: %w after %d of %d buffers", o.Name, ErrAllocStopped, done, n)
+	default:
+		return nil
+	}
 }
 
 // allocOpts are the transport.AllocHost options these options ask for.
@@ -320,6 +339,9 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 			}
 		} else {
 			for i := 0; i < n; i++ {
+				if err := o.stopped(i, n); err != nil {
+					return nil, err
+				}
 				d, err := alloc(bl)
 				if err != nil {
 					return nil, err
@@ -340,6 +362,9 @@ func NewKVBuffers(l *Layout, o BufferOptions) (_ *KVBuffers, err error) {
 		}
 	} else {
 		for i := 0; i < n; i++ {
+			if err := o.stopped(i, n); err != nil {
+				return nil, err
+			}
 			layer, kv := l.BufferLayer(i)
 			h, err := transport.AllocHost(fmt.Sprintf("%s-%s%d", o.Name, kvName(l, kv), layer), int64(bl), o.allocOpts()...)
 			if err != nil {

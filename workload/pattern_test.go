@@ -1,6 +1,8 @@
 package workload
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -198,5 +200,27 @@ func TestPatternLayers(t *testing.T) {
 	}
 	if err := VerifyPattern(p, 9, pages, 3); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKVBuffersStop: a closed BufferOptions.Stop stops the allocation before
+// the next buffer with an error wrapping ErrAllocStopped that names the
+// buffers; an open one allocates them all.
+func TestKVBuffersStop(t *testing.T) {
+	m, _ := LookupModel("llama-3.1-8b")
+	l, err := NewLayout(m, LayoutOptions{PageSize: 16, TPSize: 1, PPSize: 1, NumPages: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	b, err := NewKVBuffers(l, BufferOptions{Name: "open", Device: -1, Stop: stop})
+	if err != nil {
+		t.Fatalf("open Stop: %v", err)
+	}
+	b.Close()
+	close(stop)
+	_, err = NewKVBuffers(l, BufferOptions{Name: "stopped", Device: -1, Stop: stop})
+	if !errors.Is(err, ErrAllocStopped) || !strings.Contains(err.Error(), `"stopped"`) || !strings.Contains(err.Error(), fmt.Sprintf("after 0 of %d buffers", l.NumBuffers())) {
+		t.Fatalf("closed Stop: %v; want ErrAllocStopped naming the buffers", err)
 	}
 }

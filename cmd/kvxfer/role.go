@@ -440,8 +440,15 @@ func runRole(role engine.Role, f *roleFlags) error {
 	defer signal.Stop(sigs)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	r, closeRank, err := startRank(ctx, role, f)
+	interrupted := context.Cause(ctx)
 	stop() // a signal from now on drains (sigs still holds one that came during start-up)
 	if err != nil {
+		if interrupted != nil {
+			// What failed is only the signal's doing (a registration
+			// "deadline exceeded", an allocation stopped): say so, and exit
+			// as interrupted (main: status 130).
+			return fmt.Errorf("%s rank stopped during start-up by a stop signal (%v), before it served any request: %w", role, interrupted, context.Canceled)
+		}
 		return err
 	}
 	defer closeRank()
@@ -540,7 +547,9 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	// The rank's KV memory, laid out as a serving engine lays it out: one
 	// buffer per layer for K and for V (or per layer for MLA), plus SGLang's
 	// aux (metadata) buffers; the KV manager only registers them.
-	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows, Prefault: f.prefault})
+	// ctx ends at a stop signal: the allocation (a prefaulted pool of GiBs
+	// takes seconds) stops at the next buffer instead of running to its end.
+	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows, Prefault: f.prefault, Stop: ctx.Done()})
 	if err != nil {
 		return nil, nil, err
 	}

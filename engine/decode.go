@@ -360,7 +360,16 @@ func (m *Manager) ensureRegistered(ctx context.Context, ep string, id control.Pe
 			}
 		case <-ctx.Done():
 			hint := "a prefill that authenticates control frames drops untagged ones: give every rank the same token and AuthenticateControl (--control-auth)"
-			if m.ctlKey != nil {
+			if unreachable, connected, dialErr := m.pushState(ep); unreachable && !connected {
+				// Nothing ever answered at that address: no token explains
+				// that; a prefill that exited (its directory entry stays
+				// until it goes stale) or a wrong address does.
+				why := ""
+				if dialErr != "" && dialErr != "probing" {
+					why = " (" + dialErr + ")"
+				}
+				hint = "no connection to its control socket succeeded" + why + ": the process is not running or not listening there (a prefill that exited stays in the directory, reported stale, until it is replaced); check `kvxfer bootstrap table` and that address"
+			} else if m.ctlKey != nil {
 				hint = "this rank tags its control frames: the prefill drops them unless it has the same token"
 				if d := m.unauth.Since(ep, regAt); d != "" {
 					// The prefill answered, untagged or with another

@@ -524,6 +524,9 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 			closeAllOf()
 		}
 	}()
+	if err := validateParallelFlags(role, f); err != nil {
+		return nil, nil, err
+	}
 	layout, dev, onDevice, err := roleInputs(f)
 	if err != nil {
 		return nil, nil, err
@@ -612,6 +615,31 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 		slog.Info("metadata ring", "slots", ring.Slots(), "where", r.ready.Ring, "device_ptr", fmt.Sprintf("%#x", ring.RingMem().DevicePtr()))
 	}
 	return r, closeAllOf, nil
+}
+
+// validateParallelFlags checks the rank's place in its instance: --tp-size
+// and --pp-size (and a prefill's --dp-size) at least 1, each rank in [0,
+// size). A size of 0 would otherwise be taken as 1 without a word (and a
+// rank out of range fail later, at the layout or at the directory, without
+// naming the flag).
+func validateParallelFlags(role engine.Role, f *roleFlags) error {
+	type dim struct {
+		name       string
+		size, rank int
+	}
+	dims := []dim{{"tp", f.tpSize, f.tpRank}, {"pp", f.ppSize, f.ppRank}}
+	if role == engine.RolePrefill {
+		dims = append(dims, dim{"dp", f.dpSize, f.dpRank})
+	}
+	for _, d := range dims {
+		switch {
+		case d.size < 1:
+			return fmt.Errorf("--%s-size %d: must be >= 1 (1 = no %s parallelism)", d.name, d.size, strings.ToUpper(d.name))
+		case d.rank < 0 || d.rank >= d.size:
+			return fmt.Errorf("--%s-rank %d: must be in [0, --%s-size %d)", d.name, d.rank, d.name, d.size)
+		}
+	}
+	return nil
 }
 
 // roleInputs checks the role's flags and environment and returns the

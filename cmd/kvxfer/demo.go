@@ -394,7 +394,7 @@ func (p *demoPlan) planCap(f *demoFlags) error {
 		}
 	}
 	if p.capTokens < 1 {
-		return fmt.Errorf("--pool-mb %d is too small for %s at concurrency %d", f.poolMB, p.model.Name, f.concurrency)
+		return fmt.Errorf("%s: less than one token per request; raise --pool-mb or lower --concurrency", p.capWhy)
 	}
 	return nil
 }

@@ -31,3 +31,18 @@ func TestRoleParallelFlagsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoPoolTooSmallSaysWhatToDo: a demo whose --pool-mb cannot give each
+// of --concurrency requests one token says how many tokens the pool holds
+// and what to change, not only that it is too small.
+func TestDemoPoolTooSmallSaysWhatToDo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	code, stderr := runCLI(t, "demo", "--concurrency", "100000", "--requests", "1", "--log-level", "error")
+	for _, want := range []string{"the --pool-mb 2048 of a prefill rank (TP 1, PP 1) of llama-3.1-8b holds 16384 tokens, shared by --concurrency 100000 requests in flight: less than one token per request", "raise --pool-mb or lower --concurrency"} {
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("exit %d, stderr %q; want exit 1 with %q", code, stderr, want)
+		}
+	}
+}

@@ -21,7 +21,9 @@ func TestDecodeRegisterTimeoutNamesDeadPrefill(t *testing.T) {
 	p := startProc(t, "prefill", nil, roleArgs("prefill", b, host)...)
 	p.ready()
 	p.kill9()
-	d := startProc(t, "decode", nil, roleArgs("decode", b, host, "--bootstrap-timeout", "3s", "--peer-timeout", "60s")...)
+	// 8 s: the decode's ZMQ connection attempts must have failed and its dial
+	// probe answered before the bootstrap timeout, also on a loaded machine.
+	d := startProc(t, "decode", nil, roleArgs("decode", b, host, "--bootstrap-timeout", "8s", "--peer-timeout", "60s")...)
 	d.ready()
 	d.send(requestLine{Room: 5, Tokens: 16})
 	r := d.result(time.Minute)

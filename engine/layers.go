@@ -202,11 +202,11 @@ func (q *chunkQueue) finish() {
 //
 // It returns at once (the queue is unbounded). Errors are immediate: a
 // state before WaitingForInput, a failed sender, a layer outside this rank,
-// a page beyond a buffer; a range whose layers are at different pages, more
-// pages than the decode asked for, a source page that differs from the one
-// an earlier layer sent at that position, or a call after the last also
-// fail the room (the decode is told why). Units: layers are model layer
-// indices, pages are page indices.
+// a page beyond a buffer, a call after the last; a range whose layers are
+// at different pages, more pages than the decode asked for, or a source
+// page that differs from the one an earlier layer sent at that position
+// also fail the room (the decode is told why). Units: layers are model
+// layer indices, pages are page indices.
 func (s *Sender) SendLayers(pages []int32, firstLayer, lastLayer int, after Event) error {
 	return s.queueChunk("send layers of", pages, firstLayer, lastLayer, after, false, false)
 }

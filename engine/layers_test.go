@@ -437,7 +437,11 @@ func TestLayerwiseMisuse(t *testing.T) {
 			if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
 				t.Fatalf("sender %s", st)
 			}
-			if _, err := s.InitTokens(lr.tokens, -1); err != nil {
+			// The decode asks for aux row lr.aux: given here too, so that
+			// a call the engine accepts completes the room (without it,
+			// the last layer's chunk fails the room, asynchronously, for
+			// want of an aux_index, racing the refusal checked here).
+			if _, err := s.InitTokens(lr.tokens, lr.aux); err != nil {
 				t.Fatal(err)
 			}
 			src, _ := pre[0].pool.Alloc(4)

@@ -233,30 +233,10 @@ func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
 			dp1, _ := ap.d.pool.Alloc(3)
 			defer ap.d.pool.Free(dp1)
 			_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
-
-			ap.dropTrans.Store(true) // attempt 1's TRANSFER is held back
-			r1, err := ap.d.m.NewReceiver(ap.addr, room)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a1 := engine.ReceiverAttempt(r1)
-			if err := r1.Init(dp1); err != nil {
-				t.Fatal(err)
-			}
-			if st := r1.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
-				t.Fatalf("attempt 1: %s %v", st, r1.Failure())
-			}
-			waitTimeline(t, ap.d.m, room, "TRANSFER sent")
-			ap.dropTrans.Store(false)
-			r1.Abort()
-			select {
-			case <-r1.Fenced(): // the prefill's clean ABORT_ACK: attempt 1's pages are the caller's again
-			case <-ctx.Done():
-				t.Fatal("attempt 1 never fenced")
-			}
-			r1.Close()
+			a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
 
 			var s *engine.Sender
+			var err error
 			if senderFirst {
 				if s, err = ap.p.m.NewSender(room); err != nil {
 					t.Fatal(err)
@@ -294,6 +274,78 @@ func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
 			waitTimeline(t, ap.p.m, room, "TRANSFER of attempt")
 		})
 	}
+}
+
+// abortedBeforeTransfer runs attempt 1 of room into pages dp: its
+// TRANSFER is held back (sent, not delivered), the decode aborts it, the
+// prefill (no sender yet) acknowledges the ABORT clean and the receiver is
+// closed. It returns attempt 1's number, whose TRANSFER a test delivers
+// late.
+func (ap *attemptPair) abortedBeforeTransfer(t *testing.T, ctx context.Context, room uint64, dp []int32) uint64 {
+	t.Helper()
+	ap.dropTrans.Store(true)
+	r1, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1 := engine.ReceiverAttempt(r1)
+	if err := r1.Init(dp); err != nil {
+		t.Fatal(err)
+	}
+	if st := r1.Wait(ctx, engine.KVTransferring); st != engine.KVTransferring {
+		t.Fatalf("attempt 1: %s %v", st, r1.Failure())
+	}
+	waitTimeline(t, ap.d.m, room, "TRANSFER sent")
+	ap.dropTrans.Store(false)
+	r1.Abort()
+	select {
+	case <-r1.Fenced(): // the prefill's clean ABORT_ACK: attempt 1's pages are the caller's again
+	case <-ctx.Done():
+		t.Fatal("attempt 1 never fenced")
+	}
+	r1.Close()
+	return a1
+}
+
+// TestLateTransferAfterRetrySucceededDropped: attempt 1's TRANSFER reaches
+// the prefill after its ABORT and after attempt 2 of the room succeeded
+// and its sender closed. It is a concluded attempt of a room this prefill
+// finished: dropped at once, with a timeline event (before: it waited in
+// the pending TRANSFER table until the bootstrap timeout, then was
+// rejected with a STATUS Failed for a room the decode may be using again).
+func TestLateTransferAfterRetrySucceededDropped(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const room = 44
+	dp1, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp1)
+	a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
+
+	dp2, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp2)
+	r2, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatalf("attempt 2: %v", err)
+	}
+	defer r2.Close()
+	if err := r2.Init(dp2); err != nil {
+		t.Fatal(err)
+	}
+	ap.waitPending(t, room, engine.ReceiverAttempt(r2))
+	s, err := ap.p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap.finish(t, ctx, room, r2, s, dp2)
+	s.Close()
+
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got, held := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; held {
+		t.Fatalf("the prefill holds attempt %d's late TRANSFER of room %d (closed with Success) until its bootstrap timeout; want it dropped at once", got, room)
+	}
+	waitTimeline(t, ap.p.m, room, "closed with Success since")
 }
 
 // TestStaleAbortAckIgnored: an ABORT_ACK naming attempt 1 of a room reaches

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine/internal/control"
@@ -124,6 +125,25 @@ func (a ackMemo) retriedBy(v *control.TransferMsg) bool {
 
 // maxRecent bounds the closed-sender memos a prefill keeps.
 const maxRecent = 100_000
+
+// rememberDoneAbortedLocked records, for a sender of room that closed
+// with Success, the attempts decodes aborted before it was created
+// (Sender.earlyAborted; nothing when none); m.mu held. A memo of an
+// earlier failed sender of the room is kept: each answers its own
+// attempts.
+func (m *Manager) rememberDoneAbortedLocked(room uint64, aborted map[string]uint64) {
+	if len(aborted) == 0 {
+		return
+	}
+	if _, ok := m.pre.doneAborted[room]; !ok {
+		m.pre.doneOrder = append(m.pre.doneOrder, room)
+	}
+	m.pre.doneAborted[room] = maps.Clone(aborted)
+	for len(m.pre.doneAborted) > maxRecent && len(m.pre.doneOrder) > 0 {
+		delete(m.pre.doneAborted, m.pre.doneOrder[0])
+		m.pre.doneOrder = m.pre.doneOrder[1:]
+	}
+}
 
 // rememberClosedLocked records a closed, failed sender's memo; m.mu held.
 func (m *Manager) rememberClosedLocked(room uint64, a ackMemo) {

@@ -34,6 +34,12 @@ type prefillSide struct {
 	recent  map[uint64]ackMemo                    // how closed senders ended (late ABORTs, TRANSFERs)
 	// recentOrder: rooms of recent in the order first closed (expiry).
 	recentOrder []uint64
+	// doneAborted: per room whose sender closed with Success, the attempts
+	// decodes aborted before that sender was created (endpoint -> attempt,
+	// Sender.earlyAborted); a late TRANSFER of one of them is dropped at
+	// once. doneOrder: its rooms in the order recorded (expiry, maxRecent).
+	doneAborted map[uint64]map[string]uint64
+	doneOrder   []uint64
 	dpeers      map[string]*decodePeer // registered decode ranks
 	// held: per endpoint, the latest REGISTER from another instance than
 	// the one registered there, while that one may be gone (contested.go).
@@ -65,6 +71,7 @@ func newPrefillSide(dir *bootstrap.Client) prefillSide {
 		held:    map[string]*heldRegister{},
 		dir:     dir,
 
+		doneAborted:   map[uint64]map[string]uint64{},
 		silentDropped: map[string]uint64{},
 		checkNow:      make(chan struct{}, 1),
 	}
@@ -414,6 +421,18 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil && abortedAttempt(memo.aborted, v) {
 		m.mu.Unlock()
 		m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt, "reason", staleTransferReason(v))
+		return
+	}
+	if m.pre.senders[v.Room] == nil && abortedAttempt(m.pre.doneAborted[v.Room], v) {
+		// The room's sender served a retry and closed with Success: this
+		// attempt was concluded on both sides before it. Left pending it
+		// would wait for a sender until the bootstrap timeout.
+		m.mu.Unlock()
+		why := staleTransferReason(v) + "; this prefill's sender of the room closed with Success since"
+		if t := m.timelines.lookup(v.Room); t != nil {
+			t.event(StepConnect, v.Endpoint, why)
+		}
+		m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt, "reason", why)
 		return
 	}
 	if memo, ok := m.pre.recent[v.Room]; ok && m.pre.senders[v.Room] == nil && memo.retriedBy(v) {

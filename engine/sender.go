@@ -733,6 +733,8 @@ func (s *Sender) Close() {
 	s.m.mu.Lock()
 	if err := s.Failure(); err != nil {
 		s.m.rememberClosedLocked(s.room, ackMemo{clean: clean, detail: detail, failure: err.Error(), dsts: dsts, served: served, aborted: aborted, at: time.Now()})
+	} else {
+		s.m.rememberDoneAbortedLocked(s.room, aborted)
 	}
 	if s.m.pre.senders[s.room] == s {
 		delete(s.m.pre.senders, s.room)

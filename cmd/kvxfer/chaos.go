@@ -1273,19 +1273,19 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		if cp := p.ctlPort.Load(); cp != nil {
 			ports = append(ports, *cp)
 		}
-		if n, err := ssKill(ports); err != nil || n == 0 {
-			e.countFault("ctlreset (nothing to reset)")
-			slog.Error("chaos: ctlreset", "err", err, "reset", n)
-		} else {
-			e.countFault("ctlreset")
+		n, err := ssKill(ports)
+		kind, reset := resetOutcome(slog.Default(), "ctlreset", ports, n, err)
+		e.countFault(kind)
+		if reset {
 			e.noteFault("ctlreset", p.idx, rec.faultAt)
 		}
 	case "datareset":
 		rec.faultAt = time.Now()
-		if n, err := ssKill(e.ports()); err != nil || n == 0 {
-			e.countFault("datareset (none reset)")
-		} else {
-			e.countFault("datareset")
+		ports := e.ports()
+		n, err := ssKill(ports)
+		kind, reset := resetOutcome(slog.Default(), "datareset", ports, n, err)
+		e.countFault(kind)
+		if reset {
 			e.noteFault("datareset", p.idx, rec.faultAt)
 		}
 	case "bootstrap":
@@ -1385,6 +1385,28 @@ func (b *chaosBootstrap) restart(down time.Duration) error {
 		}
 	}
 	return err
+}
+
+// resetOutcome logs the outcome of a reset fault (ctlreset, datareset)
+// whose ss -K on ports reset n connections or failed with err, and returns
+// the fault count's kind and whether anything was reset. A failed ss is
+// an error (logged at Error: the fault cannot work here); no port, or no
+// established connection on the ports, is an ordinary outcome (between
+// rooms; a transport without TCP connections), logged at Info, saying
+// nothing was reset.
+func resetOutcome(log *slog.Logger, fault string, ports []string, n int, err error) (string, bool) {
+	switch {
+	case len(ports) == 0:
+		log.Info("chaos: " + fault + ": no port to reset (no TCP connection of that kind), nothing was reset")
+		return fault + " (nothing to reset)", false
+	case err != nil:
+		log.Error("chaos: "+fault+" failed: no connection was reset", "ports", ports, "err", err)
+		return fault + " (failed)", false
+	case n == 0:
+		log.Info("chaos: "+fault+": no established connection on the ports, nothing was reset", "ports", ports)
+		return fault + " (nothing to reset)", false
+	}
+	return fault, true
 }
 
 // ssKill resets (ss -K) every established TCP connection to or from the

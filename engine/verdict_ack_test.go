@@ -199,3 +199,47 @@ func TestVerdictCopyAfterRetryAccepted(t *testing.T) {
 		}
 	}
 }
+
+// TestUnackedVerdictAtCloseWording: a verdict no acknowledgement answers
+// (here the prefill's are all lost; in kvxfer chaos the prefill was
+// killed and the decode had not noticed yet) is logged at Error when the
+// decode's Close gives up on it, in words true in both cases: the prefill
+// may be gone; if alive it reports the room failed by peer lost after its
+// grace. Before, it said the prefill fails the room, also of a prefill
+// already dead.
+func TestUnackedVerdictAtCloseWording(t *testing.T) {
+	addr := startBootstrap(t)
+	logs := make(logLines, 4096)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
+		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck }})
+	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, cfgMod: func(c *engine.ManagerConfig) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+	}})
+	const room = 1900
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("sender %s %v", st, s.Failure())
+	}
+	if st := r.Poll(); st != engine.KVSuccess {
+		t.Fatalf("receiver %s %v", st, r.Failure())
+	}
+	dec.m.Close()
+	var got []string
+	for len(logs) > 0 {
+		rec := <-logs
+		msg, _ := rec["msg"].(string)
+		if rec["level"] == "ERROR" && strings.Contains(msg, "never acknowledged") {
+			if !strings.Contains(msg, "may already be gone") || !strings.Contains(msg, "if it is alive") || !strings.Contains(msg, "peer lost") {
+				t.Errorf("Close logged %q: want it to say the prefill may already be gone and, if alive, reports the room failed (peer lost)", msg)
+			}
+			return
+		}
+		got = append(got, msg)
+	}
+	t.Fatalf("Close logged no Error for the unacknowledged verdict of room %d (logged at Error: %q)", room, got)
+}

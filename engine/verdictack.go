@@ -24,8 +24,10 @@ import (
 //     their sockets and while its receive loop still runs, re-sends the
 //     unacknowledged verdicts every verdictResend until each is
 //     acknowledged, for at most verdictAckWait. A verdict still
-//     unacknowledged then is logged at Error: its producer fails the room
-//     unless a copy still reaches it.
+//     unacknowledged then is logged at Error: its producer may already be
+//     gone (killed before the decode noticed); if it is alive, it fails
+//     the room (peer lost, after verdictGrace) unless a copy still
+//     reaches it.
 //
 // A verdict whose record was not refreshed for verdictAckKeep is no longer
 // waited for: its producer stopped asking (it received the verdict and its
@@ -166,7 +168,7 @@ func (m *Manager) awaitVerdictAcks(limit time.Duration) bool {
 		}
 		if !now.Before(deadline) {
 			for k, u := range left {
-				m.log.Error("closing with a Success verdict its prefill never acknowledged: unless a copy still reaches it, the prefill fails the room (peer lost, after its verdict grace) while this decode reported Success",
+				m.log.Error("closing with a Success verdict its prefill never acknowledged: the prefill may already be gone (killed, or its control connection lost before this decode noticed); if it is alive and no copy of the verdict still reaches it, it reports the room failed (peer lost, after its verdict grace) while this decode reported Success",
 					"room", k.room, "peer", peerLabel(k.ep), "epoch", u.epoch, "first_sent", now.Sub(u.first).Round(time.Millisecond).String()+" ago",
 					"waited", now.Sub(start).Round(time.Millisecond))
 			}

@@ -112,6 +112,58 @@ func (ap *attemptPair) waitPending(t *testing.T, room, attempt uint64) {
 	t.Fatalf("room %d: the prefill holds no TRANSFER of attempt %d (holds %v)", room, attempt, engine.PendingTransferAttempts(ap.p.m, room))
 }
 
+// bothOrders runs test (on a new attemptPair, with a minute's context)
+// once with attempt 2's TRANSFER pending at the prefill (senderFirst
+// false) and once with the room's sender created first, holding it.
+func bothOrders(t *testing.T, test func(t *testing.T, ctx context.Context, ap *attemptPair, senderFirst bool)) {
+	for _, senderFirst := range []bool{false, true} {
+		name := "attempt 2 pending"
+		if senderFirst {
+			name = "sender holds attempt 2"
+		}
+		t.Run(name, func(t *testing.T) {
+			ap := newAttemptPair(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			test(t, ctx, ap, senderFirst)
+		})
+	}
+}
+
+// startRetry starts attempt 2 of room: a receiver into 3 new pages and,
+// when senderFirst, the room's sender created before it (returned once it
+// holds the receiver's TRANSFER; else nil, once the prefill holds that
+// TRANSFER pending). Closed and freed when the test ends.
+func (ap *attemptPair) startRetry(t *testing.T, ctx context.Context, room uint64, senderFirst bool) (*engine.Receiver, *engine.Sender, []int32) {
+	t.Helper()
+	var s *engine.Sender
+	if senderFirst {
+		var err error
+		if s, err = ap.p.m.NewSender(room); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+	}
+	dp, _ := ap.d.pool.Alloc(3)
+	t.Cleanup(func() { ap.d.pool.Free(dp) })
+	r, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatalf("attempt 2: %v", err)
+	}
+	t.Cleanup(r.Close)
+	if err := r.Init(dp); err != nil {
+		t.Fatal(err)
+	}
+	if senderFirst {
+		if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+			t.Fatalf("sender %s %v", st, s.Failure())
+		}
+	} else {
+		ap.waitPending(t, room, engine.ReceiverAttempt(r))
+	}
+	return r, s, dp
+}
+
 // finish runs attempt 2 (receiver r into pages dp) to the end with sender
 // s (created now when nil) and checks both sides and the bytes.
 func (ap *attemptPair) finish(t *testing.T, ctx context.Context, room uint64, r *engine.Receiver, s *engine.Sender, dp []int32) {
@@ -155,61 +207,28 @@ func (ap *attemptPair) finish(t *testing.T, ctx context.Context, room uint64, r 
 // holds it; and its ABORT_ACK, naming attempt 1, must not fence or fail
 // attempt 2 on the decode (before: "stopped writing").
 func TestLateAbortOfEarlierAttemptIgnored(t *testing.T) {
-	for _, senderFirst := range []bool{false, true} {
-		name := "attempt 2 pending"
-		if senderFirst {
-			name = "sender holds attempt 2"
-		}
-		t.Run(name, func(t *testing.T) {
-			ap := newAttemptPair(t)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			const room = 41
-			a1 := ap.concludedAttempt(t, room)
+	bothOrders(t, func(t *testing.T, ctx context.Context, ap *attemptPair, senderFirst bool) {
+		const room = 41
+		a1 := ap.concludedAttempt(t, room)
 
-			var s *engine.Sender
-			var err error
-			if senderFirst {
-				if s, err = ap.p.m.NewSender(room); err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
+		r2, s, dp := ap.startRetry(t, ctx, room, senderFirst)
+		a2 := engine.ReceiverAttempt(r2)
+		if a2 <= a1 {
+			t.Fatalf("attempt 2 is numbered %d, attempt 1 %d: want a larger number", a2, a1)
+		}
+		ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
+		if senderFirst {
+			waitTimeline(t, ap.p.m, room, "ABORT of attempt")
+		} else {
+			// The prefill acknowledges an early ABORT at once; the
+			// decode puts the acknowledgement of attempt 1 aside.
+			waitTimeline(t, ap.d.m, room, "stale ABORT_ACK ignored")
+			if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != a2 {
+				t.Fatalf("after attempt 1's ABORT the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, a2)
 			}
-			dp, _ := ap.d.pool.Alloc(3)
-			defer ap.d.pool.Free(dp)
-			r2, err := ap.d.m.NewReceiver(ap.addr, room)
-			if err != nil {
-				t.Fatalf("attempt 2: %v", err)
-			}
-			defer r2.Close()
-			a2 := engine.ReceiverAttempt(r2)
-			if a2 <= a1 {
-				t.Fatalf("attempt 2 is numbered %d, attempt 1 %d: want a larger number", a2, a1)
-			}
-			if err := r2.Init(dp); err != nil {
-				t.Fatal(err)
-			}
-			if senderFirst {
-				if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
-					t.Fatalf("sender %s %v", st, s.Failure())
-				}
-			} else {
-				ap.waitPending(t, room, a2)
-			}
-			ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
-			if senderFirst {
-				waitTimeline(t, ap.p.m, room, "ABORT of attempt")
-			} else {
-				// The prefill acknowledges an early ABORT at once; the
-				// decode puts the acknowledgement of attempt 1 aside.
-				waitTimeline(t, ap.d.m, room, "stale ABORT_ACK ignored")
-				if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != a2 {
-					t.Fatalf("after attempt 1's ABORT the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, a2)
-				}
-			}
-			ap.finish(t, ctx, room, r2, s, dp)
-		})
-	}
+		}
+		ap.finish(t, ctx, room, r2, s, dp)
+	})
 }
 
 // TestLateTransferOfAbortedAttemptDropped: attempt 1's TRANSFER reaches
@@ -220,60 +239,27 @@ func TestLateAbortOfEarlierAttemptIgnored(t *testing.T) {
 // (before: it replaced attempt 2's TRANSFER and the sender wrote attempt
 // 1's pages).
 func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
-	for _, senderFirst := range []bool{false, true} {
-		name := "attempt 2 pending"
-		if senderFirst {
-			name = "sender holds attempt 2"
-		}
-		t.Run(name, func(t *testing.T) {
-			ap := newAttemptPair(t)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			const room, sentinel = 42, 1<<40 + 42
-			dp1, _ := ap.d.pool.Alloc(3)
-			defer ap.d.pool.Free(dp1)
-			_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
-			a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
+	bothOrders(t, func(t *testing.T, ctx context.Context, ap *attemptPair, senderFirst bool) {
+		const room, sentinel = 42, 1<<40 + 42
+		dp1, _ := ap.d.pool.Alloc(3)
+		defer ap.d.pool.Free(dp1)
+		_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+		a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
 
-			var s *engine.Sender
-			var err error
-			if senderFirst {
-				if s, err = ap.p.m.NewSender(room); err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
+		r2, s, dp2 := ap.startRetry(t, ctx, room, senderFirst)
+		ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+			Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+		if !senderFirst {
+			if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != engine.ReceiverAttempt(r2) {
+				t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, engine.ReceiverAttempt(r2))
 			}
-			dp2, _ := ap.d.pool.Alloc(3)
-			defer ap.d.pool.Free(dp2)
-			r2, err := ap.d.m.NewReceiver(ap.addr, room)
-			if err != nil {
-				t.Fatalf("attempt 2: %v", err)
-			}
-			defer r2.Close()
-			if err := r2.Init(dp2); err != nil {
-				t.Fatal(err)
-			}
-			if senderFirst {
-				if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
-					t.Fatalf("sender %s %v", st, s.Failure())
-				}
-			} else {
-				ap.waitPending(t, room, engine.ReceiverAttempt(r2))
-			}
-			ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-				Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
-			if !senderFirst {
-				if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != engine.ReceiverAttempt(r2) {
-					t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, engine.ReceiverAttempt(r2))
-				}
-			}
-			ap.finish(t, ctx, room, r2, s, dp2)
-			if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
-				t.Fatalf("attempt 1's pages, handed back at its ABORT_ACK, were written: %v", err)
-			}
-			waitTimeline(t, ap.p.m, room, "TRANSFER of attempt")
-		})
-	}
+		}
+		ap.finish(t, ctx, room, r2, s, dp2)
+		if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+			t.Fatalf("attempt 1's pages, handed back at its ABORT_ACK, were written: %v", err)
+		}
+		waitTimeline(t, ap.p.m, room, "TRANSFER of attempt")
+	})
 }
 
 // abortedBeforeTransfer runs attempt 1 of room into pages dp: its
@@ -322,23 +308,8 @@ func TestLateTransferAfterRetrySucceededDropped(t *testing.T) {
 	defer ap.d.pool.Free(dp1)
 	a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
 
-	dp2, _ := ap.d.pool.Alloc(3)
-	defer ap.d.pool.Free(dp2)
-	r2, err := ap.d.m.NewReceiver(ap.addr, room)
-	if err != nil {
-		t.Fatalf("attempt 2: %v", err)
-	}
-	defer r2.Close()
-	if err := r2.Init(dp2); err != nil {
-		t.Fatal(err)
-	}
-	ap.waitPending(t, room, engine.ReceiverAttempt(r2))
-	s, err := ap.p.m.NewSender(room)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ap.finish(t, ctx, room, r2, s, dp2)
-	s.Close()
+	r2, _, dp2 := ap.startRetry(t, ctx, room, false)
+	ap.finish(t, ctx, room, r2, nil, dp2) // its sender is closed when it returns
 
 	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
 		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())

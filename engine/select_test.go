@@ -40,20 +40,29 @@ func sendOne(t *testing.T, addr string, p, d *rank, room uint64) []string {
 	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
 		t.Fatalf("sender %s %v", st, s.Failure())
 	}
-	sp, _ := p.pool.Alloc(3)
+	sendPattern(ctx, t, p, d, r, s, room, dp)
+	s.Wait(ctx, engine.KVSuccess)
+	return s.TransportNames()
+}
+
+// sendPattern sends room's pattern from len(dp) new pages of p as the
+// whole room (one last chunk), waits for the decode's Success and checks
+// that dp holds the pattern. The prefill's outcome is the caller's to
+// check.
+func sendPattern(ctx context.Context, t *testing.T, p, d *rank, r *engine.Receiver, s *engine.Sender, room uint64, dp []int32) {
+	t.Helper()
+	sp, _ := p.pool.Alloc(len(dp))
 	defer p.pool.Free(sp)
 	_ = workload.FillPattern(p.pool, room, sp, 0)
 	if err := s.Send(sp, true); err != nil {
 		t.Fatal(err)
 	}
 	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("receiver %s %v", st, r.Failure())
+		t.Fatalf("decode of room %d: %s %v, want Success", room, st, r.Failure())
 	}
 	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
 		t.Fatal(err)
 	}
-	s.Wait(ctx, engine.KVSuccess)
-	return s.TransportNames()
 }
 
 func TestTransportSelectionAndFallback(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/internal/control"
-	"github.com/kvxfer/kvxfer/workload"
 )
 
 // TestStaleFailedStatusIgnored (issue 22, same-room retry): a STATUS Failed
@@ -21,14 +20,7 @@ import (
 // the current registration still fails the room at once on both sides (the
 // decode aborts the prefill's sender long before its bootstrap timeout).
 func TestStaleFailedStatusIgnored(t *testing.T) {
-	addr := startBootstrap(t)
-	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
-	sendOne(t, addr, p, d, 1) // the decode registers with the prefill
-	cur := engine.RegistrationEpoch(d.m, p.m.Endpoint())
-	if cur <= 1 {
-		t.Fatalf("registration epoch %d after a room, want > 1", cur)
-	}
+	addr, p, d, cur := registeredPair(t)
 	start := func(ctx context.Context, room uint64) (*engine.Receiver, *engine.Sender, []int32) {
 		return startHeldRoom(ctx, t, addr, p, d, room)
 	}
@@ -47,18 +39,7 @@ func TestStaleFailedStatusIgnored(t *testing.T) {
 	if st := r.Poll(); st == engine.KVFailed {
 		t.Fatalf("room %d failed by a STATUS Failed of epoch %d (registration epoch %d): %v", room, cur-1, cur, r.Failure())
 	}
-	sp, _ := p.pool.Alloc(3)
-	defer p.pool.Free(sp)
-	_ = workload.FillPattern(p.pool, room, sp, 0)
-	if err := s.Send(sp, true); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("decode of room %d: %s %v, want Success (the stale Failed dropped)", room, st, r.Failure())
-	}
-	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
-		t.Fatal(err)
-	}
+	sendPattern(ctx, t, p, d, r, s, room, dp) // the stale Failed dropped
 	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
 		t.Fatalf("prefill of room %d: %s %v, want Success", room, st, s.Failure())
 	}
@@ -74,6 +55,22 @@ func TestStaleFailedStatusIgnored(t *testing.T) {
 	if st := s2.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !errors.Is(s2.Failure(), engine.ErrAborted) {
 		t.Fatalf("prefill of room %d: %s %v, want Failed (aborted by the decode) well before its bootstrap timeout", room2, st, s2.Failure())
 	}
+}
+
+// registeredPair starts a bootstrap server, a prefill and a decode rank
+// and runs one room so that the decode registers with the prefill; it
+// returns the decode's registration epoch there (> 1).
+func registeredPair(t *testing.T) (addr string, p, d *rank, epoch uint64) {
+	t.Helper()
+	addr = startBootstrap(t)
+	p = newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
+	d = newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	sendOne(t, addr, p, d, 1)
+	epoch = engine.RegistrationEpoch(d.m, p.m.Endpoint())
+	if epoch <= 1 {
+		t.Fatalf("registration epoch %d after a room, want > 1", epoch)
+	}
+	return addr, p, d, epoch
 }
 
 // startHeldRoom creates room's receiver on d (3 pages) and sender on p and
@@ -111,14 +108,7 @@ func startHeldRoom(ctx context.Context, t *testing.T, addr string, p, d *rank, r
 // transfer. Before, the decode checked the record at once and failed the
 // room (slot not committed, or a stale writer's record).
 func TestStaleSuccessStatusIgnored(t *testing.T) {
-	addr := startBootstrap(t)
-	p := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	d := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
-	sendOne(t, addr, p, d, 1) // the decode registers with the prefill
-	cur := engine.RegistrationEpoch(d.m, p.m.Endpoint())
-	if cur <= 1 {
-		t.Fatalf("registration epoch %d after a room, want > 1", cur)
-	}
+	addr, p, d, cur := registeredPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const room = 9
@@ -133,18 +123,7 @@ func TestStaleSuccessStatusIgnored(t *testing.T) {
 			t.Fatalf("room %d decided (%s) by a STATUS Success of epoch %d (registration epoch %d): %v", room, st, epoch, cur, r.Failure())
 		}
 	}
-	sp, _ := p.pool.Alloc(3)
-	defer p.pool.Free(sp)
-	_ = workload.FillPattern(p.pool, room, sp, 0)
-	if err := s.Send(sp, true); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("decode of room %d: %s %v, want Success (the stale Success dropped)", room, st, r.Failure())
-	}
-	if err := workload.VerifyPattern(d.pool, room, dp, 0); err != nil {
-		t.Fatal(err)
-	}
+	sendPattern(ctx, t, p, d, r, s, room, dp) // the stale Success dropped
 	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
 		t.Fatalf("prefill of room %d: %s %v, want Success", room, st, s.Failure())
 	}

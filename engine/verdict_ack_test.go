@@ -42,24 +42,13 @@ func TestLostVerdictDeliveredAtDecodeClose(t *testing.T) {
 // (its first acknowledgement may be lost, as here), also once its sender
 // succeeded and was closed; the closing decode re-sends until one arrives.
 func TestVerdictAckLostIsResent(t *testing.T) {
-	addr := startBootstrap(t)
 	var acks atomic.Int32
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && acks.Add(1) == 1 }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	addr, pre, dec := verdictPair(t, rankOpts{controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && acks.Add(1) == 1 }}, rankOpts{})
 	const room = 1600
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
-	if err := s.Send(src, true); err != nil {
-		t.Fatal(err)
-	}
-	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("sender %s %v", st, s.Failure())
-	}
-	if st := r.Poll(); st != engine.KVSuccess {
-		t.Fatalf("receiver %s %v", st, r.Failure())
-	}
+	sendSucceeded(ctx, t, "room", r, s, src)
 	s.Close() // the prefill's caller is done with the room
 	if n := engine.UnackedVerdicts(dec.m); n != 1 {
 		t.Fatalf("%d unacknowledged verdicts before the close, want 1 (its acknowledgement was dropped)", n)
@@ -87,9 +76,7 @@ func TestDecodeCloseAbortsUnfinishedRooms(t *testing.T) {
 			name = "written, verdict pending"
 		}
 		t.Run(name, func(t *testing.T) {
-			addr := startBootstrap(t)
-			pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-			dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+			addr, pre, dec := verdictPair(t, rankOpts{}, rankOpts{})
 			room := uint64(1700)
 			if written {
 				room++
@@ -101,18 +88,9 @@ func TestDecodeCloseAbortsUnfinishedRooms(t *testing.T) {
 				// The prefill's STATUS Success waits in the decode's control
 				// loop until the close has failed the room: the decode does
 				// not decide it first.
-				held, release := make(chan struct{}), make(chan struct{})
-				var once, rel sync.Once
-				engine.SetBeforeDispatch(dec.m, func(typ string) {
-					if typ != engine.MsgStatus {
-						return
-					}
-					once.Do(func() { close(held) })
-					select {
-					case <-release:
-					case <-time.After(10 * time.Second):
-					}
-				})
+				release := make(chan struct{})
+				held := holdStatuses(dec.m, release)
+				var rel sync.Once
 				engine.SetAfterVerdictFlush(dec.m, func() { rel.Do(func() { close(release) }) })
 				if err := s.Send(src, true); err != nil {
 					t.Fatal(err)
@@ -154,15 +132,13 @@ func TestDecodeCloseAbortsUnfinishedRooms(t *testing.T) {
 // sides logged a disagreement that did not exist (kvxfer chaos, retry
 // fault).
 func TestVerdictCopyAfterRetryAccepted(t *testing.T) {
-	addr := startBootstrap(t)
 	logs := make(logLines, 4096)
 	withLog := func(c *engine.ManagerConfig) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
 	}
 	var dropAcks atomic.Bool
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, cfgMod: withLog,
-		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && dropAcks.Load() }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, cfgMod: withLog})
+	addr, pre, dec := verdictPair(t, rankOpts{cfgMod: withLog, controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck && dropAcks.Load() }},
+		rankOpts{cfgMod: withLog})
 	const room = 1800
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -178,15 +154,7 @@ func TestVerdictCopyAfterRetryAccepted(t *testing.T) {
 	// Attempt 2 succeeds; its acknowledgement is lost.
 	dropAcks.Store(true)
 	r2, s2, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
-	if err := s2.Send(src, true); err != nil {
-		t.Fatal(err)
-	}
-	if st := s2.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("attempt 2: sender %s %v", st, s2.Failure())
-	}
-	if st := r2.Poll(); st != engine.KVSuccess {
-		t.Fatalf("attempt 2: receiver %s %v", st, r2.Failure())
-	}
+	sendSucceeded(ctx, t, "attempt 2", r2, s2, src)
 	s2.Close()
 	dropAcks.Store(false)
 	dec.m.Close() // re-sends attempt 2's verdict
@@ -208,26 +176,16 @@ func TestVerdictCopyAfterRetryAccepted(t *testing.T) {
 // grace. Before, it said the prefill fails the room, also of a prefill
 // already dead.
 func TestUnackedVerdictAtCloseWording(t *testing.T) {
-	addr := startBootstrap(t)
 	logs := make(logLines, 4096)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr,
-		controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck }})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, cfgMod: func(c *engine.ManagerConfig) {
-		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
-	}})
+	addr, pre, dec := verdictPair(t, rankOpts{controlFault: func(_, typ string) bool { return typ == engine.MsgVerdictAck }},
+		rankOpts{cfgMod: func(c *engine.ManagerConfig) {
+			c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
+		}})
 	const room = 1900
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, s, src := bootstrappedRoom(ctx, t, pre, dec, addr, room)
-	if err := s.Send(src, true); err != nil {
-		t.Fatal(err)
-	}
-	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
-		t.Fatalf("sender %s %v", st, s.Failure())
-	}
-	if st := r.Poll(); st != engine.KVSuccess {
-		t.Fatalf("receiver %s %v", st, r.Failure())
-	}
+	sendSucceeded(ctx, t, "room", r, s, src)
 	dec.m.Close()
 	var got []string
 	for len(logs) > 0 {

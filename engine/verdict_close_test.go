@@ -128,6 +128,25 @@ func TestNoRoomAnswerBeforeVerdictOfClosingDecode(t *testing.T) {
 	}
 }
 
+// holdStatuses makes m's control loop hold every STATUS it receives, before
+// dispatching it, until release is closed (10 s at most each); the channel
+// it returns is closed when the first STATUS is held.
+func holdStatuses(m *engine.Manager, release <-chan struct{}) <-chan struct{} {
+	held := make(chan struct{})
+	var once sync.Once
+	engine.SetBeforeDispatch(m, func(typ string) {
+		if typ != engine.MsgStatus {
+			return
+		}
+		once.Do(func() { close(held) })
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return held
+}
+
 // Issue 22 case 1, a room decided while its decode closes (kvxfer chaos: a
 // room in flight when another room's exit or a restart closed the decode):
 // the prefill's STATUS Success is dispatched after Manager.Close waited for
@@ -136,9 +155,7 @@ func TestNoRoomAnswerBeforeVerdictOfClosingDecode(t *testing.T) {
 // the decode reported Success, its verdict's send found the manager closed,
 // and the prefill failed the room ("peer lost") once the grace was over.
 func TestRoomDecidedWhileDecodeCloses(t *testing.T) {
-	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	addr, pre, dec := verdictPair(t, rankOpts{}, rankOpts{})
 	const room = 1300
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -147,18 +164,8 @@ func TestRoomDecidedWhileDecodeCloses(t *testing.T) {
 	// has waited for the verdicts decided before it; Close then waits
 	// there until the room is decided; the verdict's goroutine is
 	// descheduled past the rest of Close.
-	held, flushed := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	engine.SetBeforeDispatch(dec.m, func(typ string) {
-		if typ != engine.MsgStatus {
-			return
-		}
-		once.Do(func() { close(held) })
-		select {
-		case <-flushed:
-		case <-time.After(10 * time.Second):
-		}
-	})
+	flushed := make(chan struct{})
+	held := holdStatuses(dec.m, flushed)
 	engine.SetAfterVerdictFlush(dec.m, func() {
 		close(flushed)
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {

@@ -63,9 +63,7 @@ func TestDecodeClosesBeforeSenderMarkedWritten(t *testing.T) {
 // transfer's latency then, not 0 (before: Latency was set only after the
 // STATUS loop, so TestAuxRowAndPrefixReuse read "Latency:0s" under load).
 func TestSuccessBeforeStatusLoopEndsHasLatency(t *testing.T) {
-	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr})
-	dec := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1})
+	addr, pre, dec := verdictPair(t, rankOpts{}, rankOpts{})
 	const room = 1201
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -95,6 +93,33 @@ func TestSuccessBeforeStatusLoopEndsHasLatency(t *testing.T) {
 	}
 	if mt := <-seen; mt.Latency <= 0 {
 		t.Fatalf("sender Success with TransferMetric.Latency %v, want the transfer's latency (> 0)", mt.Latency)
+	}
+}
+
+// verdictPair starts a bootstrap server, a prefill rank on it and a decode
+// rank (smallGQA, one rank each side): preOpts and decOpts, their role,
+// model, sizes and the prefill's bootstrap address filled in.
+func verdictPair(t *testing.T, preOpts, decOpts rankOpts) (addr string, pre, dec *rank) {
+	t.Helper()
+	addr = startBootstrap(t)
+	preOpts.role, preOpts.model, preOpts.tp, preOpts.pp, preOpts.addr = engine.RolePrefill, smallGQA, 1, 1, addr
+	decOpts.role, decOpts.model, decOpts.tp, decOpts.pp = engine.RoleDecode, smallGQA, 1, 1
+	return addr, newRank(t, preOpts), newRank(t, decOpts)
+}
+
+// sendSucceeded sends src as room's last chunk through s and checks that
+// both sides report Success (the prefill once the decode's verdict
+// counted); what names the room in the failures.
+func sendSucceeded(ctx context.Context, t *testing.T, what string, r *engine.Receiver, s *engine.Sender, src []int32) {
+	t.Helper()
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("%s: sender %s %v", what, st, s.Failure())
+	}
+	if st := r.Poll(); st != engine.KVSuccess {
+		t.Fatalf("%s: receiver %s %v", what, st, r.Failure())
 	}
 }
 

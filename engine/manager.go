@@ -1090,9 +1090,10 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 	var evicted *pushSock
 	if ps == nil && len(m.push) >= m.cfg.MaxPeers {
 		if evicted = m.evictIdlePushLocked(); evicted == nil {
+			open := len(m.push) // read under m.mu
 			m.mu.Unlock()
 			return fmt.Errorf("%w: not opening a control socket to %s: %d sockets open, the limit (MaxPeers %d: --max-peers, kvx_kv_config.max_peers, KVXFER_MAX_PEERS), every one to a peer with a registration or heard from within the peer timeout; raise the limit, or look for whoever sends frames naming many endpoints",
-				ErrTooManyPeers, endpoint, len(m.push), m.cfg.MaxPeers)
+				ErrTooManyPeers, endpoint, open, m.cfg.MaxPeers)
 		}
 	}
 	if evicted != nil {

@@ -418,7 +418,27 @@ func (m *Manager) handleRegisterAck(v *control.RegisterAckMsg, env control.Envel
 			}
 			m.mu.Unlock()
 			m.log.Info("prefill evicted this decode's idle registration", "prefill", v.Endpoint, "epoch", v.Epoch)
-			m.goTracked(func() { _ = m.fenceTransports(v.Endpoint, v.Epoch) })
+			// A room still on this registration had nothing written
+			// (evictmove.go): it registers again and goes on; the fence
+			// below fails only what cannot (and makes a room resolving
+			// now register again).
+			m.mu.Lock()
+			rs := make([]*Receiver, 0, len(m.dec.receivers))
+			for _, r := range m.dec.receivers {
+				rs = append(rs, r)
+			}
+			m.mu.Unlock()
+			var moving []*Receiver
+			for _, r := range rs {
+				if r.beginMove(v.Endpoint, v.Epoch) {
+					moving = append(moving, r)
+				}
+			}
+			m.fenceEpoch(v.Endpoint, v.Epoch, fmt.Sprintf("prefill %s dropped this decode's registration (epoch %d) before it held the room's TRANSFER, so nothing was written for the room: %s", v.Endpoint, v.Epoch, v.Err), true)
+			id := p.id
+			for _, r := range moving {
+				m.goTracked(func() { r.moveEvicted(v.Endpoint, v.Epoch, id, v.Err) })
+			}
 			return
 		default:
 		}

@@ -3,10 +3,12 @@ package engine_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // TestPeerCapEvictsIdleDecodes: at its peer cap (MaxPeers 2) a prefill
@@ -51,8 +53,12 @@ func TestPeerCapEvictsIdleDecodes(t *testing.T) {
 	}
 	a, b := busy(decs[0], 60), busy(decs[2], 61) // decs[2] and decs[0] are the registered ones
 	deadline := time.Now().Add(30 * time.Second)
-	for a.Poll() < engine.KVTransferring || b.Poll() < engine.KVTransferring {
-		if time.Now().After(deadline) {
+	// Busy as the prefill sees it: it holds both TRANSFERs (Transferring
+	// on the decode means sent, not read: a REGISTER read before one of
+	// them evicts that decode, whose room then fails naming the eviction).
+	for a.Poll() < engine.KVTransferring || b.Poll() < engine.KVTransferring ||
+		len(engine.PendingTransferAttempts(pre[0].m, 60)) == 0 || len(engine.PendingTransferAttempts(pre[0].m, 61)) == 0 {
+		if time.Now().After(deadline) || a.Poll() == engine.KVFailed || b.Poll() == engine.KVFailed {
 			t.Fatalf("busy rooms: %s %v, %s %v", a.Poll(), a.Failure(), b.Poll(), b.Failure())
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -62,5 +68,115 @@ func TestPeerCapEvictsIdleDecodes(t *testing.T) {
 	defer cancel()
 	if st := c.Wait(ctx, engine.KVSuccess); st != engine.KVFailed || !strings.Contains(c.Failure().Error(), "--max-peers") {
 		t.Fatalf("a third decode while both registered ones have rooms: %s %v, want the peer-cap refusal", st, c.Failure())
+	}
+}
+
+// TestPeerCapEvictedRoomRegistersAgain: a decode's room whose registration
+// the prefill evicts at its peer cap before the room's TRANSFER is read
+// (the TRANSFER crosses the eviction notice, as seen under load in
+// TestPeerCapEvictsIdleDecodes) registers again and succeeds, well within
+// the peer timeout: nothing was written for it. Before, the decode only
+// dropped the registration on the notice; the prefill's rejection of the
+// stale TRANSFER was never sent (at its socket cap, both sockets to
+// registered decodes, it cannot open one back to the evicted decode), and
+// the room failed a peer timeout later with "prefill … silent".
+func TestPeerCapEvictedRoomRegistersAgain(t *testing.T) {
+	// notified: the notice is handled before the room's TRANSFER is sent;
+	// crossed: after (the decode's control loop is held on it meanwhile).
+	for _, crossed := range []bool{false, true} {
+		name := "notified"
+		if crossed {
+			name = "crossed"
+		}
+		t.Run(name, func(t *testing.T) { testEvictedRoomRegistersAgain(t, crossed) })
+	}
+}
+
+func testEvictedRoomRegistersAgain(t *testing.T, crossed bool) {
+	const peerTmo = 6 * time.Second
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, maxPeers: 2, peerTmo: peerTmo})
+	var decs []*rank
+	for range 3 {
+		decs = append(decs, newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: peerTmo}))
+	}
+	for i, room := range []uint64{41, 42} { // decs[0] is now the least recently used
+		if r := transferOne(t, addr, []*rank{pre}, decs[i:i+1], room, 2); r[0].Poll() != engine.KVSuccess {
+			t.Fatalf("decode %d, room %d: %s %v", i, room, r[0].Poll(), r[0].Failure())
+		}
+	}
+	const room = 50
+	r, err := decs[0].m.NewReceiver(addr, room) // over decs[0]'s registration
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	deadline := time.Now().Add(20 * time.Second)
+	for r.Poll() != engine.KVWaitingForInput {
+		if time.Now().After(deadline) || r.Poll() == engine.KVFailed {
+			t.Fatalf("room %d before the eviction: %s %v", room, r.Poll(), r.Failure())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var hold atomic.Bool
+	release := make(chan struct{})
+	hold.Store(crossed)
+	engine.SetBeforeDispatch(decs[0].m, func(msgType string) {
+		if msgType == "REGISTER_ACK" && hold.CompareAndSwap(true, false) {
+			select { // the eviction notice waits for the room's TRANSFER
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+	})
+	// decs[2] registers: the prefill evicts decs[0], idle as far as it knows.
+	if r := transferOne(t, addr, []*rank{pre}, decs[2:3], 43, 2); r[0].Poll() != engine.KVSuccess {
+		t.Fatalf("decode 2, room 43: %s %v", r[0].Poll(), r[0].Failure())
+	}
+	dst, err := decs[0].pool.Alloc(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := r.Init(dst); err != nil { // its TRANSFER may name the evicted registration
+		t.Fatal(err)
+	}
+	if crossed {
+		for r.Poll() == engine.KVWaitingForInput && time.Since(start) < 10*time.Second {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond) // the stale TRANSFER reaches the prefill
+		close(release)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*peerTmo)
+	defer cancel()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender room %d: %s %v (after %s); receiver: %s %v", room, st, s.Failure(), time.Since(start), r.Poll(), r.Failure())
+	}
+	src, err := pre.pool.Alloc(s.DstPages())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	st := r.Wait(ctx, engine.KVSuccess)
+	took := time.Since(start)
+	if st != engine.KVSuccess {
+		t.Fatalf("room %d after its registration was evicted: %s %v (after %s), want Success over a new registration", room, st, r.Failure(), took)
+	}
+	if err := workload.VerifyPattern(decs[0].pool, room, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	if took > peerTmo/2 {
+		t.Fatalf("room %d took %s after its TRANSFER (want well within the peer timeout %s)", room, took, peerTmo)
 	}
 }

@@ -374,7 +374,9 @@ func (m *Manager) handleHandshakeAck(v *control.HandshakeAckMsg) {
 func (m *Manager) rejectTransfer(v *control.TransferMsg, reason string, clean bool) {
 	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 	go func() {
-		_ = m.send(v.Endpoint, (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false)
+		if err := m.send(v.Endpoint, (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false); err != nil {
+			m.log.Warn("could not tell the decode its TRANSFER was rejected; it fails the room when it judges this prefill silent", "room", v.Room, "peer", peerLabel(v.Endpoint), "err", err)
+		}
 		m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason, Attempt: v.Attempt})
 	}()
 }

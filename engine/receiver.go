@@ -31,6 +31,7 @@ type recvTarget struct {
 	wrote    bool   // the producer reported Success: it writes nothing more
 	fenced   bool   // clean ABORT_ACK, or its data path was fenced
 	ready    bool   // it computed the request (prefill_complete: its answer to SUBSCRIBE)
+	moving   bool   // its registration was evicted; registering again (evictmove.go)
 }
 
 // Receiver is the decode side of one request (SGLang's KVReceiver). On
@@ -360,8 +361,6 @@ func (r *Receiver) run() {
 	}
 	r.mu.Lock()
 	ts := r.targets
-	pages, aux, state, prefix := r.pages, r.auxIndex, r.state, r.prefix
-	tokens := r.tokens
 	r.transferred = true
 	r.sentAt = time.Now()
 	r.mu.Unlock()
@@ -378,12 +377,8 @@ func (r *Receiver) run() {
 			return
 		}
 		t.sent = true
+		msg := r.transferMsgLocked(t)
 		r.mu.Unlock()
-		msg := &control.TransferMsg{Room: r.room, Endpoint: r.m.endpoint, Dummy: t.rank.Dummy, Pages: pages, Slot: t.slot, Generation: t.gen,
-			RequiredDstInfoNum: r.requiredDst, Checksum: r.m.cfg.Checksum, Epoch: t.epoch, Tokens: tokens, AuxIndex: -1, PrefixTokens: prefix, Attempt: r.attempt}
-		if t.extras {
-			msg.AuxIndex, msg.StateIndices = aux, state
-		}
 		err := r.m.send(t.endpoint, msg.Encode(), false)
 		r.sendMu.Unlock()
 		if err != nil {
@@ -785,12 +780,13 @@ func (r *Receiver) hasTarget(ep string) bool {
 	return false
 }
 
-// usesEpoch reports whether a producer of this room is (ep, epoch).
+// usesEpoch reports whether a producer of this room is (ep, epoch), one
+// registering again after that registration's eviction aside.
 func (r *Receiver) usesEpoch(ep string, epoch uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, t := range r.targets {
-		if t.endpoint == ep && t.epoch == epoch {
+		if t.endpoint == ep && t.epoch == epoch && !t.moving {
 			return true
 		}
 	}

@@ -79,6 +79,12 @@ func RegistrationEpoch(m *Manager, endpoint string) uint64 { return m.currentEpo
 // (tests only: to hold back a rank's notice of a peer's disconnect).
 func SetBeforeDropJudged(m *Manager, f func(ep string)) { m.beforeDropJudged.Store(&f) }
 
+// SetBeforeHeartbeatLoss installs a hook run after the heartbeat judged a
+// peer silent and released the manager's lock, before that peer's loss is
+// handled, with the peer's endpoint (tests only: to let a REGISTER in
+// there).
+func SetBeforeHeartbeatLoss(m *Manager, f func(ep string)) { m.beforeHeartbeatLoss.Store(&f) }
+
 // DispatchFrom seals frames as from seals its control messages (its
 // instance id and epoch) and dispatches them on to as a received message
 // (tests only: a frame of a closed incarnation that reaches its peer late).

@@ -483,6 +483,10 @@ type Manager struct {
 	// control connection to a peer is judged (connectionDropped), with the
 	// peer's endpoint, as a monitor goroutine descheduled there.
 	beforeDropJudged atomic.Pointer[func(ep string)]
+	// beforeHeartbeatLoss, when set (tests only), runs in the heartbeat
+	// after it judged a peer silent and released m.mu, before that peer's
+	// peerLost, with its endpoint, as a heartbeat descheduled there.
+	beforeHeartbeatLoss atomic.Pointer[func(ep string)]
 	// ctlVersion, when not 0 (tests only), is the control protocol version
 	// this rank speaks instead of control.ControlVersion; versionTold is
 	// when each endpoint of another version was last answered (skew.go).
@@ -1635,10 +1639,13 @@ func (m *Manager) monitorLoop() {
 		now := time.Now()
 		drained := m.inboxDrained(now)
 		m.mu.Lock()
-		var dead []string
+		var dead []judgedPeer
 		for ep, seen := range m.lastSeen {
 			if m.silent(seen, drained) {
-				dead = append(dead, ep)
+				// What was judged lost: a REGISTER (prefill) or a
+				// registration (decode) at ep taken between this unlock
+				// and peerLost below is a newer peer's, left alone.
+				dead = append(dead, judgedPeer{ep: ep, judged: true, dp: m.pre.dpeers[ep], pp: m.dec.ppeers[ep]})
 				delete(m.lastSeen, ep)
 			}
 		}
@@ -1672,11 +1679,14 @@ func (m *Manager) monitorLoop() {
 			// timeout; nothing was written for the room.
 			m.rejectTransfer(v, fmt.Sprintf("prefill %s got no request for room %d within its bootstrap timeout %s of this TRANSFER (the room was sent to another prefill, or its prefill request was lost)", m.endpoint, v.Room, m.cfg.BootstrapTimeout), true)
 		}
-		for _, ep := range dead {
+		for _, j := range dead {
+			if h := m.beforeHeartbeatLoss.Load(); h != nil {
+				(*h)(j.ep)
+			}
 			m.met.heartbeatFailed("peer")
 			m.met.peerLost(m.cfg.Role, "heartbeat")
-			unreachable, _, _ := m.pushState(ep)
-			m.peerLost(ep, !unreachable, m.lostError(ep))
+			unreachable, _, _ := m.pushState(j.ep)
+			m.peerLostJudged(j, !unreachable, m.lostError(j.ep))
 		}
 		// After the losses above: a REGISTER held for a lost decode's
 		// endpoint taken before would be undone by its peerLost.
@@ -1700,6 +1710,27 @@ func (m *Manager) monitorLoop() {
 // and only waits for a hung decode's verdict on: that decode may still
 // decide them when it resumes.
 func (m *Manager) peerLost(ep string, hung bool, err error) {
+	m.peerLostJudged(judgedPeer{ep: ep}, hung, err)
+}
+
+// judgedPeer is the peer at ep that a loss is about. With judged set, dp
+// and pp are the registrations there when it was judged lost (nil: none):
+// a registration found there at peerLost that is not the judged one was
+// taken since (a decode restarted at the same address registered between
+// the judgment and peerLost), and is left alone. Without it, the loss is
+// about whatever is registered at ep.
+type judgedPeer struct {
+	ep     string
+	judged bool
+	dp     *decodePeer  // prefill: the decode's registration judged lost
+	pp     *prefillPeer // decode: the registration with the prefill judged lost
+}
+
+// peerLostJudged is peerLost for the peer j judged lost: a newer
+// registration at j.ep (see judgedPeer) keeps its state, its liveness, its
+// control socket and its rooms; only the rooms of the judged one fail.
+func (m *Manager) peerLostJudged(j judgedPeer, hung bool, err error) {
+	ep := j.ep
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -1707,8 +1738,23 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	}
 	m.mu.Unlock()
 	m.mu.Lock()
-	delete(m.lastSeen, ep)
-	delete(m.resetAt, ep)
+	dp, pp := m.pre.dpeers[ep], m.dec.ppeers[ep]
+	newer := j.judged && ((dp != nil && dp != j.dp) || (pp != nil && pp != j.pp))
+	if newer {
+		// Only the judged registration's rooms are this loss's.
+		dp, pp = j.dp, j.pp
+	} else {
+		delete(m.lastSeen, ep)
+		delete(m.resetAt, ep)
+		delete(m.pre.dpeers, ep)
+		delete(m.dec.ppeers, ep)
+		m.unwatchPeerAsync(ep)
+		for addr, inst := range m.dec.bcache {
+			if inst.names(ep) {
+				delete(m.dec.bcache, addr)
+			}
+		}
+	}
 	var ss []*Sender
 	for _, s := range m.pre.senders {
 		ss = append(ss, s)
@@ -1717,42 +1763,44 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 	for _, r := range m.dec.receivers {
 		rs = append(rs, r)
 	}
-	dp := m.pre.dpeers[ep]
-	delete(m.pre.dpeers, ep)
-	if hung && dp != nil {
+	if hung && dp != nil && !newer {
 		m.rememberSilentDropLocked(ep, dp.reg.Epoch)
 	}
 	var lostEpoch uint64
-	if pp := m.dec.ppeers[ep]; pp != nil {
+	if pp != nil {
 		lostEpoch = pp.epoch
 	}
-	if pp := m.dec.ppeers[ep]; pp != nil && pp.ack != nil {
+	if pp != nil && pp.ack != nil {
 		select { // a registration waiting for REGISTER_ACK ends now
 		case pp.ack <- ackResult{err: err}:
 		default:
 		}
 	}
-	delete(m.dec.ppeers, ep)
-	m.unwatchPeerAsync(ep)
-	for addr, inst := range m.dec.bcache {
-		if inst.names(ep) {
-			delete(m.dec.bcache, addr)
-		}
+	unacked := 0
+	if !newer {
+		unacked = m.forgetUnackedLocked(ep)
 	}
-	unacked := m.forgetUnackedLocked(ep)
 	m.mu.Unlock()
 	if unacked > 0 {
 		m.log.Info("prefill rank gone before acknowledging Success verdicts: not waited for at close (it asks again if it comes back)", "peer", peerLabel(ep), "verdicts", unacked)
 	}
+	if newer {
+		m.log.Info("peer judged lost registered again before its loss was handled; the new registration stays", "peer", peerLabel(ep))
+	}
 	if dp != nil {
 		dp.close()
 	}
-	m.dropPush(ep)
+	if !newer {
+		m.dropPush(ep)
+	}
 	affected := 0
 	var await []*Sender
 	for _, s := range ss {
 		if !s.hasDst(ep) || s.verdictFrom(ep) {
 			continue // a verdict received from it stands (verdicts.go)
+		}
+		if newer && !s.servedOver(ep, j.dp) {
+			continue // the new registration's room
 		}
 		if s.awaitingVerdict() {
 			if hung {
@@ -1785,6 +1833,9 @@ func (m *Manager) peerLost(ep string, hung bool, err error) {
 		})
 	}
 	for _, r := range rs {
+		if newer && (pp == nil || !r.usesEpoch(ep, pp.epoch)) {
+			continue // the new registration's room
+		}
 		if r.hasTarget(ep) && r.failLocal(err) {
 			affected++
 		}

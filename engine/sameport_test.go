@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/internal/control"
+	"github.com/kvxfer/kvxfer/workload"
 )
 
 // A decode restarted on the same control port (a pod or systemd restart)
@@ -142,4 +144,117 @@ func TestContestedRegisterRefusedWhileRegisteredTalks(t *testing.T) {
 		t.Fatalf("refused only after %s", took.Round(time.Millisecond))
 	}
 	t.Logf("refused after %s: %v", took.Round(time.Millisecond), r.Failure())
+}
+
+// TestHeartbeatLossLeavesNewerRegistration: the heartbeat judges a decode
+// silent and releases the manager's lock before it handles the loss; a
+// decode restarted at the same address whose REGISTER is taken in between
+// keeps its registration, and its room succeeds. Before, peerLost worked
+// by endpoint and dropped the new registration (and its control socket)
+// with the old one's, so the new decode's room failed ("TRANSFER before
+// REGISTER").
+func TestHeartbeatLossLeavesNewerRegistration(t *testing.T) {
+	const peerTmo = time.Second
+	addr := startBootstrap(t)
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, peerTmo: peerTmo})
+	d1 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: peerTmo})
+	sendOne(t, addr, pre, d1, 1)
+	d1ep := d1.m.Endpoint()
+	// The loss comes from the heartbeat (silence), not from the drop of
+	// d1's control connection.
+	release := make(chan struct{})
+	var once sync.Once
+	done := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(done)
+	engine.SetBeforeDropJudged(pre.m, func(ep string) {
+		if ep == d1ep {
+			select {
+			case <-release:
+			case <-time.After(30 * time.Second):
+			}
+		}
+	})
+	d1.m.Close()
+	d2 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: peerTmo,
+		cfgMod: func(cfg *engine.ManagerConfig) { cfg.ControlPort = d1.m.ControlPort() }})
+	if d2.m.Endpoint() != d1ep {
+		t.Fatalf("d2 at %s, want d1's address %s", d2.m.Endpoint(), d1ep)
+	}
+	const room = 2
+	var r *engine.Receiver
+	var hookErr error
+	var epoch uint64 // d2's registration, taken in the window
+	hooked := make(chan struct{})
+	var hookOnce sync.Once
+	engine.SetBeforeHeartbeatLoss(pre.m, func(ep string) {
+		if ep != d1ep {
+			return
+		}
+		hookOnce.Do(func() {
+			defer close(hooked)
+			// Between the judgment and peerLost: the new decode's
+			// REGISTER is taken.
+			if r, hookErr = d2.m.NewReceiver(addr, room); hookErr != nil {
+				return
+			}
+			deadline := time.Now().Add(15 * time.Second)
+			for r.Poll() < engine.KVWaitingForInput && r.Poll() != engine.KVFailed && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			epoch = engine.RegistrationEpoch(d2.m, pre.m.Endpoint())
+		})
+	})
+	select {
+	case <-hooked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the prefill's heartbeat never judged the closed decode silent")
+	}
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	t.Cleanup(r.Close)
+	if r.Poll() != engine.KVWaitingForInput {
+		t.Fatalf("room %d of the new decode, registered while the old one's loss was pending: %s %v", room, r.Poll(), r.Failure())
+	}
+	time.Sleep(300 * time.Millisecond) // the old decode's peerLost runs
+	dst, err := d2.pool.Alloc(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Init(dst); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pre.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if st := s.Wait(ctx, engine.KVWaitingForInput); st != engine.KVWaitingForInput {
+		t.Fatalf("sender room %d: %s %v; receiver: %s %v", room, st, s.Failure(), r.Poll(), r.Failure())
+	}
+	src, err := pre.pool.Alloc(s.DstPages())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.FillPattern(pre.pool, room, src, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(src, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Wait(ctx, engine.KVSuccess); st != engine.KVSuccess {
+		t.Fatalf("room %d of the new decode: %s %v", room, st, r.Failure())
+	}
+	if err := workload.VerifyPattern(d2.pool, room, dst, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Over the registration taken in the window: the prefill never
+	// dropped it (before, it did, and told d2 to register again as a
+	// decode dropped for silence).
+	if now := engine.RegistrationEpoch(d2.m, pre.m.Endpoint()); now != epoch {
+		t.Fatalf("the new decode's registration with the prefill is epoch %d, want %d, the one taken while the old decode's loss was pending (the prefill dropped it)", now, epoch)
+	}
+	done()
 }

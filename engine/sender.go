@@ -661,6 +661,15 @@ func (s *Sender) TransferMetric() TransferMetric {
 
 // hasDst reports whether decode ep sent TRANSFER for the room or
 // subscribed to its completion.
+// servedOver reports whether decode ep is this room's destination over
+// the registration dp (false for a SUBSCRIBE only, or another registration).
+func (s *Sender) servedOver(ep string, dp *decodePeer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dsts[ep]
+	return d != nil && dp != nil && d.peer == dp
+}
+
 func (s *Sender) hasDst(ep string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

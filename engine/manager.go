@@ -1082,7 +1082,7 @@ func (m *Manager) teardown(flush bool) {
 // send pushes frames to a peer's PULL endpoint (socket cached per endpoint,
 // LINGER 0, bounded send time). Errors name the peer.
 func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
-	if f := m.cfg.ControlFault; f != nil && len(frames) > 2 && f(endpoint, string(frames[2])) {
+	if m.faulted(endpoint, frames) {
 		return nil
 	}
 	m.mu.Lock()
@@ -1141,6 +1141,13 @@ func (m *Manager) send(endpoint string, frames [][]byte, dontwait bool) error {
 	return m.sendVia(ps, endpoint, frames, dontwait)
 }
 
+// faulted reports whether ManagerConfig.ControlFault drops this message to
+// endpoint (every send path asks it once).
+func (m *Manager) faulted(endpoint string, frames [][]byte) bool {
+	f := m.cfg.ControlFault
+	return f != nil && len(frames) > 2 && f(endpoint, string(frames[2]))
+}
+
 // sendVia seals frames and sends them on ps, the socket to endpoint.
 func (m *Manager) sendVia(ps *pushSock, endpoint string, frames [][]byte, dontwait bool) error {
 	ps.mu.Lock()
@@ -1173,13 +1180,14 @@ func (m *Manager) sendVia(ps *pushSock, endpoint string, frames [][]byte, dontwa
 // maxSendOnce bounds the one-off control sockets (sendOnce) open at a time.
 const maxSendOnce = 8
 
-// sendOnce sends one control message to endpoint over a socket of its own,
-// outside m.push and its MaxPeers cap, and closes it (the message is
-// delivered within the socket's linger, a second, or dropped): the answer
-// to a peer this rank refuses for the cap. At most maxSendOnce run at a
-// time; beyond that the message is dropped (logged), so a flood of
-// REGISTERs cannot make the rank open sockets without bound.
-func (m *Manager) sendOnce(endpoint string, frames [][]byte) {
+// sendOnce sends control messages (each one message's frames, in order) to
+// endpoint over a socket of its own, outside m.push and its MaxPeers cap,
+// and closes it (they are delivered within the socket's linger, a second,
+// or dropped): the answer to a peer this rank refuses for the cap, or
+// cannot open a socket to because of it. At most maxSendOnce run at a
+// time; beyond that the messages are dropped (logged), so a flood of
+// frames cannot make the rank open sockets without bound.
+func (m *Manager) sendOnce(endpoint string, msgs ...[][]byte) {
 	select {
 	case m.onceSem <- struct{}{}:
 		defer func() { <-m.onceSem }()
@@ -1206,13 +1214,19 @@ func (m *Manager) sendOnce(endpoint string, frames [][]byte) {
 		m.log.Warn("one-off control socket", "peer", endpoint, "err", err)
 		return
 	}
-	frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
-	parts := make([]any, len(frames))
-	for i, f := range frames {
-		parts[i] = f
-	}
-	if _, err := s.SendMessage(parts...); err != nil {
-		m.log.Warn("one-off control message not sent", "peer", endpoint, "err", err)
+	for _, frames := range msgs {
+		if m.faulted(endpoint, frames) {
+			continue
+		}
+		frames = control.SealControl(frames, m.instanceID, m.epoch, m.ctlSeq.Add(1), time.Now(), m.ctlKey)
+		parts := make([]any, len(frames))
+		for i, f := range frames {
+			parts[i] = f
+		}
+		if _, err := s.SendMessage(parts...); err != nil {
+			m.log.Warn("one-off control message not sent", "peer", endpoint, "err", err)
+			return
+		}
 	}
 }
 

@@ -80,22 +80,28 @@ func TestPeerCapEvictsIdleDecodes(t *testing.T) {
 // stale TRANSFER was never sent (at its socket cap, both sockets to
 // registered decodes, it cannot open one back to the evicted decode), and
 // the room failed a peer timeout later with "prefill … silent".
+//
+// unnoticed: the notice is lost (dropped on the prefill); then the
+// prefill's rejection of the stale TRANSFER, sent over a one-off socket
+// beyond its socket cap, fails the room at once (before: not sent, the
+// room failed a peer timeout later, "silent").
 func TestPeerCapEvictedRoomRegistersAgain(t *testing.T) {
 	// notified: the notice is handled before the room's TRANSFER is sent;
 	// crossed: after (the decode's control loop is held on it meanwhile).
-	for _, crossed := range []bool{false, true} {
-		name := "notified"
-		if crossed {
-			name = "crossed"
-		}
-		t.Run(name, func(t *testing.T) { testEvictedRoomRegistersAgain(t, crossed) })
+	for _, mode := range []string{"notified", "crossed", "unnoticed"} {
+		t.Run(mode, func(t *testing.T) { testEvictedRoomRegistersAgain(t, mode) })
 	}
 }
 
-func testEvictedRoomRegistersAgain(t *testing.T, crossed bool) {
+func testEvictedRoomRegistersAgain(t *testing.T, mode string) {
 	const peerTmo = 6 * time.Second
 	addr := startBootstrap(t)
-	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, maxPeers: 2, peerTmo: peerTmo})
+	var dropNotice atomic.Pointer[string] // unnoticed: the eviction notice to decs[0] is lost
+	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, maxPeers: 2, peerTmo: peerTmo,
+		controlFault: func(peer, typ string) bool {
+			to := dropNotice.Load()
+			return typ == engine.MsgRegisterAck && to != nil && *to == peer
+		}})
 	var decs []*rank
 	for range 3 {
 		decs = append(decs, newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: peerTmo}))
@@ -120,10 +126,14 @@ func testEvictedRoomRegistersAgain(t *testing.T, crossed bool) {
 	}
 	var hold atomic.Bool
 	release := make(chan struct{})
-	hold.Store(crossed)
+	hold.Store(mode == "crossed")
+	if mode == "unnoticed" {
+		ep := decs[0].m.Endpoint()
+		dropNotice.Store(&ep)
+	}
 	engine.SetBeforeDispatch(decs[0].m, func(msgType string) {
 		if msgType == "REGISTER_ACK" && hold.CompareAndSwap(true, false) {
-			select { // the eviction notice waits for the room's TRANSFER
+			select { // the eviction notice waits for the room's TRANSFER (or outcome)
 			case <-release:
 			case <-time.After(20 * time.Second):
 			}
@@ -141,7 +151,17 @@ func testEvictedRoomRegistersAgain(t *testing.T, crossed bool) {
 	if err := r.Init(dst); err != nil { // its TRANSFER may name the evicted registration
 		t.Fatal(err)
 	}
-	if crossed {
+	if mode == "unnoticed" {
+		for r.Poll() != engine.KVFailed && r.Poll() != engine.KVSuccess && time.Since(start) < 2*peerTmo {
+			time.Sleep(5 * time.Millisecond)
+		}
+		took := time.Since(start)
+		if r.Poll() != engine.KVFailed || !strings.Contains(r.Failure().Error(), "TRANSFER before REGISTER") || took > peerTmo/2 {
+			t.Fatalf("room %d, its registration evicted, the notice not handled yet: %s %v after %s; want Failed at once with the prefill's rejection (TRANSFER before REGISTER)", room, r.Poll(), r.Failure(), took)
+		}
+		return
+	}
+	if mode == "crossed" {
 		for r.Poll() == engine.KVWaitingForInput && time.Since(start) < 10*time.Second {
 			time.Sleep(5 * time.Millisecond)
 		}

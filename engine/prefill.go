@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -374,10 +375,20 @@ func (m *Manager) handleHandshakeAck(v *control.HandshakeAckMsg) {
 func (m *Manager) rejectTransfer(v *control.TransferMsg, reason string, clean bool) {
 	m.log.Warn("rejected TRANSFER", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "reason", reason)
 	go func() {
-		if err := m.send(v.Endpoint, (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode(), false); err != nil {
+		status := (&control.StatusMsg{Room: v.Room, State: int(KVFailed), Producer: m.producerRank(), Endpoint: m.endpoint, Reason: reason, Epoch: v.Epoch}).Encode()
+		ack := &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason, Attempt: v.Attempt}
+		if err := m.send(v.Endpoint, status, false); errors.Is(err, ErrTooManyPeers) {
+			// At the socket cap, every socket to a registered decode (a
+			// decode evicted for a new one is the usual case): the
+			// answer goes over a socket of its own, so the decode fails
+			// the room now instead of when it judges this prefill silent.
+			m.sendOnce(v.Endpoint, status, ack.Encode())
+			m.met.fence(RolePrefill, "abort_ack_sent")
+			return
+		} else if err != nil {
 			m.log.Warn("could not tell the decode its TRANSFER was rejected; it fails the room when it judges this prefill silent", "room", v.Room, "peer", peerLabel(v.Endpoint), "err", err)
 		}
-		m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: clean, Detail: reason, Attempt: v.Attempt})
+		m.sendAbortAck(v.Endpoint, ack)
 	}()
 }
 

@@ -833,6 +833,15 @@ func (r *Receiver) onStatus(v *control.StatusMsg) {
 		r.tr.log(v.Endpoint).Debug("STATUS Success of another registration ignored", "status_epoch", v.Epoch, "epoch", epoch)
 		return
 	}
+	if t != nil && KVPoll(v.State) == KVFailed && t.moving && (v.Epoch == t.epoch || v.Epoch == 0) {
+		// The prefill's rejection of this room's TRANSFER over the
+		// registration it evicted: the room is registering again
+		// (evictmove.go) and its TRANSFER follows over the new one.
+		epoch := t.epoch
+		r.mu.Unlock()
+		r.tr.event(r.tr.step(), v.Endpoint, fmt.Sprintf("STATUS Failed of the evicted registration epoch %d ignored, the room registers again (%s)", epoch, v.Reason))
+		return
+	}
 	if t != nil && KVPoll(v.State) == KVFailed && v.Epoch != 0 && v.Epoch != t.epoch {
 		// A rejection of an earlier attempt (an earlier registration with
 		// this producer, e.g. before a same-room retry re-registered):
@@ -1143,6 +1152,13 @@ func (r *Receiver) onAbortAck(v *control.AbortAckMsg) {
 	}
 	if t == nil || (v.Epoch != 0 && v.Epoch != t.epoch) {
 		r.mu.Unlock()
+		return
+	}
+	if t.moving {
+		// Its answer to the TRANSFER over the evicted registration (that
+		// data path is fenced; the room registers again, evictmove.go).
+		r.mu.Unlock()
+		r.tr.event(r.tr.step(), v.Endpoint, "ABORT_ACK of the evicted registration ignored, the room registers again ("+v.Detail+")")
 		return
 	}
 	if v.Clean {

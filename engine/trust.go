@@ -289,7 +289,9 @@ func (m *Manager) evictDecodeLocked(ep string, p *decodePeer, tell bool) {
 		if tell {
 			ack := &control.RegisterAckMsg{Endpoint: m.endpoint, Geometry: *m.geo, Epoch: p.reg.Epoch,
 				Err: fmt.Sprintf("%s: prefill %s is at its peer cap (MaxPeers %d) and dropped this idle decode's registration for a new one; the next room registers again", EvictedPrefix, m.endpoint, m.cfg.MaxPeers)}
-			_ = m.sendVia(ps, ep, ack.Encode(), false)
+			if frames := ack.Encode(); !m.faulted(ep, frames) {
+				_ = m.sendVia(ps, ep, frames, false)
+			}
 		}
 		ps.close()
 	}()

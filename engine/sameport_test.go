@@ -154,7 +154,9 @@ func TestContestedRegisterRefusedWhileRegisteredTalks(t *testing.T) {
 // with the old one's, so the new decode's room failed ("TRANSFER before
 // REGISTER").
 func TestHeartbeatLossLeavesNewerRegistration(t *testing.T) {
-	const peerTmo = time.Second
+	// Long enough that a loaded machine does not judge d1 silent before
+	// it is closed (then the window below never comes).
+	const peerTmo = 3 * time.Second
 	addr := startBootstrap(t)
 	pre := newRank(t, rankOpts{role: engine.RolePrefill, model: smallGQA, tp: 1, pp: 1, addr: addr, peerTmo: peerTmo})
 	d1 := newRank(t, rankOpts{role: engine.RoleDecode, model: smallGQA, tp: 1, pp: 1, peerTmo: peerTmo})

@@ -333,7 +333,12 @@ func (r *Receiver) run() {
 			for _, ep := range eps {
 				go r.m.sendAbort(ep, r.room, err.Error(), 0, r.attempt)
 			}
-			if len(eps) == 0 {
+			// Not when the topology lookup itself failed: no producer
+			// was found to tell, and a second lookup of that bootstrap
+			// would only fail the same way while outliving the room
+			// (it runs for the whole bootstrap timeout).
+			var tl topologyLookupError
+			if len(eps) == 0 && !errors.As(err, &tl) {
 				r.abortUnresolved(err)
 			}
 		}
@@ -527,6 +532,14 @@ func (r *Receiver) succeedChecked() {
 	r.updateFence()
 }
 
+// topologyLookupError is a room's failure to fetch its prefill instance's
+// topology (GET /route with all -1) from the bootstrap server: the error it
+// wraps, unchanged, marked so that run does not look the same bootstrap up
+// again to find producers to ABORT.
+type topologyLookupError struct{ error }
+
+func (e topologyLookupError) Unwrap() error { return e.error }
+
 // abortUnresolved tells the producers of a room that failed before any of
 // its producers was looked up (a refused pairing: kv_cache_dtype or page
 // size mismatch, ...) that the room failed, so that a prefill already
@@ -638,7 +651,7 @@ func (r *Receiver) resolve() error {
 	defer cancel()
 	inst, err := m.instance(ctx, r.addr)
 	if err != nil {
-		return fmt.Errorf("engine: room %d: could not fetch prefill parallel info from http://%s: %w", r.room, r.addr, err)
+		return topologyLookupError{fmt.Errorf("engine: room %d: could not fetch prefill parallel info from http://%s: %w", r.room, r.addr, err)}
 	}
 	dp, ok := bootstrap.SelectDPRank(*inst.info, r.room)
 	if r.dpRank >= 0 {

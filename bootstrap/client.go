@@ -210,6 +210,7 @@ func (e *StatusError) Is(target error) bool {
 
 // do sends one request and returns the 2xx body or an error naming the op.
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body any, auth bool) ([]byte, http.Header, error) {
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.requestTimeout)
 	defer cancel()
 	var rd io.Reader
@@ -234,13 +235,21 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if auth && c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
+	start := time.Now()
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
 			// Connected (or dialling) but no HTTP answer: often another
 			// kind of port given as the bootstrap address.
-			return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (no answer within %s: is this the prefill's bootstrap server's HTTP port, default %d, and not a rank's control or metrics port?)", method, c.base, path, err, c.requestTimeout, DefaultPort)
+			// Name the deadline that ended: the caller's (e.g. a
+			// bootstrap timeout shorter than the request timeout) or
+			// this request's own.
+			within := fmt.Sprintf("no answer within the %s request timeout", c.requestTimeout)
+			if parent.Err() != nil {
+				within = fmt.Sprintf("no answer before the caller's deadline ended, %s after the request was sent", time.Since(start).Round(time.Millisecond))
+			}
+			return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (%s: is this the prefill's bootstrap server's HTTP port, default %d, and not a rank's control or metrics port?)", method, c.base, path, err, within, DefaultPort)
 		}
 		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: %w (is the prefill's bootstrap server running at this address?)", method, c.base, path, err)
 	}

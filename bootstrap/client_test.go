@@ -120,9 +120,36 @@ func TestClientSilentAddressSaysWhatToCheck(t *testing.T) {
 	if err == nil {
 		t.Fatal("ServerInfo from a silent port succeeded")
 	}
-	for _, want := range []string{ln.Addr().String(), "no answer within 200ms", "bootstrap server's HTTP port"} {
+	for _, want := range []string{ln.Addr().String(), "no answer within the 200ms request timeout", "bootstrap server's HTTP port"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+}
+
+// TestClientSilentAddressNamesCallersDeadline: when the caller's deadline
+// (a 300 ms bootstrap timeout, say) ends before the client's 5 s request
+// timeout, the error names the caller's deadline and the time waited, not
+// "no answer within 5s".
+func TestClientSilentAddressNamesCallersDeadline(t *testing.T) {
+	// Never accepted: the kernel completes the handshake, nothing answers.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := NewClient(ln.Addr().String(), WithRequestTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = c.ServerInfo(ctx)
+	if err == nil {
+		t.Fatal("ServerInfo from a silent port succeeded")
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "5s") || !strings.Contains(msg, "before the caller's deadline ended") || !strings.Contains(msg, "bootstrap server's HTTP port") {
+		t.Fatalf("error %q: want the caller's deadline named (not the 5s request timeout) and the port hint", msg)
 	}
 }

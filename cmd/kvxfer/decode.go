@@ -16,7 +16,8 @@ metadata ring, opens the data transports and binds its ZMQ control socket.
 Then it reads requests from stdin, one JSON object per line:
 {"room": <bootstrap_room>, "tokens": <prompt length>, "bootstrap": "host:port"}
 ("room" 0 … 2^63-1 and "tokens" >= 1 are required; "bootstrap" defaults to
---bootstrap). For each it pre-allocates pages, resolves the producer ranks
+--bootstrap; an optional "hash_ids" list names the prompt's blocks for
+--prefix-cache-blocks). For each it pre-allocates pages, resolves the producer ranks
 through the bootstrap server, sends TRANSFER, waits for every producer's
 Success with a verified metadata record and optionally verifies every byte
 (--verify).

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -828,19 +829,46 @@ func readLine(br *bufio.Reader, max int) (line []byte, size int, err error) {
 // maxRoom is the largest bootstrap_room (rooms are 63-bit, engine.NewSender).
 const maxRoom = 1<<63 - 1
 
+// requestFields is a request line as parseRequest decodes it; the role tag
+// of each field names the roles that accept its key (requestKeys).
+type requestFields struct {
+	Room      json.RawMessage `json:"room" role:"prefill,decode"`
+	Tokens    json.RawMessage `json:"tokens" role:"prefill,decode"`
+	Bootstrap *string         `json:"bootstrap" role:"decode"`
+	HashIDs   []int64         `json:"hash_ids" role:"prefill,decode"`
+	Layerwise *bool           `json:"layerwise" role:"prefill"`
+	LayerUS   *int64          `json:"layer_compute_us" role:"prefill"`
+	Pattern   json.RawMessage `json:"pattern_room" role:"prefill"`
+}
+
+// requestKeys lists, quoted and in field order, the request line keys that
+// role accepts, read from the tags of requestFields.
+func requestKeys(role engine.Role) []string {
+	var keys []string
+	rt := reflect.TypeFor[requestFields]()
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		if slices.Contains(strings.Split(f.Tag.Get("role"), ","), roleName(role)) {
+			keys = append(keys, strconv.Quote(f.Tag.Get("json")))
+		}
+	}
+	return keys
+}
+
+// roleName is "decode" for engine.RoleDecode and "prefill" otherwise, as
+// the role tags of requestFields spell them.
+func roleName(role engine.Role) string {
+	if role == engine.RoleDecode {
+		return "decode"
+	}
+	return "prefill"
+}
+
 // parseRequest decodes one request line. room (0 included) and tokens (>= 1)
 // are required; "bootstrap" is a decode-only field; any other key is an
 // error. hasRoom reports whether q.Room was read, even when err is set.
 func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, err error) {
-	var raw struct {
-		Room      json.RawMessage `json:"room"`
-		Tokens    json.RawMessage `json:"tokens"`
-		Bootstrap *string         `json:"bootstrap"`
-		HashIDs   []int64         `json:"hash_ids"`
-		Layerwise *bool           `json:"layerwise"`
-		LayerUS   *int64          `json:"layer_compute_us"`
-		Pattern   json.RawMessage `json:"pattern_room"`
-	}
+	var raw requestFields
 	dec := json.NewDecoder(strings.NewReader(text))
 	dec.DisallowUnknownFields()
 	want := `{"room": N, "tokens": N}`
@@ -857,11 +885,17 @@ func parseRequest(text string, role engine.Role) (q requestLine, hasRoom bool, e
 			return q, false, fmt.Errorf("a JSON %s, not an object (want %s)", typ.Value, want)
 		case errors.As(err, &typ):
 			return q, false, fmt.Errorf("%q is a JSON %s, want %s", typ.Field, typ.Value, want)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return q, false, fmt.Errorf("%s: a %s request line accepts only the keys %s (want %s)",
+				strings.TrimPrefix(err.Error(), "json: "), roleName(role), strings.Join(requestKeys(role), ", "), want)
 		}
 		return q, false, fmt.Errorf("not a request object: %v (want %s)", err, want)
 	}
 	if dec.More() {
 		return q, false, fmt.Errorf("text after the request object (one JSON object per line, want %s)", want)
+	}
+	if strings.TrimSpace(text) == "null" { // decodes into the struct as a no-op
+		return q, false, fmt.Errorf("a JSON null, not an object: a request line must be one JSON object (want %s)", want)
 	}
 	if raw.Room == nil {
 		return q, false, fmt.Errorf(`missing "room" (the request's bootstrap_room, 0 … 2^63-1; want %s)`, want)

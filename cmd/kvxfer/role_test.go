@@ -42,6 +42,8 @@ func TestParseRequest(t *testing.T) {
 		{`garbage`, engine.RoleDecode, requestLine{}, false, "not JSON (invalid at byte 1"},
 		{`not json`, engine.RolePrefill, requestLine{}, false, "not JSON"},
 		{`[1,2]`, engine.RolePrefill, requestLine{}, false, "a JSON array, not an object"},
+		{`null`, engine.RoleDecode, requestLine{}, false, "a JSON null, not an object: a request line must be one JSON object"},
+		{` null `, engine.RolePrefill, requestLine{}, false, "a JSON null, not an object"},
 		{`"room"`, engine.RolePrefill, requestLine{}, false, "a JSON string, not an object"},
 		{`{"room":1,"tokens":5,"bootstrap":"h:1"}`, engine.RolePrefill, requestLine{Room: 1, Tokens: 5}, true, "decode request field"},
 		{`{"room":1,"tokens":5,"bootstrap":""}`, engine.RoleDecode, requestLine{Room: 1, Tokens: 5}, true, "empty"},
@@ -71,6 +73,49 @@ func TestParseRequest(t *testing.T) {
 		}
 		if hasRoom != c.hasRoom || (hasRoom && q.Room != c.want.Room) {
 			t.Errorf("%s: hasRoom %v room %d, want %v %d", c.line, hasRoom, q.Room, c.hasRoom, c.want.Room)
+		}
+	}
+}
+
+// TestParseRequestUnknownKeyListsAccepted: a line with an unknown key is
+// told every key its role accepts (the decode's "hash_ids" included), and
+// each key listed is one the role really takes.
+func TestParseRequestUnknownKeyListsAccepted(t *testing.T) {
+	for _, c := range []struct {
+		role   engine.Role
+		want   []string
+		absent []string
+	}{
+		{engine.RoleDecode, []string{`"room"`, `"tokens"`, `"bootstrap"`, `"hash_ids"`}, []string{`"layerwise"`, `"pattern_room"`}},
+		{engine.RolePrefill, []string{`"room"`, `"tokens"`, `"hash_ids"`, `"layerwise"`, `"layer_compute_us"`, `"pattern_room"`}, []string{`"bootstrap"`}},
+	} {
+		_, _, err := parseRequest(`{"room":1,"tokens":5,"tokenz":1}`, c.role)
+		if err == nil {
+			t.Fatalf("%v: a line with key \"tokenz\" was accepted", c.role)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, `unknown field "tokenz"`) {
+			t.Errorf("%v: %q does not name the unknown key", c.role, msg)
+		}
+		for _, k := range c.want {
+			if !strings.Contains(msg, k) {
+				t.Errorf("%v: %q does not list the accepted key %s", c.role, msg, k)
+			}
+		}
+		for _, k := range c.absent {
+			if strings.Contains(msg, k) {
+				t.Errorf("%v: %q lists %s, a key this role refuses", c.role, msg, k)
+			}
+		}
+		values := map[string]string{`"bootstrap"`: `"h:1"`, `"hash_ids"`: `[1]`, `"layerwise"`: `true`, `"layer_compute_us"`: `1`, `"pattern_room"`: `2`}
+		for _, k := range requestKeys(c.role) {
+			if k == `"room"` || k == `"tokens"` {
+				continue
+			}
+			line := fmt.Sprintf(`{"room":1,"tokens":5,%s:%s}`, k, values[k])
+			if _, _, err := parseRequest(line, c.role); err != nil {
+				t.Errorf("%v: listed key %s refused: %s: %v", c.role, k, line, err)
+			}
 		}
 	}
 }

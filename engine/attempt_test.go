@@ -362,3 +362,50 @@ func TestStaleAbortAckIgnored(t *testing.T) {
 	}
 	ap.finish(t, ctx, room, r2, s, dp)
 }
+
+// TestLateTransferAfterIgnoredAbortDropped: attempt 2 of a room is held by
+// its sender when attempt 1's ABORT arrives late (the sender ignores it:
+// it serves attempt 2), and then attempt 1's TRANSFER, later still. That
+// ABORT reached the sender, not the prefill before the sender existed, so
+// it is in no early-abort record; the TRANSFER must still be dropped, not
+// replace attempt 2's destination: no byte may land in attempt 1's pages
+// (which the decode may have handed to another room) and attempt 2
+// succeeds with its own bytes (before: the sender took attempt 1's pages,
+// aux row and slot as the decode's destination and wrote there, and the
+// decode failed attempt 2 "metadata slot not committed"). After the sender
+// closed with Success, a copy of that TRANSFER is dropped too.
+func TestLateTransferAfterIgnoredAbortDropped(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const room, sentinel = 45, 1<<40 + 45
+	dp1, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp1)
+	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+	a1 := ap.concludedAttempt(t, room)
+
+	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
+	ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
+	waitTimeline(t, ap.p.m, room, "ABORT of attempt")
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got, want := engine.SenderDstAttempt(s, ap.d.m.Endpoint()), engine.ReceiverAttempt(r2); got != want {
+		t.Errorf("after attempt 1's late TRANSFER the sender's destination is attempt %d, want attempt 2's (%d)", got, want)
+	}
+	ap.finish(t, ctx, room, r2, s, dp2)
+	if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+		t.Fatalf("attempt 1's pages were written by attempt 2's sender: %v", err)
+	}
+	waitTimeline(t, ap.p.m, room, "ABORT of attempt", "TRANSFER of attempt")
+
+	// Once the sender closed with Success the prefill still knows
+	// attempt 1 as aborted: a copy of its TRANSFER is dropped at once, not
+	// left pending for the room's next sender to serve.
+	s.Close()
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got, held := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; held {
+		t.Fatalf("after room %d closed with Success the prefill holds attempt %d's late TRANSFER for its next sender; want it dropped", room, got)
+	}
+	waitTimeline(t, ap.p.m, room, "closed with Success since")
+}

@@ -96,6 +96,10 @@ func DispatchFrom(to, from *Manager, frames [][]byte) {
 // TRANSFER, ABORT and the ABORT_ACKs it takes (tests only).
 func ReceiverAttempt(r *Receiver) uint64 { return r.attempt }
 
+// SenderDstAttempt returns the attempt of the TRANSFER the sender holds as
+// decode endpoint ep's destination (0: ep is none; tests only).
+func SenderDstAttempt(s *Sender, ep string) uint64 { return s.dstAttempt(ep) }
+
 // PendingTransferAttempts returns, per decode endpoint, the attempt of the
 // TRANSFER of room the prefill manager holds for a sender not created yet
 // (tests only).

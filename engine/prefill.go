@@ -556,10 +556,11 @@ func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 	}
 	m.mu.Unlock()
 	if s != nil {
-		if held := s.dstAttempt(v.Endpoint); v.Attempt != 0 && held != 0 && held != v.Attempt {
+		if held, other := s.abortOfOtherAttempt(v); other {
 			// An ABORT of another attempt of this bootstrap_room by that
 			// decode (one it concluded before the attempt this sender
-			// serves, delivered late): this attempt goes on.
+			// serves, delivered late): this attempt goes on, and a late
+			// TRANSFER of the aborted attempt is dropped (addDst).
 			s.tr.event(s.tr.step(), v.Endpoint, fmt.Sprintf("ABORT of attempt %d ignored: this sender serves that decode's attempt %d (%s)", v.Attempt, held, v.Reason))
 			m.log.Warn("dropped an ABORT of another attempt of the room", "room", v.Room, "peer", peerLabel(v.Endpoint), "abort_attempt", v.Attempt, "attempt", held)
 			return

@@ -191,6 +191,13 @@ type Sender struct {
 	// the ABORT named none). A TRANSFER of that attempt arriving late is
 	// dropped, never served as a retry.
 	earlyAborted map[string]uint64
+	// abortedLater: per decode endpoint, the attempts of this room whose
+	// ABORT reached this sender while it served another attempt of that
+	// decode (handleAbortNow ignores such an ABORT), the last
+	// maxAbortedLater of them. A TRANSFER of one of them is that aborted
+	// attempt's own, delivered late: dropped, never replacing the live
+	// destination (whose pages it would redirect the retry's writes from).
+	abortedLater map[string][]uint64
 	required     int
 	numPages     int // from Init; -1 unknown
 	tokens       int // from SetTokens; 0 undeclared
@@ -548,7 +555,16 @@ func (s *Sender) tokenMismatchLocked() error {
 
 func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 	s.mu.Lock()
-	if abortedAttempt(s.earlyAborted, v) {
+	if abortedAttempt(s.earlyAborted, v) || slices.Contains(s.abortedLater[v.Endpoint], v.Attempt) {
+		// One rule for every late TRANSFER: dropped when it names an
+		// attempt its decode aborted, compared for equality. Not "older
+		// than the destination's attempt": a restarted decode process
+		// numbers its attempts from a new random start
+		// (decodeSide.attempts) and may come back on the same endpoint,
+		// its registration epochs random too (transport.NewEpoch), so
+		// across processes a smaller number is not an earlier attempt,
+		// and neither the endpoint nor the epoch tells the processes
+		// apart for certain.
 		s.mu.Unlock()
 		why := staleTransferReason(v)
 		s.tr.event(StepConnect, v.Endpoint, why)
@@ -738,6 +754,19 @@ func (s *Sender) Close() {
 		served[ep] = attemptID{d.msg.Epoch, d.msg.Attempt}
 	}
 	aborted := s.earlyAborted
+	if len(s.abortedLater) > 0 {
+		// The memo holds one aborted attempt per decode: an early one,
+		// else the last whose ABORT reached this sender.
+		aborted = maps.Clone(aborted)
+		if aborted == nil {
+			aborted = map[string]uint64{}
+		}
+		for ep, as := range s.abortedLater {
+			if _, ok := aborted[ep]; !ok {
+				aborted[ep] = as[len(as)-1]
+			}
+		}
+	}
 	s.mu.Unlock()
 	s.m.mu.Lock()
 	if err := s.Failure(); err != nil {
@@ -820,6 +849,34 @@ func (s *Sender) markUnclean(p *decodePeer, why string) {
 	}
 	s.mu.Unlock()
 	p.breakPath(why)
+}
+
+// maxAbortedLater bounds Sender.abortedLater per decode endpoint, so that a
+// peer sending ABORTs of ever new attempts cannot grow it without end.
+const maxAbortedLater = 8
+
+// abortOfOtherAttempt reports whether ABORT v names another attempt than
+// the one this sender serves for v's decode (held: that attempt), and if
+// so records v's attempt in abortedLater, in one critical section with the
+// check so a TRANSFER of it handled next is dropped (addDst).
+func (s *Sender) abortOfOtherAttempt(v *control.AbortMsg) (held uint64, other bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dsts[v.Endpoint]
+	if d == nil || v.Attempt == 0 || d.msg.Attempt == 0 || d.msg.Attempt == v.Attempt {
+		return 0, false
+	}
+	if s.abortedLater == nil {
+		s.abortedLater = map[string][]uint64{}
+	}
+	as := s.abortedLater[v.Endpoint]
+	if !slices.Contains(as, v.Attempt) {
+		if len(as) >= maxAbortedLater {
+			as = as[1:]
+		}
+		s.abortedLater[v.Endpoint] = append(slices.Clip(as), v.Attempt)
+	}
+	return d.msg.Attempt, true
 }
 
 // dstAttempt returns the attempt of destination ep's TRANSFER (0 when ep

@@ -125,7 +125,66 @@ func (t *remoteTable) find(addr, n uint64) (transport.RegionID, uint64, bool) {
 // registered after one refresh of its descriptor (ErrOutOfBounds), a
 // region offset past the region's end (ErrOutOfBounds), a region the peer
 // does not have after one refresh (ErrUnknownRegion). Nothing is submitted.
+// add gets one single-block request (Count 1) per entry, in order.
 func (s *RemoteSegment) ResolveEntries(ctx context.Context, op transport.Op, e Entries, add func(r transport.WriteRequest, localEnd uint64)) error {
+	return s.resolve(ctx, op, e, false, false, add)
+}
+
+// minRun is the fewest entries resolve checks as one run (see runEnd):
+// shorter ones cost no more entry by entry.
+const minRun = 3
+
+// runEnd returns the index j of the last entry of the run that starts at
+// entry i: entries i..j have one length L > 0, and consecutive entries are
+// a local stride ls and a remote stride rs apart, both at least L (the
+// blocks do not overlap on either side), with Local and Remote strictly
+// increasing (so no step wraps the address space: Local[k] =
+// Local[i] + (k-i)*ls exactly, likewise Remote). j == i when entry i
+// starts no run of two or more.
+//
+// Why checking a run's first and last entry is enough: for i <= k <= j,
+// Local[i] <= Local[k] <= Local[j], so Local[k] >= lo and Local[k]+L <=
+// Local[j]+L <= hi for any [lo, hi) that holds [Local[i], +L) and
+// [Local[j], +L); the same for Remote. So when one registered local region
+// holds the first and the last entry's local range, and one peer region
+// their remote range, every entry of the run lies inside those two
+// regions. (Both ends must be checked against the same region: two
+// registrations may sit side by side with a gap, or none, between them.)
+func runEnd(e Entries, i int) int {
+	n := len(e.Local)
+	if i+1 >= n {
+		return i
+	}
+	L := e.Length[i]
+	l0, r0 := e.Local[i], e.Remote[i]
+	l1, r1 := e.Local[i+1], e.Remote[i+1]
+	if L == 0 || e.Length[i+1] != L || l1 <= l0 || r1 <= r0 {
+		return i
+	}
+	ls, rs := l1-l0, r1-r0
+	if ls < L || rs < L {
+		return i
+	}
+	j := i + 1
+	for j+1 < n {
+		nl, nr := e.Local[j+1], e.Remote[j+1]
+		if e.Length[j+1] != L || nl <= e.Local[j] || nr <= e.Remote[j] || nl-e.Local[j] != ls || nr-e.Remote[j] != rs {
+			break
+		}
+		j++
+	}
+	return j
+}
+
+// resolve is ResolveEntries. With runs, a run of entries (runEnd) whose
+// first and last entry are inside one local registration and one peer
+// region reaches add as few requests: adjacent on both sides as one
+// contiguous request of at most transport.CoalesceMaxBytes, otherwise,
+// when strided (the transport has transport.CapStrided), as strided
+// requests of at most transport.CoalesceMaxStridedBytes, else entry by
+// entry. A run that fails that check is resolved entry by entry, which
+// names the first bad entry.
+func (s *RemoteSegment) resolve(ctx context.Context, op transport.Op, e Entries, runs, strided bool, add func(r transport.WriteRequest, localEnd uint64)) error {
 	n := len(e.Local)
 	if len(e.Remote) != n || len(e.Length) != n {
 		return fmt.Errorf("engine: segment %q: %d local addresses, %d remote addresses and %d lengths: want as many of each: %w", s.name, n, len(e.Remote), len(e.Length), ErrBadEntry)
@@ -142,7 +201,17 @@ func (s *RemoteSegment) ResolveEntries(ctx context.Context, op transport.Op, e E
 	lt := s.te.localTable()
 	rt := s.remoteTable()
 	refreshed := false
-	for i := 0; i < n; i++ {
+	slowTo := -1 // entries up to slowTo go entry by entry (a run that failed its check)
+	for i := 0; i < n; {
+		if i > slowTo {
+			if j := runEnd(e, i); j-i+1 >= minRun {
+				if s.addRun(e, i, j, lt, rt, runs, strided, add) {
+					i = j + 1
+					continue
+				}
+				slowTo = j
+			}
+		}
 		local, remote, length := e.Local[i], e.Remote[i], e.Length[i]
 		if length == 0 {
 			return fmt.Errorf("engine: segment %q: %s %d: length is 0 bytes (want > 0): %w", s.name, op, i, ErrBadEntry)
@@ -173,8 +242,62 @@ func (s *RemoteSegment) ResolveEntries(ctx context.Context, op transport.Op, e E
 			req.Remote, req.RemoteOffset = e.Region, remote
 		}
 		add(req, localEnd)
+		i++
 	}
 	return nil
+}
+
+// addRun checks the run of entries i..j (runEnd; j > i) by its first and
+// last entry (see runEnd for why that covers every entry) and hands it to
+// add (as resolve says); false, with nothing added, when the two are not
+// inside one local registration and one peer region (a region's offsets
+// were checked entry by entry by checkRegion already), so that the caller
+// resolves the run entry by entry.
+func (s *RemoteSegment) addRun(e Entries, i, j int, lt *localTable, rt *remoteTable, runs, strided bool, add func(r transport.WriteRequest, localEnd uint64)) bool {
+	L := e.Length[i]
+	first, last := e.Local[i], e.Local[j]
+	localEnd, ok := lt.find(first, L)
+	if !ok || last > localEnd || L > localEnd-last {
+		return false
+	}
+	rfirst, rlast := e.Remote[i], e.Remote[j]
+	region, off := e.Region, rfirst
+	if e.Region == PeerAddressRegion {
+		id, o, ok := rt.find(rfirst, L)
+		if !ok {
+			return false // the entry-by-entry path refreshes once
+		}
+		r := rt.regs[rt.last]
+		if end := r.Addr + r.Length; rlast > end || L > end-rlast {
+			return false
+		}
+		region, off = id, o
+	}
+	ls, rs := e.Local[i+1]-first, e.Remote[i+1]-rfirst
+	count := uint64(j - i + 1)
+	switch {
+	case runs && ls == L && rs == L:
+		per := max(1, transport.CoalesceMaxBytes/L)
+		for k := uint64(0); k < count; k += per {
+			c := min(per, count-k)
+			add(transport.WriteRequest{Local: uintptr(first + k*L), Remote: region, RemoteOffset: off + k*L, Length: c * L, Count: 1}, localEnd)
+		}
+	case runs && strided:
+		per := max(1, transport.CoalesceMaxStridedBytes/L)
+		for k := uint64(0); k < count; k += per {
+			c := min(per, count-k)
+			r := transport.WriteRequest{Local: uintptr(first + k*ls), Remote: region, RemoteOffset: off + k*rs, Length: L, Count: 1}
+			if c > 1 {
+				r.Count, r.LocalStride, r.RemoteStride = uint32(c), ls, rs
+			}
+			add(r, localEnd)
+		}
+	default:
+		for k := uint64(0); k < count; k++ {
+			add(transport.WriteRequest{Local: uintptr(first + k*ls), Remote: region, RemoteOffset: off + k*rs, Length: L, Count: 1}, localEnd)
+		}
+	}
+	return true
 }
 
 // checkRegion checks that region e.Region exists on the peer (refreshing
@@ -204,8 +327,10 @@ func (s *RemoteSegment) checkRegion(ctx context.Context, op transport.Op, e Entr
 }
 
 // SubmitEntries checks and translates the entries (ResolveEntries),
-// coalesces them as they are translated (see Submit) and submits them as
-// one transfer batch of op. Poll, Wait, Cancel and Release apply to the
+// coalesces them as they are translated (see Submit; a run of entries of
+// one length and equal local and remote strides is checked by its first
+// and last entry and becomes its descriptors directly: resolve, runEnd)
+// and submits them as one transfer batch of op. Poll, Wait, Cancel and Release apply to the
 // returned ID. Errors: those of ResolveEntries, a read on a transport
 // without transport.CapRead, and Submit's.
 func (s *RemoteSegment) SubmitEntries(ctx context.Context, op transport.Op, e Entries) (transport.BatchID, error) {
@@ -214,13 +339,14 @@ func (s *RemoteSegment) SubmitEntries(ctx context.Context, op transport.Op, e En
 			return 0, err
 		}
 	}
-	c := transport.NewCoalescer(s.te.caps.Has(transport.CapStrided), len(e.Local))
-	if err := s.ResolveEntries(ctx, op, e, c.Add); err != nil {
+	strided := s.te.caps.Has(transport.CapStrided)
+	c := transport.NewCoalescer(strided, len(e.Local))
+	if err := s.resolve(ctx, op, e, true, strided, c.Add); err != nil {
 		return 0, err
 	}
 	b := &transport.TransferBatch{Op: op, Requests: c.Requests()}
 	if err := s.checkRegions(ctx, b); err != nil {
 		return 0, err
 	}
-	return s.submit(ctx, b, c.In())
+	return s.submit(ctx, b, len(e.Local))
 }

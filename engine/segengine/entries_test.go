@@ -270,3 +270,154 @@ func BenchmarkResolveEntries(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(e.Local)), "ns/entry")
 }
+
+// run builds n entries of length L from local address l and remote value r
+// with strides ls and rs.
+func run(n int, l, r, L, ls, rs uint64) (loc, rem, lens []uint64) {
+	for k := uint64(0); k < uint64(n); k++ {
+		loc = append(loc, l+k*ls)
+		rem = append(rem, r+k*rs)
+		lens = append(lens, L)
+	}
+	return loc, rem, lens
+}
+
+// TestSubmitEntriesRuns: runs of equal-length, equal-stride entries (checked
+// by their first and last entry, emitted as descriptors directly) move the
+// bytes of each entry on tcp and shm: strided on the local side, on the
+// remote side, on both, adjacent on both, and a strided run past
+// transport.CoalesceMaxStridedBytes (split); each becomes the descriptors
+// the Coalescer would form.
+func TestSubmitEntriesRuns(t *testing.T) {
+	for _, tn := range []string{"tcp", "shm"} {
+		t.Run(tn, func(t *testing.T) {
+			recv := newTE(t, tn)
+			send := newTE(t, tn)
+			dst, dd := regBuf(t, recv, "dst", 16<<20)
+			src, _ := regBuf(t, send, "src", 16<<20)
+			seg, err := send.OpenSegment(context.Background(), recv.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			s, d := uint64(src.Addr()), uint64(dst.Addr())
+			for i, tc := range []struct {
+				name              string
+				n                 int
+				lo, ro, L, ls, rs uint64
+				region            bool
+				descriptors       uint64
+			}{
+				{"local strided", 64, 1024, 0, 1024, 2048, 1024, false, 1},
+				{"remote strided", 64, 0, 512, 256, 256, 768, false, 1},
+				{"both strided", 100, 8, 16, 100, 300, 200, false, 1},
+				{"adjacent", 1000, 0, 0, 512, 512, 512, false, 1},
+				{"by region", 64, 4096, 4096, 1024, 2048, 1024, true, 1},
+				{"strided past the cap", 100, 0, 0, 64 << 10, 128 << 10, 64 << 10, false, 2},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					fill(src.Bytes(), byte(i+1))
+					clear(dst.Bytes())
+					e := segengine.Entries{Region: segengine.PeerAddressRegion}
+					base := d
+					if tc.region {
+						e.Region, base = dd.ID, 0
+					}
+					e.Local, e.Remote, e.Length = run(tc.n, s+tc.lo, base+tc.ro, tc.L, tc.ls, tc.rs)
+					before := send.CoalesceStats()
+					if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
+						t.Fatal(err)
+					}
+					got := send.CoalesceStats()
+					if in, out := got.Requests-before.Requests, got.Descriptors-before.Descriptors; in != uint64(tc.n) || out != tc.descriptors {
+						t.Fatalf("CoalesceStats: %d requests as %d descriptors, want %d as %d", in, out, tc.n, tc.descriptors)
+					}
+					want := make([]byte, len(dst.Bytes()))
+					for k := uint64(0); k < uint64(tc.n); k++ {
+						l, r := tc.lo+k*tc.ls, tc.ro+k*tc.rs
+						copy(want[r:r+tc.L], src.Bytes()[l:l+tc.L])
+					}
+					if !bytes.Equal(dst.Bytes(), want) {
+						t.Fatal("bytes differ from the entries'")
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestSubmitEntriesRunsRefused: a run is accepted only when every entry is
+// inside what was registered: a run whose last entry leaves the local
+// registration or the peer's region, one whose middle entries fall in a
+// gap between two local registrations (first and last each inside one),
+// and one that wraps the address space fail naming the first bad entry,
+// with nothing written; a run across two abutting registrations is
+// resolved entry by entry and moves its bytes.
+func TestSubmitEntriesRunsRefused(t *testing.T) {
+	recv := newTE(t, "tcp")
+	send := newTE(t, "tcp")
+	dst, dd := regBuf(t, recv, "dst", 1<<16)
+	// One allocation registered as three parts: [0, 16K) and [16K, 32K)
+	// abutting, then a 16K gap, then [48K, 64K).
+	buf, err := transport.AllocHost("src", 1<<16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { buf.Close() })
+	for _, p := range [][2]uint64{{0, 16 << 10}, {16 << 10, 16 << 10}, {48 << 10, 16 << 10}} {
+		m := buf.Memory()
+		m.Addr += uintptr(p[0])
+		m.Length = p[1]
+		m.FDOffset += p[0]
+		if _, err := send.RegisterMemory(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(buf.Bytes(), 3)
+	seg, err := send.OpenSegment(context.Background(), recv.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	s, d := uint64(buf.Addr()), uint64(dst.Addr())
+	peer := segengine.PeerAddressRegion
+	entries := func(region transport.RegionID, n int, l, r, L, ls, rs uint64) segengine.Entries {
+		e := segengine.Entries{Region: region}
+		e.Local, e.Remote, e.Length = run(n, l, r, L, ls, rs)
+		return e
+	}
+	// Strides of 2^63: the third entry's address wraps back to the first's.
+	wrapLocal := entries(peer, 3, s, d, 1024, 1<<63, 1024)
+	wrapRemote := entries(peer, 3, s, d, 1024, 1024, 1<<63)
+	for _, tc := range []struct {
+		name string
+		e    segengine.Entries
+		want error
+		text string
+	}{
+		{"last entry past the local registration", entries(peer, 8, s+(48<<10), d, 1024, 2300, 1024), segengine.ErrLocalNotRegistered, "write 7: local range"},
+		{"middle entries in a local gap", entries(peer, 5, s+(16<<10), d, 1024, 12<<10, 1024), segengine.ErrLocalNotRegistered, "write 2: local range"},
+		{"last entry past the peer's region", entries(peer, 8, s, d+(1<<16)-7*1024-1000, 1024, 1024, 1024), transport.ErrOutOfBounds, "write 7"},
+		{"last offset past the region's end", entries(dd.ID, 8, s, (1<<16)-7*1024-1000, 1024, 1024, 1024), transport.ErrOutOfBounds, "write 7 of 1024 bytes at offset"},
+		{"local stride wraps", wrapLocal, segengine.ErrLocalNotRegistered, "write 1: local range"},
+		{"remote stride wraps", wrapRemote, transport.ErrOutOfBounds, "write 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := submitEntries(t, seg, transport.OpWrite, tc.e)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("err = %v, want %v containing %q", err, tc.want, tc.text)
+			}
+			if !bytes.Equal(dst.Bytes(), make([]byte, 1<<16)) {
+				t.Fatal("a refused batch wrote bytes")
+			}
+		})
+	}
+	// Across the abutting registrations [0, 16K) and [16K, 32K): valid.
+	e := entries(peer, 16, s+(8<<10), d, 1024, 1024, 1024)
+	if err := submitEntries(t, seg, transport.OpWrite, e); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst.Bytes()[:16<<10], buf.Bytes()[8<<10:24<<10]) {
+		t.Fatal("run across abutting registrations: bytes differ")
+	}
+}

@@ -202,3 +202,40 @@ func benchSGLang(b *testing.B, tr string, pages bool) {
 		sglangBatch(b, seg, e)
 	}
 }
+
+// BenchmarkSGLangSubmit: the submit alone of BenchmarkSGLang's per-token
+// batch (262,144 entries: SubmitEntries, what kvx_batch_submit_soa calls),
+// the transfer's wait outside the timer; ns/entry is the per-entry cost of
+// checking, translating, coalescing and handing the batch to the
+// transport.
+//
+//	go test -run '^$' -bench SGLangSubmit -benchtime 20x -cpuprofile /tmp/submit.prof ./engine/segengine
+func BenchmarkSGLangSubmit(b *testing.B) {
+	for _, tr := range []string{"tcp", "shm"} {
+		if err := transport.ProbeTransport(tr); err != nil {
+			continue
+		}
+		b.Run(tr, func(b *testing.B) {
+			recv := newTE(b, tr)
+			send := newTE(b, tr)
+			seg, tokens, _ := sglangSetup(b, recv, send)
+			defer seg.Close()
+			sglangBatch(b, seg, tokens)
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				id, err := seg.SubmitEntries(ctx, transport.OpWrite, tokens)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if st, _ := seg.Wait(ctx, id); st.State != transport.BatchCompleted {
+					b.Fatal(st.Err)
+				}
+				seg.Release(id)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(tokens.Local)), "ns/entry")
+		})
+	}
+}

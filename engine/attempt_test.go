@@ -409,3 +409,34 @@ func TestLateTransferAfterIgnoredAbortDropped(t *testing.T) {
 	}
 	waitTimeline(t, ap.p.m, room, "closed with Success since")
 }
+
+// TestLateTransferOfEarlierAttemptSameDecodeDropped: attempt 1's ABORT
+// never reached the prefill (here: no frame of attempt 1 did), and its
+// TRANSFER arrives late while the sender holds attempt 2 of the same room
+// from the same decode process. Within one decode process attempt numbers
+// only grow, so the smaller one is a concluded attempt: dropped, not made
+// the destination (before: it replaced attempt 2's destination and the
+// sender wrote attempt 2's KV into attempt 1's pages, which the decode may
+// have handed to another room).
+func TestLateTransferOfEarlierAttemptSameDecodeDropped(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const room, sentinel = 46, 1<<40 + 46
+	dp1, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp1)
+	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+	a1 := ap.concludedAttempt(t, room)
+
+	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got, want := engine.SenderDstAttempt(s, ap.d.m.Endpoint()), engine.ReceiverAttempt(r2); got != want {
+		t.Errorf("after attempt 1's late TRANSFER the sender's destination is attempt %d, want attempt 2's (%d)", got, want)
+	}
+	ap.finish(t, ctx, room, r2, s, dp2)
+	if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+		t.Fatalf("attempt 1's pages were written by attempt 2's sender: %v", err)
+	}
+	waitTimeline(t, ap.p.m, room, "from the same decode process")
+}

@@ -556,9 +556,10 @@ func (s *Sender) tokenMismatchLocked() error {
 func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 	s.mu.Lock()
 	if abortedAttempt(s.earlyAborted, v) || slices.Contains(s.abortedLater[v.Endpoint], v.Attempt) {
-		// One rule for every late TRANSFER: dropped when it names an
-		// attempt its decode aborted, compared for equality. Not "older
-		// than the destination's attempt": a restarted decode process
+		// Dropped when it names an attempt its decode aborted, compared
+		// for equality. "Older than the destination's attempt" holds
+		// only within one decode process (earlierAttemptOfSameDecode,
+		// below): a restarted decode process
 		// numbers its attempts from a new random start
 		// (decodeSide.attempts) and may come back on the same endpoint,
 		// its registration epochs random too (transport.NewEpoch), so
@@ -569,6 +570,13 @@ func (s *Sender) addDst(v *control.TransferMsg, p *decodePeer) {
 		why := staleTransferReason(v)
 		s.tr.event(StepConnect, v.Endpoint, why)
 		s.m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", s.room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt)
+		return
+	}
+	if cur := s.dsts[v.Endpoint]; earlierAttemptOfSameDecode(cur, v, p) {
+		s.mu.Unlock()
+		why := fmt.Sprintf("TRANSFER of attempt %d dropped: this sender serves attempt %d of room %d from the same decode process (instance %s), whose attempt numbers only grow: the TRANSFER is of an attempt that decode concluded before, delivered late (its ABORT never reached this prefill)", v.Attempt, cur.msg.Attempt, v.Room, p.id)
+		s.tr.event(StepConnect, v.Endpoint, why)
+		s.m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", s.room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt, "reason", why)
 		return
 	}
 	d := &senderDst{msg: v, peer: p}
@@ -877,6 +885,27 @@ func (s *Sender) abortOfOtherAttempt(v *control.AbortMsg) (held uint64, other bo
 		s.abortedLater[v.Endpoint] = append(slices.Clip(as), v.Attempt)
 	}
 	return d.msg.Attempt, true
+}
+
+// earlierAttemptOfSameDecode reports whether TRANSFER v, come over
+// registration p, names a smaller attempt than destination d's (nil: none)
+// and comes from the same decode process as d: then it is the TRANSFER of
+// an attempt that decode concluded before d's, delivered late, even when
+// its ABORT was lost. Safe because, within one decode process (one
+// Manager), attempt numbers only grow: decodeSide.attempts is an
+// atomic.Uint64 that starts below 2^56 and gains 1 per NewReceiver, so it
+// cannot wrap in a process lifetime (2^63 receivers), and a decode holds
+// one Receiver per room at a time, so the smaller attempt is concluded.
+// The same process is told by its identity, instance id and Manager epoch
+// (the UnixNano of its creation: a restart gets a new one), both known:
+// p.id and d.peer.id come from the REGISTER envelopes, and checkSender
+// drops a TRANSFER whose envelope names another identity than its
+// registration's. Across processes (or an epoch unknown) nothing orders
+// the numbers (a restart starts from a new random value), so addDst
+// compares them only for equality with an aborted attempt.
+func earlierAttemptOfSameDecode(d *senderDst, v *control.TransferMsg, p *decodePeer) bool {
+	return d != nil && d.peer != nil && p != nil && v.Attempt != 0 && d.msg.Attempt != 0 &&
+		v.Attempt < d.msg.Attempt && d.peer.id.SameIncarnation(p.id)
 }
 
 // dstAttempt returns the attempt of destination ep's TRANSFER (0 when ep

@@ -30,6 +30,13 @@ func (p PeerID) Is(q PeerID) bool {
 	return p.instance == q.instance && (p.epoch == 0 || q.epoch == 0 || p.epoch == q.epoch)
 }
 
+// SameIncarnation reports whether q is certainly the same running rank as
+// p: the same instance id and the same known (non-zero) epoch. Unlike Is,
+// an epoch unknown on either side answers false.
+func (p PeerID) SameIncarnation(q PeerID) bool {
+	return p.instance != "" && p.instance == q.instance && p.epoch != 0 && p.epoch == q.epoch
+}
+
 // String is the instance id and, when known, the epoch, for messages.
 func (p PeerID) String() string {
 	if p.epoch == 0 {

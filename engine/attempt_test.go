@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -439,4 +440,81 @@ func TestLateTransferOfEarlierAttemptSameDecodeDropped(t *testing.T) {
 		t.Fatalf("attempt 1's pages were written by attempt 2's sender: %v", err)
 	}
 	waitTimeline(t, ap.p.m, room, "from the same decode process")
+}
+
+// TestAbortBeforeDstIsEarlyAbort: the room's sender exists (the prefill's
+// own request came first) and attempt 1's ABORT reaches it before any
+// TRANSFER of that decode; then attempt 1's TRANSFER, late, then attempt
+// 2's. The ABORT must not fail the sender: it is an early abort of
+// attempt 1 (acknowledged clean), so attempt 1's TRANSFER is dropped (no
+// byte in its pages) and attempt 2 is served to Success (before: the
+// sender failed "aborted by decode", and attempt 2 with it).
+func TestAbortBeforeDstIsEarlyAbort(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const room, sentinel = 47, 1<<40 + 47
+	dp1, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp1)
+	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0)
+	a1 := ap.concludedAttempt(t, room)
+	s, err := ap.p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
+	waitTimeline(t, ap.p.m, room, "before that decode's TRANSFER")
+	if st := s.Poll(); st == engine.KVFailed {
+		t.Fatalf("attempt 1's ABORT, before any TRANSFER of that decode, failed the sender: %v", s.Failure())
+	}
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got := engine.SenderDstAttempt(s, ap.d.m.Endpoint()); got != 0 {
+		t.Fatalf("the sender took aborted attempt %d's late TRANSFER as its destination", got)
+	}
+	dp2, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp2)
+	r2, err := ap.d.m.NewReceiver(ap.addr, room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r2.Init(dp2); err != nil {
+		t.Fatal(err)
+	}
+	ap.finish(t, ctx, room, r2, s, dp2)
+	if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+		t.Fatalf("attempt 1's pages were written: %v", err)
+	}
+	waitTimeline(t, ap.p.m, room, "before that decode's TRANSFER", "TRANSFER of attempt")
+}
+
+// TestAbortBeforeDstOfOnlyAttemptFails: the decode aborts the only
+// attempt of a room before its TRANSFER reached the live sender, and
+// sends none after: the sender still ends Failed, naming the ABORT, within
+// the grace of an early ABORT (earlyAbortGrace), not the bootstrap
+// timeout.
+func TestAbortBeforeDstOfOnlyAttemptFails(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	const room = 48
+	a1 := ap.concludedAttempt(t, room)
+	s, err := ap.p.m.NewSender(room)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	start := time.Now()
+	ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
+	if st := s.Wait(ctx, engine.KVSuccess); st != engine.KVFailed {
+		t.Fatalf("sender %s after the decode aborted its only attempt, want Failed", st)
+	}
+	if err := s.Failure(); !errors.Is(err, engine.ErrAborted) || !strings.Contains(err.Error(), "no KV pages free") {
+		t.Fatalf("sender failure %v: want ErrAborted naming the decode's reason", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the sender failed %s after the ABORT: want about earlyAbortGrace", d)
+	}
 }

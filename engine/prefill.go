@@ -565,6 +565,22 @@ func (m *Manager) handleAbortNow(v *control.AbortMsg) {
 			m.log.Warn("dropped an ABORT of another attempt of the room", "room", v.Room, "peer", peerLabel(v.Endpoint), "abort_attempt", v.Attempt, "attempt", held)
 			return
 		}
+		if s.abortBeforeDst(v) {
+			// That decode is no destination yet: nothing was written
+			// for it, and failing the sender would fail its retry's
+			// TRANSFER when it comes (a late ABORT of an earlier
+			// attempt). Recorded as an early abort of that attempt,
+			// acknowledged clean at once; a decode that aborted its
+			// only attempt fails the sender after the grace of an
+			// early ABORT.
+			grace := min(earlyAbortGrace, m.cfg.BootstrapTimeout)
+			s.tr.event(s.tr.step(), v.Endpoint, fmt.Sprintf("ABORT of attempt %d before that decode's TRANSFER: its TRANSFER is dropped, another attempt's served; the sender fails unless one comes within %s (%s)", v.Attempt, grace, v.Reason))
+			m.log.Warn("an ABORT before the decode's TRANSFER recorded as an early abort of its attempt", "room", v.Room, "peer", peerLabel(v.Endpoint), "abort_attempt", v.Attempt)
+			m.met.fence(m.cfg.Role, "abort_received")
+			go m.sendAbortAck(v.Endpoint, &control.AbortAckMsg{Room: v.Room, Endpoint: m.endpoint, Producer: m.producerRank(), Epoch: v.Epoch, Clean: true, Attempt: v.Attempt})
+			m.goTracked(func() { s.failUnlessDst(v, grace) })
+			return
+		}
 	}
 	m.met.fence(m.cfg.Role, "abort_received")
 	if r != nil {

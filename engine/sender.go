@@ -193,8 +193,8 @@ type Sender struct {
 	earlyAborted map[string]uint64
 	// abortedLater: per decode endpoint, the attempts of this room whose
 	// ABORT reached this sender while it served another attempt of that
-	// decode (handleAbortNow ignores such an ABORT), the last
-	// maxAbortedLater of them. A TRANSFER of one of them is that aborted
+	// decode (handleAbortNow ignores such an ABORT) or before that decode
+	// was a destination (abortBeforeDst), the last maxAbortedLater of them. A TRANSFER of one of them is that aborted
 	// attempt's own, delivered late: dropped, never replacing the live
 	// destination (whose pages it would redirect the retry's writes from).
 	abortedLater map[string][]uint64
@@ -906,6 +906,57 @@ func (s *Sender) abortOfOtherAttempt(v *control.AbortMsg) (held uint64, other bo
 func earlierAttemptOfSameDecode(d *senderDst, v *control.TransferMsg, p *decodePeer) bool {
 	return d != nil && d.peer != nil && p != nil && v.Attempt != 0 && d.msg.Attempt != 0 &&
 		v.Attempt < d.msg.Attempt && d.peer.id.SameIncarnation(p.id)
+}
+
+// abortBeforeDst records ABORT v, naming an attempt, as an early abort of
+// that attempt when its decode is no destination of this sender yet (so
+// nothing was written for it) and the sender is live: a TRANSFER of that
+// attempt is then dropped (addDst), one of another attempt served. It
+// reports whether it recorded it; the caller then acknowledges the ABORT
+// and fails the sender unless that decode sends TRANSFER within a grace
+// (failUnlessDst).
+func (s *Sender) abortBeforeDst(v *control.AbortMsg) bool {
+	if v.Attempt == 0 || s.Poll() == KVFailed {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.dsts[v.Endpoint] != nil {
+		return false
+	}
+	if s.abortedLater == nil {
+		s.abortedLater = map[string][]uint64{}
+	}
+	as := s.abortedLater[v.Endpoint]
+	if !slices.Contains(as, v.Attempt) {
+		if len(as) >= maxAbortedLater {
+			as = as[1:]
+		}
+		s.abortedLater[v.Endpoint] = append(slices.Clip(as), v.Attempt)
+	}
+	return true
+}
+
+// failUnlessDst fails the sender with ABORT v's reason unless v's decode
+// became a destination (sent TRANSFER of another attempt) within grace:
+// a decode that aborted the only attempt fails the room here in bounded
+// time, as an early ABORT does (failUnlessRetried).
+func (s *Sender) failUnlessDst(v *control.AbortMsg, grace time.Duration) {
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.ctx.Done():
+		return
+	}
+	s.mu.Lock()
+	retried := s.dsts[v.Endpoint] != nil
+	s.mu.Unlock()
+	if retried {
+		return
+	}
+	s.fail(fmt.Errorf("%w by decode %s: %s (attempt %d of room %d, aborted before its TRANSFER reached this sender, and that decode sent no TRANSFER of another attempt within %s): this attempt fails; the room is usable again now (a retry with the same bootstrap_room is served)",
+		ErrAborted, v.Endpoint, v.Reason, v.Attempt, s.room, grace))
 }
 
 // dstAttempt returns the attempt of destination ep's TRANSFER (0 when ep

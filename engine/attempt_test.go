@@ -518,3 +518,30 @@ func TestAbortBeforeDstOfOnlyAttemptFails(t *testing.T) {
 		t.Fatalf("the sender failed %s after the ABORT: want about earlyAbortGrace", d)
 	}
 }
+
+// TestLateTransferOfEarlierAttemptSameDecodeNotPending: as
+// TestLateTransferOfEarlierAttemptSameDecodeDropped, with attempt 2's
+// TRANSFER waiting for the room's sender: attempt 1's late TRANSFER must
+// not replace it (before: it did, and the sender, once created, wrote
+// attempt 1's pages and failed attempt 2).
+func TestLateTransferOfEarlierAttemptSameDecodeNotPending(t *testing.T) {
+	ap := newAttemptPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const room, sentinel = 49, 1<<40 + 49
+	dp1, _ := ap.d.pool.Alloc(3)
+	defer ap.d.pool.Free(dp1)
+	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0)
+	a1 := ap.concludedAttempt(t, room)
+
+	r2, _, dp2 := ap.startRetry(t, ctx, room, false)
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	if got, want := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()], engine.ReceiverAttempt(r2); got != want {
+		t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, want)
+	}
+	ap.finish(t, ctx, room, r2, nil, dp2)
+	if err := workload.VerifyPattern(ap.d.pool, sentinel, dp1, 0); err != nil {
+		t.Fatalf("attempt 1's pages were written: %v", err)
+	}
+}

@@ -474,7 +474,19 @@ func (m *Manager) handleTransfer(v *control.TransferMsg) {
 		if m.pre.pending[v.Room] == nil {
 			m.pre.pending[v.Room] = map[string]pendingTransfer{}
 		}
-		m.pre.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, at: time.Now()}
+		if old, ok := m.pre.pending[v.Room][v.Endpoint]; ok && v.Attempt != 0 && v.Attempt < old.msg.Attempt && old.id.SameIncarnation(p.id) {
+			// A concluded attempt's TRANSFER, delivered after its
+			// retry's (its ABORT lost): the same ordering rule as
+			// earlierAttemptOfSameDecode, for a room with no sender yet.
+			m.mu.Unlock()
+			why := fmt.Sprintf("TRANSFER of attempt %d dropped: the TRANSFER of attempt %d of room %d waits for the room's sender, from the same decode process (instance %s), whose attempt numbers only grow: the TRANSFER is of an attempt that decode concluded before, delivered late (its ABORT never reached this prefill)", v.Attempt, old.msg.Attempt, v.Room, p.id)
+			if t := m.timelines.lookup(v.Room); t != nil {
+				t.event(StepConnect, v.Endpoint, why)
+			}
+			m.log.Warn("dropped a TRANSFER of an attempt its decode aborted", "room", v.Room, "step", string(StepConnect), "peer", peerLabel(v.Endpoint), "attempt", v.Attempt, "reason", why)
+			return
+		}
+		m.pre.pending[v.Room][v.Endpoint] = pendingTransfer{msg: v, id: p.id, at: time.Now()}
 		m.mu.Unlock()
 		return
 	}
@@ -526,6 +538,7 @@ func (m *Manager) stageRelease(i int) {
 
 type pendingTransfer struct {
 	msg *control.TransferMsg
+	id  control.PeerID // the decode's identity (its registration's)
 	at  time.Time
 }
 

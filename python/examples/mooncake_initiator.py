@@ -20,6 +20,8 @@ def main():
     p.add_argument("rpc_port", metavar="RPC_PORT", type=int, help="the target's RPC port, as it printed it")
     p.add_argument("buffer_address", metavar="BUFFER_ADDRESS", type=int, help="the target's buffer address, as it printed it")
     args = p.parse_args()
+    if not 1 <= args.rpc_port <= 65535:
+        raise ValueError(f"RPC_PORT {args.rpc_port}: want the port mooncake_target.py printed, 1-65535")
     engine = TransferEngine()
     if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         sys.exit(f"initiator: initialize: {engine.last_error}")
@@ -38,3 +40,6 @@ if __name__ == "__main__":
         main()
     except (ValueError, KvxError, LibraryNotFoundError, OSError) as e:  # bad arguments, the engine's errors
         sys.exit(f"mooncake_initiator.py: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT
+        print(f"mooncake_initiator.py: interrupted", file=sys.stderr)
+        sys.exit(130)

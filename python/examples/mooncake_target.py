@@ -43,3 +43,6 @@ if __name__ == "__main__":
         main()
     except (ValueError, KvxError, LibraryNotFoundError, OSError) as e:  # bad arguments, the engine's errors
         sys.exit(f"mooncake_target.py: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT
+        print(f"mooncake_target.py: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -63,3 +63,6 @@ if __name__ == "__main__":
         main()
     except (ValueError, KvxError, KVTransferError, LibraryNotFoundError, OSError) as e:  # bad arguments, the engine's errors
         sys.exit(f"sglang_decode.py: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT
+        print(f"sglang_decode.py: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -105,6 +105,8 @@ def test_bad_arguments_one_line():
         cases = [
             (["mooncake_initiator.py"], ["required: RPC_PORT, BUFFER_ADDRESS", "usage: mooncake_initiator.py"]),
             (["mooncake_initiator.py", "x", "1"], ["argument RPC_PORT: invalid int value: 'x'"]),
+            (["mooncake_initiator.py", "99999", "1"], ["RPC_PORT 99999", "1-65535"]),
+            (["mooncake_initiator.py", "-5", "1"], ["RPC_PORT -5", "1-65535"]),
             (["mooncake_target.py", "extra"], ["unrecognized arguments: extra"]),
             (["sglang_decode.py", "abc"], ["argument BOOTSTRAP_PORT: invalid int value: 'abc'"]),
             (["sglang_decode.py", "0"], ["BOOTSTRAP_PORT 0", "1-65535"]),
@@ -123,3 +125,22 @@ def test_bad_arguments_one_line():
             for w in want:
                 assert w in lines[0], f"{what}\nwant {w!r}"
             assert "--port" not in lines[0], what
+
+
+def test_ctrl_c_one_line():
+    """Ctrl-C (SIGINT) of an example waiting for its peer ends it with exit
+    status 130 and one line on stderr, not a KeyboardInterrupt traceback."""
+    import signal
+    p = subprocess.Popen([sys.executable, "sglang_prefill.py", "0"], cwd=EXAMPLES, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _line(p, "waiting for its decode")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=DEADLINE)
+    finally:
+        p.kill()
+    what = f"exit {p.returncode}, stderr:\n{err}"
+    assert p.returncode == 130, what
+    assert "Traceback" not in err, what
+    lines = [line for line in err.splitlines() if line.strip() and "level=" not in line]
+    assert lines == ["sglang_prefill.py: interrupted"], what

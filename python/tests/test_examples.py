@@ -131,8 +131,12 @@ def test_ctrl_c_one_line():
     """Ctrl-C (SIGINT) of an example waiting for its peer ends it with exit
     status 130 and one line on stderr, not a KeyboardInterrupt traceback."""
     import signal
+    # A job started in the background by a non-interactive shell (nohup, CI)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt
+    # handler: the example gets SIGINT as a terminal would deliver it.
     p = subprocess.Popen([sys.executable, "sglang_prefill.py", "0"], cwd=EXAMPLES, env=_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _line(p, "waiting for its decode")
         p.send_signal(signal.SIGINT)

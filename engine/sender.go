@@ -874,17 +874,25 @@ func (s *Sender) abortOfOtherAttempt(v *control.AbortMsg) (held uint64, other bo
 	if d == nil || v.Attempt == 0 || d.msg.Attempt == 0 || d.msg.Attempt == v.Attempt {
 		return 0, false
 	}
+	s.recordAbortedLaterLocked(v.Endpoint, v.Attempt)
+	return d.msg.Attempt, true
+}
+
+// recordAbortedLaterLocked records that the decode at endpoint aborted
+// attempt (so addDst drops its TRANSFER), keeping at most maxAbortedLater
+// attempts per decode, the oldest dropped first; s.mu held.
+func (s *Sender) recordAbortedLaterLocked(endpoint string, attempt uint64) {
 	if s.abortedLater == nil {
 		s.abortedLater = map[string][]uint64{}
 	}
-	as := s.abortedLater[v.Endpoint]
-	if !slices.Contains(as, v.Attempt) {
-		if len(as) >= maxAbortedLater {
-			as = as[1:]
-		}
-		s.abortedLater[v.Endpoint] = append(slices.Clip(as), v.Attempt)
+	as := s.abortedLater[endpoint]
+	if slices.Contains(as, attempt) {
+		return
 	}
-	return d.msg.Attempt, true
+	if len(as) >= maxAbortedLater {
+		as = as[1:]
+	}
+	s.abortedLater[endpoint] = append(slices.Clip(as), attempt)
 }
 
 // earlierAttemptOfSameDecode reports whether TRANSFER v, come over
@@ -924,16 +932,7 @@ func (s *Sender) abortBeforeDst(v *control.AbortMsg) bool {
 	if s.closed || s.dsts[v.Endpoint] != nil {
 		return false
 	}
-	if s.abortedLater == nil {
-		s.abortedLater = map[string][]uint64{}
-	}
-	as := s.abortedLater[v.Endpoint]
-	if !slices.Contains(as, v.Attempt) {
-		if len(as) >= maxAbortedLater {
-			as = as[1:]
-		}
-		s.abortedLater[v.Endpoint] = append(slices.Clip(as), v.Attempt)
-	}
+	s.recordAbortedLaterLocked(v.Endpoint, v.Attempt)
 	return true
 }
 

@@ -654,6 +654,17 @@ func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, 
 	if err := validateRoleFlags(f); err != nil {
 		return nil, 0, false, err
 	}
+	// The transport names and their environment, before the pool: a
+	// prefaulted pool of GiBs takes seconds (tens under load) to allocate,
+	// and a misspelt --transport must not wait for it.
+	if spec := strings.TrimSpace(f.transport); spec != "" && spec != "auto" {
+		if _, err := transport.ParseTransportList(spec); err != nil {
+			return nil, 0, false, fmt.Errorf("--transport: %w", err)
+		}
+	}
+	if _, err := envTransportOptions(); err != nil {
+		return nil, 0, false, err
+	}
 	if layout, err = roleLayout(f); err != nil {
 		return nil, 0, false, err
 	}

@@ -42,6 +42,11 @@ func TestUnknownTransportNamesTheFlag(t *testing.T) {
 		{[]string{"chaos", "--transports", "foo", "--rooms", "1"}, `--transports "foo": "foo" is not a transport`},
 		{[]string{"prefill", "--transport", "foo", "--bootstrap", "127.0.0.1:1"}, `--transport: engine: transport list "foo": unknown transport "foo"`},
 		{[]string{"decode", "--transport", "foo"}, `--transport: engine: transport list "foo": unknown transport "foo"`},
+		// Checked before the KV pool: a pool larger than the host is
+		// refused only after the names (and a pool that fits is not
+		// allocated for a run that cannot start).
+		{[]string{"decode", "--transport", "foo", "--pool-mb", "1073741824"}, `--transport: engine: transport list "foo": unknown transport "foo"`},
+		{[]string{"prefill", "--transport", "tcp,foo", "--pool-mb", "1073741824", "--bootstrap", "127.0.0.1:1"}, `--transport: engine: transport list "tcp,foo": unknown transport "foo"`},
 	} {
 		code, stderr := runCLI(t, append(c.args, "--log-level", "error")...)
 		if code != 1 || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "tcp") || strings.Contains(stderr, "import its package") {

@@ -28,13 +28,13 @@ deps: ## install the Debian packages the build needs (idempotent)
 build: deps ## build bin/kvxfer
 	$(GO) build -o $(BIN)/kvxfer ./cmd/kvxfer
 
-test: deps ## run every test (race detector on)
+test: deps $(PYLIB) ## run every test (race detector on)
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' (diff: go mod tidy -diff)"; exit 1; }
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@$(MAKE) --no-print-directory staticcheck
-	$(GO) test -race -timeout 15m ./...
+	KVXFER_TEST_CSHARED_LIB=$(CURDIR)/$(PYLIB) $(GO) test -race -timeout 15m ./...
 	@$(MAKE) --no-print-directory test-python
 
 generate: ## regenerate the *_string.go files (go generate ./...: stringer v0.51.0 via go run)

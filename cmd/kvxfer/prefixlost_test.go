@@ -9,7 +9,7 @@ import (
 // TestCLILostPrefixSidesAgree: room B reuses the prefix blocks of room A,
 // still in flight on the decode (its prefix cache); A then fails (its
 // prefill never gets A's request, so the decode fails A at its waiting
-// timeout). B's own pages all arrive, but its prompt is not whole: the
+// timeout, 6 s). B's own pages all arrive, but its prompt is not whole: the
 // decode fails B, and so does the prefill (before: the prefill reported
 // ok:true while the decode failed B, and the decode's metrics counted a
 // success). The failed result carries the bytes that did land.
@@ -21,11 +21,17 @@ func TestCLILostPrefixSidesAgree(t *testing.T) {
 	_, b := startBootstrapProc(t, host, 0)
 	p := startProc(t, "prefill", nil, roleArgs("prefill", b, host, "--waiting-timeout", "30s")...)
 	d := startProc(t, "decode", nil, roleArgs("decode", b, host, "--prefix-cache-blocks", "8", "--prefix-block-tokens", "16",
-		"--waiting-timeout", "3s", "--bootstrap-timeout", "3s")...)
+		"--waiting-timeout", "6s", "--bootstrap-timeout", "6s")...)
 	p.ready()
 	d.ready()
 	// A: 48 tokens in blocks [1, 2, 3]; only the decode gets its line.
 	d.send(requestLine{Room: 80, Tokens: 48, HashIDs: []int64{1, 2, 3}})
+	// B a second later, so that A fails (at its waiting timeout) well
+	// before B's own one, and B's pages have landed by then: with both
+	// sent at once, a loaded run (load 15) timed B out on its own at the
+	// same moment, before its pages landed, and neither side named the
+	// prefix.
+	time.Sleep(time.Second)
 	// B: the same first two blocks, then its own; both sides get it.
 	p.send(requestLine{Room: 81, Tokens: 64, HashIDs: []int64{1, 2, 9, 10}})
 	d.send(requestLine{Room: 81, Tokens: 64, HashIDs: []int64{1, 2, 9, 10}})

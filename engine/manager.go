@@ -87,6 +87,11 @@ var (
 	ErrChecksum = errors.New("engine: KV checksum mismatch")
 	// ErrManagerClosed: the manager was closed.
 	ErrManagerClosed = errors.New("engine: KV manager closed")
+	// ErrControlBind: NewManager could not bind the control (ZMQ PULL)
+	// socket on ControlHost and ControlPort (a port another process holds,
+	// a host that is no address of this machine); the wrapping error names
+	// both and the cause.
+	ErrControlBind = errors.New("engine: cannot bind the control socket")
 )
 
 // Control message types (frame 2 of every control message: "REGISTER",
@@ -864,7 +869,7 @@ func (m *Manager) bind() error {
 	}
 	bindHost := strings.Trim(m.cfg.ControlHost, "[]")
 	if err := s.Bind("tcp://" + bracket(bindHost) + ":" + port); err != nil {
-		return fmt.Errorf("engine: bind control socket on %s port %s: %w (is the host an address of this machine? IPv6 addresses need IPv6 enabled on the interface)", m.cfg.ControlHost, port, err)
+		return fmt.Errorf("%w on %s port %s: %w (is the host an address of this machine, and the port free? IPv6 addresses need IPv6 enabled on the interface)", ErrControlBind, m.cfg.ControlHost, port, err)
 	}
 	ep, err := s.GetLastEndpoint()
 	if err != nil {

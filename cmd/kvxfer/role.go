@@ -46,6 +46,7 @@ type roleFlags struct {
 	poolMB           int
 	transport        string
 	host             string
+	controlPort      int
 	kvDtype          string
 	bootstrapTimeout time.Duration
 	waitingTimeout   time.Duration
@@ -140,6 +141,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.Lookup("control-auth").NoOptDefVal = "true"
 	fs.IntVar(&f.maxPeers, "max-peers", envMaxPeers(), "control peers this rank keeps a socket and state for; beyond it the least recently used idle one is closed, and with none idle a new peer is refused naming the limit (env KVXFER_MAX_PEERS)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address the control (ZMQ) and data listeners bind: an IPv4 or IPv6 address, a hostname, or 0.0.0.0 / :: for every interface (then the address of the default-route interface is advertised unless --advertise-host says otherwise)")
+	fs.IntVar(&f.controlPort, "control-port", 0, "TCP port the control (ZMQ) socket binds on --host: 0 (the default) picks a free one, named in the ready line's endpoint; a fixed port lets a restarted rank come back at the same control address (a port in use is refused at start)")
 	fs.StringVar(&f.advertiseHost, "advertise-host", envOr("KVXFER_ADVERTISE_HOST", ""), "address peers are told to connect to (this rank's rank_ip and endpoints), when it differs from --host, e.g. behind NAT or with a wildcard --host (env KVXFER_ADVERTISE_HOST)")
 	fs.StringVar(&f.kvDtype, "kv-cache-dtype", "auto", "KV cache element type, as SGLang's --kv-cache-dtype: "+strings.Join(workload.KVCacheDtypes, ", ")+
 		" (auto = the model's torch_dtype; fp8 = 1 byte per element); prefill and decode must pass the same string")
@@ -301,6 +303,9 @@ func validateRoleFlags(f *roleFlags) error {
 	}
 	if _, err := f.layout(); err != nil {
 		return err
+	}
+	if f.controlPort < 0 || f.controlPort > 65535 {
+		return fmt.Errorf("--control-port %d: want a TCP port 1–65535, or 0 to pick a free one", f.controlPort)
 	}
 	if f.httpPort < 0 || f.httpPort > 65535 {
 		return fmt.Errorf("--prefill-http-port %d: want the serving engine's HTTP port, 1–65535, or 0 for none", f.httpPort)
@@ -601,6 +606,9 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	}
 	m, err := engine.NewManager(ctx, cfg)
 	if err != nil {
+		if f.controlPort != 0 && errors.Is(err, engine.ErrControlBind) {
+			return nil, nil, fmt.Errorf("--control-port %d: %w; give another port, or 0 (the default) to pick a free one", f.controlPort, err)
+		}
 		return nil, nil, err
 	}
 	closers = append(closers, func() { _ = m.Close() })
@@ -729,7 +737,7 @@ func (r *rank) managerConfig(f *roleFlags, ts []transport.Transport, dev int, on
 	cfg := engine.ManagerConfig{Role: r.role, KV: r.pool.Args(), Transports: ts, BootstrapAddr: f.bootstrap, DPRank: f.dpRank, DPSize: f.dpSize,
 		BootstrapAuthToken: r.token, DirectoryCheckInterval: f.dirCheck,
 		AuthenticateControl: controlAuthOn(f.controlAuth, r.token), MaxPeers: f.maxPeers,
-		KVCacheDtype: f.kvDtype, ControlHost: f.host, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
+		KVCacheDtype: f.kvDtype, ControlHost: f.host, ControlPort: f.controlPort, AdvertiseHost: f.advertiseHost, BootstrapTimeout: f.bootstrapTimeout, WaitingTimeout: f.waitingTimeout,
 		PeerTimeout: f.peerTimeout, ProgressInterval: progressInterval(f.progressInterval), FenceTimeout: f.fenceTimeout, RingSlots: f.ringSlots, Checksum: f.checksum, NoPrefault: !f.prefault,
 		// The decode's metadata ring: memfd memory, also pinned and mapped for
 		// a GPU when CUDA is present (KVXFER_RING_DEVICE picks the GPU), so

@@ -409,7 +409,8 @@ func (c *Client) entry(ctx context.Context, at Coord, instanceID string) (*Table
 
 // ServerInfo fetches the prefill topology (GET /route with all four
 // parameters −1), decoded by ParsePrefillServerInfo (either key set; unknown
-// keys ignored; a malformed answer gives its *FieldError). The error wraps
+// keys ignored; a malformed answer gives its *FieldError, wrapped with
+// ErrNotDirectory). The error wraps
 // ErrNotReady on 503 (not every rank has registered yet; retry later); on
 // 404/405 (the server has no GET /route: not a bootstrap directory) it is an
 // *UnsupportedError (ErrUnsupported, and the *StatusError for errors.As).
@@ -423,7 +424,7 @@ func (c *Client) ServerInfo(ctx context.Context) (*PrefillServerInfo, error) {
 	}
 	info, err := ParsePrefillServerInfo(data)
 	if err != nil {
-		return nil, fmt.Errorf("bootstrap: GET %s/route topology: %w", c.addr, err)
+		return nil, fmt.Errorf("bootstrap: GET %s/route topology: %w: %w", c.addr, ErrNotDirectory, err)
 	}
 	return info, nil
 }

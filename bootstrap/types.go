@@ -226,6 +226,12 @@ var (
 	// ErrUnsupported: the server does not offer a kvxfer extension route
 	// (e.g. an SGLang bootstrap server has no GET /v1/entry).
 	ErrUnsupported = errors.New("bootstrap: route not offered by this server (not a kvxfer directory)")
+	// ErrNotDirectory: the server answered GET /route's topology query
+	// with 2xx content that is no PrefillServerInfo (an HTML page, another
+	// service's JSON): the address is some other HTTP server, not a
+	// bootstrap directory. The wrapping error carries the *FieldError
+	// naming what was wrong with the answer.
+	ErrNotDirectory = errors.New("bootstrap: the answer is not a bootstrap directory's")
 )
 
 // RegisterRequest is the PUT /route body a prefill rank sends (spec §2.3).

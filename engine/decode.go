@@ -131,6 +131,25 @@ type ackResult struct {
 	err error
 }
 
+// notDirectoryTries is how many answers in a row that no bootstrap
+// directory gives (notDirectory) a topology lookup takes before it fails
+// the room: a few, not the whole bootstrap timeout, as the address is some
+// other HTTP server.
+const notDirectoryTries = 3
+
+// notDirectory reports whether err is an answer that no bootstrap
+// directory gives to GET /route's topology query: 404/405 (the route is
+// missing) or 2xx content that is no PrefillServerInfo.
+func notDirectory(err error) bool {
+	return errors.Is(err, bootstrap.ErrUnsupported) || errors.Is(err, bootstrap.ErrNotDirectory)
+}
+
+// permanentError is an attempt's error that retry returns at once.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
 // retry calls f until it succeeds, fails with a non-retryable error, or ctx
 // ends (then the last error is returned, wrapped in ErrTimeout).
 func retry(ctx context.Context, what string, f func(context.Context) error) error {
@@ -154,6 +173,10 @@ func retryNoted(ctx context.Context, what string, f func(context.Context) error,
 		}
 		if errors.Is(err, bootstrap.ErrMismatch) || errors.Is(err, bootstrap.ErrBadRequest) || errors.Is(err, bootstrap.ErrUnauthorized) {
 			return err
+		}
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			return perm.err
 		}
 		select {
 		case <-ctx.Done():
@@ -188,10 +211,20 @@ func (m *Manager) instance(ctx context.Context, addr string) (*instanceInfo, err
 			return nil, err
 		}
 		var info *bootstrap.PrefillServerInfo
+		notDir := 0 // answers in a row that no bootstrap directory gives
 		err = retryNoted(fctx, "fetch prefill parallel info from http://"+addr, func(ctx context.Context) error {
 			var err error
 			info, err = c.ServerInfo(ctx)
-			return err
+			if !notDirectory(err) {
+				notDir = 0 // 503 (topology not complete), refused, timeouts: retried until the bootstrap timeout
+				return err
+			}
+			if notDir++; notDir < notDirectoryTries {
+				return err
+			}
+			return &permanentError{fmt.Errorf("http://%s is not a bootstrap directory: it answered the topology query (GET /route) %d times in a row with what no directory answers: %w; "+
+				"the request's bootstrap address must be the prefill's bootstrap server (--disaggregation-bootstrap-port, default %d), not another HTTP service",
+				addr, notDir, err, bootstrap.DefaultPort)}
 		}, note)
 		if err != nil {
 			return nil, err

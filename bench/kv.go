@@ -106,6 +106,13 @@ func kvLayout(cfg Config) (*workload.Layout, error) {
 	return workload.NewLayout(model, workload.LayoutOptions{PageSize: workload.DefaultPageSize, NumPages: (cfg.KVTokens + workload.DefaultPageSize - 1) / workload.DefaultPageSize})
 }
 
+// kvBuffersHint ends a failed allocation of a KV-room side's buffers with
+// what sizes them: --kv-tokens tokens of --kv-model (bench has no pool).
+func kvBuffersHint(cfg Config, l *workload.Layout, err error) error {
+	return fmt.Errorf("%w; each side of the KV room holds %s of --kv-tokens %d of --kv-model %s: lower --kv-tokens, or --kv-model \"\" to skip the KV room",
+		err, FormatSize(l.PoolBytes()), cfg.KVTokens, cfg.KVModel)
+}
+
 func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 	l, err := kvLayout(cfg)
 	if err != nil {
@@ -133,7 +140,7 @@ func runKV(ctx context.Context, cfg Config, res *KVResult) error {
 		s := &side{}
 		var err error
 		if s.bufs, err = workload.NewKVBuffers(l, workload.BufferOptions{Name: "bench-" + role.String(), Device: -1, Aux: workload.DefaultAux, AuxRows: 2}); err != nil {
-			return nil, err
+			return nil, kvBuffersHint(cfg, l, err)
 		}
 		_ = s.bufs.Prefault() // first-touch faults are not the transport's cost
 		if s.tr, err = transport.OpenTransport(res.Transport, cfg.transportOptions()); err != nil {
@@ -309,7 +316,7 @@ func runKVPull(ctx context.Context, cfg Config, res *KVResult) error {
 		s := &side{}
 		var err error
 		if s.bufs, err = workload.NewKVBuffers(l, workload.BufferOptions{Name: "bench-pull-" + name, Device: -1, Aux: workload.DefaultAux, AuxRows: 2}); err != nil {
-			return nil, err
+			return nil, kvBuffersHint(cfg, l, err)
 		}
 		_ = s.bufs.Prefault()
 		tr, err := transport.OpenTransport(res.Transport, cfg.transportOptions())

@@ -254,14 +254,18 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res Result) {
 		return fail("open sender: %v", err)
 	}
 	defer snd.Close()
+	// A case has no pool: it allocates a source and a destination region
+	// of RegionBytes each (block size × depth, capped by --max-region).
+	regionHint := fmt.Sprintf("; this case needs a source and a destination region of %s each (block size × depth, at most --max-region): lower --max-region, or leave this case's size out of --sizes or its depth out of --depths",
+		FormatSize(res.RegionBytes))
 	src, err := transport.AllocHost("bench-src", int64(res.RegionBytes))
 	if err != nil {
-		return fail("%v", err)
+		return fail("%v%s", err, regionHint)
 	}
 	defer src.Close()
 	dst, err := transport.AllocHost("bench-dst", int64(res.RegionBytes))
 	if err != nil {
-		return fail("%v", err)
+		return fail("%v%s", err, regionHint)
 	}
 	defer dst.Close()
 	if _, err := snd.RegisterMemory(src.Memory()); err != nil {

@@ -33,14 +33,19 @@ func TestBenchExitStatusCountsFailedCases(t *testing.T) {
 		env  string
 		code int
 		last []string
+		// out must be in the whole output (the failed case's reason
+		// under the table), notOut must not.
+		out, notOut []string
 	}{
 		{"all", []string{"--sizes", "5G", "--max-region", "5G"}, "", 1,
-			[]string{"bench: all 1 cases failed, no figures", "tcp 5G×1", "each case's reason is under the table"}},
+			[]string{"bench: all 1 cases failed, no figures", "tcp 5G×1", "each case's reason is under the table"},
+			// bench has no pool: the hint names what sized the region.
+			[]string{"cannot allocate memory", "a destination region of 5G each", "lower --max-region", "--sizes", "--depths"}, []string{"pool"}},
 		{"some", []string{"--sizes", "4K,5G", "--max-region", "5G"}, "", 1,
-			[]string{"bench: 1 of 2 cases failed", "tcp 5G×1", "other cases' figures"}},
-		{"none", []string{"--sizes", "4K"}, "", 0, []string{"bench: 1 cases, 0 peer runs"}},
+			[]string{"bench: 1 of 2 cases failed", "tcp 5G×1", "other cases' figures"}, nil, nil},
+		{"none", []string{"--sizes", "4K"}, "", 0, []string{"bench: 1 cases, 0 peer runs"}, nil, nil},
 		{"bad-env", []string{"--sizes", "4K"}, "KVXFER_SHM_STREAM_MIN=4M", 1,
-			[]string{`env KVXFER_SHM_STREAM_MIN="4M": want a byte count`, `"off"`, "unset it for the default"}},
+			[]string{`env KVXFER_SHM_STREAM_MIN="4M": want a byte count`, `"off"`, "unset it for the default"}, nil, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -61,6 +66,17 @@ func TestBenchExitStatusCountsFailedCases(t *testing.T) {
 			for _, w := range c.last {
 				if !strings.Contains(last, w) {
 					t.Errorf("%v: last line %q lacks %q; stderr:\n%s", args, last, w, stderr.String())
+				}
+			}
+			all := stdout.String() + stderr.String()
+			for _, w := range c.out {
+				if !strings.Contains(all, w) {
+					t.Errorf("%v: output lacks %q:\n%s", args, w, all)
+				}
+			}
+			for _, w := range c.notOut {
+				if strings.Contains(all, w) {
+					t.Errorf("%v: output has %q (bench has no such thing):\n%s", args, w, all)
 				}
 			}
 			if strings.Contains(stderr.String(), "panic") {

@@ -24,8 +24,9 @@ type HostBuffer struct {
 // memory backed by a memfd named name (visible in /proc/PID/fd for debugging).
 // With WithPrefault the memory is resident and warm before it is returned
 // (see WithPrefault), so its first transfer runs at the speed of the later
-// ones. Errors: size <= 0, memfd_create or mmap failures (ENOMEM: lower the
-// pool size or raise the memlock/overcommit limits), a failed prefault.
+// ones. Errors: size <= 0, memfd_create or mmap failures (ENOMEM: the error says
+// to ask for less or raise the address-space/overcommit limits; the caller
+// names its own size setting), a failed prefault.
 func AllocHost(name string, size int64, opts ...AllocOption) (*HostBuffer, error) {
 	var o allocOptions
 	for _, opt := range opts {
@@ -47,7 +48,7 @@ func AllocHost(name string, size int64, opts ...AllocOption) (*HostBuffer, error
 	data, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("engine: allocate %q (%d bytes): mmap: %w (lower the pool size or raise vm limits)", name, size, err)
+		return nil, fmt.Errorf("engine: allocate %q (%d bytes): mmap: %w (ask for less memory, or raise this process's limits: ulimit -v, vm.overcommit_memory, its memory cgroup)", name, size, err)
 	}
 	if o.prefault {
 		if err := prefaultFresh(data); err != nil {

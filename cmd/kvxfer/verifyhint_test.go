@@ -12,7 +12,8 @@ import (
 // the prefill's --fill); every decode result line carries "verified":
 // false without --verify (the room succeeded, its bytes unchecked) and on
 // the failed room, true once a --verify room matched; prefill lines carry
-// no such key.
+// no such key. The failed room reports the bytes that landed with their
+// transfer time.
 func TestVerifyMismatchNamesFillAndVerifiedKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -52,6 +53,11 @@ func TestVerifyMismatchNamesFillAndVerifiedKey(t *testing.T) {
 	}
 	if verified(dr) != "false" || verified(pr) != "absent" {
 		t.Errorf("room 81: verified decode=%s prefill=%s, want false and absent", verified(dr), verified(pr))
+	}
+	// The bytes landed before the check refused them: the result says
+	// how many and how long they took (not bytes with transfer_us 0).
+	if dr.Bytes == 0 || dr.TransferUS <= 0 {
+		t.Errorf("room 81: decode reports bytes %d, transfer_us %d: want both > 0 (the KV landed, then --verify refused it)", dr.Bytes, dr.TransferUS)
 	}
 
 	// No --verify: the room succeeds, and says its bytes were not checked.

@@ -60,7 +60,11 @@ type Result struct {
 	// TransferUS, FillUS and VerifyUS are microseconds: the transfer
 	// (prefill: first Send → Success; decode: its TRANSFER → every record
 	// accepted, before the pattern check), the prefill's pattern fill and
-	// the decode's pattern check. BootstrapWaitUS (decode) is the wait
+	// the decode's pattern check. A failed decode room that sent its
+	// TRANSFER reports Bytes (what landed) with its TransferUS too: to
+	// every record accepted when --verify then refused the bytes (VerifyUS
+	// the check), else to the failure; a failed prefill room reports
+	// neither (both 0). BootstrapWaitUS (decode) is the wait
 	// before its TRANSFER (resolving and registering with the producers
 	// through the bootstrap server, a ring slot): not part of TransferUS.
 	TransferUS      int64 `json:"transfer_us"`
@@ -408,8 +412,18 @@ func DecodeRoom(ctx context.Context, m *engine.Manager, pool *workload.KVBuffers
 			err = Unfinished(ctx, room, "receiver", st, "")
 		}
 		res, rel := fail(err)
-		// What landed before the failure (the room's pages are not usable).
+		// What landed before the failure (the room's pages are not usable),
+		// and how long it took to land: from the TRANSFER to every record
+		// accepted when the verifier then refused the bytes (its check
+		// apart, as on Success), else to the failure.
 		res.Bytes, res.AuxBytes, res.PrefixTokens = mt.Bytes, mt.AuxBytes, mt.PrefixTokens
+		if !mt.TransferStart.IsZero() {
+			res.TransferUS = time.Unix(0, out.SuccessUnixNS).Sub(mt.TransferStart).Microseconds()
+			res.BootstrapWaitUS = mt.BootstrapWait.Microseconds()
+		}
+		if c.Verifier != nil {
+			res.VerifyUS = c.Verifier.took(room)
+		}
 		return res, rel
 	}
 	out.Bytes, out.AuxBytes, out.PrefixTokens, out.SkippedBytes = mt.Bytes, mt.AuxBytes, mt.PrefixTokens, mt.SkippedBytes

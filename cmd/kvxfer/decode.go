@@ -30,8 +30,10 @@ true|false, "error": "...", "pages": P, "bytes": <KV bytes received>,
 ok false and an error naming what is wrong (and no room key when the room
 could not be read).
 
-EOF on stdin shuts the rank down once every request has finished (and says
-so: a rank started with stdin closed exits at once). Exit status: 0 when every
+EOF on stdin shuts the rank down once every request has finished, or once
+--drain-timeout has passed (the rooms still in flight then fail, on both
+sides, naming it), and says so: a rank started with stdin closed exits at
+once. Exit status: 0 when every
 request succeeded, 1 when any failed (after all input was processed) or the
 rank could not start.
 ` + serveHelp,

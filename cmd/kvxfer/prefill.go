@@ -34,8 +34,10 @@ completion order: {"line": N, "room": R, "ok": true|false, "error": "...",
 not a valid request gets a result with ok false and an error naming what is
 wrong (and no room key when the room could not be read).
 
-EOF on stdin shuts the rank down once every request has finished (and says
-so: a rank started with stdin closed exits at once). Exit status: 0 when every
+EOF on stdin shuts the rank down once every request has finished, or once
+--drain-timeout has passed (the rooms still in flight then fail, on both
+sides, naming it), and says so: a rank started with stdin closed exits at
+once. Exit status: 0 when every
 request succeeded, 1 when any failed (after all input was processed) or the
 rank could not start.
 ` + serveHelp,

@@ -154,7 +154,7 @@ func (f *roleFlags) add(cmd *cobra.Command, role engine.Role) {
 	fs.StringVar(&f.serve, "serve", envOr("KVXFER_SERVE", ""), "where request lines come from: empty = stdin (JSON lines; the rank stops at its end); "+
 		"unix:PATH = connections to a unix socket (each gets the ready line, then one result line per request line it sends); "+
 		"http://HOST:PORT = POST /v1/requests (request lines in, result lines out as NDJSON) and GET /v1/ready; for a long-lived rank with no stdin (systemd, containers; env KVXFER_SERVE)")
-	fs.DurationVar(&f.drainTimeout, "drain-timeout", DefaultDrainTimeout, "after SIGTERM or SIGINT the rank reads no new request (lines already sent get a refusal result) and gives the rooms in flight this long to finish before it cancels them; a second signal cancels them at once")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", DefaultDrainTimeout, "after SIGTERM or SIGINT the rank reads no new request (lines already sent get a refusal result) and gives the rooms in flight this long to finish before it cancels them (failed on both sides, naming this flag); a second signal cancels them at once. At stdin's end the rooms in flight get this long too")
 	addMetadataFlags(fs, &f.metadata, &f.metadataTTL)
 	addObsFlags(fs, &f.obs)
 }

@@ -29,7 +29,8 @@ import (
 )
 
 // DefaultDrainTimeout is --drain-timeout's default: how long the rooms in
-// flight at a SIGTERM get to finish before they are cancelled. Below
+// flight at a SIGTERM (or at stdin's end) get to finish before they are
+// cancelled. Below
 // Kubernetes' default grace period (30 s) and systemd's TimeoutStopSec
 // (90 s), so a drained rank exits before it is killed.
 const DefaultDrainTimeout = 20 * time.Second
@@ -269,12 +270,13 @@ func (r *rank) verified(ok bool) *bool {
 // sources were stopped: it waits for the rooms (the sources read on,
 // refusing every new line), then calls quiesce (the sources answer what
 // was sent to them and stop), then waits for any room a line read just
-// before the signal started. signalled says the drain began with a stop
-// signal, which starts the --drain-timeout clock; when it began with
-// stdin's end, the first signal starts it. The next signal, or the clock
+// before the signal started. The --drain-timeout clock starts now; from
+// names what began the drain ("the stop signal", "stdin's end"). A signal
+// (after the first one, when stdin's end began the drain), or the clock
 // running out, cancels the rooms in flight (they end at once naming the
-// reason) and calls abort (interrupt the sources), once.
-func (r *rank) drain(sigs <-chan os.Signal, signalled bool, quiesce, abort func()) {
+// reason, and tell their peers) and calls abort (interrupt the sources),
+// once.
+func (r *rank) drain(sigs <-chan os.Signal, from string, quiesce, abort func()) {
 	done := make(chan struct{})
 	go func() {
 		r.waitRooms()
@@ -284,10 +286,8 @@ func (r *rank) drain(sigs <-chan os.Signal, signalled bool, quiesce, abort func(
 		r.waitRooms()
 		close(done)
 	}()
-	var clock <-chan time.Time
-	if signalled {
-		clock = time.After(r.drainTimeout)
-	}
+	clock := time.After(r.drainTimeout)
+	signalled := from != stdinEnd
 	cancelled := false
 	cancel := func(cause error) {
 		if cancelled {
@@ -305,18 +305,27 @@ func (r *rank) drain(sigs <-chan os.Signal, signalled bool, quiesce, abort func(
 		case <-done:
 			return
 		case s := <-sigs:
-			if clock == nil && !cancelled {
+			if !signalled && !cancelled {
+				// stdin ended first: the first signal marks the drain
+				// (the clock already runs), the next one cancels.
+				signalled = true
 				r.beginDrain(s.String() + " signal")
-				clock = time.After(r.drainTimeout)
 				continue
 			}
 			cancel(fmt.Errorf("a second stop signal (%v) during the drain", s))
 		case <-clock:
 			clock = nil
-			cancel(fmt.Errorf("--drain-timeout %s after the stop signal passed", r.drainTimeout))
+			cancel(fmt.Errorf("--drain-timeout %s passed after %s with the room still in flight (raise --drain-timeout to give rooms in flight longer)", r.drainTimeout, from))
 		}
 	}
 }
+
+// stdinEnd is drain's from when stdin's end began the drain; stopSignal
+// when a stop signal did.
+const (
+	stdinEnd   = "stdin's end"
+	stopSignal = "the stop signal"
+)
 
 // summary logs what the rank served, once it stops.
 func (r *rank) summary(how string) {
@@ -530,11 +539,11 @@ func (r *rank) serveStdin(sigs <-chan os.Signal) error {
 	select {
 	case rerr = <-readErr:
 		r.stdinClosed(rerr)
-		r.drain(sigs, false, nil, nil)
+		r.drain(sigs, stdinEnd, nil, nil)
 	case s := <-sigs:
 		r.beginDrain(s.String() + " signal")
 		g.mark()
-		r.drain(sigs, true, g.quiesce, g.interrupt)
+		r.drain(sigs, stopSignal, g.quiesce, g.interrupt)
 	}
 	r.summary("stdin")
 	if rerr != nil {
@@ -550,7 +559,7 @@ func (r *rank) serveStdin(sigs <-chan os.Signal) error {
 // with stdin closed (nohup </dev/null, systemd, docker run without -i)
 // used to print its ready line and exit in silence.
 func (r *rank) stdinClosed(err error) {
-	n, inflight := r.total.Load(), "the rooms in flight finish first"
+	n, inflight := r.total.Load(), fmt.Sprintf("the rooms in flight finish first (within --drain-timeout %s; then they are cancelled)", r.drainTimeout)
 	switch {
 	case err != nil:
 		slog.Error("stdin closed with a read error: no more requests; "+inflight, "err", err)
@@ -685,7 +694,7 @@ func (r *rank) serveUnix(ln *net.UnixListener, sigs <-chan os.Signal) error {
 		}
 		wg.Wait()
 	}
-	r.drain(sigs, true, quiesce, func() {
+	r.drain(sigs, stopSignal, quiesce, func() {
 		for _, uc := range open {
 			uc.g.interrupt()
 		}
@@ -768,7 +777,7 @@ func (r *rank) serveHTTP(ln net.Listener, sigs <-chan os.Signal) error {
 	// interrupted (as a socket's reads are), not the responses: each
 	// cancelled room still writes its result line; Close is only the
 	// backstop for a client that stops reading its response.
-	r.drain(sigs, true, func() { _ = srv.Shutdown(context.Background()) }, func() {
+	r.drain(sigs, stopSignal, func() { _ = srv.Shutdown(context.Background()) }, func() {
 		r.bodies.interrupt()
 		time.AfterFunc(httpAbortGrace, func() { _ = srv.Close() })
 	})

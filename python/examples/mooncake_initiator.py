@@ -2,12 +2,21 @@
 # The initiator: writes 1 MiB into the target's registered buffer.
 #   python3 mooncake_initiator.py RPC_PORT BUFFER_ADDRESS   (as mooncake_target.py printed them)
 import argparse
+import logging
+import os
 import sys
 
 import numpy as np
 
 from kvxfer import KvxError, LibraryNotFoundError
 from kvxfer.engine import TransferEngine  # was: from mooncake.engine import TransferEngine
+
+# This script prints each engine error itself, in one line: the library's own
+# log of the same error (the "kvxfer" logger, libkvxfer's stderr log) stays
+# quiet unless KVXFER_LOG_LEVEL asks for it (read when the library loads).
+if "KVXFER_LOG_LEVEL" not in os.environ:
+    os.environ["KVXFER_LOG_LEVEL"] = "error"
+    logging.getLogger("kvxfer").setLevel(logging.CRITICAL)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -3,6 +3,8 @@
 # prints the two numbers the initiator needs, and waits until the bytes land.
 #   python3 mooncake_target.py            (then, in another shell, the command it prints)
 import argparse
+import logging
+import os
 import sys
 import time
 
@@ -10,6 +12,13 @@ import numpy as np
 
 from kvxfer import KvxError, LibraryNotFoundError
 from kvxfer.engine import TransferEngine  # was: from mooncake.engine import TransferEngine
+
+# This script prints each engine error itself, in one line: the library's own
+# log of the same error (the "kvxfer" logger, libkvxfer's stderr log) stays
+# quiet unless KVXFER_LOG_LEVEL asks for it (read when the library loads).
+if "KVXFER_LOG_LEVEL" not in os.environ:
+    os.environ["KVXFER_LOG_LEVEL"] = "error"
+    logging.getLogger("kvxfer").setLevel(logging.CRITICAL)
 
 
 class ArgumentParser(argparse.ArgumentParser):

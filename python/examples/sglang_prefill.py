@@ -4,6 +4,8 @@
 # once the decode asks for it. Run it first, then sglang_decode.py.
 #   python3 sglang_prefill.py [BOOTSTRAP_PORT]      (default 8998; 0 = a free one)
 import argparse
+import logging
+import os
 import sys
 import time
 import types
@@ -12,6 +14,13 @@ import numpy as np
 
 from kvxfer import KvxError, LibraryNotFoundError
 from kvxfer.sglang import KVArgs, KVBootstrapServer, KVManager, KVPoll, KVSender, KVTransferError
+
+# This script prints each engine error itself, in one line: the library's own
+# log of the same error (the "kvxfer" logger, libkvxfer's stderr log) stays
+# quiet unless KVXFER_LOG_LEVEL asks for it (read when the library loads).
+if "KVXFER_LOG_LEVEL" not in os.environ:
+    os.environ["KVXFER_LOG_LEVEL"] = "error"
+    logging.getLogger("kvxfer").setLevel(logging.CRITICAL)
 
 LAYERS, HEADS, HEAD_DIM, PAGE_SIZE, PAGES = 4, 8, 128, 16, 64  # a small bf16 model
 ITEM = PAGE_SIZE * HEADS * HEAD_DIM * 2  # bytes of one page of one buffer

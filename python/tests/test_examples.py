@@ -6,9 +6,11 @@ its bytes."""
 from __future__ import annotations
 
 import os
+import http.server
 import socket
 import subprocess
 import sys
+import threading
 
 from conftest import DEADLINE
 
@@ -20,6 +22,7 @@ PAIRS = [("mooncake_target.py", "mooncake_initiator.py"), ("sglang_prefill.py", 
 
 def _env():
     e = dict(os.environ)
+    e.pop("KVXFER_LOG_LEVEL", None)  # the examples' own default: only their line on an error
     e["PYTHONPATH"] = PYDIR + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
@@ -125,6 +128,54 @@ def test_bad_arguments_one_line():
             for w in want:
                 assert w in lines[0], f"{what}\nwant {w!r}"
             assert "--port" not in lines[0], what
+
+
+class _NotADirectory(http.server.BaseHTTPRequestHandler):
+    """Some other HTTP service: a 200 HTML page for every GET."""
+
+    def do_GET(self):
+        body = b"<html><body>not a bootstrap directory</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_engine_error_one_line():
+    """An error of the engine ends an example with exit status != 0 and one
+    line on stderr that names the cause, not the library's own log line of
+    the same error before the example's (a `kvxfer: ...` line of the
+    "kvxfer" logger, libkvxfer's level=WARN lines)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    free = str(closed.getsockname()[1])
+    closed.close()  # nothing listens there: the initiator's segment RPC is refused
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotADirectory)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cases = [
+            (["mooncake_initiator.py", free, "4096"], "initiator: ", ["segment RPC unreachable", "connection refused"]),
+            (["sglang_decode.py", str(srv.server_address[1])], "sglang_decode.py: ",
+             [f"http://127.0.0.1:{srv.server_address[1]} is not a bootstrap directory", "not another HTTP service"]),
+        ]
+        for argv, prefix, want in cases:
+            p = subprocess.run([sys.executable, *argv], cwd=EXAMPLES, env=_env(), capture_output=True, text=True,
+                               timeout=DEADLINE)
+            what = f"{' '.join(argv)}: exit {p.returncode}, stderr:\n{p.stderr}"
+            assert p.returncode != 0, what
+            assert "Traceback" not in p.stderr, what
+            lines = [line for line in p.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1, what
+            assert lines[0].startswith(prefix), what
+            for w in want:
+                assert w in lines[0], f"{what}\nwant {w!r}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_ctrl_c_one_line():

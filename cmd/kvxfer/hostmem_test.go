@@ -65,3 +65,32 @@ func TestPoolLargerThanHostRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolMmapFailureNamesPoolMB: a rank whose KV pool passes the
+// host-memory pre-check (off here) but whose mmap fails (a 4 GiB
+// address-space limit, as a memory cgroup or ulimit would) says which flag
+// sizes the pool, not only the mmap error.
+func TestPoolMmapFailureNamesPoolMB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"decode", "--pool-mb", "5120", "--prefault=false", "--transport", "tcp", "--log-level", "error"}
+	cmd := exec.Command("sh", append([]string{"-c", `ulimit -v 4194304 && exec "$0" "$@"`, exe}, args...)...)
+	cmd.Env = append(os.Environ(), "KVXFER_TEST_AS_CLI=1", hostmem.SkipEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	msg := stderr.String()
+	if exitCode(err) != 1 {
+		t.Fatalf("%v: exit %v, want 1:\n%s", args, err, msg)
+	}
+	for _, want := range []string{"mmap", "--pool-mb 5120: the rank's KV pool in host memory", "use a smaller --pool-mb"} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("%v: stderr lacks %q:\n%s", args, want, msg)
+		}
+	}
+}

@@ -560,7 +560,12 @@ func startRank(ctx context.Context, role engine.Role, f *roleFlags) (_ *rank, _ 
 	// takes seconds) stops at the next buffer instead of running to its end.
 	pool, err := workload.NewKVBuffers(layout, workload.BufferOptions{Name: role.String() + "-kv", Device: dev, Aux: workload.DefaultAux, AuxRows: f.auxRows, Prefault: f.prefault, Stop: ctx.Done()})
 	if err != nil {
-		return nil, nil, err
+		if errors.Is(err, workload.ErrAllocStopped) {
+			return nil, nil, err
+		}
+		// Past the host-memory pre-check (an address-space limit, a
+		// memory cgroup): name what sizes the pool.
+		return nil, nil, fmt.Errorf("%w; %s: use a smaller --pool-mb", err, poolWhat(f))
 	}
 	closers = append(closers, func() { _ = pool.Close() })
 	if f.fragmentSeed != 0 {

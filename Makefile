@@ -62,13 +62,22 @@ VENV      ?= .venv
 MOONCAKE  ?= 0
 NIXL      ?= 0
 
-python-wheel: deps python-lib ## wheels in build/python/dist: kvxfer (libkvxfer.so inside) and the optional mooncake and nixl shims (offline)
+# The wheels are rebuilt only when the library or a packaged file changed
+# (a second `make python-install` reinstalls the same wheels).
+PYWHEEL_SRC := $(shell find python \( -path python/tests -o -path python/build -o -name '*.egg-info' -o -name __pycache__ \) -prune -o \
+                 -type f \( -name '*.py' -o -name '*.toml' -o -name '*.md' -o -name '*.cfg' -o -name '*.typed' \) -print 2>/dev/null)
+PYWHEEL_STAMP := $(PYDIST)/.built
+
+python-wheel: deps $(PYWHEEL_STAMP) ## wheels in build/python/dist: kvxfer (libkvxfer.so inside) and the optional mooncake and nixl shims (offline)
+	@ls $(PYDIST)
+
+$(PYWHEEL_STAMP): $(PYLIB) $(PYWHEEL_SRC)
 	@$(PYTHON) -c 'import setuptools, wheel, pip' 2>/dev/null || { echo "$(PYTHON) lacks setuptools, wheel or pip (Debian: python3-setuptools python3-wheel python3-pip; scripts/install-deps.sh installs them)"; exit 1; }
 	@rm -rf $(PYDIST) python/build python/mooncake-shim/build python/nixl-shim/build
 	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps --no-index --no-cache-dir -w $(PYDIST) ./python ./python/mooncake-shim ./python/nixl-shim
 	@# the in-tree build's leftovers: an egg-info next to the sources would make python/ look installed (entry points)
 	@rm -rf python/build python/*.egg-info python/mooncake-shim/build python/mooncake-shim/*.egg-info python/nixl-shim/build python/nixl-shim/*.egg-info
-	@ls $(PYDIST)
+	@touch $@
 
 python-install: python-wheel ## install kvxfer into the venv VENV (default .venv; created with --system-site-packages); MOONCAKE=1 adds the mooncake shim, NIXL=1 the nixl shim
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv --system-site-packages $(VENV)

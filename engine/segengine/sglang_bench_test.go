@@ -2,16 +2,20 @@ package segengine_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/engine/segengine"
+	"github.com/kvxfer/kvxfer/engine/shm"
 	"github.com/kvxfer/kvxfer/engine/transport"
 )
 
@@ -51,7 +55,26 @@ func BenchmarkSGLang(b *testing.B) {
 // ("load-start", "load-end", from /proc/loadavg; 0 where it cannot be
 // read). ns/op is one pair.
 //
+// On shm each op also times, after the engine's pair, the host's own copy
+// ceiling: the same two shapes copied bare, with no engine, from the same
+// source buffer into the same destination buffer (the receiver's memfd
+// pages, through its own mapping) by shm.CopyBlocks, the non-temporal
+// copy shm uses for these batches, on as many goroutines as shm copies
+// them with (shm.DefaultCopyThreads, taking 1 MiB units in turn as shm's
+// workers do), and once more by a plain copy() loop on those goroutines
+// (ordinary stores: runtime.memmove, as main's shm and python/bench.py's
+// numpy copy). Each copy is one piece per entry run (entries of one length
+// at constant strides: one per page and buffer for the per-token batch, as
+// the engine's descriptors). It reports the median per-op ratio of the
+// bare copies ("bare-ratio": CopyBlocks, "memmove-ratio": copy()), their
+// tokens GB/s, and the median per-op quotient engine ratio / bare-ratio
+// ("vs-bare"): 1 when the engine loses nothing to the per-token shape
+// beyond what the copy itself loses on this host. The bare copies are
+// checked once, before the timing, to write exactly the bytes the engine's
+// batches write.
+//
 //	go test -run '^$' -bench SGLangPairs/tcp -benchtime 20x ./engine/segengine
+//	go test -run '^$' -bench SGLangPairs/shm -benchtime 30x ./engine/segengine
 func BenchmarkSGLangPairs(b *testing.B) {
 	for _, tr := range []string{"tcp", "shm"} {
 		if err := transport.ProbeTransport(tr); err != nil {
@@ -60,14 +83,22 @@ func BenchmarkSGLangPairs(b *testing.B) {
 		b.Run(tr, func(b *testing.B) {
 			recv := newTE(b, tr)
 			send := newTE(b, tr)
-			seg, tokens, pages := sglangSetup(b, recv, send)
+			seg, tokens, pages, dst, src := sglangSetupBufs(b, recv, send)
 			defer seg.Close()
 			const bytes = sglangBytes
 			load0 := loadAvg1()
 			// One untimed pair first (first touch of the fresh buffers).
 			sglangBatch(b, seg, tokens)
 			sglangBatch(b, seg, pages)
+			var bareT, bareP bareCopy
+			if tr == "shm" {
+				bareT = newBareCopy(b, tokens, dst, src, shm.DefaultCopyThreads())
+				bareP = newBareCopy(b, pages, dst, src, shm.DefaultCopyThreads())
+				checkBare(b, seg, dst, tokens, bareT)
+				checkBare(b, seg, dst, pages, bareP)
+			}
 			var ratios, tg, pg, tc, pc []float64
+			var bareR, memR, vsBare, bareTG, memTG []float64
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				c0 := cpuTime()
@@ -80,8 +111,25 @@ func BenchmarkSGLangPairs(b *testing.B) {
 				tg = append(tg, bytes/t.Seconds()/1e9)
 				pg = append(pg, bytes/p.Seconds()/1e9)
 				ratios = append(ratios, p.Seconds()/t.Seconds())
+				if tr != "shm" {
+					continue
+				}
+				bt, bp := bareT.run(shm.CopyBlocks), bareP.run(shm.CopyBlocks)
+				mt, mp := bareT.run(plainCopy), bareP.run(plainCopy)
+				bareR = append(bareR, bp.Seconds()/bt.Seconds())
+				memR = append(memR, mp.Seconds()/mt.Seconds())
+				bareTG = append(bareTG, bytes/bt.Seconds()/1e9)
+				memTG = append(memTG, bytes/mt.Seconds()/1e9)
+				vsBare = append(vsBare, ratios[len(ratios)-1]/bareR[len(bareR)-1])
 			}
 			b.StopTimer()
+			if tr == "shm" {
+				b.ReportMetric(quantile(bareR, 0.5), "bare-ratio")
+				b.ReportMetric(quantile(memR, 0.5), "memmove-ratio")
+				b.ReportMetric(quantile(vsBare, 0.5), "vs-bare")
+				b.ReportMetric(quantile(bareTG, 0.5), "bare-tokens-GB/s")
+				b.ReportMetric(quantile(memTG, 0.5), "memmove-tokens-GB/s")
+			}
 			b.SetBytes(2 * bytes)
 			b.ReportMetric(quantile(ratios, 0.5), "ratio")
 			b.ReportMetric(quantile(ratios, 0.25), "ratio-p25")
@@ -103,6 +151,13 @@ const sglangBytes = 64 * 4096 * 1024
 // opens send's segment to recv and builds both entry sets: per token slot
 // and page-sized (the same bytes, same random page tables).
 func sglangSetup(b *testing.B, recv, send *segengine.TransferEngine) (*segengine.RemoteSegment, segengine.Entries, segengine.Entries) {
+	seg, tokens, pages, _, _ := sglangSetupBufs(b, recv, send)
+	return seg, tokens, pages
+}
+
+// sglangSetupBufs is sglangSetup, also returning the destination and source
+// buffers.
+func sglangSetupBufs(b *testing.B, recv, send *segengine.TransferEngine) (*segengine.RemoteSegment, segengine.Entries, segengine.Entries, *transport.HostBuffer, *transport.HostBuffer) {
 	const bufs, toks, page, slice = 64, 4096, 64, 1024
 	dst, _ := regBuf(b, recv, "dst", bufs*toks*slice)
 	src, _ := regBuf(b, send, "src", bufs*toks*2*slice)
@@ -128,7 +183,108 @@ func sglangSetup(b *testing.B, recv, send *segengine.TransferEngine) (*segengine
 			tokens.Length = append(tokens.Length, slice)
 		}
 	}
-	return seg, tokens, pages
+	return seg, tokens, pages, dst, src
+}
+
+// bareCopy is a batch's bytes as pieces for a copy without an engine: one
+// piece per run of entries of one length at constant local and remote
+// strides, grouped into units of at most 1 MiB (shm's copy unit), copied
+// by workers goroutines taking units in turn.
+type bareCopy struct {
+	dst, src []byte
+	pieces   []barePiece
+	units    []int // units[k] is the first piece of unit k; a last entry closes the list
+	workers  int
+}
+
+// barePiece: n blocks of blk bytes, block j from src[srcOff+j*srcStride:]
+// to dst[dstOff+j*dstStride:].
+type barePiece struct {
+	dstOff, srcOff, n, blk, dstStride, srcStride uint64
+}
+
+// newBareCopy builds e's pieces (e: local addresses in src, peer addresses
+// in dst; one entry's run ends where the length or a stride changes).
+func newBareCopy(b *testing.B, e segengine.Entries, dst, src *transport.HostBuffer, workers int) bareCopy {
+	bc := bareCopy{dst: dst.Bytes(), src: src.Bytes(), workers: max(workers, 1)}
+	sb, db := uint64(src.Addr()), uint64(dst.Addr())
+	var unitBytes uint64
+	for i := 0; i < len(e.Local); {
+		p := barePiece{dstOff: e.Remote[i] - db, srcOff: e.Local[i] - sb, n: 1, blk: e.Length[i]}
+		j := i + 1
+		if j < len(e.Local) && e.Length[j] == p.blk && e.Local[j] > e.Local[i] && e.Remote[j] > e.Remote[i] {
+			p.srcStride, p.dstStride = e.Local[j]-e.Local[i], e.Remote[j]-e.Remote[i]
+			for ; j < len(e.Local) && e.Length[j] == p.blk && e.Local[j]-e.Local[j-1] == p.srcStride && e.Remote[j]-e.Remote[j-1] == p.dstStride; j++ {
+				p.n++
+			}
+		}
+		if p.srcStride < p.blk || p.dstStride < p.blk {
+			p.n, p.srcStride, p.dstStride, j = 1, 0, 0, i+1 // overlapping blocks: one at a time
+		}
+		if len(bc.units) == 0 || unitBytes+p.n*p.blk > 1<<20 {
+			bc.units = append(bc.units, len(bc.pieces))
+			unitBytes = 0
+		}
+		unitBytes += p.n * p.blk
+		bc.pieces = append(bc.pieces, p)
+		i = j
+	}
+	bc.units = append(bc.units, len(bc.pieces))
+	if len(bc.pieces) == 0 {
+		b.Fatal("bare copy: no entries")
+	}
+	return bc
+}
+
+// plainCopy is shm.CopyBlocks' signature over a copy() loop: ordinary
+// stores (runtime.memmove) per block.
+func plainCopy(dst, src []byte, n, blk, dstStride, srcStride uint64) {
+	for j := uint64(0); j < n; j++ {
+		d, s := j*dstStride, j*srcStride
+		copy(dst[d:d+blk], src[s:s+blk])
+	}
+}
+
+// run copies every piece with cp on bc.workers goroutines (each taking the
+// next 1 MiB unit) and returns the time from start to the last copy's end.
+func (bc bareCopy) run(cp func(dst, src []byte, n, blk, dstStride, srcStride uint64)) time.Duration {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for w := 0; w < bc.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(bc.units)-1 {
+					return
+				}
+				for _, p := range bc.pieces[bc.units[k]:bc.units[k+1]] {
+					cp(bc.dst[p.dstOff:], bc.src[p.srcOff:], p.n, p.blk, p.dstStride, p.srcStride)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(t0)
+}
+
+// checkBare fails b unless the bare copy bc (both its copies) writes into
+// dst exactly what the engine's batch e writes there (dst cleared before
+// each).
+func checkBare(b *testing.B, seg *segengine.RemoteSegment, dst *transport.HostBuffer, e segengine.Entries, bc bareCopy) {
+	d := dst.Bytes()
+	clear(d)
+	sglangBatch(b, seg, e)
+	want := sha256.Sum256(d)
+	for name, cp := range map[string]func(dst, src []byte, n, blk, dstStride, srcStride uint64){"shm.CopyBlocks": shm.CopyBlocks, "copy()": plainCopy} {
+		clear(d)
+		bc.run(cp)
+		if sha256.Sum256(d) != want {
+			b.Fatalf("bare copy by %s (%d pieces) does not write what the engine's batch of %d entries writes", name, len(bc.pieces), len(e.Local))
+		}
+	}
 }
 
 // sglangBatch submits e as one write batch, waits for it and returns the

@@ -22,7 +22,16 @@ sglang   the same batch's throughput (batch_transfer_sync_write) against the
          per-pair ratios, printed with their quartiles and range, this
          process's CPU time per call and the load average at the row's start
          and end. The descriptor counts before and after coalescing come
-         from the library's metrics.
+         from the library's metrics. On shm each pair is followed by this
+         host's own copy ceiling: the same two shapes copied bare, with no
+         engine, from the same source into HostBuffer memory of this process
+         (the kind the target registers), by numpy (one memmove per 1 KiB
+         token slot or 64 KiB page: ordinary stores, not shm's non-temporal
+         kernel; engine/segengine's BenchmarkSGLangPairs times both) on as
+         many threads as shm copies with (min(4, CPUs)); the row reports the
+         bare copies' ratio and the median per-pair engine ratio / bare
+         ratio ("vs bare": 1 when the engine loses nothing to the per-token
+         shape beyond what the copy itself loses here).
 threads  vLLM's sender pool: THREADS threads sharing one engine, each writing
          its share of DEPTH blocks of TSIZE bytes per call, against one thread
          writing DEPTH blocks per call (the same total depth), alternating.
@@ -304,13 +313,53 @@ def row_submit(args, e, tgt, src, view, shape):
     return res
 
 
-def sglang_pairs(w_tok, w_page, nbytes, n, seconds):
+class BareCopy:
+    """The SGLang shapes copied without an engine (see the module doc): from
+    the source view into `dst`, a uint8 view of dst_bytes of this process's
+    memory, on `threads` threads (numpy releases the GIL while it copies),
+    each taking a contiguous share of the pages. tokens() and pages() copy
+    what the per-token and the page-sized arrays move and return the
+    seconds taken."""
+
+    def __init__(self, shape, view, dst, threads):
+        bufs, pages, per = shape.buffers, shape.tokens // shape.page, shape.page
+        sv = view[:shape.src_bytes].view(f"V{shape.slice}").reshape(bufs, pages, per, 2)
+        dv = dst[:shape.dst_bytes].view(f"V{shape.slice}").reshape(bufs, pages, per)
+        pb = shape.page * shape.slice
+        spg = view[:shape.src_bytes].view(f"V{pb}").reshape(bufs, shape.src_buf // pb)
+        dpg = dst[:shape.dst_bytes].view(f"V{pb}").reshape(bufs, pages)
+        sp, dp = shape.src_pages, shape.dst_pages
+        # rank 1: the second 1 KiB half of every 2 KiB prefill token.
+        self._tok = lambda lo, hi: [dv.__setitem__((slice(None), dp[p]), sv[:, sp[p], :, 1]) for p in range(lo, hi)]
+        self._page = lambda lo, hi: [dpg.__setitem__((slice(None), dp[p]), spg[:, sp[p]]) for p in range(lo, hi)]
+        self.threads, self.npages = max(1, threads), pages
+
+    def _run(self, fn):
+        k = self.threads
+        ts = [threading.Thread(target=fn, args=(i * self.npages // k, (i + 1) * self.npages // k)) for i in range(k)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return time.perf_counter() - t0
+
+    def tokens(self):
+        return self._run(self._tok)
+
+    def pages(self):
+        return self._run(self._page)
+
+
+def sglang_pairs(w_tok, w_page, nbytes, n, seconds, bare=None):
     """Alternating pairs of calls, one per-token batch then one page-sized
     batch, so both sides of a pair see the same moment's load: n pairs, or
     (n == 0) as many as fit in `seconds`, at least 3. Each pair: both
     sides' GB/s, this process's CPU time per call (time.process_time: the
     initiator only, not the target process) and the ratio per-token /
-    page-sized."""
+    page-sized; with bare (a BareCopy) also the bare copies of both shapes
+    right after the pair, their ratio ("bare_ratio") and ratio / bare_ratio
+    ("vs_bare")."""
     out, t_end = [], time.perf_counter() + seconds
     while (len(out) < n) if n > 0 else (len(out) < 3 or time.perf_counter() < t_end):
         c0, t0 = time.process_time(), time.perf_counter()
@@ -318,8 +367,13 @@ def sglang_pairs(w_tok, w_page, nbytes, n, seconds):
         c1, t1 = time.process_time(), time.perf_counter()
         w_page()
         c2, t2 = time.process_time(), time.perf_counter()
-        out.append({"tokens_gbps": nbytes / (t1 - t0) / 1e9, "pages_gbps": nbytes / (t2 - t1) / 1e9,
-                    "ratio": (t2 - t1) / (t1 - t0), "tokens_cpu_ms": 1e3 * (c1 - c0), "pages_cpu_ms": 1e3 * (c2 - c1)})
+        x = {"tokens_gbps": nbytes / (t1 - t0) / 1e9, "pages_gbps": nbytes / (t2 - t1) / 1e9,
+             "ratio": (t2 - t1) / (t1 - t0), "tokens_cpu_ms": 1e3 * (c1 - c0), "pages_cpu_ms": 1e3 * (c2 - c1)}
+        if bare is not None:
+            bt, bp = bare.tokens(), bare.pages()
+            x.update(bare_tokens_gbps=nbytes / bt / 1e9, bare_pages_gbps=nbytes / bp / 1e9, bare_ratio=bp / bt)
+            x["vs_bare"] = x["ratio"] / x["bare_ratio"]
+        out.append(x)
     return out
 
 
@@ -345,17 +399,28 @@ def row_sglang(args, e, tgt, src, view, shape):
     res = {"entries_tokens": len(tok[0]), "entries_pages": len(page[0]), "bytes": shape.nbytes, "rounds": []}
     res["tokens_requests"], res["tokens_descriptors"] = descriptors(w_tok)
     res["pages_requests"], res["pages_descriptors"] = descriptors(w_page)
+    bare, bare_mem = None, None
+    if args.transport == "shm":
+        bare_mem = kvxfer.HostBuffer(shape.dst_bytes, "bench-bare")
+        bare = BareCopy(shape, view, bare_mem.numpy(np.uint8), min(4, os.cpu_count() or 1))
+        bare.tokens()  # first touch of the fresh pages, untimed
+        bare.pages()
+        res["bare_threads"] = bare.threads
     res["load_start"] = os.getloadavg()
     pairs = []
     for r in range(args.rounds):
-        rnd = sglang_pairs(w_tok, w_page, shape.nbytes, args.pairs, 2 * args.reps * args.rep_time)
+        rnd = sglang_pairs(w_tok, w_page, shape.nbytes, args.pairs, 2 * args.reps * args.rep_time, bare)
         pairs += rnd
         q = quartiles([x["ratio"] for x in rnd])
         rd = {"pairs": len(rnd), "tokens_gbps": statistics.median(x["tokens_gbps"] for x in rnd),
               "pages_gbps": statistics.median(x["pages_gbps"] for x in rnd), "ratio": q[1], "ratio_p25": q[0], "ratio_p75": q[2]}
+        extra = ""
+        if bare is not None:
+            rd.update(bare_ratio=statistics.median(x["bare_ratio"] for x in rnd), vs_bare=statistics.median(x["vs_bare"] for x in rnd))
+            extra = f"; bare copy ratio {rd['bare_ratio']:.2f}x, engine / bare {rd['vs_bare']:.2f}"
         res["rounds"].append(rd)
         print(f"  sglang round {r + 1}: {len(rnd)} pairs, per-token {rd['tokens_gbps']:.2f} GB/s, page-sized {rd['pages_gbps']:.2f} GB/s, "
-              f"ratio {q[1]:.2f}x (pairs p25 {q[0]:.2f}, p75 {q[2]:.2f}; load {load()})", flush=True)
+              f"ratio {q[1]:.2f}x (pairs p25 {q[0]:.2f}, p75 {q[2]:.2f}{extra}; load {load()})", flush=True)
     res["load_end"] = os.getloadavg()
     q = quartiles([x["ratio"] for x in pairs])
     res["pairs"] = pairs
@@ -368,14 +433,30 @@ def row_sglang(args, e, tgt, src, view, shape):
         check(e.batch_transfer_sync_write(tgt.name, *arrays), e, f"verify {name}")
         want = hashlib.sha256(shape.expected(view, src, tgt.addr, arrays).tobytes()).hexdigest()
         ok = ok and tgt.ask(f"digest {shape.dst_bytes}") == want
+        if bare is not None:  # the bare copy moves the same bytes to the same places
+            bv = bare_mem.numpy(np.uint8)[:shape.dst_bytes]
+            bv[:] = 0
+            bare.tokens() if name == "tokens" else bare.pages()
+            ok = ok and hashlib.sha256(bv.tobytes()).hexdigest() == want
     res.update(verified=ok, tokens_gbps=statistics.median(x["tokens_gbps"] for x in pairs),
                pages_gbps=statistics.median(x["pages_gbps"] for x in pairs), ratio=q[1])
+    bare_line = ""
+    if bare is not None:
+        bq, vq = quartiles([x["bare_ratio"] for x in pairs]), quartiles([x["vs_bare"] for x in pairs])
+        res.update(bare_ratio=bq[1], bare_ratio_p25=bq[0], bare_ratio_p75=bq[2], vs_bare=vq[1], vs_bare_p25=vq[0], vs_bare_p75=vq[2],
+                   bare_tokens_gbps=statistics.median(x["bare_tokens_gbps"] for x in pairs),
+                   bare_pages_gbps=statistics.median(x["bare_pages_gbps"] for x in pairs))
+        bare_line = (f"; bare copy (numpy, {bare.threads} threads, no engine) {res['bare_tokens_gbps']:.2f} vs {res['bare_pages_gbps']:.2f} GB/s, "
+                     f"ratio {bq[1]:.2f}x (p25 {bq[0]:.2f}, p75 {bq[2]:.2f}); engine ratio / bare ratio {vq[1]:.2f} (median per pair; "
+                     f"p25 {vq[0]:.2f}, p75 {vq[2]:.2f})")
+        bare = None  # its views of bare_mem go before the memory does
+        bare_mem.close()
     print(f"sglang: {shape.layers} layers x K,V, {shape.tokens} tokens, pages of {shape.page}, {shape.slice} B per token slot "
           f"({fmt_size(shape.nbytes)} per call): per-token entries {res['tokens_requests']} -> {res['tokens_descriptors']} descriptors "
           f"{res['tokens_gbps']:.2f} GB/s; page-sized entries {res['pages_requests']} -> {res['pages_descriptors']} descriptors "
           f"{res['pages_gbps']:.2f} GB/s; ratio {res['ratio']:.2f}x (median of {len(pairs)} per-pair ratios; p25 {q[0]:.2f}, p75 {q[2]:.2f}, "
           f"range {res['ratio_min']:.2f}..{res['ratio_max']:.2f}); this process's CPU per call {res['tokens_cpu_ms']:.0f} vs "
-          f"{res['pages_cpu_ms']:.0f} ms; load {fmt_load(res['load_start'])} at the start, {fmt_load(res['load_end'])} at the end"
+          f"{res['pages_cpu_ms']:.0f} ms{bare_line}; load {fmt_load(res['load_start'])} at the start, {fmt_load(res['load_end'])} at the end"
           + ("" if ok else "  VERIFY FAILED"), flush=True)
     return res
 

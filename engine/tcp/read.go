@@ -251,7 +251,9 @@ func (st *stream) readAnswer(pr *payloadReader, f *frame, a ack) error {
 	dst := st.answerIOV[:0]
 	switch {
 	case f.hdr.Kind == kindReadScatter:
-		dst = append(dst, f.srcs...)
+		for _, r := range f.srcs {
+			dst = r.appendTo(dst)
+		}
 	case f.local.buf != nil:
 		for i := uint64(0); i < uint64(f.hdr.Count); i++ {
 			o := f.off + i*f.stride

@@ -122,15 +122,48 @@ type frame struct {
 	bytes  uint64 // payload bytes
 	// scatter frames only: the encoded scatter table and each entry's
 	// source bytes (destination bytes for a read) in registered host
-	// memory, in table order.
-	table []byte
-	srcs  [][]byte
+	// memory, in table order, as one run per entry (a strided entry's
+	// blocks are expanded into iovecs only when the frame is written);
+	// blocks is the number of slices they expand to.
+	table  []byte
+	srcs   []srcRun
+	blocks int
 	// wire is the encoded header, written by the writer for the kernel.
 	wire [headerSize]byte
 	// localErr is a sender-side failure while writing the payload (device
 	// copy); the frame was padded to keep the stream in sync and fails.
 	// Atomic: set by the writer, read by the ack reader.
 	localErr atomic.Pointer[error]
+}
+
+// srcRun is one scatter entry's local bytes: count blocks of length bytes,
+// block k at span[k*stride:]. It stands for what would otherwise be one
+// slice per block: a per-token batch's 262,144 1 KiB head slices are
+// 4,096 runs (bench/RESULTS.md, issue 27).
+type srcRun struct {
+	span                  []byte
+	stride, length, count uint64
+}
+
+// appendTo appends the run's blocks to iov, one slice each (one for all
+// when they are back to back).
+func (r srcRun) appendTo(iov [][]byte) [][]byte {
+	if r.count == 1 || r.stride == r.length {
+		return append(iov, r.span[:r.count*r.length])
+	}
+	for k := uint64(0); k < r.count; k++ {
+		o := k * r.stride
+		iov = append(iov, r.span[o:o+r.length])
+	}
+	return iov
+}
+
+// slices is the number of slices appendTo appends.
+func (r srcRun) slices() int {
+	if r.count == 1 || r.stride == r.length {
+		return 1
+	}
+	return int(r.count)
 }
 
 // device reports whether the frame's payload is read from device memory
@@ -146,7 +179,7 @@ func (f *frame) iovs() int {
 	case f.hdr.read():
 		return 1
 	case f.hdr.Kind == kindScatter:
-		return 2 + len(f.srcs)
+		return 2 + f.blocks
 	}
 	return 1 + int(f.hdr.Count)
 }
@@ -606,7 +639,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	}
 	locals := make([]*region, len(reqs))
 	small := make([]bool, len(reqs))
-	nframes, nsmall, nsrcs := 0, 0, 0
+	nframes, nsmall := 0, 0
 	var smallBytes uint64
 	remote := *s.remote.Load()
 	for i, r := range reqs {
@@ -624,7 +657,6 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 			!read && r.Blocks() > 1 && r.RemoteStride == r.Length && r.Bytes() <= scatterEntryMax && hostToHost:
 			small[i] = true
 			nsmall++
-			nsrcs += int(r.Blocks())
 			smallBytes += r.Bytes()
 		case r.Blocks() > 1 && read:
 			nframes += readFrames(r)
@@ -649,7 +681,7 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 	frames := make([]*frame, 0, nframes)
 	b := &batch{done: make(chan struct{}), seg: s}
 	var (
-		srcs  = make([][]byte, 0, nsrcs) // cur.srcs extend in place: never reallocated
+		srcs  = make([]srcRun, 0, nsmall) // cur.srcs extend in place: never reallocated
 		table = make([]byte, nsmall*entrySize)
 		cur   *frame
 	)
@@ -670,11 +702,10 @@ func (s *segment) Submit(ctx context.Context, tb *transport.TransferBatch) (tran
 				cur.srcs = srcs[len(srcs):]
 			}
 			putEntry(table[int(cur.hdr.Count)*entrySize:], entry{Region: uint32(r.Remote), Length: uint32(n), Offset: r.RemoteOffset})
-			for k := uint64(0); k < r.Blocks(); k++ {
-				o := off + k*r.LocalStride
-				srcs = append(srcs, lr.buf[o:o+r.Length])
-			}
-			cur.srcs = cur.srcs[:len(cur.srcs)+int(r.Blocks())]
+			run := srcRun{span: lr.buf[off : off+(r.Blocks()-1)*r.LocalStride+r.Length], stride: r.LocalStride, length: r.Length, count: r.Blocks()}
+			srcs = append(srcs, run)
+			cur.srcs = cur.srcs[:len(cur.srcs)+1]
+			cur.blocks += run.slices()
 			cur.hdr.Count++
 			cur.hdr.Length += n
 			cur.bytes += n
@@ -982,7 +1013,9 @@ func (st *stream) write(burst []*frame) error {
 			switch f.hdr.Kind {
 			case kindScatter:
 				st.iov = append(st.iov, f.table)
-				st.iov = append(st.iov, f.srcs...)
+				for _, r := range f.srcs {
+					st.iov = r.appendTo(st.iov)
+				}
 				continue
 			case kindReadScatter:
 				st.iov = append(st.iov, f.table)

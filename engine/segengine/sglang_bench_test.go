@@ -62,10 +62,10 @@ func BenchmarkSGLang(b *testing.B) {
 // copy shm uses for these batches, on as many goroutines as shm copies
 // them with (shm.DefaultCopyThreads, taking 1 MiB units in turn as shm's
 // workers do), and once more by a plain copy() loop on those goroutines
-// (ordinary stores: runtime.memmove, as main's shm and python/bench.py's
-// numpy copy). Each copy is one piece per entry run (entries of one length
-// at constant strides: one per page and buffer for the per-token batch, as
-// the engine's descriptors). It reports the median per-op ratio of the
+// (ordinary stores: runtime.memmove, as shm copies batches under its
+// StreamMinBytes and as python/bench.py's numpy copy). Each copy is one
+// piece per entry run (entries of one length at constant strides: one per
+// page and buffer for the per-token batch, as the engine's descriptors). It reports the median per-op ratio of the
 // bare copies ("bare-ratio": CopyBlocks, "memmove-ratio": copy()), their
 // tokens GB/s, and the median per-op quotient engine ratio / bare-ratio
 // ("vs-bare"): 1 when the engine loses nothing to the per-token shape

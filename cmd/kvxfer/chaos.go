@@ -57,19 +57,22 @@ type chaosFlags struct {
 	concurrency int
 	prefills    int
 	faultRate   float64
-	seed        uint64
-	minTokens   int
-	maxTokens   int
-	poolMB      int
-	waiting     time.Duration
-	fence       time.Duration
-	peer        time.Duration
-	writeDelay  time.Duration
-	model       string
-	jsonOut     string
-	childLog    string
-	quiet       bool
-	verbose     bool
+	// layerwiseRate is the fraction of rooms sent layer by layer
+	// (--layerwise-rate).
+	layerwiseRate float64
+	seed          uint64
+	minTokens     int
+	maxTokens     int
+	poolMB        int
+	waiting       time.Duration
+	fence         time.Duration
+	peer          time.Duration
+	writeDelay    time.Duration
+	model         string
+	jsonOut       string
+	childLog      string
+	quiet         bool
+	verbose       bool
 }
 
 func init() {
@@ -120,6 +123,11 @@ drawn from --faults, injected once the decode sent TRANSFER:
           pages show
   (delay: the rooms of the write-delayed prefill process)
 
+With --layerwise-rate F, a fraction F of the rooms is sent layer by layer
+(the prefill request key "layerwise", a modeled forward pass of
+chaosLayerUS per layer over the whole prompt, chunk by chunk): the fault of
+such a room is injected at a random point of that pass, between layers.
+
 A kill or stall hits every room in flight on that process, not only the one
 that drew it. No rank uses --verify or --checksum. The harness reads every
 successful room's bytes itself (at Success, and again just before the pages
@@ -163,6 +171,7 @@ when a disagreement, a corruption or a lost line was seen.`,
 	fs.IntVar(&f.concurrency, "concurrency", 8, "rooms in flight at once")
 	fs.IntVar(&f.prefills, "prefills", 3, "prefill processes (>= 2; the last lands every write --write-delay late)")
 	fs.Float64Var(&f.faultRate, "fault-rate", 0.3, "fraction of rooms that get a fault (0..1)")
+	fs.Float64Var(&f.layerwiseRate, "layerwise-rate", 0, "fraction of rooms the prefill sends layer by layer (request key \"layerwise\", a modeled forward pass of 2 ms per layer; faults land mid-layers) instead of whole (0..1)")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed: which rooms get which fault, their sizes and fault timings (0 = random; printed)")
 	fs.IntVar(&f.minTokens, "min-tokens", 16, "smallest room, tokens")
 	fs.IntVar(&f.maxTokens, "max-tokens", 512, "largest room, tokens")
@@ -229,6 +238,14 @@ type chaosReport struct {
 	Retries          int `json:"retries"`
 	RetryOK          int `json:"retry_ok"`
 	RetryFirstFailed int `json:"retry_first_failed"`
+	// Layerwise counts the rooms sent layer by layer (--layerwise-rate),
+	// LayerwiseOK those that succeeded on the decode and LayerwiseSent the
+	// prefill result lines that say ok and layer-wise (the prefill honoured
+	// the request key). LayerwiseFaulted counts those with a fault.
+	Layerwise        int `json:"layerwise_rooms,omitempty"`
+	LayerwiseOK      int `json:"layerwise_decode_ok,omitempty"`
+	LayerwiseSent    int `json:"layerwise_prefill_ok,omitempty"`
+	LayerwiseFaulted int `json:"layerwise_faulted,omitempty"`
 	// Heal is, per fault kind, the time from each fault to the next room
 	// that succeeded on the same prefill process (ms): how many, median,
 	// max, and how many never healed before the soak ended.
@@ -325,6 +342,8 @@ func validateChaosFlags(f *chaosFlags) error {
 		return fmt.Errorf("--prefills %d: must be >= 2 (one of them is the write-delayed one)", f.prefills)
 	case f.faultRate < 0 || f.faultRate > 1:
 		return fmt.Errorf("--fault-rate %g: must be in [0, 1]", f.faultRate)
+	case f.layerwiseRate < 0 || f.layerwiseRate > 1:
+		return fmt.Errorf("--layerwise-rate %g: must be in [0, 1]", f.layerwiseRate)
 	case f.minTokens < 1 || f.maxTokens < f.minTokens:
 		return fmt.Errorf("--min-tokens %d / --max-tokens %d: want 1 <= min <= max", f.minTokens, f.maxTokens)
 	case f.waiting <= 0 || f.fence <= 0 || f.peer <= 0:
@@ -410,6 +429,9 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 		fmt.Fprintf(w, "  of the disagreements, %d: decode Success, its manager closed within %s after (restart/exit), prefill failed (a verdict lost across the close)\n", r.DisagreementsAtClose, chaosCloseWindow)
 	}
 	fmt.Fprintf(w, "  max fault→Failed: decode %.0f ms, prefill %.0f ms (a stalled prefill: from its SIGCONT)\n", r.MaxDecodeFaultToFailedMS, r.MaxPrefillFaultToFailedMS)
+	if r.Layerwise > 0 {
+		fmt.Fprintf(w, "  layer-wise rooms: %d (%d with a fault), %d ok on the decode, %d prefill lines ok and layer-wise\n", r.Layerwise, r.LayerwiseFaulted, r.LayerwiseOK, r.LayerwiseSent)
+	}
 	if r.Retries > 0 {
 		fmt.Fprintf(w, "  retries with the same room: %d (first attempt failed on the decode: %d), %d retries succeeded on the decode\n", r.Retries, r.RetryFirstFailed, r.RetryOK)
 	}
@@ -441,7 +463,8 @@ type chaosRoom struct {
 	room      uint64
 	pattern   uint64 // whose test pattern its bytes must be (room, or room ^ retrySalt: a first attempt)
 	tokens    int
-	preTokens int // the prefill's token count (differs for the tokens fault)
+	preTokens int  // the prefill's token count (differs for the tokens fault)
+	layerwise bool // sent layer by layer (--layerwise-rate)
 	rng       *rand.Rand
 	prefill   int
 	fault     string
@@ -496,11 +519,14 @@ type chaosEnv struct {
 	// closes are when each decode restart closed the old manager.
 	closes []time.Time
 
-	pool   *workload.KVBuffers
-	rows   *workload.PageAllocator
-	drop   *faulty.ControlDropper
-	slow   sync.Map // room → time.Duration the decode takes to decide it
-	faults []string
+	pool *workload.KVBuffers
+	rows *workload.PageAllocator
+	// passTime is a layer-wise room's modeled forward pass (chaosLayerUS
+	// per layer of the model).
+	passTime time.Duration
+	drop     *faulty.ControlDropper
+	slow     sync.Map // room → time.Duration the decode takes to decide it
+	faults   []string
 
 	faultMu sync.Mutex
 	counts  map[string]int
@@ -706,8 +732,23 @@ func (e *chaosEnv) planRoom(seed uint64, i int) *chaosRoom {
 	if rec.fault == "tokens" {
 		rec.preTokens = otherTokenCount(rec.tokens, 16)
 	}
+	if f.layerwiseRate > 0 {
+		// A generator of its own: the plan's other draws stay what they
+		// are without the flag.
+		rec.layerwise = rand.New(rand.NewPCG(seed^layerwiseSalt, uint64(i))).Float64() < f.layerwiseRate
+	}
 	return rec
 }
+
+// layerwiseSalt keys the generator that draws which rooms go layer by
+// layer (planRoom).
+const layerwiseSalt = 0x6c61796572776973
+
+// chaosLayerUS is the modeled compute time of one layer over a layer-wise
+// room's whole prompt, µs (the request's layer_compute_us): the forward
+// pass of llama-3.1-8b's 32 layers takes 64 ms, long enough for a fault to
+// land between layers.
+const chaosLayerUS = 2000
 
 // otherTokenCount returns a token count other than t that fills the same
 // number of pages of pageSize tokens when one exists (the mismatch nothing
@@ -777,6 +818,7 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		return rep, err
 	}
 	pageBytes := dl.ItemLen() * uint64(dl.NumBuffers())
+	env.passTime = time.Duration(dl.Layers()*chaosLayerUS) * time.Microsecond
 	maxPages := (f.maxTokens + 1 + 15) / 16 // the tokens fault may ask for one more token
 	// A prefill process may hold every room in flight at once.
 	preMB := max(64, int(uint64(f.concurrency*maxPages)*pageBytes*5/4>>20)+1)
@@ -937,6 +979,18 @@ func (rep *chaosReport) add(r *chaosRoom) {
 	default:
 		rep.PrefillFailed++
 	}
+	if r.layerwise {
+		rep.Layerwise++
+		if r.decodeOK {
+			rep.LayerwiseOK++
+		}
+		if r.fault != "" && r.fault != "delay" {
+			rep.LayerwiseFaulted++
+		}
+		if r.pre != nil && r.pre.OK && r.pre.Layerwise {
+			rep.LayerwiseSent++
+		}
+	}
 	rep.check(r, "")
 	if r.first != nil {
 		rep.Retries++
@@ -977,11 +1031,11 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 			}
 			when += ")"
 		}
-		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): decode ok=%v %s; prefill ok=%v %s%s", what, r.room, r.fault, r.prefill, r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error, when))
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d%s): decode ok=%v %s; prefill ok=%v %s%s", what, r.room, r.fault, r.prefill, r.mode(), r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error, when))
 	}
 	if r.corrupt != "" {
 		rep.Corruptions++
-		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d): %s", what, r.room, r.fault, r.prefill, r.corrupt))
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d%s): %s", what, r.room, r.fault, r.prefill, r.mode(), r.corrupt))
 	}
 	if r.fault == "" || r.faultAt.IsZero() {
 		return
@@ -997,6 +1051,14 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 		}
 		rep.MaxPrefillFaultToFailedMS = max(rep.MaxPrefillFaultToFailedMS, ms(r.preAt.Sub(from)))
 	}
+}
+
+// mode words how the room was sent in examples: ", layer-wise" or nothing.
+func (r *chaosRoom) mode() string {
+	if r.layerwise {
+		return ", layer-wise"
+	}
+	return ""
 }
 
 // pickPrefill picks a running prefill process for rec. A kill or stall
@@ -1055,7 +1117,7 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 	}
 	att := rec
 	if rec.fault == "retry" {
-		att = &chaosRoom{room: rec.room, pattern: rec.room ^ retrySalt, tokens: rec.tokens, preTokens: rec.preTokens, rng: rec.rng, prefill: p.idx, fault: rec.fault}
+		att = &chaosRoom{room: rec.room, pattern: rec.room ^ retrySalt, tokens: rec.tokens, preTokens: rec.preTokens, layerwise: rec.layerwise, rng: rec.rng, prefill: p.idx, fault: rec.fault}
 		rec.first = att
 	}
 	preCh := c.submit(chaosLine(att))
@@ -1103,6 +1165,9 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 // a first attempt, whose bytes are another room's pattern).
 func chaosLine(rec *chaosRoom) requestLine {
 	q := requestLine{Room: rec.room, Tokens: rec.preTokens}
+	if rec.layerwise {
+		q.Layerwise, q.LayerComputeUS = true, chaosLayerUS
+	}
 	if rec.pattern != rec.room {
 		q.PatternRoom = new(rec.pattern)
 	}
@@ -1158,7 +1223,11 @@ func (e *chaosEnv) receive(ctx context.Context, rec *chaosRoom, p *chaosPrefill,
 		wctx, cancel := context.WithTimeout(ctx, 3*e.f.waiting)
 		r.Wait(wctx, engine.KVTransferring)
 		cancel()
-		if fault != "retry" { // a retry's first attempt is aborted at once: it should fail
+		switch {
+		case fault == "retry": // a retry's first attempt is aborted at once: it should fail
+		case rec.layerwise: // somewhere in the forward pass, between layers
+			time.Sleep(time.Duration(rec.rng.Int64N(int64(e.passTime) + 1)))
+		default:
 			time.Sleep(time.Duration(rec.rng.IntN(20)) * time.Millisecond)
 		}
 		injected = true

@@ -138,6 +138,7 @@ func TestChaosFlagsAndPlans(t *testing.T) {
 		{"ok", func(*chaosFlags) {}, ""},
 		{"one prefill", func(f *chaosFlags) { f.prefills = 1 }, "--prefills 1"},
 		{"rate", func(f *chaosFlags) { f.faultRate = 1.5 }, "--fault-rate 1.5"},
+		{"layerwise rate", func(f *chaosFlags) { f.layerwiseRate = -0.1 }, "--layerwise-rate -0.1"},
 		{"tokens", func(f *chaosFlags) { f.minTokens = 40 }, "--min-tokens 40"},
 		{"timeouts", func(f *chaosFlags) { f.fence = 0 }, "--fence-timeout 0s"},
 		{"transport", func(f *chaosFlags) { f.transports = "tcp,carrier-pigeon" }, "carrier-pigeon"},
@@ -306,5 +307,46 @@ func TestChaosReportChecksEveryAttempt(t *testing.T) {
 		if !tc.want(r) || r.Rooms != 1 || r.Retries != 1 || r.RetryOK != 1 || len(r.Examples) > 0 && !strings.Contains(r.Examples[0], "first attempt of room 2") {
 			t.Errorf("%s in a first attempt: %+v", tc.name, r)
 		}
+	}
+}
+
+// TestChaosLayerwise runs the soak briefly with every room layer by layer
+// (--layerwise-rate 1) and the faults that hit a prefill or its control
+// path mid-pass: both sides must agree on every room, no accepted room may
+// hold another's bytes, and the prefill lines that succeeded must say they
+// were sent layer-wise (the request key reached the prefill).
+func TestChaosLayerwise(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	model := filepath.Join(t.TempDir(), "tiny.json")
+	// 32 layers: a 64 ms forward pass for the faults to land in.
+	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 32, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,abort,drop,tokens", concurrency: 4, prefills: 2, faultRate: 0.5, layerwiseRate: 1,
+		seed: 5, minTokens: 16, maxTokens: 96, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
+		writeDelay: 20 * time.Millisecond, model: model, childLog: "error", quiet: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	reps, err := runChaos(ctx, &f, &out)
+	t.Logf("%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reps[0]
+	switch {
+	case r.Rooms != f.rooms || r.Layerwise != f.rooms:
+		t.Errorf("%d rooms recorded, %d layer-wise; want %d and %d", r.Rooms, r.Layerwise, f.rooms, f.rooms)
+	case r.Disagreements != 0 || r.Corruptions != 0 || r.LostLines != 0:
+		t.Errorf("%d outcome disagreements, %d silent corruptions, %d lost lines (want 0, 0, 0): %v", r.Disagreements, r.Corruptions, r.LostLines, r.Examples)
+	case r.LayerwiseFaulted == 0:
+		t.Errorf("no layer-wise room drew a fault (%v)", r.Faults)
+	case r.LayerwiseOK == 0 || r.LayerwiseSent != r.PrefillOK:
+		t.Errorf("%d layer-wise rooms ok on the decode, %d of %d ok prefill lines say layer-wise: want some, and all", r.LayerwiseOK, r.LayerwiseSent, r.PrefillOK)
 	}
 }

@@ -56,7 +56,9 @@ type chaosFlags struct {
 	faults      string
 	concurrency int
 	prefills    int
-	faultRate   float64
+	// prefillTP is the producer ranks per prefill instance (--prefill-tp).
+	prefillTP int
+	faultRate float64
 	// layerwiseRate is the fraction of rooms sent layer by layer
 	// (--layerwise-rate).
 	layerwiseRate float64
@@ -128,6 +130,15 @@ With --layerwise-rate F, a fraction F of the rooms is sent layer by layer
 chaosLayerUS per layer over the whole prompt, chunk by chunk): the fault of
 such a room is injected at a random point of that pass, between layers.
 
+With --prefill-tp N (N > 1), each prefill instance is N kvxfer prefill
+processes (--tp-size N, --tp-rank 0…N-1) registered in its bootstrap
+server, and every room has N producers, each writing its KV heads of every
+token into the TP-1 decode's pages (the hetero-TP strided write). A kill,
+stall or ctlreset hits one of them (drawn per room), the tokens fault gives
+that one alone the other count, and the write-delayed instance's last rank
+is its straggler; the decode must fail or succeed the room and every
+producer's result line must say the same.
+
 A kill or stall hits every room in flight on that process, not only the one
 that drew it. No rank uses --verify or --checksum. The harness reads every
 successful room's bytes itself (at Success, and again just before the pages
@@ -169,7 +180,8 @@ when a disagreement, a corruption or a lost line was seen.`,
 	fs.StringVar(&f.transports, "transports", "tcp,shm", "comma list of transports, one soak each")
 	fs.StringVar(&f.faults, "faults", strings.Join(chaosFaults, ","), "comma list of the fault kinds a faulted room draws from")
 	fs.IntVar(&f.concurrency, "concurrency", 8, "rooms in flight at once")
-	fs.IntVar(&f.prefills, "prefills", 3, "prefill processes (>= 2; the last lands every write --write-delay late)")
+	fs.IntVar(&f.prefills, "prefills", 3, "prefill instances (>= 2; the last lands every write --write-delay late)")
+	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill TP size: producer processes per prefill instance, each writing its KV heads of every token to the TP-1 decode (a fault hits one of them)")
 	fs.Float64Var(&f.faultRate, "fault-rate", 0.3, "fraction of rooms that get a fault (0..1)")
 	fs.Float64Var(&f.layerwiseRate, "layerwise-rate", 0, "fraction of rooms the prefill sends layer by layer (request key \"layerwise\", a modeled forward pass of 2 ms per layer; faults land mid-layers) instead of whole (0..1)")
 	fs.Uint64Var(&f.seed, "seed", 0, "random seed: which rooms get which fault, their sizes and fault timings (0 = random; printed)")
@@ -193,6 +205,9 @@ type chaosReport struct {
 	Transport string `json:"transport"`
 	Seed      uint64 `json:"seed"`
 	Rooms     int    `json:"rooms"`
+	// PrefillTP is the producer ranks per room (--prefill-tp): the
+	// Prefill* counts below count result lines, PrefillTP per room.
+	PrefillTP int `json:"prefill_tp"`
 	// Faults counts the faults injected, by kind (delay: rooms of the
 	// write-delayed prefill; stall (short)/stall (long): by duration).
 	Faults map[string]int `json:"faults"`
@@ -280,25 +295,55 @@ func (h chaosHeal) String() string {
 	return fmt.Sprintf("%s: %d healed, median %.0f ms, max %.0f ms; never healed (%d) before the end", n, healed, h.MedianMS, h.MaxMS, h.Unhealed)
 }
 
-// chaosPrefill is one prefill process slot: its bootstrap server address and
-// the current child (replaced after a kill).
+// chaosPrefill is one prefill instance slot: its bootstrap server address
+// and its producer ranks (--prefill-tp processes, tp 0…, registered in that
+// server as one instance's TP ranks), each with its current child
+// (replaced after a kill).
 type chaosPrefill struct {
 	idx   int
 	addr  string
-	args  []string
 	exe   string
 	mu    sync.Mutex // held while a kill or stall is injected (and the restart after a kill)
-	cur   atomic.Pointer[child]
+	ranks []*chaosRank
 	delay bool
-	// ctlPort is the current child's control port (its ready line);
 	// restartBootstrap stops its bootstrap server and starts it again on
 	// the same port (the bootstrap fault).
-	ctlPort          atomic.Pointer[string]
 	restartBootstrap func(down time.Duration) error
 }
 
+// chaosRank is one producer rank of a prefill slot: one `kvxfer prefill`
+// process with --tp-rank tp.
+type chaosRank struct {
+	tp   int
+	args []string
+	cur  atomic.Pointer[child]
+	// ctlPort is the current child's control port (its ready line).
+	ctlPort atomic.Pointer[string]
+}
+
+// name names rank k of the slot in logs and errors ("prefill 1", or
+// "prefill 1 tp 0" with --prefill-tp above 1).
+func (p *chaosPrefill) name(k int) string {
+	if len(p.ranks) == 1 {
+		return fmt.Sprintf("prefill %d", p.idx)
+	}
+	return fmt.Sprintf("prefill %d tp %d", p.idx, k)
+}
+
+// start starts every rank of the slot.
 func (p *chaosPrefill) start() error {
-	c, err := startChild(p.exe, fmt.Sprintf("prefill %d", p.idx), p.args, nil)
+	for k := range p.ranks {
+		if err := p.startRank(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startRank starts rank k's process and waits for its ready line.
+func (p *chaosPrefill) startRank(k int) error {
+	rk := p.ranks[k]
+	c, err := startChild(p.exe, p.name(k), rk.args, nil)
 	if err != nil {
 		return err
 	}
@@ -306,30 +351,35 @@ func (p *chaosPrefill) start() error {
 	case rl := <-c.ready:
 		if u, err := url.Parse(rl.Endpoint); err == nil {
 			port := u.Port()
-			p.ctlPort.Store(&port)
+			rk.ctlPort.Store(&port)
 		}
 	case <-c.exit():
-		return fmt.Errorf("prefill %d exited before it was ready: %v", p.idx, c.proc.Err())
+		return fmt.Errorf("%s exited before it was ready: %v", p.name(k), c.proc.Err())
 	case <-time.After(2 * time.Minute):
 		c.proc.Stop(time.Second)
-		return fmt.Errorf("prefill %d not ready within 2 minutes", p.idx)
+		return fmt.Errorf("%s not ready within 2 minutes", p.name(k))
 	}
-	p.cur.Store(c)
+	rk.cur.Store(c)
 	return nil
 }
 
-// live returns the current child when it is running.
-func (p *chaosPrefill) live() *child {
-	c := p.cur.Load()
-	if c == nil {
-		return nil
+// live returns the current children of every rank (in tp order) when all
+// of them are running, else nil: a room needs every producer.
+func (p *chaosPrefill) live() []*child {
+	var cs []*child
+	for _, rk := range p.ranks {
+		c := rk.cur.Load()
+		if c == nil {
+			return nil
+		}
+		select {
+		case <-c.exit():
+			return nil
+		default:
+			cs = append(cs, c)
+		}
 	}
-	select {
-	case <-c.exit():
-		return nil
-	default:
-		return c
-	}
+	return cs
 }
 
 func validateChaosFlags(f *chaosFlags) error {
@@ -340,6 +390,8 @@ func validateChaosFlags(f *chaosFlags) error {
 		return fmt.Errorf("--concurrency %d: must be >= 1", f.concurrency)
 	case f.prefills < 2:
 		return fmt.Errorf("--prefills %d: must be >= 2 (one of them is the write-delayed one)", f.prefills)
+	case f.prefillTP < 1:
+		return fmt.Errorf("--prefill-tp %d: must be >= 1 (the producer processes of each prefill instance)", f.prefillTP)
 	case f.faultRate < 0 || f.faultRate > 1:
 		return fmt.Errorf("--fault-rate %g: must be in [0, 1]", f.faultRate)
 	case f.layerwiseRate < 0 || f.layerwiseRate > 1:
@@ -423,7 +475,11 @@ func printChaos(w io.Writer, r chaosReport, verbose bool) {
 		total += n
 	}
 	fmt.Fprintf(w, "chaos over %s (seed %d): %d rooms in %.0f s; faults injected: %d (%s)\n", r.Transport, r.Seed, r.Rooms, r.WallSeconds, total, countList(r.Faults))
-	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
+	lines := ""
+	if r.PrefillTP > 1 {
+		lines = fmt.Sprintf(" result lines (prefill TP %d → decode TP 1: %d per room)", r.PrefillTP, r.PrefillTP)
+	}
+	fmt.Fprintf(w, "  decode: %d ok, %d failed (%s); prefill%s: %d ok, %d failed, %d unknown (process killed)\n", r.DecodeOK, r.DecodeFailed, countList(r.DecodeFailures), lines, r.PrefillOK, r.PrefillFailed, r.PrefillUnknown)
 	fmt.Fprintf(w, "  outcome disagreements: %d; silent corruptions: %d; lost result lines: %d\n", r.Disagreements, r.Corruptions, r.LostLines)
 	if r.DisagreementsAtClose > 0 {
 		fmt.Fprintf(w, "  of the disagreements, %d: decode Success, its manager closed within %s after (restart/exit), prefill failed (a verdict lost across the close)\n", r.DisagreementsAtClose, chaosCloseWindow)
@@ -465,6 +521,10 @@ type chaosRoom struct {
 	tokens    int
 	preTokens int  // the prefill's token count (differs for the tokens fault)
 	layerwise bool // sent layer by layer (--layerwise-rate)
+	// target is the producer rank (tp) the fault hits with --prefill-tp
+	// above 1 (a kill, stall or ctlreset of that process, the tokens
+	// fault's other count on that rank only).
+	target    int
 	rng       *rand.Rand
 	prefill   int
 	fault     string
@@ -474,10 +534,13 @@ type chaosRoom struct {
 	decodeErr string
 	reason    string // engine.FailureReason of the decode's failure
 	decodeAt  time.Time
-	pre       *replyLine // nil: unknown
+	pre       *replyLine // tp 0's result line; nil: unknown
 	preAt     time.Time
 	corrupt   string
 	lost      bool // its prefill process, alive, never wrote its result line
+	// others are the result lines of the room's other producer ranks (tp
+	// 1…, --prefill-tp), as pre, preAt and lost are tp 0's.
+	others []chaosRankLine
 	// closedAfterOK: the decode succeeded and its manager was closed
 	// within chaosCloseWindow after (DisagreementsAtClose), closeAfter
 	// after its Success.
@@ -486,6 +549,18 @@ type chaosRoom struct {
 	// first is the first attempt of a room retried with the same
 	// bootstrap_room (the retry fault); the record itself is the retry.
 	first *chaosRoom
+}
+
+// chaosRankLine is one producer rank's result line for a room.
+type chaosRankLine struct {
+	pre   *replyLine // nil: unknown (the process was killed before it answered)
+	preAt time.Time
+	lost  bool // the process, alive, never wrote it
+}
+
+// lines returns the room's result lines of every producer rank, tp order.
+func (r *chaosRoom) lines() []chaosRankLine {
+	return append([]chaosRankLine{{r.pre, r.preAt, r.lost}}, r.others...)
 }
 
 // chaosEnv is one transport's soak: the prefill processes and the decode.
@@ -737,12 +812,19 @@ func (e *chaosEnv) planRoom(seed uint64, i int) *chaosRoom {
 		// are without the flag.
 		rec.layerwise = rand.New(rand.NewPCG(seed^layerwiseSalt, uint64(i))).Float64() < f.layerwiseRate
 	}
+	if f.prefillTP > 1 {
+		rec.target = rand.New(rand.NewPCG(seed^targetSalt, uint64(i))).IntN(f.prefillTP)
+	}
 	return rec
 }
 
 // layerwiseSalt keys the generator that draws which rooms go layer by
 // layer (planRoom).
 const layerwiseSalt = 0x6c61796572776973
+
+// targetSalt keys the generator that draws which producer rank a room's
+// fault hits (planRoom, --prefill-tp).
+const targetSalt = 0x7461726765747470
 
 // chaosLayerUS is the modeled compute time of one layer over a layer-wise
 // room's whole prompt, µs (the request's layer_compute_us): the forward
@@ -765,7 +847,7 @@ func otherTokenCount(t, pageSize int) int {
 }
 
 func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uint64, w io.Writer) (chaosReport, error) {
-	rep := chaosReport{Transport: transportName, Seed: seed}
+	rep := chaosReport{Transport: transportName, Seed: seed, PrefillTP: f.prefillTP}
 	start := time.Now()
 	faults, err := parseChaosFaults(f.faults)
 	if err != nil {
@@ -805,9 +887,11 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 				defer wg.Done()
 				p.mu.Lock() // a stall or a restart in progress ends first
 				defer p.mu.Unlock()
-				if c := p.cur.Load(); c != nil {
-					_ = c.proc.Signal(syscall.SIGCONT)
-					c.proc.Stop(5 * time.Second)
+				for _, rk := range p.ranks {
+					if c := rk.cur.Load(); c != nil {
+						_ = c.proc.Signal(syscall.SIGCONT)
+						c.proc.Stop(5 * time.Second)
+					}
 				}
 			}()
 		}
@@ -816,6 +900,11 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 	dl, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: 16, TPSize: 1, PPSize: 1, NumPages: 1})
 	if err != nil {
 		return rep, err
+	}
+	if f.prefillTP > 1 {
+		if _, err := workload.NewLayout(model, workload.LayoutOptions{PageSize: 16, TPSize: f.prefillTP, PPSize: 1, NumPages: 1}); err != nil {
+			return rep, fmt.Errorf("--prefill-tp %d with --model %s: %w", f.prefillTP, f.model, err)
+		}
 	}
 	pageBytes := dl.ItemLen() * uint64(dl.NumBuffers())
 	env.passTime = time.Duration(dl.Layers()*chaosLayerUS) * time.Microsecond
@@ -832,11 +921,18 @@ func chaosOne(ctx context.Context, f *chaosFlags, transportName string, seed uin
 		_, port, _ := net.SplitHostPort(bs.addr)
 		bootPorts = append(bootPorts, port)
 		p := &chaosPrefill{idx: i, addr: bs.addr, exe: exe, delay: i == f.prefills-1, restartBootstrap: bs.restart}
-		p.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transportName,
-			"--bootstrap", p.addr, "--host", "127.0.0.1", "--bootstrap-timeout", (3 * f.waiting).String(), "--waiting-timeout", f.waiting.String(),
-			"--peer-timeout", f.peer.String(), "--chunk-pages", "4", "--aux-rows", strconv.Itoa(4 * f.concurrency)}
-		if p.delay && f.writeDelay > 0 {
-			p.args = append(p.args, "--inject-write-delay", f.writeDelay.String())
+		for tp := 0; tp < f.prefillTP; tp++ {
+			rk := &chaosRank{tp: tp}
+			rk.args = []string{"prefill", "--log-level", f.childLog, "--model", f.model, "--pool-mb", strconv.Itoa(preMB), "--transport", transportName,
+				"--bootstrap", p.addr, "--host", "127.0.0.1", "--bootstrap-timeout", (3 * f.waiting).String(), "--waiting-timeout", f.waiting.String(),
+				"--peer-timeout", f.peer.String(), "--chunk-pages", "4", "--aux-rows", strconv.Itoa(4 * f.concurrency),
+				"--tp-size", strconv.Itoa(f.prefillTP), "--tp-rank", strconv.Itoa(tp)}
+			// The write-delayed instance's last rank is the straggler: with
+			// --prefill-tp 2 one producer of each room lands late.
+			if p.delay && f.writeDelay > 0 && tp == f.prefillTP-1 {
+				rk.args = append(rk.args, "--inject-write-delay", f.writeDelay.String())
+			}
+			p.ranks = append(p.ranks, rk)
 		}
 		if err := p.start(); err != nil {
 			return rep, err
@@ -971,13 +1067,18 @@ func (rep *chaosReport) add(r *chaosRoom) {
 			rep.FailureExamples[class] = r.decodeErr
 		}
 	}
-	switch {
-	case r.pre == nil:
-		rep.PrefillUnknown++
-	case r.pre.OK:
-		rep.PrefillOK++
-	default:
-		rep.PrefillFailed++
+	for _, l := range r.lines() {
+		switch {
+		case l.pre == nil:
+			rep.PrefillUnknown++
+		case l.pre.OK:
+			rep.PrefillOK++
+		default:
+			rep.PrefillFailed++
+		}
+		if r.layerwise && l.pre != nil && l.pre.OK && l.pre.Layerwise {
+			rep.LayerwiseSent++
+		}
 	}
 	if r.layerwise {
 		rep.Layerwise++
@@ -986,9 +1087,6 @@ func (rep *chaosReport) add(r *chaosRoom) {
 		}
 		if r.fault != "" && r.fault != "delay" {
 			rep.LayerwiseFaulted++
-		}
-		if r.pre != nil && r.pre.OK && r.pre.Layerwise {
-			rep.LayerwiseSent++
 		}
 	}
 	rep.check(r, "")
@@ -1012,26 +1110,41 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 			rep.Examples = append(rep.Examples, s)
 		}
 	}
-	if r.lost {
-		rep.LostLines++
-	}
-	if r.pre != nil && r.pre.OK != r.decodeOK {
-		rep.Disagreements++
-		if r.decodeOK && r.closedAfterOK {
-			rep.DisagreementsAtClose++
+	lines := r.lines()
+	disagree := false
+	for k, l := range lines {
+		if l.lost {
+			rep.LostLines++
+		}
+		if l.pre == nil || l.pre.OK == r.decodeOK {
+			continue
+		}
+		if !disagree { // one disagreement per attempt, however many ranks
+			disagree = true
+			rep.Disagreements++
+			if r.decodeOK && r.closedAfterOK {
+				rep.DisagreementsAtClose++
+			}
 		}
 		when := ""
 		if r.decodeOK {
 			// How late the prefill failed tells a verdict lost (about the
 			// prefill's verdict grace, 2 s, after the close) from a room
 			// failed at once.
-			when = fmt.Sprintf(" (prefill's line %d ms after the decode's Success", r.preAt.Sub(r.decodeAt).Milliseconds())
+			when = fmt.Sprintf(" (prefill's line %d ms after the decode's Success", l.preAt.Sub(r.decodeAt).Milliseconds())
 			if r.closedAfterOK {
 				when += fmt.Sprintf("; decode closed %d ms after it", r.closeAfter.Milliseconds())
 			}
 			when += ")"
 		}
-		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d%s): decode ok=%v %s; prefill ok=%v %s%s", what, r.room, r.fault, r.prefill, r.mode(), r.decodeOK, r.decodeErr, r.pre.OK, r.pre.Error, when))
+		rank := ""
+		if len(lines) > 1 {
+			rank = fmt.Sprintf(" tp %d", k)
+			if r.fault != "" {
+				rank += fmt.Sprintf(" (the fault hit tp %d)", r.target)
+			}
+		}
+		example(fmt.Sprintf("%sroom %d (fault %q, prefill %d%s): decode ok=%v %s; prefill%s ok=%v %s%s", what, r.room, r.fault, r.prefill, r.mode(), r.decodeOK, r.decodeErr, rank, l.pre.OK, l.pre.Error, when))
 	}
 	if r.corrupt != "" {
 		rep.Corruptions++
@@ -1044,12 +1157,14 @@ func (rep *chaosReport) check(r *chaosRoom, what string) {
 	if !r.decodeOK && !r.decodeAt.IsZero() {
 		rep.MaxDecodeFaultToFailedMS = max(rep.MaxDecodeFaultToFailedMS, ms(r.decodeAt.Sub(r.faultAt)))
 	}
-	if r.pre != nil && !r.pre.OK {
-		from := r.faultAt
-		if !r.resumeAt.IsZero() {
-			from = r.resumeAt
+	for _, l := range lines {
+		if l.pre != nil && !l.pre.OK {
+			from := r.faultAt
+			if !r.resumeAt.IsZero() {
+				from = r.resumeAt
+			}
+			rep.MaxPrefillFaultToFailedMS = max(rep.MaxPrefillFaultToFailedMS, ms(l.preAt.Sub(from)))
 		}
-		rep.MaxPrefillFaultToFailedMS = max(rep.MaxPrefillFaultToFailedMS, ms(r.preAt.Sub(from)))
 	}
 }
 
@@ -1061,10 +1176,11 @@ func (r *chaosRoom) mode() string {
 	return ""
 }
 
-// pickPrefill picks a running prefill process for rec. A kill or stall
-// needs a process no other kill or stall is working on: it returns with
-// that process's mu held (released by inject).
-func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefill, *child, error) {
+// pickPrefill picks a prefill slot whose every rank runs for rec, and
+// returns its children (tp order). A kill or stall needs a slot no other
+// kill or stall is working on: it returns with that slot's mu held
+// (released by inject).
+func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefill, []*child, error) {
 	exclusive := chaosExclusive(rec.fault)
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
@@ -1080,7 +1196,7 @@ func (e *chaosEnv) pickPrefill(ctx context.Context, rec *chaosRoom) (*chaosPrefi
 			p.mu.Unlock()
 		}
 		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("no running prefill process for 3 minutes")
+			return nil, nil, fmt.Errorf("no prefill instance with every rank running for 3 minutes")
 		}
 		select {
 		case <-ctx.Done():
@@ -1120,7 +1236,7 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 		att = &chaosRoom{room: rec.room, pattern: rec.room ^ retrySalt, tokens: rec.tokens, preTokens: rec.preTokens, layerwise: rec.layerwise, rng: rec.rng, prefill: p.idx, fault: rec.fault}
 		rec.first = att
 	}
-	preCh := c.submit(chaosLine(att))
+	preCh := submitAll(c, att)
 	// The last attempt's prefill result is waited for after its pages went
 	// back to the pool (deferred first, run last).
 	defer func() { e.prefillResult(att, preCh) }()
@@ -1154,17 +1270,32 @@ func (e *chaosEnv) runRoom(ctx context.Context, rec *chaosRoom) {
 		if cur := e.waitLive(ctx, p); cur != nil {
 			c = cur
 		}
-		preCh = c.submit(chaosLine(rec))
+		preCh = submitAll(c, rec)
 		injected = e.receive(ctx, rec, p, c, pages, aux, false) || injected
 		return
 	}
 	injected = e.receive(ctx, rec, p, c, pages, aux, true)
 }
 
-// chaosLine is the prefill's request line for an attempt (pattern_room for
-// a first attempt, whose bytes are another room's pattern).
-func chaosLine(rec *chaosRoom) requestLine {
+// submitAll sends an attempt's request line to every producer rank (cs,
+// tp order) and returns their replies' channels.
+func submitAll(cs []*child, rec *chaosRoom) []<-chan replyLine {
+	var chs []<-chan replyLine
+	for k, c := range cs {
+		chs = append(chs, c.submit(chaosLine(rec, k, len(cs))))
+	}
+	return chs
+}
+
+// chaosLine is producer rank tp's (of tpSize) request line for an attempt
+// (pattern_room for a first attempt, whose bytes are another room's
+// pattern). The tokens fault's other count goes to the rank it targets
+// only; the other ranks get the decode's count.
+func chaosLine(rec *chaosRoom, tp, tpSize int) requestLine {
 	q := requestLine{Room: rec.room, Tokens: rec.preTokens}
+	if tpSize > 1 && tp != rec.target {
+		q.Tokens = rec.tokens
+	}
 	if rec.layerwise {
 		q.Layerwise, q.LayerComputeUS = true, chaosLayerUS
 	}
@@ -1174,9 +1305,9 @@ func chaosLine(rec *chaosRoom) requestLine {
 	return q
 }
 
-// waitLive waits up to a minute for prefill process slot p to have a
+// waitLive waits up to a minute for every rank of prefill slot p to have a
 // running process (a killed one is being restarted).
-func (e *chaosEnv) waitLive(ctx context.Context, p *chaosPrefill) *child {
+func (e *chaosEnv) waitLive(ctx context.Context, p *chaosPrefill) []*child {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
 		if c := p.live(); c != nil {
 			return c
@@ -1191,7 +1322,7 @@ func (e *chaosEnv) waitLive(ctx context.Context, p *chaosPrefill) *child {
 // bootstrap fault released p.mu), waits for the outcome, checks a
 // successful attempt's bytes against rec.pattern and closes the receiver
 // (for a failed attempt: once its producers are fenced).
-func (e *chaosEnv) receive(ctx context.Context, rec *chaosRoom, p *chaosPrefill, c *child, pages, aux []int32, inject bool) (injected bool) {
+func (e *chaosEnv) receive(ctx context.Context, rec *chaosRoom, p *chaosPrefill, c []*child, pages, aux []int32, inject bool) (injected bool) {
 	r, err := e.decode().NewReceiver(p.addr, rec.room)
 	if err != nil {
 		rec.decodeErr, rec.reason, rec.decodeAt = err.Error(), engine.FailureReason(err), time.Now()
@@ -1282,28 +1413,44 @@ func chaosCheck(pool *workload.KVBuffers, room uint64, pages []int32, aux int) e
 	return workload.VerifyAux(pool, room, aux)
 }
 
-// prefillResult waits for the prefill process's result line for the room.
-// A line the process did not write (it died, or its stdin was gone: Line 0)
-// leaves the prefill's outcome unknown.
-func (e *chaosEnv) prefillResult(rec *chaosRoom, ch <-chan replyLine) {
-	select {
-	case l := <-ch:
-		rec.preAt = time.Now()
-		if l.Line == 0 {
-			return
+// prefillResult waits for each producer rank's result line for the room
+// (chs, tp order). A line the process did not write (it died, or its stdin
+// was gone: Line 0) leaves that rank's outcome unknown.
+func (e *chaosEnv) prefillResult(rec *chaosRoom, chs []<-chan replyLine) {
+	deadline := time.After(3*e.f.waiting + e.f.peer + time.Minute)
+	rec.others = make([]chaosRankLine, max(len(chs)-1, 0))
+	for k, ch := range chs {
+		var l chaosRankLine
+		select {
+		case rl := <-ch:
+			l.preAt = time.Now()
+			if rl.Line != 0 {
+				l.pre = &rl
+			}
+		case <-deadline:
+			// No answer in time (a hung process): unknown, and said so.
+			if len(chs) > 1 {
+				rec.decodeErr += fmt.Sprintf(" (prefill tp %d never answered)", k)
+			} else {
+				rec.decodeErr += " (the prefill process never answered)"
+			}
+			l.lost = true
 		}
-		rec.pre = &l
-	case <-time.After(3*e.f.waiting + e.f.peer + time.Minute):
-		// No answer in time (a hung process): unknown, and said so.
-		rec.decodeErr += " (the prefill process never answered)"
-		rec.lost = true
+		if k == 0 {
+			rec.pre, rec.preAt, rec.lost = l.pre, l.preAt, l.lost
+		} else {
+			rec.others[k-1] = l
+		}
 	}
 }
 
 // inject injects rec.fault: on the room's prefill process p (kill, stall;
 // the caller holds p.mu, which inject releases), on the decode's control
 // channel (drop), or on the decode's receiver (abort).
-func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.Receiver) {
+func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, cs []*child, r *engine.Receiver) {
+	// The producer rank a process fault hits (kill, stall, ctlreset).
+	k := min(rec.target, len(cs)-1)
+	c, rk := cs[k], p.ranks[k]
 	switch rec.fault {
 	case "drop":
 		// A connection down for a while, or one verdict lost. Verdict drops
@@ -1339,7 +1486,7 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 	case "ctlreset":
 		rec.faultAt = time.Now()
 		ports := []string{strconv.Itoa(e.decode().ControlPort())}
-		if cp := p.ctlPort.Load(); cp != nil {
+		if cp := rk.ctlPort.Load(); cp != nil {
 			ports = append(ports, *cp)
 		}
 		n, err := ssKill(ports)
@@ -1376,8 +1523,8 @@ func (e *chaosEnv) inject(rec *chaosRoom, p *chaosPrefill, c *child, r *engine.R
 		go func() {
 			defer p.mu.Unlock()
 			<-c.exit()
-			if err := p.start(); err != nil {
-				slog.Error("chaos: prefill restart failed", "prefill", p.idx, "err", err)
+			if err := p.startRank(k); err != nil {
+				slog.Error("chaos: prefill restart failed", "prefill", p.name(k), "err", err)
 			}
 		}()
 	case "stall":

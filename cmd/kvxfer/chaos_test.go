@@ -35,7 +35,7 @@ func TestChaosSoakShort(t *testing.T) {
 	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := chaosFlags{rooms: 24, transports: "tcp,shm", faults: strings.Join(chaosFaults, ","), concurrency: 4, prefills: 3, faultRate: 0.5,
+	f := chaosFlags{rooms: 24, transports: "tcp,shm", faults: strings.Join(chaosFaults, ","), concurrency: 4, prefills: 3, prefillTP: 1, faultRate: 0.5,
 		seed: 7, minTokens: 16, maxTokens: 96, poolMB: 1, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
 		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
 	if transport.ProbeTransport("shm") != nil {
@@ -128,7 +128,7 @@ func TestChaosFlagsAndPlans(t *testing.T) {
 	if _, err := parseChaosFaults(" , "); err == nil {
 		t.Error("parseChaosFaults of no fault accepted")
 	}
-	base := chaosFlags{rooms: 10, transports: "tcp", faults: "kill", concurrency: 2, prefills: 2, faultRate: 0.5, minTokens: 16, maxTokens: 32,
+	base := chaosFlags{rooms: 10, transports: "tcp", faults: "kill", concurrency: 2, prefills: 2, prefillTP: 1, faultRate: 0.5, minTokens: 16, maxTokens: 32,
 		poolMB: 16, waiting: time.Second, fence: time.Second, peer: time.Second}
 	for _, tc := range []struct {
 		name string
@@ -137,6 +137,7 @@ func TestChaosFlagsAndPlans(t *testing.T) {
 	}{
 		{"ok", func(*chaosFlags) {}, ""},
 		{"one prefill", func(f *chaosFlags) { f.prefills = 1 }, "--prefills 1"},
+		{"prefill tp", func(f *chaosFlags) { f.prefillTP = 0 }, "--prefill-tp 0"},
 		{"rate", func(f *chaosFlags) { f.faultRate = 1.5 }, "--fault-rate 1.5"},
 		{"layerwise rate", func(f *chaosFlags) { f.layerwiseRate = -0.1 }, "--layerwise-rate -0.1"},
 		{"tokens", func(f *chaosFlags) { f.minTokens = 40 }, "--min-tokens 40"},
@@ -213,7 +214,7 @@ func TestChaosDecodeRestartExitRetry(t *testing.T) {
 	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := chaosFlags{rooms: 30, transports: "tcp,shm", faults: "restart,exit,retry", concurrency: 4, prefills: 2, faultRate: 0.6,
+	f := chaosFlags{rooms: 30, transports: "tcp,shm", faults: "restart,exit,retry", concurrency: 4, prefills: 2, prefillTP: 1, faultRate: 0.6,
 		seed: 11, minTokens: 16, maxTokens: 256, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
 		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
 	if transport.ProbeTransport("shm") != nil {
@@ -327,7 +328,7 @@ func TestChaosLayerwise(t *testing.T) {
 	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 32, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,abort,drop,tokens", concurrency: 4, prefills: 2, faultRate: 0.5, layerwiseRate: 1,
+	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,abort,drop,tokens", concurrency: 4, prefills: 2, prefillTP: 1, faultRate: 0.5, layerwiseRate: 1,
 		seed: 5, minTokens: 16, maxTokens: 96, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
 		writeDelay: 20 * time.Millisecond, model: model, childLog: "error", quiet: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -348,5 +349,72 @@ func TestChaosLayerwise(t *testing.T) {
 		t.Errorf("no layer-wise room drew a fault (%v)", r.Faults)
 	case r.LayerwiseOK == 0 || r.LayerwiseSent != r.PrefillOK:
 		t.Errorf("%d layer-wise rooms ok on the decode, %d of %d ok prefill lines say layer-wise: want some, and all", r.LayerwiseOK, r.LayerwiseSent, r.PrefillOK)
+	}
+}
+
+// TestChaosReportJudgesEveryProducer: with two producer ranks per room
+// (--prefill-tp 2), a room whose decode failed while one rank reported ok
+// is one disagreement, named by that rank; each rank's line counts, and a
+// line one rank never wrote is a lost line.
+func TestChaosReportJudgesEveryProducer(t *testing.T) {
+	ok, failed := &replyLine{Result: cluster.Result{OK: true}}, &replyLine{Result: cluster.Result{Error: "aborted by decode"}}
+	var rep chaosReport
+	rep.add(&chaosRoom{room: 1, fault: "kill", target: 0, pre: nil, others: []chaosRankLine{{pre: ok}}})
+	rep.add(&chaosRoom{room: 2, decodeOK: true, pre: ok, others: []chaosRankLine{{pre: ok}}})
+	rep.add(&chaosRoom{room: 3, fault: "stall", target: 1, pre: failed, others: []chaosRankLine{{lost: true}}})
+	if rep.Disagreements != 1 || len(rep.Examples) != 1 || !strings.Contains(rep.Examples[0], "room 1 ") || !strings.Contains(rep.Examples[0], "prefill tp 1 (the fault hit tp 0) ok=true") {
+		t.Fatalf("decode failed, tp 0 killed, tp 1 ok: %d disagreements %q; want 1 naming tp 1", rep.Disagreements, rep.Examples)
+	}
+	if rep.PrefillOK != 3 || rep.PrefillFailed != 1 || rep.PrefillUnknown != 2 || rep.LostLines != 1 {
+		t.Fatalf("lines: %d ok, %d failed, %d unknown, %d lost; want 3, 1, 2 (tp 0 killed, tp 1 lost) and 1", rep.PrefillOK, rep.PrefillFailed, rep.PrefillUnknown, rep.LostLines)
+	}
+}
+
+// TestChaosPrefillTP2 runs the soak briefly with two producer ranks per
+// room (--prefill-tp 2 → the decode's TP 1, each rank writing its KV head
+// of every token), whole and layer by layer, with the faults that hit one
+// producer: a kill, a stall, the other token count on one rank, an abort.
+// The decode must fail or succeed each room and both ranks' result lines
+// must agree with it; no accepted room may hold bytes not its own.
+func TestChaosPrefillTP2(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills processes")
+	}
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	model := filepath.Join(t.TempDir(), "tiny.json")
+	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,tokens,abort", concurrency: 4, prefills: 2, prefillTP: 2, faultRate: 0.5, layerwiseRate: 0.5,
+		seed: 9, minTokens: 16, maxTokens: 96, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
+		writeDelay: 20 * time.Millisecond, model: model, childLog: "error", quiet: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	reps, err := runChaos(ctx, &f, &out)
+	t.Logf("%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reps[0]
+	faults := 0
+	for k, n := range r.Faults {
+		if k != "delay" {
+			faults += n
+		}
+	}
+	switch {
+	case r.Rooms != f.rooms || r.PrefillTP != 2:
+		t.Errorf("%d rooms recorded at prefill TP %d; want %d at 2", r.Rooms, r.PrefillTP, f.rooms)
+	case r.PrefillOK+r.PrefillFailed+r.PrefillUnknown != 2*f.rooms:
+		t.Errorf("%d ok + %d failed + %d unknown prefill lines; want 2 per room, %d", r.PrefillOK, r.PrefillFailed, r.PrefillUnknown, 2*f.rooms)
+	case r.Disagreements != 0 || r.Corruptions != 0 || r.LostLines != 0:
+		t.Errorf("%d outcome disagreements, %d silent corruptions, %d lost lines (want 0, 0, 0): %v", r.Disagreements, r.Corruptions, r.LostLines, r.Examples)
+	case faults == 0:
+		t.Errorf("no fault was injected (%v)", r.Faults)
+	case r.DecodeOK == 0:
+		t.Errorf("no room succeeded: the soak checked no bytes (%v)", r.FailureExamples)
 	}
 }

@@ -129,6 +129,11 @@ With --layerwise-rate F, a fraction F of the rooms is sent layer by layer
 (the prefill request key "layerwise", a modeled forward pass of
 chaosLayerUS per layer over the whole prompt, chunk by chunk): the fault of
 such a room is injected at a random point of that pass, between layers.
+A layer-wise room makes one write batch per layer of each chunk (up to 256
+for llama-3.1-8b at --max-tokens 512), each landing --write-delay late on
+the write-delayed instance: there its layer-wise rooms time out at the
+default 100ms (a straggler the decode fences) and succeed only with a
+--write-delay of a few ms.
 
 With --prefill-tp N (N > 1), each prefill instance is N kvxfer prefill
 processes (--tp-size N, --tp-rank 0…N-1) registered in its bootstrap

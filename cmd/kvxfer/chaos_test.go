@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,30 +27,13 @@ func TestChaosSoakShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	// Faults make the engine log by design: as kvxfer chaos does, keep this
-	// process's log to errors.
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	model := filepath.Join(t.TempDir(), "tiny.json")
-	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	f := chaosFlags{rooms: 24, transports: "tcp,shm", faults: strings.Join(chaosFaults, ","), concurrency: 4, prefills: 3, prefillTP: 1, faultRate: 0.5,
 		seed: 7, minTokens: 16, maxTokens: 96, poolMB: 1, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
-		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
+		writeDelay: 50 * time.Millisecond, childLog: "error", quiet: true}
 	if transport.ProbeTransport("shm") != nil {
 		f.transports = "tcp"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	start := time.Now()
-	var out strings.Builder
-	reps, err := runChaos(ctx, &f, &out)
-	t.Logf("%s(%s)", out.String(), time.Since(start).Round(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	reps := runShortChaos(t, 4, &f, 5*time.Minute)
 	if len(reps) != len(strings.Split(f.transports, ",")) {
 		t.Fatalf("%d reports for transports %q", len(reps), f.transports)
 	}
@@ -207,27 +191,13 @@ func TestChaosDecodeRestartExitRetry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	model := filepath.Join(t.TempDir(), "tiny.json")
-	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	f := chaosFlags{rooms: 30, transports: "tcp,shm", faults: "restart,exit,retry", concurrency: 4, prefills: 2, prefillTP: 1, faultRate: 0.6,
 		seed: 11, minTokens: 16, maxTokens: 256, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
-		writeDelay: 50 * time.Millisecond, model: model, childLog: "error", quiet: true}
+		writeDelay: 50 * time.Millisecond, childLog: "error", quiet: true}
 	if transport.ProbeTransport("shm") != nil {
 		f.transports = "tcp"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var out strings.Builder
-	reps, err := runChaos(ctx, &f, &out)
-	t.Logf("%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	reps := runShortChaos(t, 4, &f, 5*time.Minute)
 	for _, r := range reps {
 		injected := func(kind string) int {
 			n := 0
@@ -320,25 +290,11 @@ func TestChaosLayerwise(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	model := filepath.Join(t.TempDir(), "tiny.json")
-	// 32 layers: a 64 ms forward pass for the faults to land in.
-	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 32, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,abort,drop,tokens", concurrency: 4, prefills: 2, prefillTP: 1, faultRate: 0.5, layerwiseRate: 1,
 		seed: 5, minTokens: 16, maxTokens: 96, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
-		writeDelay: 20 * time.Millisecond, model: model, childLog: "error", quiet: true}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var out strings.Builder
-	reps, err := runChaos(ctx, &f, &out)
-	t.Logf("%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+		writeDelay: 20 * time.Millisecond, childLog: "error", quiet: true}
+	// 32 layers: a 64 ms forward pass for the faults to land in.
+	reps := runShortChaos(t, 32, &f, 3*time.Minute)
 	r := reps[0]
 	switch {
 	case r.Rooms != f.rooms || r.Layerwise != f.rooms:
@@ -380,24 +336,10 @@ func TestChaosPrefillTP2(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	t.Setenv("KVXFER_TEST_AS_CLI", "1")
-	defer slog.SetDefault(slog.Default())
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	model := filepath.Join(t.TempDir(), "tiny.json")
-	if err := os.WriteFile(model, []byte(`{"num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	f := chaosFlags{rooms: 16, transports: "tcp", faults: "kill,stall,tokens,abort", concurrency: 4, prefills: 2, prefillTP: 2, faultRate: 0.5, layerwiseRate: 0.5,
 		seed: 9, minTokens: 16, maxTokens: 96, poolMB: 2, waiting: 2 * time.Second, fence: 500 * time.Millisecond, peer: 3 * time.Second,
-		writeDelay: 20 * time.Millisecond, model: model, childLog: "error", quiet: true}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var out strings.Builder
-	reps, err := runChaos(ctx, &f, &out)
-	t.Logf("%s", out.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+		writeDelay: 20 * time.Millisecond, childLog: "error", quiet: true}
+	reps := runShortChaos(t, 8, &f, 3*time.Minute)
 	r := reps[0]
 	faults := 0
 	for k, n := range r.Faults {
@@ -417,4 +359,32 @@ func TestChaosPrefillTP2(t *testing.T) {
 	case r.DecodeOK == 0:
 		t.Errorf("no room succeeded: the soak checked no bytes (%v)", r.FailureExamples)
 	}
+}
+
+// runShortChaos runs a short soak (runChaos) with f's flags on a tiny
+// GQA model of the given layer count (8 heads, 2 KV heads of 64, bf16,
+// written to a temporary config.json) within timeout, with this process's
+// log kept to errors (the faults make the engine log by design, as kvxfer
+// chaos does), and returns its per-transport reports; a run error fails
+// the test.
+func runShortChaos(t *testing.T, layers int, f *chaosFlags, timeout time.Duration) []chaosReport {
+	t.Helper()
+	t.Setenv("KVXFER_TEST_AS_CLI", "1")
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	f.model = filepath.Join(t.TempDir(), "tiny.json")
+	cfg := fmt.Sprintf(`{"num_hidden_layers": %d, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}`, layers)
+	if err := os.WriteFile(f.model, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	var out strings.Builder
+	reps, err := runChaos(ctx, f, &out)
+	t.Logf("%s(%s)", out.String(), time.Since(start).Round(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reps
 }

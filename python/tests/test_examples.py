@@ -117,17 +117,25 @@ def test_bad_arguments_one_line():
             (["sglang_prefill.py", port], [f"port {port}", "address already in use", "BOOTSTRAP_PORT argument"]),
         ]
         for argv, want in cases:
-            p = subprocess.run([sys.executable, *argv], cwd=EXAMPLES, env=_env(), capture_output=True, text=True,
-                               timeout=DEADLINE)
-            what = f"{' '.join(argv)}: exit {p.returncode}, stderr:\n{p.stderr}"
-            assert p.returncode != 0, what
-            assert "Traceback" not in p.stderr, what
-            lines = [line for line in p.stderr.splitlines() if line.strip()]
-            assert len(lines) == 1, what
-            assert lines[0].startswith(argv[0] + ": "), what
-            for w in want:
-                assert w in lines[0], f"{what}\nwant {w!r}"
-            assert "--port" not in lines[0], what
+            line = _one_error_line(argv, argv[0] + ": ", want)
+            assert "--port" not in line, line
+
+
+def _one_error_line(argv, prefix, want):
+    """Runs the example argv (script and arguments) and checks it failed
+    with exactly one non-empty stderr line, no traceback, starting with
+    prefix and holding every string of want; returns that line."""
+    p = subprocess.run([sys.executable, *argv], cwd=EXAMPLES, env=_env(), capture_output=True, text=True,
+                       timeout=DEADLINE)
+    what = f"{' '.join(argv)}: exit {p.returncode}, stderr:\n{p.stderr}"
+    assert p.returncode != 0, what
+    assert "Traceback" not in p.stderr, what
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, what
+    assert lines[0].startswith(prefix), what
+    for w in want:
+        assert w in lines[0], f"{what}\nwant {w!r}"
+    return lines[0]
 
 
 class _NotADirectory(http.server.BaseHTTPRequestHandler):
@@ -163,16 +171,7 @@ def test_engine_error_one_line():
              [f"http://127.0.0.1:{srv.server_address[1]} is not a bootstrap directory", "not another HTTP service"]),
         ]
         for argv, prefix, want in cases:
-            p = subprocess.run([sys.executable, *argv], cwd=EXAMPLES, env=_env(), capture_output=True, text=True,
-                               timeout=DEADLINE)
-            what = f"{' '.join(argv)}: exit {p.returncode}, stderr:\n{p.stderr}"
-            assert p.returncode != 0, what
-            assert "Traceback" not in p.stderr, what
-            lines = [line for line in p.stderr.splitlines() if line.strip()]
-            assert len(lines) == 1, what
-            assert lines[0].startswith(prefix), what
-            for w in want:
-                assert w in lines[0], f"{what}\nwant {w!r}"
+            _one_error_line(argv, prefix, want)
     finally:
         srv.shutdown()
         srv.server_close()

@@ -8,6 +8,8 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // TestProbeGone: the reset-healing probe's dial (connectionDropped) takes a
@@ -47,12 +49,7 @@ func TestProbeGone(t *testing.T) {
 // TestDialProbeGoneRefused: a real dial of a port nothing listens on is
 // refused and means gone.
 func TestDialProbeGoneRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.DeadPort(t)) // bound, never listening: refused
 	why, gone := dialProbeGone("tcp://" + addr)
 	if !gone || why == "" {
 		t.Errorf("dial of closed port %s: why %q gone %v, want a reason and gone", addr, why, gone)

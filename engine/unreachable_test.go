@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/bootstrap"
 	"github.com/kvxfer/kvxfer/engine"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // TestDeadRegisteredPrefillUnreachable: a prefill rank that was killed
@@ -20,7 +20,7 @@ import (
 // quiet.
 func TestDeadRegisteredPrefillUnreachable(t *testing.T) {
 	addr := startBootstrap(t)
-	port := deadPort(t) // the "killed" prefill's control port: connections are refused
+	port := testenv.DeadPort(t) // the "killed" prefill's control port: connections are refused
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := bootstrap.NewClient(addr)
@@ -54,28 +54,4 @@ func TestDeadRegisteredPrefillUnreachable(t *testing.T) {
 		strings.Contains(msg, "hung") || strings.Contains(msg, "exited") {
 		t.Fatalf("failure %q: want the unreachable reason with the dial's answer (connection refused), not the silent or exited one", err)
 	}
-}
-
-// deadPort returns a loopback TCP port that refuses connections and that no
-// other socket can take while the test runs: it stays bound, never
-// listening. A port freed by closing a listener went back to the pool: on a
-// loaded machine running tests in parallel another process's listener took
-// it within the peer timeout (seen: EVENT_CONNECTED to the "dead" prefill,
-// whose new owner never answered, so the decode rightly reported it silent,
-// not unreachable).
-func deadPort(t *testing.T) int {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sa.(*syscall.SockaddrInet4).Port
 }

@@ -3,6 +3,7 @@ package tcp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/engine/tcp"
 	"github.com/kvxfer/kvxfer/engine/transport"
+	"github.com/kvxfer/kvxfer/internal/testenv"
 )
 
 // A receiver that accepts connections but never reads or acknowledges (a
@@ -94,10 +96,9 @@ func TestOpenSegmentErrors(t *testing.T) {
 	if _, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte("no-port")}); err == nil || !strings.Contains(err.Error(), "host:port") {
 		t.Errorf("malformed endpoint: %v", err)
 	}
-	// A port nobody listens on: take a free one and close it.
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
+	// A port nobody listens on (bound, never listening: no other process
+	// can take it meanwhile, as it could a listener's port once closed).
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.DeadPort(t))
 	if _, err := tr.OpenSegment(ctx, transport.SegmentInfo{Endpoint: []byte(addr)}); !errors.Is(err, transport.ErrPeerLost) {
 		t.Errorf("dial refused: %v, want ErrPeerLost", err)
 	}

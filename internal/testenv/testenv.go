@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/cuda"
@@ -46,6 +47,30 @@ func SilentListener(tb testing.TB) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// DeadPort returns a loopback TCP port that refuses connections and that no
+// other socket can take while the test runs: it stays bound, never
+// listening, until the test ends. A port freed by closing a listener goes
+// back to the pool: on a loaded machine running tests in parallel another
+// process's listener took it within the test (seen: EVENT_CONNECTED to a
+// "dead" prefill whose new owner never answered, reported silent, not
+// unreachable).
+func DeadPort(tb testing.TB) int {
+	tb.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
 }
 
 // Skip skips tb with the reason (format and args), unless the environment

@@ -62,6 +62,15 @@ func newAttemptPair(t *testing.T) *attemptPair {
 // itself (its identity, its socket), and returns once the prefill handled
 // them when they are a TRANSFER: the prefill dispatched a PING sent after
 // it (one receive loop, in order).
+// sendLateTransfer sends (sendLate) the decode's TRANSFER of room into
+// pages (metadata slot 0, generation 1, one destination, no aux row) under
+// attempt: the copy of an earlier attempt's TRANSFER that arrives late.
+func (ap *attemptPair) sendLateTransfer(t *testing.T, room uint64, pages []int32, attempt uint64) {
+	t.Helper()
+	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: pages, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
+		Epoch: ap.registered, AuxIndex: -1, Attempt: attempt}).Encode())
+}
+
 func (ap *attemptPair) sendLate(t *testing.T, frames [][]byte) {
 	t.Helper()
 	isTransfer := string(frames[2]) == engine.MsgTransfer
@@ -248,8 +257,7 @@ func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
 		a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
 
 		r2, s, dp2 := ap.startRetry(t, ctx, room, senderFirst)
-		ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-			Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+		ap.sendLateTransfer(t, room, dp1, a1)
 		if !senderFirst {
 			if got := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; got != engine.ReceiverAttempt(r2) {
 				t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, engine.ReceiverAttempt(r2))
@@ -312,8 +320,7 @@ func TestLateTransferAfterRetrySucceededDropped(t *testing.T) {
 	r2, _, dp2 := ap.startRetry(t, ctx, room, false)
 	ap.finish(t, ctx, room, r2, nil, dp2) // its sender is closed when it returns
 
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got, held := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; held {
 		t.Fatalf("the prefill holds attempt %d's late TRANSFER of room %d (closed with Success) until its bootstrap timeout; want it dropped at once", got, room)
 	}
@@ -388,8 +395,7 @@ func TestLateTransferAfterIgnoredAbortDropped(t *testing.T) {
 	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
 	ap.sendLate(t, (&control.AbortMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Reason: "no KV pages free", Attempt: a1}).Encode())
 	waitTimeline(t, ap.p.m, room, "ABORT of attempt")
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got, want := engine.SenderDstAttempt(s, ap.d.m.Endpoint()), engine.ReceiverAttempt(r2); got != want {
 		t.Errorf("after attempt 1's late TRANSFER the sender's destination is attempt %d, want attempt 2's (%d)", got, want)
 	}
@@ -403,8 +409,7 @@ func TestLateTransferAfterIgnoredAbortDropped(t *testing.T) {
 	// attempt 1 as aborted: a copy of its TRANSFER is dropped at once, not
 	// left pending for the room's next sender to serve.
 	s.Close()
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got, held := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()]; held {
 		t.Fatalf("after room %d closed with Success the prefill holds attempt %d's late TRANSFER for its next sender; want it dropped", room, got)
 	}
@@ -430,8 +435,7 @@ func TestLateTransferOfEarlierAttemptSameDecodeDropped(t *testing.T) {
 	a1 := ap.concludedAttempt(t, room)
 
 	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got, want := engine.SenderDstAttempt(s, ap.d.m.Endpoint()), engine.ReceiverAttempt(r2); got != want {
 		t.Errorf("after attempt 1's late TRANSFER the sender's destination is attempt %d, want attempt 2's (%d)", got, want)
 	}
@@ -468,8 +472,7 @@ func TestAbortBeforeDstIsEarlyAbort(t *testing.T) {
 	if st := s.Poll(); st == engine.KVFailed {
 		t.Fatalf("attempt 1's ABORT, before any TRANSFER of that decode, failed the sender: %v", s.Failure())
 	}
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got := engine.SenderDstAttempt(s, ap.d.m.Endpoint()); got != 0 {
 		t.Fatalf("the sender took aborted attempt %d's late TRANSFER as its destination", got)
 	}
@@ -535,8 +538,7 @@ func TestLateTransferOfEarlierAttemptSameDecodeNotPending(t *testing.T) {
 	a1 := ap.concludedAttempt(t, room)
 
 	r2, _, dp2 := ap.startRetry(t, ctx, room, false)
-	ap.sendLate(t, (&control.TransferMsg{Room: room, Endpoint: ap.d.m.Endpoint(), Pages: dp1, Slot: 0, Generation: 1, RequiredDstInfoNum: 1,
-		Epoch: ap.registered, AuxIndex: -1, Attempt: a1}).Encode())
+	ap.sendLateTransfer(t, room, dp1, a1)
 	if got, want := engine.PendingTransferAttempts(ap.p.m, room)[ap.d.m.Endpoint()], engine.ReceiverAttempt(r2); got != want {
 		t.Errorf("after attempt 1's late TRANSFER the prefill holds TRANSFER of attempt %d, want attempt 2's (%d)", got, want)
 	}

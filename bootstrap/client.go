@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Connection bounds of a Client's private transport (per directory).
@@ -173,10 +174,26 @@ type StatusError struct {
 	Addr string
 	// Code is the HTTP status code.
 	Code int
-	// Body is the server's message (trimmed to 512 bytes).
+	// Body is the server's message on one line (white space collapsed,
+	// cut to 200 bytes: bodyExcerpt).
 	Body string
 	// Hint says what to do, when the code alone says it (401: the token).
 	Hint string
+}
+
+// bodyExcerpt is an error answer's body as one line for an error message:
+// every run of white space (an HTML page's newlines included) is one space,
+// and more than 200 bytes are cut at a character boundary and marked "…".
+func bodyExcerpt(data []byte) string {
+	msg := strings.Join(strings.Fields(string(data)), " ")
+	if len(msg) <= 200 {
+		return msg
+	}
+	cut := 200
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
 }
 
 // Error formats the op, address, code, the server's message and the hint.
@@ -259,10 +276,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		return nil, nil, fmt.Errorf("bootstrap: %s %s%s: read body: %w", method, c.base, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		msg := strings.TrimSpace(string(data))
-		if len(msg) > 512 {
-			msg = msg[:512] + "…"
-		}
+		msg := bodyExcerpt(data)
 		se := &StatusError{Op: method + " " + path, Addr: c.addr, Code: resp.StatusCode, Body: msg}
 		if resp.StatusCode == http.StatusServiceUnavailable && path == "/route" && method == http.MethodGet {
 			se.Hint = "the directory does not hold every prefill rank of the topology yet: a prefill rank has not started, or has stopped; a decode's lookup retries until its bootstrap timeout"

@@ -153,3 +153,42 @@ func TestClientSilentAddressNamesCallersDeadline(t *testing.T) {
 		t.Fatalf("error %q: want the caller's deadline named (not the 5s request timeout) and the port hint", msg)
 	}
 }
+
+// TestErrorAnswerBodyIsOneLine: another HTTP service's error page (an
+// HTML 404 with newlines, as python3 -m http.server answers) is quoted in
+// the error on one line and shortened, so a caller that prints the error
+// as one line (the Python examples, a JSON result line) stays one line
+// (before: the page's newlines and all of its first 512 bytes).
+func TestErrorAnswerBodyIsOneLine(t *testing.T) {
+	page := "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <title>Error response</title>\n    </head>\n    <body>\n        <h1>Error response</h1>\n        <p>Error code: 404</p>\n" + strings.Repeat("        <p>Message: File not found.</p>\n", 20) + "    </body>\n</html>\n"
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(page))
+	}))
+	defer hs.Close()
+	c, err := NewClient(strings.TrimPrefix(hs.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.ServerInfo(context.Background())
+	var se *StatusError
+	if !errors.As(err, &se) || se.Code != http.StatusNotFound {
+		t.Fatalf("ServerInfo against an HTML 404: %v, want a StatusError with code 404", err)
+	}
+	msg := err.Error()
+	if strings.ContainsAny(msg, "\n\r\t") || strings.Contains(msg, "  ") || len(se.Body) > 200+len("…") ||
+		!strings.Contains(msg, "<!DOCTYPE HTML> <html lang=\"en\"> <head> <title>Error response</title>") {
+		t.Errorf("error %q: want the page's start on one line, white space collapsed, body at most 200 bytes", msg)
+	}
+	for _, c := range []struct{ in, want string }{
+		{"  plain\tmessage \n", "plain message"},
+		{"", ""},
+		{strings.Repeat("é", 150), strings.Repeat("é", 100) + "…"},            // 2-byte runes: cut at 200 bytes exactly
+		{"a" + strings.Repeat("é", 150), "a" + strings.Repeat("é", 99) + "…"}, // not inside a rune
+	} {
+		if got := bodyExcerpt([]byte(c.in)); got != c.want {
+			t.Errorf("bodyExcerpt(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

@@ -315,7 +315,7 @@ func (r *rank) drain(sigs <-chan os.Signal, from string, quiesce, abort func()) 
 			cancel(fmt.Errorf("a second stop signal (%v) during the drain", s))
 		case <-clock:
 			clock = nil
-			cancel(fmt.Errorf("--drain-timeout %s passed after %s with the room still in flight (raise --drain-timeout to give rooms in flight longer)", r.drainTimeout, from))
+			cancel(fmt.Errorf("--drain-timeout %s passed after %s with the room still in flight; raise --drain-timeout to give rooms in flight longer", r.drainTimeout, from))
 		}
 	}
 }

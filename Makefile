@@ -84,7 +84,7 @@ python-install: python-wheel ## install kvxfer into the venv VENV (default .venv
 	$(VENV)/bin/python -m pip install -q --no-index --no-deps --force-reinstall $(PYDIST)/kvxfer-*.whl $(if $(filter 1,$(MOONCAKE)),$(PYDIST)/kvxfer_mooncake_shim-*.whl) $(if $(filter 1,$(NIXL)),$(PYDIST)/kvxfer_nixl_shim-*.whl)
 	@$(VENV)/bin/python -c 'import kvxfer; print("kvxfer", kvxfer.__version__, "installed in $(VENV); library", kvxfer.library_path())'
 
-test-python: deps python-lib ## the Python package's tests (pytest on $(PYTHON), two-process loopback; ~1-2 min)
+test-python: deps python-lib ## the Python package's tests (pytest on $(PYTHON), two-process loopback; ~3-4 min)
 	@$(PYTHON) -c 'import pytest, numpy' 2>/dev/null || { echo "$(PYTHON) lacks pytest or numpy: run scripts/install-deps.sh (python3-pytest, python3-numpy) or set PYTHON="; exit 1; }
 	KVXFER_LIBRARY=$(CURDIR)/$(PYLIB) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 

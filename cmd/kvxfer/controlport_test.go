@@ -36,6 +36,13 @@ func TestControlPortFlag(t *testing.T) {
 			t.Fatalf("decode on the held --control-port %s: stderr lacks %q:\n%s", port, w, busy.stderr.String())
 		}
 	}
+	// Checked before the KV pool is allocated (a prefaulted pool of GiBs
+	// takes seconds, tens under load, for each restart of a crash loop):
+	// with a pool larger than the host as well, the port is what is named.
+	big := startProc(t, "decode on a held port, huge pool", nil, roleArgs("decode", b, host, "--control-port", port, "--pool-mb", "1073741824")...)
+	if code := exitCode(big.wait(time.Minute)); code != 1 || !strings.Contains(big.stderr.String(), "--control-port "+port) || !strings.Contains(big.stderr.String(), "address already in use") {
+		t.Fatalf("decode on the held --control-port %s with a pool larger than the host: exit %d, want 1 naming the port first:\n%s", port, code, big.stderr.String())
+	}
 	// The same-port restart: kill the prefill, start it again on the port.
 	p.kill9()
 	p2 := startProc(t, "prefill restarted", nil, roleArgs("prefill", b, host, "--control-port", port)...)

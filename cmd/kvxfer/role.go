@@ -678,6 +678,9 @@ func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, 
 	if _, err := envTransportOptions(); err != nil {
 		return nil, 0, false, err
 	}
+	if err := checkControlPort(f.host, f.controlPort); err != nil {
+		return nil, 0, false, err
+	}
 	if layout, err = roleLayout(f); err != nil {
 		return nil, 0, false, err
 	}
@@ -694,6 +697,21 @@ func roleInputs(f *roleFlags) (layout *workload.Layout, dev int, onDevice bool, 
 		return nil, 0, false, err
 	}
 	return layout, dev, onDevice, nil
+}
+
+// checkControlPort refuses a fixed --control-port (port != 0) that cannot
+// be bound on host, before the KV pool is allocated: a listener is opened
+// and closed again at once (the control socket binds it later; a port
+// taken between the two is still refused there, naming the flag too).
+func checkControlPort(host string, port int) error {
+	if port == 0 {
+		return nil
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("--control-port %d: cannot bind the control socket: %w; give another port, or 0 (the default) to pick a free one", port, err)
+	}
+	return ln.Close()
 }
 
 // poolWhat names the rank's host KV pool and the flags that size it, for

@@ -62,6 +62,22 @@ func newAttemptPair(t *testing.T) *attemptPair {
 // itself (its identity, its socket), and returns once the prefill handled
 // them when they are a TRANSFER: the prefill dispatched a PING sent after
 // it (one receive loop, in order).
+// sentinelPages allocates attempt 1's three decode pages, freed when the
+// test ends, and fills them with sentinel's pattern: what they hold once
+// handed back, so a write of a later attempt into them shows.
+func (ap *attemptPair) sentinelPages(t *testing.T, sentinel uint64) []int32 {
+	t.Helper()
+	pages, err := ap.d.pool.Alloc(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ap.d.pool.Free(pages) })
+	if err := workload.FillPattern(ap.d.pool, sentinel, pages, 0); err != nil {
+		t.Fatal(err)
+	}
+	return pages
+}
+
 // sendLateTransfer sends (sendLate) the decode's TRANSFER of room into
 // pages (metadata slot 0, generation 1, one destination, no aux row) under
 // attempt: the copy of an earlier attempt's TRANSFER that arrives late.
@@ -251,9 +267,7 @@ func TestLateAbortOfEarlierAttemptIgnored(t *testing.T) {
 func TestLateTransferOfAbortedAttemptDropped(t *testing.T) {
 	bothOrders(t, func(t *testing.T, ctx context.Context, ap *attemptPair, senderFirst bool) {
 		const room, sentinel = 42, 1<<40 + 42
-		dp1, _ := ap.d.pool.Alloc(3)
-		defer ap.d.pool.Free(dp1)
-		_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+		dp1 := ap.sentinelPages(t, sentinel) // what attempt 1's pages hold once handed back
 		a1 := ap.abortedBeforeTransfer(t, ctx, room, dp1)
 
 		r2, s, dp2 := ap.startRetry(t, ctx, room, senderFirst)
@@ -387,9 +401,7 @@ func TestLateTransferAfterIgnoredAbortDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const room, sentinel = 45, 1<<40 + 45
-	dp1, _ := ap.d.pool.Alloc(3)
-	defer ap.d.pool.Free(dp1)
-	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+	dp1 := ap.sentinelPages(t, sentinel) // what attempt 1's pages hold once handed back
 	a1 := ap.concludedAttempt(t, room)
 
 	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
@@ -429,9 +441,7 @@ func TestLateTransferOfEarlierAttemptSameDecodeDropped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const room, sentinel = 46, 1<<40 + 46
-	dp1, _ := ap.d.pool.Alloc(3)
-	defer ap.d.pool.Free(dp1)
-	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0) // what attempt 1's pages hold once handed back
+	dp1 := ap.sentinelPages(t, sentinel) // what attempt 1's pages hold once handed back
 	a1 := ap.concludedAttempt(t, room)
 
 	r2, s, dp2 := ap.startRetry(t, ctx, room, true)
@@ -458,9 +468,7 @@ func TestAbortBeforeDstIsEarlyAbort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const room, sentinel = 47, 1<<40 + 47
-	dp1, _ := ap.d.pool.Alloc(3)
-	defer ap.d.pool.Free(dp1)
-	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0)
+	dp1 := ap.sentinelPages(t, sentinel) // what attempt 1's pages hold once handed back
 	a1 := ap.concludedAttempt(t, room)
 	s, err := ap.p.m.NewSender(room)
 	if err != nil {
@@ -532,9 +540,7 @@ func TestLateTransferOfEarlierAttemptSameDecodeNotPending(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const room, sentinel = 49, 1<<40 + 49
-	dp1, _ := ap.d.pool.Alloc(3)
-	defer ap.d.pool.Free(dp1)
-	_ = workload.FillPattern(ap.d.pool, sentinel, dp1, 0)
+	dp1 := ap.sentinelPages(t, sentinel) // what attempt 1's pages hold once handed back
 	a1 := ap.concludedAttempt(t, room)
 
 	r2, _, dp2 := ap.startRetry(t, ctx, room, false)
